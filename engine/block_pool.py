@@ -1,0 +1,133 @@
+"""The physical KV block pool: refcounts, the LRU free queue and the hash -> block map.
+
+Block 0 is the null block (vLLM v1): never allocated, used as padding in block tables.
+A free block may still hold a cached hash ("free but cached"): it stays findable by the
+prefix cache until allocation reaches it at the head of the free queue and evicts it.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+NULL_BLOCK_ID = 0
+
+
+@dataclass
+class KVBlock:
+    block_id: int
+    ref_count: int = 0
+    block_hash: int | None = None
+    token_ids: tuple[int, ...] = ()  # the full block's tokens, stored when its hash is registered
+
+
+@dataclass
+class BlockEvents:
+    """What happened to blocks during one step (ids in the order it happened)."""
+
+    allocated: list[int] = field(default_factory=list)
+    freed: list[int] = field(default_factory=list)
+    cached: list[int] = field(default_factory=list)
+    hits: list[int] = field(default_factory=list)
+    evicted: list[int] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"allocated": list(self.allocated), "freed": list(self.freed), "cached": list(self.cached),
+                "hits": list(self.hits), "evicted": list(self.evicted)}
+
+
+class BlockPool:
+    """Owns every KV block's bookkeeping. The free queue is an OrderedDict used as an O(1)
+    doubly linked list: allocation pops the head, cached blocks are freed to the tail (kept
+    longest), blocks with nothing reusable to the head (reused first), and a prefix hit on a
+    free cached block removes it from the middle."""
+
+    def __init__(self, num_blocks: int) -> None:
+        if num_blocks < 2:
+            raise ValueError(f"num_kv_blocks must be >= 2 (block 0 is reserved), got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.blocks = [KVBlock(i) for i in range(num_blocks)]
+        self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(1, num_blocks))
+        self.cached_block_of_hash: dict[int, int] = {}
+        self.events = BlockEvents()
+
+    # -- queries ------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    @property
+    def usage(self) -> float:
+        """Fraction of allocatable blocks in use (vLLM's kv_cache_usage)."""
+        return 1.0 - self.num_free_blocks / (self.num_blocks - 1)
+
+    def lookup(self, block_hash: int) -> int | None:
+        return self.cached_block_of_hash.get(block_hash)
+
+    def is_free(self, block_id: int) -> bool:
+        return block_id in self.free_queue
+
+    # -- mutations ----------------------------------------------------------------------
+    def begin_step(self) -> None:
+        self.events = BlockEvents()
+
+    def touch(self, block_ids: list[int]) -> None:
+        """Take prefix-cache hits: bump refcounts, pulling free cached blocks out of the queue."""
+        for b in block_ids:
+            block = self.blocks[b]
+            if block.ref_count == 0:
+                del self.free_queue[b]
+            block.ref_count += 1
+            self.events.hits.append(b)
+
+    def allocate(self, n: int) -> list[int]:
+        if n > self.num_free_blocks:
+            raise RuntimeError(f"cannot allocate {n} blocks, only {self.num_free_blocks} free")
+        out = []
+        for _ in range(n):
+            b, _ = self.free_queue.popitem(last=False)
+            block = self.blocks[b]
+            if block.block_hash is not None:  # lazy eviction: only now does the cached content go
+                del self.cached_block_of_hash[block.block_hash]
+                block.block_hash, block.token_ids = None, ()
+                self.events.evicted.append(b)
+            block.ref_count = 1
+            out.append(b)
+        self.events.allocated.extend(out)
+        return out
+
+    def free(self, block_ids_in_free_order: list[int]) -> None:
+        """Drop one reference from each block, in the given order (a request passes its block
+        table reversed). Blocks reaching refcount 0 join the free queue: cached ones at the tail,
+        the rest at the head keeping this order, so the next allocation reuses them first."""
+        to_head = []
+        for b in block_ids_in_free_order:
+            block = self.blocks[b]
+            block.ref_count -= 1
+            if block.ref_count < 0:
+                raise RuntimeError(f"block {b} freed more often than it was referenced")
+            if block.ref_count == 0:
+                self.events.freed.append(b)
+                if block.block_hash is not None:
+                    self.free_queue[b] = None
+                else:
+                    to_head.append(b)
+        for b in reversed(to_head):
+            self.free_queue[b] = None
+            self.free_queue.move_to_end(b, last=False)
+
+    def register(self, block_id: int, block_hash: int, token_ids: list[int]) -> bool:
+        """Make a computed full block findable by its hash. A hash already owned by another
+        block is not registered again (the block stays unhashed)."""
+        if block_hash in self.cached_block_of_hash:
+            return False
+        block = self.blocks[block_id]
+        block.block_hash, block.token_ids = block_hash, tuple(token_ids)
+        self.cached_block_of_hash[block_hash] = block_id
+        self.events.cached.append(block_id)
+        return True
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached hash (used when prefix caching is switched off)."""
+        for block in self.blocks:
+            block.block_hash, block.token_ids = None, ()
+        self.cached_block_of_hash.clear()

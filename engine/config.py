@@ -1,0 +1,96 @@
+"""Engine configuration: every knob the scheduler, the KV pool and the model runner read."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEDULING_POLICIES = ("unified", "prefill_first")
+ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEVICES = ("auto", "cpu", "cuda")
+
+# Knobs the scheduler reads at every step; they may change between steps.
+SCHEDULER_KNOBS = (
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "enable_chunked_prefill",
+    "enable_prefix_caching",
+    "scheduling_policy",
+)
+
+
+def _positive_int(name: str, value: Any, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+@dataclass
+class EngineConfig:
+    """All engine settings, validated on construction (ValueError names the field).
+
+    `model` is the resolved local folder. `num_kv_blocks=None` sizes the pool from
+    `kv_cache_memory_bytes` (CPU) or `gpu_memory_utilization` (GPU). `max_model_len=None`
+    means min(4096, the model's max_position_embeddings).
+    """
+
+    model: str | None = None
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 256
+    max_model_len: int | None = None
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_memory_bytes: int = 256 * 1024 * 1024
+    gpu_memory_utilization: float = 0.9
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    scheduling_policy: str = "unified"
+    tensor_parallel_size: int = 1
+    enforce_eager: bool = False
+    dtype: Any = "auto"
+    device: str = "auto"
+    attention_backend: str = "auto"
+    seed: int = 0
+    check_invariants: bool = False
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        _positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
+        _positive_int("max_num_seqs", self.max_num_seqs)
+        _positive_int("block_size", self.block_size)
+        _positive_int("tensor_parallel_size", self.tensor_parallel_size)
+        if self.max_model_len is not None:
+            _positive_int("max_model_len", self.max_model_len)
+        if self.num_kv_blocks is not None:
+            # Block 0 is the reserved null block: a usable pool needs at least one more.
+            _positive_int("num_kv_blocks", self.num_kv_blocks, minimum=2)
+        _positive_int("kv_cache_memory_bytes", self.kv_cache_memory_bytes)
+        if not isinstance(self.gpu_memory_utilization, (int, float)) or not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {SCHEDULING_POLICIES}, got {self.scheduling_policy!r}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
+        if isinstance(self.dtype, str) and self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES} or a torch.dtype, got {self.dtype!r}")
+        for name in ("enable_prefix_caching", "enable_chunked_prefill", "enforce_eager", "check_invariants"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        _positive_int("seed", self.seed, minimum=0)
+
+    def replace(self, **changes: Any) -> "EngineConfig":
+        """A validated copy with `changes` applied (unknown names raise)."""
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ValueError(f"unknown EngineConfig field(s): {sorted(unknown)}")
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["dtype"] = str(self.dtype).replace("torch.", "")
+        return d

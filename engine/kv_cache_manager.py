@@ -1,0 +1,88 @@
+"""Per-request block tables on top of the BlockPool: prefix-cache lookup, slot allocation,
+registration of computed full blocks, and freeing."""
+from __future__ import annotations
+
+from .block_pool import BlockPool
+from .hashing import extend_block_hashes
+from .request import Request
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVCacheManager:
+    """Allocates KV blocks to requests and runs the prefix cache (full blocks only)."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+        self.block_size = block_size
+        self.pool = BlockPool(num_blocks)
+        self.enable_prefix_caching = enable_prefix_caching
+        self.prefix_cache_queries = 0  # tokens looked up (vLLM counts tokens)
+        self.prefix_cache_hits = 0     # tokens found
+
+    def set_prefix_caching(self, enabled: bool) -> None:
+        if self.enable_prefix_caching and not enabled:
+            self.pool.reset_prefix_cache()
+        self.enable_prefix_caching = enabled
+
+    def get_computed_blocks(self, req: Request) -> tuple[list[int], int]:
+        """Longest run of cached full blocks at the start of the request's tokens.
+
+        At most num_tokens - 1 tokens may hit, so at least one token is computed and its
+        logits sampled (a full hit recomputes the last block)."""
+        if not self.enable_prefix_caching:
+            return [], 0
+        extend_block_hashes(req.block_hashes, req.all_token_ids, self.block_size)
+        max_hit_blocks = (req.num_tokens - 1) // self.block_size
+        hits = []
+        for h in req.block_hashes[:max_hit_blocks]:
+            b = self.pool.lookup(h)
+            if b is None:
+                break
+            hits.append(b)
+        return hits, len(hits) * self.block_size
+
+    def record_lookup(self, num_query_tokens: int, num_hit_tokens: int) -> None:
+        """Count a lookup once, when its request is admitted (a failed admission retries)."""
+        self.prefix_cache_queries += num_query_tokens
+        self.prefix_cache_hits += num_hit_tokens
+
+    def allocate_slots(self, req: Request, num_new_tokens: int, computed_blocks: list[int] = ()) -> list[int] | None:
+        """Give the request room for `num_new_tokens` more tokens after its computed ones
+        (plus `computed_blocks` prefix hits taken now). None if the pool cannot."""
+        num_computed = req.num_computed_tokens + len(computed_blocks) * self.block_size
+        need = cdiv(num_computed + num_new_tokens, self.block_size) - len(req.block_table) - len(computed_blocks)
+        # Hits on free cached blocks also consume free-queue entries.
+        taken_from_free = sum(1 for b in computed_blocks if self.pool.blocks[b].ref_count == 0)
+        if max(need, 0) + taken_from_free > self.pool.num_free_blocks:
+            return None
+        if computed_blocks:
+            self.pool.touch(list(computed_blocks))
+            req.block_table.extend(computed_blocks)
+        new = self.pool.allocate(max(need, 0))
+        req.block_table.extend(new)
+        return new
+
+    def cache_computed_blocks(self, req: Request) -> None:
+        """Register the request's full blocks whose KV is now computed (never before)."""
+        if not self.enable_prefix_caching:
+            return
+        extend_block_hashes(req.block_hashes, req.all_token_ids, self.block_size)
+        num_full = min(req.num_computed_tokens // self.block_size, len(req.block_hashes))
+        bs = self.block_size
+        # Blocks before num_checked_blocks were handled in an earlier step.
+        for i in range(req.num_checked_blocks, num_full):
+            b = req.block_table[i]
+            if self.pool.blocks[b].block_hash is None:
+                self.pool.register(b, req.block_hashes[i], req.all_token_ids[i * bs:(i + 1) * bs])
+        req.num_checked_blocks = max(req.num_checked_blocks, num_full)
+
+    def free(self, req: Request) -> None:
+        """Return the request's blocks, last block first (see BlockPool.free)."""
+        self.pool.free(list(reversed(req.block_table)))
+        req.block_table = []
+        req.num_checked_blocks = 0
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return cdiv(num_tokens, self.block_size)

@@ -1,0 +1,152 @@
+"""Turns the scheduler's decision into the packed batch (vLLM v1 names), owns the model and
+the per-layer KV pools, and runs the forward pass."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .attention import AttentionMetadata, get_attention_backend
+from .config import EngineConfig
+from .model import CausalLM, ModelSpec, load_weights
+from .scheduler import SchedulerOutput
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        # fp32 on CPU keeps token-exact parity with transformers; bf16 is the GPU default.
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return DTYPES[dtype]
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was asked for but torch sees no CUDA GPU; use device='cpu'")
+    return torch.device(device)
+
+
+@dataclass
+class Batch:
+    """The packed inputs of one step, as plain lists (for the StepRecord) and tensors."""
+
+    input_ids: list[int]
+    positions: list[int]
+    query_start_loc: list[int]
+    seq_lens: list[int]
+    slot_mapping: list[int]
+    block_tables: list[list[int]]
+    logits_indices: list[int]
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in ("input_ids", "positions", "query_start_loc", "seq_lens",
+                                              "slot_mapping", "block_tables", "logits_indices")}
+
+
+class ModelRunner:
+    """Model + KV pools. `kv_caches[layer] = (k, v)`, each [num_blocks, block_size, KVH, D]."""
+
+    def __init__(self, config: EngineConfig, spec: ModelSpec, max_model_len: int) -> None:
+        self.config = config
+        self.spec = spec
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.block_size = config.block_size
+        self.backend = get_attention_backend(config.attention_backend, self.device)
+        with torch.device(self.device):
+            model = CausalLM(spec, max_positions=max(max_model_len, 1))
+        load_weights(model, config.model)
+        self.model = model.to(self.dtype).eval()
+        self.num_blocks = config.num_kv_blocks or self._blocks_from_memory()
+        shape = (self.num_blocks, self.block_size, spec.num_kv_heads, spec.head_dim)
+        self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
+                           torch.zeros(shape, dtype=self.dtype, device=self.device))
+                          for _ in range(spec.num_layers)]
+
+    @property
+    def bytes_per_block(self) -> int:
+        s = self.spec
+        return 2 * s.num_layers * self.block_size * s.num_kv_heads * s.head_dim * self.dtype.itemsize
+
+    def _blocks_from_memory(self) -> int:
+        if self.device.type == "cuda":
+            free, _total = torch.cuda.mem_get_info(self.device)
+            budget = int(free * self.config.gpu_memory_utilization)
+        else:
+            budget = self.config.kv_cache_memory_bytes
+        return max(2, budget // self.bytes_per_block)
+
+    # -- one step -----------------------------------------------------------------------
+    def prepare(self, out: SchedulerOutput) -> tuple[Batch, AttentionMetadata, torch.Tensor, torch.Tensor]:
+        bs = self.block_size
+        input_ids, positions, slots, qsl, seq_lens, ctx_lens, tables, logits_idx = [], [], [], [0], [], [], [], []
+        decode_ids = []
+        for i, s in enumerate(out.scheduled):
+            req, start, n = s.request, s.num_computed_before, s.num_tokens
+            end = start + n
+            input_ids.extend(req.all_token_ids[start:end])
+            positions.extend(range(start, end))
+            table = req.block_table
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            qsl.append(qsl[-1] + n)
+            seq_lens.append(end)
+            ctx_lens.append(start)
+            tables.append(list(table))
+            if s.sample:
+                logits_idx.append(qsl[-1] - 1)
+            if n == 1 and start > 0:
+                decode_ids.append(i)
+        batch = Batch(input_ids, positions, qsl, seq_lens, slots, tables, logits_idx)
+        meta = self._metadata(batch, ctx_lens, decode_ids)
+        dev = self.device
+        return (batch, meta, torch.tensor(input_ids, dtype=torch.long, device=dev),
+                torch.tensor(positions, dtype=torch.long, device=dev))
+
+    def _metadata(self, batch: Batch, ctx_lens: list[int], decode_ids: list[int],
+                  slot_mapping: list[int] | None = None) -> AttentionMetadata:
+        dev = self.device
+        max_blocks = max((len(t) for t in batch.block_tables), default=1) or 1
+        padded = torch.zeros((len(batch.block_tables), max_blocks), dtype=torch.long, device=dev)
+        for i, t in enumerate(batch.block_tables):
+            padded[i, :len(t)] = torch.tensor(t, dtype=torch.long)
+        meta = AttentionMetadata(
+            query_start_loc=batch.query_start_loc, seq_lens=batch.seq_lens, context_lens=ctx_lens,
+            slot_mapping=torch.tensor(batch.slot_mapping if slot_mapping is None else slot_mapping,
+                                      dtype=torch.long, device=dev),
+            block_tables=padded, block_size=self.block_size, decode_seq_ids=decode_ids)
+        if decode_ids:
+            idx = torch.tensor(decode_ids, dtype=torch.long, device=dev)
+            meta.decode_block_tables = padded[idx]
+            meta.decode_seq_lens = torch.tensor([batch.seq_lens[i] for i in decode_ids], device=dev)
+            meta.decode_rows = torch.tensor([batch.query_start_loc[i] for i in decode_ids], device=dev)
+        return meta
+
+    @torch.inference_mode()
+    def forward(self, meta: AttentionMetadata, input_ids: torch.Tensor, positions: torch.Tensor,
+                logits_indices: list[int]) -> torch.Tensor:
+        """Runs every layer (writing K/V into the pools) and returns fp32 logits of the sampled rows."""
+        hidden = self.model(input_ids, positions, self.kv_caches, self.backend, meta)
+        if not logits_indices:
+            return torch.empty((0, self.spec.vocab_size))
+        rows = hidden[torch.tensor(logits_indices, dtype=torch.long, device=self.device)]
+        return self.model.compute_logits(rows).float()
+
+    @torch.inference_mode()
+    def probe(self, token_ids: list[int], start: int, end: int, block_table: list[int], layer: int) -> torch.Tensor:
+        """Attention probabilities [H, end-start, end] of layer `layer` for query positions
+        start..end-1 of one sequence whose K/V (positions 0..end-1) are already in the pools.
+        Re-runs layers 0..layer for those positions, reading all context from the paged cache
+        and writing nothing, so the numbers are those the step itself computed."""
+        batch = Batch(token_ids[start:end], list(range(start, end)), [0, end - start], [end],
+                      [-1] * (end - start), [list(block_table)], [])
+        meta = self._metadata(batch, [start], [], slot_mapping=batch.slot_mapping)
+        meta.probe_layer = layer
+        ids = torch.tensor(batch.input_ids, dtype=torch.long, device=self.device)
+        pos = torch.tensor(batch.positions, dtype=torch.long, device=self.device)
+        self.model(ids, pos, self.kv_caches, self.backend, meta, num_layers=layer + 1)
+        return meta.probe_probs

@@ -1,0 +1,108 @@
+"""What the engine reports: one StepRecord per step, and EngineSnapshot for the full state.
+Both are plain dataclasses whose to_dict() is JSON-able (the explorer's only input)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .hashing import hash_hex
+from .request import Request
+
+
+@dataclass
+class StepRecord:
+    """What one `step()` did: the schedule, the packed batch, sampled tokens, block events."""
+
+    step: int
+    scheduled: list[dict] = field(default_factory=list)
+    batch: dict = field(default_factory=lambda: {k: [] for k in (
+        "input_ids", "positions", "query_start_loc", "seq_lens", "slot_mapping", "block_tables", "logits_indices")})
+    sampled: dict = field(default_factory=dict)
+    preempted: list[str] = field(default_factory=list)
+    finished: list[str] = field(default_factory=list)
+    new_requests: list[str] = field(default_factory=list)
+    blocks: dict = field(default_factory=lambda: {k: [] for k in ("allocated", "freed", "cached", "hits", "evicted")})
+    num_free_blocks: int = 0
+    timings_ms: dict = field(default_factory=dict)
+    engine_time_s: float = 0.0
+    wall_time_s: float = 0.0
+    token_budget: int = 0
+    num_running: int = 0
+    num_waiting: int = 0
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s["num_tokens"] for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+    def to_dict(self) -> dict:
+        return {
+            "step": self.step, "scheduled": [dict(s) for s in self.scheduled],
+            "batch": {k: [list(x) for x in v] if k == "block_tables" else list(v) for k, v in self.batch.items()},
+            "sampled": {rid: {**s, "top": [list(t) for t in s["top"]]} for rid, s in self.sampled.items()},
+            "preempted": list(self.preempted), "finished": list(self.finished),
+            "new_requests": list(self.new_requests), "blocks": {k: list(v) for k, v in self.blocks.items()},
+            "num_free_blocks": self.num_free_blocks, "timings_ms": dict(self.timings_ms),
+            "engine_time_s": self.engine_time_s, "wall_time_s": self.wall_time_s,
+            "token_budget": self.token_budget, "num_running": self.num_running, "num_waiting": self.num_waiting,
+        }
+
+
+def request_dict(req: Request, decode) -> dict:
+    """One request as the snapshot shows it; `decode` turns token ids into text."""
+    return {
+        "request_id": req.request_id,
+        "status": req.status.value,
+        "prompt_token_ids": list(req.prompt_token_ids),
+        "output_token_ids": list(req.output_token_ids),
+        "prompt_text": req.prompt_text if req.prompt_text is not None else decode(req.prompt_token_ids),
+        "output_text": decode(req.output_token_ids),
+        "num_computed_tokens": req.num_computed_tokens,
+        "num_cached_tokens": req.num_cached_tokens,
+        "block_table": list(req.block_table),
+        "num_preemptions": req.num_preemptions,
+        "finish_reason": req.finish_reason,
+        "max_tokens": req.params.max_tokens,
+        "sampling_params": req.params.to_dict(),
+        "metrics": req.metrics.to_dict(),
+    }
+
+
+@dataclass
+class EngineSnapshot:
+    """The engine's whole state after a step: queues, every block of the pool, metrics."""
+
+    step: int
+    config: dict
+    model_info: dict
+    metrics: dict
+    queues: dict
+    block_pool: dict
+
+    def to_dict(self) -> dict:
+        return {"step": self.step, "config": dict(self.config), "model_info": dict(self.model_info),
+                "metrics": dict(self.metrics), "queues": self.queues, "block_pool": self.block_pool}
+
+
+def block_pool_dict(pool, block_size: int, live: list[Request]) -> dict:
+    """Every block 0..num_blocks-1 with refcount, hash, owners and the token ids it holds."""
+    owners: dict[int, list[str]] = {}
+    tokens: dict[int, list[int]] = {}
+    for req in live:
+        for i, b in enumerate(req.block_table):
+            owners.setdefault(b, []).append(req.request_id)
+            if b not in tokens:
+                lo = i * block_size
+                tokens[b] = req.all_token_ids[lo:min(lo + block_size, req.num_computed_tokens)]
+    blocks = []
+    for blk in pool.blocks:
+        b = blk.block_id
+        blocks.append({
+            "block_id": b, "ref_count": blk.ref_count, "hash": hash_hex(blk.block_hash),
+            "token_ids": list(tokens.get(b, blk.token_ids)), "owners": owners.get(b, []),
+            "is_null": b == 0, "is_free": pool.is_free(b),
+        })
+    return {"num_blocks": pool.num_blocks, "block_size": block_size,
+            "num_free_blocks": pool.num_free_blocks, "blocks": blocks}

@@ -1,0 +1,143 @@
+"""A request's life in the engine: its tokens, its KV progress and its timed events."""
+from __future__ import annotations
+
+import enum
+import statistics
+from dataclasses import dataclass, field
+
+from .sampling_params import SamplingParams
+
+
+class RequestStatus(str, enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"  # back in the waiting queue, its KV freed (recompute)
+    FINISHED = "finished"
+
+
+@dataclass
+class ClockEvents:
+    """Event times of one request on one clock (seconds)."""
+
+    arrival_time: float | None = None
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    preempted_times: list[float] = field(default_factory=list)
+    finished_time: float | None = None
+
+    def derived(self) -> dict:
+        """vLLM's per-request metrics, None where not yet known."""
+        ttft = _diff(self.first_token_time, self.arrival_time)
+        itl = [b - a for a, b in zip(self.token_times, self.token_times[1:])]
+        tpot = statistics.fmean(itl) if itl else None
+        return {
+            "time_to_first_token": ttft,
+            "inter_token_latency": itl,
+            "time_per_output_token": tpot,
+            "e2e_request_latency": _diff(self.finished_time, self.arrival_time),
+            "request_queue_time": _diff(self.first_scheduled_time, self.arrival_time),
+        }
+
+    def to_dict(self) -> dict:
+        return {
+            "arrival_time": self.arrival_time,
+            "first_scheduled_time": self.first_scheduled_time,
+            "first_token_time": self.first_token_time,
+            "token_times": list(self.token_times),
+            "preempted_times": list(self.preempted_times),
+            "finished_time": self.finished_time,
+            **self.derived(),
+        }
+
+
+def _diff(b: float | None, a: float | None) -> float | None:
+    return None if a is None or b is None else b - a
+
+
+@dataclass
+class RequestMetrics:
+    """Events on two clocks: wall (time.perf_counter based epoch seconds) and engine
+    (advances only while a step executes, so it is meaningful under manual stepping)."""
+
+    wall: ClockEvents = field(default_factory=ClockEvents)
+    engine: ClockEvents = field(default_factory=ClockEvents)
+
+    def record(self, event: str, wall_t: float, engine_t: float) -> None:
+        for clock, t in ((self.wall, wall_t), (self.engine, engine_t)):
+            if event in ("token_times", "preempted_times"):
+                getattr(clock, event).append(t)
+                if event == "token_times" and clock.first_token_time is None:
+                    clock.first_token_time = t
+            elif getattr(clock, event) is None:
+                setattr(clock, event, t)
+
+    # vLLM-named accessors on the engine clock for convenience.
+    @property
+    def time_to_first_token(self) -> float | None:
+        return self.engine.derived()["time_to_first_token"]
+
+    @property
+    def e2e_request_latency(self) -> float | None:
+        return self.engine.derived()["e2e_request_latency"]
+
+    def to_dict(self) -> dict:
+        return {"engine": self.engine.to_dict(), "wall": self.wall.to_dict()}
+
+
+class Request:
+    """One generation request. `num_computed_tokens` counts tokens whose KV exists in the
+    paged cache (prefix-cache hits included); `block_table` lists its physical blocks."""
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                 eos_token_id: int | None, prompt_text: str | None = None) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.params = params
+        self.eos_token_id = eos_token_id
+        self.prompt_text = prompt_text
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0       # prefix-cache hits at the latest admission
+        self.block_table: list[int] = []
+        self.block_hashes: list[int] = []  # hashes of full blocks of all_token_ids, in order
+        self.num_checked_blocks = 0        # leading blocks already offered to the prefix cache
+        self.num_preemptions = 0
+        self.num_prefill_chunks = 0        # prefill chunks since the latest admission
+        self.finish_reason: str | None = None
+        self.metrics = RequestMetrics()
+        self.last_scheduled: tuple[int, int] | None = None  # [start, end) positions of its last step
+        self.generator = None              # torch.Generator when params.seed is set
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == RequestStatus.FINISHED
+
+    def append_output(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+
+    def check_stop(self, max_model_len: int) -> str | None:
+        """The finish reason after the latest sampled token, or None to continue."""
+        last = self.output_token_ids[-1]
+        if not self.params.ignore_eos and self.eos_token_id is not None and last == self.eos_token_id:
+            return "stop"
+        if last in self.params.stop_token_ids:
+            return "stop"
+        if len(self.output_token_ids) >= self.params.max_tokens or self.num_tokens >= max_model_len:
+            return "length"
+        return None
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, {self.status.value}, prompt={self.num_prompt_tokens}, "
+                f"out={len(self.output_token_ids)}, computed={self.num_computed_tokens}, blocks={self.block_table})")

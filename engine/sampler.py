@@ -1,0 +1,59 @@
+"""Picks each sampled request's next token and reports the candidates it chose from."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .request import Request
+
+
+@dataclass
+class SampleResult:
+    token_id: int
+    top: list[tuple[int, float]]  # (token id, probability) after temperature / top-k / top-p
+
+
+def filtered_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """The distribution sampling draws from, for one row of fp32 logits."""
+    logits = logits / temperature
+    if top_k and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = logits.softmax(-1)
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(descending=True)
+        # Keep the smallest prefix whose mass reaches top_p (the top token always stays).
+        drop = sorted_p.cumsum(-1) - sorted_p >= top_p
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+        probs = probs / probs.sum()
+    return probs
+
+
+class Sampler:
+    """Greedy rows are one batched argmax; random rows draw with the request's own generator
+    (seeded requests) or the engine's, so a seed fixes the tokens whatever shares the batch."""
+
+    def __init__(self, seed: int) -> None:
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __call__(self, logits: torch.Tensor, requests: list[Request]) -> list[SampleResult]:
+        logits = logits.float().cpu()
+        results: list[SampleResult] = []
+        greedy_tokens = logits.argmax(-1).tolist() if len(requests) else []
+        for row, req in enumerate(requests):
+            p = req.params
+            if p.greedy:
+                probs = logits[row].softmax(-1)
+                token = greedy_tokens[row]
+            else:
+                probs = filtered_probs(logits[row], p.temperature, p.top_k, p.top_p)
+                gen = req.generator if req.generator is not None else self.generator
+                token = int(torch.multinomial(probs, 1, generator=gen).item())
+            top = []
+            if p.logprobs_top:
+                vals, ids = probs.topk(min(p.logprobs_top, probs.shape[-1]))
+                top = [(int(i), float(v)) for i, v in zip(ids.tolist(), vals.tolist())]
+            results.append(SampleResult(token, top))
+        return results

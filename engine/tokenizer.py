@@ -1,0 +1,19 @@
+"""Loads a model folder's tokenizer (transformers, tokenizer files only; no weights)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def load_tokenizer(folder: str | Path):
+    """AutoTokenizer from the folder, offline; falls back to a bare tokenizer.json."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    folder = Path(folder)
+    try:
+        return AutoTokenizer.from_pretrained(str(folder))
+    except Exception:  # noqa: BLE001 - a folder with only tokenizer.json is still usable
+        if (folder / "tokenizer.json").exists():
+            return PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
+        raise ValueError(f"model folder {folder} has no usable tokenizer (tokenizer.json)") from None

@@ -26,11 +26,7 @@ class ScheduledRequest:
     num_cached_tokens: int  # prefix-cache hits taken when admitted in this step
     is_prefill: bool
     chunk_index: int | None  # index of this prefill chunk since admission; None for decode
-
-    @property
-    def sample(self) -> bool:
-        """Whether this step computes all the request's known tokens (so its logits are sampled)."""
-        return self.num_computed_before + self.num_tokens == self.request.num_tokens
+    sample: bool             # this step computes all the request's known tokens: sample its logits
 
 
 @dataclass
@@ -170,4 +166,5 @@ class Scheduler:
         before = req.num_computed_tokens
         is_decode = num_new == 1 and before == req.num_tokens - 1 and before >= req.num_prompt_tokens
         return ScheduledRequest(req, num_new, before, cached, not is_decode,
-                                None if is_decode else req.num_prefill_chunks)
+                                None if is_decode else req.num_prefill_chunks,
+                                sample=before + num_new == req.num_tokens)

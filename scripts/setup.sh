@@ -26,4 +26,6 @@ if [[ "${1:-}" == "--with-browser" ]]; then
     $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
   fi
 fi
+# Convert the default model once (cached under ~/.cache/kvscope; a second run is instant).
+.venv/bin/python -c "from engine.default_model import default_model_path; default_model_path()"
 echo "[setup] done: .venv ready ($(.venv/bin/python -c 'import torch;print("torch",torch.__version__)'))"

@@ -1,0 +1,77 @@
+"""Bookkeeping invariants checked after a step (EngineConfig(check_invariants=True)).
+
+An explorer that shows wrong block tables teaches wrong things: these checks make every
+test step prove the pool, the tables, the prefix cache and the packed batch agree."""
+from __future__ import annotations
+
+from collections import Counter
+
+from .kv_cache_manager import cdiv
+from .request import RequestStatus
+
+
+class InvariantError(AssertionError):
+    """The engine's state contradicts itself; the message says which rule broke."""
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise InvariantError(message)
+
+
+def check_invariants(engine, out=None, batch=None) -> None:
+    """Raise InvariantError if any rule is broken; `out`/`batch` are the step's schedule and batch."""
+    pool, bs = engine.kv.pool, engine.config.block_size
+    running = list(engine.scheduler.running)
+    refs = Counter(b for r in running for b in r.block_table)
+    for blk in pool.blocks:
+        b = blk.block_id
+        _require(blk.ref_count == refs.get(b, 0),
+                 f"block {b}: ref_count {blk.ref_count} but held by {refs.get(b, 0)} live block tables")
+        _require(not (pool.is_free(b) and blk.ref_count > 0), f"block {b} is both free and in use")
+    _require(0 not in pool.free_queue and pool.blocks[0].ref_count == 0, "the null block 0 was allocated or freed")
+    used = sum(1 for blk in pool.blocks if blk.ref_count > 0)
+    _require(pool.num_free_blocks + used + 1 == pool.num_blocks,
+             f"free {pool.num_free_blocks} + used {used} + null 1 != total {pool.num_blocks}")
+    for h, b in pool.cached_block_of_hash.items():
+        blk = pool.blocks[b]
+        _require(blk.block_hash == h, f"hash {h:016x} maps to block {b} which holds {blk.block_hash}")
+        _require(len(blk.token_ids) == bs, f"cached block {b} stores {len(blk.token_ids)} token ids, not {bs}")
+    for req in [*engine.scheduler.waiting, *engine.scheduler.finished]:
+        _require(not req.block_table, f"request {req.request_id} ({req.status.value}) still holds blocks {req.block_table}")
+    for req in running:
+        _require(req.status == RequestStatus.RUNNING, f"request {req.request_id} in running has status {req.status}")
+        need = cdiv(req.num_computed_tokens, bs)
+        _require(need <= len(req.block_table) <= need + 1,
+                 f"request {req.request_id}: {len(req.block_table)} blocks for {req.num_computed_tokens} computed tokens")
+        _require(len(set(req.block_table)) == len(req.block_table), f"request {req.request_id} lists a block twice")
+        for i, b in enumerate(req.block_table):
+            blk = pool.blocks[b]
+            if blk.block_hash is not None:
+                _require(i < len(req.block_hashes) and req.block_hashes[i] == blk.block_hash,
+                         f"request {req.request_id}: block {b} at index {i} holds another prefix's hash")
+                _require(list(blk.token_ids) == req.all_token_ids[i * bs:(i + 1) * bs],
+                         f"block {b}: stored token ids differ from request {req.request_id}'s tokens")
+    if out is not None and batch is not None:
+        _check_batch(out, batch, bs)
+
+
+def _check_batch(out, batch, bs: int) -> None:
+    qsl = batch.query_start_loc
+    _require(qsl[0] == 0 and len(qsl) == len(out.scheduled) + 1, "query_start_loc has the wrong length")
+    logits = []
+    for i, s in enumerate(out.scheduled):
+        lo, hi = qsl[i], qsl[i + 1]
+        _require(hi - lo == s.num_tokens, f"query_start_loc gives {hi - lo} tokens to {s.request.request_id}, "
+                                          f"scheduled {s.num_tokens}")
+        positions = list(range(s.num_computed_before, s.num_computed_before + s.num_tokens))
+        _require(batch.positions[lo:hi] == positions, f"positions of {s.request.request_id} are not {positions[:3]}...")
+        _require(batch.seq_lens[i] == positions[-1] + 1, f"seq_lens[{i}] != last position + 1")
+        table = batch.block_tables[i]
+        want = [table[p // bs] * bs + p % bs for p in positions]
+        _require(batch.slot_mapping[lo:hi] == want, f"slot_mapping of {s.request.request_id} breaks the slot formula")
+        _require(batch.input_ids[lo:hi] == s.request.all_token_ids[positions[0]:positions[-1] + 1],
+                 f"input_ids of {s.request.request_id} are not its tokens")
+        if s.sample:
+            logits.append(hi - 1)
+    _require(batch.logits_indices == logits, f"logits_indices {batch.logits_indices} != sampled rows {logits}")

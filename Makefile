@@ -3,6 +3,7 @@ PY := .venv/bin/python
 # setup.sh is idempotent but not instant (pip checks); re-run it only when what it
 # installs from changes, or on an explicit `make setup`.
 SETUP_STAMP := .venv/.kvscope-setup
+LAB_STAMP := .venv/.kvscope-setup-lab
 
 .PHONY: setup lab test test-fast e2e screenshot doctor
 
@@ -15,8 +16,13 @@ $(SETUP_STAMP): pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh --with-browser
 	@touch $@
 
+# The explorer needs no browser install (that is only for the tests): no root needed.
+$(LAB_STAMP): pyproject.toml scripts/setup.sh
+	bash scripts/setup.sh
+	@touch $@
+
 # Install (first time only), then open the walkthrough in JupyterLab with the default model.
-lab: $(SETUP_STAMP)
+lab: $(LAB_STAMP)
 	$(PY) -m explorer lab
 
 # Everything but the on-demand soak and GPU tests (see addopts in pyproject.toml).

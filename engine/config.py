@@ -52,6 +52,9 @@ class EngineConfig:
     attention_backend: str = "auto"
     seed: int = 0
     check_invariants: bool = False
+    # False: step() returns a lean StepRecord (schedule, finished, timings; no packed batch,
+    # no candidate lists, no token text). Used to measure what observation costs.
+    record_steps: bool = True
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -78,7 +81,8 @@ class EngineConfig:
             raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
         if isinstance(self.dtype, str) and self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES} or a torch.dtype, got {self.dtype!r}")
-        for name in ("enable_prefix_caching", "enable_chunked_prefill", "enforce_eager", "check_invariants"):
+        for name in ("enable_prefix_caching", "enable_chunked_prefill", "enforce_eager", "check_invariants",
+                     "record_steps"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         _positive_int("seed", self.seed, minimum=0)

@@ -201,7 +201,7 @@ class LLMEngine:
             logits = self.runner.forward(meta, ids, pos, batch.logits_indices)
             t3 = time.perf_counter()
             sampled_rows = [s.request for s in out.scheduled if s.sample]
-            results = self.sampler(logits, sampled_rows)
+            results = self.sampler(logits, sampled_rows, with_top=self.config.record_steps)
         else:
             results = []
         t4 = time.perf_counter()
@@ -247,9 +247,10 @@ class LLMEngine:
                           "num_computed_before": s.num_computed_before, "is_prefill": s.is_prefill,
                           "num_cached_tokens": s.num_cached_tokens, "chunk_index": s.chunk_index}
                          for s in out.scheduled]
-        if batch is not None:
+        lean = not self.config.record_steps
+        if batch is not None and not lean:
             rec.batch = batch.to_dict()
-        rec.sampled = {r.request_id: {"token_id": res.token_id, "text": decode([res.token_id]),
+        rec.sampled = {r.request_id: {"token_id": res.token_id, "text": None if lean else decode([res.token_id]),
                                       "top": [[t, p] for t, p in res.top]}
                        for r, res in zip(sampled_rows, results)}
         rec.preempted, rec.finished, rec.new_requests = list(out.preempted), finished, list(out.new_requests)

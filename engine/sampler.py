@@ -38,21 +38,24 @@ class Sampler:
     def __init__(self, seed: int) -> None:
         self.generator = torch.Generator().manual_seed(seed)
 
-    def __call__(self, logits: torch.Tensor, requests: list[Request]) -> list[SampleResult]:
+    def __call__(self, logits: torch.Tensor, requests: list[Request], with_top: bool = True) -> list[SampleResult]:
         logits = logits.float().cpu()
         results: list[SampleResult] = []
         greedy_tokens = logits.argmax(-1).tolist() if len(requests) else []
         for row, req in enumerate(requests):
             p = req.params
             if p.greedy:
-                probs = logits[row].softmax(-1)
                 token = greedy_tokens[row]
+                if not (with_top and p.logprobs_top):
+                    results.append(SampleResult(token, []))
+                    continue
+                probs = logits[row].softmax(-1)
             else:
                 probs = filtered_probs(logits[row], p.temperature, p.top_k, p.top_p)
                 gen = req.generator if req.generator is not None else self.generator
                 token = int(torch.multinomial(probs, 1, generator=gen).item())
             top = []
-            if p.logprobs_top:
+            if with_top and p.logprobs_top:
                 vals, ids = probs.topk(min(p.logprobs_top, probs.shape[-1]))
                 top = [(int(i), float(v)) for i, v in zip(ids.tolist(), vals.tolist())]
             results.append(SampleResult(token, top))

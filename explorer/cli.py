@@ -1,0 +1,93 @@
+"""`python -m explorer` (also installed as `kvscope`): lab, trace and doctor.
+
+Each subcommand's work lives in its own module (lab.py, trace.py, doctor.py); this
+file only parses arguments, and imports those modules lazily so `--help` stays fast.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m explorer",
+        description="kvscope: watch a real paged-KV LLM inference engine work, one scheduler step at a time.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    lab = sub.add_parser("lab", help="start JupyterLab on the walkthrough notebook",
+                         description="Start JupyterLab on 127.0.0.1 (token auth on) serving the repository's "
+                                     "notebooks/ folder and open walkthrough.ipynb. A busy port is replaced "
+                                     "by a free one.")
+    lab.add_argument("--port", type=_positive_int, default=8888, help="port to try first (default 8888)")
+    lab.add_argument("--no-browser", action="store_true", help="do not open a web browser")
+    lab.add_argument("--notebook-dir", default=None, help="serve this folder instead of the repository's notebooks/")
+
+    trace = sub.add_parser("trace", help="print each engine step's batch tables for a prompt",
+                           description="Run prompts through the engine and print, step by step, input_ids, "
+                                       "positions, query_start_loc, seq_lens, logits_indices, block_table, "
+                                       "slot_mapping and the sampled token, from real StepRecords.")
+    trace.add_argument("prompts", nargs="+", metavar="PROMPT", help="one or more prompts (batched together)")
+    trace.add_argument("--max-tokens", type=_positive_int, default=8, help="tokens to generate (default 8)")
+    trace.add_argument("--model", default=None, help="local HF model folder (default: SmolLM2-135M-Instruct)")
+    trace.add_argument("--block-size", type=_positive_int, default=None, help="KV block size (default 16)")
+    trace.add_argument("--max-num-batched-tokens", type=_positive_int, default=None,
+                       help="token budget per step (small values show chunked prefill)")
+    trace.add_argument("--max-num-seqs", type=_positive_int, default=None, help="requests per step")
+    trace.add_argument("--num-kv-blocks", type=_positive_int, default=None,
+                       help="KV pool size in blocks, the null block included")
+    trace.add_argument("--policy", dest="scheduling_policy", choices=("unified", "prefill_first"), default=None,
+                       help="scheduling policy (default unified)")
+    trace.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", default=None)
+    trace.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    trace.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template")
+    trace.add_argument("--full", action="store_true", help="print long lists in full")
+    trace.add_argument("--json", action="store_true", help="print each StepRecord as a JSON line instead")
+
+    sub.add_parser("doctor", help="check the set-up and say how to fix what is missing",
+                   description="Print Python, torch build and device, triton, flash-attn, the default model "
+                               "cache, chromium for browser tests, and the command that fixes each missing piece.")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "lab":
+        from .lab import run_lab
+
+        return run_lab(port=args.port, open_browser=not args.no_browser, notebooks_dir=args.notebook_dir)
+    if args.command == "trace":
+        from .trace import run_trace
+
+        try:
+            return run_trace(args.prompts, args.max_tokens, model=args.model, temperature=args.temperature,
+                             chat=args.chat, limit=None if args.full else 64, as_json=args.json,
+                             block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
+                             max_num_seqs=args.max_num_seqs, num_kv_blocks=args.num_kv_blocks,
+                             scheduling_policy=args.scheduling_policy,
+                             enable_prefix_caching=args.enable_prefix_caching)
+        except ValueError as exc:  # bad input: one line, not a traceback
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    if args.command == "doctor":
+        from .doctor import run_doctor
+
+        return run_doctor()
+    parser.print_help(sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

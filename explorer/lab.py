@@ -1,0 +1,113 @@
+"""`python -m explorer lab`: start JupyterLab on the walkthrough notebook.
+
+The server binds 127.0.0.1 only and keeps Jupyter's token authentication on. The
+token is generated here and handed to Jupyter through the JUPYTER_TOKEN environment
+variable (not the command line, where `ps` would show it), so the URL printed below
+is the one that works.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+HOST = "127.0.0.1"
+DEFAULT_PORT = 8888
+NOTEBOOK = "walkthrough.ipynb"
+
+
+def repo_notebooks_dir() -> Path:
+    """The repository's notebooks/ folder (the explorer package sits beside it)."""
+    return Path(__file__).resolve().parent.parent / "notebooks"
+
+
+def port_is_free(port: int, host: str = HOST) -> bool:
+    """True when nothing listens on host:port (we can bind it ourselves)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # No SO_REUSEADDR: a port held by a listener must read as busy.
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = HOST) -> int:
+    """A port the OS says is free now (it may be taken again before we use it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def choose_port(requested: int, host: str = HOST) -> int:
+    """`requested` if it is free, else another free port."""
+    return requested if port_is_free(requested, host) else free_port(host)
+
+
+@dataclass
+class LabLaunch:
+    """Everything needed to start one JupyterLab server: argv, env and the URL to open."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: Path
+    port: int
+    token: str
+    url: str
+
+
+def lab_launch(root_dir: Path, port: int, *, notebook: str | None = NOTEBOOK, open_browser: bool = False,
+               token: str | None = None, env: dict[str, str] | None = None,
+               extra_args: list[str] | None = None) -> LabLaunch:
+    """Build the command for a JupyterLab server on 127.0.0.1:`port` serving `root_dir`.
+
+    Jupyter's own port retries are off (`port_retries=0`): if the port is taken between
+    our check and its bind, a clear failure beats a server on a port the printed URL
+    does not name. `sys.executable` runs it, so kernels get this interpreter's packages.
+    """
+    root_dir = Path(root_dir).resolve()
+    token = token or secrets.token_hex(24)
+    argv = [
+        sys.executable, "-m", "jupyterlab",
+        f"--ServerApp.ip={HOST}",
+        f"--ServerApp.port={port}",
+        "--ServerApp.port_retries=0",
+        f"--ServerApp.root_dir={root_dir}",
+        f"--ServerApp.open_browser={open_browser}",
+    ]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        argv.append("--allow-root")  # Jupyter refuses to run as root without it
+    argv += list(extra_args or [])
+    if notebook:
+        argv.append(notebook)  # relative to cwd=root_dir: Lab opens it on start
+    full_env = dict(os.environ if env is None else env)
+    full_env["JUPYTER_TOKEN"] = token
+    path = f"lab/tree/{notebook}" if notebook else "lab"
+    url = f"http://{HOST}:{port}/{path}?token={token}"
+    return LabLaunch(argv=argv, env=full_env, cwd=root_dir, port=port, token=token, url=url)
+
+
+def run_lab(port: int = DEFAULT_PORT, open_browser: bool = True, notebooks_dir: Path | None = None) -> int:
+    """Print the URL and replace this process by the JupyterLab server (same PID, so
+    Ctrl-C and `kill PID` reach Jupyter directly and it shuts its kernels down)."""
+    root = Path(notebooks_dir) if notebooks_dir else repo_notebooks_dir()
+    if not root.is_dir():
+        print(f"error: notebooks folder not found: {root}\n"
+              "  run from a checkout of the repository, or pass --notebook-dir PATH", file=sys.stderr)
+        return 2
+    chosen = choose_port(port)
+    if chosen != port:
+        print(f"[kvscope] port {port} is busy; using free port {chosen} instead", flush=True)
+    notebook = NOTEBOOK if (root / NOTEBOOK).is_file() else None
+    if notebook is None:
+        print(f"[kvscope] note: {root / NOTEBOOK} not found; opening the file browser", flush=True)
+    launch = lab_launch(root, chosen, notebook=notebook, open_browser=open_browser)
+    print(f"[kvscope] JupyterLab serving {root}", flush=True)
+    print(f"[kvscope] open: {launch.url}", flush=True)
+    print(f"[kvscope] pid {os.getpid()}; stop with Ctrl-C or `kill {os.getpid()}`", flush=True)
+    os.chdir(launch.cwd)
+    os.execve(launch.argv[0], launch.argv, launch.env)
+    return 0  # not reached

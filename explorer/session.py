@@ -1,0 +1,384 @@
+"""Session: drives one engine step by step, keeps every step's record and snapshot, and
+tells its views what changed.
+
+The engine knows nothing of Jupyter; the Session is what a notebook (or the Dashboard)
+holds. Everything it hands out is plain JSON-able data: `StepRecord.to_dict()`,
+`EngineSnapshot.to_dict()` and the metrics dict below.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import statistics
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from engine import LLM, EngineConfig, SamplingParams, StepRecord
+
+log = logging.getLogger(__name__)
+
+EVENTS = ("step", "add", "reset", "budget", "abort", "error")
+Observer = Callable[[str, "Session"], None]
+
+_SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
+_CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(EngineConfig))
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    """The engine after one step: `record` is that step's StepRecord.to_dict() (None for
+    the step-0 entry made before any step), `snapshot` its EngineSnapshot.to_dict()."""
+
+    step: int
+    record: dict | None
+    snapshot: dict
+
+
+class Session:
+    """Drives an engine one step at a time and keeps its history for scrubbing back.
+
+    `Session(llm_or_config=None, *, debug_invariants=False, **config_fields)` accepts an
+    `LLM`, an `EngineConfig`, a model folder (str / path) or None (the default model,
+    with `config_fields` as EngineConfig overrides).
+
+    History holds one `HistoryEntry` per engine step plus the step-0 entry. Entries
+    are frozen once the next step runs; the latest entry's snapshot is refreshed after
+    `add_request`, `abort` and `set_budget`, so it always shows the engine as it is now
+    (requests added before step k+1 appear in entry k, in the waiting queue).
+
+    Observers (`subscribe`) are called with (event, session) after each change, one
+    'step' event per engine step. An observer that raises is logged and skipped: a
+    broken view must not break the engine. Bad input raises ValueError to the caller,
+    and is also kept in `last_error` and announced as 'error'; the session and its
+    history are unchanged by a failed call. `last_error` is cleared by the next action
+    that succeeds. Queries (`probe`, `entry`, `metrics`) neither set nor clear it.
+    """
+
+    def __init__(self, llm_or_config: LLM | EngineConfig | str | Any | None = None, *,
+                 debug_invariants: bool = False, **config_fields: Any) -> None:
+        self._lock = threading.RLock()  # a Play loop in a thread and a click must not interleave
+        self._observers: list[Observer] = []
+        self.last_error: str | None = None
+        if debug_invariants:
+            config_fields["check_invariants"] = True
+        self._llm = self._build_llm(llm_or_config, config_fields)
+        self._history: list[HistoryEntry] = []
+        self._start_history()
+
+    # -- construction ---------------------------------------------------------------------
+    @staticmethod
+    def _build_llm(llm_or_config: Any, config_fields: dict[str, Any]) -> LLM:
+        if isinstance(llm_or_config, LLM):
+            if config_fields:
+                raise ValueError(f"config fields {sorted(config_fields)} cannot apply to an existing LLM; "
+                                 "pass an EngineConfig or a model path instead")
+            return llm_or_config
+        _check_config_fields(config_fields)
+        if isinstance(llm_or_config, EngineConfig):
+            fields = _config_kwargs(llm_or_config)
+            fields.update(config_fields)
+            return LLM(**fields)
+        if llm_or_config is None or isinstance(llm_or_config, str) or hasattr(llm_or_config, "__fspath__"):
+            if "model" in config_fields and llm_or_config is not None:
+                raise ValueError("model given twice: as the first argument and as model=")
+            model = config_fields.pop("model", llm_or_config)
+            return LLM(model=None if model is None else str(model), **config_fields)
+        raise ValueError(f"llm_or_config must be an LLM, an EngineConfig, a model path or None, "
+                         f"got {type(llm_or_config).__name__}")
+
+    def _start_history(self) -> None:
+        snap = self.engine.snapshot().to_dict()
+        self._history = [HistoryEntry(step=snap["step"], record=None, snapshot=snap)]
+
+    # -- read-only views ------------------------------------------------------------------
+    @property
+    def llm(self) -> LLM:
+        return self._llm
+
+    @property
+    def engine(self):
+        """The LLMEngine being driven."""
+        return self._llm.engine
+
+    @property
+    def config(self) -> EngineConfig:
+        return self.engine.config
+
+    @property
+    def history(self) -> list[HistoryEntry]:
+        """Every step so far, oldest first (a copy: appending to it changes nothing)."""
+        return list(self._history)
+
+    @property
+    def current(self) -> HistoryEntry | None:
+        """The latest entry (the step-0 entry before any step)."""
+        return self._history[-1] if self._history else None
+
+    def entry(self, step: int) -> HistoryEntry:
+        """The history entry of engine step `step` (for scrubbing)."""
+        for e in reversed(self._history):
+            if e.step == step:
+                return e
+        raise ValueError(f"step {step!r} is not in the history "
+                         f"(it holds steps {self._history[0].step}..{self._history[-1].step})")
+
+    @property
+    def records(self) -> list[dict]:
+        """The StepRecord dicts of the history, oldest first."""
+        return [e.record for e in self._history if e.record is not None]
+
+    # -- actions --------------------------------------------------------------------------
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None, *,
+                    request_id: str | None = None, **sampling_fields: Any) -> str:
+        """Queue a request; returns its id. `sampling_fields` build SamplingParams (or
+        override fields of `params`). Bad input raises ValueError naming the field."""
+        with self._action():
+            unknown = set(sampling_fields) - _SAMPLING_FIELDS
+            if unknown:
+                raise ValueError(f"unknown sampling field(s) {sorted(unknown)}; known: {sorted(_SAMPLING_FIELDS)}")
+            if params is None:
+                params = SamplingParams(**sampling_fields)
+            elif sampling_fields:
+                params = dataclasses.replace(params, **sampling_fields)
+            rid = self.engine.add_request(prompt, params, request_id=request_id)
+            self._refresh_current()
+        self._notify("add")
+        return rid
+
+    def step(self, n: int = 1) -> list[StepRecord]:
+        """Advance up to `n` engine steps, stopping early once no request is left.
+        With nothing to do it steps nothing and returns []."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            self._fail(ValueError(f"n must be an integer >= 1, got {n!r}"))
+        records: list[StepRecord] = []
+        for _ in range(n):
+            with self._action():
+                if not self.engine.has_unfinished_requests():
+                    break
+                rec = self.engine.step()
+                self._history.append(HistoryEntry(step=rec.step, record=rec.to_dict(),
+                                          snapshot=self.engine.snapshot().to_dict()))
+            records.append(rec)
+            self._notify("step")
+        return records
+
+    def run_until_idle(self, max_steps: int = 10_000) -> list[StepRecord]:
+        """Step until every request has finished (at most `max_steps` steps)."""
+        if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
+            self._fail(ValueError(f"max_steps must be an integer >= 1, got {max_steps!r}"))
+        return self.step(max_steps)
+
+    def set_budget(self, **knobs: Any) -> dict[str, Any]:
+        """Change scheduler knobs (max_num_batched_tokens, max_num_seqs,
+        enable_chunked_prefill, enable_prefix_caching, scheduling_policy) between steps.
+        Validated by the engine; returns the knobs now in force."""
+        with self._action():
+            if not knobs:
+                raise ValueError("set_budget needs at least one knob, e.g. max_num_batched_tokens=64")
+            config = self.engine.update_scheduler_config(**knobs)
+            self._refresh_current()
+            in_force = {k: getattr(config, k) for k in knobs}
+        self._notify("budget")
+        return in_force
+
+    def reset(self, **config_fields: Any) -> None:
+        """A new engine with this one's config changed by `config_fields` (pool and model
+        knobs: num_kv_blocks, block_size, model, dtype, ...); the history starts again.
+        The new config is validated first: on bad input the old engine stays."""
+        with self._action():
+            _check_config_fields(config_fields)
+            config = self.config.replace(**config_fields)  # raises before anything is torn down
+            if "num_kv_blocks" not in config_fields and _pool_shape_changed(config_fields):
+                config = dataclasses.replace(config, num_kv_blocks=None)  # size the pool anew
+            if "model" in config_fields and "max_model_len" not in config_fields:
+                config = dataclasses.replace(config, max_model_len=None)  # the new model's own limit
+            fields = _config_kwargs(config)
+            new_llm = LLM(**fields)
+            old, self._llm = self._llm, new_llm
+            _shutdown(old)
+            self._start_history()
+        self._notify("reset")
+
+    def abort(self, request_id: str) -> None:
+        """Abort a waiting or running request; its blocks are freed at once."""
+        with self._action():
+            self.engine.abort_request(request_id)
+            self._refresh_current()
+        self._notify("abort")
+
+    def probe(self, request_id: str, layer: int = 0, head: int | None = None) -> dict:
+        """Attention weights of a running request (AttentionProbe.to_dict()).
+
+        A query, not an action: a ValueError (say, the request just finished and its
+        blocks are gone) goes to the caller only; `last_error` and observers are left
+        alone, so a view probing after each step does not raise an error banner."""
+        with self._lock:
+            return self.engine.attention_probe(request_id, layer=layer, head=head).to_dict()
+
+    # -- observers ------------------------------------------------------------------------
+    def subscribe(self, callback: Observer) -> Callable[[], None]:
+        """Call `callback(event, session)` after every change; returns an unsubscribe function."""
+        if not callable(callback):
+            raise ValueError(f"callback must be callable, got {type(callback).__name__}")
+        self._observers.append(callback)
+
+        def unsubscribe() -> None:
+            try:
+                self._observers.remove(callback)
+            except ValueError:
+                pass  # already gone: unsubscribing twice is harmless
+
+        return unsubscribe
+
+    def _notify(self, event: str) -> None:
+        for cb in list(self._observers):
+            try:
+                cb(event, self)
+            except Exception:  # noqa: BLE001 - a broken view must not break the engine
+                log.exception("session observer %r failed on %r", cb, event)
+
+    # -- metrics --------------------------------------------------------------------------
+    @property
+    def metrics(self) -> dict:
+        """Per-request rows and a summary, on the engine clock (which advances only while
+        a step executes, so manual stepping does not inflate latencies)."""
+        return session_metrics(self.current.snapshot, self.records)
+
+    # -- internals ------------------------------------------------------------------------
+    def _refresh_current(self) -> None:
+        cur = self._history[-1]
+        self._history[-1] = dataclasses.replace(cur, snapshot=self.engine.snapshot().to_dict())
+
+    def _action(self) -> "_Action":
+        return _Action(self)
+
+    def _fail(self, exc: Exception) -> None:
+        self.last_error = str(exc)
+        self._notify("error")
+        raise exc
+
+    def __repr__(self) -> str:
+        cur = self.current.snapshot if self.current else {}
+        q = cur.get("queues", {})
+        return (f"Session(step={cur.get('step')}, waiting={len(q.get('waiting', []))}, "
+                f"running={len(q.get('running', []))}, finished={len(q.get('finished', []))}, "
+                f"history={len(self._history)})")
+
+
+class _Action:
+    """One public action: holds the lock, clears `last_error` on success; on failure
+    stores the message, announces 'error' and lets the exception propagate."""
+
+    def __init__(self, session: Session) -> None:
+        self.s = session
+
+    def __enter__(self) -> None:
+        self.s._lock.acquire()
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        try:
+            if exc is None:
+                self.s.last_error = None
+            elif isinstance(exc, Exception):
+                # Bad input reads best as the bare message; anything else names its type.
+                self.s.last_error = str(exc) if isinstance(exc, ValueError) else f"{exc_type.__name__}: {exc}"
+        finally:
+            self.s._lock.release()
+        if isinstance(exc, Exception):
+            self.s._notify("error")
+        return False  # never swallow
+
+
+# -- helpers ------------------------------------------------------------------------------
+def _check_config_fields(fields: dict[str, Any]) -> None:
+    unknown = set(fields) - _CONFIG_FIELDS
+    if unknown:
+        raise ValueError(f"unknown EngineConfig field(s) {sorted(unknown)}; known: {sorted(_CONFIG_FIELDS)}")
+
+
+def _config_kwargs(config: EngineConfig) -> dict[str, Any]:
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+
+
+def _pool_shape_changed(fields: dict[str, Any]) -> bool:
+    """Changes after which the previous engine's block count no longer fits the memory budget."""
+    return bool({"block_size", "model", "dtype", "kv_cache_memory_bytes", "gpu_memory_utilization",
+                 "tensor_parallel_size", "device"} & set(fields))
+
+
+def _shutdown(llm: LLM) -> None:
+    try:
+        llm.shutdown()
+    except Exception:  # noqa: BLE001 - the old engine is gone either way
+        log.exception("shutting down the previous engine failed")
+
+
+def _mean(xs: Iterable[float]) -> float | None:
+    xs = list(xs)
+    return statistics.fmean(xs) if xs else None
+
+
+def _median(xs: Iterable[float]) -> float | None:
+    xs = list(xs)
+    return statistics.median(xs) if xs else None
+
+
+def request_row(req: dict) -> dict:
+    """One request's metrics on the engine clock (seconds; None where not known yet)."""
+    m = req["metrics"]["engine"]
+    itl = list(m.get("inter_token_latency") or [])
+    return {
+        "request_id": req["request_id"],
+        "status": req["status"],
+        "finish_reason": req.get("finish_reason"),
+        "num_prompt_tokens": len(req["prompt_token_ids"]),
+        "num_output_tokens": len(req["output_token_ids"]),
+        "num_cached_tokens": req.get("num_cached_tokens", 0),
+        "num_preemptions": req.get("num_preemptions", 0),
+        "arrival_time": m.get("arrival_time"),
+        "first_token_time": m.get("first_token_time"),
+        "token_times": list(m.get("token_times") or []),
+        "ttft": m.get("time_to_first_token"),
+        "itl": itl,
+        "itl_mean": _mean(itl),
+        "tpot": m.get("time_per_output_token"),
+        "e2e": m.get("e2e_request_latency"),
+        "queue_time": m.get("request_queue_time"),
+    }
+
+
+def session_metrics(snapshot: dict, records: list[dict]) -> dict:
+    """Per-request rows and a summary from the latest snapshot and the step records."""
+    queues = snapshot["queues"]
+    reqs = [*queues["finished"], *queues["running"], *queues["waiting"]]
+    rows = sorted((request_row(r) for r in reqs), key=lambda r: (r["arrival_time"] is None, r["arrival_time"] or 0))
+    em = snapshot.get("metrics", {})
+    engine_time = records[-1]["engine_time_s"] if records else em.get("engine_time_s", 0.0)
+    generated = sum(len(r["sampled"]) for r in records)
+    processed = sum(s["num_tokens"] for r in records for s in r["scheduled"])
+    ttfts = [r["ttft"] for r in rows if r["ttft"] is not None]
+    itls = [x for r in rows for x in r["itl"]]
+    e2es = [r["e2e"] for r in rows if r["e2e"] is not None]
+    hits, queries = em.get("prefix_cache_hits", 0), em.get("prefix_cache_queries", 0)
+    summary = {
+        "clock": "engine",
+        "num_steps": len(records),
+        "engine_time_s": engine_time,
+        "num_requests": len(rows),
+        "num_waiting": len(queues["waiting"]),
+        "num_running": len(queues["running"]),
+        "num_finished": len(queues["finished"]),
+        "num_generated_tokens": generated,
+        "num_processed_tokens": processed,
+        "output_throughput_tok_s": generated / engine_time if engine_time > 0 else None,
+        "total_throughput_tok_s": processed / engine_time if engine_time > 0 else None,
+        "mean_ttft_s": _mean(ttfts), "median_ttft_s": _median(ttfts),
+        "mean_itl_s": _mean(itls), "median_itl_s": _median(itls),
+        "mean_e2e_s": _mean(e2es),
+        "kv_cache_usage": em.get("kv_cache_usage"),
+        "prefix_cache_hits": hits, "prefix_cache_queries": queries,
+        "prefix_cache_hit_rate": hits / queries if queries else None,
+        "num_preemptions": em.get("num_preemptions", 0),
+    }
+    return {"requests": rows, "summary": summary}

@@ -1,0 +1,89 @@
+"""Fixtures of the browser tests (the machinery is in lab_harness.py)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+from .lab_harness import CHROMIUM_ARGS, TEST_OUTPUT, LabServer, LabUI, find_chromium, start_lab_server
+
+
+@pytest.fixture(scope="session")
+def chromium_path() -> str:
+    path = find_chromium()
+    if path is None:
+        pytest.skip("Debian chromium is not installed (scripts/setup.sh --with-browser installs it)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def lab_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[Path], LabServer]]:
+    """`start(root_dir)` -> LabServer; every server started is stopped at the end."""
+    servers: list[LabServer] = []
+
+    def start(root_dir: Path) -> LabServer:
+        server = start_lab_server(root_dir, tmp_path_factory.mktemp("jupyter-home"))
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def browser(chromium_path: str):
+    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+    with sync_api.sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=chromium_path, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def page(browser, request: pytest.FixtureRequest):
+    """A fresh browser context per test; console errors are collected on `page.console_errors`."""
+    context = browser.new_context(viewport={"width": 1600, "height": 1000})
+    pg = context.new_page()
+    pg.console_errors = []  # type: ignore[attr-defined]
+    pg.on("console", lambda m: pg.console_errors.append(m.text) if m.type == "error" else None)
+    pg.on("pageerror", lambda e: pg.console_errors.append(str(e)))
+    yield pg
+    # Keep a picture of the final state of a failed test: the cheapest way to debug it.
+    failed = getattr(request.node, "rep_call", None)
+    if failed is not None and failed.failed:
+        TEST_OUTPUT.mkdir(exist_ok=True)
+        try:
+            pg.screenshot(path=str(TEST_OUTPUT / f"FAILED-{request.node.name}.png"), full_page=True)
+        except Exception:  # noqa: BLE001 - best effort only
+            pass
+    context.close()
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, f"rep_{rep.when}", rep)
+
+
+@pytest.fixture
+def lab_ui() -> type[LabUI]:
+    """The LabUI class: `lab_ui(page, server)`."""
+    return LabUI
+
+
+@pytest.fixture
+def save_screenshot() -> Callable[..., Path]:
+    """`save_screenshot(page, name)`: a PNG under test-output/ (git-ignored); returns its path."""
+
+    def save(page, name: str, **kwargs) -> Path:
+        TEST_OUTPUT.mkdir(exist_ok=True)
+        path = TEST_OUTPUT / f"{name}.png"
+        page.screenshot(path=str(path), **kwargs)
+        return path
+
+    return save

@@ -1,0 +1,182 @@
+"""The walkthrough in a real browser: JupyterLab runs notebooks/walkthrough.ipynb, and a
+person's clicks on the dashboard reach the engine and come back as new panels.
+
+Set KVSCOPE_UPDATE_SCREENSHOT=1 to also rewrite docs/dashboard.png (the README's
+picture). KVSCOPE_E2E_NOTEBOOK=/path/to/other.ipynb drives the same scenario on
+another notebook (its folder is served), e.g. while the walkthrough is being written.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from .lab_harness import REPO
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+PROMPT = "The capital of France is"
+DASHBOARD_TIMEOUT_MS = 240_000  # run all: kernel start, model load, the first plotly widget (7-9 s)
+CELLS_TIMEOUT_MS = 600_000
+ACTION_TIMEOUT_MS = 60_000      # one click -> one engine step on a shared 2-core machine
+PANELS = ("kvs-queues", "kvs-block-pool", "kvs-slot-mapping")
+
+
+def notebook_under_test() -> Path:
+    override = os.environ.get("KVSCOPE_E2E_NOTEBOOK")
+    return Path(override).resolve() if override else REPO / "notebooks" / "walkthrough.ipynb"
+
+
+def data_step(scope, testid: str) -> int:
+    return int(scope.get_by_test_id(testid).first.get_attribute("data-step"))
+
+
+def wait_data_step(scope, testid: str, step: int) -> None:
+    scope.locator(f'[data-testid="{testid}"][data-step="{step}"]').first.wait_for(timeout=ACTION_TIMEOUT_MS)
+
+
+def click_step(scope, step_btn) -> None:
+    """Click Step and wait until the queues panel shows the next step."""
+    step = data_step(scope, "kvs-queues")
+    step_btn.click()
+    wait_data_step(scope, "kvs-queues", step + 1)
+
+
+def latency_counts(scope) -> tuple[int, int]:
+    """(requests with a first token, inter-token gaps) from the latency panel's header."""
+    text = scope.get_by_test_id("kvs-latency").first.inner_text()
+    m = re.search(r"(\d+) with a first token · (\d+) inter-token gaps", text)
+    assert m, text
+    return int(m.group(1)), int(m.group(2))
+
+
+def plotted_points(scope) -> int:
+    """Marks plotly drew in the latency figure (TTFT bars and ITL box points)."""
+    fig = scope.locator(".kvs-latency-figure").first
+    return fig.locator("g.trace.bars path").count() + fig.locator("g.trace.boxes path.point").count()
+
+
+def save_readme_picture(page, dash, step_btn) -> None:
+    """docs/dashboard.png: the whole dashboard with a few requests sharing a prefix."""
+    dash.get_by_test_id("kvs-max-tokens").fill("24")
+    dash.get_by_test_id("kvs-prompt").fill("What is a paged KV cache?")
+    dash.get_by_test_id("kvs-add-btn").click()
+    dash.get_by_test_id("kvs-preset-shared_prefix").click()
+    dash.locator(".kvs-card", has_text="capital of Italy").first.wait_for(timeout=ACTION_TIMEOUT_MS)
+    for _ in range(2):
+        click_step(dash, step_btn)
+    # An element taller than the viewport is clipped inside Lab's scrolling notebook:
+    # grow the viewport to the dashboard's height first.
+    height = int(dash.bounding_box()["height"])
+    page.set_viewport_size({"width": 1600, "height": height + 300})
+    page.wait_for_timeout(500)  # let Lab re-lay out and plotly resize
+    dash.scroll_into_view_if_needed()
+    dash.screenshot(path=str(REPO / "docs" / "dashboard.png"))
+
+
+def test_walkthrough_dashboard_in_a_real_browser(tmp_path, lab_factory, page, lab_ui, save_screenshot):
+    nb = notebook_under_test()
+    assert nb.is_file(), f"{nb} does not exist: the e2e test drives the walkthrough notebook"
+    root = tmp_path / "notebooks"
+    shutil.copytree(nb.parent, root, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    timings: dict[str, float] = {}
+    t0 = time.monotonic()
+
+    server = lab_factory(root)
+    ui = lab_ui(page, server)
+    ui.open_notebook(nb.name)
+    timings["lab_open_s"] = time.monotonic() - t0
+    ui.run_all_cells()
+    step_btn = page.locator(".kvs-dashboard").get_by_test_id("kvs-step-btn").first
+    try:
+        step_btn.wait_for(timeout=DASHBOARD_TIMEOUT_MS)
+        ui.wait_kernel_idle(CELLS_TIMEOUT_MS)  # every cell has run: nothing else steps the engine
+    finally:
+        errors = ui.cell_errors()
+    assert errors == [], "a walkthrough cell failed:\n" + "\n\n".join(errors)
+    timings["run_all_s"] = time.monotonic() - t0 - timings["lab_open_s"]
+    dash = page.locator(".kvs-dashboard").first
+    dash.scroll_into_view_if_needed()
+    save_screenshot(page, "walkthrough-1-loaded")
+
+    # -- add a request through the form: it appears in the waiting queue ------------------
+    known = set(dash.locator("[data-request-id]").evaluate_all("els => els.map(e => e.dataset.requestId)"))
+    dash.get_by_test_id("kvs-prompt").fill(PROMPT)
+    dash.get_by_test_id("kvs-max-tokens").fill("6")
+    dash.get_by_test_id("kvs-temperature").fill("0")
+    dash.get_by_test_id("kvs-add-btn").click()
+    new_card = dash.get_by_test_id("kvs-queue-waiting").locator(".kvs-card", has_text=PROMPT).last
+    new_card.wait_for(timeout=ACTION_TIMEOUT_MS)
+    rid = new_card.get_attribute("data-request-id")
+    assert rid not in known
+    save_screenshot(page, "walkthrough-2-added")
+
+    # -- Step: queues, block pool and slot mapping all move to the new step's data ----------
+    before = {t: data_step(dash, t) for t in PANELS}
+    assert len(set(before.values())) == 1, before
+    ttft_before, itl_before = latency_counts(dash)
+    points_before = plotted_points(dash)
+    t_click = time.monotonic()
+    step_btn.click()
+    for testid in PANELS:
+        wait_data_step(dash, testid, before[testid] + 1)
+    timings["step_click_to_panels_s"] = time.monotonic() - t_click
+    dash.get_by_test_id("kvs-slot-mapping").get_by_test_id(f"kvs-seg-{rid}").wait_for(timeout=ACTION_TIMEOUT_MS)
+    seg_text = dash.get_by_test_id(f"kvs-seg-{rid}").inner_text()
+    assert "prefill" in seg_text and "seq_len" in seg_text, seg_text
+    dash.get_by_test_id("kvs-block-pool").get_by_test_id(f"kvs-bt-{rid}").wait_for(timeout=ACTION_TIMEOUT_MS)
+    card = dash.get_by_test_id(f"kvs-req-{rid}").first
+    assert card.locator("xpath=ancestor::*[@data-testid='kvs-queue-running']").count() == 1
+    save_screenshot(page, "walkthrough-3-stepped")
+
+    # -- more steps: TTFT / ITL charts gain points ------------------------------------------
+    output = card.locator(".kvs-output-text")
+    for _ in range(10):  # the request has its first token and two more
+        if "Paris" in output.inner_text() and latency_counts(dash)[1] >= itl_before + 2:
+            break
+        click_step(dash, step_btn)
+    page.wait_for_function(
+        """([ttft, itl]) => {
+            const t = document.querySelector('.kvs-dashboard [data-testid="kvs-latency"]')?.textContent || "";
+            const m = t.match(/(\\d+) with a first token · (\\d+) inter-token gaps/);
+            return m && Number(m[1]) > ttft && Number(m[2]) >= itl + 2;
+        }""", arg=[ttft_before, itl_before], timeout=ACTION_TIMEOUT_MS)
+    page.wait_for_function(
+        """(n) => {
+            const f = document.querySelector('.kvs-dashboard .kvs-latency-figure');
+            return f && f.querySelectorAll('g.trace.bars path, g.trace.boxes path.point').length > n;
+        }""", arg=points_before, timeout=ACTION_TIMEOUT_MS)
+    assert plotted_points(dash) > points_before
+    assert "Paris" in output.inner_text()  # SmolLM2, greedy: " Paris."
+    dash.locator(".kvs-latency-figure").first.scroll_into_view_if_needed()
+    save_screenshot(page, "walkthrough-4-latency")
+
+    # -- bad input: the engine's message shows inline and the dashboard keeps working --------
+    error = dash.get_by_test_id("kvs-error")
+    dash.get_by_test_id("kvs-prompt").fill("")
+    dash.get_by_test_id("kvs-add-btn").click()
+    page.locator('.kvs-dashboard [data-testid="kvs-error"]:visible', has_text="prompt").wait_for(
+        timeout=ACTION_TIMEOUT_MS)
+    dash.get_by_test_id("kvs-prompt").fill(PROMPT)
+    dash.get_by_test_id("kvs-max-tokens").fill("0")
+    dash.get_by_test_id("kvs-add-btn").click()
+    page.locator('.kvs-dashboard [data-testid="kvs-error"]:visible', has_text="max_tokens").wait_for(
+        timeout=ACTION_TIMEOUT_MS)
+    error.scroll_into_view_if_needed()
+    save_screenshot(page, "walkthrough-5-error")
+    step_before_good = data_step(dash, "kvs-queues")
+    step_btn.click()  # a good action clears the error
+    error.wait_for(state="hidden", timeout=ACTION_TIMEOUT_MS)
+    assert data_step(dash, "kvs-queues") >= step_before_good
+
+    if os.environ.get("KVSCOPE_UPDATE_SCREENSHOT") == "1":
+        save_readme_picture(page, dash, step_btn)
+
+    kvs_errors = [e for e in page.console_errors if "kvs" in e.lower()]
+    assert kvs_errors == [], kvs_errors
+    timings["total_s"] = time.monotonic() - t0
+    print("walkthrough e2e timings: " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))

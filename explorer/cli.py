@@ -1,4 +1,4 @@
-"""`python -m explorer` (also installed as `kvscope`): lab, trace and doctor.
+"""`python -m explorer` (also installed as `kvscope`): lab, trace, bench and doctor.
 
 Each subcommand's work lives in its own module (lab.py, trace.py, doctor.py); this
 file only parses arguments, and imports those modules lazily so `--help` stays fast.
@@ -55,6 +55,21 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("--full", action="store_true", help="print long lists in full")
     trace.add_argument("--json", action="store_true", help="print each StepRecord as a JSON line instead")
 
+    bench = sub.add_parser("bench", help="engine vs Hugging Face generate on the same model, side by side",
+                           description="Run the offline-batch, one-stream and shared-prefix workloads on the "
+                                       "engine and on transformers' generate in one process, alternating them, "
+                                       "and print tokens/s, requests/s, TTFT, ITL and the ratio engine/HF "
+                                       "(medians of the repetitions, with the spread), then the cost of "
+                                       "observation (StepRecords off/on, explorer history).")
+    bench.add_argument("--reps", type=_positive_int, default=3, help="repetitions per workload (default 3)")
+    bench.add_argument("--scale", type=float, default=1.0,
+                       help="shrink the workloads (e.g. 0.25 for a quick look; 1.0 is the issue's size)")
+    bench.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    bench.add_argument("--model", default=None, help="local HF model folder (default: SmolLM2-135M-Instruct)")
+    bench.add_argument("--no-observation", dest="observation", action="store_false",
+                       help="skip the observation-overhead runs")
+    bench.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON")
+
     sub.add_parser("doctor", help="check the set-up and say how to fix what is missing",
                    description="Print Python, torch build and device, triton, flash-attn, the default model "
                                "cache, chromium for browser tests, and the command that fixes each missing piece.")
@@ -81,6 +96,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as exc:  # bad input: one line, not a traceback
             print(f"error: {exc}", file=sys.stderr)
             return 2
+    if args.command == "bench":
+        from .bench import bench
+
+        if not 0 < args.scale <= 1:
+            print(f"error: --scale must be in (0, 1], got {args.scale}", file=sys.stderr)
+            return 2
+        results = bench(reps=args.reps, scale=args.scale, dtype=args.dtype, model=args.model,
+                        observation=args.observation)
+        if args.json:
+            import json
+
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=2)
+        return 0
     if args.command == "doctor":
         from .doctor import run_doctor
 

@@ -1,0 +1,211 @@
+"""`python -m explorer bench`: the engine against Hugging Face `generate` on the same model,
+prompts and greedy settings, in one process and one run (this machine is shared and noisy:
+only ratios measured side by side, alternating the two, mean anything).
+
+Workloads (issue: CPU performance):
+  offline  32 prompts of 20-400 tokens, 64-128 new tokens each, ignore_eos
+  stream   1 prompt, 128 new tokens: per-token latency
+  shared   a 300-token system prompt + 32 different questions (prefix caching matters)
+Plus the cost of observation: StepRecords off / on / an explorer Session recording history.
+"""
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from engine import LLM, SamplingParams
+
+
+@dataclass
+class Workload:
+    name: str
+    prompts: list[list[int]]
+    max_tokens: list[int]
+
+
+@dataclass
+class RunResult:
+    seconds: float
+    output_ids: list[list[int]]
+    ttft: list[float] = field(default_factory=list)   # seconds, wall clock
+    itl: list[float] = field(default_factory=list)
+    prompt_tokens_computed: int | None = None
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(len(o) for o in self.output_ids)
+
+
+def make_workloads(vocab_lo: int = 100, vocab_hi: int = 40_000, seed: int = 0, scale: float = 1.0) -> list[Workload]:
+    """Deterministic token-id prompts (ordinary vocabulary ids, no special tokens)."""
+    rng = random.Random(seed)
+
+    def toks(n: int) -> list[int]:
+        return [rng.randrange(vocab_lo, vocab_hi) for _ in range(n)]
+
+    n = max(2, int(32 * scale))
+    offline = Workload("offline", [toks(rng.randint(20, 400)) for _ in range(n)],
+                       [max(4, int(rng.randint(64, 128) * scale)) for _ in range(n)])
+    stream = Workload("stream", [toks(32)], [max(8, int(128 * scale))])
+    system = toks(300)
+    shared = Workload("shared", [system + toks(rng.randint(8, 24)) for _ in range(n)],
+                      [max(4, int(32 * scale))] * n)
+    return [offline, stream, shared]
+
+
+# -- the two sides ------------------------------------------------------------------------
+def run_engine(llm: LLM, wl: Workload, session=None) -> RunResult:
+    eng = llm.engine
+    ids = []
+    for p, m in zip(wl.prompts, wl.max_tokens):
+        sp = SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True)
+        ids.append(session.add_request(p, sp) if session is not None else eng.add_request(p, sp))
+    computed_before = eng.num_computed_prompt_tokens
+    t0 = time.perf_counter()
+    if session is not None:
+        session.run_until_idle()
+    else:
+        while eng.has_unfinished_requests():
+            eng.step()
+    seconds = time.perf_counter() - t0
+    reqs = [eng.requests[i] for i in ids]
+    ttft = [r.metrics.wall.first_token_time - t0_wall(r) for r in reqs]
+    itl = [x for r in reqs for x in r.metrics.wall.derived()["inter_token_latency"]]
+    return RunResult(seconds, [list(r.output_token_ids) for r in reqs], ttft, itl,
+                     eng.num_computed_prompt_tokens - computed_before)
+
+
+def t0_wall(req) -> float:
+    return req.metrics.wall.arrival_time
+
+
+def run_hf(model, wl: Workload, pad_id: int) -> RunResult:
+    """transformers' batched greedy generate (left padding); one max_new_tokens per batch, so
+    only the tokens each prompt asked for are counted (as vLLM's HF benchmark does)."""
+    from transformers import GenerationConfig
+
+    n = len(wl.prompts)
+    width = max(len(p) for p in wl.prompts)
+    ids = torch.full((n, width), pad_id, dtype=torch.long)
+    mask = torch.zeros((n, width), dtype=torch.long)
+    for i, p in enumerate(wl.prompts):
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    gen = GenerationConfig(do_sample=False, max_new_tokens=max(wl.max_tokens), eos_token_id=None,
+                           pad_token_id=pad_id)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=mask, generation_config=gen)
+    seconds = time.perf_counter() - t0
+    outputs = [out[i, width:width + m].tolist() for i, m in enumerate(wl.max_tokens)]
+    return RunResult(seconds, outputs)
+
+
+def hf_first_token_seconds(model, wl: Workload, pad_id: int) -> float:
+    one = Workload(wl.name, wl.prompts, [1] * len(wl.prompts))
+    return run_hf(model, one, pad_id).seconds
+
+
+# -- reporting -----------------------------------------------------------------------------
+def med(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def spread(xs: list[float]) -> str:
+    return f"{min(xs):.3g}-{max(xs):.3g}" if xs else "-"
+
+
+def matching(a: list[list[int]], b: list[list[int]]) -> str:
+    same = sum(x == y for x, y in zip(a, b))
+    return f"{same}/{len(a)}"
+
+
+def bench(reps: int = 3, scale: float = 1.0, dtype: str = "float32", model: str | None = None,
+          observation: bool = True, out=print) -> dict:
+    """Run every workload `reps` times, alternating engine and HF; print and return the table."""
+    from transformers import AutoModelForCausalLM
+
+    llm = LLM(model=model, dtype=dtype, record_steps=True)
+    folder = llm.engine.config.model
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).eval()
+    pad_id = llm.tokenizer.pad_token_id if llm.tokenizer.pad_token_id is not None else 0
+    out(f"model {llm.engine.model_info['name']} ({dtype}), torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads, {reps} repetitions, scale {scale}")
+    results: dict = {}
+    for wl in make_workloads(scale=scale):
+        eng_runs, hf_runs, hf_first = [], [], []
+        for _ in range(reps):
+            llm.engine.kv.set_prefix_caching(False)  # a fresh cache each repetition...
+            llm.engine.kv.set_prefix_caching(True)   # ...so repetitions do not hit each other
+            eng_runs.append(run_engine(llm, wl))
+            hf_runs.append(run_hf(hf, wl, pad_id))
+            if wl.name == "stream":
+                hf_first.append(hf_first_token_seconds(hf, wl, pad_id))
+        row = summarize(wl, eng_runs, hf_runs, hf_first)
+        results[wl.name] = row
+        out(format_row(row))
+    if observation:
+        results["observation"] = observation_overhead(model, dtype, reps, scale, out)
+    return results
+
+
+def summarize(wl: Workload, eng_runs: list[RunResult], hf_runs: list[RunResult], hf_first: list[float]) -> dict:
+    eng_tps = [r.output_tokens / r.seconds for r in eng_runs]
+    hf_tps = [r.output_tokens / r.seconds for r in hf_runs]
+    row = {"workload": wl.name, "requests": len(wl.prompts),
+           "engine_tok_s": med(eng_tps), "hf_tok_s": med(hf_tps), "engine_tok_s_spread": spread(eng_tps),
+           "hf_tok_s_spread": spread(hf_tps),
+           "engine_req_s": med([len(wl.prompts) / r.seconds for r in eng_runs]),
+           "hf_req_s": med([len(wl.prompts) / r.seconds for r in hf_runs]),
+           "ratio": med(eng_tps) / med(hf_tps),
+           "engine_ttft_ms": 1e3 * med([statistics.fmean(r.ttft) for r in eng_runs]),
+           "engine_itl_ms": 1e3 * med([statistics.fmean(r.itl) for r in eng_runs if r.itl]),
+           "same_tokens": matching(eng_runs[0].output_ids, hf_runs[0].output_ids),
+           "prompt_tokens": sum(len(p) for p in wl.prompts),
+           "prompt_tokens_computed": eng_runs[-1].prompt_tokens_computed}
+    if hf_first:
+        # HF per-token latency: (whole generate - the first token's generate) / remaining tokens.
+        n = wl.max_tokens[0]
+        hf_itl = [(r.seconds - f) / (n - 1) for r, f in zip(hf_runs, hf_first)]
+        row["hf_itl_ms"] = 1e3 * med(hf_itl)
+        row["itl_ratio"] = row["engine_itl_ms"] / row["hf_itl_ms"]
+    return row
+
+
+def format_row(r: dict) -> str:
+    s = (f"{r['workload']:>8}: engine {r['engine_tok_s']:7.1f} tok/s ({r['engine_tok_s_spread']})  "
+         f"HF {r['hf_tok_s']:7.1f} tok/s ({r['hf_tok_s_spread']})  ratio engine/HF {r['ratio']:.2f}x  "
+         f"req/s {r['engine_req_s']:.2f} vs {r['hf_req_s']:.2f}  TTFT {r['engine_ttft_ms']:.0f} ms  "
+         f"ITL {r['engine_itl_ms']:.1f} ms  same tokens {r['same_tokens']}")
+    if "hf_itl_ms" in r:
+        s += f"  HF per-token {r['hf_itl_ms']:.1f} ms (engine/HF {r['itl_ratio']:.2f}x)"
+    if r["workload"] == "shared":
+        s += f"  prompt tokens computed {r['prompt_tokens_computed']}/{r['prompt_tokens']}"
+    return s
+
+
+def observation_overhead(model: str | None, dtype: str, reps: int, scale: float, out=print) -> dict:
+    """The offline workload with StepRecords off, on, and inside an explorer Session."""
+    from explorer.session import Session
+
+    wl = make_workloads(scale=scale * 0.5)[0]
+    lean = LLM(model=model, dtype=dtype, record_steps=False)
+    full = LLM(model=model, dtype=dtype, record_steps=True)
+    times: dict[str, list[float]] = {"records_off": [], "records_on": [], "session_history": []}
+    for _ in range(reps):
+        times["records_off"].append(run_engine(lean, wl).seconds)
+        times["records_on"].append(run_engine(full, wl).seconds)
+        session = Session(full)
+        times["session_history"].append(run_engine(full, wl, session=session).seconds)
+    base = med(times["records_off"])
+    row = {k: med(v) for k, v in times.items()}
+    row["records_overhead"] = row["records_on"] / base - 1
+    row["history_overhead"] = row["session_history"] / base - 1
+    out(f"observation: records off {base:.2f} s, on {row['records_on']:.2f} s "
+        f"(+{100 * row['records_overhead']:.1f}%), Session with history {row['session_history']:.2f} s "
+        f"(+{100 * row['history_overhead']:.1f}%)")
+    return row

@@ -46,7 +46,9 @@ class AttentionProbe:
 class LLMEngine:
     """A paged-KV inference engine that advances one scheduler step per `step()` call."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, share_model_with: "LLMEngine | None" = None) -> None:
+        """`share_model_with`: an engine whose loaded weights and tokenizer this one reuses when
+        the model, dtype, device and max_model_len agree (a pool-only reset then takes no reload)."""
         from .default_model import default_model_path, validate_model_folder
 
         folder = validate_model_folder(config.model if config.model is not None else default_model_path())
@@ -54,8 +56,9 @@ class LLMEngine:
         max_model_len = config.max_model_len or min(4096, spec.max_position_embeddings)
         config = config.replace(model=str(folder), max_model_len=max_model_len)
         self.spec = spec
-        self.tokenizer = load_tokenizer(folder)
-        self.runner = ModelRunner(config, spec, max_model_len)
+        donor = share_model_with if share_model_with is not None and share_model_with._can_share(config) else None
+        self.tokenizer = donor.tokenizer if donor else load_tokenizer(folder)
+        self.runner = ModelRunner(config, spec, max_model_len, model=donor.runner.model if donor else None)
         self.config = config.replace(num_kv_blocks=self.runner.num_blocks)
         self.kv = KVCacheManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.config, self.kv, max_model_len)
@@ -69,6 +72,12 @@ class LLMEngine:
         eos = spec.eos_token_ids or ((self.tokenizer.eos_token_id,) if self.tokenizer.eos_token_id is not None else ())
         self.eos_token_id = eos[0] if eos else None
         self.extra_stop_ids = list(eos[1:])
+
+    def _can_share(self, config: EngineConfig) -> bool:
+        mine = self.config
+        return (str(mine.model) == str(config.model) and mine.max_model_len == config.max_model_len
+                and mine.dtype == config.dtype and mine.device == config.device
+                and mine.tensor_parallel_size == config.tensor_parallel_size == 1)
 
     # -- public facts -------------------------------------------------------------------
     @property

@@ -51,17 +51,20 @@ class Batch:
 class ModelRunner:
     """Model + KV pools. `kv_caches[layer] = (k, v)`, each [num_blocks, block_size, KVH, D]."""
 
-    def __init__(self, config: EngineConfig, spec: ModelSpec, max_model_len: int) -> None:
+    def __init__(self, config: EngineConfig, spec: ModelSpec, max_model_len: int,
+                 model: CausalLM | None = None) -> None:
         self.config = config
         self.spec = spec
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.block_size = config.block_size
         self.backend = get_attention_backend(config.attention_backend, self.device)
-        with torch.device(self.device):
-            model = CausalLM(spec, max_positions=max(max_model_len, 1))
-        load_weights(model, config.model)
-        self.model = model.to(self.dtype).eval()
+        if model is None:  # else: weights shared with an earlier engine (read-only at inference)
+            with torch.device(self.device):
+                model = CausalLM(spec, max_positions=max(max_model_len, 1))
+            load_weights(model, config.model)
+            model = model.to(self.dtype).eval()
+        self.model = model
         self.num_blocks = config.num_kv_blocks or self._blocks_from_memory()
         shape = (self.num_blocks, self.block_size, spec.num_kv_heads, spec.head_dim)
         self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),

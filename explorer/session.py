@@ -194,7 +194,7 @@ class Session:
             if "model" in config_fields and "max_model_len" not in config_fields:
                 config = dataclasses.replace(config, max_model_len=None)  # the new model's own limit
             fields = _config_kwargs(config)
-            new_llm = LLM(**fields)
+            new_llm = LLM(share_model_with=self._llm, **fields)  # same weights: no reload
             old, self._llm = self._llm, new_llm
             _shutdown(old)
             self._start_history()

@@ -17,7 +17,7 @@ from .request import Request, RequestStatus
 from .sampler import Sampler
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler, SchedulerOutput
-from .tokenizer import load_tokenizer
+from .tokenizer import fast_decoder, load_tokenizer
 
 
 @dataclass
@@ -59,6 +59,7 @@ class LLMEngine:
         donor = share_model_with if share_model_with is not None and share_model_with._can_share(config) else None
         self.tokenizer = donor.tokenizer if donor else load_tokenizer(folder)
         self.runner = ModelRunner(config, spec, max_model_len, model=donor.runner.model if donor else None)
+        self.decode = fast_decoder(self.tokenizer)
         self.config = config.replace(num_kv_blocks=self.runner.num_blocks)
         self.kv = KVCacheManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.config, self.kv, max_model_len)
@@ -112,14 +113,15 @@ class LLMEngine:
         params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
-        if request_id is None:
-            request_id = next(i for i in (str(n) for n in self._ids) if i not in self.requests)
-        if not isinstance(request_id, str) or not request_id:
-            raise ValueError(f"request_id must be a non-empty str, got {request_id!r}")
-        if request_id in self.requests:
-            raise ValueError(f"request_id {request_id!r} already exists")
+        if request_id is not None:
+            if not isinstance(request_id, str) or not request_id:
+                raise ValueError(f"request_id must be a non-empty str, got {request_id!r}")
+            if request_id in self.requests:
+                raise ValueError(f"request_id {request_id!r} already exists")
         token_ids, text = self._tokenize(prompt)
         self._check_fits(token_ids, params)
+        if request_id is None:  # only a valid request takes the next id
+            request_id = next(i for i in (str(n) for n in self._ids) if i not in self.requests)
         req = Request(request_id, token_ids, params, self.eos_token_id, prompt_text=text)
         if self.extra_stop_ids:
             req.params = SamplingParams(**{**params.to_dict(),
@@ -250,7 +252,7 @@ class LLMEngine:
         return finished
 
     def _record(self, out, batch, sampled_rows, results, finished, seconds: dict) -> StepRecord:
-        decode = self.tokenizer.decode
+        decode = self.decode
         rec = StepRecord(step=self.step_count)
         rec.scheduled = [{"request_id": s.request.request_id, "num_tokens": s.num_tokens,
                           "num_computed_before": s.num_computed_before, "is_prefill": s.is_prefill,
@@ -283,7 +285,7 @@ class LLMEngine:
                 "num_prompt_tokens_computed": self.num_computed_prompt_tokens}
 
     def snapshot(self) -> EngineSnapshot:
-        decode = self.tokenizer.decode
+        decode = self.decode
         sch = self.scheduler
         return EngineSnapshot(
             step=self.step_count, config=self.config.to_dict(), model_info=self.model_info, metrics=self.metrics,
@@ -309,7 +311,7 @@ class LLMEngine:
         probs = self.runner.probe(req.all_token_ids, start, end, req.block_table, layer)
         heads = list(range(self.spec.num_heads)) if head is None else [head]
         group = self.spec.num_heads // self.spec.num_kv_heads
-        decode = self.tokenizer.decode
+        decode = self.decode
         return AttentionProbe(
             request_id=request_id, layer=layer, heads=heads, kv_head_of_head=[h // group for h in heads],
             query_positions=list(range(start, end)), context_len=end, block_size=self.config.block_size,

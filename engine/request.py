@@ -110,6 +110,7 @@ class Request:
         self.metrics = RequestMetrics()
         self.last_scheduled: tuple[int, int] | None = None  # [start, end) positions of its last step
         self.generator = None              # torch.Generator when params.seed is set
+        self._text_cache: dict[str, tuple[int, str]] = {}
 
     @property
     def num_tokens(self) -> int:
@@ -122,6 +123,16 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status == RequestStatus.FINISHED
+
+    def cached_text(self, which: str, decode) -> str:
+        """Decoded prompt or output text, re-decoded only when the tokens changed (snapshots ask
+        for every request's text after every step)."""
+        ids = self.prompt_token_ids if which == "prompt" else self.output_token_ids
+        key, text = self._text_cache.get(which, (None, ""))
+        if key != len(ids):
+            text = decode(ids)
+            self._text_cache[which] = (len(ids), text)
+        return text
 
     def append_output(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)

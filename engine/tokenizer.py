@@ -17,3 +17,12 @@ def load_tokenizer(folder: str | Path):
         if (folder / "tokenizer.json").exists():
             return PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
         raise ValueError(f"model folder {folder} has no usable tokenizer (tokenizer.json)") from None
+
+
+def fast_decoder(tokenizer):
+    """A decode(ids) -> str that skips transformers' per-call input checks (they cost more than
+    the decoding itself for the snapshot's many small calls); the same text as tokenizer.decode."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return lambda ids: tokenizer.decode(ids)
+    return lambda ids: backend.decode(list(ids), skip_special_tokens=False)

@@ -101,3 +101,20 @@ def hf_model_cache() -> Callable[[Path], tuple[Any, Any]]:
 
 
 # --------------------------- end: model checkpoints ---------------------------
+
+
+# --- markers: soak runs only when asked for; gpu only where CUDA is -------------------------
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Soak tests run only when the -m expression names them (`pytest -m soak`), whatever
+    other -m filter is given; GPU tests are skipped cleanly on machines without CUDA."""
+    wants_soak = "soak" in (config.getoption("-m") or "") and "not soak" not in (config.getoption("-m") or "")
+    try:
+        import torch
+        has_cuda = torch.cuda.is_available()
+    except ImportError:
+        has_cuda = False
+    for item in items:
+        if "soak" in item.keywords and not wants_soak:
+            item.add_marker(pytest.mark.skip(reason="soak test: run with `pytest -m soak`"))
+        if "gpu" in item.keywords and not has_cuda:
+            item.add_marker(pytest.mark.skip(reason="needs an NVIDIA GPU (torch.cuda.is_available() is False)"))

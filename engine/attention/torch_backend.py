@@ -54,8 +54,8 @@ class TorchAttentionBackend(AttentionBackend):
         probing = meta.probe_layer is not None
         if not probing:
             write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        out = torch.empty_like(q)
         decode_set = set(meta.decode_seq_ids)
+        out = q.new_empty(q.shape) if len(decode_set) < q.shape[0] or probing else None
         kvh = k.shape[1]
         for i in range(meta.num_seqs):
             if i in decode_set and not probing:
@@ -74,7 +74,11 @@ class TorchAttentionBackend(AttentionBackend):
                 meta.probe_probs = attention_probs(q[s:e], ks, full_mask, kvh)
             out[s:e] = _sdpa(q[s:e], ks, vs, mask, causal=mask is None and e - s > 1)
         if meta.decode_seq_ids and not probing:
-            out[meta.decode_rows] = self._batched_decode(q[meta.decode_rows], k_cache, v_cache, meta)
+            if len(meta.decode_seq_ids) == q.shape[0]:  # a pure decode step: rows are the sequences
+                return self._batched_decode(q, k_cache, v_cache, meta)
+            # index_select / index_copy_, not q[rows] / out[rows] = ...: far cheaper on CPU.
+            rows = meta.decode_rows
+            out.index_copy_(0, rows, self._batched_decode(q.index_select(0, rows), k_cache, v_cache, meta))
         return out
 
     @staticmethod

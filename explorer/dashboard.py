@@ -1,0 +1,434 @@
+"""Dashboard: the kvscope panels wired to one explorer Session.
+
+`SessionBinder` keeps any set of panels in step with a Session (it listens to the
+Session's events, turns history entries into panel states with `explorer.views`,
+and routes browser actions to Session methods). `Dashboard` lays every panel out
+in one VBox; `panel(session, name)` and the `*_panel(session)` helpers give one
+panel alone for a notebook cell.
+"""
+from __future__ import annotations
+
+import logging
+import weakref
+from functools import partial
+from typing import Any, Iterable
+
+import ipywidgets as W
+
+import widgets
+from widgets import Panel
+
+from . import views
+
+_log = logging.getLogger(__name__)
+
+PANEL_NAMES = ("controls", "queues", "sampler", "blocks", "slots", "attention", "timeline", "latency")
+_PANEL_CLASSES = {"controls": "ControlsPanel", "queues": "QueuesPanel", "sampler": "SamplerPanel",
+                  "blocks": "BlockPoolPanel", "slots": "SlotMappingPanel", "attention": "AttentionPanel",
+                  "timeline": "TimelinePanel", "latency": "LatencyPanel"}
+BUDGET_KEYS = ("max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill", "enable_prefix_caching",
+               "scheduling_policy")
+SAMPLING_KEYS = ("max_tokens", "temperature", "top_k", "top_p", "ignore_eos", "seed")
+POOL_KEYS = ("num_kv_blocks", "block_size")
+
+_SHARED_PREFIX = ("You are a concise assistant for a geography quiz. Answer with the name of the city only, "
+                  "no explanation, no punctuation, and no extra words. Here is the question.")
+_LONG_TEXT = ("The paged KV cache stores keys and values in fixed-size blocks, so a request's memory grows "
+              "one block at a time and blocks can be shared between requests with a common prefix. ")
+_BURST_TOPICS = ("the ocean", "mountains", "a library", "trains", "the moon", "gardens", "rivers", "old maps",
+                 "clocks", "bridges", "deserts", "music", "forests", "islands", "bicycles", "lighthouses")
+
+
+class SessionBinder:
+    """Keeps panels in step with a Session and routes their browser actions to it.
+
+    `view_index` is None while live (panels show `session.current`), else the index
+    of the history entry every panel shows (scrubbing). A ValueError from the engine
+    (bad input) is shown inline in the Controls panel; the Session keeps working.
+    """
+
+    def __init__(self, session: Any, panels: Iterable[str] = PANEL_NAMES) -> None:
+        self.session = session
+        self.view_index: int | None = None
+        self.auto_probe = True  # re-read attention after each live step
+        self._in_run = False       # inside a multi-step action: probe once, at its end
+        self.panels: dict[str, Any] = {}
+        self._sampler_pinned = False   # the user chose the sampler's request
+        self._attention_pinned = False  # ... or the attention panel's
+        self._timeline_key: tuple | None = None
+        self._timeline_state: dict = {}
+        self.token_text = views.token_texts(getattr(session.engine, "tokenizer", None))
+        for name in panels:
+            self.add(name)
+        self._unsubscribe = session.subscribe(self._on_event)
+        self.render()
+
+    # ---- panels ----
+    def add(self, name: str) -> Any:
+        """The panel called `name` (created and bound on first use)."""
+        if name in self.panels:
+            return self.panels[name]
+        if name not in _PANEL_CLASSES:
+            raise ValueError(f"unknown panel {name!r}; choose from {', '.join(PANEL_NAMES)}")
+        cls = getattr(widgets, _PANEL_CLASSES[name])
+        panel = cls(token_text=self.token_text) if name == "blocks" else cls()
+        if isinstance(panel, Panel):
+            panel.on_action(partial(self._on_action, name))
+        panel.binder = self  # keeps the binding alive as long as the panel is
+        self.panels[name] = panel
+        return panel
+
+    def close(self) -> None:
+        """Stop following the Session (the panels keep their last state)."""
+        self._unsubscribe()
+
+    # ---- what is shown ----
+    def entries(self) -> list:
+        return list(self.session.history)
+
+    def shown_entry(self) -> Any:
+        """The history entry on display: the scrubbed one, else the Session's current."""
+        history = self.session.history
+        if self.view_index is not None and history:
+            return history[max(0, min(self.view_index, len(history) - 1))]
+        return self.session.current
+
+    def render(self, *, probe: bool = True) -> None:
+        """Redraw every panel from the shown entry (`probe`: re-read attention if live)."""
+        entry = self.shown_entry()
+        record = (getattr(entry, "record", None) or views.EMPTY_RECORD) if entry is not None else views.EMPTY_RECORD
+        snapshot = (getattr(entry, "snapshot", None) or {}) if entry is not None else {}
+        step = int(getattr(entry, "step", 0) or snapshot.get("step", 0) or 0)
+        live = self.view_index is None
+        p = self.panels
+        for panel in p.values():
+            if isinstance(panel, Panel):
+                with panel.hold_sync():
+                    panel.step, panel.live = step, live
+        if "controls" in p:
+            self._render_controls(record, snapshot)
+        if "queues" in p:
+            p["queues"].show(views.queues_state(record, snapshot))
+        if "blocks" in p:
+            p["blocks"].show(views.block_pool_state(record, snapshot))
+        if "slots" in p:
+            block_size = int((snapshot.get("block_pool") or {}).get("block_size", 16))
+            p["slots"].show(views.slot_mapping_state(record, self.token_text, block_size=block_size))
+        if "sampler" in p:
+            self._render_sampler(snapshot)
+        if "timeline" in p:
+            p["timeline"].show(self._timeline())
+        if "latency" in p:
+            p["latency"].show(views.latency_rows(snapshot), step=step, live=live)
+        if "attention" in p:
+            self._render_attention(snapshot, step, probe=live and self.auto_probe and probe)
+
+    def _render_controls(self, record: dict, snapshot: dict) -> None:
+        history = self.session.history
+        config = self.session.engine.config
+        info = views.summary_line(record, snapshot)
+        m = snapshot.get("metrics") or {}
+        if m.get("prefix_cache_queries"):
+            info += f" \u00b7 prefix hits {m.get('prefix_cache_hits', 0)}/{m['prefix_cache_queries']}"
+        self.panels["controls"].show({
+            "history_len": len(history), "history_first": int(history[0].step) if history else 1,
+            "view_index": -1 if self.view_index is None else self.view_index,
+            "has_work": bool(self.session.engine.has_unfinished_requests()), "info": info,
+            "budget": {k: getattr(config, k) for k in BUDGET_KEYS},
+            "pool": {k: getattr(config, k) for k in POOL_KEYS},
+        })
+
+    def _render_sampler(self, snapshot: dict) -> None:
+        sampler = self.panels["sampler"]
+        history = self.session.history
+        end = len(history) if self.view_index is None else self.view_index + 1
+        rid = sampler.request_id if self._sampler_pinned else ""
+        sampler.show(views.sampler_state(history[:end], snapshot, rid, self.token_text))
+
+    def _timeline(self) -> dict:
+        # The whole history is sent once per new step; scrubbing only moves the window.
+        history = self.session.history
+        key = (len(history), id(history[-1]) if history else None)
+        if key != self._timeline_key:
+            self._timeline_key, self._timeline_state = key, views.timeline_state(history)
+        return self._timeline_state
+
+    def _render_attention(self, snapshot: dict, step: int, *, probe: bool) -> None:
+        att = self.panels["attention"]
+        info = snapshot.get("model_info") or {}
+        heads, kv_heads = int(info.get("num_heads") or 0), int(info.get("num_kv_heads") or 0)
+        targets = views.probe_targets(snapshot)
+        with att.hold_sync():
+            att.requests = targets
+            att.num_layers = int(info.get("num_layers") or 0)
+            if heads and kv_heads and att.num_heads != heads:
+                att.num_heads = heads
+                att.kv_head_of_head = [h // (heads // kv_heads) for h in range(heads)]
+        if not probe:
+            if self.view_index is not None and att.context_len:
+                att.message = (f"showing history step {step}; these weights were read from the live cache "
+                               f"at step {att.probe_step} (the history keeps no KV): press Live to probe again")
+            return
+        rid = att.request_id if self._attention_pinned else ""
+        if not rid:
+            selected = self.panels["queues"].selected if "queues" in self.panels else ""
+            rid = selected if selected in targets else (targets[0] if targets else "")
+        if not rid:
+            att.clear("no running request has KV in the cache yet: add a request and step")
+            return
+        try:
+            probe_dict = self.session.probe(rid, att.layer, att.head if 0 <= att.head < max(1, heads) else 0)
+        except ValueError as exc:  # e.g. the request finished and its blocks were freed
+            att.request_id = rid
+            att.clear(str(exc))
+            return
+        att.show_probe(probe_dict, step=step)
+
+    # ---- Session events ----
+    def _on_event(self, event: str, _session: Any = None) -> None:
+        try:
+            if event == "reset":
+                self.view_index = None
+                self.token_text = views.token_texts(getattr(self.session.engine, "tokenizer", None))
+                if "blocks" in self.panels:
+                    self.panels["blocks"].token_text = self.token_text
+                self._timeline_key = None
+            if event == "error" and "controls" in self.panels:
+                self.panels["controls"].error = str(getattr(self.session, "last_error", "") or "")
+                return
+            if event == "step" and self.view_index is not None:
+                self._render_controls_only()  # scrubbed back: only the slider grows
+                return
+            self.render(probe=not self._in_run)
+        except Exception:  # a broken view must not break the Session's caller
+            _log.exception("kvscope dashboard failed to render after %r", event)
+
+    def _render_controls_only(self) -> None:
+        if "controls" in self.panels:
+            entry = self.shown_entry()
+            self._render_controls(entry.record or views.EMPTY_RECORD, entry.snapshot or {})
+
+    # ---- browser actions ----
+    def _on_action(self, source: str, content: dict) -> None:
+        action = content.get("action")
+        controls = self.panels.get("controls")
+        mutating = action in ("step", "reset", "add", "preset", "set_budget", "abort")
+        if controls is not None and mutating:
+            controls.busy = True
+        try:
+            self._run_action(source, action, content)
+            if controls is not None and mutating:
+                controls.error = ""
+        except ValueError as exc:  # the engine's own message for bad input, shown inline
+            self._show_error(str(exc))
+        except Exception as exc:  # anything else still must not leave the UI stuck
+            _log.exception("kvscope action %r failed", action)
+            self._show_error(f"{type(exc).__name__}: {exc}")
+        finally:
+            if controls is not None and mutating:
+                controls.busy = False
+
+    def _show_error(self, message: str) -> None:
+        if "controls" in self.panels:
+            self.panels["controls"].error = message
+        else:
+            _log.warning("kvscope: %s", message)
+
+    def _run_action(self, source: str, action: str | None, c: dict) -> None:
+        s = self.session
+        if action == "step":
+            self.view_index = None
+            n = c.get("n", 1)  # the Session validates it (and names it in its error)
+            # Probing attention re-runs layers; in a long run do it once, at the end.
+            self._in_run = isinstance(n, int) and n > 1
+            try:
+                s.step(n)
+            finally:
+                self._in_run = False
+            if isinstance(n, int) and n > 1 and "attention" in self.panels:
+                entry = self.shown_entry()
+                self._render_attention(entry.snapshot or {}, int(entry.step), probe=self.auto_probe)
+        elif action == "add":
+            self.view_index = None
+            fields = {k: c[k] for k in SAMPLING_KEYS if c.get(k) is not None}
+            s.add_request(c.get("prompt", ""), **fields)
+        elif action == "preset":
+            self.view_index = None
+            self._add_preset(str(c.get("name")), c)
+        elif action == "set_budget":
+            s.set_budget(**{k: c[k] for k in BUDGET_KEYS if k in c and c[k] is not None})
+        elif action == "reset":
+            self.view_index = None
+            s.reset(**{k: c[k] for k in POOL_KEYS if c.get(k) is not None})
+        elif action == "abort":
+            self.view_index = None
+            s.abort(str(c.get("request_id")))
+        elif action == "scrub":
+            self.scrub(int(c.get("index", -1)))
+        elif action == "scrub_step":
+            steps = [int(e.step) for e in s.history]
+            if int(c.get("step", -1)) in steps:
+                self.scrub(steps.index(int(c["step"])))
+        elif action == "live":
+            self.scrub(None)
+        elif action == "select":
+            self._select(source, str(c.get("request_id") or ""))
+        elif action == "refresh" and "attention" in self.panels:
+            self._attention_pinned = bool(self.panels["attention"].request_id)
+            entry = self.shown_entry()
+            snap = entry.snapshot if entry is not None else {}
+            self._render_attention(snap or {}, int(getattr(entry, "step", 0) or 0), probe=True)
+
+    def scrub(self, index: int | None) -> None:
+        """Show history[index] in every panel (None or past the end: back to live)."""
+        n = len(self.session.history)
+        self.view_index = None if index is None or index < 0 or index >= n - 1 else index
+        self.render()
+
+    def _select(self, source: str, rid: str) -> None:
+        """A request chosen in one panel: the sampler and attention panels follow it."""
+        p = self.panels
+        if source == "queues" or source == "sampler":
+            if "sampler" in p:
+                p["sampler"].request_id = rid
+                self._sampler_pinned = bool(rid)
+        if source == "queues" or source == "attention":
+            if "attention" in p:
+                if rid:
+                    p["attention"].request_id = rid
+                self._attention_pinned = bool(p["attention"].request_id)
+        entry = self.shown_entry()
+        snap = (entry.snapshot if entry is not None else {}) or {}
+        if "sampler" in p:
+            self._render_sampler(snap)
+        if "attention" in p:
+            self._render_attention(snap, int(getattr(entry, "step", 0) or 0), probe=True)
+
+    def _add_preset(self, name: str, c: dict) -> None:
+        s = self.session
+        tok = s.engine.tokenizer
+        common = {"max_tokens": int(c.get("max_tokens") or 16), "temperature": c.get("temperature") or 0.0}
+        if name == "shared_prefix":
+            # Prefix hits need the first request's blocks computed (and hashed) before the
+            # second is scheduled, so run the first one through its prefill before adding.
+            first = s.add_request(_SHARED_PREFIX + " Question: the capital of France?", **common)
+            for _ in range(64):
+                if not _waiting_for_prefill(s.current, first):
+                    break
+                s.step(1)
+            s.add_request(_SHARED_PREFIX + " Question: the capital of Italy?", **common)
+        elif name == "long_prompt":
+            cfg = s.engine.config
+            target = min(int(cfg.max_num_batched_tokens * 2.5), cfg.max_model_len - common["max_tokens"] - 1)
+            unit = list(tok.encode(_LONG_TEXT, add_special_tokens=False))
+            ids = (unit * (target // max(1, len(unit)) + 1))[:max(1, target)]
+            s.add_request(ids, **common)
+        elif name == "burst":
+            for i in range(max(1, int(c.get("n") or 8))):
+                topic = _BURST_TOPICS[i % len(_BURST_TOPICS)]
+                s.add_request(f"Write a long story about {topic}, part {i + 1}.", ignore_eos=True, **common)
+        else:
+            raise ValueError(f"unknown preset {name!r}")
+
+
+def _waiting_for_prefill(entry: Any, rid: str) -> bool:
+    """True while `rid` has prompt tokens without KV (so it cannot be a prefix source yet)."""
+    snapshot = getattr(entry, "snapshot", None) or {}
+    for req in views.all_requests(snapshot):
+        if req["request_id"] == rid:
+            missing = len(req.get("prompt_token_ids", [])) - req.get("num_computed_tokens", 0)
+            return req.get("status") != "finished" and missing > 0
+    return True
+
+
+class Dashboard(W.VBox):
+    """Every kvscope panel bound to one Session, in one VBox (it displays itself).
+
+    Attributes: `session`, `binder` (a :class:`SessionBinder`), and one attribute per
+    panel: `controls`, `queues`, `sampler`, `blocks`, `slots`, `attention`,
+    `timeline`, `latency`. Display one alone with ``display(dash.queues)``.
+    """
+
+    def __init__(self, session: Any, *, panels: Iterable[str] = PANEL_NAMES) -> None:
+        self.session = session
+        self.binder = SessionBinder(session, panels)
+        for name, panel in self.binder.panels.items():
+            setattr(self, name, panel)
+        p = self.binder.panels
+        rows: list[W.Widget] = []
+        if "controls" in p:
+            rows.append(p["controls"])
+        top = [p[n] for n in ("queues", "sampler") if n in p]
+        if top:
+            for n, flex in (("queues", "3 1 0"), ("sampler", "1 1 0")):
+                if n in p:
+                    p[n].layout = W.Layout(flex=flex, min_width="0")
+            rows.append(W.HBox(top, layout=W.Layout(width="100%", align_items="flex-start")))
+        rows += [p[n] for n in ("blocks", "slots", "attention", "timeline", "latency") if n in p]
+        super().__init__(rows, layout=W.Layout(width="100%"))
+        self.add_class("kvs-dashboard")
+
+    def close_binding(self) -> None:
+        """Stop following the Session."""
+        self.binder.close()
+
+
+# One binder per Session for panels shown alone, so they scrub together. Keyed by id:
+# the binder dies with its Session (the Session's observer list is what holds it).
+_shared: "weakref.WeakValueDictionary[int, SessionBinder]" = weakref.WeakValueDictionary()
+
+
+def panel(session: Any, name: str) -> Any:
+    """One panel bound to `session`, for a notebook cell of its own.
+
+    Panels made this way for the same Session share one binder: scrubbing in a
+    standalone controls panel moves the other standalone panels too. Asking twice
+    for the same name gives the same widget (display it again, or in another cell).
+    """
+    binder = _shared.get(id(session))
+    if binder is None or binder.session is not session:
+        binder = SessionBinder(session, ())
+        _shared[id(session)] = binder
+    widget = binder.add(name)
+    binder.render()
+    return widget
+
+
+def controls_panel(session: Any) -> Any:
+    """Step / Run N / Play / Reset, the add-request form, budget knobs, history."""
+    return panel(session, "controls")
+
+
+def queues_panel(session: Any) -> Any:
+    """Waiting / running / finished requests."""
+    return panel(session, "queues")
+
+
+def sampler_panel(session: Any) -> Any:
+    """Top candidates and the chosen token of a request."""
+    return panel(session, "sampler")
+
+
+def block_pool_panel(session: Any) -> Any:
+    """The KV block pool and per-request block tables."""
+    return panel(session, "blocks")
+
+
+def slot_mapping_panel(session: Any) -> Any:
+    """This step's packed batch, token by token."""
+    return panel(session, "slots")
+
+
+def attention_panel(session: Any) -> Any:
+    """Attention heatmap of a request / layer / head."""
+    return panel(session, "attention")
+
+
+def timeline_panel(session: Any) -> Any:
+    """Per-step batch composition and timings, and the per-request Gantt."""
+    return panel(session, "timeline")
+
+
+def latency_panel(session: Any) -> Any:
+    """TTFT / ITL charts on the engine clock (plotly)."""
+    return panel(session, "latency")

@@ -1,0 +1,199 @@
+"""The panels' JavaScript in headless chromium, wired to a real Session.
+
+A plain HTML page (tests/widgets/minifrontend.py) stands in for JupyterLab's widget
+manager, so this checks the panels themselves: clicks become actions, state changes
+redraw, errors show inline. The JupyterLab end-to-end suite is tests/e2e.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Iterator
+
+import pytest
+
+from explorer.dashboard import SessionBinder
+
+from .minifrontend import MiniFrontend
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = "/usr/lib/chromium/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        "--disable-dev-shm-usage"]
+PANELS = ["controls", "queues", "sampler", "blocks", "slots", "attention", "timeline"]
+TESTIDS = {"queues": "kvs-queues", "sampler": "kvs-sampler", "blocks": "kvs-block-pool",
+           "slots": "kvs-slot-mapping", "attention": "kvs-attention", "timeline": "kvs-timeline",
+           "controls": "kvs-controls"}
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.skip("Debian chromium is not installed (scripts/setup.sh --with-browser)")
+    with sync_api.sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def ui(browser: Any, fresh_session: Any) -> Iterator[tuple[Any, MiniFrontend, SessionBinder]]:
+    binder = SessionBinder(fresh_session, PANELS)
+    page = browser.new_page(viewport={"width": 1200, "height": 1000})
+    front = MiniFrontend(page, binder.panels)
+    yield page, front, binder
+    assert front.errors() == []  # no uncaught JavaScript error in any test
+    binder.close()
+    page.close()
+
+
+def steps(page: Any) -> dict[str, str]:
+    return {name: page.get_attribute(f'[data-testid="{tid}"]', "data-step") for name, tid in TESTIDS.items()}
+
+
+def wait_step(page: Any, step: int, timeout: float = 30_000) -> None:
+    page.wait_for_function(
+        "(s) => [...document.querySelectorAll('.kvs-panel')].every((p) => p.dataset.step === String(s))",
+        arg=step, timeout=timeout)
+
+
+def test_every_panel_renders_with_its_test_id_and_step(ui) -> None:
+    page, _, _ = ui
+    assert set(steps(page).values()) == {"0"}
+    for tid in ["kvs-step-btn", "kvs-add-form", "kvs-error", "kvs-history-slider", "kvs-pool-canvas",
+                "kvs-block-tables", "kvs-batch-strip", "kvs-attn-heads", "kvs-timeline-chart"]:
+        assert page.locator(f'[data-testid="{tid}"]').count() == 1, tid
+    assert not page.is_visible('[data-testid="kvs-error"]')
+    assert page.locator('[data-testid="kvs-head-3"]').count() == 1  # 4 query heads ...
+    assert page.locator('[data-testid="kvs-kv-group-1"] button').count() == 2  # ... 2 per KV head
+
+
+def test_form_add_bad_input_inline_then_steps_by_clicks(ui) -> None:
+    page, _, binder = ui
+    page.fill('[data-testid="kvs-prompt"]', "")
+    page.click('[data-testid="kvs-add-btn"]')
+    page.wait_for_selector('[data-testid="kvs-error"]:visible')
+    assert "prompt" in page.inner_text('[data-testid="kvs-error"]')
+    page.fill('[data-testid="kvs-prompt"]', "The capital of France is")
+    page.fill('[data-testid="kvs-max-tokens"]', "6")
+    page.click('[data-testid="kvs-add-btn"]')
+    page.wait_for_selector('[data-testid="kvs-queue-waiting"] .kvs-card')
+    assert not page.is_visible('[data-testid="kvs-error"]')
+    # Three quick clicks: all run, one after another.
+    for _ in range(3):
+        page.click('[data-testid="kvs-step-btn"]')
+    wait_step(page, 3)
+    assert len(binder.session.history) == 4
+    assert page.get_attribute('[data-testid="kvs-controls"]', "data-pending") == "0"
+    rid = page.get_attribute('[data-testid="kvs-queue-running"] .kvs-card', "data-request-id")
+    assert page.locator(f'[data-testid="kvs-seg-{rid}"] .kvs-cell').count() == 1  # a decode row
+    assert page.locator('[data-testid="kvs-sampler-chosen"]').count() == 1
+    assert page.is_visible('[data-testid="kvs-attn-canvas"]')
+
+
+def test_play_steps_until_idle_one_result_at_a_time(ui) -> None:
+    page, front, binder = ui
+    s = binder.session
+    s.add_request("Hello", max_tokens=8, temperature=0.0, ignore_eos=True)
+    s.add_request("Hello there", max_tokens=5, temperature=0.0, ignore_eos=True)
+    binder.panels["controls"].play_interval_ms = 0
+    front.sync()  # changes made from Python outside a browser action
+    page.click('[data-testid="kvs-play-btn"]')
+    page.wait_for_function("() => document.querySelector('[data-testid=kvs-controls]').dataset.playing === 'false'",
+                           timeout=60_000)
+    assert not s.engine.has_unfinished_requests()
+    assert len(s.history) == 9  # 8 steps, and Play stopped by itself once idle
+    wait_step(page, 8)
+
+
+def test_slider_scrubs_every_panel_and_live_returns(ui) -> None:
+    page, front, binder = ui
+    s = binder.session
+    s.add_request("The capital of France is", max_tokens=6, temperature=0.0)
+    s.step(5)
+    front.sync()
+    wait_step(page, 5)
+    page.evaluate("""() => { const s = document.querySelector('[data-testid=kvs-history-slider]');
+                             s.value = '2'; s.dispatchEvent(new Event('input')); }""")
+    wait_step(page, 2)
+    assert page.get_attribute('[data-testid="kvs-queues"]', "data-live") == "false"
+    assert page.inner_text('[data-testid="kvs-history-label"]') == "step 2 of 5"
+    page.click('[data-testid="kvs-live-btn"]')
+    wait_step(page, 5)
+    page.click('[data-testid="kvs-timeline-chart"] g.kvs-step-bar[data-step="3"] rect')
+    wait_step(page, 3)
+
+
+def test_block_hover_shows_tokens_and_click_pins(ui) -> None:
+    page, front, binder = ui
+    s = binder.session
+    s.add_request("The capital of France is a city with a long history", max_tokens=3, temperature=0.0)
+    s.step(1)
+    front.sync()
+    canvas = page.locator('[data-testid="kvs-pool-canvas"]')
+    canvas.scroll_into_view_if_needed()
+    box = canvas.bounding_box()
+    # Block 1 is the second cell of the first row (26 px cells for a pool this small).
+    page.mouse.move(box["x"] + 2, box["y"] + 2)
+    page.mouse.move(box["x"] + 26 + 13, box["y"] + 13)
+    # The tooltip gains the token ids once Python answered the hover's block_detail.
+    page.wait_for_function("() => document.querySelector('[data-testid=kvs-block-tooltip]')"
+                           ".textContent.includes('tokens')", timeout=10_000)
+    tip = page.inner_text('[data-testid="kvs-block-tooltip"]')
+    assert tip.startswith("block 1") and "owner #0" in tip and "785" in tip
+    page.mouse.click(box["x"] + 26 + 13, box["y"] + 13)
+    page.wait_for_selector('[data-testid="kvs-block-detail"] .kvs-tok')
+    assert "The" in page.inner_text('[data-testid="kvs-block-detail"]')
+
+
+def test_attention_head_buttons_reprobe(ui) -> None:
+    page, front, binder = ui
+    s = binder.session
+    s.add_request("The capital of France is", max_tokens=4, temperature=0.0)
+    s.step(1)
+    front.sync()
+    page.click('[data-testid="kvs-head-3"]')
+    page.wait_for_selector('[data-testid="kvs-head-3"].kvs-on')
+    assert binder.panels["attention"].head == 3
+    assert page.locator('[data-testid="kvs-kv-group-1"].kvs-active').count() == 1
+    page.select_option('[data-testid="kvs-attn-layer"]', "1")
+    page.wait_for_function("() => document.querySelector('[data-testid=kvs-attention] .kvs-sub')"
+                           ".textContent.includes('layer 1')")
+
+
+def test_pool_of_4096_blocks_redraws_fast(ui) -> None:
+    page, front, binder = ui
+    s = binder.session
+    s.reset(num_kv_blocks=4096)
+    for i in range(8):
+        s.add_request(f"Story number {i} " * 10, max_tokens=4, temperature=0.0)
+    s.step(2)
+    front.sync()
+    page.wait_for_function("() => document.querySelector('[data-testid=kvs-block-pool]').dataset.step === '2'")
+    per_draw_ms = page.evaluate("""() => {
+        const c = document.querySelector('[data-testid=kvs-pool-canvas]');
+        const r = c.getBoundingClientRect(); const t0 = performance.now();
+        for (let i = 0; i < 30; i++) c.dispatchEvent(new MouseEvent('mousemove',
+            {clientX: r.left + 5 + 10 * i, clientY: r.top + 5 + (i % 5) * 10, bubbles: true}));
+        return (performance.now() - t0) / 30; }""")
+    assert per_draw_ms < 50, f"a hover redraw of 4,096 blocks took {per_draw_ms:.1f} ms"
+
+
+def test_budget_knob_applies_live_and_a_rejected_value_springs_back(ui) -> None:
+    page, _, binder = ui
+    knob = '[data-testid="kvs-budget-tokens"]'
+    page.fill(knob, "32")
+    page.dispatch_event(knob, "change")
+    page.wait_for_function("() => document.querySelector('[data-testid=kvs-controls]').dataset.pending === '0'")
+    assert binder.session.engine.config.max_num_batched_tokens == 32
+    page.fill(knob, "0")
+    page.dispatch_event(knob, "change")
+    page.wait_for_selector('[data-testid="kvs-error"]:visible')
+    assert "max_num_batched_tokens" in page.inner_text('[data-testid="kvs-error"]')
+    page.wait_for_function("() => document.querySelector('[data-testid=kvs-budget-tokens]').value === '32'")
+    page.check('[data-testid="kvs-budget-chunked"]')
+    page.uncheck('[data-testid="kvs-budget-chunked"]')
+    page.wait_for_function("() => document.querySelector('[data-testid=kvs-controls]').dataset.pending === '0'")
+    assert binder.session.engine.config.enable_chunked_prefill is False

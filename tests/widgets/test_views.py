@@ -1,0 +1,173 @@
+"""explorer.views: history entries of a real Session -> panel states."""
+from __future__ import annotations
+
+from array import array
+
+from explorer import views
+
+PREFIX = "You are a concise assistant for a geography quiz. Answer with the city only, nothing else."
+
+
+def _columns(state: dict) -> tuple[list, list, list, list]:
+    return (list(array("B", state["status"])), list(array("H", state["ref_count"])),
+            list(array("h", state["owner"])), list(array("B", state["events"])))
+
+
+def test_block_pool_columns_match_the_snapshot_block_by_block(fresh_session) -> None:
+    s = fresh_session
+    s.add_request(PREFIX + " France?", max_tokens=3, temperature=0.0)
+    s.step(1)
+    e = s.current
+    state = views.block_pool_state(e.record, e.snapshot)
+    blocks = e.snapshot["block_pool"]["blocks"]
+    status, ref, owner, events = _columns(state)
+    assert state["num_blocks"] == len(blocks) == 48
+    assert status[0] == 0  # the null block
+    for b in blocks[1:]:
+        i = b["block_id"]
+        expected = (2 if b["hash"] else 1) if b["is_free"] else (4 if b["hash"] else 3)
+        assert status[i] == expected
+        assert ref[i] == b["ref_count"]
+        assert (owner[i] >= 0) == bool(b["owners"])
+        if b["owners"]:
+            assert state["owners"][owner[i]] == b["owners"][0]
+    for bid in e.record["blocks"]["allocated"]:
+        assert events[bid] & 1
+    assert state["counts"]["allocated"] == len(e.record["blocks"]["allocated"]) > 0
+    assert state["block_tables"] == [{"request_id": r["request_id"], "block_table": r["block_table"],
+                                      "num_computed_tokens": r["num_computed_tokens"]}
+                                     for r in e.snapshot["queues"]["running"]]
+
+
+def test_prefix_hits_are_marked_in_the_pool_events(fresh_session) -> None:
+    s = fresh_session
+    s.add_request(PREFIX + " France?", max_tokens=2, temperature=0.0)
+    s.step(1)  # the first request's full blocks are computed and hashed
+    s.add_request(PREFIX + " Italy?", max_tokens=2, temperature=0.0)
+    s.step(1)
+    e = s.current
+    hits = e.record["blocks"]["hits"]
+    assert hits, "the second request should reuse the first one's prefix blocks"
+    events = list(array("B", views.block_pool_state(e.record, e.snapshot)["events"]))
+    assert all(events[b] & 2 for b in hits)
+    row = next(r for r in views.queues_state(e.record, e.snapshot)["queues"]["running"] if r["request_id"] == "1")
+    assert row["num_cached_tokens"] == 16 * len(hits)
+    assert row["scheduled"]["is_prefill"] and row["scheduled"]["num_cached_tokens"] == row["num_cached_tokens"]
+
+
+def test_slot_mapping_segments_follow_query_start_loc(fresh_session) -> None:
+    s = fresh_session
+    s.add_request("The capital of France is", max_tokens=4, temperature=0.0)
+    s.step(1)
+    s.add_request("Hello there, how are you today?", max_tokens=4, temperature=0.0)
+    s.step(1)  # a mixed batch: one decode, one prefill
+    rec = s.current.record
+    texts = views.token_texts(s.engine.tokenizer)
+    state = views.slot_mapping_state(rec, texts)
+    qsl = rec["batch"]["query_start_loc"]
+    assert [(g["start"], g["end"]) for g in state["segments"]] == list(zip(qsl, qsl[1:]))
+    assert [g["is_prefill"] for g in state["segments"]] == [False, True]
+    assert state["slot_mapping"] == rec["batch"]["slot_mapping"]
+    assert state["tokens"] == [s.engine.tokenizer.decode([i]) for i in rec["batch"]["input_ids"]]
+    assert state["logits_indices"] == rec["batch"]["logits_indices"] == [0, qsl[-1] - 1]
+    for g in state["segments"]:  # slot = block_table[pos // 16] * 16 + pos % 16
+        for row in range(g["start"], g["end"]):
+            pos = state["positions"][row]
+            assert state["slot_mapping"][row] == g["block_table"][pos // 16] * 16 + pos % 16
+
+
+def test_slot_mapping_cuts_big_batches_but_keeps_the_segments(fresh_session) -> None:
+    s = fresh_session
+    s.add_request(list(range(1000, 1060)), max_tokens=2, temperature=0.0)
+    s.step(1)
+    state = views.slot_mapping_state(s.current.record, views.token_texts(s.engine.tokenizer), max_rows=10)
+    assert len(state["input_ids"]) == len(state["tokens"]) == 10
+    assert state["num_rows"] == 60 and state["truncated"] == 50
+    assert state["segments"][0]["end"] == 60
+
+
+def test_timeline_has_one_column_per_step_and_chunked_prefill_segments(fresh_session) -> None:
+    s = fresh_session
+    s.set_budget(max_num_batched_tokens=32)
+    s.add_request(list(range(2000, 2080)), max_tokens=3, temperature=0.0)  # 80 tokens: 3 chunks
+    s.add_request("Hi", max_tokens=2, temperature=0.0)
+    s.run_until_idle()
+    state = views.timeline_state(s.history)
+    cols = state["steps"]
+    records = [e.record for e in s.history[1:]]
+    assert cols["step"] == [r["step"] for r in records]
+    assert cols["budget"] == [32] * len(records)
+    for k, r in enumerate(records):
+        assert cols["prefill"][k] + cols["decode"][k] == sum(x["num_tokens"] for x in r["scheduled"])
+        assert cols["forward"][k] == r["timings_ms"]["forward"]
+    g = state["gantt"]
+    r0 = g["requests"].index("0")
+    prefills = [seg for seg in g["segments"] if seg[0] == r0 and seg[3] == "prefill"]
+    assert [seg[4].split(":")[0] for seg in prefills] == ["prefill chunk 0", "prefill chunk 1", "prefill chunk 2"]
+    decodes = [seg for seg in g["segments"] if seg[0] == r0 and seg[3] == "decode"]
+    assert len(decodes) == 1 and decodes[0][2] - decodes[0][1] + 1 == 2  # merged run of decode steps
+    r1 = g["requests"].index("1")
+    assert any(seg[0] == r1 and seg[3] == "queued" for seg in g["segments"])  # waited behind the budget
+
+
+def test_timeline_shows_preemption(fresh_session) -> None:
+    s = fresh_session
+    s.reset(num_kv_blocks=12)
+    for i in range(4):
+        s.add_request(f"Write a story about topic {i}.", max_tokens=40, ignore_eos=True, temperature=0.0)
+    s.run_until_idle()
+    preempted = [r for e in s.history[1:] for r in e.record["preempted"]]
+    assert preempted, "a pool of 11 usable blocks must run dry with 4 x ~48 tokens"
+    state = views.timeline_state(s.history)
+    assert sum(state["steps"]["preempted"]) == len(preempted)
+    kinds = {(state["gantt"]["requests"][seg[0]], seg[3]) for seg in state["gantt"]["segments"]}
+    assert all((rid, "preempted") in kinds for rid in preempted)
+    rows = views.queues_state(None, s.current.snapshot)["queues"]["finished"]
+    assert sum(r["num_preemptions"] for r in rows) == len(preempted)
+
+
+def test_queues_state_rows_and_finished_truncation(fresh_session) -> None:
+    s = fresh_session
+    for i in range(3):
+        s.add_request(f"Prompt number {i}", max_tokens=1, temperature=0.0)
+    s.add_request("x " * 300, max_tokens=2, temperature=0.0)
+    s.step(1)
+    e = s.current
+    state = views.queues_state(e.record, e.snapshot, max_finished=2, max_text=100)
+    assert state["finished_total"] == 3
+    assert [r["request_id"] for r in state["queues"]["finished"]] == ["2", "1"]  # newest first
+    waiting_or_running = state["queues"]["running"] + state["queues"]["waiting"]
+    long_row = next(r for r in waiting_or_running if r["request_id"] == "3")
+    assert len(long_row["prompt_text"]) <= 104 and "\u2026" in long_row["prompt_text"]
+    done = state["queues"]["finished"][0]
+    assert done["finish_reason"] == "length" and done["num_output_tokens"] == 1
+    assert done["scheduled"] == {"num_tokens": done["num_prompt_tokens"], "num_computed_before": 0,
+                                 "is_prefill": True, "num_cached_tokens": 0, "chunk_index": 0}
+
+
+def test_sampler_state_finds_the_latest_sample_and_params(fresh_session) -> None:
+    s = fresh_session
+    s.add_request("The capital of France is", max_tokens=8, temperature=0.7, top_k=5, seed=3)
+    s.step(2)
+    texts = views.token_texts(s.engine.tokenizer)
+    state = views.sampler_state(s.history, s.current.snapshot, "", texts)
+    rec = s.current.record
+    assert state["requests"] == ["0"] and state["request_id"] == "0"
+    sample = state["sample"]
+    assert sample["step"] == rec["step"] and sample["token_id"] == rec["sampled"]["0"]["token_id"]
+    assert [t[0] for t in sample["top"]] == [t[0] for t in rec["sampled"]["0"]["top"]]
+    assert [t[1] for t in sample["top"]] == texts([t[0] for t in rec["sampled"]["0"]["top"]])
+    assert sample["params"]["temperature"] == 0.7 and sample["params"]["top_k"] == 5 and sample["params"]["seed"] == 3
+    # Scrubbed back to step 0 (nothing sampled yet): a note instead of candidates.
+    early = views.sampler_state(s.history[:1], s.history[0].snapshot, "0", texts)
+    assert "top" not in early["sample"] and "not been sampled" in early["sample"]["note"]
+
+
+def test_latency_rows_are_on_the_engine_clock(fresh_session) -> None:
+    s = fresh_session
+    s.add_request("The capital of France is", max_tokens=4, temperature=0.0)
+    s.run_until_idle()
+    (row,) = views.latency_rows(s.current.snapshot)
+    m = s.current.snapshot["queues"]["finished"][0]["metrics"]["engine"]
+    assert row["ttft"] == m["time_to_first_token"] > 0
+    assert row["itl"] == m["inter_token_latency"] and len(row["itl"]) == 3

@@ -1,0 +1,82 @@
+"""KV block pool panel: every physical block on one canvas, plus per-request block tables."""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import traitlets as t
+
+from ._base import Panel, bundle_css, bundle_esm
+
+TokenText = Callable[[Sequence[int]], list[str]]
+
+# Status codes of the `status` column (uint8 per block).
+NULL, FREE, FREE_CACHED, IN_USE, IN_USE_HASHED = 0, 1, 2, 3, 4
+# Bits of the `events` column: what this step did to the block.
+ALLOCATED, HIT, FREED, EVICTED, CACHED = 1, 2, 4, 8, 16
+
+
+class BlockPoolPanel(Panel):
+    """The whole physical KV pool, drawn on a canvas so 4,096 blocks stay fluid.
+
+    Per-block data travels as compact byte columns, one entry per block id:
+    `status` (uint8: 0 null, 1 free, 2 free and cached, 3 in use, 4 in use and
+    hashed), `ref_count` (uint16), `owner` (int16 index into `owners`, -1 none) and
+    `events` (uint8 bits: 1 allocated, 2 prefix hit, 4 freed, 8 evicted, 16 newly
+    cached in this step). A block's hash, owners and tokens are fetched on hover:
+    the browser sends ``block_detail {block_id}`` and `detail` is filled in from the
+    displayed snapshot. `block_tables` lists each request's logical -> physical map.
+    """
+
+    _esm = bundle_esm("block_pool.js")
+    _css = bundle_css("block_pool.css")
+
+    num_blocks = t.Int(0).tag(sync=True)
+    block_size = t.Int(16).tag(sync=True)
+    status = t.Bytes(b"").tag(sync=True)
+    ref_count = t.Bytes(b"").tag(sync=True)
+    owner = t.Bytes(b"").tag(sync=True)
+    events = t.Bytes(b"").tag(sync=True)
+    owners = t.List([]).tag(sync=True)          # request ids indexed by the `owner` column
+    block_tables = t.List([]).tag(sync=True)    # [{request_id, block_table, num_computed_tokens}]
+    counts = t.Dict({}).tag(sync=True)          # free / cached / used / this step's events
+    selected = t.Int(-1).tag(sync=True)
+    detail = t.Dict({}).tag(sync=True)
+
+    def __init__(self, token_text: TokenText | None = None, **kwargs: object) -> None:
+        super().__init__(**kwargs)
+        #: Turns token ids into their texts for hover details (None: ids only).
+        self.token_text = token_text
+        self._blocks: list[dict] = []  # the displayed snapshot's blocks, kept off the wire
+
+    def show(self, state: dict) -> None:
+        """Apply a state from ``explorer.views.block_pool_state`` (its "blocks" stay here)."""
+        state = dict(state)
+        self._blocks = state.pop("blocks", [])
+        with self.hold_sync():
+            for key, value in state.items():
+                setattr(self, key, value)
+            if self.selected >= 0:
+                self.detail = self.block_detail(self.selected)
+
+    def block_detail(self, block_id: int) -> dict:
+        """Everything about one block of the displayed snapshot, token texts included."""
+        if not 0 <= block_id < len(self._blocks):
+            return {}
+        b = self._blocks[block_id]
+        ids = list(b.get("token_ids") or [])
+        texts = self.token_text(ids) if (self.token_text and ids) else []
+        return {"block_id": block_id, "ref_count": b.get("ref_count", 0), "hash": b.get("hash"),
+                "owners": list(b.get("owners") or []), "token_ids": ids, "tokens": texts,
+                "is_null": bool(b.get("is_null", block_id == 0)), "is_free": bool(b.get("is_free", False)),
+                "step": self.step}
+
+    def handle_action(self, content: dict) -> bool:
+        action = content.get("action")
+        if action == "block_detail":
+            self.detail = self.block_detail(int(content.get("block_id", -1)))
+            return True
+        if action == "select_block":
+            self.selected = int(content.get("block_id", -1))
+            self.detail = self.block_detail(self.selected)
+            return True
+        return False

@@ -1,0 +1,52 @@
+"""Controls panel: stepping, Play, reset, the add-request form, budget knobs, history."""
+from __future__ import annotations
+
+import traitlets as t
+
+from ._base import Panel, bundle_css, bundle_esm
+
+#: Presets offered by the form; the Dashboard turns a name into real requests.
+DEFAULT_PRESETS: list[dict] = [
+    {"name": "shared_prefix", "label": "Shared-prefix pair",
+     "hint": "adds one prompt, runs its prefill, adds a second with the same prefix: watch prefix-cache hits"},
+    {"name": "long_prompt", "label": "Long prompt",
+     "hint": "a prompt 2.5x the token budget: watch chunked prefill (lower the budget for more chunks)"},
+    {"name": "burst", "label": "Burst of N",
+     "hint": "N requests at once; with a small pool (Reset with few KV blocks), watch preemption"},
+]
+
+
+class ControlsPanel(Panel):
+    """Buttons and forms that drive a Session.
+
+    Browser actions (custom messages, each acknowledged): ``step {n}``,
+    ``reset {num_kv_blocks?, block_size?}``, ``add {prompt, max_tokens, temperature,
+    top_k, top_p, ignore_eos, seed}``, ``preset {name, n?}``,
+    ``set_budget {max_num_batched_tokens?, max_num_seqs?, enable_chunked_prefill?,
+    enable_prefix_caching?, scheduling_policy?}``, ``scrub {index}``, ``live``,
+    ``clear_error``. Play is a browser timer that sends the next ``step`` only after
+    the previous one was acknowledged, so the kernel is never flooded.
+    """
+
+    _esm = bundle_esm("controls.js")
+    _css = bundle_css("controls.css")
+
+    history_len = t.Int(0).tag(sync=True)        # number of steps in the Session history
+    history_first = t.Int(1).tag(sync=True)      # step number of history[0]
+    view_index = t.Int(-1).tag(sync=True)        # -1: live, else an index into history
+    has_work = t.Bool(False).tag(sync=True)      # the engine has unfinished requests
+    busy = t.Bool(False).tag(sync=True)          # Python is inside an action right now
+    error = t.Unicode("").tag(sync=True)         # the engine's last error message, inline
+    info = t.Unicode("").tag(sync=True)          # one-line summary of the engine state
+    budget = t.Dict({}).tag(sync=True)           # scheduler knobs in force
+    pool = t.Dict({}).tag(sync=True)             # pool knobs (apply by resetting)
+    form_defaults = t.Dict({"prompt": "The capital of France is", "max_tokens": 16, "temperature": 0.0,
+                            "top_k": 0, "top_p": 1.0, "ignore_eos": False, "seed": None}).tag(sync=True)
+    presets = t.List(DEFAULT_PRESETS).tag(sync=True)
+    play_interval_ms = t.Int(250).tag(sync=True)
+
+    def handle_action(self, content: dict) -> bool:
+        if content.get("action") == "clear_error":
+            self.error = ""
+            return True
+        return False

@@ -1,0 +1,71 @@
+"""TTFT / ITL charts on the engine clock, drawn by plotly's FigureWidget (no CDN)."""
+from __future__ import annotations
+
+import html
+
+import ipywidgets as W
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+_TITLES = ("Time to first token per request", "Inter-token latency per request",
+           "TTFT distribution", "ITL distribution")
+
+
+class LatencyPanel(W.VBox):
+    """Per-request TTFT and ITL, and their distributions, updating live.
+
+    Feed it rows ``{"request_id", "ttft": seconds | None, "itl": [seconds]}`` (from
+    ``explorer.views.latency_rows``) with :meth:`show`. All times are on the engine
+    clock, which advances only while a step executes, so manual stepping and pauses
+    do not inflate them. `figure` is the plotly ``FigureWidget``.
+    """
+
+    def __init__(self) -> None:
+        fig = make_subplots(rows=2, cols=2, subplot_titles=_TITLES, vertical_spacing=0.18, horizontal_spacing=0.1)
+        fig.add_trace(go.Bar(name="TTFT", x=[], y=[], marker_color="#fb8c00"), row=1, col=1)
+        fig.add_trace(go.Box(name="ITL", x=[], y=[], boxpoints="all", jitter=0.4, pointpos=0,
+                             marker_color="#1e88e5"), row=1, col=2)
+        fig.add_trace(go.Histogram(name="TTFT", x=[], marker_color="#fb8c00"), row=2, col=1)
+        fig.add_trace(go.Histogram(name="ITL", x=[], marker_color="#1e88e5"), row=2, col=2)
+        fig.update_layout(height=520, showlegend=False, margin=dict(l=50, r=20, t=60, b=40),
+                          title=dict(text="TTFT / ITL (engine clock: advances only while a step executes)",
+                                     font=dict(size=13)))
+        for col in (1, 2):
+            fig.update_yaxes(title_text="ms (engine clock)", row=1, col=col)
+            fig.update_xaxes(title_text="request", type="category", row=1, col=col)
+            fig.update_xaxes(title_text="ms (engine clock)", row=2, col=col)
+            fig.update_yaxes(title_text="count", row=2, col=col)
+        #: The plotly FigureWidget (an anywidget with plotly's own front end).
+        self.figure = go.FigureWidget(fig)
+        self.figure.add_class("kvs-latency-figure")
+        self.header = W.HTML()
+        self._last: tuple | None = None
+        self.step = 0
+        super().__init__([self.header, self.figure])
+        self.add_class("kvs-latency")
+        self.show([], step=0)
+
+    def show(self, rows: list[dict], *, step: int = 0, live: bool = True) -> None:
+        """Redraw from per-request rows (seconds); a no-op when nothing changed."""
+        self.step = step
+        n_ttft = sum(r.get("ttft") is not None for r in rows)
+        n_itl = sum(len(r.get("itl") or []) for r in rows)
+        text = f"{len(rows)} requests · {n_ttft} with a first token · {n_itl} inter-token gaps · engine clock"
+        self.header.value = (
+            f'<div class="kvs-latency-head" data-testid="kvs-latency" data-step="{step}" '
+            f'data-live="{str(live).lower()}" style="font-size:12px;color:#555">{html.escape(text)}</div>')
+        key = tuple((r["request_id"], r.get("ttft"), tuple(r.get("itl") or ())) for r in rows)
+        if key == self._last:
+            return
+        self._last = key
+        ms = 1000.0
+        with_ttft = [r for r in rows if r.get("ttft") is not None]
+        itl_x = [f"#{r['request_id']}" for r in rows for _ in (r.get("itl") or [])]
+        itl_y = [v * ms for r in rows for v in (r.get("itl") or [])]
+        with self.figure.batch_update():
+            bar, box, h_ttft, h_itl = self.figure.data
+            bar.x = [f"#{r['request_id']}" for r in with_ttft]
+            bar.y = [r["ttft"] * ms for r in with_ttft]
+            box.x, box.y = itl_x, itl_y
+            h_ttft.x = [r["ttft"] * ms for r in with_ttft]
+            h_itl.x = itl_y

@@ -1,0 +1,77 @@
+// Queues panel: three columns of request cards, redrawn from the `queues` trait.
+
+function progress(row) {
+  // Known tokens = prompt + outputs; of those, how many have KV (cached hits first).
+  const known = row.num_prompt_tokens + row.num_output_tokens;
+  const pct = (n) => `${known ? (100 * n / known).toFixed(1) : 0}%`;
+  const cached = Math.min(row.num_cached_tokens, row.num_computed_tokens);
+  const bar = kvsEl("div", { class: "kvs-bar", title: `KV for ${row.num_computed_tokens} of ${known} tokens (${cached} from the prefix cache)` }, [
+    kvsEl("div", { class: "kvs-bar-cached", style: { width: pct(cached) } }),
+    kvsEl("div", { class: "kvs-bar-computed", style: { width: pct(row.num_computed_tokens - cached) } }),
+  ]);
+  return kvsEl("div", { class: "kvs-progress" }, [
+    bar,
+    kvsEl("span", { class: "kvs-muted", text: `computed ${row.num_computed_tokens}/${known} \u00b7 cached ${row.num_cached_tokens} \u00b7 out ${row.num_output_tokens}/${row.max_tokens ?? "?"}` }),
+  ]);
+}
+
+function scheduledBadge(s) {
+  if (!s) return null;
+  const text = s.is_prefill
+    ? `prefill chunk ${s.chunk_index ?? 0} \u00b7 ${s.num_tokens} tok` + (s.num_cached_tokens ? ` (${s.num_cached_tokens} cached)` : "")
+    : `decode \u00b7 ${s.num_tokens} tok`;
+  return kvsEl("span", { class: `kvs-chip kvs-sched ${s.is_prefill ? "kvs-prefill" : "kvs-decode"}`, "data-testid": "kvs-scheduled", text });
+}
+
+function card(row, selected, act) {
+  const rid = row.request_id;
+  const head = kvsEl("div", { class: "kvs-card-head" }, [
+    kvsEl("span", { class: "kvs-chip kvs-rid", style: { background: kvsColor(rid, true), borderColor: kvsColor(rid) }, text: `#${rid}` }),
+    kvsEl("span", { class: `kvs-status-${row.status}`, text: row.status + (row.finish_reason ? ` (${row.finish_reason})` : "") }),
+    scheduledBadge(row.scheduled),
+    row.num_preemptions ? kvsEl("span", { class: "kvs-chip kvs-preempt", title: "times preempted", text: `preempted \u00d7${row.num_preemptions}` }) : null,
+    row.status !== "finished"
+      ? kvsEl("button", { class: "kvs-abort", "data-testid": "kvs-abort", title: "Abort this request", text: "\u00d7",
+          onclick: (e) => { e.stopPropagation(); act({ action: "abort", request_id: rid }); } })
+      : null,
+  ]);
+  const text = kvsEl("div", { class: "kvs-text" }, [
+    kvsEl("span", { class: "kvs-prompt-text", title: row.prompt_text, text: row.prompt_text }),
+    kvsEl("span", { class: "kvs-output-text", text: row.output_text }),
+  ]);
+  return kvsEl("div", {
+    class: `kvs-card${rid === selected ? " kvs-selected" : ""}${row.scheduled ? " kvs-was-scheduled" : ""}`,
+    "data-testid": `kvs-req-${rid}`, "data-request-id": rid, style: { borderLeftColor: kvsColor(rid) },
+    onclick: () => act({ action: "select", request_id: rid }),
+  }, [head, text, progress(row)]);
+}
+
+function render({ model, el }) {
+  const root = kvsRoot(el, model, "kvs-queues");
+  const sender = kvsSender(model);
+  const act = (c) => sender.send(c);
+  const title = kvsEl("div", { class: "kvs-title" }, ["Queues"]);
+  const cols = kvsEl("div", { class: "kvs-cols" });
+  root.append(title, cols);
+  function draw() {
+    const q = model.get("queues") || {};
+    const selected = model.get("selected");
+    cols.replaceChildren();
+    for (const name of ["waiting", "running", "finished"]) {
+      const rows = q[name] || [];
+      const total = name === "finished" ? Math.max(model.get("finished_total"), rows.length) : rows.length;
+      const more = total > rows.length ? ` (latest ${rows.length})` : "";
+      cols.append(kvsEl("div", { class: `kvs-queue kvs-queue-${name}`, "data-testid": `kvs-queue-${name}`, "data-count": total }, [
+        kvsEl("div", { class: "kvs-queue-head", text: `${name} \u00b7 ${total}${more}` }),
+        ...rows.map((r) => card(r, selected, act)),
+      ]));
+    }
+  }
+  model.on("change:queues", draw);
+  model.on("change:selected", draw);
+  model.on("change:finished_total", draw);
+  draw();
+  return () => sender.dispose();
+}
+
+export default { render };

@@ -1,0 +1,30 @@
+"""Queues panel: waiting / running / finished requests and what this step did for each."""
+from __future__ import annotations
+
+import traitlets as t
+
+from ._base import Panel, bundle_css, bundle_esm
+
+
+class QueuesPanel(Panel):
+    """The engine's three queues, one card per request.
+
+    `queues` is ``{"waiting": [row], "running": [row], "finished": [row]}`` with rows
+    as built by ``explorer.views.queue_rows``: request_id, status, prompt_text,
+    output_text, token counts (prompt, output, computed, cached), num_preemptions,
+    finish_reason and ``scheduled`` (what this step ran for it, or None).
+    Browser actions: ``select {request_id}`` (sets `selected`; the Dashboard points
+    the sampler and attention panels at it) and ``abort {request_id}``.
+    """
+
+    _esm = bundle_esm("queues.js")
+    _css = bundle_css("queues.css")
+
+    queues = t.Dict({"waiting": [], "running": [], "finished": []}).tag(sync=True)
+    finished_total = t.Int(0).tag(sync=True)   # finished rows may be truncated to the latest
+    selected = t.Unicode("").tag(sync=True)
+
+    def handle_action(self, content: dict) -> bool:
+        if content.get("action") == "select":
+            self.selected = str(content.get("request_id") or "")
+        return False  # the Dashboard also hears it

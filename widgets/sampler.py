@@ -1,0 +1,30 @@
+"""Sampler panel: a request's top candidates, their probabilities, and the token chosen."""
+from __future__ import annotations
+
+import traitlets as t
+
+from ._base import Panel, bundle_css, bundle_esm
+
+
+class SamplerPanel(Panel):
+    """What the sampler saw for one request.
+
+    `sample` is ``{request_id, step, token_id, text, top: [[token_id, text, prob]],
+    params: {temperature, top_k, top_p, seed, ...}}`` (built by
+    ``explorer.views.sampler_state``); `step` is the displayed step, `sample["step"]`
+    the step that sampled it (the latest at or before the displayed one).
+    `requests` lists the ids sampled in the displayed step.
+    Browser action: ``select {request_id}``.
+    """
+
+    _esm = bundle_esm("sampler.js")
+    _css = bundle_css("sampler.css")
+
+    requests = t.List([]).tag(sync=True)
+    request_id = t.Unicode("").tag(sync=True)
+    sample = t.Dict({}).tag(sync=True)
+
+    def handle_action(self, content: dict) -> bool:
+        if content.get("action") == "select":
+            self.request_id = str(content.get("request_id") or "")
+        return False  # the Dashboard fills `sample` for the new request

@@ -1,0 +1,32 @@
+"""Slot-mapping panel: this step's packed batch, token by token."""
+from __future__ import annotations
+
+import traitlets as t
+
+from ._base import Panel, bundle_css, bundle_esm
+
+
+class SlotMappingPanel(Panel):
+    """The flattened batch the model ran in this step (vLLM v1 names).
+
+    Columns, one entry per batch row: `input_ids`, `tokens` (their texts),
+    `positions`, `slot_mapping` (slot = block * block_size + offset). `segments` has
+    one entry per scheduled request: request_id, start/end rows (query_start_loc),
+    is_prefill, chunk_index, num_computed_before, num_cached_tokens, seq_len,
+    block_table, sampled_text. `logits_indices` marks the rows that were sampled.
+    Large batches are cut to `max_rows` rows (`truncated` says how many were hidden).
+    """
+
+    _esm = bundle_esm("slot_mapping.js")
+    _css = bundle_css("slot_mapping.css")
+
+    input_ids = t.List([]).tag(sync=True)
+    tokens = t.List([]).tag(sync=True)
+    positions = t.List([]).tag(sync=True)
+    slot_mapping = t.List([]).tag(sync=True)
+    segments = t.List([]).tag(sync=True)
+    query_start_loc = t.List([]).tag(sync=True)
+    logits_indices = t.List([]).tag(sync=True)
+    block_size = t.Int(16).tag(sync=True)
+    num_rows = t.Int(0).tag(sync=True)        # rows in the real batch
+    truncated = t.Int(0).tag(sync=True)       # rows not sent

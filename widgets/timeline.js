@@ -1,0 +1,135 @@
+// Timeline: stacked prefill/decode tokens per step with the budget line, stacked time
+// split per step, and a Gantt row per request. One SVG, steps share the x axis.
+
+const NS = "http://www.w3.org/2000/svg";
+function svg(tag, attrs = {}, text = null) {
+  const n = document.createElementNS(NS, tag);
+  for (const [k, v] of Object.entries(attrs)) n.setAttribute(k, String(v));
+  if (text !== null) n.textContent = text;
+  return n;
+}
+const KIND_COLORS = { queued: "#e0e0e0", prefill: "#fb8c00", decode: "#1e88e5", preempted: "#e53935", stalled: "#bdbdbd" };
+const TIME_PARTS = [["schedule", "#8e24aa"], ["prepare", "#43a047"], ["forward", "#1e88e5"], ["sample", "#fdd835"], ["update", "#6d4c41"]];
+
+function render({ model, el }) {
+  const root = kvsRoot(el, model, "kvs-timeline");
+  const sender = kvsSender(model);
+  const sub = kvsEl("span", { class: "kvs-sub" });
+  const holder = kvsEl("div", { class: "kvs-timeline-svg" });
+  const legend = kvsEl("div", { class: "kvs-legend" }, [
+    ...[["prefill tokens", KIND_COLORS.prefill], ["decode tokens", KIND_COLORS.decode], ["token budget", "#d32f2f"]].map(([t, c]) => kvsEl("span", {}, [kvsEl("i", { style: { background: c } }), t])),
+    kvsEl("span", { class: "kvs-muted", text: " | time:" }),
+    ...TIME_PARTS.map(([t, c]) => kvsEl("span", {}, [kvsEl("i", { style: { background: c } }), t])),
+    kvsEl("span", { class: "kvs-muted", text: " | requests:" }),
+    ...["queued", "prefill", "decode", "preempted", "stalled"].map((k) => kvsEl("span", {}, [kvsEl("i", { style: { background: KIND_COLORS[k] } }), k])),
+  ]);
+  const tip = kvsEl("div", { class: "kvs-tooltip" });
+  document.body.append(tip);
+  root.append(kvsEl("div", { class: "kvs-title" }, ["Timeline", sub]), legend, holder);
+
+  function tipOn(node, text) {
+    node.addEventListener("mousemove", (ev) => {
+      tip.textContent = text; tip.style.display = "block";
+      tip.style.left = `${ev.clientX + 12}px`; tip.style.top = `${ev.clientY + 12}px`;
+    });
+    node.addEventListener("mouseleave", () => { tip.style.display = "none"; });
+  }
+
+  function draw() {
+    const S = model.get("steps") || {};
+    const all = S.step || [];
+    const shown = model.get("step");
+    // The window ends at the displayed step (scrubbing moves it).
+    let endIdx = all.findIndex((s) => s === shown);
+    if (endIdx < 0) endIdx = all.length - 1;
+    const startIdx = Math.max(0, endIdx - model.get("window") + 1);
+    const idx = [];
+    for (let i = startIdx; i <= endIdx; i++) idx.push(i);
+    sub.textContent = all.length ? `steps ${all[startIdx]}\u2013${all[endIdx]} of ${all.length} \u00b7 click a bar to show that step` : "no steps yet";
+    const width = Math.max(320, Math.min(root.clientWidth - 20 || 900, 1400));
+    const left = 48, right = 8, plotW = width - left - right;
+    const n = Math.max(1, idx.length), bw = plotW / n;
+    const g = model.get("gantt") || { requests: [], segments: [] };
+    const firstStep = all[startIdx] ?? 1, lastStep = all[endIdx] ?? 1;
+    const segs = (g.segments || []).filter((s) => s[2] >= firstStep && s[1] <= lastStep);
+    const rowsUsed = [...new Set(segs.map((s) => s[0]))].sort((a, b) => a - b);
+    const rowOf = new Map(rowsUsed.map((r, k) => [r, k]));
+    const tokH = 110, timeH = 80, rowH = 12, gap = 18;
+    const ganttH = Math.max(rowH, rowsUsed.length * rowH);
+    const height = tokH + gap + timeH + gap + ganttH + 24;
+    const root_ = svg("svg", { width, height, "data-testid": "kvs-timeline-chart" });
+    const xOf = (i) => left + (i - startIdx) * bw;
+    const stepX = (step) => left + (step - firstStep) * bw;
+
+    // 1. Tokens per step, stacked, and the budget.
+    const tot = idx.map((i) => (S.prefill[i] || 0) + (S.decode[i] || 0));
+    const tmax = Math.max(1, ...tot, ...idx.map((i) => S.budget[i] || 0));
+    const yTok = (v) => tokH - (v / tmax) * (tokH - 10);
+    root_.append(svg("text", { x: 2, y: 10, class: "kvs-axis" }, "tokens"), svg("text", { x: left - 4, y: yTok(tmax) + 4, class: "kvs-axis", "text-anchor": "end" }, tmax));
+    const budgetPts = [];
+    for (const i of idx) {
+      const x = xOf(i), p = S.prefill[i] || 0, d = S.decode[i] || 0;
+      const grp = svg("g", { class: `kvs-step-bar${S.step[i] === shown ? " kvs-current" : ""}`, "data-step": S.step[i] });
+      grp.append(svg("rect", { x, y: 0, width: Math.max(1, bw), height: tokH, fill: "transparent" }));
+      if (d) grp.append(svg("rect", { x: x + 0.5, y: yTok(d), width: Math.max(1, bw - 1), height: tokH - yTok(d), fill: KIND_COLORS.decode }));
+      if (p) grp.append(svg("rect", { x: x + 0.5, y: yTok(p + d), width: Math.max(1, bw - 1), height: yTok(d) - yTok(p + d), fill: KIND_COLORS.prefill }));
+      if (S.preempted && S.preempted[i]) grp.append(svg("text", { x: x + bw / 2, y: 9, "text-anchor": "middle", class: "kvs-preempt-mark" }, "!"));
+      tipOn(grp, `step ${S.step[i]}: ${p} prefill + ${d} decode tokens (budget ${S.budget[i]})${S.preempted && S.preempted[i] ? `, ${S.preempted[i]} preempted` : ""}`);
+      grp.addEventListener("click", () => sender.send({ action: "scrub_step", step: S.step[i] }));
+      root_.append(grp);
+      budgetPts.push(`${x},${yTok(S.budget[i] || 0)}`, `${x + bw},${yTok(S.budget[i] || 0)}`);
+    }
+    if (budgetPts.length) root_.append(svg("polyline", { points: budgetPts.join(" "), fill: "none", stroke: "#d32f2f", "stroke-width": 1.5, "stroke-dasharray": "4 2" }));
+
+    // 2. Time split per step (ms), stacked.
+    const y0 = tokH + gap;
+    const ms = idx.map((i) => TIME_PARTS.reduce((a, [k]) => a + (S[k] ? S[k][i] || 0 : 0), 0));
+    const mmax = Math.max(1e-6, ...ms);
+    root_.append(svg("text", { x: 2, y: y0 - 4, class: "kvs-axis" }, "ms"), svg("text", { x: left - 4, y: y0 + 8, class: "kvs-axis", "text-anchor": "end" }, mmax.toFixed(mmax < 10 ? 1 : 0)));
+    for (const i of idx) {
+      let acc = 0;
+      const x = xOf(i);
+      for (const [k, color] of TIME_PARTS) {
+        const v = S[k] ? S[k][i] || 0 : 0;
+        if (!v) continue;
+        const h = (v / mmax) * timeH;
+        const r = svg("rect", { x: x + 0.5, y: y0 + timeH - acc - h, width: Math.max(1, bw - 1), height: h, fill: color });
+        tipOn(r, `step ${S.step[i]}: ${TIME_PARTS.map(([kk]) => `${kk} ${(S[kk] ? S[kk][i] || 0 : 0).toFixed(2)}`).join(", ")} ms`);
+        root_.append(r);
+        acc += h;
+      }
+    }
+
+    // 3. Gantt: one row per request seen in the window.
+    const gy = y0 + timeH + gap;
+    root_.append(svg("text", { x: 2, y: gy - 4, class: "kvs-axis" }, "requests"));
+    for (const s of segs) {
+      const [ri, a, b, kind, label] = s;
+      const rid = g.requests[ri];
+      const x = stepX(Math.max(a, firstStep)), x2 = stepX(Math.min(b, lastStep) + 1);
+      const y = gy + rowOf.get(ri) * rowH;
+      const r = svg("rect", { x: x + 0.5, y: y + 1, width: Math.max(1, x2 - x - 1), height: rowH - 2, fill: KIND_COLORS[kind] || "#999", class: `kvs-gantt-${kind}`, "data-request-id": rid });
+      tipOn(r, `#${rid}: ${label || kind}, step${a === b ? ` ${a}` : `s ${a}\u2013${b}`}`);
+      root_.append(r);
+    }
+    for (const [ri, k] of rowOf) {
+      root_.append(svg("text", { x: left - 4, y: gy + k * rowH + rowH - 3, class: "kvs-axis", "text-anchor": "end", fill: kvsColor(g.requests[ri]) }, `#${g.requests[ri]}`));
+    }
+    // Step numbers along the bottom.
+    const every = Math.max(1, Math.ceil(40 / bw));
+    for (let i = startIdx; i <= endIdx; i += every) {
+      root_.append(svg("text", { x: xOf(i) + bw / 2, y: height - 4, class: "kvs-axis", "text-anchor": "middle" }, S.step[i]));
+    }
+    // Displayed-step marker across all three charts.
+    if (endIdx >= 0 && all.length) {
+      const cur = idx.find((i) => S.step[i] === shown);
+      if (cur !== undefined) root_.append(svg("rect", { x: xOf(cur), y: 0, width: Math.max(1, bw), height: height - 14, fill: "none", stroke: "#000", "stroke-width": 1, "stroke-dasharray": "2 2", "pointer-events": "none" }));
+    }
+    holder.replaceChildren(root_);
+  }
+  for (const k of ["steps", "gantt", "window", "step"]) model.on(`change:${k}`, draw);
+  draw();
+  return () => { tip.remove(); sender.dispose(); };
+}
+
+export default { render };

@@ -1,0 +1,26 @@
+"""Timeline panel: per-step batch composition and timings, and a per-request Gantt chart."""
+from __future__ import annotations
+
+import traitlets as t
+
+from ._base import Panel, bundle_css, bundle_esm
+
+
+class TimelinePanel(Panel):
+    """Steps along x, drawn as SVG.
+
+    `steps` is columnar (one entry per step, built by ``explorer.views.timeline_state``):
+    step, prefill, decode (batch tokens), budget (max_num_batched_tokens), schedule,
+    prepare, forward, sample (ms), preempted (count). `gantt` is ``{"requests": [id],
+    "segments": [[request_index, first_step, last_step, kind, label]]}`` with kind in
+    queued / prefill / decode / preempted / stalled. Only the latest `window` steps
+    up to the displayed `step` are drawn. Browser action: ``scrub_step {step}``
+    (click a bar to show that step everywhere).
+    """
+
+    _esm = bundle_esm("timeline.js")
+    _css = bundle_css("timeline.css")
+
+    steps = t.Dict({}).tag(sync=True)
+    gantt = t.Dict({"requests": [], "segments": []}).tag(sync=True)
+    window = t.Int(120).tag(sync=True)

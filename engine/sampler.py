@@ -40,23 +40,30 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, requests: list[Request], with_top: bool = True) -> list[SampleResult]:
         logits = logits.float().cpu()
+        if not requests:
+            return []
+        greedy_tokens = logits.argmax(-1).tolist()
+        # Candidates of greedy rows in one batched softmax + topk (no per-row kernel calls).
+        greedy_top: dict[int, list[tuple[int, float]]] = {}
+        rows = [i for i, r in enumerate(requests) if r.params.greedy and with_top and r.params.logprobs_top]
+        if rows:
+            k = min(max(requests[i].params.logprobs_top for i in rows), logits.shape[-1])
+            vals, ids = logits[rows].softmax(-1).topk(k)
+            for j, i in enumerate(rows):
+                n = requests[i].params.logprobs_top
+                greedy_top[i] = list(zip(ids[j, :n].tolist(), vals[j, :n].tolist()))
         results: list[SampleResult] = []
-        greedy_tokens = logits.argmax(-1).tolist() if len(requests) else []
         for row, req in enumerate(requests):
             p = req.params
             if p.greedy:
-                token = greedy_tokens[row]
-                if not (with_top and p.logprobs_top):
-                    results.append(SampleResult(token, []))
-                    continue
-                probs = logits[row].softmax(-1)
-            else:
-                probs = filtered_probs(logits[row], p.temperature, p.top_k, p.top_p)
-                gen = req.generator if req.generator is not None else self.generator
-                token = int(torch.multinomial(probs, 1, generator=gen).item())
+                results.append(SampleResult(greedy_tokens[row], greedy_top.get(row, [])))
+                continue
+            probs = filtered_probs(logits[row], p.temperature, p.top_k, p.top_p)
+            gen = req.generator if req.generator is not None else self.generator
+            token = int(torch.multinomial(probs, 1, generator=gen).item())
             top = []
             if with_top and p.logprobs_top:
                 vals, ids = probs.topk(min(p.logprobs_top, probs.shape[-1]))
-                top = [(int(i), float(v)) for i, v in zip(ids.tolist(), vals.tolist())]
+                top = list(zip(ids.tolist(), vals.tolist()))
             results.append(SampleResult(token, top))
         return results

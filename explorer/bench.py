@@ -95,6 +95,9 @@ def run_hf(model, wl: Workload, pad_id: int) -> RunResult:
     for i, p in enumerate(wl.prompts):
         ids[i, width - len(p):] = torch.tensor(p)
         mask[i, width - len(p):] = 1
+    # ignore_eos on the HF side: a None in the passed config is filled from the model's own
+    # generation_config, so the model's eos has to be cleared there.
+    model.generation_config.eos_token_id = None
     gen = GenerationConfig(do_sample=False, max_new_tokens=max(wl.max_tokens), eos_token_id=None,
                            pad_token_id=pad_id)
     t0 = time.perf_counter()

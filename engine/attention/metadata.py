@@ -22,6 +22,7 @@ class AttentionMetadata:
     decode_block_tables: torch.Tensor | None = None           # [num_decodes, max_blocks]
     decode_seq_lens: torch.Tensor | None = None               # [num_decodes]
     decode_rows: torch.Tensor | None = None                   # query rows of the decodes
+    decode_mask: torch.Tensor | None = None                   # [num_decodes, 1, 1, S], built on first use
     # Probe mode: read everything from the cache (write nothing) and keep layer `probe_layer`'s
     # attention probabilities in `probe_probs`.
     probe_layer: int | None = None

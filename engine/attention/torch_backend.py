@@ -84,17 +84,19 @@ class TorchAttentionBackend(AttentionBackend):
     @staticmethod
     def _batched_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                         meta: AttentionMetadata) -> torch.Tensor:
-        tables, lens = meta.decode_block_tables, meta.decode_seq_lens
+        tables = meta.decode_block_tables
         b, max_blocks = tables.shape
         bs = k_cache.shape[1]
         flat = tables.reshape(-1)
         ks = k_cache.index_select(0, flat).view(b, max_blocks * bs, *k_cache.shape[2:])  # [B, S, KVH, D]
         vs = v_cache.index_select(0, flat).view(b, max_blocks * bs, *v_cache.shape[2:])
-        valid = torch.arange(max_blocks * bs, device=q.device)[None, :] < lens[:, None]
+        if meta.decode_mask is None:  # the same for every layer of the step: build it once
+            valid = torch.arange(max_blocks * bs, device=q.device)[None, :] < meta.decode_seq_lens[:, None]
+            meta.decode_mask = valid[:, None, None, :]
         o = F.scaled_dot_product_attention(
             q.unsqueeze(2),                      # [B, H, 1, D]
             ks.transpose(1, 2), vs.transpose(1, 2),
-            attn_mask=valid[:, None, None, :], enable_gqa=True)
+            attn_mask=meta.decode_mask, enable_gqa=True)
         return o.squeeze(2)
 
 

@@ -1,0 +1,1 @@
+"""Tests that execute the notebooks headless."""

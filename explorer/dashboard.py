@@ -58,6 +58,7 @@ class SessionBinder:
         self._timeline_key: tuple | None = None
         self._timeline_state: dict = {}
         self.token_text = views.token_texts(getattr(session.engine, "tokenizer", None))
+        self._detach: list = []  # unsubscribe functions of the panels' action handlers
         for name in panels:
             self.add(name)
         self._unsubscribe = session.subscribe(self._on_event)
@@ -73,14 +74,18 @@ class SessionBinder:
         cls = getattr(widgets, _PANEL_CLASSES[name])
         panel = cls(token_text=self.token_text) if name == "blocks" else cls()
         if isinstance(panel, Panel):
-            panel.on_action(partial(self._on_action, name))
+            self._detach.append(panel.on_action(partial(self._on_action, name)))
         panel.binder = self  # keeps the binding alive as long as the panel is
         self.panels[name] = panel
         return panel
 
     def close(self) -> None:
-        """Stop following the Session (the panels keep their last state)."""
+        """Stop following the Session and stop acting on it (the panels keep their last
+        state: a frozen picture must not be redrawn by a click on it)."""
         self._unsubscribe()
+        for detach in self._detach:
+            detach()
+        self._detach.clear()
 
     # ---- what is shown ----
     def entries(self) -> list:

@@ -259,3 +259,12 @@ def test_unknown_panel_and_preset_names_are_errors(dash: Dashboard) -> None:
         dash_mod.panel(dash.session, "nope")
     send(dash.controls, action="preset", name="nope")
     assert "unknown preset" in dash.controls.error
+
+
+def test_a_closed_binder_ignores_clicks_on_its_frozen_panels(fresh_session: Any) -> None:
+    s = fresh_session
+    frozen = dash_mod.SessionBinder(s, ("controls", "queues"))
+    frozen.close()
+    send(frozen.panels["controls"], action="add", prompt="Hello", max_tokens=2, temperature=0)
+    send(frozen.panels["controls"], action="step", n=1)
+    assert s.engine.step_count == 0 and not s.engine.requests   # the live session was not touched

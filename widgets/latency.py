@@ -21,13 +21,13 @@ class LatencyPanel(W.VBox):
     """
 
     def __init__(self) -> None:
-        fig = make_subplots(rows=2, cols=2, subplot_titles=_TITLES, vertical_spacing=0.18, horizontal_spacing=0.1)
+        fig = make_subplots(rows=2, cols=2, subplot_titles=_TITLES, vertical_spacing=0.26, horizontal_spacing=0.1)
         fig.add_trace(go.Bar(name="TTFT", x=[], y=[], marker_color="#fb8c00"), row=1, col=1)
         fig.add_trace(go.Box(name="ITL", x=[], y=[], boxpoints="all", jitter=0.4, pointpos=0,
                              marker_color="#1e88e5"), row=1, col=2)
         fig.add_trace(go.Histogram(name="TTFT", x=[], marker_color="#fb8c00"), row=2, col=1)
         fig.add_trace(go.Histogram(name="ITL", x=[], marker_color="#1e88e5"), row=2, col=2)
-        fig.update_layout(height=520, showlegend=False, margin=dict(l=50, r=20, t=60, b=40),
+        fig.update_layout(height=580, showlegend=False, margin=dict(l=50, r=20, t=60, b=40),
                           title=dict(text="TTFT / ITL (engine clock: advances only while a step executes)",
                                      font=dict(size=13)))
         for col in (1, 2):

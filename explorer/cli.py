@@ -70,6 +70,25 @@ def build_parser() -> argparse.ArgumentParser:
                        help="skip the observation-overhead runs")
     bench.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON")
 
+    bench_ui = sub.add_parser("bench-ui", help="explorer responsiveness: step -> updated panels, Python and browser",
+                              description="Build a Session with every request decoding over a large KV pool and a "
+                                          "Dashboard bound to it, then time N steps: the engine step, the Session's "
+                                          "history bookkeeping, the Dashboard's view update and the bytes sent to "
+                                          "the browser per step; then (with --browser) click Step N times in "
+                                          "JupyterLab + headless chromium and time click -> updated panels in the "
+                                          "page. Prints medians and spreads (min-max).")
+    bench_ui.add_argument("--steps", type=_positive_int, default=10, help="measured steps / clicks (default 10)")
+    bench_ui.add_argument("--browser", action=argparse.BooleanOptionalAction, default=True,
+                          help="also run the JupyterLab + chromium part (default on; needs the checkout, "
+                               "playwright and Debian chromium)")
+    bench_ui.add_argument("--model", default=None,
+                          help="local HF model folder (default: SmolLM2-135M-Instruct; a tiny checkpoint "
+                               "gives a quick look)")
+    bench_ui.add_argument("--blocks", type=_positive_int, default=4096, help="KV blocks in the pool (default 4096)")
+    bench_ui.add_argument("--requests", type=_positive_int, default=64,
+                          help="requests, all decoding while measured (default 64)")
+    bench_ui.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON")
+
     sub.add_parser("doctor", help="check the set-up and say how to fix what is missing",
                    description="Print Python, torch build and device, triton, flash-attn, the default model "
                                "cache, chromium for browser tests, and the command that fixes each missing piece.")
@@ -104,6 +123,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         results = bench(reps=args.reps, scale=args.scale, dtype=args.dtype, model=args.model,
                         observation=args.observation)
+        if args.json:
+            import json
+
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=2)
+        return 0
+    if args.command == "bench-ui":
+        from .bench_ui import BenchUnavailable, bench_ui
+
+        try:
+            results = bench_ui(steps=args.steps, browser=args.browser, model=args.model,
+                               num_kv_blocks=args.blocks, num_requests=args.requests)
+        except (ValueError, BenchUnavailable) as exc:  # a pool too small, no chromium, ...: one line
+            print(f"error: {exc}", file=sys.stderr)
+            return 2 if isinstance(exc, ValueError) else 1
         if args.json:
             import json
 

@@ -89,3 +89,14 @@ function kvsSender(model, onPendingChange = () => {}) {
     dispose: () => model.off("msg:custom", onMsg),
   };
 }
+
+// One redraw for many trait changes: a step's message sets several traits at once, each
+// firing its own change event; batching them into a microtask draws once, with all of them.
+function kvsBatched(fn) {
+  let queued = false;
+  return () => {
+    if (queued) return;
+    queued = true;
+    queueMicrotask(() => { queued = false; fn(); });
+  };
+}

@@ -130,7 +130,8 @@ function render({ model, el }) {
   canvas.addEventListener("mouseleave", () => { tip.style.display = "none"; });
 
   for (const k of ["requests", "request_id", "layer", "head", "num_layers", "kv_head_of_head"]) model.on(`change:${k}`, drawSelectors);
-  for (const k of ["probs", "context_len", "row_positions", "block_table", "message", "probe_step"]) model.on(`change:${k}`, drawMap);
+  const drawMapSoon = kvsBatched(drawMap);
+  for (const k of ["probs", "context_len", "row_positions", "block_table", "message", "probe_step"]) model.on(`change:${k}`, drawMapSoon);
   drawSelectors();
   drawMap();
   return () => { tip.remove(); sender.dispose(); };

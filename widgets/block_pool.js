@@ -208,7 +208,8 @@ function render({ model, el }) {
   });
 
   function redrawAll() { readColumns(); draw(); drawLegend(); drawTables(); drawDetail(); }
-  for (const k of ["status", "ref_count", "owner", "events", "owners", "num_blocks", "block_size"]) model.on(`change:${k}`, () => { readColumns(); draw(); drawLegend(); });
+  const poolSoon = kvsBatched(() => { readColumns(); draw(); drawLegend(); });
+  for (const k of ["status", "ref_count", "owner", "events", "owners", "num_blocks", "block_size"]) model.on(`change:${k}`, poolSoon);
   model.on("change:counts", drawLegend);
   model.on("change:block_tables", () => { drawTables(); draw(); });
   model.on("change:selected", () => { draw(); drawDetail(); });

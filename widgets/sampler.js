@@ -39,7 +39,8 @@ function render({ model, el }) {
         kvsEl("span", { class: "kvs-cand kvs-mono", text: kvsTok(s.text) }), kvsEl("span", { class: "kvs-muted", text: "chosen (outside the top list)" })]));
     }
   }
-  for (const k of ["requests", "request_id", "sample", "step"]) model.on(`change:${k}`, draw);
+  const drawSoon = kvsBatched(draw);
+  for (const k of ["requests", "request_id", "sample", "step"]) model.on(`change:${k}`, drawSoon);
   draw();
   return () => sender.dispose();
 }

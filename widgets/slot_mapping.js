@@ -50,8 +50,9 @@ function render({ model, el }) {
         [head, kvsEl("div", { class: "kvs-cells" }, cells)]);
     }));
   }
+  const drawSoon = kvsBatched(draw);
   for (const k of ["input_ids", "tokens", "positions", "slot_mapping", "segments", "query_start_loc", "logits_indices", "block_size", "num_rows"]) {
-    model.on(`change:${k}`, draw);
+    model.on(`change:${k}`, drawSoon);
   }
   draw();
 }

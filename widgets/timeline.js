@@ -127,7 +127,8 @@ function render({ model, el }) {
     }
     holder.replaceChildren(root_);
   }
-  for (const k of ["steps", "gantt", "window", "step"]) model.on(`change:${k}`, draw);
+  const drawSoon = kvsBatched(draw);
+  for (const k of ["steps", "gantt", "window", "step"]) model.on(`change:${k}`, drawSoon);
   draw();
   return () => { tip.remove(); sender.dispose(); };
 }

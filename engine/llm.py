@@ -74,7 +74,9 @@ class LLM:
         return outs
 
     def shutdown(self) -> None:
-        """Release the engine (tensor-parallel workers, when any, stop here)."""
+        """Release the engine: tensor-parallel workers, when any, stop here (idempotent; they
+        also stop when the LLM is garbage-collected or the interpreter exits)."""
+        self.engine.shutdown()
 
     def __enter__(self) -> "LLM":
         return self

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import torch
 
 from .config import SCHEDULER_KNOBS, EngineConfig
+from .distributed import check_tensor_parallel
+from .distributed.sharding import rank_ranges, sharding_layout
 from .kv_cache_manager import KVCacheManager, cdiv
 from .model import ModelSpec
 from .model_runner import ModelRunner
@@ -55,10 +57,18 @@ class LLMEngine:
         spec = ModelSpec.from_folder(folder)
         max_model_len = config.max_model_len or min(4096, spec.max_position_embeddings)
         config = config.replace(model=str(folder), max_model_len=max_model_len)
+        check_tensor_parallel(spec, config.tensor_parallel_size)  # before any worker starts
         self.spec = spec
         donor = share_model_with if share_model_with is not None and share_model_with._can_share(config) else None
-        self.tokenizer = donor.tokenizer if donor else load_tokenizer(folder)
+        same_folder = share_model_with is not None and str(share_model_with.config.model) == str(folder)
+        # Tensor parallel: the runner has spawned its workers; they start while the tokenizer loads.
         self.runner = ModelRunner(config, spec, max_model_len, model=donor.runner.model if donor else None)
+        try:
+            self.tokenizer = share_model_with.tokenizer if same_folder else load_tokenizer(folder)
+            self.runner.wait_ready()
+        except BaseException:
+            self.runner.shutdown()
+            raise
         self.decode = fast_decoder(self.tokenizer)
         self.config = config.replace(num_kv_blocks=self.runner.num_blocks)
         self.kv = KVCacheManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
@@ -73,6 +83,7 @@ class LLMEngine:
         eos = spec.eos_token_ids or ((self.tokenizer.eos_token_id,) if self.tokenizer.eos_token_id is not None else ())
         self.eos_token_id = eos[0] if eos else None
         self.extra_stop_ids = list(eos[1:])
+        self._tp_facts = self._tp_info()
 
     def _can_share(self, config: EngineConfig) -> bool:
         mine = self.config
@@ -89,7 +100,22 @@ class LLMEngine:
                 "head_dim": s.head_dim, "hidden_size": s.hidden_size, "vocab_size": s.vocab_size,
                 "dtype": str(self.runner.dtype).replace("torch.", ""), "device": str(self.runner.device),
                 "max_model_len": self.config.max_model_len, "attention_backend": self.runner.backend.name,
-                "kv_bytes_per_block": self.runner.bytes_per_block}
+                "kv_bytes_per_block": self.runner.bytes_per_block} | self._tp_facts
+
+    def _tp_info(self) -> dict:
+        """Per-rank facts: what each rank holds of the model and of the KV pool (fixed for the
+        engine's life: built once, shared by every snapshot, read-only)."""
+        s, r = self.spec, self.runner
+        n = r.tp.size
+        per_rank_kv = r.num_blocks * r.bytes_per_block_per_rank
+        ranks = [d | {"device": str(r.device if d["rank"] == 0 or r.device.type == "cpu"
+                                    else f"cuda:{d['rank']}"), "kv_bytes": per_rank_kv}
+                 for d in rank_ranges(s, n)]
+        return {"tensor_parallel_size": n, "tp_backend": r.tp.backend,
+                "num_heads_per_rank": s.num_heads // n, "num_kv_heads_per_rank": s.num_kv_heads // n,
+                "intermediate_size": s.intermediate_size, "tie_word_embeddings": s.tie_word_embeddings,
+                "kv_bytes_per_block_per_rank": r.bytes_per_block_per_rank, "kv_bytes_per_rank": per_rank_kv,
+                "tensor_parallel": {"ranks": ranks, "weights": sharding_layout(s, n)}}
 
     @property
     def waiting(self) -> list[Request]:
@@ -223,9 +249,11 @@ class LLMEngine:
         if self.config.check_invariants:
             from .invariants import check_invariants
             check_invariants(self, out, batch)
+        # Collectives are part of 'forward': rank 0's wait in all-reduce / gather (0 at TP=1).
         return self._record(out, batch, sampled_rows, results, finished,
                             {"schedule": t1 - t0, "prepare": t2 - t1, "forward": t3 - t2,
-                             "sample": t4 - t3, "update": t5 - t4, "total": t5 - t0})
+                             "sample": t4 - t3, "update": t5 - t4, "total": t5 - t0,
+                             "collectives": self.runner.take_collective_ms() / 1e3 if batch is not None else 0.0})
 
     def _update(self, out: SchedulerOutput, sampled_rows: list[Request], results) -> list[str]:
         """Advance computed counts, register newly full blocks, append tokens, finish requests."""
@@ -274,6 +302,10 @@ class LLMEngine:
         rec.token_budget = out.token_budget
         rec.num_running, rec.num_waiting = len(self.scheduler.running), len(self.scheduler.waiting)
         return rec
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel worker processes (a no-op for a single-process engine)."""
+        self.runner.shutdown()
 
     # -- inspection ---------------------------------------------------------------------
     @property

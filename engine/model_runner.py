@@ -1,5 +1,9 @@
 """Turns the scheduler's decision into the packed batch (vLLM v1 names), owns the model and
-the per-layer KV pools, and runs the forward pass."""
+the per-layer KV pools, and runs the forward pass.
+
+With tensor_parallel_size > 1 the runner in the caller's process is rank 0: it starts the
+worker processes (`distributed.executor.WorkerGroup`), sends each step's inputs to them,
+and runs its own shard; each worker runs the same runner class on its shard."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,6 +12,7 @@ import torch
 
 from .attention import AttentionMetadata, get_attention_backend
 from .config import EngineConfig
+from .distributed.parallel_state import SINGLE, TensorParallel
 from .model import CausalLM, ModelSpec, load_weights
 from .scheduler import SchedulerOutput
 
@@ -31,6 +36,15 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+def build_model(config: EngineConfig, spec: ModelSpec, max_model_len: int, device: torch.device,
+                dtype: torch.dtype, tp: TensorParallel = SINGLE) -> CausalLM:
+    """The model (this rank's shard of it) with the checkpoint's weights, in eval mode."""
+    with torch.device(device):
+        model = CausalLM(spec, max_positions=max(max_model_len, 1), tp=tp)
+    load_weights(model, config.model)
+    return model.to(dtype).eval()
+
+
 @dataclass
 class Batch:
     """The packed inputs of one step, as plain lists (for the StepRecord) and tensors."""
@@ -49,40 +63,77 @@ class Batch:
 
 
 class ModelRunner:
-    """Model + KV pools. `kv_caches[layer] = (k, v)`, each [num_blocks, block_size, KVH, D]."""
+    """Model + KV pools. `kv_caches[layer] = (k, v)`, each [num_blocks, block_size, KVH, D]
+    (KVH: this rank's KV heads). `tp`/`num_blocks` are given on worker ranks; on rank 0 a
+    tensor_parallel_size > 1 starts the workers here."""
 
     def __init__(self, config: EngineConfig, spec: ModelSpec, max_model_len: int,
-                 model: CausalLM | None = None) -> None:
+                 model: CausalLM | None = None, *, tp: TensorParallel | None = None,
+                 num_blocks: int | None = None) -> None:
         self.config = config
         self.spec = spec
-        self.device = resolve_device(config.device)
+        self.device = resolve_device(config.device) if tp is None else tp.device
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.block_size = config.block_size
         self.backend = get_attention_backend(config.attention_backend, self.device)
-        if model is None:  # else: weights shared with an earlier engine (read-only at inference)
-            with torch.device(self.device):
-                model = CausalLM(spec, max_positions=max(max_model_len, 1))
-            load_weights(model, config.model)
-            model = model.to(self.dtype).eval()
-        self.model = model
-        self.num_blocks = config.num_kv_blocks or self._blocks_from_memory()
-        shape = (self.num_blocks, self.block_size, spec.num_kv_heads, spec.head_dim)
-        self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
-                           torch.zeros(shape, dtype=self.dtype, device=self.device))
-                          for _ in range(spec.num_layers)]
+        self.workers = None
+        if tp is None and config.tensor_parallel_size > 1:
+            from .distributed.executor import WorkerGroup
+            self.workers = WorkerGroup(config, spec, max_model_len, self.device)  # spawned, loading
+            tp, self.device = self.workers.tp, self.workers.tp.device
+        self.tp = tp or SINGLE
+        try:
+            if model is None:  # else: weights shared with an earlier engine (read-only at inference)
+                model = build_model(config, spec, max_model_len, self.device, self.dtype, self.tp)
+            self.model = model
+            self.num_blocks = num_blocks or config.num_kv_blocks or self._blocks_from_memory()
+            shape = (self.num_blocks, self.block_size, spec.num_kv_heads // self.tp.size, spec.head_dim)
+            self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
+                               torch.zeros(shape, dtype=self.dtype, device=self.device))
+                              for _ in range(spec.num_layers)]
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def wait_ready(self) -> None:
+        """Tensor parallel: wait for the workers' shards, join the process group and size their
+        KV pools like this one (a separate call so the caller can load the tokenizer while the
+        workers start). Nothing to wait for in a single-process engine."""
+        if self.workers is not None:
+            self.workers.connect(self.num_blocks)
 
     @property
     def bytes_per_block(self) -> int:
+        """KV bytes of one block over all layers and all ranks."""
         s = self.spec
         return 2 * s.num_layers * self.block_size * s.num_kv_heads * s.head_dim * self.dtype.itemsize
 
+    @property
+    def bytes_per_block_per_rank(self) -> int:
+        """KV bytes of one block that each rank holds (its KV heads only)."""
+        return self.bytes_per_block // self.tp.size
+
     def _blocks_from_memory(self) -> int:
+        # The budget is per rank (as gpu_memory_utilization is per GPU): more ranks, more blocks.
         if self.device.type == "cuda":
             free, _total = torch.cuda.mem_get_info(self.device)
             budget = int(free * self.config.gpu_memory_utilization)
         else:
             budget = self.config.kv_cache_memory_bytes
-        return max(2, budget // self.bytes_per_block)
+        return max(2, budget // self.bytes_per_block_per_rank)
+
+    def take_collective_ms(self) -> float:
+        """Time this rank spent in collectives since the last call (0 without tensor parallelism)."""
+        if self.tp.size == 1:
+            return 0.0
+        ms = self.tp.collective_ms()
+        self.tp.reset_timer()
+        return ms
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers (nothing to do in a single-process engine)."""
+        if self.workers is not None:
+            self.workers.shutdown()
 
     # -- one step -----------------------------------------------------------------------
     def prepare(self, out: SchedulerOutput) -> tuple[Batch, AttentionMetadata, torch.Tensor, torch.Tensor]:
@@ -105,13 +156,14 @@ class ModelRunner:
             if n == 1 and start > 0:
                 decode_ids.append(i)
         batch = Batch(input_ids, positions, qsl, seq_lens, slots, tables, logits_idx)
-        meta = self._metadata(batch, ctx_lens, decode_ids)
+        meta = self.metadata(batch, ctx_lens, decode_ids)
         dev = self.device
         return (batch, meta, torch.tensor(input_ids, dtype=torch.long, device=dev),
                 torch.tensor(positions, dtype=torch.long, device=dev))
 
-    def _metadata(self, batch: Batch, ctx_lens: list[int], decode_ids: list[int],
-                  slot_mapping: list[int] | None = None) -> AttentionMetadata:
+    def metadata(self, batch: Batch, ctx_lens: list[int], decode_ids: list[int],
+                 slot_mapping: list[int] | None = None) -> AttentionMetadata:
+        """Attention metadata (tensors on this runner's device) for a packed batch."""
         dev = self.device
         max_blocks = max((len(t) for t in batch.block_tables), default=1) or 1
         padded = torch.zeros((len(batch.block_tables), max_blocks), dtype=torch.long, device=dev)
@@ -131,25 +183,48 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, meta: AttentionMetadata, input_ids: torch.Tensor, positions: torch.Tensor,
-                logits_indices: list[int]) -> torch.Tensor:
-        """Runs every layer (writing K/V into the pools) and returns fp32 logits of the sampled rows."""
+                logits_indices: list[int]) -> torch.Tensor | None:
+        """Runs every layer (writing K/V into the pools) and returns fp32 logits of the sampled
+        rows (None on a worker rank: the logits are gathered on rank 0)."""
+        if self.workers is not None:
+            self.tp.reset_timer()  # the step's collectives only (not a probe's in between)
+            self.workers.send_forward(meta, input_ids, positions, logits_indices)
+            with self.workers.guard():
+                return self._forward(meta, input_ids, positions, logits_indices)
+        return self._forward(meta, input_ids, positions, logits_indices)
+
+    def _forward(self, meta: AttentionMetadata, input_ids: torch.Tensor, positions: torch.Tensor,
+                 logits_indices: list[int]) -> torch.Tensor | None:
         hidden = self.model(input_ids, positions, self.kv_caches, self.backend, meta)
         if not logits_indices:
             return torch.empty((0, self.spec.vocab_size))
         rows = hidden[torch.tensor(logits_indices, dtype=torch.long, device=self.device)]
-        return self.model.compute_logits(rows).float()
+        logits = self.model.compute_logits(rows)
+        if logits is not None and self.workers is not None and self.device.type == "cuda":
+            self.workers.wait_until_done(logits)  # a dead NCCL peer never completes: poll, do not hang
+        return None if logits is None else logits.float()
 
     @torch.inference_mode()
-    def probe(self, token_ids: list[int], start: int, end: int, block_table: list[int], layer: int) -> torch.Tensor:
+    def probe(self, token_ids: list[int], start: int, end: int, block_table: list[int],
+              layer: int) -> torch.Tensor | None:
         """Attention probabilities [H, end-start, end] of layer `layer` for query positions
         start..end-1 of one sequence whose K/V (positions 0..end-1) are already in the pools.
         Re-runs layers 0..layer for those positions, reading all context from the paged cache
-        and writing nothing, so the numbers are those the step itself computed."""
+        and writing nothing, so the numbers are those the step itself computed. With tensor
+        parallelism every rank re-runs its heads and rank 0 gathers all of them."""
+        if self.workers is not None:
+            self.workers.send("probe", (list(token_ids[:end]), start, end, list(block_table), layer))
+            with self.workers.guard():
+                return self._probe(token_ids, start, end, block_table, layer)
+        return self._probe(token_ids, start, end, block_table, layer)
+
+    def _probe(self, token_ids: list[int], start: int, end: int, block_table: list[int],
+               layer: int) -> torch.Tensor | None:
         batch = Batch(token_ids[start:end], list(range(start, end)), [0, end - start], [end],
                       [-1] * (end - start), [list(block_table)], [])
-        meta = self._metadata(batch, [start], [], slot_mapping=batch.slot_mapping)
+        meta = self.metadata(batch, [start], [], slot_mapping=batch.slot_mapping)
         meta.probe_layer = layer
         ids = torch.tensor(batch.input_ids, dtype=torch.long, device=self.device)
         pos = torch.tensor(batch.positions, dtype=torch.long, device=self.device)
         self.model(ids, pos, self.kv_caches, self.backend, meta, num_layers=layer + 1)
-        return meta.probe_probs
+        return self.tp.gather_to_first(meta.probe_probs, dim=0)

@@ -119,7 +119,8 @@ function render({ model, el }) {
     drawLast();
     drawWeights(info);
   }
-  for (const k of ["info", "ranks", "weights", "last_step", "recent", "note", "step"]) model.on(`change:${k}`, draw);
+  const drawSoon = kvsBatched(draw);
+  for (const k of ["info", "ranks", "weights", "last_step", "recent", "note", "step"]) model.on(`change:${k}`, drawSoon);
   draw();
   return () => {};
 }

@@ -1,25 +1,34 @@
 """One decoder for Llama, Qwen2 and Qwen3: they differ only in q/k/v bias (Qwen2) and the
-per-head q/k RMSNorm (Qwen3). Inputs are a packed batch: no padding, positions per token."""
+per-head q/k RMSNorm (Qwen3). Inputs are a packed batch: no padding, positions per token.
+
+With tensor parallelism (`tp.size > 1`) each rank builds the same model with its share of
+heads, KV heads, MLP rows and vocabulary rows; `tp` is a no-op at size 1."""
 from __future__ import annotations
 
 import torch
 from torch import nn
 
 from ..attention import AttentionBackend, AttentionMetadata
+from ..distributed.layers import RowParallelLinear, VocabParallelEmbedding
+from ..distributed.parallel_state import SINGLE, TensorParallel
 from .layers import RMSNorm, RotaryEmbedding, SwiGLU
 from .spec import ModelSpec
 
 
 class Attention(nn.Module):
-    def __init__(self, spec: ModelSpec, layer: int, rope: RotaryEmbedding) -> None:
+    def __init__(self, spec: ModelSpec, layer: int, rope: RotaryEmbedding, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
         self.layer = layer
-        self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
-        self.q_size = spec.num_heads * spec.head_dim
-        self.kv_size = spec.num_kv_heads * spec.head_dim
-        # q, k and v packed in one matrix: one GEMM instead of three.
+        # This rank's heads: the KV cache it owns holds only its KV heads.
+        self.num_heads, self.num_kv_heads = spec.num_heads // tp.size, spec.num_kv_heads // tp.size
+        self.head_dim = spec.head_dim
+        self.q_size = self.num_heads * spec.head_dim
+        self.kv_size = self.num_kv_heads * spec.head_dim
+        # q, k and v packed in one matrix: one GEMM instead of three (column-parallel: this
+        # rank's q rows, then its k rows, then its v rows).
         self.qkv_proj = nn.Linear(spec.hidden_size, self.q_size + 2 * self.kv_size, bias=spec.attention_bias)
-        self.o_proj = nn.Linear(self.q_size, spec.hidden_size, bias=False)
+        self.o_proj = nn.Linear(self.q_size, spec.hidden_size, bias=False) if tp.size == 1 else \
+            RowParallelLinear(spec.num_heads * spec.head_dim, spec.hidden_size, False, tp)
         self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
         self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
         self.rope = rope
@@ -39,12 +48,12 @@ class Attention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, spec: ModelSpec, layer: int, rope: RotaryEmbedding) -> None:
+    def __init__(self, spec: ModelSpec, layer: int, rope: RotaryEmbedding, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        self.self_attn = Attention(spec, layer, rope)
+        self.self_attn = Attention(spec, layer, rope, tp)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        self.mlp = SwiGLU(spec.hidden_size, spec.intermediate_size)
+        self.mlp = SwiGLU(spec.hidden_size, spec.intermediate_size, tp)
 
     def forward(self, x, positions, kv_cache, backend, meta):
         x = x + self.self_attn(self.input_layernorm(x), positions, kv_cache, backend, meta)
@@ -52,16 +61,22 @@ class DecoderLayer(nn.Module):
 
 
 class CausalLM(nn.Module):
-    """Embedding -> decoder layers -> final norm -> LM head (tied or not)."""
+    """Embedding -> decoder layers -> final norm -> LM head (tied or not).
 
-    def __init__(self, spec: ModelSpec, max_positions: int) -> None:
+    Split over `tp.size` ranks: a vocab-parallel embedding and LM head (logits gathered on
+    rank 0), column-parallel q/k/v and gate/up, row-parallel o_proj and down_proj."""
+
+    def __init__(self, spec: ModelSpec, max_positions: int, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
         self.spec = spec
-        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.tp = tp
+        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size) if tp.size == 1 else \
+            VocabParallelEmbedding(spec.vocab_size, spec.hidden_size, tp)
         rope = RotaryEmbedding(spec.head_dim, max_positions, spec.rope_theta)
-        self.layers = nn.ModuleList(DecoderLayer(spec, i, rope) for i in range(spec.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(spec, i, rope, tp) for i in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        self.lm_head = None if spec.tie_word_embeddings else nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+        self.lm_head = None if spec.tie_word_embeddings else \
+            nn.Linear(spec.hidden_size, spec.vocab_size // tp.size, bias=False)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], backend: AttentionBackend,
@@ -72,6 +87,9 @@ class CausalLM(nn.Module):
             x = layer(x, positions, kv_caches[layer.self_attn.layer], backend, meta)
         return self.norm(x)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """Logits [rows, vocab]; with tensor parallelism the vocab shards are gathered on
+        rank 0 (the sampler's rank) and other ranks get None."""
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return hidden @ weight.t()
+        logits = hidden @ weight.t()
+        return logits if self.tp.size == 1 else self.tp.gather_to_first(logits, dim=-1)

@@ -5,6 +5,9 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
+from ..distributed.layers import RowParallelLinear
+from ..distributed.parallel_state import SINGLE, TensorParallel
+
 
 class RMSNorm(nn.Module):
     """RMSNorm computed in fp32, then cast back (as transformers' Llama/Qwen do)."""
@@ -34,8 +37,8 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # q: [T, H, D], k: [T, KVH, D]
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
+        cos = self.cos.index_select(0, positions).unsqueeze(1).to(q.dtype)
+        sin = self.sin.index_select(0, positions).unsqueeze(1).to(q.dtype)
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 
@@ -45,13 +48,15 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class SwiGLU(nn.Module):
-    """MLP with one packed gate/up projection: down(silu(gate) * up)."""
+    """MLP with one packed gate/up projection: down(silu(gate) * up). Split over ranks,
+    each holds its gate rows then its up rows, and down_proj's matching columns."""
 
-    def __init__(self, hidden: int, intermediate: int) -> None:
+    def __init__(self, hidden: int, intermediate: int, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
-        self.intermediate = intermediate
-        self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.intermediate = intermediate // tp.size
+        self.gate_up_proj = nn.Linear(hidden, 2 * self.intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False) if tp.size == 1 else \
+            RowParallelLinear(intermediate, hidden, False, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)

@@ -1,4 +1,6 @@
-"""Loads Hugging Face safetensors into CausalLM, packing q/k/v and gate/up on the way."""
+"""Loads Hugging Face safetensors into CausalLM, packing q/k/v and gate/up on the way.
+A tensor-parallel rank reads only its own slice of each split weight (safe_open's
+get_slice); only the small replicated tensors (norms) are read whole on every rank."""
 from __future__ import annotations
 
 import json
@@ -7,6 +9,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from ..distributed.sharding import shard_bounds, split_dim
 from .decoder import CausalLM
 
 # HF name fragment -> (our packed parameter, shard index). Shard offsets come from the shapes.
@@ -31,11 +34,11 @@ def safetensors_files(folder: Path) -> list[Path]:
 
 
 def _shard_range(model: CausalLM, packed: str, shard: int) -> tuple[int, int]:
-    s = model.spec
+    s, n = model.spec, model.tp.size  # this rank's share of heads / MLP rows
     if packed == "qkv_proj":
-        sizes = [s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim, s.num_kv_heads * s.head_dim]
+        sizes = [s.num_heads // n * s.head_dim, s.num_kv_heads // n * s.head_dim, s.num_kv_heads // n * s.head_dim]
     else:
-        sizes = [s.intermediate_size, s.intermediate_size]
+        sizes = [s.intermediate_size // n] * 2
     start = sum(sizes[:shard])
     return start, start + sizes[shard]
 
@@ -51,7 +54,7 @@ def load_weights(model: CausalLM, folder: str | Path) -> None:
                 target = name.removeprefix("model.")
                 if target == "lm_head.weight" and model.lm_head is None:
                     continue  # tied: the embedding serves as the LM head
-                tensor = f.get_tensor(name)
+                tensor = f.get_tensor(name) if model.tp.size == 1 else _read_shard(f, name, model.tp.rank, model.tp.size)
                 for frag, (packed, shard) in PACKED_MODULES.items():
                     if f".{frag}." in target:
                         target = target.replace(frag, packed)
@@ -64,6 +67,16 @@ def load_weights(model: CausalLM, folder: str | Path) -> None:
     missing = [n for n in params if n not in loaded]
     if missing:
         raise ValueError(f"checkpoint in {folder} lacks weights: {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+
+
+def _read_shard(f, name: str, rank: int, size: int) -> torch.Tensor:
+    """This rank's slice of checkpoint tensor `name` (all of it when it is replicated)."""
+    dim = split_dim(name)
+    if dim is None:
+        return f.get_tensor(name)
+    view = f.get_slice(name)
+    lo, hi = shard_bounds(view.get_shape()[dim], rank, size)
+    return view[lo:hi] if dim == 0 else view[:, lo:hi]
 
 
 def _copy(params: dict, target: str, tensor: torch.Tensor, source: str, rows: tuple[int, int] | None = None) -> None:

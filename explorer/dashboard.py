@@ -18,14 +18,15 @@ import ipywidgets as W
 import widgets
 from widgets import Panel
 
-from . import views
+from . import tp_view, views
 
 _log = logging.getLogger(__name__)
 
 PANEL_NAMES = ("controls", "queues", "sampler", "blocks", "slots", "attention", "timeline", "latency")
 _PANEL_CLASSES = {"controls": "ControlsPanel", "queues": "QueuesPanel", "sampler": "SamplerPanel",
                   "blocks": "BlockPoolPanel", "slots": "SlotMappingPanel", "attention": "AttentionPanel",
-                  "timeline": "TimelinePanel", "latency": "LatencyPanel"}
+                  "timeline": "TimelinePanel", "latency": "LatencyPanel",
+                  "tensor_parallel": "TensorParallelPanel"}
 BUDGET_KEYS = ("max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill", "enable_prefix_caching",
                "scheduling_policy")
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_k", "top_p", "ignore_eos", "seed")
@@ -127,6 +128,8 @@ class SessionBinder:
             p["latency"].show(views.latency_rows(snapshot), step=step, live=live)
         if "attention" in p:
             self._render_attention(snapshot, step, probe=live and self.auto_probe and probe)
+        if "tensor_parallel" in p:
+            p["tensor_parallel"].show(tp_view.tensor_parallel_state(record, snapshot, self.session.history))
 
     def _render_controls(self, record: dict, snapshot: dict) -> None:
         history = self.session.history
@@ -354,8 +357,11 @@ class Dashboard(W.VBox):
     `timeline`, `latency`. Display one alone with ``display(dash.queues)``.
     """
 
-    def __init__(self, session: Any, *, panels: Iterable[str] = PANEL_NAMES) -> None:
+    def __init__(self, session: Any, *, panels: Iterable[str] | None = None) -> None:
         self.session = session
+        if panels is None:  # the sharding view only when there is sharding to see
+            tp = getattr(session.engine.config, "tensor_parallel_size", 1)
+            panels = PANEL_NAMES + (("tensor_parallel",) if tp > 1 else ())
         self.binder = SessionBinder(session, panels)
         for name, panel in self.binder.panels.items():
             setattr(self, name, panel)
@@ -369,7 +375,7 @@ class Dashboard(W.VBox):
                 if n in p:
                     p[n].layout = W.Layout(flex=flex, min_width="0")
             rows.append(W.HBox(top, layout=W.Layout(width="100%", align_items="flex-start")))
-        rows += [p[n] for n in ("blocks", "slots", "attention", "timeline", "latency") if n in p]
+        rows += [p[n] for n in ("blocks", "slots", "attention", "tensor_parallel", "timeline", "latency") if n in p]
         super().__init__(rows, layout=W.Layout(width="100%"))
         self.add_class("kvs-dashboard")
 

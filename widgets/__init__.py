@@ -14,10 +14,11 @@ from .controls import ControlsPanel
 from .queues import QueuesPanel
 from .sampler import SamplerPanel
 from .slot_mapping import SlotMappingPanel
+from .tensor_parallel import TensorParallelPanel
 from .timeline import TimelinePanel
 
 __all__ = ["Panel", "ControlsPanel", "QueuesPanel", "BlockPoolPanel", "SlotMappingPanel",
-           "AttentionPanel", "SamplerPanel", "TimelinePanel", "LatencyPanel"]
+           "AttentionPanel", "SamplerPanel", "TimelinePanel", "TensorParallelPanel", "LatencyPanel"]
 
 
 def __getattr__(name: str) -> Any:

@@ -113,3 +113,18 @@ def test_panel_draws_one_stripe_per_rank_and_the_collectives(smol_like: ModelSpe
         page.screenshot(path=str(tmp_path / "tp.png"), full_page=True)
         assert front.errors() == []
         browser.close()
+
+
+def test_dashboard_shows_the_sharding_panel_only_with_tensor_parallelism(tiny_qwen3_path: Path, fresh_session: Any) -> None:
+    from explorer import Dashboard, Session
+
+    assert not hasattr(Dashboard(fresh_session), "tensor_parallel")
+    s = Session(str(tiny_qwen3_path), tensor_parallel_size=2, num_kv_blocks=32)
+    try:
+        dash = Dashboard(s)
+        s.add_request([1, 2, 3], max_tokens=2, temperature=0.0)
+        s.step()
+        assert dash.tensor_parallel.step == 1
+        dash.close_binding()
+    finally:
+        s.llm.shutdown()

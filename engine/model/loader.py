@@ -4,10 +4,12 @@ get_slice); only the small replicated tensors (norms) are read whole on every ra
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
+from tqdm.auto import tqdm
 
 from ..distributed.sharding import shard_bounds, split_dim
 from .decoder import CausalLM
@@ -48,9 +50,18 @@ def load_weights(model: CausalLM, folder: str | Path) -> None:
     folder = Path(folder)
     params = dict(model.named_parameters())
     loaded: set[str] = set()
-    for path in safetensors_files(folder):
+    # A progress bar (terminal or notebook) on rank 0: loading is the longest wait of a start.
+    files = safetensors_files(folder)
+    total = 0
+    for path in files:  # headers only: cheap
+        with safe_open(str(path), framework="pt") as f:
+            total += len(f.keys())
+    bar = tqdm(total=total, desc="Loading weights", unit="tensor", leave=False,
+               disable=model.tp.rank != 0 or os.environ.get("KVSCOPE_QUIET") == "1")
+    for path in files:
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():
+                bar.update(1)
                 target = name.removeprefix("model.")
                 if target == "lm_head.weight" and model.lm_head is None:
                     continue  # tied: the embedding serves as the LM head
@@ -64,6 +75,7 @@ def load_weights(model: CausalLM, folder: str | Path) -> None:
                 else:
                     _copy(params, target, tensor, name)
                 loaded.add(target)
+    bar.close()
     missing = [n for n in params if n not in loaded]
     if missing:
         raise ValueError(f"checkpoint in {folder} lacks weights: {missing[:5]}{' ...' if len(missing) > 5 else ''}")

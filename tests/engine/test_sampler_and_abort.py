@@ -105,3 +105,20 @@ def test_attention_probe_matches_transformers_eager_attentions(tiny_qwen3_path, 
         eng.attention_probe(rid, layer=0)
     with pytest.raises(ValueError, match="layer"):
         eng.attention_probe(rid, layer=99)
+
+
+def test_abort_of_a_preempted_request_frees_nothing_twice_and_others_finish(tiny_qwen3_path):
+    llm = LLM(model=str(tiny_qwen3_path), block_size=8, num_kv_blocks=10, check_invariants=True)
+    eng = llm.engine
+    ids = [eng.add_request(list(range(100 * i, 100 * i + 20)), greedy(20, ignore_eos=True)) for i in range(1, 4)]
+    victim = None
+    while victim is None and eng.has_unfinished_requests():
+        rec = eng.step()
+        victim = rec.preempted[0] if rec.preempted else None
+    assert victim is not None and eng.requests[victim].status.value == "preempted"
+    eng.abort_request(victim)
+    assert eng.requests[victim].finish_reason == "abort"
+    while eng.has_unfinished_requests():
+        eng.step()
+    assert all(len(eng.requests[i].output_token_ids) == 20 for i in ids if i != victim)
+    assert eng.kv.pool.num_free_blocks == 9

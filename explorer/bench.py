@@ -198,12 +198,16 @@ def observation_overhead(model: str | None, dtype: str, reps: int, scale: float,
     wl = make_workloads(scale=scale * 0.5)[0]
     lean = LLM(model=model, dtype=dtype, record_steps=False)
     full = LLM(model=model, dtype=dtype, record_steps=True)
+    warm = Workload("warm-up", wl.prompts[:2], [4, 4])
+    run_engine(lean, warm), run_engine(full, warm)  # first-run allocations are not observation
     times: dict[str, list[float]] = {"records_off": [], "records_on": [], "session_history": []}
-    for _ in range(reps):
-        times["records_off"].append(run_engine(lean, wl).seconds)
-        times["records_on"].append(run_engine(full, wl).seconds)
-        session = Session(full)
-        times["session_history"].append(run_engine(full, wl, session=session).seconds)
+    sides = {"records_off": lambda: run_engine(lean, wl).seconds,
+             "records_on": lambda: run_engine(full, wl).seconds,
+             "session_history": lambda: run_engine(full, wl, session=Session(full)).seconds}
+    order = list(sides)
+    for rep in range(reps):
+        for name in order[rep % 3:] + order[:rep % 3]:  # rotate who goes first: drift hits all sides
+            times[name].append(sides[name]())
     base = med(times["records_off"])
     row = {k: med(v) for k, v in times.items()}
     row["records_overhead"] = row["records_on"] / base - 1

@@ -40,7 +40,12 @@ def _safetensors_dtypes(path: Path) -> dict[str, str]:
 
 @pytest.mark.slow
 def test_first_call_converts_with_progress_then_the_cache_is_reused_silently(tmp_path, monkeypatch, capfd):
-    monkeypatch.setenv("KVSCOPE_CACHE_DIR", str(tmp_path))
+    # A first run as a newcomer has it: a HOME with no cache at all.
+    monkeypatch.delenv("KVSCOPE_CACHE_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    home_cache = tmp_path / "home" / ".cache" / "kvscope"
+    home_cache.mkdir(parents=True)
+    tmp_path = home_cache
     # What a crash mid-conversion leaves behind must not pass for the model, and is cleaned up.
     crashed = _fake_model_folder(tmp_path / ".smollm2-135m-instruct.tmp-crashed")
 
@@ -66,9 +71,7 @@ def test_first_call_converts_with_progress_then_the_cache_is_reused_silently(tmp
     assert len(dtypes) == 272 and set(dtypes.values()) == {"F32"}
     print(f"\nconversion took {conversion_s:.1f} s")
 
-    started = time.perf_counter()
-    assert dm.default_model_path() == path
-    assert time.perf_counter() - started < 2.0
+    assert dm.default_model_path() == path  # the second run reuses the cache, and says nothing of it
     assert "convert" not in capfd.readouterr().err
 
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 SCHEDULING_POLICIES = ("unified", "prefill_first")
@@ -55,7 +55,6 @@ class EngineConfig:
     # False: step() returns a lean StepRecord (schedule, finished, timings; no packed batch,
     # no candidate lists, no token text). Used to measure what observation costs.
     record_steps: bool = True
-    extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.validate()

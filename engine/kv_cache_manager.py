@@ -83,6 +83,3 @@ class KVCacheManager:
         self.pool.free(list(reversed(req.block_table)))
         req.block_table = []
         req.num_checked_blocks = 0
-
-    def blocks_needed(self, num_tokens: int) -> int:
-        return cdiv(num_tokens, self.block_size)

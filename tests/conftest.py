@@ -118,3 +118,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason="soak test: run with `pytest -m soak`"))
         if "gpu" in item.keywords and not has_cuda:
             item.add_marker(pytest.mark.skip(reason="needs an NVIDIA GPU (torch.cuda.is_available() is False)"))
+
+
+# --- one browser for the whole session ---------------------------------------------------
+# Playwright's sync API refuses a second sync_playwright() while one is running, so the
+# e2e tests and the panel tests share this one.
+@pytest.fixture(scope="session")
+def chromium_path() -> str:
+    from tests.e2e.lab_harness import find_chromium
+
+    path = find_chromium()
+    if path is None:
+        pytest.skip("Debian chromium is not installed (scripts/setup.sh --with-browser installs it)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def browser(chromium_path: str):
+    from tests.e2e.lab_harness import CHROMIUM_ARGS
+
+    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+    with sync_api.sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=chromium_path, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield b
+        finally:
+            b.close()

@@ -6,15 +6,7 @@ from typing import Callable, Iterator
 
 import pytest
 
-from .lab_harness import CHROMIUM_ARGS, TEST_OUTPUT, LabServer, LabUI, find_chromium, start_lab_server
-
-
-@pytest.fixture(scope="session")
-def chromium_path() -> str:
-    path = find_chromium()
-    if path is None:
-        pytest.skip("Debian chromium is not installed (scripts/setup.sh --with-browser installs it)")
-    return path
+from .lab_harness import TEST_OUTPUT, LabServer, LabUI, start_lab_server
 
 
 @pytest.fixture(scope="session")
@@ -30,17 +22,6 @@ def lab_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[
     yield start
     for server in servers:
         server.stop()
-
-
-@pytest.fixture(scope="session")
-def browser(chromium_path: str):
-    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
-    with sync_api.sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=chromium_path, args=CHROMIUM_ARGS, headless=True)
-        try:
-            yield b
-        finally:
-            b.close()
 
 
 @pytest.fixture

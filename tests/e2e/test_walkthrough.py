@@ -104,15 +104,20 @@ def test_walkthrough_dashboard_in_a_real_browser(tmp_path, lab_factory, page, la
     save_screenshot(page, "walkthrough-1-loaded")
 
     # -- add a request through the form: it appears in the waiting queue ------------------
-    known = set(dash.locator("[data-request-id]").evaluate_all("els => els.map(e => e.dataset.requestId)"))
+    waiting = dash.get_by_test_id("kvs-queue-waiting")
+    # The page may still be drawing the notebook's last cells (a reset restarts request ids):
+    # wait until no waiting card holds the prompt, so the card that appears is the new request.
+    page.wait_for_function(
+        """([sel, text]) => ![...document.querySelectorAll(sel)].some(c => c.textContent.includes(text))""",
+        arg=['.kvs-dashboard [data-testid="kvs-queue-waiting"] .kvs-card', PROMPT], timeout=ACTION_TIMEOUT_MS)
     dash.get_by_test_id("kvs-prompt").fill(PROMPT)
     dash.get_by_test_id("kvs-max-tokens").fill("6")
     dash.get_by_test_id("kvs-temperature").fill("0")
     dash.get_by_test_id("kvs-add-btn").click()
-    new_card = dash.get_by_test_id("kvs-queue-waiting").locator(".kvs-card", has_text=PROMPT).last
+    new_card = waiting.locator(".kvs-card", has_text=PROMPT).last
     new_card.wait_for(timeout=ACTION_TIMEOUT_MS)
     rid = new_card.get_attribute("data-request-id")
-    assert rid not in known
+    assert waiting.locator(f'[data-request-id="{rid}"]').count() == 1
     save_screenshot(page, "walkthrough-2-added")
 
     # -- Step: queues, block pool and slot mapping all move to the new step's data ----------

@@ -3,7 +3,6 @@ collective time, its binding to a Session, and its JavaScript (parsed; drawn in 
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 import shutil
 import subprocess
@@ -86,19 +85,14 @@ def test_panel_esm_parses_imports_nothing_and_keeps_the_conventions(tmp_path: Pa
 
 
 @pytest.mark.slow
-def test_panel_draws_one_stripe_per_rank_and_the_collectives(smol_like: ModelSpec, tmp_path: Path) -> None:
-    sync_api = pytest.importorskip("playwright.sync_api")
+def test_panel_draws_one_stripe_per_rank_and_the_collectives(smol_like: ModelSpec, tmp_path: Path, browser: Any) -> None:
     from .minifrontend import MiniFrontend
-    from .test_browser import ARGS, CHROMIUM
 
-    if not os.access(CHROMIUM, os.X_OK):
-        pytest.skip("Debian chromium is not installed")
     panel = TensorParallelPanel()
     record = {"step": 3, "scheduled": [{}], "timings_ms": {"forward": 140.0, "collectives": 95.5, "total": 150.0}}
     panel.show(tensor_parallel_state(record, tp_snapshot(smol_like, 3), [{"record": record}] * 5))
-    with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        page = browser.new_page(viewport={"width": 900, "height": 900})
+    page = browser.new_page(viewport={"width": 900, "height": 900})
+    try:
         front = MiniFrontend(page, {"tensor_parallel": panel})
         root = '[data-testid="kvs-tensor-parallel"]'
         assert page.locator(f"{root} .kvs-title").inner_text().startswith("Tensor parallel")
@@ -112,7 +106,8 @@ def test_panel_draws_one_stripe_per_rank_and_the_collectives(smol_like: ModelSpe
         assert "not for speed" in page.inner_text('[data-testid="kvs-tp-note"]')
         page.screenshot(path=str(tmp_path / "tp.png"), full_page=True)
         assert front.errors() == []
-        browser.close()
+    finally:
+        page.close()
 
 
 def test_dashboard_shows_the_sharding_panel_only_with_tensor_parallelism(tiny_qwen3_path: Path, fresh_session: Any) -> None:

@@ -7,6 +7,8 @@ Two policies (DESIGN.md):
 - 'prefill_first' (nano-vLLM): a step is all prefill (only its first request may be chunked)
   or, when nothing can be prefilled, all decode.
 Out of blocks, the most recently admitted running request is preempted (recompute).
+With `prefix_aware_admission`, a waiting request whose next uncached block is being computed
+in the same step stops admission for this step and hits the cache in the next one.
 """
 from __future__ import annotations
 
@@ -120,9 +122,12 @@ class Scheduler:
                           chunk_only_first: bool = False) -> int:
         """Admit waiting requests in order while budget, max_num_seqs and the pool allow.
         The first one that does not fit stops admission (no skipping)."""
+        in_step = self._blocks_computed_in_step(out) if self._defers_shared_prefix() else None
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
             hits, num_cached = self.kv.get_computed_blocks(req)
+            if in_step is not None and len(hits) < len(req.block_hashes) and req.block_hashes[len(hits)] in in_step:
+                break  # its prefix is being computed right now: next step it is a cache hit
             num_new = req.num_tokens - num_cached
             if num_new > budget:
                 # A resumed request whose prompt + outputs outgrew the whole budget must be
@@ -144,7 +149,26 @@ class Scheduler:
             out.scheduled.append(self._scheduled(req, num_new, cached=num_cached))
             out.new_requests.append(req.request_id)
             budget -= num_new
+            if in_step is not None:
+                in_step.update(self._new_full_block_hashes(req, num_cached, num_new))
         return budget
+
+    def _defers_shared_prefix(self) -> bool:
+        return self.config.prefix_aware_admission and self.kv.enable_prefix_caching
+
+    def _blocks_computed_in_step(self, out: SchedulerOutput) -> set[int]:
+        """Hashes of the full blocks that the requests scheduled so far complete in this step."""
+        done: set[int] = set()
+        for s in out.scheduled:
+            if s.is_prefill:
+                done.update(self._new_full_block_hashes(s.request, s.num_computed_before, s.num_tokens))
+        return done
+
+    def _new_full_block_hashes(self, req: Request, start: int, num_tokens: int) -> list[int]:
+        """Hashes of the prompt blocks filled by computing tokens start .. start + num_tokens."""
+        bs = self.kv.block_size
+        first, end = start // bs, (start + num_tokens) // bs
+        return req.block_hashes[first:end]
 
     def _schedule_prefill_first(self, out: SchedulerOutput) -> None:
         budget = out.token_budget

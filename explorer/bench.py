@@ -20,6 +20,9 @@ import torch
 from engine import LLM, SamplingParams
 
 
+BENCH_KV_BYTES = 2 * 2**30
+
+
 @dataclass
 class Workload:
     name: str
@@ -132,12 +135,18 @@ def bench(reps: int = 3, scale: float = 1.0, dtype: str = "float32", model: str 
     """Run every workload `reps` times, alternating engine and HF; print and return the table."""
     from transformers import AutoModelForCausalLM
 
-    llm = LLM(model=model, dtype=dtype, record_steps=True)
+    # prefix_aware_admission: requests sharing a prefix with one admitted in the same step wait
+    # one step and hit the cache (engine/config.py); it changes nothing without shared prefixes.
+    # The KV pool holds the whole workload at once (HF's cache grows as it needs); the
+    # default 256 MiB pool is sized for watching blocks in the explorer, not for throughput.
+    llm = LLM(model=model, dtype=dtype, record_steps=True, prefix_aware_admission=True,
+              kv_cache_memory_bytes=BENCH_KV_BYTES)
     folder = llm.engine.config.model
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).eval()
     pad_id = llm.tokenizer.pad_token_id if llm.tokenizer.pad_token_id is not None else 0
     out(f"model {llm.engine.model_info['name']} ({dtype}), torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads, {reps} repetitions, scale {scale}")
+        f"{torch.get_num_threads()} threads, {reps} repetitions, scale {scale}; engine: prefix_aware_admission on, "
+        f"KV pool {BENCH_KV_BYTES / 2**30:.0f} GiB ({llm.engine.runner.num_blocks} blocks)")
     results: dict = {}
     for wl in make_workloads(scale=scale):
         eng_runs, hf_runs, hf_first = [], [], []
@@ -196,8 +205,8 @@ def observation_overhead(model: str | None, dtype: str, reps: int, scale: float,
     from explorer.session import Session
 
     wl = make_workloads(scale=scale * 0.5)[0]
-    lean = LLM(model=model, dtype=dtype, record_steps=False)
-    full = LLM(model=model, dtype=dtype, record_steps=True)
+    lean = LLM(model=model, dtype=dtype, record_steps=False, kv_cache_memory_bytes=BENCH_KV_BYTES)
+    full = LLM(model=model, dtype=dtype, record_steps=True, kv_cache_memory_bytes=BENCH_KV_BYTES)
     warm = Workload("warm-up", wl.prompts[:2], [4, 4])
     run_engine(lean, warm), run_engine(full, warm)  # first-run allocations are not observation
     times: dict[str, list[float]] = {"records_off": [], "records_on": [], "session_history": []}

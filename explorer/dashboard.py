@@ -28,7 +28,7 @@ _PANEL_CLASSES = {"controls": "ControlsPanel", "queues": "QueuesPanel", "sampler
                   "timeline": "TimelinePanel", "latency": "LatencyPanel",
                   "tensor_parallel": "TensorParallelPanel"}
 BUDGET_KEYS = ("max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill", "enable_prefix_caching",
-               "scheduling_policy")
+               "prefix_aware_admission", "scheduling_policy")
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_k", "top_p", "ignore_eos", "seed")
 POOL_KEYS = ("num_kv_blocks", "block_size")
 

@@ -171,7 +171,8 @@ class Session:
 
     def set_budget(self, **knobs: Any) -> dict[str, Any]:
         """Change scheduler knobs (max_num_batched_tokens, max_num_seqs,
-        enable_chunked_prefill, enable_prefix_caching, scheduling_policy) between steps.
+        enable_chunked_prefill, enable_prefix_caching, prefix_aware_admission, scheduling_policy)
+        between steps.
         Validated by the engine; returns the knobs now in force."""
         with self._action():
             if not knobs:

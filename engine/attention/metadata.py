@@ -22,11 +22,13 @@ class AttentionMetadata:
     decode_block_tables: torch.Tensor | None = None           # [num_decodes, max_blocks]
     decode_seq_lens: torch.Tensor | None = None               # [num_decodes]
     decode_rows: torch.Tensor | None = None                   # query rows of the decodes
-    decode_mask: torch.Tensor | None = None                   # [num_decodes, 1, 1, S], built on first use
     # Probe mode: read everything from the cache (write nothing) and keep layer `probe_layer`'s
     # attention probabilities in `probe_probs`.
     probe_layer: int | None = None
     probe_probs: torch.Tensor | None = None
+    # Device tensors a kernel backend derives from the fields above, built on first use and
+    # reused by every layer of the step; keyed by the backend.
+    kernel_inputs: dict | None = None
 
     @property
     def num_seqs(self) -> int:

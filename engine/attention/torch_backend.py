@@ -6,14 +6,18 @@ import torch.nn.functional as F
 
 from .backend import AttentionBackend
 from .metadata import AttentionMetadata
+from .torch_decode import decode_attention, decode_plan
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
-    """Store each token's K/V at its slot (= block * block_size + offset); -1 slots are skipped."""
+             slot_mapping: torch.Tensor, all_written: bool | None = None) -> None:
+    """Store each token's K/V at its slot (= block * block_size + offset); -1 slots are skipped.
+    `all_written`: the caller knows whether every slot is >= 0 (saves a check per layer)."""
     kvh, d = k.shape[1], k.shape[2]
-    keep = slot_mapping >= 0
-    if not bool(keep.all()):
+    if all_written is None:
+        all_written = bool((slot_mapping >= 0).all())
+    if not all_written:
+        keep = slot_mapping >= 0
         k, v, slot_mapping = k[keep], v[keep], slot_mapping[keep]
     k_cache.view(-1, kvh, d).index_copy_(0, slot_mapping, k)
     v_cache.view(-1, kvh, d).index_copy_(0, slot_mapping, v)
@@ -45,7 +49,8 @@ def attention_probs(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, num_kv
 class TorchAttentionBackend(AttentionBackend):
     """Prefills run one SDPA call per sequence (fresh prompts attend to their own K/V, chunks
     and prefix hits read the context from the paged cache); all single-token decodes of the
-    step run as one padded, masked SDPA call over their gathered block tables."""
+    step run as a few padded, masked SDPA calls over their gathered block tables, one per
+    group of similar lengths, with a shared cached prefix attended once (torch_decode.py)."""
 
     name = "torch"
 
@@ -53,9 +58,9 @@ class TorchAttentionBackend(AttentionBackend):
                 k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         probing = meta.probe_layer is not None
         if not probing:
-            write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+            write_kv(k, v, k_cache, v_cache, meta.slot_mapping, _all_slots_written(meta))
         decode_set = set(meta.decode_seq_ids)
-        out = q.new_empty(q.shape) if len(decode_set) < q.shape[0] or probing else None
+        out = q.new_empty(q.shape)
         kvh = k.shape[1]
         for i in range(meta.num_seqs):
             if i in decode_set and not probing:
@@ -74,35 +79,28 @@ class TorchAttentionBackend(AttentionBackend):
                 meta.probe_probs = attention_probs(q[s:e], ks, full_mask, kvh)
             out[s:e] = _sdpa(q[s:e], ks, vs, mask, causal=mask is None and e - s > 1)
         if meta.decode_seq_ids and not probing:
-            if len(meta.decode_seq_ids) == q.shape[0]:  # a pure decode step: rows are the sequences
-                return self._batched_decode(q, k_cache, v_cache, meta)
-            # index_select / index_copy_, not q[rows] / out[rows] = ...: far cheaper on CPU.
-            rows = meta.decode_rows
-            out.index_copy_(0, rows, self._batched_decode(q.index_select(0, rows), k_cache, v_cache, meta))
+            decode_attention(q, k_cache, v_cache, decode_plan(meta, k_cache.shape[1]), out)
         return out
 
-    @staticmethod
-    def _batched_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                        meta: AttentionMetadata) -> torch.Tensor:
-        tables = meta.decode_block_tables
-        b, max_blocks = tables.shape
-        bs = k_cache.shape[1]
-        flat = tables.reshape(-1)
-        ks = k_cache.index_select(0, flat).view(b, max_blocks * bs, *k_cache.shape[2:])  # [B, S, KVH, D]
-        vs = v_cache.index_select(0, flat).view(b, max_blocks * bs, *v_cache.shape[2:])
-        if meta.decode_mask is None:  # the same for every layer of the step: build it once
-            valid = torch.arange(max_blocks * bs, device=q.device)[None, :] < meta.decode_seq_lens[:, None]
-            meta.decode_mask = valid[:, None, None, :]
-        o = F.scaled_dot_product_attention(
-            q.unsqueeze(2),                      # [B, H, 1, D]
-            ks.transpose(1, 2), vs.transpose(1, 2),
-            attn_mask=meta.decode_mask, enable_gqa=True)
-        return o.squeeze(2)
+
+def _all_slots_written(meta: AttentionMetadata) -> bool:
+    """Whether no slot of the step is -1, checked once per step rather than once per layer."""
+    if meta.kernel_inputs is None:
+        meta.kernel_inputs = {}
+    if "torch_all_written" not in meta.kernel_inputs:
+        meta.kernel_inputs["torch_all_written"] = bool((meta.slot_mapping >= 0).all())
+    return meta.kernel_inputs["torch_all_written"]
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
-    """[n, H, D] x [L, KVH, D] -> [n, H, D] with grouped-query heads."""
+    """[n, H, D] x [L, KVH, D] -> [n, H, D] with grouped-query heads. The KV heads are
+    repeated for their query heads (head i reads KV head i // group): with enable_gqa, CPU
+    SDPA falls back to the math path, which materializes every [n, L] score matrix."""
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    # 4-D [1, H, L, D]: CPU SDPA's flash kernel takes only batched 4-D inputs.
     o = F.scaled_dot_product_attention(
-        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-        attn_mask=mask, is_causal=causal, enable_gqa=True)
-    return o.transpose(0, 1)
+        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], attn_mask=mask,
+        is_causal=causal)
+    return o[0].transpose(0, 1)

@@ -11,6 +11,7 @@ from torch import nn
 from ..attention import AttentionBackend, AttentionMetadata
 from ..distributed.layers import RowParallelLinear, VocabParallelEmbedding
 from ..distributed.parallel_state import SINGLE, TensorParallel
+from .cpu_linear import PackedLinear, pack_linear_layers
 from .layers import RMSNorm, RotaryEmbedding, SwiGLU
 from .spec import ModelSpec
 
@@ -77,6 +78,15 @@ class CausalLM(nn.Module):
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.lm_head = None if spec.tie_word_embeddings else \
             nn.Linear(spec.hidden_size, spec.vocab_size // tp.size, bias=False)
+        self.packed_lm_head: PackedLinear | None = None  # set by pack_for_cpu()
+
+    def pack_for_cpu(self) -> None:
+        """fp32 on a CPU: every plain linear and the LM head through oneDNN with packed
+        weights (cpu_linear.py says why). Call once, after the weights are loaded."""
+        pack_linear_layers(self.layers)
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        self.packed_lm_head = PackedLinear(weight, None)
+        self.lm_head = None  # the packed copy replaces an untied head (a tied one stays the embedding)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], backend: AttentionBackend,
@@ -90,6 +100,9 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """Logits [rows, vocab]; with tensor parallelism the vocab shards are gathered on
         rank 0 (the sampler's rank) and other ranks get None."""
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        logits = hidden @ weight.t()
+        if self.packed_lm_head is not None:
+            logits = self.packed_lm_head(hidden)
+        else:
+            weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+            logits = hidden @ weight.t()
         return logits if self.tp.size == 1 else self.tp.gather_to_first(logits, dim=-1)

@@ -35,11 +35,22 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
 
+        self._rows: tuple | None = None  # (positions, dtype, cos, sin) of the last lookup
+
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # q: [T, H, D], k: [T, KVH, D]
-        cos = self.cos.index_select(0, positions).unsqueeze(1).to(q.dtype)
-        sin = self.sin.index_select(0, positions).unsqueeze(1).to(q.dtype)
+        cos, sin = self._lookup(positions, q.dtype)
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+    def _lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin rows of these positions. Every layer of a forward passes the same positions
+        tensor (one table is shared by all layers), so the rows are looked up once per forward."""
+        rows = self._rows
+        if rows is None or rows[0] is not positions or rows[1] != dtype:
+            cos = self.cos.index_select(0, positions).unsqueeze(1).to(dtype)
+            sin = self.sin.index_select(0, positions).unsqueeze(1).to(dtype)
+            self._rows = rows = (positions, dtype, cos, sin)
+        return rows[2], rows[3]
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -60,4 +71,5 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        act = F.silu(gate)
+        return self.down_proj(act.mul_(up))  # in place: one [T, intermediate] buffer, not two

@@ -64,3 +64,57 @@ def test_freed_cached_block_is_hit_from_the_free_queue_then_evicted_lazily(tiny_
     rec = eng.step()
     assert sorted(rec.blocks["evicted"]) == [1, 2, 3]
     assert eng.kv.pool.lookup(eng.requests["0"].block_hashes[0]) is None
+
+
+def _admitted_together(tiny_qwen3_path, **config):
+    """Three requests sharing SHARED, added before the first step; budget for all at once."""
+    llm = LLM(model=str(tiny_qwen3_path), block_size=16, check_invariants=True, **config)
+    eng = llm.engine
+    ids = [eng.add_request(p, greedy(4, ignore_eos=True)) for p in (A, B, SHARED + [300, 301])]
+    records = []
+    while eng.has_unfinished_requests():
+        records.append(eng.step())
+    return eng, ids, records
+
+
+def test_prefix_aware_admission_waits_one_step_then_hits(tiny_qwen3_path):
+    plain, ids, plain_recs = _admitted_together(tiny_qwen3_path)
+    # vLLM's admission: all three start in step 1 and each computes the shared blocks.
+    assert sorted(plain_recs[0].new_requests) == sorted(ids)
+    assert plain.num_computed_prompt_tokens == len(A) + len(B) + len(SHARED) + 2
+
+    aware, ids2, recs = _admitted_together(tiny_qwen3_path, prefix_aware_admission=True)
+    assert recs[0].new_requests == [ids2[0]]             # the others wait for the shared blocks...
+    assert sorted(recs[1].new_requests) == sorted(ids2[1:])
+    assert all(s["num_cached_tokens"] == 48 for s in recs[1].scheduled if s["is_prefill"])  # ...and hit them
+    assert aware.num_computed_prompt_tokens == len(A) + (len(B) - 48) + 2
+    assert [aware.requests[i].output_token_ids for i in ids2] == [plain.requests[i].output_token_ids for i in ids]
+
+
+def test_prefix_aware_admission_is_a_live_knob_and_needs_the_cache(tiny_qwen3_path):
+    eng, _, recs = _admitted_together(tiny_qwen3_path, prefix_aware_admission=True, enable_prefix_caching=False)
+    assert len(recs[0].new_requests) == 3                 # nothing to wait for without a cache
+    llm = LLM(model=str(tiny_qwen3_path), block_size=16)
+    assert llm.engine.update_scheduler_config(prefix_aware_admission=True).prefix_aware_admission is True
+
+
+def test_decodes_sharing_a_cached_prefix_use_cascade_attention_and_keep_their_tokens(tiny_qwen3_path):
+    from engine.attention.torch_decode import decode_plan
+
+    system = list(range(8000, 8080))                   # 5 blocks of 16, hit by every request
+    prompts = [system + list(range(100 * i, 100 * i + 3 + i)) for i in range(1, 6)]
+    plain = run_all(LLM(model=str(tiny_qwen3_path), block_size=16, enable_prefix_caching=False),
+                    prompts, greedy(5, ignore_eos=True))
+    llm = LLM(model=str(tiny_qwen3_path), block_size=16, prefix_aware_admission=True, check_invariants=True)
+    shared_tokens = []
+    backend_forward = llm.engine.runner.backend.forward
+
+    def spy(layer, q, k, v, k_cache, v_cache, meta):
+        out = backend_forward(layer, q, k, v, k_cache, v_cache, meta)
+        if layer == 0 and meta.decode_seq_ids:
+            shared_tokens.append(decode_plan(meta, 16).shared_tokens)
+        return out
+
+    llm.engine.runner.backend.forward = spy
+    assert run_all(llm, prompts, greedy(5, ignore_eos=True)) == plain
+    assert 80 in shared_tokens                          # the decode steps attended the prefix once

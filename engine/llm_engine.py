@@ -11,6 +11,7 @@ import torch
 from .config import SCHEDULER_KNOBS, EngineConfig
 from .distributed import check_tensor_parallel
 from .distributed.sharding import rank_ranges, sharding_layout
+from .forward_timer import ForwardTimer
 from .kv_cache_manager import KVCacheManager, cdiv
 from .model import ModelSpec
 from .model_runner import ModelRunner
@@ -74,6 +75,7 @@ class LLMEngine:
         self.kv = KVCacheManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.config, self.kv, max_model_len)
         self.sampler = Sampler(config.seed)
+        self.forward_timer = ForwardTimer(self.runner.device)
         self.requests: dict[str, Request] = {}
         self.step_count = 0
         self.engine_time = 0.0
@@ -94,12 +96,13 @@ class LLMEngine:
     # -- public facts -------------------------------------------------------------------
     @property
     def model_info(self) -> dict:
-        s = self.spec
+        s, r = self.spec, self.runner
         return {"name": str(self.config.model).rstrip("/").split("/")[-1], "architecture": s.model_type,
                 "num_layers": s.num_layers, "num_heads": s.num_heads, "num_kv_heads": s.num_kv_heads,
                 "head_dim": s.head_dim, "hidden_size": s.hidden_size, "vocab_size": s.vocab_size,
                 "dtype": str(self.runner.dtype).replace("torch.", ""), "device": str(self.runner.device),
                 "max_model_len": self.config.max_model_len, "attention_backend": self.runner.backend.name,
+                "cuda_graphs": None if r.graphs is None else r.graphs.sizes, "cuda_graphs_off": r.graph_off_reason,
                 "kv_bytes_per_block": self.runner.bytes_per_block} | self._tp_facts
 
     def _tp_info(self) -> dict:
@@ -231,14 +234,17 @@ class LLMEngine:
         for rid in out.preempted:
             self.requests[rid].metrics.record("preempted_times", time.time(), engine_start)
         batch, sampled_rows = None, []
-        t2 = t3 = t1
+        t2 = t1
+        forward_s = 0.0
         if not out.is_empty:
             batch, meta, ids, pos = self.runner.prepare(out)
             t2 = time.perf_counter()
+            self.forward_timer.start()
             logits = self.runner.forward(meta, ids, pos, batch.logits_indices)
-            t3 = time.perf_counter()
+            self.forward_timer.stop()
             sampled_rows = [s.request for s in out.scheduled if s.sample]
             results = self.sampler(logits, sampled_rows, with_top=self.config.record_steps)
+            forward_s = self.forward_timer.seconds()
         else:
             results = []
         t4 = time.perf_counter()
@@ -251,8 +257,9 @@ class LLMEngine:
             check_invariants(self, out, batch)
         # Collectives are part of 'forward': rank 0's wait in all-reduce / gather (0 at TP=1).
         return self._record(out, batch, sampled_rows, results, finished,
-                            {"schedule": t1 - t0, "prepare": t2 - t1, "forward": t3 - t2,
-                             "sample": t4 - t3, "update": t5 - t4, "total": t5 - t0,
+                            {"schedule": t1 - t0, "prepare": t2 - t1, "forward": forward_s,
+                             # On a GPU the sampler's copy waits for the forward: not its own time.
+                             "sample": max(0.0, t4 - t2 - forward_s), "update": t5 - t4, "total": t5 - t0,
                              "collectives": self.runner.take_collective_ms() / 1e3 if batch is not None else 0.0})
 
     def _update(self, out: SchedulerOutput, sampled_rows: list[Request], results) -> list[str]:
@@ -296,7 +303,9 @@ class LLMEngine:
         rec.blocks = self.kv.pool.events.to_dict()
         rec.num_free_blocks = self.kv.pool.num_free_blocks
         rec.timings_ms = {k: v * 1e3 for k, v in seconds.items()}
-        rec.timings_ms.update(backend=self.runner.backend.name, cuda_graph_bucket=None)
+        bucket = self.runner.last_graph_bucket if batch is not None else None
+        rec.timings_ms.update(backend=self.runner.backend.name, cuda_graph_bucket=bucket,
+                              forward_path="eager" if bucket is None else "cuda_graph")
         rec.engine_time_s = self.engine_time
         rec.wall_time_s = time.time()
         rec.token_budget = out.token_budget

@@ -12,8 +12,10 @@ import torch
 
 from .attention import AttentionMetadata, get_attention_backend
 from .config import EngineConfig
+from .cuda_graphs import DecodeGraphs, why_no_graphs
 from .distributed.parallel_state import SINGLE, TensorParallel
 from .model import CausalLM, ModelSpec, load_weights
+from .model.cpu_linear import cpu_packing_available
 from .scheduler import SchedulerOutput
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -42,7 +44,10 @@ def build_model(config: EngineConfig, spec: ModelSpec, max_model_len: int, devic
     with torch.device(device):
         model = CausalLM(spec, max_positions=max(max_model_len, 1), tp=tp)
     load_weights(model, config.model)
-    return model.to(dtype).eval()
+    model = model.to(dtype).eval()
+    if device.type == "cpu" and dtype == torch.float32 and cpu_packing_available():
+        model.pack_for_cpu()
+    return model
 
 
 @dataclass
@@ -91,6 +96,12 @@ class ModelRunner:
             self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
                                torch.zeros(shape, dtype=self.dtype, device=self.device))
                               for _ in range(spec.num_layers)]
+            # Decode steps replay CUDA graphs where they can; why not is shown in model_info.
+            self.graph_off_reason = why_no_graphs(config.enforce_eager, self.device, self.backend.name, self.tp.size)
+            self.graphs = None if self.graph_off_reason else DecodeGraphs(
+                self.model, self.kv_caches, self.backend, max_num_seqs=config.max_num_seqs,
+                max_model_len=max_model_len, block_size=self.block_size, device=self.device)
+            self.last_graph_bucket: int | None = None  # the bucket the last forward replayed
         except BaseException:
             self.shutdown()
             raise
@@ -115,12 +126,67 @@ class ModelRunner:
 
     def _blocks_from_memory(self) -> int:
         # The budget is per rank (as gpu_memory_utilization is per GPU): more ranks, more blocks.
-        if self.device.type == "cuda":
-            free, _total = torch.cuda.mem_get_info(self.device)
-            budget = int(free * self.config.gpu_memory_utilization)
-        else:
+        if self.device.type != "cuda":
             budget = self.config.kv_cache_memory_bytes
+        elif self.tp.size == 1:
+            budget = self._cuda_kv_budget()
+        else:
+            # The workers are not in a forward yet (a warm-up here would wait on their
+            # collectives forever): size from free memory, leaving them the same headroom.
+            free, _total = torch.cuda.mem_get_info(self.device)
+            budget = int(free * self.config.gpu_memory_utilization * 0.9)
         return max(2, budget // self.bytes_per_block_per_rank)
+
+    def _cuda_kv_budget(self) -> int:
+        """Bytes left for the KV pool on this GPU (vLLM / nano-vLLM): run the largest step the
+        scheduler can send, read the activation peak, and give the pool what remains of
+        gpu_memory_utilization * total once weights, activations and other processes are
+        counted."""
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self.warmup_forward()
+        torch.cuda.synchronize(self.device)
+        stats = torch.cuda.memory_stats(self.device)
+        peak, current = stats["allocated_bytes.all.peak"], stats["allocated_bytes.all.current"]
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(self.device)
+        used = total - free  # weights, allocator state, other processes (the driver's view)
+        budget = int(total * self.config.gpu_memory_utilization) - used - (peak - current)
+        if budget < 2 * self.bytes_per_block_per_rank:
+            raise ValueError(f"gpu_memory_utilization={self.config.gpu_memory_utilization} leaves no room for "
+                             f"the KV pool on {self.device} (weights and activations use {(used + peak - current) / 2**30:.1f} "
+                             f"GiB of {total / 2**30:.1f} GiB); raise it or lower max_num_batched_tokens")
+        return budget
+
+    @torch.inference_mode()
+    def warmup_forward(self) -> torch.Tensor:
+        """One forward of fresh prefills filling max_num_batched_tokens (the scheduler's
+        largest step), with logits for up to max_num_seqs rows, through a throwaway pool of
+        just enough blocks. Returns the logits (its shapes say what ran)."""
+        cfg, bs = self.config, self.block_size
+        num_tokens = max(1, cfg.max_num_batched_tokens)
+        seq_len = min(num_tokens, cfg.max_model_len or num_tokens)
+        lens = [seq_len] * (num_tokens // seq_len) + ([num_tokens % seq_len] if num_tokens % seq_len else [])
+        blocks_per_seq = [-(-n // bs) for n in lens]
+        shape = (1 + sum(blocks_per_seq), bs, self.spec.num_kv_heads // self.tp.size, self.spec.head_dim)
+        caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
+                   torch.zeros(shape, dtype=self.dtype, device=self.device)) for _ in range(self.spec.num_layers)]
+        tables, next_block = [], 1
+        for nb in blocks_per_seq:
+            tables.append(list(range(next_block, next_block + nb)))
+            next_block += nb
+        qsl = [0]
+        for n in lens:
+            qsl.append(qsl[-1] + n)
+        positions = [p for n in lens for p in range(n)]
+        slots = [t[p // bs] * bs + p % bs for t, n in zip(tables, lens) for p in range(n)]
+        batch = Batch([0] * num_tokens, positions, qsl, list(lens), slots, tables, [])
+        meta = self.metadata(batch, [0] * len(lens), [])
+        ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
+        pos = torch.tensor(positions, dtype=torch.long, device=self.device)
+        hidden = self.model(ids, pos, caches, self.backend, meta)
+        rows = hidden[-1:].expand(min(cfg.max_num_seqs, num_tokens), -1)
+        return self.model.compute_logits(rows)
 
     def take_collective_ms(self) -> float:
         """Time this rank spent in collectives since the last call (0 without tensor parallelism)."""
@@ -195,7 +261,11 @@ class ModelRunner:
 
     def _forward(self, meta: AttentionMetadata, input_ids: torch.Tensor, positions: torch.Tensor,
                  logits_indices: list[int]) -> torch.Tensor | None:
-        hidden = self.model(input_ids, positions, self.kv_caches, self.backend, meta)
+        self.last_graph_bucket = None
+        if self._graph_can_run(meta, input_ids.shape[0]):
+            hidden, self.last_graph_bucket = self.graphs.run(input_ids, positions, meta)
+        else:
+            hidden = self.model(input_ids, positions, self.kv_caches, self.backend, meta)
         if not logits_indices:
             return torch.empty((0, self.spec.vocab_size))
         rows = hidden[torch.tensor(logits_indices, dtype=torch.long, device=self.device)]
@@ -203,6 +273,12 @@ class ModelRunner:
         if logits is not None and self.workers is not None and self.device.type == "cuda":
             self.workers.wait_until_done(logits)  # a dead NCCL peer never completes: poll, do not hang
         return None if logits is None else logits.float()
+
+    def _graph_can_run(self, meta: AttentionMetadata, num_tokens: int) -> bool:
+        """A pure-decode step (every row a one-token decode) that fits a captured bucket."""
+        return (self.graphs is not None and meta.probe_layer is None
+                and len(meta.decode_seq_ids) == meta.num_seqs == num_tokens
+                and num_tokens <= self.graphs.max_batch)
 
     @torch.inference_mode()
     def probe(self, token_ids: list[int], start: int, end: int, block_table: list[int],

@@ -184,7 +184,8 @@ _TIMING_KEYS = ("schedule", "prepare", "forward", "sample", "update")
 
 def timeline_state(entries: Iterable[Any]) -> dict:
     """TimelinePanel traits: per-step columns and run-length Gantt segments per request."""
-    cols: dict[str, list] = {k: [] for k in ("step", "prefill", "decode", "budget", "preempted", *_TIMING_KEYS)}
+    cols: dict[str, list] = {k: [] for k in ("step", "prefill", "decode", "budget", "preempted", *_TIMING_KEYS,
+                                             "backend", "graph_bucket")}
     requests: list[str] = []
     index: dict[str, int] = {}
     segments: list[list] = []
@@ -219,6 +220,9 @@ def timeline_state(entries: Iterable[Any]) -> dict:
         cols["preempted"].append(len(record.get("preempted", [])))
         for k in _TIMING_KEYS:
             cols[k].append(float(t.get(k) or 0.0))
+        # Which attention backend ran, and the CUDA graph bucket a decode step replayed (None: eager).
+        cols["backend"].append(t.get("backend"))
+        cols["graph_bucket"].append(t.get("cuda_graph_bucket"))
         done = set()
         for s in sched:
             rid = s["request_id"]

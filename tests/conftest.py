@@ -2,6 +2,19 @@
 
 from __future__ import annotations
 
+# --- Triton on CPU: the interpreter -----------------------------------------------------
+# Our Triton kernels (engine/attention/triton_kernels.py) run on a CPU-only machine only
+# under Triton's interpreter, and triton reads TRITON_INTERPRET once, when it is first
+# imported. Set it here, before any test module can import triton (torch's CPU build does
+# not import triton on its own). setdefault: an explicit TRITON_INTERPRET=0 still wins.
+import os
+
+import torch as _torch
+
+if not _torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+# ------------------------------- end: Triton on CPU ------------------------------------
+
 from pathlib import Path
 from typing import Any, Callable
 

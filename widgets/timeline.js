@@ -11,6 +11,14 @@ function svg(tag, attrs = {}, text = null) {
 const KIND_COLORS = { queued: "#e0e0e0", prefill: "#fb8c00", decode: "#1e88e5", preempted: "#e53935", stalled: "#bdbdbd" };
 const TIME_PARTS = [["schedule", "#8e24aa"], ["prepare", "#43a047"], ["forward", "#1e88e5"], ["sample", "#fdd835"], ["update", "#6d4c41"]];
 
+// How a step's forward ran: the attention backend, and eager or a CUDA graph replay.
+function pathText(S, i) {
+  const backend = S.backend ? S.backend[i] : null;
+  const bucket = S.graph_bucket ? S.graph_bucket[i] : null;
+  const path = bucket === null || bucket === undefined ? "eager" : `CUDA graph (bucket ${bucket})`;
+  return backend ? `${backend} attention, ${path}` : path;
+}
+
 function render({ model, el }) {
   const root = kvsRoot(el, model, "kvs-timeline");
   const sender = kvsSender(model);
@@ -94,9 +102,16 @@ function render({ model, el }) {
         if (!v) continue;
         const h = (v / mmax) * timeH;
         const r = svg("rect", { x: x + 0.5, y: y0 + timeH - acc - h, width: Math.max(1, bw - 1), height: h, fill: color });
-        tipOn(r, `step ${S.step[i]}: ${TIME_PARTS.map(([kk]) => `${kk} ${(S[kk] ? S[kk][i] || 0 : 0).toFixed(2)}`).join(", ")} ms`);
+        tipOn(r, `step ${S.step[i]}: ${TIME_PARTS.map(([kk]) => `${kk} ${(S[kk] ? S[kk][i] || 0 : 0).toFixed(2)}`).join(", ")} ms \u00b7 ${pathText(S, i)}`);
         root_.append(r);
         acc += h;
+      }
+      // A decode step that replayed a CUDA graph: "G" over its time bar.
+      const bucket = S.graph_bucket ? S.graph_bucket[i] : null;
+      if (bucket !== null && bucket !== undefined) {
+        const mark = svg("text", { x: x + bw / 2, y: y0 + timeH - acc - 2, "text-anchor": "middle", class: "kvs-graph-mark", "data-step": S.step[i] }, "G");
+        tipOn(mark, `step ${S.step[i]}: ${pathText(S, i)}`);
+        root_.append(mark);
       }
     }
 

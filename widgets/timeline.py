@@ -11,7 +11,8 @@ class TimelinePanel(Panel):
 
     `steps` is columnar (one entry per step, built by ``explorer.views.timeline_state``):
     step, prefill, decode (batch tokens), budget (max_num_batched_tokens), schedule,
-    prepare, forward, sample (ms), preempted (count). `gantt` is ``{"requests": [id],
+    prepare, forward, sample (ms), preempted (count), backend (attention backend name) and
+    graph_bucket (the CUDA graph batch size a decode step replayed; None when it ran eager). `gantt` is ``{"requests": [id],
     "segments": [[request_index, first_step, last_step, kind, label]]}`` with kind in
     queued / prefill / decode / preempted / stalled. Only the latest `window` steps
     up to the displayed `step` are drawn. Browser action: ``scrub_step {step}``

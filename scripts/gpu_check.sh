@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The GPU check in one command, for a machine with an NVIDIA GPU and its own Python that
+# already has torch, triton and transformers (e.g. the H200 lent to some sessions):
+#   1. the GPU tests: tests/kernels (compiled Triton kernels vs the torch reference) and
+#      tests/gpu (Triton backend, CUDA graphs, pool sizing, parity with transformers);
+#   2. the GPU benchmark (python -m explorer.gpu_bench).
+# Packages that machine lacks travel as wheels in .whl/ (scripts/gpu_wheels.sh fetches them).
+# Logs and the benchmark's JSON go to $OUT (default /tmp/kvscope-gpu). Exit status: the tests'.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+OUT=${OUT:-/tmp/kvscope-gpu}
+mkdir -p "$OUT"
+if compgen -G ".whl/*.whl" >/dev/null; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/kvscope-site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/kvscope-site
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+$PY - <<'PY' || exit 1
+import torch, triton, transformers
+assert torch.cuda.is_available(), "no CUDA GPU visible to torch"
+print(f"torch {torch.__version__}, triton {triton.__version__}, transformers {transformers.__version__}, "
+      f"{torch.cuda.get_device_name()}")
+PY
+start=$(date +%s)
+timeout "${TEST_TIMEOUT:-300}" $PY -m pytest -m "gpu or not gpu" tests/kernels tests/gpu -q -p no:cacheprovider -x \
+  -o addopts="" -W ignore::DeprecationWarning 2>&1 | tee "$OUT/gpu_tests.log"
+tests_rc=${PIPESTATUS[0]}
+timeout "${BENCH_TIMEOUT:-240}" $PY -m explorer.gpu_bench --json "$OUT/gpu_bench.json" ${BENCH_ARGS:-} 2>&1 \
+  | tee "$OUT/gpu_bench.log"
+bench_rc=${PIPESTATUS[0]}
+echo "== summary ($(( $(date +%s) - start )) s) =="
+echo "gpu tests: $(tail -n 1 "$OUT/gpu_tests.log") (exit $tests_rc)"
+grep -E "^engine|^transformers|^CUDA graphs" "$OUT/gpu_bench.log" || echo "benchmark: no result (exit $bench_rc)"
+exit $tests_rc

@@ -1,0 +1,127 @@
+"""The GPU path on a real NVIDIA GPU: Triton backend, CUDA-graph decode, KV pool sized from
+GPU memory, bf16 by default, CUDA-event timings. Every test here is marked gpu (skipped on
+a machine without CUDA; `pytest -m gpu` or scripts/gpu_check.sh runs them).
+
+Parity is checked in fp32 (the Triton kernels then use exact fp32 products), where greedy
+tokens must match exactly; bf16 is checked on logits, where rounding may flip near-ties."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import LLM
+
+from ..engine.helpers import greedy, run_all
+
+pytestmark = pytest.mark.gpu
+
+PROMPTS = [[785, 6722, 315, 9625, 374], list(range(1000, 1040)), [42] * 70, list(range(5000, 5203))]
+
+
+def gpu_llm(path, **kw) -> LLM:
+    kw.setdefault("device", "cuda")
+    kw.setdefault("gpu_memory_utilization", 0.3)
+    return LLM(model=str(path), **kw)
+
+
+@pytest.fixture(scope="module")
+def qwen3_0_6b_shaped(tmp_path_factory):
+    """Random weights in Qwen3-0.6B's shape (28 layers, 16 heads / 8 KV heads of 128, hidden
+    1024, MLP 3072, tied 151,936-row vocabulary) at the usual init scale."""
+    from ..fixtures.checkpoints import write_tiny_qwen3
+
+    return write_tiny_qwen3(tmp_path_factory.mktemp("qwen3-0.6b-shaped"), hidden_size=1024, num_layers=28,
+                            num_heads=16, num_kv_heads=8, head_dim=128, intermediate_size=3072,
+                            initializer_range=0.02)
+
+
+def test_gpu_defaults_bf16_triton_graphs_and_a_memory_sized_pool(tiny_qwen3_path):
+    llm = gpu_llm(tiny_qwen3_path)
+    info = llm.engine.model_info
+    assert info["device"].startswith("cuda") and info["dtype"] == "bfloat16"
+    assert info["attention_backend"] == "triton"
+    assert info["cuda_graphs"][:4] == [1, 2, 4, 8] and info["cuda_graphs_off"] is None
+    free, total = torch.cuda.mem_get_info()
+    kv_bytes = llm.engine.runner.num_blocks * llm.engine.runner.bytes_per_block
+    assert 0 < kv_bytes <= 0.3 * total
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen2", "llama"])
+def test_triton_backend_gives_the_torch_backend_tokens(tiny_checkpoint, arch):
+    path = tiny_checkpoint(arch)
+    ref = run_all(gpu_llm(path, dtype="float32", attention_backend="torch"), PROMPTS, greedy(12, ignore_eos=True))
+    out = run_all(gpu_llm(path, dtype="float32", attention_backend="triton"), PROMPTS, greedy(12, ignore_eos=True))
+    assert out == ref
+
+
+def test_cuda_graphs_replay_buckets_and_give_the_eager_tokens(tiny_qwen3_path):
+    eager = run_all(gpu_llm(tiny_qwen3_path, dtype="float32", enforce_eager=True), PROMPTS, greedy(16, ignore_eos=True))
+    llm = gpu_llm(tiny_qwen3_path, dtype="float32")
+    eng = llm.engine
+    ids = [eng.add_request(p, greedy(16, ignore_eos=True)) for p in PROMPTS]
+    paths = []
+    while eng.has_unfinished_requests():
+        rec = eng.step()
+        paths.append((rec.timings_ms["forward_path"], rec.timings_ms["cuda_graph_bucket"], rec.timings_ms["forward"]))
+    assert [eng.requests[i].output_token_ids for i in ids] == eager
+    assert ("cuda_graph", 4) in {(p, b) for p, b, _ in paths}   # 4 decodes: the bucket of 4
+    assert all(ms > 0 for _, _, ms in paths)            # CUDA-event timings, never zero
+
+
+def test_chunked_prefill_prefix_hits_and_preemption_on_gpu(tiny_qwen3_path):
+    shared = list(range(300, 364))
+    prompts = [shared + [1, 2, 3], shared + [4, 5], list(range(2000, 2300))]
+    ref = run_all(gpu_llm(tiny_qwen3_path, dtype="float32", attention_backend="torch", enable_prefix_caching=False),
+                  prompts, greedy(20, ignore_eos=True))
+    tight = gpu_llm(tiny_qwen3_path, dtype="float32", max_num_batched_tokens=64, num_kv_blocks=30,
+                    check_invariants=True)
+    assert run_all(tight, prompts, greedy(20, ignore_eos=True)) == ref
+    assert tight.engine.metrics["prefix_cache_hits"] > 0
+
+
+def test_attention_probe_reads_the_gpu_cache(tiny_qwen3_path):
+    llm = gpu_llm(tiny_qwen3_path, dtype="float32")
+    eng = llm.engine
+    rid = eng.add_request(PROMPTS[1], greedy(3, ignore_eos=True))
+    eng.step()
+    probe = eng.attention_probe(rid, layer=1)
+    probs = probe.probs
+    assert probs.shape[-1] == probe.context_len
+    assert torch.allclose(probs.sum(-1), torch.ones_like(probs.sum(-1)), atol=1e-4)
+
+
+def test_hf_parity_on_gpu(tiny_qwen3_path):
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(tiny_qwen3_path), dtype=torch.float32).cuda().eval()
+    expected = []
+    with torch.inference_mode():
+        for p in PROMPTS:
+            x = torch.tensor([p], device="cuda")
+            y = hf.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=12, pad_token_id=0)
+            expected.append(y[0, len(p):].tolist())
+    assert run_all(gpu_llm(tiny_qwen3_path, dtype="float32"), PROMPTS, greedy(12, ignore_eos=True)) == expected
+
+
+@pytest.mark.slow
+def test_qwen3_0_6b_shaped_parity_and_bf16_logits(qwen3_0_6b_shaped):
+    from transformers import AutoModelForCausalLM
+
+    prompts = PROMPTS[:3]
+    ref = run_all(gpu_llm(qwen3_0_6b_shaped, dtype="float32", attention_backend="torch"), prompts,
+                  greedy(16, ignore_eos=True))
+    assert run_all(gpu_llm(qwen3_0_6b_shaped, dtype="float32"), prompts, greedy(16, ignore_eos=True)) == ref
+    hf = AutoModelForCausalLM.from_pretrained(str(qwen3_0_6b_shaped), dtype=torch.float32).cuda().eval()
+    with torch.inference_mode():
+        for p, want in zip(prompts, ref):
+            x = torch.tensor([p], device="cuda")
+            y = hf.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=16, pad_token_id=0)
+            assert y[0, len(p):].tolist() == want
+    # bf16 (the GPU default) with graphs: first-token logits close to fp32's.
+    bf16 = gpu_llm(qwen3_0_6b_shaped)
+    fp32 = gpu_llm(qwen3_0_6b_shaped, dtype="float32")
+    for llm in (bf16, fp32):
+        llm.engine.add_request(prompts[1], greedy(1, ignore_eos=True))
+    a, b = bf16.engine.step(), fp32.engine.step()
+    (ta,), (tb,) = a.sampled.values(), b.sampled.values()
+    assert ta["top"][0][0] in [t for t, _ in tb["top"][:5]]

@@ -82,6 +82,10 @@ class EngineConfig:
             raise ValueError(f"scheduling_policy must be one of {SCHEDULING_POLICIES}, got {self.scheduling_policy!r}")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
+        if self.attention_backend == "flash_attn" and self.block_size % 256:
+            # flash-attn reads a paged KV cache only in pages of a multiple of 256 tokens.
+            raise ValueError(f"attention_backend 'flash_attn' needs block_size to be a multiple of 256, "
+                             f"got block_size={self.block_size}; use attention_backend='triton' for smaller blocks")
         if self.device not in DEVICES:
             raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
         if isinstance(self.dtype, str) and self.dtype not in DTYPES:

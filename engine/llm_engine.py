@@ -15,7 +15,7 @@ from .forward_timer import ForwardTimer
 from .kv_cache_manager import KVCacheManager, cdiv
 from .model import ModelSpec
 from .model_runner import ModelRunner
-from .records import EngineSnapshot, StepRecord, block_pool_dict, request_dict
+from .records import EngineSnapshot, StepRecord, block_pool_dict, gc_paused, request_dict
 from .request import Request, RequestStatus
 from .sampler import Sampler
 from .sampling_params import SamplingParams
@@ -328,12 +328,13 @@ class LLMEngine:
     def snapshot(self) -> EngineSnapshot:
         decode = self.decode
         sch = self.scheduler
-        return EngineSnapshot(
-            step=self.step_count, config=self.config.to_dict(), model_info=self.model_info, metrics=self.metrics,
-            queues={"waiting": [request_dict(r, decode) for r in sch.waiting],
-                    "running": [request_dict(r, decode) for r in sch.running],
-                    "finished": [request_dict(r, decode) for r in sch.finished]},
-            block_pool=block_pool_dict(self.kv.pool, self.config.block_size, list(sch.running)))
+        with gc_paused():
+            return EngineSnapshot(
+                step=self.step_count, config=self.config.to_dict(), model_info=self.model_info, metrics=self.metrics,
+                queues={"waiting": [request_dict(r, decode) for r in sch.waiting],
+                        "running": [request_dict(r, decode) for r in sch.running],
+                        "finished": [request_dict(r, decode) for r in sch.finished]},
+                block_pool=block_pool_dict(self.kv.pool, self.config.block_size, list(sch.running)))
 
     def attention_probe(self, request_id: str, layer: int = 0, head: int | None = None) -> AttentionProbe:
         """Attention weights of the request's last computed positions, read from the paged cache."""

@@ -2,6 +2,8 @@
 Both are plain dataclasses whose to_dict() is JSON-able (the explorer's only input)."""
 from __future__ import annotations
 
+import gc
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from .hashing import hash_hex
@@ -84,6 +86,21 @@ class EngineSnapshot:
     def to_dict(self) -> dict:
         return {"step": self.step, "config": dict(self.config), "model_info": dict(self.model_info),
                 "metrics": dict(self.metrics), "queues": self.queues, "block_pool": self.block_pool}
+
+
+@contextmanager
+def gc_paused():
+    """Build many small acyclic containers (a snapshot: a dict per block and per request)
+    without Python's cyclic GC: its collections, triggered every few hundred allocations,
+    scan every object the process holds (an explorer's whole history), and made a snapshot
+    of a 2,912-block pool take 61 ms instead of 7 ms."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def block_pool_dict(pool, block_size: int, live: list[Request]) -> dict:

@@ -57,6 +57,8 @@ BAD_CONFIG = [
     ({"scheduling_policy": "fifo"}, "scheduling_policy"),
     ({"dtype": "int8"}, "dtype"),
     ({"device": "tpu"}, "device"),
+    ({"attention_backend": "flash_attn", "block_size": 16}, "block_size"),   # flash-attn pages are multiples of 256
+    ({"prefix_aware_admission": 1}, "prefix_aware_admission"),
 ]
 
 

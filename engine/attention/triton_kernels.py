@@ -73,6 +73,35 @@ def store_kvcache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cac
 
 
 # --------------------------------------------------------------------------------------
+# shared by the attention kernels
+# --------------------------------------------------------------------------------------
+@triton.jit
+def _load_kv_tile(k_cache_ptr, v_cache_ptr, table_ptr, pos, n_mask, offs_d, d_mask, kvh,
+                  stride_cb, stride_cs, stride_ch, BLOCK_SIZE: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    # The K and V rows [BLOCK_N, BLOCK_D] of key positions `pos` of one sequence (its block
+    # table row at table_ptr) and one KV head: each position's physical block is looked up,
+    # so any block size works (masked positions read the null block 0 and are zeroed).
+    blk = tl.load(table_ptr + pos // BLOCK_SIZE, mask=n_mask, other=0)
+    kv_off = blk * stride_cb + (pos % BLOCK_SIZE) * stride_cs + kvh * stride_ch
+    kv_mask = n_mask[:, None] & d_mask[None, :]
+    k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0).to(DOT_DTYPE)
+    v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0).to(DOT_DTYPE)
+    return k, v
+
+
+@triton.jit
+def _online_softmax_step(m_i, l_i, acc, s, v, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    # Fold one tile of masked scores s (log2 domain) and its values v into the running max
+    # m_i, denominator l_i and numerator acc, rescaling what was accumulated to the new max.
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
+    return m_new, l_i, acc
+
+
+# --------------------------------------------------------------------------------------
 # paged decode: one query token per sequence
 # --------------------------------------------------------------------------------------
 @triton.jit
@@ -112,22 +141,11 @@ def _paged_decode_kernel(
     for start in range(0, seq_len, BLOCK_N):
         pos = start + offs_n
         n_mask = pos < seq_len
-        # Which physical block holds each key position (null block 0 beyond the sequence).
-        blk = tl.load(block_tables_ptr + b * stride_bt + pos // BLOCK_SIZE, mask=n_mask, other=0)
-        kv_off = blk * stride_cb + (pos % BLOCK_SIZE) * stride_cs + kvh * stride_ch
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0).to(DOT_DTYPE)
-        v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0).to(DOT_DTYPE)
-
+        k, v = _load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr + b * stride_bt, pos, n_mask,
+                             offs_d, d_mask, kvh, stride_cb, stride_cs, stride_ch, BLOCK_SIZE, DOT_DTYPE)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale   # [BLOCK_H, BLOCK_N]
         s = tl.where(n_mask[None, :], s, float("-inf"))
-        # Online softmax: rescale what was accumulated so far to the new running max.
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = _online_softmax_step(m_i, l_i, acc, s, v, DOT_DTYPE, DOT_PRECISION)
 
     l_i = tl.where(l_i == 0.0, 1.0, l_i)  # an empty sequence gives zeros, not NaN
     out = acc / l_i[:, None]
@@ -220,23 +238,14 @@ def _paged_prefill_kernel(
     for start in range(0, kv_end, BLOCK_N):
         pos = start + offs_n
         n_mask = pos < kv_end
-        blk = tl.load(block_tables_ptr + seq * stride_bt + pos // BLOCK_SIZE, mask=n_mask, other=0)
-        kv_off = blk * stride_cb + (pos % BLOCK_SIZE) * stride_cs + kvh * stride_ch
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0).to(DOT_DTYPE)
-        v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0).to(DOT_DTYPE)
-
+        k, v = _load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_bt, pos, n_mask,
+                             offs_d, d_mask, kvh, stride_cb, stride_cs, stride_ch, BLOCK_SIZE, DOT_DTYPE)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale   # [BLOCK_M, BLOCK_N]
         visible = n_mask[None, :] & (pos[None, :] <= q_pos[:, None])
         s = tl.where(visible, s, float("-inf"))
-        # Every row sees key 0 in the first iteration, so m_new is finite from then on and a
+        # Every row sees key 0 in the first iteration, so m_i is finite from then on and a
         # fully masked later tile contributes exp2(-inf) = 0 (no NaN).
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = _online_softmax_step(m_i, l_i, acc, s, v, DOT_DTYPE, DOT_PRECISION)
 
     out = acc / l_i[:, None]
     tl.store(out_ptr + rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],

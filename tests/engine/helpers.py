@@ -20,15 +20,16 @@ def run_all(llm: LLM, prompts, params) -> dict[str, list[int]]:
     return [list(eng.requests[r].output_token_ids) for r in ids]
 
 
-def hf_greedy(model_dir, prompt_ids: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+def hf_greedy(model_dir, prompt_ids: list[list[int]], max_new_tokens: int,
+              device: str = "cpu") -> list[list[int]]:
     """transformers' own greedy generate, one prompt at a time (no padding), fp32."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device).eval()
     outs = []
     with torch.inference_mode():
         for ids in prompt_ids:
-            x = torch.tensor([ids])
+            x = torch.tensor([ids], device=device)
             y = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
                                max_new_tokens=max_new_tokens, pad_token_id=0)
             outs.append(y[0, len(ids):].tolist())

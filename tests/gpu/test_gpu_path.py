@@ -11,7 +11,7 @@ import torch
 
 from engine import LLM
 
-from ..engine.helpers import greedy, run_all
+from ..engine.helpers import greedy, hf_greedy, run_all
 
 pytestmark = pytest.mark.gpu
 
@@ -91,32 +91,39 @@ def test_attention_probe_reads_the_gpu_cache(tiny_qwen3_path):
 
 
 def test_hf_parity_on_gpu(tiny_qwen3_path):
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(str(tiny_qwen3_path), dtype=torch.float32).cuda().eval()
-    expected = []
-    with torch.inference_mode():
-        for p in PROMPTS:
-            x = torch.tensor([p], device="cuda")
-            y = hf.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=12, pad_token_id=0)
-            expected.append(y[0, len(p):].tolist())
+    expected = hf_greedy(tiny_qwen3_path, PROMPTS, 12, device="cuda")
     assert run_all(gpu_llm(tiny_qwen3_path, dtype="float32"), PROMPTS, greedy(12, ignore_eos=True)) == expected
+
+
+def test_default_model_parity_on_gpu():
+    """SmolLM2-135M-Instruct, the default model, on the GPU (fp32, Triton kernels, CUDA-graph
+    decode): the same greedy tokens as transformers' generate on the same GPU, alone and
+    batched with chunked prefill and prefix hits. scripts/gpu_wheels.sh says how its wheel
+    reaches a GPU machine without internet."""
+    from engine.default_model import DefaultModelError, default_model_path
+
+    try:
+        path = default_model_path()
+    except DefaultModelError as e:
+        pytest.skip(str(e).splitlines()[0])
+    llm = gpu_llm(path, dtype="float32", max_num_batched_tokens=64)
+    tok = llm.engine.tokenizer
+    fox = "The quick brown fox jumps over the lazy dog. " * 12
+    prompts = [tok(p)["input_ids"] for p in ("The capital of France is", "Write a haiku about the sea.",
+                                             fox + "What did the fox do?", fox + "Where did the dog sleep?")]
+    expected = hf_greedy(path, prompts, 10, device="cuda")
+    assert [run_all(llm, [p], greedy(10))[0] for p in prompts] == expected
+    assert run_all(llm, prompts, greedy(10)) == expected
+    assert llm.engine.metrics["prefix_cache_hits"] > 0
 
 
 @pytest.mark.slow
 def test_qwen3_0_6b_shaped_parity_and_bf16_logits(qwen3_0_6b_shaped):
-    from transformers import AutoModelForCausalLM
-
     prompts = PROMPTS[:3]
     ref = run_all(gpu_llm(qwen3_0_6b_shaped, dtype="float32", attention_backend="torch"), prompts,
                   greedy(16, ignore_eos=True))
     assert run_all(gpu_llm(qwen3_0_6b_shaped, dtype="float32"), prompts, greedy(16, ignore_eos=True)) == ref
-    hf = AutoModelForCausalLM.from_pretrained(str(qwen3_0_6b_shaped), dtype=torch.float32).cuda().eval()
-    with torch.inference_mode():
-        for p, want in zip(prompts, ref):
-            x = torch.tensor([p], device="cuda")
-            y = hf.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=16, pad_token_id=0)
-            assert y[0, len(p):].tolist() == want
+    assert hf_greedy(qwen3_0_6b_shaped, prompts, 16, device="cuda") == ref
     # bf16 (the GPU default) with graphs: first-token logits close to fp32's.
     bf16 = gpu_llm(qwen3_0_6b_shaped)
     fp32 = gpu_llm(qwen3_0_6b_shaped, dtype="float32")

@@ -86,6 +86,9 @@ class EngineConfig:
             # flash-attn reads a paged KV cache only in pages of a multiple of 256 tokens.
             raise ValueError(f"attention_backend 'flash_attn' needs block_size to be a multiple of 256, "
                              f"got block_size={self.block_size}; use attention_backend='triton' for smaller blocks")
+        if self.attention_backend == "flash_attn" and str(self.dtype).replace("torch.", "") == "float32":
+            raise ValueError("attention_backend 'flash_attn' computes in float16 or bfloat16, got dtype=float32; "
+                             "use dtype='bfloat16' (or attention_backend='triton' for fp32)")
         if self.device not in DEVICES:
             raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
         if isinstance(self.dtype, str) and self.dtype not in DTYPES:

@@ -80,7 +80,7 @@ class ModelRunner:
         self.device = resolve_device(config.device) if tp is None else tp.device
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.block_size = config.block_size
-        self.backend = get_attention_backend(config.attention_backend, self.device)
+        self.backend = get_attention_backend(config.attention_backend, self.device, self.block_size, self.dtype)
         self.workers = None
         if tp is None and config.tensor_parallel_size > 1:
             from .distributed.executor import WorkerGroup

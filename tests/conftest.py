@@ -28,9 +28,9 @@ import pytest
 # tests/ is on sys.path when it has no __init__.py (pytest's rootdir-less
 # "prepend" import); the repository root is, when it has one.
 try:
-    from fixtures import checkpoints
+    from fixtures import checkpoints, flash_attn_reference
 except ModuleNotFoundError:  # pragma: no cover - depends on how pytest imports tests/
-    from tests.fixtures import checkpoints
+    from tests.fixtures import checkpoints, flash_attn_reference
 
 _WRITERS: dict[str, Callable[..., Path]] = {
     "qwen3": checkpoints.write_tiny_qwen3,
@@ -157,3 +157,22 @@ def browser(chromium_path: str):
             yield b
         finally:
             b.close()
+
+
+# --- flash-attn's transcription ---------------------------------------------------------
+FLASH_BACKEND_MODULE = "engine.attention.flash_attn_backend"
+
+
+@pytest.fixture
+def flash_attn_transcription(monkeypatch: pytest.MonkeyPatch):
+    """tests/fixtures/flash_attn_reference.py importable as `flash_attn` for one test (the
+    package itself builds only against CUDA), with the flash_attn backend imported anew and
+    forgotten afterwards, so no other test sees it. Yields the transcription module."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "flash_attn", flash_attn_reference)
+    monkeypatch.delitem(sys.modules, FLASH_BACKEND_MODULE, raising=False)
+    flash_attn_reference.CALLS.clear()
+    yield flash_attn_reference
+    sys.modules.pop(FLASH_BACKEND_MODULE, None)
+# ------------------------------- end: flash-attn's transcription -------------------------

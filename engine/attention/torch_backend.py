@@ -46,6 +46,18 @@ def attention_probs(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, num_kv
     return scores.softmax(-1)
 
 
+def probe_probs_from_cache(q: torch.Tensor, k_cache: torch.Tensor, meta: AttentionMetadata) -> None:
+    """Set meta.probe_probs to the probe layer's softmax probabilities [H, Q, K] in fp32, from
+    the keys in the paged cache (the last sequence's; a probe batch holds one). The kernel
+    backends (triton, flash_attn) never materialise probabilities; this is how they probe."""
+    kvh = k_cache.shape[2]
+    for i in range(meta.num_seqs):
+        s, e = meta.query_start_loc[i], meta.query_start_loc[i + 1]
+        ctx, seq_len = meta.context_lens[i], meta.seq_lens[i]
+        ks = gather_context(k_cache, meta.block_tables[i], seq_len)
+        meta.probe_probs = attention_probs(q[s:e], ks, causal_mask(e - s, ctx, seq_len, q.device), kvh)
+
+
 class TorchAttentionBackend(AttentionBackend):
     """Prefills run one SDPA call per sequence (fresh prompts attend to their own K/V, chunks
     and prefix hits read the context from the paged cache); all single-token decodes of the

@@ -16,7 +16,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 
 from .backend import AttentionBackend
 from .metadata import AttentionMetadata
-from .torch_backend import attention_probs, causal_mask, gather_context
+from .torch_backend import probe_probs_from_cache
 from .triton_kernels import paged_decode_attention, paged_prefill_attention, store_kvcache
 
 
@@ -40,7 +40,7 @@ class TritonAttentionBackend(AttentionBackend):
             return q.new_empty(q.shape)
         scale = q.shape[-1] ** -0.5
         if probing and layer == meta.probe_layer:
-            _probe_probs(q, k_cache, meta)
+            probe_probs_from_cache(q, k_cache, meta)
         inputs = _kernel_inputs(meta, q.device, probing)
         decodes = not probing and len(meta.decode_seq_ids) > 0
         if decodes and len(meta.decode_seq_ids) == q.shape[0]:
@@ -87,14 +87,3 @@ def _kernel_inputs(meta: AttentionMetadata, device: torch.device, probing: bool)
         }
     meta.kernel_inputs["triton"] = {"prefill": prefill}
     return meta.kernel_inputs["triton"]
-
-
-def _probe_probs(q: torch.Tensor, k_cache: torch.Tensor, meta: AttentionMetadata) -> None:
-    """The probe layer's softmax probabilities [H, Q, K] in fp32, as the torch reference computes
-    them (the last sequence's, as there; a probe batch holds one sequence)."""
-    kvh = k_cache.shape[2]
-    for i in range(meta.num_seqs):
-        s, e = meta.query_start_loc[i], meta.query_start_loc[i + 1]
-        ctx, seq_len = meta.context_lens[i], meta.seq_lens[i]
-        ks = gather_context(k_cache, meta.block_tables[i], seq_len)
-        meta.probe_probs = attention_probs(q[s:e], ks, causal_mask(e - s, ctx, seq_len, q.device), kvh)

@@ -41,18 +41,21 @@ def test_cpu_engine_reports_eager_steps(tiny_qwen3_path):
     assert rec.timings_ms["forward_path"] == "eager" and rec.timings_ms["cuda_graph_bucket"] is None
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_padded_bucket_replay_gives_the_eager_tokens(tiny_qwen3_path, backend):
-    if backend == "triton":
-        pytest.importorskip("triton")
+@pytest.mark.parametrize("backend", ["torch", "triton", "flash_attn"])
+def test_padded_bucket_replay_gives_the_eager_tokens(tiny_qwen3_path, backend, request):
     kw = dict(model=str(tiny_qwen3_path), device="cpu", attention_backend=backend, max_model_len=64,
               max_num_seqs=6, block_size=8)
+    if backend != "torch":
+        pytest.importorskip("triton")
+    if backend == "flash_attn":  # over flash-attn's torch transcription (tests/conftest.py)
+        request.getfixturevalue("flash_attn_transcription")
+        kw.update(block_size=256, dtype="bfloat16")
     eager = run_all(LLM(**kw), PROMPTS, greedy(6, ignore_eos=True))
 
     llm = LLM(**kw)
     r = llm.engine.runner
     r.graphs = DecodeGraphs(r.model, r.kv_caches, r.backend, max_num_seqs=6, max_model_len=64,
-                            block_size=8, device=r.device, capture=False)
+                            block_size=kw["block_size"], device=r.device, capture=False)
     assert r.graphs.sizes == [1, 2, 4]
     eng = llm.engine
     ids = [eng.add_request(p, greedy(6, ignore_eos=True)) for p in PROMPTS]

@@ -13,14 +13,13 @@ import torch
 
 pytest.importorskip("triton", reason="the triton package is not installed (pip install -e '.[dev]')")
 
-from engine.attention.metadata import AttentionMetadata  # noqa: E402
-from engine.attention.torch_backend import (  # noqa: E402
-    TorchAttentionBackend, attention_probs, causal_mask, gather_context, write_kv)
+from engine.attention.torch_backend import attention_probs, causal_mask, gather_context, write_kv  # noqa: E402
 from engine.attention.triton_backend import TritonAttentionBackend  # noqa: E402
 from engine.attention.triton_kernels import (  # noqa: E402
     paged_decode_attention, paged_prefill_attention, store_kvcache)
 
-DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+from .paged_cases import DEVICE, caches, random_tables, run_backends  # noqa: E402
+
 
 # (block_size, num_heads, num_kv_heads, head_dim): GQA groups 1, 2, 3 and 4, head dims 16,
 # 64 and a non-power-of-two 24 (padded to 32 inside the kernels), block sizes 1 .. 32.
@@ -37,27 +36,6 @@ SHAPE_IDS = [f"bs{b}-h{h}-kvh{k}-d{d}" for b, h, k, d in SHAPES]
 # ------------------------------------------------------------------------------------------
 # helpers: a random paged cache and the reference attention
 # ------------------------------------------------------------------------------------------
-def _random_tables(gen: torch.Generator, lens: list[int], block_size: int, num_blocks: int) -> torch.Tensor:
-    """Block tables [num_seqs, max_blocks] over distinct, shuffled blocks (never the null
-    block 0), padded with 0 like the engine's."""
-    need = [-(-n // block_size) for n in lens]
-    perm = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()
-    assert sum(need) <= len(perm)
-    tables = torch.zeros((len(lens), max(need)), dtype=torch.long)
-    at = 0
-    for i, n in enumerate(need):
-        tables[i, :n] = torch.tensor(perm[at:at + n])
-        at += n
-    return tables.to(DEVICE)
-
-
-def _caches(gen: torch.Generator, num_blocks: int, block_size: int, kvh: int, d: int,
-            dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-    shape = (num_blocks, block_size, kvh, d)
-    return (torch.randn(shape, generator=gen).to(DEVICE, dtype),
-            torch.randn(shape, generator=gen).to(DEVICE, dtype))
-
-
 def _reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor,
                ctx: int, seq_len: int) -> torch.Tensor:
     """Queries at positions ctx .. seq_len-1 of one sequence over its cached context, fp32: [Q, H, D]."""
@@ -79,7 +57,7 @@ def _tol(dtype: torch.dtype) -> dict:
 def test_store_kvcache_matches_write_kv_and_skips_minus_one(block_size):
     gen = torch.Generator().manual_seed(block_size)
     kvh, d, num_blocks = 2, 16, 6
-    k_cache, v_cache = _caches(gen, num_blocks, block_size, kvh, d)
+    k_cache, v_cache = caches(gen, num_blocks, block_size, kvh, d)
     ref_k, ref_v = k_cache.clone(), v_cache.clone()
     n_slots = num_blocks * block_size
     slots = torch.randperm(n_slots - block_size, generator=gen)[:5] + block_size  # not the null block
@@ -95,7 +73,7 @@ def test_store_kvcache_matches_write_kv_and_skips_minus_one(block_size):
 
 def test_store_kvcache_all_skipped_writes_nothing():
     gen = torch.Generator().manual_seed(0)
-    k_cache, v_cache = _caches(gen, 3, 4, 2, 16)
+    k_cache, v_cache = caches(gen, 3, 4, 2, 16)
     before = k_cache.clone(), v_cache.clone()
     k = torch.randn(3, 2, 16, generator=gen).to(DEVICE)
     store_kvcache(k, k, k_cache, v_cache, torch.full((3,), -1, dtype=torch.long, device=DEVICE))
@@ -108,8 +86,8 @@ def test_store_kvcache_all_skipped_writes_nothing():
 def _check_decode(block_size, h, kvh, d, lens, dtype=torch.float32, seed=0):
     gen = torch.Generator().manual_seed(seed)
     num_blocks = 1 + sum(-(-n // block_size) for n in lens) + 2
-    k_cache, v_cache = _caches(gen, num_blocks, block_size, kvh, d, dtype)
-    tables = _random_tables(gen, lens, block_size, num_blocks)
+    k_cache, v_cache = caches(gen, num_blocks, block_size, kvh, d, dtype)
+    tables = random_tables(gen, lens, block_size, num_blocks)
     q = torch.randn(len(lens), h, d, generator=gen).to(DEVICE, dtype)
     seq_lens = torch.tensor(lens, device=DEVICE)
     out = paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, d ** -0.5)
@@ -128,8 +106,8 @@ def test_paged_decode_matches_reference(block_size, h, kvh, d):
 def test_paged_decode_int32_seq_lens_and_strided_q():
     gen = torch.Generator().manual_seed(3)
     bs, h, kvh, d, lens = 8, 4, 2, 16, [5, 19]
-    k_cache, v_cache = _caches(gen, 8, bs, kvh, d)
-    tables = _random_tables(gen, lens, bs, 8)
+    k_cache, v_cache = caches(gen, 8, bs, kvh, d)
+    tables = random_tables(gen, lens, bs, 8)
     qkv = torch.randn(2, (h + 2 * kvh) * d, generator=gen).to(DEVICE)
     q = qkv[:, :h * d].view(2, h, d)  # not contiguous over tokens
     out = paged_decode_attention(q, k_cache, v_cache, tables,
@@ -151,8 +129,8 @@ def _prefill_case(seed, block_size, h, kvh, d, seqs, dtype=torch.float32):
     gen = torch.Generator().manual_seed(seed)
     seq_lens = [c + n for c, n in seqs]
     num_blocks = 1 + sum(-(-n // block_size) for n in seq_lens) + 2
-    k_cache, v_cache = _caches(gen, num_blocks, block_size, kvh, d, dtype)
-    tables = _random_tables(gen, seq_lens, block_size, num_blocks)
+    k_cache, v_cache = caches(gen, num_blocks, block_size, kvh, d, dtype)
+    tables = random_tables(gen, seq_lens, block_size, num_blocks)
     qsl = [0]
     for _, n in seqs:
         qsl.append(qsl[-1] + n)
@@ -192,75 +170,30 @@ def test_paged_prefill_on_a_subset_leaves_other_rows_alone():
 # ------------------------------------------------------------------------------------------
 # the backend: same metadata, same answers as the torch reference
 # ------------------------------------------------------------------------------------------
-def _metadata(seqs: list[tuple[int, int]], tables: torch.Tensor, block_size: int,
-              write: bool = True) -> AttentionMetadata:
-    """AttentionMetadata as engine.model_runner builds it for sequences (context_len, num_queries)."""
-    qsl, seq_lens, slots, decode_ids = [0], [], [], []
-    for i, (c, n) in enumerate(seqs):
-        qsl.append(qsl[-1] + n)
-        seq_lens.append(c + n)
-        row = tables[i].tolist()
-        slots.extend(row[p // block_size] * block_size + p % block_size for p in range(c, c + n))
-        if n == 1 and c > 0:
-            decode_ids.append(i)
-    meta = AttentionMetadata(
-        query_start_loc=qsl, seq_lens=seq_lens, context_lens=[c for c, _ in seqs],
-        slot_mapping=torch.tensor(slots if write else [-1] * len(slots), dtype=torch.long, device=DEVICE),
-        block_tables=tables, block_size=block_size, decode_seq_ids=decode_ids)
-    if decode_ids:
-        idx = torch.tensor(decode_ids, dtype=torch.long, device=DEVICE)
-        meta.decode_block_tables = tables[idx]
-        meta.decode_seq_lens = torch.tensor([seq_lens[i] for i in decode_ids], device=DEVICE)
-        meta.decode_rows = torch.tensor([qsl[i] for i in decode_ids], device=DEVICE)
-    return meta
-
-
-def _run_both(seqs, block_size=8, h=6, kvh=2, d=16, layer=0, probe_layer=None, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    seq_lens = [c + n for c, n in seqs]
-    num_blocks = 1 + sum(-(-n // block_size) for n in seq_lens) + 1
-    k_cache, v_cache = _caches(gen, num_blocks, block_size, kvh, d)
-    tables = _random_tables(gen, seq_lens, block_size, num_blocks)
-    t = sum(n for _, n in seqs)
-    q = torch.randn(t, h, d, generator=gen).to(DEVICE)
-    k = torch.randn(t, kvh, d, generator=gen).to(DEVICE)
-    v = torch.randn(t, kvh, d, generator=gen).to(DEVICE)
-    results = []
-    for backend in (TorchAttentionBackend(), TritonAttentionBackend()):
-        kc, vc = k_cache.clone(), v_cache.clone()
-        meta = _metadata(seqs, tables, block_size, write=probe_layer is None)
-        meta.probe_layer = probe_layer
-        # Two calls on one metadata, as two layers of a step would (the second reuses cached inputs).
-        outs = [backend.forward(layer, q, k, v, kc, vc, meta) for _ in range(2)]
-        torch.testing.assert_close(outs[0], outs[1], atol=0, rtol=0)
-        results.append((outs[0], kc, vc, meta.probe_probs))
-    return results, (k_cache, v_cache)
-
-
 def test_backend_mixed_batch_matches_torch():
     # A fresh prompt, a decode, a later chunk, a decode, a prefix hit: decode rows in between.
     seqs = [(0, 5), (12, 1), (16, 9), (3, 1), (8, 4)]
-    (ref, got), _ = _run_both(seqs)
+    (ref, got), _ = run_backends(seqs, TritonAttentionBackend)
     torch.testing.assert_close(got[0], ref[0], atol=1e-4, rtol=1e-4)
     assert torch.equal(got[1], ref[1]) and torch.equal(got[2], ref[2])  # the same K/V written
 
 
 @pytest.mark.parametrize("seqs", [[(4, 1), (17, 1), (1, 1)], [(0, 6), (0, 3)]], ids=["decode-only", "prefill-only"])
 def test_backend_pure_steps_match_torch(seqs):
-    (ref, got), _ = _run_both(seqs, block_size=4, h=4, kvh=4)
+    (ref, got), _ = run_backends(seqs, TritonAttentionBackend, block_size=4, h=4, kvh=4)
     torch.testing.assert_close(got[0], ref[0], atol=1e-4, rtol=1e-4)
     assert torch.equal(got[1], ref[1]) and torch.equal(got[2], ref[2])
 
 
 def test_backend_probe_mode_reads_the_cache_writes_nothing():
     seqs = [(5, 6)]
-    (ref, got), (k0, v0) = _run_both(seqs, probe_layer=1, layer=1)
+    (ref, got), (k0, v0) = run_backends(seqs, TritonAttentionBackend, probe_layer=1, layer=1)
     torch.testing.assert_close(got[0], ref[0], atol=1e-4, rtol=1e-4)
     assert torch.equal(got[1], k0) and torch.equal(got[2], v0)
     assert got[3] is not None and got[3].shape == (6, 6, 11)
     torch.testing.assert_close(got[3], ref[3])
     # Another layer than the probe's: outputs only.
-    (_, other), _ = _run_both(seqs, probe_layer=1, layer=0)
+    (_, other), _ = run_backends(seqs, TritonAttentionBackend, probe_layer=1, layer=0)
     assert other[3] is None
 
 
@@ -346,7 +279,7 @@ def test_gpu_half_precision_kernels(dtype, block_size, h, kvh, d):
 @pytest.mark.gpu
 def test_gpu_store_kvcache_bf16():
     gen = torch.Generator().manual_seed(0)
-    k_cache, v_cache = _caches(gen, 64, 16, 8, 128, torch.bfloat16)
+    k_cache, v_cache = caches(gen, 64, 16, 8, 128, torch.bfloat16)
     ref_k, ref_v = k_cache.clone(), v_cache.clone()
     slots = torch.randperm(63 * 16, generator=gen)[:300].to(DEVICE) + 16
     slots[::7] = -1

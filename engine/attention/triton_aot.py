@@ -9,7 +9,7 @@ paged_prefill_attention), argument tensors with the engine's dtypes, Triton's ow
 specialisation, and a stand-in driver that names a target architecture instead of a device.
 Each launch compiles down to a cubin (with the ptxas that ships inside the triton wheel) and
 stops there; cuobjdump, also in the wheel, reads each cubin's registers, shared memory and
-spill (local memory) bytes.
+spill (stack and local memory) bytes.
 
     python -m engine.attention.triton_aot              # sm_90 (H100/H200), the default matrix
     python -m engine.attention.triton_aot --arch 80    # A100
@@ -72,7 +72,7 @@ class CompiledKernelReport:
     shape: KernelShape
     registers: int
     shared_bytes: int
-    spill_bytes: int     # local memory per thread: registers spilled by ptxas
+    spill_bytes: int     # stack frame + local memory per thread: registers ptxas spilled
     compile_s: float
 
 

@@ -41,10 +41,19 @@ _WRITERS: dict[str, Callable[..., Path]] = {
 
 @pytest.fixture(scope="session")
 def default_model_path() -> Path:
-    """SmolLM2-135M-Instruct as a local HF folder (converted once into the kvscope cache)."""
-    from engine.default_model import default_model_path as resolve
+    """SmolLM2-135M-Instruct as a local HF folder (converted once into the kvscope cache).
 
-    return resolve()
+    Missing, it fails the tests that need it (make test installs it), except where
+    KVSCOPE_TESTS_WITHOUT_DEFAULT_MODEL=1 says its absence is expected (scripts/gpu_check.sh
+    on a GPU machine that was not carried its wheel): there they skip and say why."""
+    from engine.default_model import DefaultModelError, default_model_path as resolve
+
+    try:
+        return resolve()
+    except DefaultModelError as e:
+        if os.environ.get("KVSCOPE_TESTS_WITHOUT_DEFAULT_MODEL") == "1":
+            pytest.skip(f"the default model is not installed here: {str(e).splitlines()[0]}")
+        raise
 
 
 @pytest.fixture(scope="session")

@@ -95,17 +95,12 @@ def test_hf_parity_on_gpu(tiny_qwen3_path):
     assert run_all(gpu_llm(tiny_qwen3_path, dtype="float32"), PROMPTS, greedy(12, ignore_eos=True)) == expected
 
 
-def test_default_model_parity_on_gpu():
+def test_default_model_parity_on_gpu(default_model_path):
     """SmolLM2-135M-Instruct, the default model, on the GPU (fp32, Triton kernels, CUDA-graph
     decode): the same greedy tokens as transformers' generate on the same GPU, alone and
     batched with chunked prefill and prefix hits. scripts/gpu_wheels.sh says how its wheel
     reaches a GPU machine without internet."""
-    from engine.default_model import DefaultModelError, default_model_path
-
-    try:
-        path = default_model_path()
-    except DefaultModelError as e:
-        pytest.skip(str(e).splitlines()[0])
+    path = default_model_path
     llm = gpu_llm(path, dtype="float32", max_num_batched_tokens=64)
     tok = llm.engine.tokenizer
     fox = "The quick brown fox jumps over the lazy dog. " * 12

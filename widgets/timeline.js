@@ -43,6 +43,14 @@ function render({ model, el }) {
     node.addEventListener("mouseleave", () => { tip.style.display = "none"; });
   }
 
+  const LABEL_CHARS = 20, LABEL_CHAR_PX = 5.6;  // the axis font is 9px
+  function rowLabel(rid) {
+    const name = `#${rid}`;
+    if (name.length <= LABEL_CHARS) return name;
+    const keep = (LABEL_CHARS - 1) / 2;
+    return `${name.slice(0, Math.ceil(keep))}\u2026${name.slice(-Math.floor(keep))}`;
+  }
+
   function draw() {
     const S = model.get("steps") || {};
     const all = S.step || [];
@@ -55,13 +63,16 @@ function render({ model, el }) {
     for (let i = startIdx; i <= endIdx; i++) idx.push(i);
     sub.textContent = all.length ? `steps ${all[startIdx]}\u2013${all[endIdx]} of ${all.length} \u00b7 click a bar to show that step` : "no steps yet";
     const width = Math.max(320, Math.min(root.clientWidth - 20 || 900, 1400));
-    const left = 48, right = 8, plotW = width - left - right;
-    const n = Math.max(1, idx.length), bw = plotW / n;
     const g = model.get("gantt") || { requests: [], segments: [] };
     const firstStep = all[startIdx] ?? 1, lastStep = all[endIdx] ?? 1;
     const segs = (g.segments || []).filter((s) => s[2] >= firstStep && s[1] <= lastStep);
     const rowsUsed = [...new Set(segs.map((s) => s[0]))].sort((a, b) => a - b);
     const rowOf = new Map(rowsUsed.map((r, k) => [r, k]));
+    // The request ids label the Gantt rows, so the left margin grows to fit the longest one
+    // shown (ids past LABEL_CHARS are cut in the middle; the tooltip has them whole).
+    const longest = Math.max(0, ...rowsUsed.map((r) => rowLabel(g.requests[r]).length));
+    const left = Math.max(48, Math.ceil(8 + longest * LABEL_CHAR_PX)), right = 8, plotW = width - left - right;
+    const n = Math.max(1, idx.length), bw = plotW / n;
     const tokH = 110, timeH = 80, rowH = 12, gap = 18;
     const ganttH = Math.max(rowH, rowsUsed.length * rowH);
     const height = tokH + gap + timeH + gap + ganttH + 24;
@@ -128,7 +139,10 @@ function render({ model, el }) {
       root_.append(r);
     }
     for (const [ri, k] of rowOf) {
-      root_.append(svg("text", { x: left - 4, y: gy + k * rowH + rowH - 3, class: "kvs-axis", "text-anchor": "end", fill: kvsColor(g.requests[ri]) }, `#${g.requests[ri]}`));
+      const rid = g.requests[ri];
+      const name = svg("text", { x: left - 4, y: gy + k * rowH + rowH - 3, class: "kvs-axis kvs-gantt-label", "text-anchor": "end", fill: kvsColor(rid) }, rowLabel(rid));
+      tipOn(name, `#${rid}`);
+      root_.append(name);
     }
     // Step numbers along the bottom.
     const every = Math.max(1, Math.ceil(40 / bw));

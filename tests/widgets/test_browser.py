@@ -183,3 +183,19 @@ def test_budget_knob_applies_live_and_a_rejected_value_springs_back(ui) -> None:
     page.click('[data-testid="kvs-budget-chunked"]')
     page.wait_for_function("() => document.querySelector('[data-testid=kvs-controls]').dataset.pending === '0'")
     assert binder.session.engine.config.enable_chunked_prefill is False
+
+
+def test_gantt_rows_are_labelled_whole_or_cut_in_the_middle(ui) -> None:
+    page, front, binder = ui
+    s = binder.session
+    s.add_request("Hi", max_tokens=2, temperature=0.0, request_id="budget2048-short-1")
+    s.add_request("Hello", max_tokens=2, temperature=0.0, request_id="a-very-long-request-name-from-a-script")
+    s.step(2)
+    front.sync()
+    wait_step(page, 2)
+    labels = page.locator('[data-testid="kvs-timeline-chart"] text.kvs-gantt-label')
+    assert labels.evaluate_all("els => els.map((e) => e.textContent)") == [
+        "#budget2048-short-1", "#a-very-lo\u2026-a-script"]
+    chart = page.locator('[data-testid="kvs-timeline-chart"]').bounding_box()
+    for i in range(labels.count()):  # the margin fits them: none starts left of the chart
+        assert labels.nth(i).bounding_box()["x"] >= chart["x"]

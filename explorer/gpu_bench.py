@@ -11,6 +11,10 @@ runs the same subset too: that pair is the like-for-like ratio.
 Decode is bound by memory: a decode step must read every weight once and each running
 sequence's cached K/V. For each pure-decode step, (weight bytes + K/V bytes read) / step
 time is the bandwidth it reached; its share of the GPU's peak is printed.
+
+`--device cpu --shape tiny` runs the same code on a tiny model on a CPU: no figures worth
+reading (no graphs there), but every line of the bench runs, which is how CI checks it
+before a GPU machine is at hand.
 """
 from __future__ import annotations
 
@@ -29,12 +33,24 @@ from engine import LLM, SamplingParams
 PEAK_BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12}  # bytes/s, datasheet values
 
 
-def qwen3_0_6b_shaped(folder: Path) -> Path:
-    """Random Qwen3-0.6B-shaped checkpoint (the tests' writer: transformers saves it)."""
+SHAPES = {  # write_tiny_qwen3 overrides
+    "qwen3-0.6b": dict(hidden_size=1024, num_layers=28, num_heads=16, num_kv_heads=8, head_dim=128,
+                       intermediate_size=3072, initializer_range=0.02),
+    "tiny": {},
+}
+
+
+def random_checkpoint(folder: Path, shape: str) -> Path:
+    """A random Qwen3 checkpoint of `shape` (the tests' writer: transformers saves it; run from
+    the repository root, where tests/ is)."""
     from tests.fixtures.checkpoints import write_tiny_qwen3
 
-    return write_tiny_qwen3(folder, hidden_size=1024, num_layers=28, num_heads=16, num_kv_heads=8,
-                            head_dim=128, intermediate_size=3072, initializer_range=0.02)
+    return write_tiny_qwen3(folder, **SHAPES[shape])
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
 
 
 def workload(n: int, lo: int, hi: int, seed: int = 0) -> tuple[list[list[int]], list[int]]:
@@ -45,13 +61,14 @@ def workload(n: int, lo: int, hi: int, seed: int = 0) -> tuple[list[list[int]], 
 
 def run_engine(llm: LLM, prompts: list[list[int]], max_tokens: list[int]) -> dict:
     eng = llm.engine
+    device = eng.runner.device.type
     runner = eng.runner
     weight_bytes = sum(p.numel() * p.element_size() for p in runner.model.parameters())
     kv_bytes_per_token = runner.bytes_per_block / runner.block_size
     ids = [eng.add_request(p, SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True))
            for p, m in zip(prompts, max_tokens)]
     decode_bw, buckets = [], {}
-    torch.cuda.synchronize()
+    _sync(device)
     t0 = time.perf_counter()
     while eng.has_unfinished_requests():
         rec = eng.step()
@@ -60,7 +77,7 @@ def run_engine(llm: LLM, prompts: list[list[int]], max_tokens: list[int]) -> dic
             context = sum(s["num_computed_before"] + 1 for s in rec.scheduled)
             decode_bw.append((weight_bytes + context * kv_bytes_per_token) / (t["forward"] / 1e3))
             buckets[t["forward_path"]] = buckets.get(t["forward_path"], 0) + 1
-    torch.cuda.synchronize()
+    _sync(device)
     seconds = time.perf_counter() - t0
     out_tokens = sum(len(eng.requests[i].output_token_ids) for i in ids)
     return {"seconds": seconds, "output_tokens": out_tokens, "tok_s": out_tokens / seconds,
@@ -68,10 +85,10 @@ def run_engine(llm: LLM, prompts: list[list[int]], max_tokens: list[int]) -> dic
             "outputs": [list(eng.requests[i].output_token_ids) for i in ids]}
 
 
-def run_hf(path: Path, prompts: list[list[int]], max_tokens: list[int]) -> dict:
+def run_hf(path: Path, prompts: list[list[int]], max_tokens: list[int], device: str) -> dict:
     from transformers import AutoModelForCausalLM, GenerationConfig
 
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.bfloat16).cuda().eval()
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.bfloat16).to(device).eval()
     model.generation_config.eos_token_id = None  # ignore_eos
     width = max(len(p) for p in prompts)
     ids = torch.zeros((len(prompts), width), dtype=torch.long)
@@ -80,19 +97,20 @@ def run_hf(path: Path, prompts: list[list[int]], max_tokens: list[int]) -> dict:
         ids[i, width - len(p):] = torch.tensor(p)
         mask[i, width - len(p):] = 1
     gen = GenerationConfig(do_sample=False, max_new_tokens=max(max_tokens), eos_token_id=None, pad_token_id=0)
-    torch.cuda.synchronize()
+    _sync(device)
     t0 = time.perf_counter()
     with torch.inference_mode():
-        model.generate(ids.cuda(), attention_mask=mask.cuda(), generation_config=gen)
-    torch.cuda.synchronize()
+        model.generate(ids.to(device), attention_mask=mask.to(device), generation_config=gen)
+    _sync(device)
     seconds = time.perf_counter() - t0
     del model
-    torch.cuda.empty_cache()
+    if device == "cuda":
+        torch.cuda.empty_cache()
     return {"seconds": seconds, "tok_s": sum(max_tokens) / seconds}
 
 
-def engine_llm(path: Path, enforce_eager: bool) -> LLM:
-    llm = LLM(model=str(path), device="cuda", dtype="bfloat16", enforce_eager=enforce_eager,
+def engine_llm(path: Path, enforce_eager: bool, device: str) -> LLM:
+    llm = LLM(model=str(path), device=device, dtype="bfloat16", enforce_eager=enforce_eager,
               max_num_batched_tokens=16384, max_num_seqs=256, gpu_memory_utilization=0.6, record_steps=False)
     # Warm-up: compile the Triton kernels for the prefill shapes before the clock starts.
     llm.generate([[1] * 300, [2] * 40], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)
@@ -106,19 +124,22 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--max-len", type=int, default=1024)
     ap.add_argument("--hf-requests", type=int, default=32, help="requests in the like-for-like run against transformers")
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                    help="cpu: a smoke run of the bench itself (with --shape tiny), not a measurement")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-0.6b")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("explorer.gpu_bench needs a CUDA GPU (torch sees none); on a CPU use `python -m explorer bench`")
-    name = torch.cuda.get_device_name()
+    name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
     peak = next((v for k, v in PEAK_BANDWIDTH.items() if k in name), None)
     prompts, max_tokens = workload(args.requests, args.min_len, args.max_len)
     results: dict = {"gpu": name, "torch": torch.__version__, "requests": args.requests}
     with tempfile.TemporaryDirectory() as tmp:
-        path = qwen3_0_6b_shaped(Path(tmp))
-        print(f"{name}, torch {torch.__version__}; Qwen3-0.6B-shaped random weights, bf16; {args.requests} requests, "
+        path = random_checkpoint(Path(tmp), args.shape)
+        print(f"{name}, torch {torch.__version__}; {args.shape}-shaped random Qwen3 weights, bf16; {args.requests} requests, "
               f"lengths {args.min_len}-{args.max_len}", flush=True)
         for label, eager in (("eager", True), ("cuda_graphs", False)):
-            llm = engine_llm(path, eager)
+            llm = engine_llm(path, eager, args.device)
             r = run_engine(llm, prompts, max_tokens)
             sub = run_engine(llm, prompts[:args.hf_requests], max_tokens[:args.hf_requests])
             results[label] = {k: v for k, v in r.items() if k != "outputs"} | {"subset_tok_s": sub["tok_s"]}
@@ -128,8 +149,9 @@ def main(argv: list[str] | None = None) -> dict:
                   flush=True)
             llm.shutdown()
             del llm
-            torch.cuda.empty_cache()
-        hf = run_hf(path, prompts[:args.hf_requests], max_tokens[:args.hf_requests])
+            if args.device == "cuda":
+                torch.cuda.empty_cache()
+        hf = run_hf(path, prompts[:args.hf_requests], max_tokens[:args.hf_requests], args.device)
         results["hf"] = hf
         ratio = results["cuda_graphs"]["subset_tok_s"] / hf["tok_s"]
         print(f"transformers generate on {args.hf_requests} requests: {hf['tok_s']:.0f} tok/s; engine (graphs) on the "

@@ -28,11 +28,9 @@ def gpu_llm(path, **kw) -> LLM:
 def qwen3_0_6b_shaped(tmp_path_factory):
     """Random weights in Qwen3-0.6B's shape (28 layers, 16 heads / 8 KV heads of 128, hidden
     1024, MLP 3072, tied 151,936-row vocabulary) at the usual init scale."""
-    from ..fixtures.checkpoints import write_tiny_qwen3
+    from explorer.gpu_bench import random_checkpoint
 
-    return write_tiny_qwen3(tmp_path_factory.mktemp("qwen3-0.6b-shaped"), hidden_size=1024, num_layers=28,
-                            num_heads=16, num_kv_heads=8, head_dim=128, intermediate_size=3072,
-                            initializer_range=0.02)
+    return random_checkpoint(tmp_path_factory.mktemp("qwen3-0.6b-shaped"), "qwen3-0.6b")
 
 
 def test_gpu_defaults_bf16_triton_graphs_and_a_memory_sized_pool(tiny_qwen3_path):

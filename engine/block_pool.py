@@ -3,6 +3,9 @@
 Block 0 is the null block (vLLM v1): never allocated, used as padding in block tables.
 A free block may still hold a cached hash ("free but cached"): it stays findable by the
 prefix cache until allocation reaches it at the head of the free queue and evicts it.
+As in vLLM, equal full blocks are not de-duplicated: one hash may name several blocks (a
+full-hit request recomputes its last block into a fresh one), a lookup takes the one
+registered first, and each stays findable until it is evicted itself.
 """
 from __future__ import annotations
 
@@ -29,10 +32,13 @@ class BlockEvents:
     cached: list[int] = field(default_factory=list)
     hits: list[int] = field(default_factory=list)
     evicted: list[int] = field(default_factory=list)
+    # Hits on blocks registered earlier in this same step: their KV does not exist yet when the
+    # request is admitted; the step's forward writes it before any layer reads it.
+    same_step_hits: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {"allocated": list(self.allocated), "freed": list(self.freed), "cached": list(self.cached),
-                "hits": list(self.hits), "evicted": list(self.evicted)}
+                "hits": list(self.hits), "evicted": list(self.evicted), "same_step_hits": list(self.same_step_hits)}
 
 
 class BlockPool:
@@ -47,7 +53,8 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(1, num_blocks))
-        self.cached_block_of_hash: dict[int, int] = {}
+        # hash -> the blocks registered under it, in registration order (an ordered set).
+        self.cached_blocks_of_hash: dict[int, dict[int, None]] = {}
         self.events = BlockEvents()
 
     # -- queries ------------------------------------------------------------------------
@@ -61,7 +68,9 @@ class BlockPool:
         return 1.0 - self.num_free_blocks / (self.num_blocks - 1)
 
     def lookup(self, block_hash: int) -> int | None:
-        return self.cached_block_of_hash.get(block_hash)
+        """The first block still registered under this hash, or None."""
+        blocks = self.cached_blocks_of_hash.get(block_hash)
+        return next(iter(blocks)) if blocks else None
 
     def is_free(self, block_id: int) -> bool:
         return block_id in self.free_queue
@@ -78,6 +87,8 @@ class BlockPool:
                 del self.free_queue[b]
             block.ref_count += 1
             self.events.hits.append(b)
+            if b in self.events.cached:
+                self.events.same_step_hits.append(b)
 
     def allocate(self, n: int) -> list[int]:
         if n > self.num_free_blocks:
@@ -87,8 +98,7 @@ class BlockPool:
             b, _ = self.free_queue.popitem(last=False)
             block = self.blocks[b]
             if block.block_hash is not None:  # lazy eviction: only now does the cached content go
-                del self.cached_block_of_hash[block.block_hash]
-                block.block_hash, block.token_ids = None, ()
+                self._unregister(block)
                 self.events.evicted.append(b)
             block.ref_count = 1
             out.append(b)
@@ -115,19 +125,23 @@ class BlockPool:
             self.free_queue[b] = None
             self.free_queue.move_to_end(b, last=False)
 
-    def register(self, block_id: int, block_hash: int, token_ids: list[int]) -> bool:
-        """Make a computed full block findable by its hash. A hash already owned by another
-        block is not registered again (the block stays unhashed)."""
-        if block_hash in self.cached_block_of_hash:
-            return False
+    def register(self, block_id: int, block_hash: int, token_ids: list[int]) -> None:
+        """Make a full block findable by its hash, also when another block already holds the
+        same hash (vLLM keeps both, so block tables stay append-only)."""
         block = self.blocks[block_id]
         block.block_hash, block.token_ids = block_hash, tuple(token_ids)
-        self.cached_block_of_hash[block_hash] = block_id
+        self.cached_blocks_of_hash.setdefault(block_hash, {})[block_id] = None
         self.events.cached.append(block_id)
-        return True
+
+    def _unregister(self, block: KVBlock) -> None:
+        blocks = self.cached_blocks_of_hash[block.block_hash]
+        del blocks[block.block_id]
+        if not blocks:
+            del self.cached_blocks_of_hash[block.block_hash]
+        block.block_hash, block.token_ids = None, ()
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached hash (used when prefix caching is switched off)."""
         for block in self.blocks:
             block.block_hash, block.token_ids = None, ()
-        self.cached_block_of_hash.clear()
+        self.cached_blocks_of_hash.clear()

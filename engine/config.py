@@ -16,7 +16,7 @@ SCHEDULER_KNOBS = (
     "max_num_seqs",
     "enable_chunked_prefill",
     "enable_prefix_caching",
-    "prefix_aware_admission",
+    "scheduler_reserve_full_isl",
     "scheduling_policy",
 )
 
@@ -45,11 +45,10 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
-    # A waiting request whose next uncached prompt block is being computed in this very step
-    # (by a request scheduled before it) waits one step and then hits the cache, instead of
-    # computing the shared prefix again (SGLang's in-batch prefix caching). Off by default:
-    # the documented admission is vLLM's.
-    prefix_aware_admission: bool = False
+    # vLLM 0.32's name and default: admit a waiting request only when blocks for its whole
+    # known sequence fit the pool. False is the older rule (its first chunk must fit), which
+    # over-admits under chunked prefill and then preempts; kept to show the difference.
+    scheduler_reserve_full_isl: bool = True
     scheduling_policy: str = "unified"
     tensor_parallel_size: int = 1
     enforce_eager: bool = False
@@ -93,7 +92,7 @@ class EngineConfig:
             raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
         if isinstance(self.dtype, str) and self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES} or a torch.dtype, got {self.dtype!r}")
-        for name in ("enable_prefix_caching", "enable_chunked_prefill", "prefix_aware_admission", "enforce_eager",
+        for name in ("enable_prefix_caching", "enable_chunked_prefill", "scheduler_reserve_full_isl", "enforce_eager",
                      "check_invariants", "record_steps"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")

@@ -33,10 +33,15 @@ def check_invariants(engine, out=None, batch=None) -> None:
     used = sum(1 for blk in pool.blocks if blk.ref_count > 0)
     _require(pool.num_free_blocks + used + 1 == pool.num_blocks,
              f"free {pool.num_free_blocks} + used {used} + null 1 != total {pool.num_blocks}")
-    for h, b in pool.cached_block_of_hash.items():
-        blk = pool.blocks[b]
-        _require(blk.block_hash == h, f"hash {h:016x} maps to block {b} which holds {blk.block_hash}")
-        _require(len(blk.token_ids) == bs, f"cached block {b} stores {len(blk.token_ids)} token ids, not {bs}")
+    for h, block_ids in pool.cached_blocks_of_hash.items():
+        _require(bool(block_ids), f"hash {h:016x} maps to no block")
+        for b in block_ids:
+            blk = pool.blocks[b]
+            _require(blk.block_hash == h, f"hash {h:016x} maps to block {b} which holds {blk.block_hash}")
+            _require(len(blk.token_ids) == bs, f"cached block {b} stores {len(blk.token_ids)} token ids, not {bs}")
+    registered = sum(len(ids) for ids in pool.cached_blocks_of_hash.values())
+    _require(registered == sum(blk.block_hash is not None for blk in pool.blocks),
+             "a block holds a hash that the prefix cache does not list")
     for req in [*engine.scheduler.waiting, *engine.scheduler.finished]:
         _require(not req.block_table, f"request {req.request_id} ({req.status.value}) still holds blocks {req.block_table}")
     for req in running:
@@ -45,6 +50,10 @@ def check_invariants(engine, out=None, batch=None) -> None:
         _require(need <= len(req.block_table) <= need + 1,
                  f"request {req.request_id}: {len(req.block_table)} blocks for {req.num_computed_tokens} computed tokens")
         _require(len(set(req.block_table)) == len(req.block_table), f"request {req.request_id} lists a block twice")
+        # Blocks are registered when allocated; after the step their KV must exist.
+        _require(req.num_cached_blocks <= req.num_computed_tokens // bs,
+                 f"request {req.request_id}: {req.num_cached_blocks} blocks registered but only "
+                 f"{req.num_computed_tokens} tokens computed")
         for i, b in enumerate(req.block_table):
             blk = pool.blocks[b]
             if blk.block_hash is not None:

@@ -1,5 +1,5 @@
 """Per-request block tables on top of the BlockPool: prefix-cache lookup, slot allocation,
-registration of computed full blocks, and freeing."""
+registration of full blocks (at allocation, as vLLM's KVCacheManager does), and freeing."""
 from __future__ import annotations
 
 from .block_pool import BlockPool
@@ -14,8 +14,9 @@ def cdiv(a: int, b: int) -> int:
 class KVCacheManager:
     """Allocates KV blocks to requests and runs the prefix cache (full blocks only)."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool, max_model_len: int) -> None:
         self.block_size = block_size
+        self.max_model_len = max_model_len
         self.pool = BlockPool(num_blocks)
         self.enable_prefix_caching = enable_prefix_caching
         self.prefix_cache_queries = 0  # tokens looked up (vLLM counts tokens)
@@ -48,38 +49,51 @@ class KVCacheManager:
         self.prefix_cache_queries += num_query_tokens
         self.prefix_cache_hits += num_hit_tokens
 
-    def allocate_slots(self, req: Request, num_new_tokens: int, computed_blocks: list[int] = ()) -> list[int] | None:
+    def allocate_slots(self, req: Request, num_new_tokens: int, computed_blocks: list[int] = (),
+                       full_sequence_must_fit: bool = False) -> list[int] | None:
         """Give the request room for `num_new_tokens` more tokens after its computed ones
-        (plus `computed_blocks` prefix hits taken now). None if the pool cannot."""
-        num_computed = req.num_computed_tokens + len(computed_blocks) * self.block_size
-        need = cdiv(num_computed + num_new_tokens, self.block_size) - len(req.block_table) - len(computed_blocks)
+        (plus `computed_blocks` prefix hits taken now), and register the full blocks those
+        tokens complete. None if the pool cannot.
+
+        `full_sequence_must_fit` (vLLM's scheduler_reserve_full_isl, for admissions): refuse
+        unless blocks for the request's whole known sequence fit, not only this chunk's."""
+        bs = self.block_size
+        num_computed = req.num_computed_tokens + len(computed_blocks) * bs
         # Hits on free cached blocks also consume free-queue entries.
         taken_from_free = sum(1 for b in computed_blocks if self.pool.blocks[b].ref_count == 0)
+        held = len(req.block_table) + len(computed_blocks)
+        if full_sequence_must_fit:
+            need_all = cdiv(min(req.num_tokens, self.max_model_len), bs) - held
+            if max(need_all, 0) + taken_from_free > self.pool.num_free_blocks:
+                return None
+        need = cdiv(min(num_computed + num_new_tokens, self.max_model_len), bs) - held
         if max(need, 0) + taken_from_free > self.pool.num_free_blocks:
             return None
         if computed_blocks:
             self.pool.touch(list(computed_blocks))
             req.block_table.extend(computed_blocks)
+            req.num_cached_blocks = len(req.block_table)  # hits hold their hashes already
         new = self.pool.allocate(max(need, 0))
         req.block_table.extend(new)
+        # The tokens computed in this step are known now: their full blocks become findable at
+        # once, so a request admitted later in this step hits them (their KV is written in this
+        # step's forward, before any layer reads it).
+        self.cache_blocks(req, min(num_computed + num_new_tokens, req.num_tokens))
         return new
 
-    def cache_computed_blocks(self, req: Request) -> None:
-        """Register the request's full blocks whose KV is now computed (never before)."""
+    def cache_blocks(self, req: Request, num_tokens: int) -> None:
+        """Register the request's full blocks among its first `num_tokens` tokens."""
         if not self.enable_prefix_caching:
             return
-        extend_block_hashes(req.block_hashes, req.all_token_ids, self.block_size)
-        num_full = min(req.num_computed_tokens // self.block_size, len(req.block_hashes))
         bs = self.block_size
-        # Blocks before num_checked_blocks were handled in an earlier step.
-        for i in range(req.num_checked_blocks, num_full):
-            b = req.block_table[i]
-            if self.pool.blocks[b].block_hash is None:
-                self.pool.register(b, req.block_hashes[i], req.all_token_ids[i * bs:(i + 1) * bs])
-        req.num_checked_blocks = max(req.num_checked_blocks, num_full)
+        extend_block_hashes(req.block_hashes, req.all_token_ids, bs)
+        num_full = num_tokens // bs
+        for i in range(req.num_cached_blocks, num_full):
+            self.pool.register(req.block_table[i], req.block_hashes[i], req.all_token_ids[i * bs:(i + 1) * bs])
+        req.num_cached_blocks = max(req.num_cached_blocks, num_full)
 
     def free(self, req: Request) -> None:
         """Return the request's blocks, last block first (see BlockPool.free)."""
         self.pool.free(list(reversed(req.block_table)))
         req.block_table = []
-        req.num_checked_blocks = 0
+        req.num_cached_blocks = 0

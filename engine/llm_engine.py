@@ -72,15 +72,14 @@ class LLMEngine:
             raise
         self.decode = fast_decoder(self.tokenizer)
         self.config = config.replace(num_kv_blocks=self.runner.num_blocks)
-        self.kv = KVCacheManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.kv = KVCacheManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching,
+                                 max_model_len)
         self.scheduler = Scheduler(self.config, self.kv, max_model_len)
         self.sampler = Sampler(config.seed)
         self.forward_timer = ForwardTimer(self.runner.device)
         self.requests: dict[str, Request] = {}
         self.step_count = 0
         self.engine_time = 0.0
-        self.num_generated_tokens = 0
-        self.num_computed_prompt_tokens = 0
         self._ids = itertools.count()
         eos = spec.eos_token_ids or ((self.tokenizer.eos_token_id,) if self.tokenizer.eos_token_id is not None else ())
         self.eos_token_id = eos[0] if eos else None
@@ -119,6 +118,14 @@ class LLMEngine:
                 "intermediate_size": s.intermediate_size, "tie_word_embeddings": s.tie_word_embeddings,
                 "kv_bytes_per_block_per_rank": r.bytes_per_block_per_rank, "kv_bytes_per_rank": per_rank_kv,
                 "tensor_parallel": {"ranks": ranks, "weights": sharding_layout(s, n)}}
+
+    @property
+    def num_generated_tokens(self) -> int:
+        return self.scheduler.num_generated_tokens
+
+    @property
+    def num_computed_prompt_tokens(self) -> int:
+        return self.scheduler.num_computed_prompt_tokens
 
     @property
     def waiting(self) -> list[Request]:
@@ -263,28 +270,8 @@ class LLMEngine:
                              "collectives": self.runner.take_collective_ms() / 1e3 if batch is not None else 0.0})
 
     def _update(self, out: SchedulerOutput, sampled_rows: list[Request], results) -> list[str]:
-        """Advance computed counts, register newly full blocks, append tokens, finish requests."""
-        now_wall, now_engine = time.time(), self.engine_time
         token_of = {r.request_id: res.token_id for r, res in zip(sampled_rows, results)}
-        finished = []
-        for s in out.scheduled:
-            req = s.request
-            req.num_computed_tokens += s.num_tokens
-            req.last_scheduled = (s.num_computed_before, req.num_computed_tokens)
-            if s.is_prefill:
-                req.num_prefill_chunks += 1
-                self.num_computed_prompt_tokens += s.num_tokens
-            self.kv.cache_computed_blocks(req)
-            if s.sample:
-                req.append_output(token_of[req.request_id])
-                self.num_generated_tokens += 1
-                req.metrics.record("token_times", now_wall, now_engine)
-                reason = req.check_stop(self.config.max_model_len)
-                if reason:
-                    self.scheduler.finish(req, reason)
-                    req.metrics.record("finished_time", now_wall, now_engine)
-                    finished.append(req.request_id)
-        return finished
+        return self.scheduler.update_from_output(out, token_of, time.time(), self.engine_time)
 
     def _record(self, out, batch, sampled_rows, results, finished, seconds: dict) -> StepRecord:
         decode = self.decode

@@ -22,7 +22,8 @@ class StepRecord:
     preempted: list[str] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
     new_requests: list[str] = field(default_factory=list)
-    blocks: dict = field(default_factory=lambda: {k: [] for k in ("allocated", "freed", "cached", "hits", "evicted")})
+    blocks: dict = field(default_factory=lambda: {k: [] for k in ("allocated", "freed", "cached", "hits", "evicted",
+                                                                    "same_step_hits")})
     num_free_blocks: int = 0
     timings_ms: dict = field(default_factory=dict)
     engine_time_s: float = 0.0

@@ -103,7 +103,7 @@ class Request:
         self.num_cached_tokens = 0       # prefix-cache hits at the latest admission
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []  # hashes of full blocks of all_token_ids, in order
-        self.num_checked_blocks = 0        # leading blocks already offered to the prefix cache
+        self.num_cached_blocks = 0         # leading blocks of block_table registered in the prefix cache
         self.num_preemptions = 0
         self.num_prefill_chunks = 0        # prefill chunks since the latest admission
         self.finish_reason: str | None = None

@@ -7,8 +7,9 @@ Two policies (DESIGN.md):
 - 'prefill_first' (nano-vLLM): a step is all prefill (only its first request may be chunked)
   or, when nothing can be prefilled, all decode.
 Out of blocks, the most recently admitted running request is preempted (recompute).
-With `prefix_aware_admission`, a waiting request whose next uncached block is being computed
-in the same step stops admission for this step and hits the cache in the next one.
+With `scheduler_reserve_full_isl` (vLLM 0.32's default), a waiting request is admitted only
+when blocks for its whole known sequence fit the pool, not only its first chunk.
+After the forward, `update_from_output` advances the requests (vLLM keeps it here too).
 """
 from __future__ import annotations
 
@@ -58,6 +59,8 @@ class Scheduler:
         self.running: list[Request] = []  # in admission order: the last is the preemption victim
         self.finished: list[Request] = []
         self.num_preemptions = 0
+        self.num_generated_tokens = 0
+        self.num_computed_prompt_tokens = 0  # prompt (and resumed) tokens run through the model
 
     # -- queue changes --------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -121,13 +124,11 @@ class Scheduler:
     def _schedule_waiting(self, out: SchedulerOutput, budget: int, allow_chunk: bool,
                           chunk_only_first: bool = False) -> int:
         """Admit waiting requests in order while budget, max_num_seqs and the pool allow.
-        The first one that does not fit stops admission (no skipping)."""
-        in_step = self._blocks_computed_in_step(out) if self._defers_shared_prefix() else None
+        The first one that does not fit stops admission (no skipping). A prefix hit may be
+        on blocks that a request scheduled earlier in this very step is computing."""
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
             hits, num_cached = self.kv.get_computed_blocks(req)
-            if in_step is not None and len(hits) < len(req.block_hashes) and req.block_hashes[len(hits)] in in_step:
-                break  # its prefix is being computed right now: next step it is a cache hit
             num_new = req.num_tokens - num_cached
             if num_new > budget:
                 # A resumed request whose prompt + outputs outgrew the whole budget must be
@@ -137,7 +138,8 @@ class Scheduler:
                 if not (may_chunk or must_chunk):
                     break
                 num_new = budget
-            if self.kv.allocate_slots(req, num_new, hits) is None:
+            if self.kv.allocate_slots(req, num_new, hits,
+                                      full_sequence_must_fit=self.config.scheduler_reserve_full_isl) is None:
                 break
             self.kv.record_lookup(req.num_tokens, num_cached)
             self.waiting.popleft()
@@ -149,26 +151,7 @@ class Scheduler:
             out.scheduled.append(self._scheduled(req, num_new, cached=num_cached))
             out.new_requests.append(req.request_id)
             budget -= num_new
-            if in_step is not None:
-                in_step.update(self._new_full_block_hashes(req, num_cached, num_new))
         return budget
-
-    def _defers_shared_prefix(self) -> bool:
-        return self.config.prefix_aware_admission and self.kv.enable_prefix_caching
-
-    def _blocks_computed_in_step(self, out: SchedulerOutput) -> set[int]:
-        """Hashes of the full blocks that the requests scheduled so far complete in this step."""
-        done: set[int] = set()
-        for s in out.scheduled:
-            if s.is_prefill:
-                done.update(self._new_full_block_hashes(s.request, s.num_computed_before, s.num_tokens))
-        return done
-
-    def _new_full_block_hashes(self, req: Request, start: int, num_tokens: int) -> list[int]:
-        """Hashes of the prompt blocks filled by computing tokens start .. start + num_tokens."""
-        bs = self.kv.block_size
-        first, end = start // bs, (start + num_tokens) // bs
-        return req.block_hashes[first:end]
 
     def _schedule_prefill_first(self, out: SchedulerOutput) -> None:
         budget = out.token_budget
@@ -184,6 +167,31 @@ class Scheduler:
             return
         decoding = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
         self._schedule_running(out, decoding, out.token_budget)
+
+    # -- after the forward -----------------------------------------------------------------
+    def update_from_output(self, out: SchedulerOutput, sampled: dict[str, int],
+                           now_wall: float, now_engine: float) -> list[str]:
+        """Advance computed counts, append the sampled tokens (`sampled`: request id -> token),
+        finish requests that stop; returns the finished ids. The blocks these tokens fill were
+        registered in the prefix cache when they were allocated."""
+        finished = []
+        for s in out.scheduled:
+            req = s.request
+            req.num_computed_tokens += s.num_tokens
+            req.last_scheduled = (s.num_computed_before, req.num_computed_tokens)
+            if s.is_prefill:
+                req.num_prefill_chunks += 1
+                self.num_computed_prompt_tokens += s.num_tokens
+            if s.sample:
+                req.append_output(sampled[req.request_id])
+                self.num_generated_tokens += 1
+                req.metrics.record("token_times", now_wall, now_engine)
+                reason = req.check_stop(self.max_model_len)
+                if reason:
+                    self.finish(req, reason)
+                    req.metrics.record("finished_time", now_wall, now_engine)
+                    finished.append(req.request_id)
+        return finished
 
     @staticmethod
     def _scheduled(req: Request, num_new: int, cached: int) -> ScheduledRequest:

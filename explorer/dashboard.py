@@ -16,6 +16,7 @@ from typing import Any, Iterable
 import ipywidgets as W
 
 import widgets
+from engine.config import SCHEDULER_KNOBS
 from widgets import Panel
 
 from . import tp_view, views
@@ -27,8 +28,7 @@ _PANEL_CLASSES = {"controls": "ControlsPanel", "queues": "QueuesPanel", "sampler
                   "blocks": "BlockPoolPanel", "slots": "SlotMappingPanel", "attention": "AttentionPanel",
                   "timeline": "TimelinePanel", "latency": "LatencyPanel",
                   "tensor_parallel": "TensorParallelPanel"}
-BUDGET_KEYS = ("max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill", "enable_prefix_caching",
-               "prefix_aware_admission", "scheduling_policy")
+BUDGET_KEYS = SCHEDULER_KNOBS  # the knobs the controls' budget row edits live
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_k", "top_p", "ignore_eos", "seed")
 POOL_KEYS = ("num_kv_blocks", "block_size")
 

@@ -76,9 +76,10 @@ function render({ model, el }) {
     max_num_seqs: kvsEl("input", { type: "number", min: 1, "data-testid": "kvs-budget-seqs" }),
     enable_chunked_prefill: kvsEl("input", { type: "checkbox", "data-testid": "kvs-budget-chunked" }),
     enable_prefix_caching: kvsEl("input", { type: "checkbox", "data-testid": "kvs-budget-prefix" }),
-    prefix_aware_admission: kvsEl("input", {
-      type: "checkbox", "data-testid": "kvs-budget-prefix-aware",
-      title: "a request whose prefix is being computed in this step waits one step and hits the cache",
+    scheduler_reserve_full_isl: kvsEl("input", {
+      type: "checkbox", "data-testid": "kvs-budget-full-isl",
+      title: "vLLM's scheduler_reserve_full_isl: admit a waiting request only when blocks for its whole "
+        + "sequence fit the pool (off: only its first chunk must fit)",
     }),
     scheduling_policy: kvsEl("select", { "data-testid": "kvs-budget-policy" },
       ["unified", "prefill_first"].map((p) => kvsEl("option", { value: p, text: p }))),
@@ -90,7 +91,7 @@ function render({ model, el }) {
   root.append(kvsEl("div", { class: "kvs-row kvs-budget", "data-testid": "kvs-budget" }, [
     labelled("token budget ", b.max_num_batched_tokens), labelled("max seqs ", b.max_num_seqs),
     labelled("chunked prefill ", b.enable_chunked_prefill), labelled("prefix caching ", b.enable_prefix_caching),
-    labelled("wait for shared prefix ", b.prefix_aware_admission),
+    labelled("reserve whole sequence ", b.scheduler_reserve_full_isl),
     labelled("policy ", b.scheduling_policy),
     kvsEl("span", { class: "kvs-sep" }),
     labelled("KV blocks ", pool.num_kv_blocks), labelled("block size ", pool.block_size),

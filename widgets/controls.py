@@ -23,7 +23,7 @@ class ControlsPanel(Panel):
     ``reset {num_kv_blocks?, block_size?}``, ``add {prompt, max_tokens, temperature,
     top_k, top_p, ignore_eos, seed}``, ``preset {name, n?}``,
     ``set_budget {max_num_batched_tokens?, max_num_seqs?, enable_chunked_prefill?,
-    enable_prefix_caching?, prefix_aware_admission?, scheduling_policy?}``, ``scrub {index}``, ``live``,
+    enable_prefix_caching?, scheduler_reserve_full_isl?, scheduling_policy?}``, ``scrub {index}``, ``live``,
     ``clear_error``. Play is a browser timer that sends the next ``step`` only after
     the previous one was acknowledged, so the kernel is never flooded.
     """

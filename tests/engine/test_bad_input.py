@@ -59,7 +59,7 @@ BAD_CONFIG = [
     ({"device": "tpu"}, "device"),
     ({"attention_backend": "flash_attn", "block_size": 16}, "block_size"),   # flash-attn pages are multiples of 256
     ({"attention_backend": "flash_attn", "block_size": 256, "dtype": "float32"}, "dtype"),  # fp16/bf16 only
-    ({"prefix_aware_admission": 1}, "prefix_aware_admission"),
+    ({"scheduler_reserve_full_isl": 1}, "scheduler_reserve_full_isl"),
 ]
 
 

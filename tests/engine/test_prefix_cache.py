@@ -13,7 +13,7 @@ def test_second_request_hits_three_shared_blocks(tiny_qwen3_path):
     eng = llm.engine
     a = eng.add_request(A, greedy(6, ignore_eos=True))
     first = eng.step()
-    assert first.blocks["cached"] == [1, 2, 3]       # registered only after their KV was computed
+    assert first.blocks["cached"] == [1, 2, 3]       # registered when allocated for the tokens that fill them
     b = eng.add_request(B, greedy(6, ignore_eos=True))
     rec = eng.step()
     sched_b = next(s for s in rec.scheduled if s["request_id"] == b)
@@ -77,25 +77,56 @@ def _admitted_together(tiny_qwen3_path, **config):
     return eng, ids, records
 
 
-def test_prefix_aware_admission_waits_one_step_then_hits(tiny_qwen3_path):
-    plain, ids, plain_recs = _admitted_together(tiny_qwen3_path)
-    # vLLM's admission: all three start in step 1 and each computes the shared blocks.
-    assert sorted(plain_recs[0].new_requests) == sorted(ids)
-    assert plain.num_computed_prompt_tokens == len(A) + len(B) + len(SHARED) + 2
+def test_request_admitted_later_in_the_same_step_hits_blocks_computed_in_that_step(tiny_qwen3_path):
+    # vLLM hashes a full block when it is allocated for the tokens that fill it, so B and C,
+    # admitted after A in step 1, hit A's three shared blocks before any of them holds KV:
+    # A's forward writes them in each layer before that layer's attention reads them.
+    eng, ids, recs = _admitted_together(tiny_qwen3_path)
+    first = recs[0]
+    assert sorted(first.new_requests) == sorted(ids)
+    cached = {s["request_id"]: s["num_cached_tokens"] for s in first.scheduled}
+    assert cached == {ids[0]: 0, ids[1]: 48, ids[2]: 48}
+    assert first.blocks["cached"][:3] == [1, 2, 3] and first.blocks["hits"] == [1, 2, 3, 1, 2, 3]
+    assert first.blocks["same_step_hits"] == [1, 2, 3, 1, 2, 3]
+    assert recs[1].blocks["same_step_hits"] == []
+    assert eng.num_computed_prompt_tokens == len(A) + (len(B) - 48) + 2
+    off, ids_off, _ = _admitted_together(tiny_qwen3_path, enable_prefix_caching=False)
+    assert [eng.requests[i].output_token_ids for i in ids] == [off.requests[i].output_token_ids for i in ids_off]
 
-    aware, ids2, recs = _admitted_together(tiny_qwen3_path, prefix_aware_admission=True)
-    assert recs[0].new_requests == [ids2[0]]             # the others wait for the shared blocks...
-    assert sorted(recs[1].new_requests) == sorted(ids2[1:])
-    assert all(s["num_cached_tokens"] == 48 for s in recs[1].scheduled if s["is_prefill"])  # ...and hit them
-    assert aware.num_computed_prompt_tokens == len(A) + (len(B) - 48) + 2
-    assert [aware.requests[i].output_token_ids for i in ids2] == [plain.requests[i].output_token_ids for i in ids]
+
+def test_a_recomputed_full_block_is_cached_twice_and_outlives_the_first(tiny_qwen3_path):
+    # A full hit recomputes its last block into a fresh block; vLLM registers that duplicate
+    # too (no de-duplication), so it goes to the free queue's tail and stays findable.
+    llm = LLM(model=str(tiny_qwen3_path), block_size=16, max_num_seqs=1, check_invariants=True)
+    eng = llm.engine
+    run_all(llm, [SHARED, SHARED], greedy(1, ignore_eos=True))
+    pool = eng.kv.pool
+    h = eng.requests["0"].block_hashes[2]
+    assert list(pool.cached_blocks_of_hash[h]) == [3, 4]   # the first registered is the one found
+    assert pool.lookup(h) == 3
+    assert list(pool.free_queue)[-4:] == [3, 4, 2, 1]      # both cached: at the tail, in the order freed
+    eng.add_request([9], greedy(1, ignore_eos=True))
+    assert eng.step().blocks["allocated"] == [5]           # not the duplicate (it would be 4 if unhashed)
 
 
-def test_prefix_aware_admission_is_a_live_knob_and_needs_the_cache(tiny_qwen3_path):
-    eng, _, recs = _admitted_together(tiny_qwen3_path, prefix_aware_admission=True, enable_prefix_caching=False)
-    assert len(recs[0].new_requests) == 3                 # nothing to wait for without a cache
-    llm = LLM(model=str(tiny_qwen3_path), block_size=16)
-    assert llm.engine.update_scheduler_config(prefix_aware_admission=True).prefix_aware_admission is True
+def test_admission_waits_until_the_whole_sequence_fits(tiny_qwen3_path):
+    # 20 usable blocks of 4 tokens, budget 64. A (40 tokens) takes 10 blocks in step 1 and
+    # decodes 5 tokens. B (44 tokens) needs 11 blocks: under vLLM's full-sequence rule it
+    # waits until A is done; under the older first-chunk rule its 24-token chunk (6 blocks)
+    # starts in step 1 beside A.
+    def admitted_step(**knobs):
+        llm = LLM(model=str(tiny_qwen3_path), block_size=4, num_kv_blocks=21, max_num_batched_tokens=64,
+                  check_invariants=True, **knobs)
+        eng = llm.engine
+        eng.add_request(list(range(1000, 1040)), greedy(5, ignore_eos=True))
+        b = eng.add_request(list(range(2000, 2044)), greedy(1, ignore_eos=True))
+        for step in range(1, 40):
+            if b in eng.step().new_requests:
+                return step
+        raise AssertionError("B was never admitted")
+
+    assert admitted_step() == 6                                   # A finished in step 5
+    assert admitted_step(scheduler_reserve_full_isl=False) == 1
 
 
 def test_decodes_sharing_a_cached_prefix_use_cascade_attention_and_keep_their_tokens(tiny_qwen3_path):
@@ -105,7 +136,7 @@ def test_decodes_sharing_a_cached_prefix_use_cascade_attention_and_keep_their_to
     prompts = [system + list(range(100 * i, 100 * i + 3 + i)) for i in range(1, 6)]
     plain = run_all(LLM(model=str(tiny_qwen3_path), block_size=16, enable_prefix_caching=False),
                     prompts, greedy(5, ignore_eos=True))
-    llm = LLM(model=str(tiny_qwen3_path), block_size=16, prefix_aware_admission=True, check_invariants=True)
+    llm = LLM(model=str(tiny_qwen3_path), block_size=16, check_invariants=True)
     shared_tokens = []
     backend_forward = llm.engine.runner.backend.forward
 

@@ -51,7 +51,7 @@ def workloads(draw) -> Workload:
         scheduling_policy=draw(st.sampled_from(["unified", "prefill_first"])),
         enable_chunked_prefill=chunked,
         enable_prefix_caching=draw(st.booleans()),
-        prefix_aware_admission=draw(st.booleans()),
+        scheduler_reserve_full_isl=draw(st.booleans()),
         max_model_len=MAX_MODEL_LEN,
     )
     shared = draw(st.lists(st.integers(0, VOCAB - 1), min_size=0, max_size=40))

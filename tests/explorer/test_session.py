@@ -169,9 +169,9 @@ def test_set_budget_applies_from_the_next_step(session, events):
 
 def test_set_budget_switches_scheduling_policy_and_prefix_caching(session):
     knobs = session.set_budget(scheduling_policy="prefill_first", enable_prefix_caching=False, max_num_seqs=2,
-                               prefix_aware_admission=True)
+                               scheduler_reserve_full_isl=False)
     assert knobs == {"scheduling_policy": "prefill_first", "enable_prefix_caching": False, "max_num_seqs": 2,
-                     "prefix_aware_admission": True}
+                     "scheduler_reserve_full_isl": False}
     for i in range(3):
         session.add_request([40 + i, 50, 60], max_tokens=2, **GREEDY)
     session.step()

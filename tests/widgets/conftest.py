@@ -10,7 +10,7 @@ import pytest
 # Small enough that a burst of requests runs the pool dry (preemption), large enough
 # for every other scenario. Tests that change knobs reset back to these.
 BASE_CONFIG = {"num_kv_blocks": 48, "max_num_batched_tokens": 64, "max_num_seqs": 256,
-               "enable_chunked_prefill": True, "enable_prefix_caching": True, "prefix_aware_admission": False,
+               "enable_chunked_prefill": True, "enable_prefix_caching": True, "scheduler_reserve_full_isl": True,
                "scheduling_policy": "unified", "block_size": 16}
 
 

@@ -114,9 +114,9 @@ def test_budget_knobs_apply_live(dash: Dashboard) -> None:
     assert dash.controls.budget["scheduling_policy"] == "prefill_first"
     send(dash.controls, action="set_budget", enable_prefix_caching=False)
     assert dash.controls.budget["enable_prefix_caching"] is False
-    send(dash.controls, action="set_budget", prefix_aware_admission=True)   # the "wait for shared prefix" box
-    assert dash.controls.budget["prefix_aware_admission"] is True
-    assert dash.session.engine.config.prefix_aware_admission is True
+    send(dash.controls, action="set_budget", scheduler_reserve_full_isl=False)   # the "reserve whole sequence" box
+    assert dash.controls.budget["scheduler_reserve_full_isl"] is False
+    assert dash.session.engine.config.scheduler_reserve_full_isl is False
 
 
 def test_scrubbing_moves_every_panel_and_live_returns(dash: Dashboard) -> None:

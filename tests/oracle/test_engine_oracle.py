@@ -1,0 +1,36 @@
+"""kvscope's whole engine against vLLM 0.32's LLM on the default model, stepped together
+(tests/oracle/engine_differential.py): the same per-step schedule, block ids and tokens on
+20 workloads with chunked prefills, prefix hits, same-step hits and preemption. In its own
+process, as vLLM's import changes process-wide state."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import ORACLE_COUNTS
+from .vllm_available import require_vllm
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_engine_steps_like_vllm_on_the_default_model(default_model_path):
+    require_vllm()
+    # vLLM drops torch to one thread unless OMP_NUM_THREADS is set.
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(os.cpu_count() or 1))}
+    proc = subprocess.run([sys.executable, "-m", "tests.oracle.engine_differential", "--workloads", "20",
+                           "--model", str(default_model_path)], cwd=ROOT, text=True, capture_output=True,
+                          timeout=1800, env=env)
+    lines = proc.stdout.strip().splitlines()
+    counts = json.loads(lines[-1]) if lines else {}
+    ORACLE_COUNTS.append(f"engine differential (default model): {lines[-2] if len(lines) > 1 else ''} "
+                         f"{json.dumps(counts)}")
+    assert proc.returncode == 0, f"kvscope's engine and vLLM's differ:\n{proc.stderr[-6000:]}"
+    assert counts["workloads"] == 20 and counts["differences"] == 0
+    for seen in ("preemptions", "hit_tokens", "same_step_hit_blocks", "prefill_chunks_not_sampled"):
+        assert counts[seen] > 0, f"the workloads never exercised {seen}: {counts}"

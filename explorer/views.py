@@ -1,12 +1,16 @@
 """Pure functions from Session history entries (record + snapshot dicts) to panel states.
 
 Everything here reads the documented dict shapes (docs/ARCHITECTURE.md) and returns
-plain values ready for a panel's traitlets: no widgets, no torch, no engine.
+plain values ready for a panel's traitlets: no widget objects, no torch, no engine (the
+block-pool codes come from the panel's module, which defines its byte columns).
 """
 from __future__ import annotations
 
 from array import array
 from typing import Any, Callable, Iterable, Sequence
+
+# The block-pool panel's status codes and event bits: spelled once, by the panel.
+from widgets.block_pool import EVENT_BITS, FREE, FREE_CACHED, IN_USE, IN_USE_HASHED, NULL
 
 TokenText = Callable[[Sequence[int]], list[str]]
 
@@ -14,10 +18,6 @@ EMPTY_RECORD: dict = {"step": 0, "scheduled": [], "batch": {}, "sampled": {}, "p
                       "finished": [], "new_requests": [], "blocks": {}, "timings_ms": {}}
 
 _PARAM_KEYS = ("temperature", "top_k", "top_p", "max_tokens", "ignore_eos", "seed")  # shown by the sampler
-
-# Block-pool codes shared with widgets/block_pool.py (status and event bits).
-_NULL, _FREE, _FREE_CACHED, _IN_USE, _IN_USE_HASHED = 0, 1, 2, 3, 4
-_EVENT_BITS = {"allocated": 1, "hits": 2, "freed": 4, "evicted": 8, "cached": 16}
 
 
 def token_texts(tokenizer: Any) -> TokenText:
@@ -92,29 +92,43 @@ def block_pool_state(record: dict | None, snapshot: dict) -> dict:
     owner_index: dict[str, int] = {}
     for i, b in enumerate(blocks):
         if b.get("is_null", i == 0):
-            status[i] = _NULL
+            status[i] = NULL
         elif b.get("is_free"):
-            status[i] = _FREE_CACHED if b.get("hash") else _FREE
+            status[i] = FREE_CACHED if b.get("hash") else FREE
         else:
-            status[i] = _IN_USE_HASHED if b.get("hash") else _IN_USE
+            status[i] = IN_USE_HASHED if b.get("hash") else IN_USE
         ref[i] = min(int(b.get("ref_count", 0)), 0xFFFF)
         if b.get("owners"):
             rid = b["owners"][0]
             owner[i] = owner_index.setdefault(rid, len(owner_index))
             if owner[i] == len(owners):
                 owners.append(rid)
-    counts = {k: 0 for k in _EVENT_BITS}
-    for key, bit in _EVENT_BITS.items():
-        for bid in (record.get("blocks") or {}).get(key, []):
+    record_blocks = record.get("blocks") or {}
+    counts = {k: 0 for k in EVENT_BITS}
+    for key, bit in EVENT_BITS.items():
+        for bid in record_blocks.get(key, []):
             if 0 <= bid < n:
                 events[bid] |= bit
                 counts[key] += 1
-    counts.update(free=sum(s == _FREE for s in status), free_cached=sum(s == _FREE_CACHED for s in status),
-                  in_use=sum(s >= _IN_USE for s in status), num_free_blocks=pool.get("num_free_blocks", 0))
-    running = (snapshot.get("queues") or {}).get("running", [])
-    tables = [{"request_id": r["request_id"], "block_table": list(r.get("block_table", [])),
-               "num_computed_tokens": r.get("num_computed_tokens", 0)} for r in running if r.get("block_table")]
-    return {"num_blocks": n, "block_size": int(pool.get("block_size", 16)), "status": status.tobytes(),
+    counts.update(free=sum(s == FREE for s in status), free_cached=sum(s == FREE_CACHED for s in status),
+                  in_use=sum(s >= IN_USE for s in status), num_free_blocks=pool.get("num_free_blocks", 0))
+    block_size = int(pool.get("block_size", 16))
+    # A request admitted in this step took its first num_cached_tokens // block_size blocks
+    # as prefix hits; those registered earlier in this same step are same-step hits.
+    admitted = set(record.get("new_requests", []))
+    hit_blocks = {s["request_id"]: s.get("num_cached_tokens", 0) // block_size
+                  for s in record.get("scheduled", []) if s["request_id"] in admitted}
+    same_step = set(record_blocks.get("same_step_hits", []))
+    tables = []
+    for r in (snapshot.get("queues") or {}).get("running", []):
+        table = list(r.get("block_table", []))
+        if not table:
+            continue
+        hits = list(range(min(hit_blocks.get(r["request_id"], 0), len(table))))
+        tables.append({"request_id": r["request_id"], "block_table": table,
+                       "num_computed_tokens": r.get("num_computed_tokens", 0),
+                       "hits": hits, "same_step_hits": [i for i in hits if table[i] in same_step]})
+    return {"num_blocks": n, "block_size": block_size, "status": status.tobytes(),
             "ref_count": ref.tobytes(), "owner": owner.tobytes(), "events": events.tobytes(),
             "owners": owners, "block_tables": tables, "counts": counts, "blocks": blocks}
 

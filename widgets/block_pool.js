@@ -1,8 +1,24 @@
 // KV block pool: one canvas cell per physical block (4,096 stay fluid), legend with
 // counts, hover tooltip with details fetched from Python, per-request block tables.
 
+// The `status` codes and `events` bits, spelled once for the browser (Python spells them
+// once too, in widgets/block_pool.py). Events: [bit, StepRecord.blocks key, label, colour,
+// what it means]; the legend lists them in this order.
 const STATUS_NAMES = ["null", "free", "free (cached)", "in use", "in use (hashed)"];
-const EVENT_BITS = [[1, "allocated", "#2e7d32"], [2, "prefix hit", "#1565c0"], [4, "freed", "#ef6c00"], [8, "evicted", "#c62828"], [16, "cached", "#6a1b9a"]];
+const SAME_STEP = 32;
+const SAME_STEP_TIP = "hit on a block computed in this same step: its KV is written by this step's forward before any layer reads it";
+const EVENT_BITS = [
+  [1, "allocated", "allocated", "#2e7d32", "handed out to a request in this step"],
+  [2, "hits", "prefix hit", "#1565c0", "prefix-cache hit: a request admitted in this step takes this block from the cache instead of computing it"],
+  [SAME_STEP, "same_step_hits", "same-step hit", "#00897b", SAME_STEP_TIP],
+  [4, "freed", "freed", "#ef6c00", "its last owner let go (finished, aborted or preempted)"],
+  [8, "evicted", "evicted", "#c62828", "a cached block reused for new tokens: its hash is forgotten"],
+  [16, "cached", "cached", "#6a1b9a", "full, hashed and registered in the prefix cache in this step"],
+];
+// Which event outlines a cell when a block has several: a same-step hit wins (the block
+// was also allocated, hit and cached in this step), "cached" only when nothing else.
+const OUTLINE_ORDER = [SAME_STEP, 1, 2, 4, 8, 16].map((b) => EVENT_BITS.find(([x]) => x === b));
+const eventNames = (ev) => EVENT_BITS.filter(([b]) => ev & b).map(([, , name]) => name);
 
 function cellSizeFor(n) {
   if (n <= 256) return 26;
@@ -48,6 +64,22 @@ function render({ model, el }) {
     return kvsColor(o >= 0 ? owners[o] : null, s === 3);
   }
 
+  // A same-step hit: diagonal stripes over the cell, so it never reads as a plain hit.
+  function hatch(ctx, x, y, cell, color) {
+    ctx.save();
+    ctx.beginPath();
+    ctx.rect(x + 1, y + 1, cell - 2, cell - 2);
+    ctx.clip();
+    ctx.strokeStyle = color;
+    ctx.globalAlpha = 0.55;
+    ctx.lineWidth = cell >= 14 ? 1.5 : 1;
+    ctx.beginPath();
+    const gap = cell >= 14 ? 6 : 4;
+    for (let d = -cell; d < cell; d += gap) { ctx.moveTo(x + d, y + cell); ctx.lineTo(x + d + cell, y); }
+    ctx.stroke();
+    ctx.restore();
+  }
+
   function draw() {
     const n = model.get("num_blocks");
     const cell = cellSizeFor(n);
@@ -83,10 +115,13 @@ function render({ model, el }) {
       }
       const ev = cols.events[i];
       if (ev) {
-        const bit = EVENT_BITS.find(([b]) => ev & b && b !== 16) || EVENT_BITS.find(([b]) => ev & b);
-        ctx.strokeStyle = bit[2];
+        const bit = OUTLINE_ORDER.find(([b]) => ev & b);
+        if (ev & SAME_STEP) hatch(ctx, x, y, cell, bit[3]);
+        ctx.strokeStyle = bit[3];
         ctx.lineWidth = cell >= 14 ? 2.5 : 2;
+        if (ev & SAME_STEP) ctx.setLineDash([Math.max(2, cell / 6), Math.max(1.5, cell / 12)]);
         ctx.strokeRect(x + 1.5, y + 1.5, cell - 3, cell - 3);
+        ctx.setLineDash([]);
         if (ev & 8) {  // evicted: a cross
           ctx.beginPath(); ctx.moveTo(x + 2, y + 2); ctx.lineTo(x + cell - 2, y + cell - 2);
           ctx.moveTo(x + cell - 2, y + 2); ctx.lineTo(x + 2, y + cell - 2); ctx.stroke();
@@ -111,10 +146,10 @@ function render({ model, el }) {
   function drawLegend() {
     const c = model.get("counts") || {};
     const sw = (color, text, tid) => kvsEl("span", { class: "kvs-leg", "data-testid": tid }, [kvsEl("i", { style: { background: color } }), text]);
-    const evs = EVENT_BITS.map(([, name, color]) => {
-      const k = { "allocated": "allocated", "prefix hit": "hits", "freed": "freed", "evicted": "evicted", "cached": "cached" }[name];
-      return kvsEl("span", { class: "kvs-leg kvs-leg-event" }, [kvsEl("i", { style: { borderColor: color } }), `${name} ${c[k] ?? 0}`]);
-    });
+    const evs = EVENT_BITS.map(([bit, key, name, color, tipText]) => kvsEl("span", {
+      class: `kvs-leg kvs-leg-event${bit === SAME_STEP ? " kvs-leg-same-step" : ""}`,
+      "data-testid": `kvs-leg-ev-${key}`, title: `${name}: ${tipText}`,
+    }, [kvsEl("i", { style: { borderColor: color, color } }), `${name} ${c[key] ?? 0}`]));
     legend.replaceChildren(
       sw("#555", "null", "kvs-leg-null"), sw("#f4f4f4", `free ${c.free ?? 0}`, "kvs-leg-free"),
       sw("#c5d9ef", `free, cached ${c.free_cached ?? 0}`, "kvs-leg-cached"), sw("linear-gradient(90deg, hsl(200,62%,52%), hsl(337,62%,52%), hsl(115,62%,52%))", `in use ${c.in_use ?? 0} (owner colour; pale = not yet full/hashed)`, "kvs-leg-used"),
@@ -128,11 +163,14 @@ function render({ model, el }) {
     const rows = model.get("block_tables") || [];
     const bs = model.get("block_size");
     tables.replaceChildren(...rows.map((r) => {
+      const hits = new Set(r.hits || []), same = new Set(r.same_step_hits || []);
       const cells = r.block_table.map((b, logical) => {
         const full = (logical + 1) * bs <= r.num_computed_tokens;
+        const kind = same.has(logical) ? " kvs-bt-same-step" : hits.has(logical) ? " kvs-bt-hit" : "";
+        const why = same.has(logical) ? ` \u00b7 same-step ${SAME_STEP_TIP}` : hits.has(logical) ? " \u00b7 prefix hit (KV from an earlier step)" : "";
         return kvsEl("span", {
-          class: `kvs-bt-cell${full ? "" : " kvs-bt-partial"}`, "data-block": b,
-          title: `logical ${logical} \u2192 physical ${b}`, text: b,
+          class: `kvs-bt-cell${full ? "" : " kvs-bt-partial"}${kind}`, "data-block": b,
+          title: `logical ${logical} \u2192 physical ${b}${why}`, text: b,
           onclick: () => sender.send({ action: "select_block", block_id: b }),
         });
       });
@@ -148,10 +186,11 @@ function render({ model, el }) {
   function describe(i) {
     const s = cols.status[i];
     const o = cols.owner[i];
-    const ev = EVENT_BITS.filter(([b]) => cols.events[i] & b).map(([, name]) => name);
+    const ev = eventNames(cols.events[i]);
     let text = `block ${i} \u00b7 ${STATUS_NAMES[s] ?? "?"} \u00b7 refcount ${cols.ref[i]}`;
     if (o >= 0) text += `\nowner #${owners[o]}`;
     if (ev.length) text += `\nthis step: ${ev.join(", ")}`;
+    if (cols.events[i] & SAME_STEP) text += `\nsame-step ${SAME_STEP_TIP}`;
     const d = model.get("detail") || {};
     if (d.block_id === i) {
       if (d.owners && d.owners.length > 1) text += `\nowners ${d.owners.map((x) => "#" + x).join(" ")}`;
@@ -171,9 +210,15 @@ function render({ model, el }) {
     const toks = (d.token_ids || []).map((id, k) => kvsEl("span", { class: "kvs-tok", title: `id ${id}` }, [
       kvsEl("b", { text: kvsTok(d.tokens && d.tokens[k]) || id }), kvsEl("sub", { text: id }),
     ]));
+    const ev = d.block_id < cols.events.length ? cols.events[d.block_id] : 0;
+    const events = ev ? kvsEl("div", { class: "kvs-block-events", "data-testid": "kvs-block-detail-events" }, [
+      `this step: ${eventNames(ev).join(", ")}`,
+      ev & SAME_STEP ? kvsEl("span", { class: "kvs-same-step-note", text: ` \u2014 same-step ${SAME_STEP_TIP}` }) : null,
+    ]) : null;
     detailBox.replaceChildren(
       kvsEl("div", {}, [kvsEl("b", { text: `block ${d.block_id}` }),
         ` \u00b7 refcount ${d.ref_count} \u00b7 owners ${(d.owners || []).map((x) => "#" + x).join(" ") || "none"} \u00b7 hash ${d.hash ?? "none"}`]),
+      ...(events ? [events] : []),
       kvsEl("div", { class: "kvs-toks" }, toks.length ? toks : [kvsEl("span", { class: "kvs-muted", text: d.is_null ? "the null block: padding, never allocated" : "no tokens" })]),
     );
   }
@@ -208,7 +253,7 @@ function render({ model, el }) {
   });
 
   function redrawAll() { readColumns(); draw(); drawLegend(); drawTables(); drawDetail(); }
-  const poolSoon = kvsBatched(() => { readColumns(); draw(); drawLegend(); });
+  const poolSoon = kvsBatched(() => { readColumns(); draw(); drawLegend(); drawDetail(); });  // detail shows the events
   for (const k of ["status", "ref_count", "owner", "events", "owners", "num_blocks", "block_size"]) model.on(`change:${k}`, poolSoon);
   model.on("change:counts", drawLegend);
   model.on("change:block_tables", () => { drawTables(); draw(); });

@@ -9,10 +9,15 @@ from ._base import Panel, bundle_css, bundle_esm
 
 TokenText = Callable[[Sequence[int]], list[str]]
 
+# The panel's byte columns, spelled once for Python (explorer.views imports them; the
+# JavaScript side spells them once too, in block_pool.js's STATUS_NAMES / EVENT_BITS).
 # Status codes of the `status` column (uint8 per block).
 NULL, FREE, FREE_CACHED, IN_USE, IN_USE_HASHED = 0, 1, 2, 3, 4
-# Bits of the `events` column: what this step did to the block.
-ALLOCATED, HIT, FREED, EVICTED, CACHED = 1, 2, 4, 8, 16
+# Bits of the `events` column, keyed by the StepRecord's `blocks` lists: what this step
+# did to the block. A same-step hit is a prefix hit on a block hashed earlier in this
+# same step (vLLM caches a full block when it is allocated): its KV is written by this
+# step's forward before any layer reads it. Such a block also carries the hit bit.
+EVENT_BITS = {"allocated": 1, "hits": 2, "freed": 4, "evicted": 8, "cached": 16, "same_step_hits": 32}
 
 
 class BlockPoolPanel(Panel):
@@ -21,10 +26,12 @@ class BlockPoolPanel(Panel):
     Per-block data travels as compact byte columns, one entry per block id:
     `status` (uint8: 0 null, 1 free, 2 free and cached, 3 in use, 4 in use and
     hashed), `ref_count` (uint16), `owner` (int16 index into `owners`, -1 none) and
-    `events` (uint8 bits: 1 allocated, 2 prefix hit, 4 freed, 8 evicted, 16 newly
-    cached in this step). A block's hash, owners and tokens are fetched on hover:
-    the browser sends ``block_detail {block_id}`` and `detail` is filled in from the
-    displayed snapshot. `block_tables` lists each request's logical -> physical map.
+    `events` (uint8 bits, `EVENT_BITS`: 1 allocated, 2 prefix hit, 4 freed, 8 evicted,
+    16 newly cached, 32 same-step hit, all in this step). A block's hash, owners and
+    tokens are fetched on hover: the browser sends ``block_detail {block_id}`` and
+    `detail` is filled in from the displayed snapshot. `block_tables` lists each
+    request's logical -> physical map, with the logical indices that were prefix hits
+    (and same-step hits) when the request was admitted in this step.
     """
 
     _esm = bundle_esm("block_pool.js")
@@ -37,7 +44,8 @@ class BlockPoolPanel(Panel):
     owner = t.Bytes(b"").tag(sync=True)
     events = t.Bytes(b"").tag(sync=True)
     owners = t.List([]).tag(sync=True)          # request ids indexed by the `owner` column
-    block_tables = t.List([]).tag(sync=True)    # [{request_id, block_table, num_computed_tokens}]
+    block_tables = t.List([]).tag(sync=True)    # [{request_id, block_table, num_computed_tokens,
+                                                #   hits, same_step_hits (logical indices)}]
     counts = t.Dict({}).tag(sync=True)          # free / cached / used / this step's events
     selected = t.Int(-1).tag(sync=True)
     detail = t.Dict({}).tag(sync=True)

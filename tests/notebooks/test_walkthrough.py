@@ -33,9 +33,10 @@ CHAPTERS = [
     "8. Finishing and giving blocks back",
     "9. Two requests in one step",
     "10. Prefix cache hit with refcount 2",
-    "11. Chunked prefill of a long prompt under a small budget",
-    "12. Preemption under a tiny pool",
-    "13. Changing the budget and comparing TTFT/ITL",
+    "11. A hit on blocks computed in the same step",
+    "12. Chunked prefill of a long prompt under a small budget",
+    "13. Preemption under a tiny pool",
+    "14. Changing the budget and comparing TTFT/ITL",
 ]
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
@@ -157,8 +158,11 @@ def test_walkthrough_outputs_show_what_the_engine_did(executed):
     assert "chosen: 7042 ' Paris'" in text["5. Logits -> sampler"]
     assert "Paris" in text["6. Decode with the KV cache"] and "(length)" in text["6. Decode with the KV cache"]
     assert "prefix cache:" in text["10. Prefix cache hit with refcount 2"]
-    assert "tiny-" in text["12. Preemption under a tiny pool"]
-    assert "long prompt TTFT (ms)" in text["13. Changing the budget and comparing TTFT/ITL"]
+    same_step = text["11. A hit on blocks computed in the same step"]
+    assert "the first 39 are the same: 2 full blocks" in same_step  # SmolLM2's chat template
+    assert re.search(r'^rec\.blocks\["same_step_hits"\]\s+\[(\d+), (\d+), \1, \2\]$', same_step, flags=re.M), same_step
+    assert "tiny-" in text["13. Preemption under a tiny pool"]
+    assert "long prompt TTFT (ms)" in text["14. Changing the budget and comparing TTFT/ITL"]
 
 
 @pytest.mark.slow

@@ -132,6 +132,65 @@ def test_block_hover_shows_tokens_and_click_pins(ui) -> None:
     assert "The" in page.inner_text('[data-testid="kvs-block-detail"]')
 
 
+def test_a_same_step_hit_has_its_own_highlight_legend_entry_and_detail(ui) -> None:
+    # Both requests arrive before the step, so B (admitted after A in step 1) hits A's two
+    # shared blocks while this very step computes them: a same-step hit.
+    page, front, binder = ui
+    s = binder.session
+    shared = list(range(1000, 1032))  # two full blocks of 16
+    s.add_request(shared + [7, 8, 9], max_tokens=2, temperature=0.0, ignore_eos=True)
+    rid_b = s.add_request(shared + [10, 11], max_tokens=2, temperature=0.0, ignore_eos=True)
+    s.step(1)
+    rec = s.current.record
+    assert rec["blocks"]["same_step_hits"] == [1, 2] and rec["blocks"]["allocated"] == [1, 2, 3, 4]
+    front.sync()
+    wait_step(page, 1)
+    leg = page.locator('[data-testid="kvs-leg-ev-same_step_hits"]')
+    assert leg.inner_text().strip() == "same-step hit 2"
+    assert "computed in this same step" in leg.get_attribute("title")
+    assert "before any layer reads it" in leg.get_attribute("title")
+    assert page.inner_text('[data-testid="kvs-leg-ev-hits"]').strip() == "prefix hit 2"
+    # B's block table marks its two hit blocks as same-step hits; A's table marks nothing.
+    row = page.locator(f'[data-testid="kvs-bt-{rid_b}"]')
+    assert row.locator(".kvs-bt-same-step").evaluate_all("els => els.map((e) => e.dataset.block)") == ["1", "2"]
+    assert "same-step hit" in row.locator(".kvs-bt-same-step").first.get_attribute("title")
+    assert page.locator(".kvs-bt-hit, .kvs-bt-same-step").count() == 2
+    # On the canvas a same-step block is drawn in its own colour (teal, dashed and striped);
+    # block 3 (only allocated) and the ordinary-hit colour (blue) show none of it.
+    counts = page.evaluate("""() => {
+        const c = document.querySelector('[data-testid=kvs-pool-canvas]');
+        const ctx = c.getContext('2d'), cell = 26;
+        const count = (i, [r, g, b]) => {
+            const d = ctx.getImageData(i * cell, 0, cell, cell).data; let n = 0;
+            for (let k = 0; k < d.length; k += 4)
+                if (Math.abs(d[k] - r) < 12 && Math.abs(d[k + 1] - g) < 12 && Math.abs(d[k + 2] - b) < 12) n++;
+            return n; };
+        return { same1: count(1, [0, 137, 123]), same2: count(2, [0, 137, 123]),
+                 alloc3: count(3, [0, 137, 123]), blue1: count(1, [21, 101, 192]) }; }""")
+    assert counts["same1"] > 20 and counts["same2"] > 20, counts
+    assert counts["alloc3"] == 0 and counts["blue1"] == 0, counts
+    # Hover: the tooltip names the event and says why it is safe; a click pins the detail.
+    canvas = page.locator('[data-testid="kvs-pool-canvas"]')
+    canvas.scroll_into_view_if_needed()
+    box = canvas.bounding_box()
+    page.mouse.move(box["x"] + 2, box["y"] + 2)
+    page.mouse.move(box["x"] + 26 + 13, box["y"] + 13)
+    page.wait_for_function("() => document.querySelector('[data-testid=kvs-block-tooltip]')"
+                           ".textContent.includes('tokens')", timeout=10_000)
+    tip = page.inner_text('[data-testid="kvs-block-tooltip"]')
+    assert "this step: allocated, prefix hit, same-step hit, cached" in tip
+    assert "written by this step's forward before any layer reads it" in tip
+    page.mouse.click(box["x"] + 26 + 13, box["y"] + 13)
+    page.wait_for_selector('[data-testid="kvs-block-detail-events"]')
+    detail = page.inner_text('[data-testid="kvs-block-detail-events"]')
+    assert "same-step hit" in detail and "computed in this same step" in detail
+    # The next step has no same-step hit: the count drops back to 0.
+    s.step(1)
+    front.sync()
+    wait_step(page, 2)
+    assert page.inner_text('[data-testid="kvs-leg-ev-same_step_hits"]').strip() == "same-step hit 0"
+
+
 def test_attention_head_buttons_reprobe(ui) -> None:
     page, front, binder = ui
     s = binder.session

@@ -70,3 +70,33 @@ def test_widgets_import_neither_torch_nor_the_engine() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                             cwd=WIDGETS_DIR.parent)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _js_block_pool_codes() -> tuple[list[str], dict[str, int], dict[str, str]]:
+    """block_pool.js's STATUS_NAMES, and its EVENT_BITS as {record key: bit} and {record key: tip}."""
+    src = (WIDGETS_DIR / "block_pool.js").read_text()
+    consts = {name: int(v) for name, v in re.findall(r"^const (\w+) = (\d+);", src, re.M)}
+    strings = dict(re.findall(r'^const (\w+) = "([^"]*)";', src, re.M))
+    status = re.findall(r'"([^"]+)"', re.search(r"^const STATUS_NAMES = \[(.*?)\];", src, re.M).group(1))
+    table = re.search(r"^const EVENT_BITS = \[\n(.*?)^\];", src, re.M | re.S).group(1)
+    rows = re.findall(r'^\s*\[(\w+), "(\w+)", "[^"]+", "#[0-9a-f]{6}", (?:"([^"]+)"|(\w+))\],$', table, re.M)
+    bits = {key: int(bit) if bit.isdigit() else consts[bit] for bit, key, _, _ in rows}
+    tips = {key: text or strings[name] for _, key, text, name in rows}
+    return status, bits, tips
+
+
+def test_block_pool_js_spells_the_same_codes_as_python() -> None:
+    # One place per language: widgets/block_pool.py for Python (explorer.views imports it),
+    # block_pool.js's STATUS_NAMES / EVENT_BITS for the browser; they must agree.
+    from widgets import block_pool
+
+    status, bits, tips = _js_block_pool_codes()
+    assert len(status) == block_pool.IN_USE_HASHED + 1 and status[block_pool.NULL] == "null"
+    assert status[block_pool.FREE_CACHED] == "free (cached)" and status[block_pool.IN_USE] == "in use"
+    assert bits == block_pool.EVENT_BITS
+    assert tips["same_step_hits"] == ("hit on a block computed in this same step: its KV is written by this "
+                                      "step's forward before any layer reads it")
+    # No other copy of the bits: the Python table is written out only in widgets/block_pool.py.
+    spelled = [p for p in (*WIDGETS_DIR.glob("*.py"), *(WIDGETS_DIR.parent / "explorer").glob("*.py"))
+               if re.search(r'"cached":\s*16', p.read_text())]
+    assert spelled == [WIDGETS_DIR / "block_pool.py"]

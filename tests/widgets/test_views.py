@@ -35,8 +35,10 @@ def test_block_pool_columns_match_the_snapshot_block_by_block(fresh_session) -> 
         assert events[bid] & 1
     assert state["counts"]["allocated"] == len(e.record["blocks"]["allocated"]) > 0
     assert state["block_tables"] == [{"request_id": r["request_id"], "block_table": r["block_table"],
-                                      "num_computed_tokens": r["num_computed_tokens"]}
+                                      "num_computed_tokens": r["num_computed_tokens"], "hits": [],
+                                      "same_step_hits": []}
                                      for r in e.snapshot["queues"]["running"]]
+    assert state["counts"]["same_step_hits"] == state["counts"]["hits"] == 0
 
 
 def test_prefix_hits_are_marked_in_the_pool_events(fresh_session) -> None:
@@ -53,6 +55,62 @@ def test_prefix_hits_are_marked_in_the_pool_events(fresh_session) -> None:
     row = next(r for r in views.queues_state(e.record, e.snapshot)["queues"]["running"] if r["request_id"] == "1")
     assert row["num_cached_tokens"] == 16 * len(hits)
     assert row["scheduled"]["is_prefill"] and row["scheduled"]["num_cached_tokens"] == row["num_cached_tokens"]
+
+
+# Two full blocks (block_size 16) that every request below starts with, as token ids.
+SHARED_IDS = list(range(1000, 1032))
+
+
+def test_a_same_step_hit_has_its_own_event_bit_and_table_mark(fresh_session) -> None:
+    # Both requests arrive before the step: A's two shared blocks are hashed when they are
+    # allocated, so B, admitted after A in the same step, hits blocks whose KV this very
+    # step computes (vLLM 0.32's allocate_slots caches at allocation).
+    s = fresh_session
+    a = s.add_request(SHARED_IDS + [7, 8, 9], max_tokens=2, temperature=0.0, ignore_eos=True)
+    b = s.add_request(SHARED_IDS + [10, 11], max_tokens=2, temperature=0.0, ignore_eos=True)
+    s.step(1)
+    e = s.current
+    rec, running = e.record, {r["request_id"]: r for r in e.snapshot["queues"]["running"]}
+    shared = running[a]["block_table"][:2]
+    assert running[b]["block_table"][:2] == shared
+    assert rec["blocks"]["same_step_hits"] == rec["blocks"]["hits"] == shared
+    state = views.block_pool_state(rec, e.snapshot)
+    events = list(array("B", state["events"]))
+    same_step = views.EVENT_BITS["same_step_hits"]
+    assert same_step == 32 and same_step not in {v for k, v in views.EVENT_BITS.items() if k != "same_step_hits"}
+    for bid in shared:  # allocated to A, hashed, and hit by B, all in this step
+        assert events[bid] == sum(views.EVENT_BITS[k] for k in ("allocated", "hits", "cached", "same_step_hits"))
+    assert [i for i, ev in enumerate(events) if ev & same_step] == sorted(shared)
+    assert state["counts"]["same_step_hits"] == state["counts"]["hits"] == 2
+    tables = {t["request_id"]: t for t in state["block_tables"]}
+    assert (tables[a]["hits"], tables[a]["same_step_hits"]) == ([], [])
+    assert (tables[b]["hits"], tables[b]["same_step_hits"]) == ([0, 1], [0, 1])
+
+    # A hit in a later step is an ordinary prefix hit: the hit bit, not the same-step one.
+    c = s.add_request(SHARED_IDS + [12, 13], max_tokens=2, temperature=0.0, ignore_eos=True)
+    s.step(1)
+    e = s.current
+    assert e.record["blocks"]["hits"] == shared and e.record["blocks"]["same_step_hits"] == []
+    state = views.block_pool_state(e.record, e.snapshot)
+    events = list(array("B", state["events"]))
+    assert all(events[bid] & views.EVENT_BITS["hits"] and not events[bid] & same_step for bid in shared)
+    assert state["counts"]["same_step_hits"] == 0 and state["counts"]["hits"] == 2
+    tables = {t["request_id"]: t for t in state["block_tables"]}
+    assert (tables[c]["hits"], tables[c]["same_step_hits"]) == ([0, 1], [])
+
+
+def test_the_block_pool_codes_are_spelled_once_in_python(fresh_session) -> None:
+    from widgets import block_pool
+
+    s = fresh_session
+    s.add_request("Hello", max_tokens=1, temperature=0.0)
+    s.step(1)
+    assert views.EVENT_BITS is block_pool.EVENT_BITS
+    assert (views.NULL, views.FREE, views.FREE_CACHED, views.IN_USE, views.IN_USE_HASHED) == (0, 1, 2, 3, 4)
+    # Every list of a real StepRecord's blocks has a bit, and the bits are distinct powers of two.
+    assert set(block_pool.EVENT_BITS) == set(s.current.record["blocks"])
+    bits = list(block_pool.EVENT_BITS.values())
+    assert len(set(bits)) == len(bits) and all(b & (b - 1) == 0 for b in bits) and max(bits) < 256
 
 
 def test_slot_mapping_segments_follow_query_start_loc(fresh_session) -> None:

@@ -11,8 +11,8 @@ size and replays it with one launch. Graphs have fixed shapes and fixed addresse
 
 Captured sizes: 1, 2, 4, 8, then every 16 up to min(max_num_seqs, 512). The attention
 backend must be launchable inside a capture (no host sync, no shape-dependent allocation):
-the Triton backend's decode path is; the torch reference is not (it builds masks from host
-lists), so with it the engine runs eager and says why.
+the triton and flash_attn backends' decode paths are (GRAPH_BACKENDS); the torch reference
+is not (it builds masks from host lists), so with it the engine runs eager and says why.
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def why_no_graphs(enforce_eager: bool, device: torch.device, backend_name: str, 
     if device.type != "cuda":
         return f"device is {device.type}: CUDA graphs need a GPU"
     if backend_name not in GRAPH_BACKENDS:
-        return f"attention backend {backend_name!r} cannot be captured (use 'triton')"
+        return f"attention backend {backend_name!r} cannot be captured (use one of {GRAPH_BACKENDS})"
     if tp_size > 1:
         return "tensor parallel steps run eager"
     return None

@@ -227,8 +227,7 @@ class ModelRunner:
         return (batch, meta, torch.tensor(input_ids, dtype=torch.long, device=dev),
                 torch.tensor(positions, dtype=torch.long, device=dev))
 
-    def metadata(self, batch: Batch, ctx_lens: list[int], decode_ids: list[int],
-                 slot_mapping: list[int] | None = None) -> AttentionMetadata:
+    def metadata(self, batch: Batch, ctx_lens: list[int], decode_ids: list[int]) -> AttentionMetadata:
         """Attention metadata (tensors on this runner's device) for a packed batch."""
         dev = self.device
         max_blocks = max((len(t) for t in batch.block_tables), default=1) or 1
@@ -238,8 +237,7 @@ class ModelRunner:
                               dtype=torch.long).reshape(-1, max_blocks).to(dev)
         meta = AttentionMetadata(
             query_start_loc=batch.query_start_loc, seq_lens=batch.seq_lens, context_lens=ctx_lens,
-            slot_mapping=torch.tensor(batch.slot_mapping if slot_mapping is None else slot_mapping,
-                                      dtype=torch.long, device=dev),
+            slot_mapping=torch.tensor(batch.slot_mapping, dtype=torch.long, device=dev),
             block_tables=padded, block_size=self.block_size, decode_seq_ids=decode_ids)
         if decode_ids:
             idx = torch.tensor(decode_ids, dtype=torch.long, device=dev)
@@ -299,7 +297,7 @@ class ModelRunner:
                layer: int) -> torch.Tensor | None:
         batch = Batch(token_ids[start:end], list(range(start, end)), [0, end - start], [end],
                       [-1] * (end - start), [list(block_table)], [])
-        meta = self.metadata(batch, [start], [], slot_mapping=batch.slot_mapping)
+        meta = self.metadata(batch, [start], [])
         meta.probe_layer = layer
         ids = torch.tensor(batch.input_ids, dtype=torch.long, device=self.device)
         pos = torch.tensor(batch.positions, dtype=torch.long, device=self.device)

@@ -57,7 +57,7 @@ def _diff(b: float | None, a: float | None) -> float | None:
 
 @dataclass
 class RequestMetrics:
-    """Events on two clocks: wall (time.perf_counter based epoch seconds) and engine
+    """Events on two clocks: wall (time.time(), epoch seconds) and engine
     (advances only while a step executes, so it is meaningful under manual stepping)."""
 
     wall: ClockEvents = field(default_factory=ClockEvents)

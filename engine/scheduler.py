@@ -40,10 +40,6 @@ class SchedulerOutput:
     token_budget: int = 0
 
     @property
-    def num_batched_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.scheduled)
-
-    @property
     def is_empty(self) -> bool:
         return not self.scheduled
 

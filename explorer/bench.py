@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine import LLM, SamplingParams
+from explorer.machine import cpu_summary
 
 
 BENCH_KV_BYTES = 2 * 2**30
@@ -144,6 +145,9 @@ def bench(reps: int = 3, scale: float = 1.0, dtype: str = "float32", model: str 
     folder = llm.engine.config.model
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).eval()
     pad_id = llm.tokenizer.pad_token_id if llm.tokenizer.pad_token_id is not None else 0
+    # CPU figures compare across machines only with the CPU named: its vector extensions
+    # (AVX2 / AVX-512 / AVX512_BF16 / AMX) and the kernels torch picked for them.
+    out(f"CPU {cpu_summary()}; torch CPU kernels: {torch.backends.cpu.get_cpu_capability()}")
     out(f"model {llm.engine.model_info['name']} ({dtype}), torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads, {reps} repetitions, scale {scale}; engine: prefix_aware_admission on, "
         f"KV pool {BENCH_KV_BYTES / 2**30:.0f} GiB ({llm.engine.runner.num_blocks} blocks)")

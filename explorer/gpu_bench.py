@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from engine import LLM, SamplingParams
+from explorer.machine import cpu_summary
 
 PEAK_BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12}  # bytes/s, datasheet values
 
@@ -136,7 +137,8 @@ def main(argv: list[str] | None = None) -> dict:
     results: dict = {"gpu": name, "torch": torch.__version__, "requests": args.requests}
     with tempfile.TemporaryDirectory() as tmp:
         path = random_checkpoint(Path(tmp), args.shape)
-        print(f"{name}, torch {torch.__version__}; {args.shape}-shaped random Qwen3 weights, bf16; {args.requests} requests, "
+        where = name if args.device == "cuda" else f"CPU {cpu_summary()}"   # the CPU's vector extensions
+        print(f"{where}, torch {torch.__version__}; {args.shape}-shaped random Qwen3 weights, bf16; {args.requests} requests, "
               f"lengths {args.min_len}-{args.max_len}", flush=True)
         for label, eager in (("eager", True), ("cuda_graphs", False)):
             llm = engine_llm(path, eager, args.device)

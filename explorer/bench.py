@@ -136,12 +136,9 @@ def bench(reps: int = 3, scale: float = 1.0, dtype: str = "float32", model: str 
     """Run every workload `reps` times, alternating engine and HF; print and return the table."""
     from transformers import AutoModelForCausalLM
 
-    # prefix_aware_admission: requests sharing a prefix with one admitted in the same step wait
-    # one step and hit the cache (engine/config.py); it changes nothing without shared prefixes.
     # The KV pool holds the whole workload at once (HF's cache grows as it needs); the
     # default 256 MiB pool is sized for watching blocks in the explorer, not for throughput.
-    llm = LLM(model=model, dtype=dtype, record_steps=True, prefix_aware_admission=True,
-              kv_cache_memory_bytes=BENCH_KV_BYTES)
+    llm = LLM(model=model, dtype=dtype, record_steps=True, kv_cache_memory_bytes=BENCH_KV_BYTES)
     folder = llm.engine.config.model
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).eval()
     pad_id = llm.tokenizer.pad_token_id if llm.tokenizer.pad_token_id is not None else 0
@@ -149,7 +146,7 @@ def bench(reps: int = 3, scale: float = 1.0, dtype: str = "float32", model: str 
     # (AVX2 / AVX-512 / AVX512_BF16 / AMX) and the kernels torch picked for them.
     out(f"CPU {cpu_summary()}; torch CPU kernels: {torch.backends.cpu.get_cpu_capability()}")
     out(f"model {llm.engine.model_info['name']} ({dtype}), torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads, {reps} repetitions, scale {scale}; engine: prefix_aware_admission on, "
+        f"{torch.get_num_threads()} threads, {reps} repetitions, scale {scale}; engine: "
         f"KV pool {BENCH_KV_BYTES / 2**30:.0f} GiB ({llm.engine.runner.num_blocks} blocks)")
     results: dict = {}
     for wl in make_workloads(scale=scale):

@@ -27,7 +27,7 @@ BLOCK_SIZE = 32
 NUM_BLOCKS = 14          # including the null block 0
 BUDGET = 96
 MAX_NUM_SEQS = 6
-MAX_MODEL_LEN = 512
+MAX_MODEL_LEN = 320     # vLLM refuses a max_model_len the pool cannot hold (13 blocks of 32 here)
 
 
 def workloads(n: int, seed: int = 0) -> list[list[dict]]:

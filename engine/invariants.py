@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from .kv_cache_manager import cdiv
+from .core.kv_cache_manager import cdiv
 from .request import RequestStatus
 
 

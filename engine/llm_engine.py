@@ -9,17 +9,18 @@ from dataclasses import dataclass
 import torch
 
 from .config import SCHEDULER_KNOBS, EngineConfig
+from .core.kv_cache_manager import KVCacheManager, cdiv
+from .core.scheduler import Scheduler, SchedulerOutput
 from .distributed import check_tensor_parallel
+from .distributed.executor import WorkerGroup
 from .distributed.sharding import rank_ranges, sharding_layout
 from .forward_timer import ForwardTimer
-from .kv_cache_manager import KVCacheManager, cdiv
 from .model import ModelSpec
-from .model_runner import ModelRunner
+from .model_runner import ModelRunner, resolve_device
 from .records import EngineSnapshot, StepRecord, block_pool_dict, gc_paused, request_dict
 from .request import Request, RequestStatus
 from .sampler import Sampler
 from .sampling_params import SamplingParams
-from .scheduler import Scheduler, SchedulerOutput
 from .tokenizer import fast_decoder, load_tokenizer
 
 
@@ -62,8 +63,13 @@ class LLMEngine:
         self.spec = spec
         donor = share_model_with if share_model_with is not None and share_model_with._can_share(config) else None
         same_folder = share_model_with is not None and str(share_model_with.config.model) == str(folder)
-        # Tensor parallel: the runner has spawned its workers; they start while the tokenizer loads.
-        self.runner = ModelRunner(config, spec, max_model_len, model=donor.runner.model if donor else None)
+        # Tensor parallel: the workers start (and load their shards) while rank 0 loads its own
+        # and the tokenizer; wait_ready() then joins them.
+        workers = None
+        if config.tensor_parallel_size > 1:
+            workers = WorkerGroup(config, spec, max_model_len, resolve_device(config.device))
+        self.runner = ModelRunner(config, spec, max_model_len, model=donor.runner.model if donor else None,
+                                  workers=workers)
         try:
             self.tokenizer = share_model_with.tokenizer if same_folder else load_tokenizer(folder)
             self.runner.wait_ready()

@@ -7,6 +7,7 @@ and runs its own shard; each worker runs the same runner class on its shard."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -16,7 +17,7 @@ from .cuda_graphs import DecodeGraphs, why_no_graphs
 from .distributed.parallel_state import SINGLE, TensorParallel
 from .model import CausalLM, ModelSpec, load_weights
 from .model.cpu_linear import cpu_packing_available
-from .scheduler import SchedulerOutput
+from .core.scheduler import SchedulerOutput
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -69,25 +70,24 @@ class Batch:
 
 class ModelRunner:
     """Model + KV pools. `kv_caches[layer] = (k, v)`, each [num_blocks, block_size, KVH, D]
-    (KVH: this rank's KV heads). `tp`/`num_blocks` are given on worker ranks; on rank 0 a
-    tensor_parallel_size > 1 starts the workers here."""
+    (KVH: this rank's KV heads). `tp`/`num_blocks` are given on worker ranks; on rank 0 of a
+    tensor-parallel engine, `workers` is the started WorkerGroup (its `tp` is rank 0's), and
+    the runner sends each step to it and stops it with itself. The runner never starts
+    workers: the workers import the runner, not the reverse."""
 
     def __init__(self, config: EngineConfig, spec: ModelSpec, max_model_len: int,
                  model: CausalLM | None = None, *, tp: TensorParallel | None = None,
-                 num_blocks: int | None = None) -> None:
+                 num_blocks: int | None = None, workers: Any = None) -> None:
+        if workers is not None:
+            tp = workers.tp
+        self.workers, self.tp = workers, tp or SINGLE
         self.config = config
         self.spec = spec
-        self.device = resolve_device(config.device) if tp is None else tp.device
-        self.dtype = resolve_dtype(config.dtype, self.device)
-        self.block_size = config.block_size
-        self.backend = get_attention_backend(config.attention_backend, self.device, self.block_size, self.dtype)
-        self.workers = None
-        if tp is None and config.tensor_parallel_size > 1:
-            from .distributed.executor import WorkerGroup
-            self.workers = WorkerGroup(config, spec, max_model_len, self.device)  # spawned, loading
-            tp, self.device = self.workers.tp, self.workers.tp.device
-        self.tp = tp or SINGLE
-        try:
+        try:  # a failure stops the workers
+            self.device = resolve_device(config.device) if tp is None else tp.device
+            self.dtype = resolve_dtype(config.dtype, self.device)
+            self.block_size = config.block_size
+            self.backend = get_attention_backend(config.attention_backend, self.device, self.block_size, self.dtype)
             if model is None:  # else: weights shared with an earlier engine (read-only at inference)
                 model = build_model(config, spec, max_model_len, self.device, self.dtype, self.tp)
             self.model = model

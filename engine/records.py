@@ -6,7 +6,7 @@ import gc
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from .hashing import hash_hex
+from .core.hashing import hash_hex
 from .request import Request
 
 

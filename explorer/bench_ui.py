@@ -10,7 +10,7 @@ requests and 4,096 KV blocks. Two parts:
      view update     SessionBinder.render(): explorer.views, the attention probe, and the
                      widgets' traitlet sync (get_state, buffers, the JSON a kernel would pack)
    and the bytes every widget message would carry to the browser.
-2. Browser side (tests/e2e/ui_bench_page.py, needs the checkout, playwright and Debian's
+2. Browser side (explorer/ui_bench_page.py, needs playwright and Debian's
    chromium): JupyterLab runs a scratch notebook with the same Session and a Dashboard;
    Step is clicked N times and the page itself times click -> queues, block pool and slot
    mapping showing the new step, next to the kernel's own split of the same step.
@@ -25,10 +25,11 @@ import json
 import math
 import random
 import statistics
-import sys
 from pathlib import Path
 from time import perf_counter
 from typing import Any, Callable, Iterable
+
+from .ui_bench_common import WATCHED_PANELS, BenchUnavailable
 
 DEFAULT_REQUESTS = 64
 DEFAULT_BLOCKS = 4096
@@ -36,15 +37,10 @@ DEFAULT_STEPS = 10
 PROMPT_LEN = (64, 448)   # prompt lengths drawn uniformly from this range (mean 256 tokens)
 
 # The panels whose new step the browser waits for (their root's data-testid).
-WATCHED_PANELS = ("kvs-queues", "kvs-block-pool", "kvs-slot-mapping")
 
 # explorer.views functions SessionBinder.render calls (looked up on the module at call time).
 VIEW_FUNCS = ("summary_line", "queues_state", "block_pool_state", "slot_mapping_state", "sampler_state",
               "timeline_state", "latency_rows", "probe_targets")
-
-
-class BenchUnavailable(RuntimeError):
-    """A part of the benchmark cannot run here (no checkout, playwright or chromium)."""
 
 
 # -- the workload -----------------------------------------------------------------------------
@@ -425,16 +421,8 @@ def format_python(res: dict) -> list[str]:
 
 # -- part 2: the browser ----------------------------------------------------------------------
 def _browser_driver():
-    """tests/e2e/ui_bench_page.py, from the checkout this package sits in."""
-    try:
-        from tests.e2e import ui_bench_page
-    except ImportError:
-        root = Path(__file__).resolve().parents[1]
-        if not (root / "tests" / "e2e" / "ui_bench_page.py").is_file():
-            raise BenchUnavailable("the browser part needs the repository checkout (tests/e2e/ui_bench_page.py); "
-                               "pass --no-browser to skip it") from None
-        sys.path.insert(0, str(root))
-        from tests.e2e import ui_bench_page
+    """explorer/ui_bench_page.py, imported only when the browser part runs (playwright)."""
+    from . import ui_bench_page
     return ui_bench_page
 
 
@@ -445,6 +433,7 @@ def bench_browser(model: str | None = None, *, num_requests: int = DEFAULT_REQUE
     driver = _browser_driver()
     res = driver.run_browser_bench(model=model, num_requests=num_requests, num_kv_blocks=num_kv_blocks,
                                    steps=steps, block_size=block_size, prompt_len=prompt_len, out=out)
+    res["summary"] = summarize_clicks(res["clicks"][res["setup"]["warmup_clicks"]:])
     for line in format_browser(res):
         out(line)
     return res

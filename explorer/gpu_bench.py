@@ -42,9 +42,8 @@ SHAPES = {  # write_tiny_qwen3 overrides
 
 
 def random_checkpoint(folder: Path, shape: str) -> Path:
-    """A random Qwen3 checkpoint of `shape` (the tests' writer: transformers saves it; run from
-    the repository root, where tests/ is)."""
-    from tests.fixtures.checkpoints import write_tiny_qwen3
+    """A random Qwen3 checkpoint of `shape` (written by transformers, as the tests' are)."""
+    from .checkpoints import write_tiny_qwen3
 
     return write_tiny_qwen3(folder, **SHAPES[shape])
 

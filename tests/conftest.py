@@ -22,15 +22,16 @@ import pytest
 
 # ---------------------------------------------------------------------------
 # Model checkpoints: the default model and tiny random Qwen3 / Qwen2 / Llama
-# checkpoints with Qwen's real tokenizer (tests/fixtures/checkpoints.py).
+# checkpoints with Qwen's real tokenizer (explorer/checkpoints.py).
 # ---------------------------------------------------------------------------
+from explorer import checkpoints
 
 # tests/ is on sys.path when it has no __init__.py (pytest's rootdir-less
 # "prepend" import); the repository root is, when it has one.
 try:
-    from fixtures import checkpoints, flash_attn_reference
+    from fixtures import flash_attn_reference
 except ModuleNotFoundError:  # pragma: no cover - depends on how pytest imports tests/
-    from tests.fixtures import checkpoints, flash_attn_reference
+    from tests.fixtures import flash_attn_reference
 
 _WRITERS: dict[str, Callable[..., Path]] = {
     "qwen3": checkpoints.write_tiny_qwen3,
@@ -147,7 +148,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # e2e tests and the panel tests share this one.
 @pytest.fixture(scope="session")
 def chromium_path() -> str:
-    from tests.e2e.lab_harness import find_chromium
+    from explorer.lab_harness import find_chromium
 
     path = find_chromium()
     if path is None:
@@ -157,7 +158,7 @@ def chromium_path() -> str:
 
 @pytest.fixture(scope="session")
 def browser(chromium_path: str):
-    from tests.e2e.lab_harness import CHROMIUM_ARGS
+    from explorer.lab_harness import CHROMIUM_ARGS
 
     sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
     with sync_api.sync_playwright() as pw:

@@ -33,7 +33,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 
 from .backend import AttentionBackend
 from .metadata import AttentionMetadata
-from .torch_backend import probe_probs_from_cache, write_kv
+from .reference_ops import probe_probs_from_cache, write_kv
 from .triton_kernels import store_kvcache
 
 PAGE_MULTIPLE = 256                                # flash-attn's paged KV: page_block_size % 256 == 0

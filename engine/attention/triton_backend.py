@@ -16,7 +16,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 
 from .backend import AttentionBackend
 from .metadata import AttentionMetadata
-from .torch_backend import probe_probs_from_cache
+from .reference_ops import probe_probs_from_cache
 from .triton_kernels import paged_decode_attention, paged_prefill_attention, store_kvcache
 
 

@@ -6,7 +6,7 @@ from typing import Callable, Iterator
 
 import pytest
 
-from .lab_harness import TEST_OUTPUT, LabServer, LabUI, start_lab_server
+from explorer.lab_harness import TEST_OUTPUT, LabServer, LabUI, start_lab_server
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .lab_harness import REPO
+from explorer.lab_harness import REPO
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -239,15 +239,18 @@ def test_workers_exit_with_the_context_manager_and_at_interpreter_exit(tiny_qwen
     assert is_gone(pid)
     llm.shutdown()  # idempotent
     # A script that never calls shutdown(): its workers still stop when it exits. (It holds
-    # the runner, the workers' owner, without an LLM: no tokenizer to load, a faster test.)
+    # the workers and the runner that drives them without an LLM: no tokenizer, a faster test.)
     code = textwrap.dedent(f"""
         from engine import EngineConfig
+        from engine.distributed.executor import WorkerGroup
         from engine.model import ModelSpec
-        from engine.model_runner import ModelRunner
+        from engine.model_runner import ModelRunner, resolve_device
         if __name__ == "__main__":
             path = {str(tiny_qwen3_path)!r}
-            runner = ModelRunner(EngineConfig(model=path, tensor_parallel_size=2, num_kv_blocks=8),
-                                 ModelSpec.from_folder(path), 64)
+            config = EngineConfig(model=path, tensor_parallel_size=2, num_kv_blocks=8)
+            spec = ModelSpec.from_folder(path)
+            workers = WorkerGroup(config, spec, 64, resolve_device(config.device))
+            runner = ModelRunner(config, spec, 64, workers=workers)
             runner.wait_ready()
             print(runner.workers.procs[0].pid, flush=True)
     """)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from engine.attention import AttentionMetadata
-from engine.attention.torch_backend import attention_probs, causal_mask, gather_context
+from engine.attention.reference_ops import attention_probs, causal_mask, gather_context
 from engine.attention.torch_decode import decode_attention, decode_plan
 
 H, KVH, D, BS = 6, 2, 16, 8

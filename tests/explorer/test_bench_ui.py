@@ -118,7 +118,7 @@ def test_a_pool_too_small_for_the_requests_is_refused_naming_the_knob(tiny_qwen3
 
 
 def test_browser_part_without_chromium_says_how_to_skip_it(monkeypatch):
-    from tests.e2e import ui_bench_page
+    from explorer import ui_bench_page
 
     monkeypatch.setattr(ui_bench_page, "find_chromium", lambda: None)
     with pytest.raises(bench_ui.BenchUnavailable, match="--no-browser"):

@@ -14,7 +14,7 @@ import torch
 
 pytest.importorskip("triton", reason="the triton package is not installed (pip install -e '.[dev]')")
 
-from engine.attention.backend import get_attention_backend  # noqa: E402
+from engine.attention.selector import get_attention_backend  # noqa: E402
 
 from .paged_cases import run_backends  # noqa: E402
 

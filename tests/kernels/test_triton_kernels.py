@@ -13,7 +13,7 @@ import torch
 
 pytest.importorskip("triton", reason="the triton package is not installed (pip install -e '.[dev]')")
 
-from engine.attention.torch_backend import attention_probs, causal_mask, gather_context, write_kv  # noqa: E402
+from engine.attention.reference_ops import attention_probs, causal_mask, gather_context, write_kv  # noqa: E402
 from engine.attention.triton_backend import TritonAttentionBackend  # noqa: E402
 from engine.attention.triton_kernels import (  # noqa: E402
     paged_decode_attention, paged_prefill_attention, store_kvcache)
@@ -198,7 +198,7 @@ def test_backend_probe_mode_reads_the_cache_writes_nothing():
 
 
 def test_backend_import_fails_cleanly_without_triton(monkeypatch):
-    from engine.attention.backend import get_attention_backend
+    from engine.attention.selector import get_attention_backend
 
     monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` now raises ImportError
     for name in ("engine.attention.triton_backend", "engine.attention.triton_kernels"):

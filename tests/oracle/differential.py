@@ -134,8 +134,8 @@ PLANTED_BUGS = ("cache-after-forward", "dedup-full-blocks", "admit-on-first-chun
 def planted(bug: str):
     """Put back one of the three ways kvscope used to differ from vLLM (issue 14), to show
     this harness catches each."""
-    from engine.block_pool import BlockPool
-    from engine.kv_cache_manager import KVCacheManager
+    from engine.core.block_pool import BlockPool
+    from engine.core.kv_cache_manager import KVCacheManager
 
     if bug == "cache-after-forward":  # blocks findable only from the next step on
         cls, name = KVCacheManager, "cache_blocks"

@@ -3,10 +3,10 @@ and the same post-step update (`Scheduler.update_from_output`) that LLMEngine.st
 from __future__ import annotations
 
 from engine.config import EngineConfig
-from engine.kv_cache_manager import KVCacheManager
+from engine.core.kv_cache_manager import KVCacheManager
 from engine.request import Request
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
+from engine.core.scheduler import Scheduler
 
 from .workloads import OracleRequest, Workload
 

@@ -13,10 +13,7 @@ from safetensors import safe_open
 
 from engine import default_model as dm
 
-try:  # tests/ is on sys.path when it has no __init__.py, the repository root when it has one
-    from fixtures import checkpoints
-except ModuleNotFoundError:  # pragma: no cover
-    from tests.fixtures import checkpoints
+from explorer import checkpoints
 
 QWEN_PROMPT_IDS = [785, 6722, 315, 9625, 374]  # "The capital of France is" in Qwen3's tokenizer
 

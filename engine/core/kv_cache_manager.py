@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .block_pool import BlockPool
 from .hashing import extend_block_hashes
-from .request import Request
+from ..request import Request
 
 
 def cdiv(a: int, b: int) -> int:

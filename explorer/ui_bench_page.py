@@ -18,7 +18,7 @@ from typing import Callable
 
 import nbformat
 
-from explorer.bench_ui import WATCHED_PANELS, BenchUnavailable, summarize_clicks
+from .ui_bench_common import WATCHED_PANELS, BenchUnavailable
 
 from .lab_harness import CHROMIUM_ARGS, LabUI, find_chromium, start_lab_server
 
@@ -162,7 +162,7 @@ def run_browser_bench(*, model: str | None, num_requests: int, num_kv_blocks: in
                       "timeouts": sum(bool(c["timedOut"]) for c in measured),
                       "all_decode": all((c["kernel"] or {}).get("num_decode") == num_requests for c in measured),
                       "wall_s": time.monotonic() - t_start},
-            "clicks": clicks, "summary": summarize_clicks(measured)}
+            "clicks": clicks}
 
 
 def _drive(page, server, *, steps: int, warmup_clicks: int, out: Callable[[str], None]) -> list[dict]:

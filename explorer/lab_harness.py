@@ -21,7 +21,7 @@ from pathlib import Path
 
 from explorer.lab import free_port, lab_launch
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 TEST_OUTPUT = REPO / "test-output"
 
 # Chromium flags measured to work headless in containers (FACTS.md).

@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from .config import EngineConfig
+from ..config import EngineConfig
 from .kv_cache_manager import KVCacheManager
-from .request import Request, RequestStatus
+from ..request import Request, RequestStatus
 
 
 @dataclass

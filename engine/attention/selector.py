@@ -1,0 +1,58 @@
+"""Which attention backend runs: 'auto' resolved for the device and cache, and a clear
+error when the one asked for cannot run here. Backends are imported only when chosen
+(triton and flash-attn may be missing)."""
+from __future__ import annotations
+
+import torch
+
+from .backend import AttentionBackend
+
+
+def get_attention_backend(name: str, device: torch.device, block_size: int = 16,
+                          dtype: torch.dtype = torch.float32) -> AttentionBackend:
+    """Resolve 'auto' and build the backend; a clear error when one cannot run here.
+
+    'auto' on a GPU: flash_attn where it is installed and the cache suits it (block_size a
+    multiple of 256, fp16/bf16), else our triton kernels, else the torch reference; on a CPU
+    the torch reference."""
+    if name == "auto":
+        if device.type == "cuda":
+            if block_size % 256 == 0 and dtype in (torch.float16, torch.bfloat16):
+                try:
+                    return _flash_attn()
+                except ImportError:
+                    pass
+            try:
+                return _triton()
+            except ImportError:
+                pass
+        name = "torch"
+    if name == "torch":
+        from .torch_backend import TorchAttentionBackend
+        return TorchAttentionBackend()
+    if name == "triton":
+        try:
+            return _triton()
+        except ImportError as e:
+            raise ValueError(f"attention_backend 'triton' is not available here: {e}") from None
+    if name == "flash_attn":
+        try:
+            backend = _flash_attn()
+        except ImportError as e:
+            raise ValueError(f"attention_backend 'flash_attn' is not available here: {e}; "
+                             "attention_backend='triton' runs our own kernels") from None
+        if dtype not in (torch.float16, torch.bfloat16):
+            raise ValueError(f"attention_backend 'flash_attn' computes in float16 or bfloat16, got dtype "
+                             f"{str(dtype).replace('torch.', '')} (dtype='auto' is float32 on a CPU); use dtype='bfloat16'")
+        return backend
+    raise ValueError(f"attention_backend must be one of auto, torch, triton, flash_attn; got {name!r}")
+
+
+def _triton() -> AttentionBackend:
+    from .triton_backend import TritonAttentionBackend
+    return TritonAttentionBackend()
+
+
+def _flash_attn() -> AttentionBackend:
+    from .flash_attn_backend import FlashAttentionBackend
+    return FlashAttentionBackend()

@@ -1,0 +1,119 @@
+"""The packages' import graph: one direction, no cycles, nothing shipped imports tests/.
+
+Every import counts, lazy ones inside functions included: a lazy import only hides a
+cycle from the interpreter, not from a reader. The graph is read from the source (ast),
+so nothing is imported to check it."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("engine", "explorer", "widgets")
+# engine <- explorer -> widgets (DESIGN.md): who may import whom.
+ALLOWED = {"engine": {"engine"}, "widgets": {"widgets"}, "explorer": {"engine", "explorer", "widgets"}}
+# engine/core decides what the vLLM differential tests compare: plain Python, no torch.
+TORCH_FREE = ("engine.core",)
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for pkg in PACKAGES:
+        for path in (ROOT / pkg).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """Absolute names of everything `name` imports (modules where they are modules)."""
+    is_pkg = path.name == "__init__.py"
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".") if is_pkg else name.split(".")[:-1]
+                base = base[:len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                out.add(sub if sub in modules else target)
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(name, path, modules) for name, path in modules.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on_stack, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in graph:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def _without_package_inits(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    # A package's __init__ re-exports its modules; a module importing a sibling through the
+    # package name is the same edge as importing the sibling itself.
+    packages = {n for n in graph if (ROOT / n.replace(".", "/") / "__init__.py").exists()}
+    return {n: {d for d in deps if d not in packages or d == n.split(".")[0]} for n, deps in graph.items()}
+
+
+def test_no_import_cycles_between_modules():
+    cycles = _cycles(_without_package_inits(_graph()))
+    assert not cycles, "import cycles (lazy imports count):\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_imports_follow_engine_explorer_widgets_and_never_reach_tests():
+    bad = []
+    for name, deps in _graph().items():
+        top = name.split(".")[0]
+        for dep in deps:
+            dep_top = dep.split(".")[0]
+            if dep_top == "tests" or (dep_top in PACKAGES and dep_top not in ALLOWED[top]):
+                bad.append(f"{name} imports {dep}")
+    assert not bad, "\n".join(sorted(bad))
+
+
+def test_engine_core_imports_no_torch():
+    graph = _graph()
+    core = [n for n in graph if n.startswith(TORCH_FREE)]
+    assert core, "engine/core is missing"
+    heavy = [f"{n} imports {d}" for n in core for d in graph[n] if d.split(".")[0] in ("torch", "numpy")]
+    assert not heavy, "\n".join(heavy)
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

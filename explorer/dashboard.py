@@ -134,7 +134,9 @@ class SessionBinder:
     def _render_controls(self, record: dict, snapshot: dict) -> None:
         history = self.session.history
         config = self.session.engine.config
-        info = views.summary_line(record, snapshot)
+        # Which engine the panels show (a vLLM session says "vLLM 0.32.0").
+        engine_name = (snapshot.get("model_info") or {}).get("engine") or "kvscope"
+        info = f"{engine_name} \u00b7 " + views.summary_line(record, snapshot)
         m = snapshot.get("metrics") or {}
         if m.get("prefix_cache_queries"):
             info += f" \u00b7 prefix hits {m.get('prefix_cache_hits', 0)}/{m['prefix_cache_queries']}"
@@ -191,6 +193,8 @@ class SessionBinder:
             att.clear(str(exc))
             return
         att.show_probe(probe_dict, step=step)
+        if probe_dict.get("source"):  # where the weights came from, when not kvscope's own engine
+            att.message = str(probe_dict["source"])
 
     # ---- Session events ----
     def _on_event(self, event: str, _session: Any = None) -> None:
@@ -267,6 +271,9 @@ class SessionBinder:
             s.set_budget(**{k: c[k] for k in BUDGET_KEYS if k in c and c[k] is not None})
         elif action == "reset":
             self.view_index = None
+            if "controls" in self.panels:  # a new engine can take a while (vLLM: half a minute or more)
+                name = getattr(s, "engine_name", "kvscope")
+                self.panels["controls"].info = f"building a new {name} engine \u2026"
             s.reset(**{k: c[k] for k in POOL_KEYS if c.get(k) is not None})
         elif action == "abort":
             self.view_index = None

@@ -11,10 +11,12 @@ import dataclasses
 import logging
 import statistics
 import threading
-from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from engine import LLM, EngineConfig, SamplingParams, StepRecord
+
+from .engine_protocol import Engine, EngineDriver, make_driver
+from .history import HistoryEntry, share_unchanged
 
 log = logging.getLogger(__name__)
 
@@ -22,25 +24,17 @@ EVENTS = ("step", "add", "reset", "budget", "abort", "error")
 Observer = Callable[[str, "Session"], None]
 
 _SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
-_CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(EngineConfig))
-
-
-@dataclass(frozen=True)
-class HistoryEntry:
-    """The engine after one step: `record` is that step's StepRecord.to_dict() (None for
-    the step-0 entry made before any step), `snapshot` its EngineSnapshot.to_dict()."""
-
-    step: int
-    record: dict | None
-    snapshot: dict
 
 
 class Session:
     """Drives an engine one step at a time and keeps its history for scrubbing back.
 
-    `Session(llm_or_config=None, *, debug_invariants=False, **config_fields)` accepts an
-    `LLM`, an `EngineConfig`, a model folder (str / path) or None (the default model,
-    with `config_fields` as EngineConfig overrides).
+    `Session(llm_or_config=None, *, engine="kvscope", debug_invariants=False, **config_fields)`
+    accepts an `LLM`, an `EngineConfig`, a model folder (str / path) or None (the default
+    model, with `config_fields` as EngineConfig overrides). `engine="vllm"` steps vLLM itself
+    (explorer.vllm_engine: `config_fields` are VllmConfig fields or vLLM engine arguments);
+    any engine of explorer.engine_protocol.ENGINES, or a ready EngineDriver, works the same.
+    `engine_name` says which engine the panels show.
 
     History holds one `HistoryEntry` per engine step plus the step-0 entry. Entries
     are frozen once the next step runs; the latest entry's snapshot is refreshed after
@@ -56,36 +50,16 @@ class Session:
     """
 
     def __init__(self, llm_or_config: LLM | EngineConfig | str | Any | None = None, *,
-                 debug_invariants: bool = False, **config_fields: Any) -> None:
+                 engine: str | EngineDriver = "kvscope", debug_invariants: bool = False,
+                 **config_fields: Any) -> None:
         self._lock = threading.RLock()  # a Play loop in a thread and a click must not interleave
         self._observers: list[Observer] = []
         self.last_error: str | None = None
         if debug_invariants:
             config_fields["check_invariants"] = True
-        self._llm = self._build_llm(llm_or_config, config_fields)
+        self._driver: EngineDriver = make_driver(engine, llm_or_config, config_fields)
         self._history: list[HistoryEntry] = []
         self._start_history()
-
-    # -- construction ---------------------------------------------------------------------
-    @staticmethod
-    def _build_llm(llm_or_config: Any, config_fields: dict[str, Any]) -> LLM:
-        if isinstance(llm_or_config, LLM):
-            if config_fields:
-                raise ValueError(f"config fields {sorted(config_fields)} cannot apply to an existing LLM; "
-                                 "pass an EngineConfig or a model path instead")
-            return llm_or_config
-        _check_config_fields(config_fields)
-        if isinstance(llm_or_config, EngineConfig):
-            fields = _config_kwargs(llm_or_config)
-            fields.update(config_fields)
-            return LLM(**fields)
-        if llm_or_config is None or isinstance(llm_or_config, str) or hasattr(llm_or_config, "__fspath__"):
-            if "model" in config_fields and llm_or_config is not None:
-                raise ValueError("model given twice: as the first argument and as model=")
-            model = config_fields.pop("model", llm_or_config)
-            return LLM(model=None if model is None else str(model), **config_fields)
-        raise ValueError(f"llm_or_config must be an LLM, an EngineConfig, a model path or None, "
-                         f"got {type(llm_or_config).__name__}")
 
     def _start_history(self) -> None:
         snap = self.engine.snapshot().to_dict()
@@ -93,16 +67,22 @@ class Session:
 
     # -- read-only views ------------------------------------------------------------------
     @property
-    def llm(self) -> LLM:
-        return self._llm
+    def llm(self) -> Any:
+        """The LLM object behind the engine (kvscope's `LLM`, or vLLM's `LLM`)."""
+        return self._driver.llm
 
     @property
-    def engine(self):
-        """The LLMEngine being driven."""
-        return self._llm.engine
+    def engine(self) -> Engine:
+        """The engine being driven (kvscope's LLMEngine, or explorer.vllm_engine.VllmEngine)."""
+        return self._driver.engine
 
     @property
-    def config(self) -> EngineConfig:
+    def engine_name(self) -> str:
+        """Which engine this session steps, as the panels name it ("kvscope", "vLLM 0.32.0")."""
+        return self._driver.name
+
+    @property
+    def config(self) -> EngineConfig | Any:
         return self.engine.config
 
     @property
@@ -157,8 +137,10 @@ class Session:
                 if not self.engine.has_unfinished_requests():
                     break
                 rec = self.engine.step()
-                self._history.append(HistoryEntry(step=rec.step, record=rec.to_dict(),
-                                          snapshot=self.engine.snapshot().to_dict()))
+                # Unchanged blocks and requests point at the previous step's objects: a
+                # history of snapshots costs a fraction of full copies (explorer/history.py).
+                snapshot = share_unchanged(self.engine.snapshot().to_dict(), self._history[-1].snapshot)
+                self._history.append(HistoryEntry(step=rec.step, record=rec.to_dict(), snapshot=snapshot))
             records.append(rec)
             self._notify("step")
         return records
@@ -171,7 +153,7 @@ class Session:
 
     def set_budget(self, **knobs: Any) -> dict[str, Any]:
         """Change scheduler knobs (max_num_batched_tokens, max_num_seqs,
-        enable_chunked_prefill, enable_prefix_caching, prefix_aware_admission, scheduling_policy)
+        enable_chunked_prefill, enable_prefix_caching, scheduler_reserve_full_isl, scheduling_policy)
         between steps.
         Validated by the engine; returns the knobs now in force."""
         with self._action():
@@ -186,18 +168,12 @@ class Session:
     def reset(self, **config_fields: Any) -> None:
         """A new engine with this one's config changed by `config_fields` (pool and model
         knobs: num_kv_blocks, block_size, model, dtype, ...); the history starts again.
-        The new config is validated first: on bad input the old engine stays."""
+        The new engine is built before the old one is let go: on bad input, or a config
+        the engine refuses, the old engine and its history stay."""
         with self._action():
-            _check_config_fields(config_fields)
-            config = self.config.replace(**config_fields)  # raises before anything is torn down
-            if "num_kv_blocks" not in config_fields and _pool_shape_changed(config_fields):
-                config = dataclasses.replace(config, num_kv_blocks=None)  # size the pool anew
-            if "model" in config_fields and "max_model_len" not in config_fields:
-                config = dataclasses.replace(config, max_model_len=None)  # the new model's own limit
-            fields = _config_kwargs(config)
-            new_llm = LLM(share_model_with=self._llm, **fields)  # same weights: no reload
-            old, self._llm = self._llm, new_llm
-            _shutdown(old)
+            new = self._driver.rebuild(**config_fields)
+            old, self._driver = self._driver, new
+            old.shutdown()
             self._start_history()
         self._notify("reset")
 
@@ -246,10 +222,17 @@ class Session:
         a step executes, so manual stepping does not inflate latencies)."""
         return session_metrics(self.current.snapshot, self.records)
 
+    def export_html(self, path, **options) -> Any:
+        """One self-contained HTML file of this session's history, to open offline
+        (explorer/export.py: scrubbing, hovering and the charts work; no engine actions)."""
+        from .export import export_html
+        return export_html(self, path, **options)
+
     # -- internals ------------------------------------------------------------------------
     def _refresh_current(self) -> None:
         cur = self._history[-1]
-        self._history[-1] = dataclasses.replace(cur, snapshot=self.engine.snapshot().to_dict())
+        self._history[-1] = dataclasses.replace(
+            cur, snapshot=share_unchanged(self.engine.snapshot().to_dict(), cur.snapshot))
 
     def _action(self) -> "_Action":
         return _Action(self)
@@ -292,29 +275,6 @@ class _Action:
 
 
 # -- helpers ------------------------------------------------------------------------------
-def _check_config_fields(fields: dict[str, Any]) -> None:
-    unknown = set(fields) - _CONFIG_FIELDS
-    if unknown:
-        raise ValueError(f"unknown EngineConfig field(s) {sorted(unknown)}; known: {sorted(_CONFIG_FIELDS)}")
-
-
-def _config_kwargs(config: EngineConfig) -> dict[str, Any]:
-    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
-
-
-def _pool_shape_changed(fields: dict[str, Any]) -> bool:
-    """Changes after which the previous engine's block count no longer fits the memory budget."""
-    return bool({"block_size", "model", "dtype", "kv_cache_memory_bytes", "gpu_memory_utilization",
-                 "tensor_parallel_size", "device"} & set(fields))
-
-
-def _shutdown(llm: LLM) -> None:
-    try:
-        llm.shutdown()
-    except Exception:  # noqa: BLE001 - the old engine is gone either way
-        log.exception("shutting down the previous engine failed")
-
-
 def _mean(xs: Iterable[float]) -> float | None:
     xs = list(xs)
     return statistics.fmean(xs) if xs else None

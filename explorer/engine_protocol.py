@@ -1,0 +1,91 @@
+"""What a Session needs from an engine, spelled once: kvscope's `LLMEngine` and the vLLM
+adapter (`explorer.vllm_engine.VllmEngine`) are its two implementations.
+
+`Engine` is the engine-facing side (add a request, step, snapshot, abort, probe, change the
+scheduler's budget); every dict it hands out has the shapes of docs/ARCHITECTURE.md, so the
+panels cannot tell the engines apart except by `model_info["engine"]`, which they show.
+
+`EngineDriver` is the construction side: it owns an engine, builds the next one for
+`Session.reset` (validated before the old one is let go) and stops it. Drivers are looked up
+by name in `ENGINES`, imported only when asked for (vLLM is optional and slow to import).
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Protocol, runtime_checkable
+
+from engine import SamplingParams
+
+
+@runtime_checkable
+class Record(Protocol):
+    """A StepRecord or an EngineSnapshot: anything with a JSON-able `to_dict()`."""
+
+    def to_dict(self) -> dict: ...
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """One steppable engine. `config` has at least the fields the Dashboard edits
+    (engine.config.SCHEDULER_KNOBS, num_kv_blocks, block_size, tensor_parallel_size)."""
+
+    config: Any
+    tokenizer: Any
+
+    @property
+    def model_info(self) -> dict: ...
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
+                    request_id: str | None = None) -> str: ...
+
+    def step(self) -> Any: ...  # a StepRecord: `.step` and `.to_dict()`
+
+    def snapshot(self) -> Record: ...
+
+    def abort_request(self, request_id: str) -> None: ...
+
+    def attention_probe(self, request_id: str, layer: int = 0, head: int | None = None) -> Record: ...
+
+    def update_scheduler_config(self, **knobs: Any) -> Any: ...
+
+    def has_unfinished_requests(self) -> bool: ...
+
+
+class EngineDriver(Protocol):
+    """Owns one engine for a Session. `name` is what the panels call it ("kvscope",
+    "vLLM 0.32.0"); `llm` is the object a user would hold (kvscope's LLM, vLLM's LLM)."""
+
+    name: str
+    engine: Engine
+    llm: Any
+    config_fields: frozenset[str]
+
+    def rebuild(self, **config_fields: Any) -> "EngineDriver":
+        """A new driver with this one's config changed; raises ValueError (and leaves this
+        one working) when the new config is refused."""
+        ...
+
+    def shutdown(self) -> None: ...
+
+
+# name -> "module:factory"; a factory is called as factory(llm_or_config, config_fields).
+ENGINES: dict[str, str] = {
+    "kvscope": "explorer.kvscope_driver:KvscopeDriver.create",
+    "vllm": "explorer.vllm_engine:VllmDriver.create",
+}
+
+
+def make_driver(engine: str | EngineDriver, llm_or_config: Any, config_fields: dict[str, Any]) -> EngineDriver:
+    """The driver for `engine` (a name in ENGINES, or a ready driver)."""
+    if not isinstance(engine, str):
+        if llm_or_config is not None or config_fields:
+            raise ValueError("a ready engine driver takes no model or config fields")
+        return engine
+    key = engine.lower()
+    if key not in ENGINES:
+        raise ValueError(f"engine must be one of {sorted(ENGINES)}, got {engine!r}")
+    module, attr = ENGINES[key].split(":")
+    factory: Any = importlib.import_module(module)
+    for part in attr.split("."):
+        factory = getattr(factory, part)
+    return factory(llm_or_config, config_fields)

@@ -1,0 +1,234 @@
+"""What one vLLM step did, observed on vLLM's own objects while the step runs.
+
+vLLM keeps no per-step record, so `StepCapture` wraps a few methods of the live objects
+(instance attributes only: the classes and every other engine are untouched) and writes
+down what they returned or changed:
+
+- the scheduler's `schedule`: the `SchedulerOutput`, plus each scheduled request's token
+  counts as they were when it was scheduled (`update_from_output` moves them on later);
+- the block pool's `get_new_blocks`, `touch`, `free_blocks`, `_insert_block_hash` and
+  `_maybe_evict_cached_block`: the block ids vLLM allocated, hit, freed, cached and evicted
+  (and `cache_full_blocks`: the tokens of each block it hashed);
+- the model runner's `_prepare_inputs` / `execute_model` / `sample_tokens`: their times, and
+  after `execute_model` the packed batch exactly as vLLM's buffers hold it (input ids,
+  positions, query_start_loc, seq_lens, slot_mapping, block tables, the rows it samples).
+
+Nothing here recomputes a number vLLM already has: every value is read, not derived.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+BLOCK_EVENTS = ("allocated", "freed", "cached", "hits", "evicted", "same_step_hits")
+
+
+@dataclass
+class Capture:
+    """One step as observed. `batch` is None when no forward ran."""
+
+    out: Any = None                                   # vLLM's SchedulerOutput
+    counts: dict = field(default_factory=dict)        # internal id -> (num_tokens, num_prompt_tokens) when scheduled
+    token_budget: int = 0
+    batch: dict | None = None
+    batch_req_ids: list[str] = field(default_factory=list)  # internal ids in the batch's row order
+    blocks: dict = field(default_factory=lambda: {k: [] for k in BLOCK_EVENTS})
+    cached_tokens: dict = field(default_factory=dict)  # block id -> the token ids vLLM hashed into it
+    seconds: dict = field(default_factory=lambda: dict.fromkeys(("schedule", "prepare", "execute", "sample", "update"),
+                                                                0.0))
+
+
+class StepCapture:
+    """Hooks on one vLLM engine core's scheduler, block pool and model runner."""
+
+    def __init__(self, scheduler: Any, runner: Any | None, executor: Any = None) -> None:
+        self.scheduler = scheduler
+        self.pool = scheduler.kv_cache_manager.block_pool
+        self.runner = runner  # None where the model runs in worker processes (tensor parallel)
+        self.executor = executor
+        self.now = Capture()
+        self._cached_now: set[int] = set()
+        self._originals: list[tuple[Any, str]] = []
+        self._wrap(scheduler, "schedule", self._schedule)
+        self._wrap(scheduler, "update_from_output", self._update_from_output)
+        for name, hook in (("get_new_blocks", self._get_new_blocks), ("touch", self._touch),
+                           ("cache_full_blocks", self._cache_full_blocks),
+                           ("free_blocks", self._free_blocks), ("_insert_block_hash", self._insert_block_hash),
+                           ("_maybe_evict_cached_block", self._maybe_evict)):
+            self._wrap(self.pool, name, hook)
+        if runner is not None:
+            for name, hook in (("_prepare_inputs", self._prepare_inputs), ("execute_model", self._execute_model),
+                               ("sample_tokens", self._sample_tokens)):
+                self._wrap(runner, name, hook)
+
+    def begin(self) -> None:
+        """Forget the previous step (call right before vLLM's step)."""
+        self.now = Capture()
+        self._cached_now = set()
+
+    def end(self) -> None:
+        """After vLLM's step: with the model in worker processes, ask rank 0 for its batch."""
+        out = self.now.out
+        if self.runner is None and self.executor is not None and out is not None and out.total_num_scheduled_tokens:
+            self.now.batch_req_ids, self.now.batch = self.executor.collective_rpc(
+                rank0_batch, args=(out.total_num_scheduled_tokens,), unique_reply_rank=0)
+
+    def close(self) -> None:
+        """Put vLLM's own methods back."""
+        for obj, name in self._originals:
+            obj.__dict__.pop(name, None)
+        self._originals.clear()
+
+    # -- wrapping -------------------------------------------------------------------------
+    def _wrap(self, obj: Any, name: str, hook) -> None:
+        original = getattr(obj, name)
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return hook(original, *args, **kwargs)
+
+        setattr(obj, name, wrapper)
+        self._originals.append((obj, name))
+
+    # -- scheduler ------------------------------------------------------------------------
+    def _schedule(self, original, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        out = original(*args, **kwargs)
+        self.now.seconds["schedule"] += time.perf_counter() - t0
+        requests = self.scheduler.requests
+        self.now.out = out
+        self.now.counts = {rid: (requests[rid].num_tokens, requests[rid].num_prompt_tokens)
+                           for rid in out.num_scheduled_tokens}
+        self.now.token_budget = int(self.scheduler.max_num_scheduled_tokens)
+        return out
+
+    def _update_from_output(self, original, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            self.now.seconds["update"] += time.perf_counter() - t0
+
+    # -- block pool -----------------------------------------------------------------------
+    def _get_new_blocks(self, original, num_blocks: int) -> Any:
+        blocks = original(num_blocks)
+        self.now.blocks["allocated"].extend(b.block_id for b in blocks)
+        return blocks
+
+    def _touch(self, original, blocks) -> Any:
+        blocks = list(blocks)
+        ev = self.now.blocks
+        for b in blocks:
+            if not b.is_null:
+                ev["hits"].append(b.block_id)
+                if b.block_id in self._cached_now:  # registered earlier in this very step
+                    ev["same_step_hits"].append(b.block_id)
+        return original(blocks)
+
+    def _free_blocks(self, original, ordered_blocks) -> Any:
+        blocks = list(ordered_blocks)  # vLLM passes a reversed() iterator: read it once
+        result = original(blocks)
+        self.now.blocks["freed"].extend(b.block_id for b in blocks
+                                        if b.ref_cnt == 0 and not b.is_null and (b.pool is None or b.pool is self.pool))
+        return result
+
+    def _insert_block_hash(self, original, key, block, *args: Any, **kwargs: Any) -> Any:
+        result = original(key, block, *args, **kwargs)
+        self.now.blocks["cached"].append(block.block_id)
+        self._cached_now.add(block.block_id)
+        return result
+
+    def _cache_full_blocks(self, original, request, blocks, num_cached_blocks: int, num_full_blocks: int,
+                           block_size: int, *args: Any, **kwargs: Any) -> Any:
+        result = original(request, blocks, num_cached_blocks, num_full_blocks, block_size, *args, **kwargs)
+        ids = request.all_token_ids
+        for i in range(num_cached_blocks, num_full_blocks):
+            blk = blocks[i]
+            if not blk.is_null and blk.block_hash is not None:
+                self.now.cached_tokens[blk.block_id] = list(ids[i * block_size:(i + 1) * block_size])
+        return result
+
+    def _maybe_evict(self, original, block) -> Any:
+        evicted = original(block)
+        if evicted:
+            self.now.blocks["evicted"].append(block.block_id)
+        return evicted
+
+    # -- model runner ---------------------------------------------------------------------
+    def _prepare_inputs(self, original, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            self.now.seconds["prepare"] += time.perf_counter() - t0
+
+    def _execute_model(self, original, scheduler_output, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        result = original(scheduler_output, *args, **kwargs)
+        self.now.seconds["execute"] += time.perf_counter() - t0
+        if scheduler_output.total_num_scheduled_tokens > 0:
+            self.now.batch_req_ids, self.now.batch = read_batch(self.runner, scheduler_output.total_num_scheduled_tokens)
+        return result
+
+    def _sample_tokens(self, original, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            self.now.seconds["sample"] += time.perf_counter() - t0
+
+
+def read_batch(runner: Any, num_tokens: int) -> tuple[list[str], dict]:
+    """The packed batch of the step that just ran, from the model runner's persistent buffers
+    (vLLM v1's names). Rows follow the runner's input batch, which is the order of
+    `query_start_loc`; `logits_indices` lists the rows whose sample vLLM keeps (it computes
+    logits for the last row of every request and discards those of unfinished prefill chunks)."""
+    ib = runner.input_batch
+    num_reqs = int(ib.num_reqs)
+    req_ids = [str(r) for r in ib.req_ids[:num_reqs]]
+    qsl = [int(x) for x in runner.query_start_loc.cpu[: num_reqs + 1].tolist()]
+    table = ib.block_table[0]
+    per_row = table.num_blocks_per_row[:num_reqs]
+    rows = table.block_table.cpu
+    discard = runner.discard_request_mask.np[:num_reqs]
+    batch = {
+        "input_ids": runner.input_ids.gpu[:num_tokens].tolist(),
+        "positions": runner.positions[:num_tokens].tolist(),
+        "query_start_loc": qsl,
+        "seq_lens": runner.seq_lens[:num_reqs].tolist(),
+        "slot_mapping": table.slot_mapping.gpu[:num_tokens].tolist(),
+        "block_tables": [rows[i, : int(per_row[i])].tolist() for i in range(num_reqs)],
+        "logits_indices": [qsl[i + 1] - 1 for i in range(num_reqs) if not bool(discard[i])],
+    }
+    return req_ids, batch
+
+
+def rank0_batch(worker: Any, num_tokens: int) -> tuple[list[str], dict]:
+    """Runs in a vLLM worker process (collective_rpc): that rank's batch of the latest step."""
+    return read_batch(worker.model_runner, num_tokens)
+
+
+def rank_facts(worker: Any) -> dict:
+    """Runs in each vLLM worker (collective_rpc): what this rank holds, read from its own model
+    and KV cache: its query / KV heads, vocabulary rows, MLP rows and KV pool bytes."""
+    runner = worker.model_runner
+    rank = int(getattr(worker, "rank", 0))
+    layers = [m for m in runner.compilation_config.static_forward_context.values()
+              if hasattr(m, "impl") and hasattr(m, "kv_cache")]
+    caches = [m.kv_cache[0] if isinstance(m.kv_cache, (list, tuple)) else m.kv_cache for m in layers]
+    kv_bytes = sum(int(t.numel() * t.element_size()) for t in caches)
+    num_blocks = int(caches[0].shape[0]) if caches else 0
+    heads, kv_heads = int(layers[0].num_heads), int(layers[0].num_kv_heads)
+    facts = {"rank": rank, "device": str(runner.device), "heads": [rank * heads, (rank + 1) * heads],
+             "kv_heads": [rank * kv_heads, (rank + 1) * kv_heads], "kv_bytes": kv_bytes,
+             "kv_bytes_per_block": kv_bytes // max(1, num_blocks)}
+    model = getattr(runner.model, "model", runner.model)
+    shard = getattr(getattr(model, "embed_tokens", None), "shard_indices", None)
+    if shard is not None:
+        facts["vocab"] = [int(shard.org_vocab_start_index), int(shard.org_vocab_end_index)]
+    try:
+        part = int(model.layers[0].mlp.gate_up_proj.output_size_per_partition) // 2
+        facts["intermediate"] = [rank * part, (rank + 1) * part]
+    except AttributeError:
+        pass
+    return facts

@@ -1,6 +1,6 @@
-"""`python -m explorer` (also installed as `kvscope`): lab, trace, bench and doctor.
+"""`python -m explorer` (also installed as `kvscope`): lab, app, export, trace, bench and doctor.
 
-Each subcommand's work lives in its own module (lab.py, trace.py, doctor.py); this
+Each subcommand's work lives in its own module (lab.py, app.py, export.py, trace.py, doctor.py); this
 file only parses arguments, and imports those modules lazily so `--help` stays fast.
 """
 from __future__ import annotations
@@ -89,6 +89,39 @@ def build_parser() -> argparse.ArgumentParser:
                           help="requests, all decoding while measured (default 64)")
     bench_ui.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON")
 
+    export = sub.add_parser("export", help="record a workload and write it as one self-contained HTML file",
+                            description="Record a workload with a real engine and write the recording as one HTML "
+                                        "file: the panels, their history, no kernel and no network needed. Open it "
+                                        "in a browser to scrub the steps, hover blocks, and read the charts.")
+    export.add_argument("output", metavar="OUT.html", help="the HTML file to write")
+    export.add_argument("--workload", default="walkthrough",
+                        help="a JSON workload file, a Python file defining run(session, caption), or 'walkthrough' "
+                             "(default: the walkthrough notebook's story)")
+    export.add_argument("--model", default=None, help="local HF model folder (default: SmolLM2-135M-Instruct)")
+    export.add_argument("--max-steps", type=_positive_int, default=400,
+                        help="at most this many steps go in the file (default 400); the page says when some are left out")
+    export.add_argument("--keep", choices=("last", "first", "even"), default="last",
+                        help="which steps a long run keeps: the last ones (default), the first ones, or evenly spaced")
+    export.add_argument("--max-mb", type=float, default=16.0,
+                        help="keep fewer steps when the file would pass this size (default 16 MB)")
+    export.add_argument("--start", choices=("last", "first"), default="last", help="the step shown on opening")
+    export.add_argument("--title", default=None, help="the page's title")
+    export.add_argument("--num-kv-blocks", type=_positive_int, default=None, help="KV pool size in blocks")
+    export.add_argument("--block-size", type=_positive_int, default=None, help="KV block size")
+    export.add_argument("--max-num-batched-tokens", type=_positive_int, default=None, help="token budget per step")
+
+    app = sub.add_parser("app", help="serve the Dashboard alone as a web app (Voila)",
+                         description="Serve the Dashboard of one live Session on its own page, with Voila, on "
+                                     "127.0.0.1 (token auth on). A busy port is replaced by a free one. The page "
+                                     "shows progress while the model loads.")
+    app.add_argument("--port", type=_positive_int, default=8866, help="port to try first (default 8866)")
+    app.add_argument("--no-browser", action="store_true", help="do not open a web browser")
+    app.add_argument("--model", default=None, help="local HF model folder (default: SmolLM2-135M-Instruct)")
+    app.add_argument("--num-kv-blocks", type=_positive_int, default=None, help="KV pool size in blocks")
+    app.add_argument("--block-size", type=_positive_int, default=None, help="KV block size")
+    app.add_argument("--max-num-batched-tokens", type=_positive_int, default=None, help="token budget per step")
+    app.add_argument("--max-num-seqs", type=_positive_int, default=None, help="requests per step")
+
     sub.add_parser("doctor", help="check the set-up and say how to fix what is missing",
                    description="Print Python, torch build and device, triton, flash-attn, the default model "
                                "cache, chromium for browser tests, and the command that fixes each missing piece.")
@@ -144,6 +177,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             with open(args.json, "w") as f:
                 json.dump(results, f, indent=2)
         return 0
+    if args.command == "export":
+        from .recording import run_export
+
+        if not args.max_mb > 0:
+            print(f"error: --max-mb must be > 0, got {args.max_mb}", file=sys.stderr)
+            return 2
+        config = {"num_kv_blocks": args.num_kv_blocks, "block_size": args.block_size,
+                  "max_num_batched_tokens": args.max_num_batched_tokens}
+        try:
+            run_export(args.output, args.workload, model=args.model, config=config, max_steps=args.max_steps,
+                       keep=args.keep, title=args.title, start=args.start, max_bytes=int(args.max_mb * 1e6))
+        except ValueError as exc:  # a bad workload or config: one line, not a traceback
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        return 0
+    if args.command == "app":
+        from .app import run_app
+
+        config = {"num_kv_blocks": args.num_kv_blocks, "block_size": args.block_size,
+                  "max_num_batched_tokens": args.max_num_batched_tokens, "max_num_seqs": args.max_num_seqs}
+        return run_app(port=args.port, open_browser=not args.no_browser, model=args.model, config=config)
     if args.command == "doctor":
         from .doctor import run_doctor
 

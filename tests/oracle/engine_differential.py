@@ -24,10 +24,10 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 # One configuration for both: a small budget chunks prompts, a small pool preempts.
 BLOCK_SIZE = 32
-NUM_BLOCKS = 14          # including the null block 0
+NUM_BLOCKS = 10          # including the null block 0
 BUDGET = 96
 MAX_NUM_SEQS = 6
-MAX_MODEL_LEN = 320     # vLLM refuses a max_model_len the pool cannot hold (13 blocks of 32 here)
+MAX_MODEL_LEN = 256     # vLLM refuses a max_model_len the pool cannot hold (9 blocks of 32 here)
 
 
 def workloads(n: int, seed: int = 0) -> list[list[dict]]:
@@ -35,14 +35,19 @@ def workloads(n: int, seed: int = 0) -> list[list[dict]]:
     a 70-token system prompt shared by most requests (two full blocks: hits, and same-step
     hits when two arrive together) with fresh prompts long enough to be chunked."""
     rng = random.Random(seed)
-    system = [rng.randrange(200, 20000) for _ in range(70)]
     out = []
     for w in range(n):
+        # A new system prompt per workload: the engines serve one workload after another, and
+        # a prefix cached by an earlier one would turn every same-step hit into a plain hit.
+        system = [rng.randrange(200, 20000) for _ in range(70)]
         reqs = []
         for i in range(rng.randint(2, 6)):
-            own = [rng.randrange(200, 20000) for _ in range(rng.randint(3, 150))]
+            # Short questions after the system prompt leave budget for a second request in the
+            # same step (a same-step hit); long ones are chunked.
+            own_len = rng.choice([rng.randint(3, 24), rng.randint(3, 150)])
+            own = [rng.randrange(200, 20000) for _ in range(own_len)]
             prompt = (system + own) if rng.random() < 0.7 else own
-            reqs.append({"id": f"w{w}-{i}", "prompt": prompt, "max_tokens": rng.randint(1, 24),
+            reqs.append({"id": f"w{w}-{i}", "prompt": prompt, "max_tokens": rng.randint(1, 20),
                          "arrival_step": rng.choice([0, 0, rng.randint(0, 8)])})
         out.append(reqs)
     return out

@@ -1,0 +1,362 @@
+"""One-file HTML export of a recorded Session: the panels, their history, no kernel.
+
+`export_html(session, "run.html")` (also `Session.export_html`) writes one self-contained
+HTML file: the panels' own ESM and CSS inlined, the history embedded compactly (the first
+snapshot whole, then per step the StepRecord plus the snapshot's delta, explorer/history.py),
+the token texts it shows, and a small host (explorer/export_host.js) that plays the part of
+the kernel. Opened from file:// with no network, it scrubs the history, shows block details
+on hover and pin, links the panels (select a request, click a timeline bar), draws the
+timeline and TTFT/ITL charts, and shows captions; engine actions are disabled with one line
+on how to run live. A Content-Security-Policy in the page forbids every fetch.
+
+`python -m explorer export OUT.html [--workload FILE|walkthrough]` records a workload first
+(explorer/recording.py).
+
+Size: each step costs its StepRecord (the packed batch: a few numbers per token) plus what
+changed in the snapshot. Long runs are bounded by `max_steps` (default 400 steps; `keep`
+says which: the last ones, the first ones, or evenly spaced ones), and the page says so.
+"""
+from __future__ import annotations
+
+import base64
+import dataclasses
+import datetime as _dt
+import html
+import json
+import math
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from . import history as _history
+from . import views
+
+HOST_JS = Path(__file__).with_name("export_host.js")
+HOST_CSS = Path(__file__).with_name("export_host.css")
+
+DEFAULT_MAX_STEPS = 400
+# A page larger than this keeps fewer steps (64 requests on 4,096 blocks cost ~70 KB a step;
+# the walkthrough's ~60 steps on 64 blocks, ~0.45 MB in all).
+DEFAULT_MAX_BYTES = 16_000_000
+KEEP_CHOICES = ("last", "first", "even")
+RUN_LIVE = "run `make lab` in a kvscope checkout (or `python -m explorer app` for the dashboard alone)"
+# The panels of the Dashboard, in its order; "latency" is drawn by the host (SVG), the
+# others run their own ESM. The attention panel shows why it has no heatmap here.
+PANELS = ("controls", "queues", "sampler", "blocks", "slots", "attention", "timeline", "latency")
+_PANEL_CLASSES = {"controls": "ControlsPanel", "queues": "QueuesPanel", "sampler": "SamplerPanel",
+                  "blocks": "BlockPoolPanel", "slots": "SlotMappingPanel", "attention": "AttentionPanel",
+                  "timeline": "TimelinePanel"}
+_WIDGET_TRAITS = frozenset({"layout", "tabbable", "tooltip", "comm", "keys", "log"})
+_SLOT_ROWS = 1024  # views.slot_mapping_state's max_rows: the token texts the slot panel shows
+CSP = ("default-src 'none'; script-src 'unsafe-inline' blob: data:; style-src 'unsafe-inline'; "
+       "img-src data: blob:; font-src data:; connect-src 'none'; form-action 'none'; base-uri 'none'")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportResult:
+    """What `export_html` wrote."""
+
+    path: Path
+    bytes: int
+    steps_total: int        # engine steps in the history given
+    steps_included: int     # history entries in the file (the first one included)
+    notice: str             # the page's note about a shortened history ("" when whole)
+
+
+# -- choosing what goes in ----------------------------------------------------------------------
+def select_entries(entries: Sequence[Any], max_steps: int = DEFAULT_MAX_STEPS,
+                   keep: str = "last", why: str | None = None) -> tuple[list, str]:
+    """At most `max_steps` + 1 entries of `entries` (the first kept one is the starting
+    state), and the notice the page shows when some were left out (`why`: the limit
+    that did it, as the notice names it)."""
+    if keep not in KEEP_CHOICES:
+        raise ValueError(f"keep must be one of {', '.join(KEEP_CHOICES)}, got {keep!r}")
+    if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
+        raise ValueError(f"max_steps must be an integer >= 1, got {max_steps!r}")
+    entries = list(entries)
+    if not entries:
+        raise ValueError("the history is empty: nothing to export")
+    if len(entries) <= max_steps + 1:
+        return entries, ""
+    first, last = _step(entries[0]), _step(entries[-1])
+    if keep == "last":
+        kept = entries[-(max_steps + 1):]
+        how = f"the last {max_steps} steps"
+    elif keep == "first":
+        kept = entries[: max_steps + 1]
+        how = f"the first {max_steps} steps"
+    else:
+        n = len(entries)
+        idx = sorted({round(i * (n - 1) / max_steps) for i in range(max_steps + 1)})
+        kept = [entries[i] for i in idx]
+        how = f"{len(kept)} evenly spaced steps (each record is its own step's; the steps between are left out)"
+    notice = (f"Shortened: this file holds {how}, steps {_step(kept[0])}\u2013{_step(kept[-1])} of the "
+              f"recorded {first}\u2013{last} ({why or f'export limit max_steps={max_steps}'}).")
+    return kept, notice
+
+
+def _step(entry: Any) -> int:
+    return int(entry["step"] if isinstance(entry, dict) else entry.step)
+
+
+def _parts(entry: Any) -> tuple[int, dict | None, dict]:
+    if isinstance(entry, dict):
+        return int(entry["step"]), entry.get("record"), entry["snapshot"]
+    return int(entry.step), entry.record, entry.snapshot
+
+
+# -- building the data ------------------------------------------------------------------------
+def token_table(entries: Sequence[Any], token_text: Callable[[Sequence[int]], list[str]]) -> dict:
+    """Texts of every token id the panels may show: batch rows (as the slot panel cuts
+    them), sampler candidates, and the tokens of every block (hover details)."""
+    ids: set[int] = set()
+    seen_blocks: set[int] = set()
+    for entry in entries:
+        _, record, snapshot = _parts(entry)
+        if record:
+            ids.update((record.get("batch") or {}).get("input_ids", [])[:_SLOT_ROWS])
+            for s in (record.get("sampled") or {}).values():
+                ids.update(int(t) for t, _ in s.get("top", []))
+        for b in (snapshot.get("block_pool") or {}).get("blocks", []):
+            if id(b) in seen_blocks:  # shared with an earlier entry (explorer/history.py)
+                continue
+            seen_blocks.add(id(b))
+            ids.update(b.get("token_ids") or ())
+    order = sorted(int(i) for i in ids)
+    return {"ids": order, "texts": token_text(order)}
+
+
+def panel_defaults(names: Iterable[str]) -> dict[str, dict]:
+    """Each panel's synced traits as a fresh Python panel has them (bytes as base64)."""
+    import widgets
+
+    out: dict[str, dict] = {}
+    for name in names:
+        if name not in _PANEL_CLASSES:
+            continue
+        panel = getattr(widgets, _PANEL_CLASSES[name])()
+        try:
+            state = {}
+            for key in panel.trait_names(sync=True):
+                if key.startswith("_") or key in _WIDGET_TRAITS:
+                    continue
+                value = getattr(panel, key)
+                if isinstance(value, (bytes, bytearray, memoryview)):
+                    value = {"__b64__": base64.b64encode(bytes(value)).decode()}
+                state[key] = value
+            out[name] = state
+        finally:
+            panel.close()
+    return out
+
+
+def panel_sources(names: Iterable[str]) -> dict[str, tuple[str, str]]:
+    """(ESM, CSS) of each panel, exactly what anywidget hands the browser."""
+    import widgets
+
+    return {name: (str(getattr(widgets, _PANEL_CLASSES[name])._esm), str(getattr(widgets, _PANEL_CLASSES[name])._css))
+            for name in names if name in _PANEL_CLASSES}
+
+
+def _with_sampled_order(record: dict | None) -> dict | None:
+    # JSON.parse orders integer-like keys ("2" before "10") whatever the file says; the
+    # sampler's default request is the first sampled one, so the order travels beside it.
+    if not record or not record.get("sampled"):
+        return record
+    order = list(record["sampled"])
+    if all(not k.isdigit() for k in order):
+        return record
+    return {**record, "_sampled_order": order}
+
+
+def build_export_data(entries: Sequence[Any], *, token_text: Callable[[Sequence[int]], list[str]] | None = None,
+                      title: str = "kvscope recording", captions: dict[int, str] | None = None,
+                      notice: str = "", steps_total: int | None = None, engine_name: str = "kvscope",
+                      start: str = "last", panels: Sequence[str] = PANELS) -> dict:
+    """The JSON-able document the page embeds (`load_export` reads it back)."""
+    from widgets.block_pool import EVENT_BITS, FREE, FREE_CACHED, IN_USE, IN_USE_HASHED, NULL
+
+    from .dashboard import BUDGET_KEYS
+
+    if start not in ("last", "first"):
+        raise ValueError(f"start must be 'last' or 'first', got {start!r}")
+    token_text = token_text or views.token_texts(None)
+    steps = _history.pack_history(entries)
+    for item in steps:
+        item["record"] = _with_sampled_order(item.get("record"))
+    last_snapshot = _parts(entries[-1])[2]
+    info = last_snapshot.get("model_info") or {}
+    created = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+    return {
+        "format": _history.FORMAT, "version": _history.VERSION,
+        "meta": {"title": title, "created": created, "engine": engine_name,
+                 "model": info.get("name"), "device": info.get("device"), "dtype": info.get("dtype"),
+                 "steps_total": steps_total if steps_total is not None else _step(entries[-1]),
+                 "first_step": _step(entries[0]), "last_step": _step(entries[-1]), "notice": notice,
+                 "run_live": RUN_LIVE, "panels": list(panels), "budget_keys": list(BUDGET_KEYS), "start": start},
+        "codes": {"NULL": NULL, "FREE": FREE, "FREE_CACHED": FREE_CACHED, "IN_USE": IN_USE,
+                  "IN_USE_HASHED": IN_USE_HASHED, "EVENT_BITS": dict(EVENT_BITS)},
+        "token_text": token_table(entries, token_text),
+        "timeline": views.timeline_state(entries),
+        "captions": sorted([[int(k), str(v)] for k, v in (captions or {}).items()]),
+        "steps": steps,
+    }
+
+
+# -- writing the page ---------------------------------------------------------------------------
+def _json_for_html(data: Any) -> str:
+    try:
+        text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except ValueError:  # NaN / infinity: not JSON; None says "unknown" as everywhere else
+        text = json.dumps(_finite(data), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    # "</script" or "<!--" would end or confuse the script element; "\/" is the same JSON.
+    return text.replace("</", "<\\/").replace("<!--", "<\\u0021--")
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _script_text(source: str) -> str:
+    # Inside a script element only "</script" ends it; in JS "<\/script" means the same.
+    return source.replace("</script", "<\\/script").replace("</SCRIPT", "<\\/SCRIPT").replace("<!--", "<\\!--")
+
+
+def render_html(data: dict, *, defaults: dict | None = None, sources: dict | None = None) -> str:
+    """The page for `data` (from `build_export_data`)."""
+    meta = data["meta"]
+    panels = meta["panels"]
+    sources = panel_sources(panels) if sources is None else sources
+    defaults = panel_defaults(panels) if defaults is None else defaults
+    esc = html.escape
+    styles = "\n".join(f'<style data-kvs-css="{esc(n)}">\n{css}\n</style>' for n, (_, css) in sources.items())
+    esms = "\n".join(f'<script type="text/plain" data-kvs-esm="{esc(n)}">\n{_script_text(esm)}\n</script>'
+                     for n, (esm, _) in sources.items())
+    described = " \u00b7 ".join(x for x in (
+        f"model {meta['model']}" if meta.get("model") else "",
+        f"on {meta['device']}" if meta.get("device") else "",
+        f"engine {meta['engine']}" if meta.get("engine") else "",
+        f"steps {meta['first_step']}\u2013{meta['last_step']}",
+        f"recorded {meta['created']}") if x)
+
+    def slot(name: str, style: str = "") -> str:
+        if name not in panels:
+            return ""
+        if name == "latency":
+            return ('<div data-panel="latency" class="kvs-panel kvs-latency-export" data-testid="kvs-latency" '
+                    'data-step="0" data-live="true"><div class="kvs-title">TTFT / ITL '
+                    '<span class="kvs-sub">engine clock: advances only while a step executes</span></div>'
+                    '<div class="kvs-lat-head"></div><div class="kvs-lat-charts"></div></div>')
+        return f'<div data-panel="{name}" class="kvs-slot"{f" style={chr(34)}{style}{chr(34)}" if style else ""}></div>'
+
+    row = ""
+    if "queues" in panels or "sampler" in panels:
+        row = (f'<div class="kvs-export-row">{slot("queues", "flex: 3 1 0; min-width: 0")}'
+               f'{slot("sampler", "flex: 1 1 0; min-width: 0")}</div>')
+    body = "".join([slot("controls"), row, *(slot(n) for n in ("blocks", "slots", "attention", "timeline", "latency"))])
+    limit = (f'<div class="kvs-export-limit" data-testid="kvs-export-limit">{esc(meta["notice"])}</div>'
+             if meta.get("notice") else "")
+    return f"""<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="{html.escape(CSP, quote=False)}">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="generator" content="kvscope export (explorer/export.py)">
+<title>{esc(meta["title"])}</title>
+<style>
+{HOST_CSS.read_text()}
+</style>
+{styles}
+</head>
+<body>
+<header class="kvs-export-head" data-testid="kvs-export-head">
+<h1>{esc(meta["title"])}</h1>
+<div class="kvs-export-meta">{esc(described)}</div>
+{limit}
+<noscript>This recording needs JavaScript to draw its panels.</noscript>
+</header>
+<div id="kvs-export-error" class="kvs-export-error" role="alert" style="display:none"></div>
+<div class="kvs-export-caption" data-testid="kvs-export-caption" style="display:none"></div>
+<main id="kvs-export-root" class="kvs-dashboard">{body}</main>
+<footer class="kvs-export-foot">Recorded with kvscope: a real paged-KV inference engine, one scheduler step at a time.
+This page is a recording and runs no engine; to run one live, {esc(RUN_LIVE)}.</footer>
+<script type="application/json" id="kvs-history">{_json_for_html(data)}</script>
+<script type="application/json" id="kvs-panel-defaults">{_json_for_html(defaults)}</script>
+{esms}
+<script type="module">
+{_script_text(HOST_JS.read_text())}
+</script>
+</body>
+</html>
+"""
+
+
+def export_html(source: Any, path: str | Path, *, title: str | None = None, captions: dict[int, str] | None = None,
+                max_steps: int = DEFAULT_MAX_STEPS, keep: str = "last", start: str = "last",
+                max_bytes: int = DEFAULT_MAX_BYTES,
+                token_text: Callable[[Sequence[int]], list[str]] | None = None) -> ExportResult:
+    """Write `source`'s history as one self-contained HTML file at `path`.
+
+    `source` is a Session (its history, tokenizer and engine name are used) or a list of
+    history entries (`HistoryEntry` or {"step", "record", "snapshot"} dicts; pass
+    `token_text` to show token texts). `captions` maps a step to a line shown from that
+    step on (until the next caption). At most `max_steps` steps go in (`keep`: "last",
+    "first" or "even"), and fewer when the page would pass `max_bytes`; the page says so
+    when some are left out. `start`: the step shown when the page opens ("last" or
+    "first")."""
+    entries = list(getattr(source, "history", source))
+    if token_text is None and hasattr(source, "engine"):
+        token_text = views.token_texts(getattr(source.engine, "tokenizer", None))
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+        raise ValueError(f"max_bytes must be an integer >= 1, got {max_bytes!r}")
+    engine_name = str(getattr(source, "engine_name", "kvscope"))
+    kept, notice = select_entries(entries, max_steps, keep)
+    sources, defaults = panel_sources(PANELS), panel_defaults(PANELS)
+
+    def page_for(kept: list, notice: str) -> str:
+        name = title
+        if name is None:
+            info = (_parts(kept[-1])[2].get("model_info") or {})
+            name = f"kvscope recording: {info.get('name') or 'engine'}, {len(kept) - 1} steps"
+        data = build_export_data(kept, token_text=token_text, title=name, captions=captions, notice=notice,
+                                 steps_total=_step(entries[-1]), engine_name=engine_name, start=start)
+        return render_html(data, sources=sources, defaults=defaults)
+
+    page = page_for(kept, notice)
+    # Too big: keep proportionally fewer steps (each step costs about the same), a few times at most.
+    for _ in range(4):
+        size = len(page.encode("utf-8"))
+        if size <= max_bytes or len(kept) <= 2:
+            break
+        steps = len(kept) - 1
+        fewer = max(1, min(steps - 1, int(steps * max_bytes / size * 0.9)))
+        kept, notice = select_entries(entries, fewer, keep,
+                                      why=f"export size limit {max_bytes / 1e6:.1f} MB; {fewer} steps fit")
+        page = page_for(kept, notice)
+    path = Path(path)
+    path.write_text(page, encoding="utf-8")
+    return ExportResult(path=path, bytes=path.stat().st_size, steps_total=_step(entries[-1]),
+                        steps_included=len(kept), notice=notice)
+
+
+def load_export(path: str | Path) -> dict:
+    """The document embedded in an exported page, with `entries` (HistoryEntry list) added."""
+    text = Path(path).read_text(encoding="utf-8")
+    marker = '<script type="application/json" id="kvs-history">'
+    start = text.index(marker) + len(marker)
+    end = text.index("</script>", start)
+    data = json.loads(text[start:end])
+    entries = []
+    for e in _history.unpack_history(data["steps"]):
+        if e.record and "_sampled_order" in e.record:
+            record = {k: v for k, v in e.record.items() if k != "_sampled_order"}
+            e = dataclasses.replace(e, record=record)
+        entries.append(e)
+    data["entries"] = entries
+    return data

@@ -1,0 +1,135 @@
+"""`python -m explorer app` for real: Voila serves the Dashboard alone on 127.0.0.1 with
+token auth, a busy port is replaced, the page shows progress while the model loads, Step
+advances the engine, bad input shows its message, and nothing is fetched off the machine."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from explorer.lab import free_port
+
+from explorer.lab_harness import REPO, isolated_jupyter_env
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+START_TIMEOUT_S = 120.0
+DASHBOARD_TIMEOUT_MS = 300_000  # kernel start, torch + model + tokenizer on a shared 2-core machine
+ACTION_TIMEOUT_MS = 60_000
+
+
+class App:
+    def __init__(self, proc: subprocess.Popen, log: Path) -> None:
+        self.proc, self.log = proc, log
+        self.url = ""
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)  # the group: Voila and its kernel
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=5)
+
+
+@pytest.fixture(scope="module")
+def app(tiny_qwen3_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[App]:
+    """The app on a port someone else holds: it must say so and move."""
+    home = tmp_path_factory.mktemp("voila-home")
+    env = isolated_jupyter_env(home)
+    env["XDG_CACHE_HOME"] = str(home / "cache")  # the generated notebook goes here
+    busy = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    busy.bind(("127.0.0.1", free_port()))
+    busy.listen(1)
+    port = busy.getsockname()[1]
+    log = home / "app.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "explorer", "app", "--no-browser", "--port", str(port),
+                                 "--model", str(tiny_qwen3_path), "--num-kv-blocks", "48"],
+                                env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    server = App(proc, log)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not (m := re.search(r"open: (\S+)", server.output())):
+            assert proc.poll() is None and time.monotonic() < deadline, server.output()
+            time.sleep(0.2)
+        server.url = m.group(1)
+        server.busy_port = port
+        chosen = int(re.search(r"127\.0\.0\.1:(\d+)/", server.url).group(1))
+        while True:  # Voila listens once its web app is up
+            try:
+                socket.create_connection(("127.0.0.1", chosen), timeout=1).close()
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, server.output()
+                time.sleep(0.3)
+        yield server
+    finally:
+        server.stop()
+        busy.close()
+
+
+def test_busy_port_is_replaced_and_the_token_is_required(app: App) -> None:
+    out = app.output()
+    assert f"port {app.busy_port} is busy; using free port" in out
+    assert app.url.startswith("http://127.0.0.1:") and f":{app.busy_port}/" not in app.url
+    token = app.url.split("token=")[1]
+    assert token not in " ".join(app.proc.args)  # never on the command line
+    bare = app.url.split("?")[0]
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args, **kwargs):
+            return None
+
+    try:
+        with urllib.request.build_opener(NoRedirect).open(bare, timeout=60) as resp:
+            status, location = resp.status, ""
+    except urllib.error.HTTPError as err:
+        status, location = err.code, err.headers.get("Location", "")
+    # No page without the token: refused, or sent to the login form.
+    assert status in (401, 403) or (status in (302, 303) and "login" in location), (status, location)
+
+
+def test_the_page_loads_steps_and_shows_bad_input(page, app: App) -> None:
+    outside: list[str] = []
+    page.on("request", lambda r: None if r.url.startswith(("http://127.0.0.1", "ws://127.0.0.1", "data:", "blob:"))
+            else outside.append(r.url))
+    page.goto(app.url, timeout=DASHBOARD_TIMEOUT_MS)
+    # Progress first (the model loads in a worker thread), then the Dashboard replaces it.
+    page.wait_for_selector('[data-testid="kvs-app-loading"], [data-testid="kvs-controls"]', timeout=DASHBOARD_TIMEOUT_MS)
+    page.wait_for_selector('[data-testid="kvs-controls"]', timeout=DASHBOARD_TIMEOUT_MS)
+    assert page.locator('[data-testid="kvs-app-loading"]').count() == 0
+    assert page.title() == "kvscope"
+    for tid in ("kvs-queues", "kvs-block-pool", "kvs-slot-mapping", "kvs-timeline"):
+        assert page.locator(f'[data-testid="{tid}"]').count() == 1, tid
+    assert page.locator(".jp-Cell-inputWrapper:visible").count() == 0  # the app shows no code
+
+    page.fill('[data-testid="kvs-prompt"]', "The capital of France is")
+    page.fill('[data-testid="kvs-max-tokens"]', "4")
+    page.click('[data-testid="kvs-add-btn"]')
+    page.wait_for_selector('[data-testid="kvs-queue-waiting"] .kvs-card', timeout=ACTION_TIMEOUT_MS)
+    page.click('[data-testid="kvs-step-btn"]')
+    page.wait_for_selector('[data-testid="kvs-queues"][data-step="1"]', timeout=ACTION_TIMEOUT_MS)
+    page.wait_for_selector('[data-testid="kvs-slot-mapping"][data-step="1"]', timeout=ACTION_TIMEOUT_MS)
+    assert page.locator('[data-testid="kvs-queue-running"] .kvs-card').count() == 1
+    assert "step 1" in page.inner_text('[data-testid="kvs-status"]')
+
+    page.fill('[data-testid="kvs-prompt"]', "")
+    page.click('[data-testid="kvs-add-btn"]')
+    page.wait_for_selector('[data-testid="kvs-error"]:visible', timeout=ACTION_TIMEOUT_MS)
+    assert "prompt" in page.inner_text('[data-testid="kvs-error"]')
+    assert outside == []

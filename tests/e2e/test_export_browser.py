@@ -1,0 +1,223 @@
+"""An exported recording in Debian chromium, opened from file:// with the network blocked:
+scrubbing shows an earlier step in the queues, the block pool and the slot mapping, a
+hovered block shows its tooltip, the host's views equal explorer/views.py on every step,
+and not one request leaves the file."""
+from __future__ import annotations
+
+import json
+from array import array
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from explorer import export, recording, views
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+CONFIG = {"num_kv_blocks": 12, "block_size": 16, "max_num_batched_tokens": 64}
+SHARED = list(range(1000, 1032))
+# Three prompts of three blocks that grow to four: the 11 usable blocks run out and the
+# newest running request is preempted; a fourth shares two blocks with the first.
+SPEC = {
+    "requests": [
+        *({"prompt": [500 + 7 * i + k for k in range(40)], "max_tokens": 20, "ignore_eos": True,
+           "request_id": f"r{i}"} for i in range(3)),
+        {"prompt": SHARED + [7, 8, 9], "max_tokens": 4, "at_step": 1, "request_id": "10",
+         "caption": "request 10 arrives"},
+        {"prompt": SHARED + [4, 5], "max_tokens": 4, "at_step": 3, "request_id": "2"},
+    ],
+    "captions": {"0": "three requests arrive"},
+}
+READY_MS = 60_000
+
+
+@pytest.fixture(scope="module")
+def recorded(tiny_qwen3_path: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from explorer import Session
+
+    session = Session(str(tiny_qwen3_path), **CONFIG)
+    captions = recording.Captions(session)
+    recording.run_json_workload(session, SPEC, captions)
+    folder = tmp_path_factory.mktemp("export")
+    result = export.export_html(session, folder / "run.html", captions=captions.items)
+    short = export.export_html(session, folder / "short.html", max_steps=5)
+    return {"session": session, "path": result.path, "short": short.path, "captions": captions.items,
+            "texts": views.token_texts(session.engine.tokenizer)}
+
+
+class Offline:
+    """Every request that is not the file itself is aborted and counted."""
+
+    def __init__(self, page) -> None:
+        self.blocked: list[str] = []
+        self.seen: list[str] = []
+        page.context.route("**/*", self._route)
+        page.on("request", lambda r: None if r.url.startswith(("file:", "data:", "blob:")) else self.seen.append(r.url))
+
+    def _route(self, route) -> None:
+        if route.request.url.startswith("file:"):
+            route.continue_()
+        else:
+            self.blocked.append(route.request.url)
+            route.abort()
+
+
+def open_export(page, path: Path) -> Offline:
+    net = Offline(page)
+    page.goto(path.resolve().as_uri())
+    page.wait_for_selector("body[data-ready=true]", timeout=READY_MS)
+    return net
+
+
+def shown_steps(page) -> set[str]:
+    return set(page.eval_on_selector_all(".kvs-panel", "ps => ps.map(p => p.dataset.step)"))
+
+
+def scrub(page, index: int) -> None:
+    page.eval_on_selector('[data-testid="kvs-history-slider"]',
+                          "(el, i) => { el.value = String(i); el.dispatchEvent(new Event('input')); }", index)
+
+
+def test_scrub_back_hover_a_block_and_nothing_leaves_the_file(page, recorded) -> None:
+    s = recorded["session"]
+    history = s.history
+    net = open_export(page, recorded["path"])
+    last = history[-1].step
+    assert shown_steps(page) == {str(last)}
+    # An earlier step with a preemption: several requests, blocks changing hands.
+    k = next(e.step for e in history if e.record and e.record["preempted"])
+    assert 0 < k < last
+    entry = s.entry(k)
+    scrub(page, k)
+    page.wait_for_function("(k) => [...document.querySelectorAll('.kvs-panel')].every(p => p.dataset.step === String(k))",
+                           arg=k, timeout=READY_MS)
+    assert page.get_attribute('[data-testid="kvs-controls"]', "data-live") == "false"
+    assert page.inner_text('[data-testid="kvs-history-label"]') == f"step {k} of {last}"
+
+    # Queues: that step's requests, in that step's queues.
+    for name in ("waiting", "running", "finished"):
+        column = page.locator(f'[data-testid="kvs-queue-{name}"]')
+        reqs = entry.snapshot["queues"][name]
+        assert column.get_attribute("data-count") == str(len(reqs))
+        ids = column.locator(".kvs-card").evaluate_all("cs => cs.map(c => c.dataset.requestId)")
+        want = [r["request_id"] for r in reqs]
+        assert ids == (want[::-1] if name == "finished" else want)
+    assert "preempted" in page.inner_text('[data-testid="kvs-queues"]')
+
+    # Block pool: that step's counts and block tables.
+    state = views.block_pool_state(entry.record, entry.snapshot)
+    assert page.inner_text('[data-testid="kvs-leg-free"]') == f"free {state['counts']['free']}"
+    assert page.inner_text('[data-testid="kvs-leg-ev-freed"]') == f"freed {state['counts']['freed']}"
+    for table in state["block_tables"]:
+        cells = page.locator(f'[data-testid="kvs-bt-{table["request_id"]}"] .kvs-bt-cell')
+        assert cells.evaluate_all("cs => cs.map(c => Number(c.dataset.block))") == table["block_table"]
+
+    # Slot mapping: that step's packed batch, one cell per row.
+    batch = entry.record["batch"]
+    sub = page.inner_text('[data-testid="kvs-slot-mapping"] .kvs-sub')
+    assert f"query_start_loc [{', '.join(map(str, batch['query_start_loc']))}]" in sub
+    for sch in entry.record["scheduled"]:
+        assert page.locator(f'[data-testid="kvs-seg-{sch["request_id"]}"] .kvs-cell').count() == sch["num_tokens"]
+
+    # Hover a block held at that step: the tooltip, then its tokens from the embedded data.
+    block = next(b for b in entry.snapshot["block_pool"]["blocks"] if b["owners"] and b["token_ids"])
+    canvas = page.locator('[data-testid="kvs-pool-canvas"]')
+    box = canvas.bounding_box()
+    cell = 26  # block_pool.js: cells of 26 px up to 256 blocks
+    ncols = int(box["width"] // cell)
+    x = box["x"] + (block["block_id"] % ncols) * cell + cell / 2
+    y = box["y"] + (block["block_id"] // ncols) * cell + cell / 2
+    page.mouse.move(x - 3, y - 3)
+    page.mouse.move(x, y)
+    tip = page.locator('[data-testid="kvs-block-tooltip"]')
+    tip.wait_for(state="visible", timeout=10_000)
+    page.wait_for_function("(ids) => document.querySelector('[data-testid=\"kvs-block-tooltip\"]').textContent"
+                           ".includes('tokens ' + ids)", arg=json.dumps(block["token_ids"], separators=(",", ":")), timeout=10_000)
+    text = tip.inner_text()
+    assert text.startswith(f"block {block['block_id']} \u00b7") and f"owner #{block['owners'][0]}" in text
+    page.mouse.click(x, y)  # pin it: the detail box keeps it
+    detail = page.locator('[data-testid="kvs-block-detail"]')
+    detail.get_by_text(f"block {block['block_id']}", exact=True).wait_for(timeout=10_000)
+    assert f"refcount {block['ref_count']}" in detail.inner_text()
+
+    assert net.blocked == [] and net.seen == []  # zero network requests
+    assert page.console_errors == []
+
+
+def _python_views(s, i: int, texts) -> dict:
+    history = s.history
+    e = history[i]
+    record, snapshot = e.record or views.EMPTY_RECORD, e.snapshot
+    pool = dict(views.block_pool_state(record, snapshot))
+    pool.pop("blocks")
+    for key, code in (("status", "B"), ("ref_count", "H"), ("owner", "h"), ("events", "B")):
+        pool[key] = array(code, pool[key]).tolist()
+    bs = int(snapshot["block_pool"]["block_size"])
+    out = {"queues": views.queues_state(record, snapshot), "blocks": pool,
+           "slots": views.slot_mapping_state(record, texts, block_size=bs),
+           "sampler": views.sampler_state(history[: i + 1], snapshot, "", texts),
+           "latency": views.latency_rows(snapshot), "summary": views.summary_line(record, snapshot),
+           "targets": views.probe_targets(snapshot)}
+    return json.loads(json.dumps(out))
+
+
+def test_the_host_builds_every_step_exactly_as_explorer_views(page, recorded) -> None:
+    s = recorded["session"]
+    open_export(page, recorded["path"])
+    got = page.evaluate("""() => window.kvsExport.entries.map((_, i) => {
+        const v = window.kvsExport.viewStates(i);
+        delete v.blocks.blocks;
+        for (const k of ["status", "ref_count", "owner", "events"]) v.blocks[k] = Array.from(v.blocks[k]);
+        return v;
+    })""")
+    assert len(got) == len(s.history)
+    for i, js in enumerate(got):
+        py = _python_views(s, i, recorded["texts"])
+        for key in py:
+            assert js[key] == py[key], (i, key)
+    assert page.console_errors == []
+
+
+def test_timeline_links_captions_and_engine_actions_are_off(page, recorded) -> None:
+    s = recorded["session"]
+    net = open_export(page, recorded["path"])
+    # Engine actions: disabled, with the one line on how to run live.
+    for tid in ("kvs-step-btn", "kvs-run-btn", "kvs-play-btn", "kvs-reset-btn"):
+        assert page.is_disabled(f'[data-testid="{tid}"]'), tid
+    assert not page.is_visible('[data-testid="kvs-add-form"]')
+    assert "make lab" in page.inner_text('[data-testid="kvs-export-notice"]')
+    # A click on a timeline bar shows that step everywhere, its caption included.
+    page.click('[data-testid="kvs-timeline"] g.kvs-step-bar[data-step="1"]')
+    page.wait_for_function("() => [...document.querySelectorAll('.kvs-panel')].every(p => p.dataset.step === '1')",
+                           timeout=READY_MS)
+    assert page.inner_text('[data-testid="kvs-export-caption"]') == recorded["captions"][1]
+    scrub(page, 0)
+    page.wait_for_selector('[data-testid="kvs-queues"][data-step="0"]', timeout=READY_MS)
+    assert page.inner_text('[data-testid="kvs-export-caption"]') == recorded["captions"][0]
+    # Linked: choosing a request in the queues points the sampler at it.
+    scrub(page, 3)
+    page.wait_for_selector('[data-testid="kvs-queues"][data-step="3"]', timeout=READY_MS)
+    rid = s.entry(3).snapshot["queues"]["running"][-1]["request_id"]
+    page.click(f'[data-testid="kvs-req-{rid}"]')
+    page.wait_for_function("(rid) => document.querySelector('[data-testid=\"kvs-sampler-request\"]').value === rid",
+                           arg=rid, timeout=10_000)
+    assert "kvs-selected" in page.get_attribute(f'[data-testid="kvs-req-{rid}"]', "class")
+    # Live takes it back to the last step; the TTFT/ITL charts follow the shown step.
+    page.click('[data-testid="kvs-live-btn"]')
+    last = s.history[-1].step
+    page.wait_for_selector(f'[data-testid="kvs-latency"][data-step="{last}"]', timeout=READY_MS)
+    rows = views.latency_rows(s.current.snapshot)
+    head = page.inner_text('[data-testid="kvs-latency"] .kvs-lat-head')
+    assert head.startswith(f"{len(rows)} requests \u00b7 {sum(r['ttft'] is not None for r in rows)} with a first token")
+    assert page.locator('[data-testid="kvs-latency"] svg').count() == 2
+    assert net.blocked == [] and net.seen == [] and page.console_errors == []
+
+
+def test_a_shortened_recording_says_so(page, recorded) -> None:
+    open_export(page, recorded["short"])
+    notice = page.inner_text('[data-testid="kvs-export-limit"]')
+    last = recorded["session"].current.step
+    assert "the last 5 steps" in notice and f"{last - 5}\u2013{last}" in notice
+    assert page.get_attribute('[data-testid="kvs-history-slider"]', "max") == "5"
+    assert page.console_errors == []

@@ -1,0 +1,296 @@
+"""One-file export, the compact history behind it, workloads, and app mode's launch
+(no browser here: tests/e2e/test_export_browser.py and test_app_mode.py drive chromium)."""
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from explorer import app, cli, export, history, recording
+
+SHARED = list(range(1000, 1032))  # two full blocks both prompts start with: prefix hits
+CONFIG = {"num_kv_blocks": 24, "block_size": 16, "max_num_batched_tokens": 32}
+# Ids "10" and "2": JSON.parse would order them "2", "10"; the export must keep "10" first.
+SPEC = {
+    "title": "test workload",
+    "config": CONFIG,
+    "requests": [
+        {"prompt": SHARED + list(range(2000, 2008)), "max_tokens": 5, "request_id": "a"},
+        {"prompt": SHARED + list(range(3000, 3010)), "max_tokens": 4, "at_step": 2, "request_id": "b",
+         "caption": "b arrives and shares a's first two blocks"},
+        {"prompt": "The capital of France is", "max_tokens": 3, "at_step": 3, "request_id": "10"},
+        {"prompt": "Hello there, how are you", "max_tokens": 3, "at_step": 3, "request_id": "2"},
+    ],
+    "budget": [{"at_step": 6, "max_num_batched_tokens": 64, "caption": "a bigger budget"}],
+    "captions": {"0": "a arrives alone"},
+}
+
+
+@pytest.fixture(scope="module")
+def recorded(tiny_qwen3_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, dict]:
+    """(session, captions) after SPEC ran on the tiny Qwen3 (one model load per module)."""
+    path = tmp_path_factory.mktemp("workload") / "spec.json"
+    path.write_text(json.dumps(SPEC))
+    session, captions, title = recording.record_workload(path, model=str(tiny_qwen3_path))
+    assert title == "test workload"
+    return session, captions
+
+
+def plain(entries) -> list[dict]:
+    """Entries as JSON would carry them (what a file or a browser gets back)."""
+    return json.loads(json.dumps([{"step": e.step, "record": e.record, "snapshot": e.snapshot} for e in entries]))
+
+
+# -- the JSON workload ------------------------------------------------------------------------------
+def test_json_workload_arrivals_budget_and_captions(recorded) -> None:
+    s, captions = recorded
+    h = s.history
+    added = {rid: e.step for e in h for rid in (e.record or {}).get("new_requests", [])}
+    assert added == {"a": 1, "b": 3, "10": 4, "2": 4}  # at_step k: added after k steps, scheduled in step k+1
+    hit = next(x for x in s.entry(3).record["scheduled"] if x["request_id"] == "b")
+    assert hit["num_cached_tokens"] == 32  # b's first two blocks came from the prefix cache
+    assert s.entry(6).snapshot["config"]["max_num_batched_tokens"] == 64
+    assert s.entry(5).snapshot["config"]["max_num_batched_tokens"] == 32
+    assert captions == {0: "a arrives alone", 2: "b arrives and shares a's first two blocks", 6: "a bigger budget"}
+    assert not s.engine.has_unfinished_requests()
+    orders = [list(e.record["sampled"]) for e in h[1:] if {"10", "2"} <= set(e.record["sampled"])]
+    assert orders and all(o.index("10") < o.index("2") for o in orders)  # scheduled order, not numeric
+
+
+@pytest.mark.parametrize(("spec", "needle"), [
+    ({"requests": []}, "requests"),
+    ({"requests": [{"max_tokens": 3}]}, "requests[0]: each request needs a prompt"),
+    ({"requests": [{"prompt": "x", "max_token": 3}]}, "unknown field(s) ['max_token']"),
+    ({"requests": [{"prompt": "x", "at_step": -1}]}, "request[0].at_step"),
+    ({"requests": [{"prompt": "x"}], "budget": {"max_num_seqs": 2}}, "budget"),
+])
+def test_json_workload_bad_fields_are_named(recorded, spec: dict, needle: str) -> None:
+    s, _ = recorded
+    with pytest.raises(ValueError) as info:
+        recording.run_json_workload(s, spec, lambda _text: None)
+    assert needle in str(info.value)
+
+
+# -- 1. the compact history in memory -------------------------------------------------------------
+def test_shared_snapshots_equal_the_originals_and_share_what_did_not_change(recorded) -> None:
+    s, _ = recorded
+    original = plain(s.history)
+    fresh = plain(s.history)  # new objects, as engine.snapshot().to_dict() gives each step
+    shared = [fresh[0]["snapshot"]]
+    for item in fresh[1:]:
+        shared.append(history.share_unchanged(item["snapshot"], shared[-1]))
+    assert shared == [e["snapshot"] for e in original]
+    for prev, cur in zip(shared, shared[1:]):
+        assert cur["model_info"] is prev["model_info"]
+        old_reqs = {r["request_id"]: r for q in prev["queues"].values() for r in q}
+        for q in cur["queues"].values():
+            for r in q:
+                if r["request_id"] in old_reqs:  # a prompt is never copied again
+                    assert r["prompt_token_ids"] is old_reqs[r["request_id"]]["prompt_token_ids"]
+                    if r == old_reqs[r["request_id"]]:
+                        assert r is old_reqs[r["request_id"]]
+        untouched = [i for i, (a, b) in enumerate(zip(prev["block_pool"]["blocks"], cur["block_pool"]["blocks"]))
+                     if a == b]
+        assert untouched and all(cur["block_pool"]["blocks"][i] is prev["block_pool"]["blocks"][i] for i in untouched)
+    as_entries = [{"step": e["step"], "record": None, "snapshot": sn} for e, sn in zip(original, shared)]
+    plain_entries = [{"step": e["step"], "record": None, "snapshot": e["snapshot"]} for e in original]
+    assert history.history_bytes(as_entries) < history.history_bytes(plain_entries) / 2
+
+
+def test_share_unchanged_keeps_types_and_follows_ids_not_positions() -> None:
+    old = {"a": 1, "b": [1, 2], "q": [{"request_id": "x", "v": [1]}, {"request_id": "y", "v": [2]}]}
+    new = {"a": True, "b": [1, 2], "q": [{"request_id": "y", "v": [2]}, {"request_id": "x", "v": [1]}]}
+    out = history.share_unchanged(new, old)
+    assert out["a"] is True  # 1 == True, but the type is kept
+    assert out["b"] is old["b"]
+    assert out["q"][0] is old["q"][1] and out["q"][1] is old["q"][0]  # matched by request_id
+    assert out["q"] is not old["q"]  # the order changed: a new list of the old elements
+    same = json.loads(json.dumps(old))
+    assert history.share_unchanged(same, old) is old
+
+
+# -- 2. deltas on the wire -----------------------------------------------------------------------
+# -0.0 == 0.0 is the one equality JSON tells apart; no snapshot holds a negative zero.
+_scalars = st.none() | st.booleans() | st.integers(-5, 300) | st.text(max_size=12) \
+    | st.floats(allow_nan=False, allow_infinity=False).filter(lambda x: x != 0 or math.copysign(1.0, x) > 0)
+_json = st.recursive(_scalars, lambda kids: st.lists(kids, max_size=5) | st.dictionaries(st.text(max_size=4), kids, max_size=5),
+                     max_leaves=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_json, _json)
+def test_patch_of_diff_gives_the_new_value_with_its_types(old: Any, new: Any) -> None:
+    delta = history.diff(old, new)
+    out = history.patch(old, delta)
+    assert json.dumps(out, sort_keys=True) == json.dumps(new, sort_keys=True)  # 1 and True differ here
+    if json.dumps(old, sort_keys=True) == json.dumps(new, sort_keys=True):
+        assert delta is None
+    # and the delta survives JSON
+    assert json.dumps(history.patch(old, json.loads(json.dumps(delta))), sort_keys=True) == json.dumps(new, sort_keys=True)
+
+
+def test_pack_then_unpack_gives_the_history_back(recorded) -> None:
+    s, _ = recorded
+    packed = json.loads(json.dumps(history.pack_history(s.history)))
+    back = history.unpack_history(packed)
+    assert plain(back) == plain(s.history)
+    assert "snapshot" in packed[0] and all("delta" in p and "snapshot" not in p for p in packed[1:])
+    # Deltas, not copies: no later step carries request a's prompt token ids again.
+    prompt = json.dumps(SPEC["requests"][0]["prompt"])
+    assert prompt in json.dumps(packed[0]["snapshot"])
+    assert all(prompt not in json.dumps(p["delta"]) for p in packed[1:])
+    whole = len(json.dumps([e.snapshot for e in s.history]))
+    assert len(json.dumps([p.get("snapshot") or p["delta"] for p in packed])) < whole / 3
+
+
+# -- the page ------------------------------------------------------------------------------------
+def test_export_is_one_self_contained_file_that_loads_back(recorded, tmp_path: Path) -> None:
+    s, captions = recorded
+    result = export.export_html(s, tmp_path / "run.html", captions=captions)
+    page = result.path.read_text(encoding="utf-8")
+    assert result.bytes == len(page.encode()) and result.steps_included == len(s.history) and result.notice == ""
+    # Nothing outside the file: no src= or href= to load, no URL but the SVG namespace.
+    assert not re.search(r"<(script|link|img|iframe)[^>]*\s(src|href)=", page, re.I)
+    urls = set(re.findall(r"https?://[^\s\"'`)<]+", page))
+    assert urls <= {"http://www.w3.org/2000/svg"}, urls
+    assert "Content-Security-Policy" in page and "connect-src 'none'" in page
+    for name in ("controls", "queues", "sampler", "blocks", "slots", "attention", "timeline"):
+        assert f'data-kvs-esm="{name}"' in page and f'data-panel="{name}"' in page
+    assert "make lab" in page  # how to run it live
+    data = export.load_export(result.path)
+    assert plain(data["entries"]) == plain(s.history)
+    assert data["captions"] == [[0, "a arrives alone"], [2, "b arrives and shares a's first two blocks"],
+                                [6, "a bigger budget"]]
+    tok = dict(zip(data["token_text"]["ids"], data["token_text"]["texts"]))
+    assert tok[SHARED[0]] == s.engine.tokenizer.decode([SHARED[0]])
+
+
+def test_export_bounds_a_long_history_and_says_so(recorded, tmp_path: Path) -> None:
+    s, _ = recorded
+    n = s.current.step
+    for keep, steps in (("last", list(range(n - 3, n + 1))), ("first", [0, 1, 2, 3])):
+        result = export.export_html(s, tmp_path / f"{keep}.html", max_steps=3, keep=keep)
+        data = export.load_export(result.path)
+        assert [e.step for e in data["entries"]] == steps
+        assert f"the {keep} 3 steps" in result.notice and f"of the recorded 0\u2013{n}" in result.notice
+        assert result.notice in result.path.read_text(encoding="utf-8")
+        assert data["timeline"]["steps"]["step"] == [x for x in steps if x > 0]
+    even = export.export_html(s, tmp_path / "even.html", max_steps=4, keep="even")
+    steps = [e.step for e in export.load_export(even.path)["entries"]]
+    assert steps[0] == 0 and steps[-1] == n and len(steps) == 5 and "evenly spaced" in even.notice
+    whole = export.export_html(s, tmp_path / "whole.html").bytes
+    small = export.export_html(s, tmp_path / "small.html", max_bytes=whole - 1)
+    assert small.bytes < whole and small.steps_included < len(s.history)
+    assert "export size limit" in small.notice and small.notice in small.path.read_text(encoding="utf-8")
+    with pytest.raises(ValueError, match="keep"):
+        export.export_html(s, tmp_path / "x.html", keep="middle")
+    with pytest.raises(ValueError, match="max_steps"):
+        export.export_html(s, tmp_path / "x.html", max_steps=0)
+
+
+# -- the command line ----------------------------------------------------------------------------
+PY_WORKLOAD = '''
+CONFIG = {"num_kv_blocks": 16, "block_size": 16}
+TITLE = "from a Python file"
+
+def run(session, caption):
+    caption("one request")
+    session.add_request([7, 8, 9, 10], max_tokens=3, temperature=0.0)
+    session.run_until_idle()
+'''
+
+
+def test_cli_export_records_a_python_workload(tiny_qwen3_path: Path, tmp_path: Path, capsys) -> None:
+    work = tmp_path / "work.py"
+    work.write_text(PY_WORKLOAD)
+    out = tmp_path / "out.html"
+    rc = cli.main(["export", str(out), "--workload", str(work), "--model", str(tiny_qwen3_path), "--max-steps", "50"])
+    printed = capsys.readouterr().out
+    assert rc == 0 and out.is_file()
+    assert re.search(r"wrote .*out\.html \(\d+\.\d\d MB, 3 steps\)", printed), printed
+    data = export.load_export(out)
+    assert data["meta"]["title"] == "from a Python file" and data["captions"] == [[0, "one request"]]
+    assert data["entries"][0].snapshot["config"]["num_kv_blocks"] == 16
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["--workload", "absent.json"], "error: workload: no such file"),
+    (["--workload", "README.md"], "error: workload: expected a .json or .py file"),
+])
+def test_cli_export_bad_workload_is_one_line(tmp_path: Path, capsys, argv: list[str], needle: str) -> None:
+    if argv[1] == "README.md":
+        argv = ["--workload", str(Path(__file__).resolve().parents[2] / "README.md")]
+    rc = cli.main(["export", str(tmp_path / "x.html"), *argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and needle in err and "Traceback" not in err
+
+
+def test_help_names_export_and_app(capsys) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    assert "export" in out and "app" in out
+    for sub, needles in (("export", ["--workload", "--max-steps", "walkthrough"]), ("app", ["--port", "127.0.0.1", "Voila"])):
+        with pytest.raises(SystemExit):
+            cli.main([sub, "--help"])
+        text = capsys.readouterr().out
+        assert all(n in text for n in needles), text
+
+
+# -- app mode, without a server -----------------------------------------------------------------
+def test_app_launch_binds_localhost_with_a_token_outside_argv(tmp_path: Path) -> None:
+    nb = app.write_app_notebook("/models/x", {"num_kv_blocks": 48}, folder=tmp_path)
+    cell = json.loads(nb.read_text())["cells"][0]["source"]
+    assert "loading_dashboard(model='/models/x', config={'num_kv_blocks': 48})" in cell
+    assert app.write_app_notebook("/models/x", {"num_kv_blocks": 48}, folder=tmp_path) == nb  # same settings, same file
+    assert app.write_app_notebook(None, {}, folder=tmp_path) != nb
+    launch = app.app_launch(nb, 8123, env={"PATH": "/bin", "JUPYTER_PATH": "/x"})
+    assert "--Voila.ip=127.0.0.1" in launch.argv and "--port=8123" in launch.argv and "--token" in launch.argv
+    assert "--Voila.port_retries=0" in launch.argv and "--template=kvscope" in launch.argv
+    assert launch.token not in " ".join(launch.argv) and launch.env["JUPYTER_TOKEN"] == launch.token
+    assert launch.url == f"http://127.0.0.1:8123/?token={launch.token}"
+    root = Path(launch.env["JUPYTER_PATH"].split(":")[0])
+    assert (root / "voila" / "templates" / "kvscope" / "conf.json").is_file() and launch.env["JUPYTER_PATH"].endswith(":/x")
+
+
+def test_loading_dashboard_outside_a_kernel_loop_builds_in_place(recorded) -> None:
+    s, _ = recorded
+    box = app.loading_dashboard(session_factory=lambda: s)
+    try:
+        assert box.session is s and box.children == (box.dashboard,)
+        assert box.dashboard.controls.history_len == len(s.history)
+    finally:
+        box.dashboard.close_binding()
+
+    def broken():
+        raise ValueError("model: no such folder '/nowhere'")
+
+    failed = app.loading_dashboard(session_factory=broken)
+    assert "kvs-app-error" in failed.children[0].value and "no such folder" in failed.children[0].value
+
+
+def test_app_without_a_model_folder_says_so(capsys, tmp_path: Path) -> None:
+    rc = cli.main(["app", "--no-browser", "--model", str(tmp_path / "absent")])
+    assert rc == 2 and "error: model: no such folder" in capsys.readouterr().err
+
+
+def test_export_host_parses_as_a_module_and_fetches_nothing(tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+
+    source = export.HOST_JS.read_text()
+    assert "fetch(" not in source and "XMLHttpRequest" not in source and "WebSocket" not in source
+    assert not re.search(r"^\s*import\s", source, re.M)  # only the panels' own ESM, from blob: / data: URLs
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    module = tmp_path / "export_host.mjs"
+    module.write_text(source)
+    result = subprocess.run([node, "--check", str(module)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr

@@ -18,7 +18,7 @@ from .forward_timer import ForwardTimer
 from .model import ModelSpec
 from .model_runner import ModelRunner, resolve_device
 from .records import EngineSnapshot, StepRecord, block_pool_dict, gc_paused, request_dict
-from .request import Request, RequestStatus
+from .request import Request, RequestStatus, checked_request_args, token_id_list
 from .sampler import Sampler
 from .sampling_params import SamplingParams
 from .tokenizer import fast_decoder, load_tokenizer
@@ -152,14 +152,7 @@ class LLMEngine:
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None) -> str:
         """Validate and queue a request; returns its id. Bad input raises ValueError naming the field."""
-        params = params if params is not None else SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
-        if request_id is not None:
-            if not isinstance(request_id, str) or not request_id:
-                raise ValueError(f"request_id must be a non-empty str, got {request_id!r}")
-            if request_id in self.requests:
-                raise ValueError(f"request_id {request_id!r} already exists")
+        params = checked_request_args(params, request_id, self.requests)
         token_ids, text = self._tokenize(prompt)
         self._check_fits(token_ids, params)
         if request_id is None:  # only a valid request takes the next id
@@ -180,12 +173,7 @@ class LLMEngine:
             if not prompt:
                 raise ValueError("prompt must not be empty")
             return list(self.tokenizer(prompt)["input_ids"]), prompt
-        try:
-            token_ids = [int(t) for t in prompt]
-        except (TypeError, ValueError):
-            raise ValueError("prompt must be a str or a list of token ids (ints)") from None
-        if not token_ids:
-            raise ValueError("prompt must not be empty (got no token ids)")
+        token_ids = token_id_list(prompt)
         vocab = self.spec.vocab_size
         for i, t in enumerate(token_ids):
             if not 0 <= t < vocab:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import enum
 import statistics
 from dataclasses import dataclass, field
+from typing import Any
 
 from .sampling_params import SamplingParams
 
@@ -152,3 +153,29 @@ class Request:
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, {self.status.value}, prompt={self.num_prompt_tokens}, "
                 f"out={len(self.output_token_ids)}, computed={self.num_computed_tokens}, blocks={self.block_table})")
+
+
+def checked_request_args(params: SamplingParams | None, request_id: str | None, taken: Any) -> SamplingParams:
+    """The sampling params to use (default: SamplingParams()), after the checks every engine
+    makes the same way: params of the right type, and an id that is a new non-empty str."""
+    params = params if params is not None else SamplingParams()
+    if not isinstance(params, SamplingParams):
+        raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+    if request_id is not None:
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id must be a non-empty str, got {request_id!r}")
+        if request_id in taken:
+            raise ValueError(f"request_id {request_id!r} already exists")
+    return params
+
+
+def token_id_list(prompt: Any) -> list[int]:
+    """A prompt given as token ids, as a non-empty list of ints (ValueError otherwise)."""
+    try:
+        token_ids = [int(t) for t in prompt]
+    except (TypeError, ValueError):
+        raise ValueError("prompt must be a str or a list of token ids (ints)") from None
+    if not token_ids:
+        raise ValueError("prompt must not be empty (got no token ids)")
+    return token_ids
+

@@ -30,6 +30,7 @@ from typing import Any
 
 from engine.config import SCHEDULER_KNOBS
 from engine.records import EngineSnapshot, StepRecord, gc_paused
+from engine.request import checked_request_args, token_id_list
 from engine.sampling_params import SamplingParams
 
 from .vllm_capture import StepCapture
@@ -207,26 +208,13 @@ class VllmEngine:
                     request_id: str | None = None) -> str:
         """Queue a request in vLLM (which tokenizes a str prompt itself); returns its id.
         vLLM's own checks (too long, out of vocabulary, ...) raise ValueError with its message."""
-        params = params if params is not None else SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
-        if request_id is not None:
-            if not isinstance(request_id, str) or not request_id:
-                raise ValueError(f"request_id must be a non-empty str, got {request_id!r}")
-            if request_id in self.requests:
-                raise ValueError(f"request_id {request_id!r} already exists")
+        params = checked_request_args(params, request_id, self.requests)
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt must not be empty")
             vllm_prompt: Any = {"prompt": prompt}
         else:
-            try:
-                token_ids = [int(t) for t in prompt]
-            except (TypeError, ValueError):
-                raise ValueError("prompt must be a str or a list of token ids (ints)") from None
-            if not token_ids:
-                raise ValueError("prompt must not be empty (got no token ids)")
-            vllm_prompt = {"prompt_token_ids": token_ids}
+            vllm_prompt = {"prompt_token_ids": token_id_list(prompt)}
         if request_id is None:
             request_id = next(i for i in (str(n) for n in self._ids) if i not in self.requests)
         try:  # vLLM's renderer tokenizes and validates, as LLM.generate does

@@ -4,16 +4,12 @@ must run, every chapter's checks must pass, and the outputs must show what vLLM 
 Skipped where vLLM is not installed (failed in CI, where it must be)."""
 from __future__ import annotations
 
-import json
-import os
 import re
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.notebooks.test_walkthrough import chapter_cells, output_text, widget_views
+from .headless import chapter_cells, execute_headless, output_text, widget_views
 from tests.oracle.vllm_available import require_vllm
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,29 +54,8 @@ def test_every_chapter_has_its_heading_in_order_and_ends_with_a_check():
 def executed(tmp_path_factory: pytest.TempPathFactory, default_model_path: Path):
     """The notebook after a headless run: (notebook, seconds, errors)."""
     require_vllm()
-    nbclient = pytest.importorskip("nbclient")
-    pytest.importorskip("ipykernel")
-    home = tmp_path_factory.mktemp("jupyter")
-    spec_dir = home / "kernels" / KERNEL_NAME
-    spec_dir.mkdir(parents=True)
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-           "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    (spec_dir / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "kvscope vLLM test kernel", "language": "python", "env": env}))
-    nb = read_notebook()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("JUPYTER_PATH", os.pathsep.join(filter(None, [str(home), os.environ.get("JUPYTER_PATH")])))
-        mp.setenv("IPYTHONDIR", str(home / "ipython"))
-        client = nbclient.NotebookClient(nb, kernel_name=KERNEL_NAME, timeout=CELL_TIMEOUT_S, allow_errors=True,
-                                         resources={"metadata": {"path": str(NOTEBOOK.parent)}})
-        t0 = time.monotonic()
-        client.execute()
-        seconds = time.monotonic() - t0
-    errors = [f"cell {i}:\n{c.source}\n---\n{output_text(c)}" for i, c in enumerate(nb.cells)
-              if c.cell_type == "code" and any(o.get("output_type") == "error" for o in c.get("outputs", []))]
-    print(f"\nvllm.ipynb executed in {seconds:.1f} s")
-    return nb, seconds, errors
+    return execute_headless(read_notebook(), NOTEBOOK, tmp_path_factory.mktemp("jupyter"),
+                            kernel_name=KERNEL_NAME, cell_timeout_s=CELL_TIMEOUT_S)
 
 
 @pytest.mark.slow

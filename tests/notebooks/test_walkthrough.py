@@ -8,14 +8,12 @@ outputs must show what the engine really did.
 """
 from __future__ import annotations
 
-import json
-import os
 import re
-import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from .headless import chapter_cells, execute_headless, output_text, widget_views
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOK = REPO / "notebooks" / "walkthrough.ipynb"
@@ -38,47 +36,12 @@ CHAPTERS = [
     "13. Preemption under a tiny pool",
     "14. Changing the budget and comparing TTFT/ITL",
 ]
-WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 
 def read_notebook():
     import nbformat
 
     return nbformat.read(NOTEBOOK, as_version=4)
-
-
-def chapter_cells(nb) -> dict[str, list]:
-    """The cells of each chapter (from its '## N.' heading to the next '## ' heading)."""
-    out: dict[str, list] = {}
-    current = None
-    for cell in nb.cells:
-        if cell.cell_type == "markdown":
-            m = re.match(r"^## (.+)$", cell.source.splitlines()[0]) if cell.source else None
-            if m:
-                current = m.group(1).strip()
-                out[current] = []
-        if current is not None:
-            out[current].append(cell)
-    return out
-
-
-def output_text(cell) -> str:
-    """Everything a code cell printed or displayed, as text (stream, text/plain, text/html)."""
-    parts = []
-    for out in cell.get("outputs", []):
-        if out.get("output_type") == "stream":
-            parts.append(out.get("text", ""))
-        elif out.get("output_type") in ("display_data", "execute_result"):
-            data = out.get("data", {})
-            parts += [str(data.get(k, "")) for k in ("text/plain", "text/html")]
-        elif out.get("output_type") == "error":
-            parts.append("\n".join(out.get("traceback", [])))
-    return "\n".join(parts)
-
-
-def widget_views(cell) -> int:
-    return sum(WIDGET_VIEW in out.get("data", {}) for out in cell.get("outputs", [])
-               if out.get("output_type") in ("display_data", "execute_result"))
 
 
 # ---- the notebook as stored ------------------------------------------------------------
@@ -106,31 +69,8 @@ def test_every_chapter_has_its_heading_in_order_and_ends_with_a_check():
 @pytest.fixture(scope="module")
 def executed(tmp_path_factory: pytest.TempPathFactory, default_model_path: Path):
     """The walkthrough after a headless run: (notebook, seconds, errors)."""
-    nbclient = pytest.importorskip("nbclient")
-    pytest.importorskip("ipykernel")
-    home = tmp_path_factory.mktemp("jupyter")
-    spec_dir = home / "kernels" / KERNEL_NAME
-    spec_dir.mkdir(parents=True)
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-           "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    (spec_dir / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "kvscope test kernel", "language": "python", "env": env}))
-    nb = read_notebook()
-    with pytest.MonkeyPatch.context() as mp:
-        # The kernel spec is found through JUPYTER_PATH; IPython writes its profile to a
-        # temporary folder, not into the user's home.
-        mp.setenv("JUPYTER_PATH", os.pathsep.join(filter(None, [str(home), os.environ.get("JUPYTER_PATH")])))
-        mp.setenv("IPYTHONDIR", str(home / "ipython"))
-        client = nbclient.NotebookClient(nb, kernel_name=KERNEL_NAME, timeout=CELL_TIMEOUT_S, allow_errors=True,
-                                         resources={"metadata": {"path": str(NOTEBOOK.parent)}})
-        t0 = time.monotonic()
-        client.execute()
-        seconds = time.monotonic() - t0
-    errors = [f"cell {i}:\n{c.source}\n---\n{output_text(c)}" for i, c in enumerate(nb.cells)
-              if c.cell_type == "code" and any(o.get("output_type") == "error" for o in c.get("outputs", []))]
-    print(f"\nwalkthrough executed in {seconds:.1f} s")
-    return nb, seconds, errors
+    return execute_headless(read_notebook(), NOTEBOOK, tmp_path_factory.mktemp("jupyter"),
+                            kernel_name=KERNEL_NAME, cell_timeout_s=CELL_TIMEOUT_S)
 
 
 @pytest.mark.slow

@@ -1,0 +1,77 @@
+"""Executing a notebook headless (nbclient) in a private kernel spec, and reading what its
+cells showed: shared by the walkthrough's and the vLLM notebook's tests."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def execute_headless(nb, path: Path, home: Path, *, kernel_name: str, cell_timeout_s: int):
+    """Run every cell of `nb` (read from `path`) in a kernel spec of its own under `home`;
+    returns (notebook with outputs, seconds, [text of each failed cell])."""
+    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    spec_dir = home / "kernels" / kernel_name
+    spec_dir.mkdir(parents=True)
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+           "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    (spec_dir / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": f"kvscope test kernel ({path.name})", "language": "python", "env": env}))
+    with pytest.MonkeyPatch.context() as mp:
+        # The kernel spec is found through JUPYTER_PATH; IPython writes its profile to a
+        # temporary folder, not into the user's home.
+        mp.setenv("JUPYTER_PATH", os.pathsep.join(filter(None, [str(home), os.environ.get("JUPYTER_PATH")])))
+        mp.setenv("IPYTHONDIR", str(home / "ipython"))
+        client = nbclient.NotebookClient(nb, kernel_name=kernel_name, timeout=cell_timeout_s, allow_errors=True,
+                                         resources={"metadata": {"path": str(path.parent)}})
+        t0 = time.monotonic()
+        client.execute()
+        seconds = time.monotonic() - t0
+    errors = [f"cell {i}:\n{c.source}\n---\n{output_text(c)}" for i, c in enumerate(nb.cells)
+              if c.cell_type == "code" and any(o.get("output_type") == "error" for o in c.get("outputs", []))]
+    print(f"\n{path.name} executed in {seconds:.1f} s")
+    return nb, seconds, errors
+
+
+def chapter_cells(nb) -> dict[str, list]:
+    """The cells of each chapter (from its '## N.' heading to the next '## ' heading)."""
+    out: dict[str, list] = {}
+    current = None
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            m = re.match(r"^## (.+)$", cell.source.splitlines()[0]) if cell.source else None
+            if m:
+                current = m.group(1).strip()
+                out[current] = []
+        if current is not None:
+            out[current].append(cell)
+    return out
+
+
+def output_text(cell) -> str:
+    """Everything a code cell printed or displayed, as text (stream, text/plain, text/html)."""
+    parts = []
+    for out in cell.get("outputs", []):
+        if out.get("output_type") == "stream":
+            parts.append(out.get("text", ""))
+        elif out.get("output_type") in ("display_data", "execute_result"):
+            data = out.get("data", {})
+            parts += [str(data.get(k, "")) for k in ("text/plain", "text/html")]
+        elif out.get("output_type") == "error":
+            parts.append("\n".join(out.get("traceback", [])))
+    return "\n".join(parts)
+
+
+def widget_views(cell) -> int:
+    return sum(WIDGET_VIEW in out.get("data", {}) for out in cell.get("outputs", [])
+               if out.get("output_type") in ("display_data", "execute_result"))

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from .lab import HOST, choose_port
+from .lab import HOST, ServerLaunch, choose_port, exec_server
 
 DEFAULT_PORT = 8866
 TEMPLATES = Path(__file__).resolve().parent / "app_templates"  # voila/templates/kvscope
@@ -168,16 +168,10 @@ def write_app_notebook(model: str | None = None, config: dict | None = None, fol
 
 
 @dataclass
-class AppLaunch:
-    """Everything needed to start one Voila server: argv, env and the URL to open."""
+class AppLaunch(ServerLaunch):
+    """A Voila server's launch, and the one notebook it serves."""
 
-    argv: list[str]
-    env: dict[str, str]
-    cwd: Path
-    port: int
-    token: str
-    url: str
-    notebook: Path
+    notebook: Path = Path()
 
 
 def app_launch(notebook: Path, port: int, *, open_browser: bool = False, token: str | None = None,
@@ -222,10 +216,6 @@ def run_app(port: int = DEFAULT_PORT, open_browser: bool = True, model: str | No
     chosen = choose_port(port)
     if chosen != port:
         print(f"[kvscope] port {port} is busy; using free port {chosen} instead", flush=True)
-    launch = app_launch(notebook, chosen, open_browser=open_browser)
-    print(f"[kvscope] app: the Dashboard alone, served by Voila ({notebook})", flush=True)
-    print(f"[kvscope] open: {launch.url}", flush=True)
-    print(f"[kvscope] pid {os.getpid()}; stop with Ctrl-C or `kill {os.getpid()}`", flush=True)
-    os.chdir(launch.cwd)
-    os.execve(launch.argv[0], launch.argv, launch.env)
+    exec_server(app_launch(notebook, chosen, open_browser=open_browser),
+                f"app: the Dashboard alone, served by Voila ({notebook})")
     return 0  # not reached

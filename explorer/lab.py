@@ -48,8 +48,9 @@ def choose_port(requested: int, host: str = HOST) -> int:
 
 
 @dataclass
-class LabLaunch:
-    """Everything needed to start one JupyterLab server: argv, env and the URL to open."""
+class ServerLaunch:
+    """Everything needed to start one Jupyter server (JupyterLab, or Voila for app mode):
+    argv, env and the URL to open."""
 
     argv: list[str]
     env: dict[str, str]
@@ -59,9 +60,19 @@ class LabLaunch:
     url: str
 
 
+def exec_server(launch: ServerLaunch, what: str) -> None:
+    """Print the URL and replace this process by the server (same PID, so Ctrl-C and
+    `kill PID` reach it directly and it shuts its kernels down)."""
+    print(f"[kvscope] {what}", flush=True)
+    print(f"[kvscope] open: {launch.url}", flush=True)
+    print(f"[kvscope] pid {os.getpid()}; stop with Ctrl-C or `kill {os.getpid()}`", flush=True)
+    os.chdir(launch.cwd)
+    os.execve(launch.argv[0], launch.argv, launch.env)
+
+
 def lab_launch(root_dir: Path, port: int, *, notebook: str | None = NOTEBOOK, open_browser: bool = False,
                token: str | None = None, env: dict[str, str] | None = None,
-               extra_args: list[str] | None = None) -> LabLaunch:
+               extra_args: list[str] | None = None) -> ServerLaunch:
     """Build the command for a JupyterLab server on 127.0.0.1:`port` serving `root_dir`.
 
     Jupyter's own port retries are off (`port_retries=0`): if the port is taken between
@@ -87,12 +98,11 @@ def lab_launch(root_dir: Path, port: int, *, notebook: str | None = NOTEBOOK, op
     full_env["JUPYTER_TOKEN"] = token
     path = f"lab/tree/{notebook}" if notebook else "lab"
     url = f"http://{HOST}:{port}/{path}?token={token}"
-    return LabLaunch(argv=argv, env=full_env, cwd=root_dir, port=port, token=token, url=url)
+    return ServerLaunch(argv=argv, env=full_env, cwd=root_dir, port=port, token=token, url=url)
 
 
 def run_lab(port: int = DEFAULT_PORT, open_browser: bool = True, notebooks_dir: Path | None = None) -> int:
-    """Print the URL and replace this process by the JupyterLab server (same PID, so
-    Ctrl-C and `kill PID` reach Jupyter directly and it shuts its kernels down)."""
+    """Print the URL and replace this process by the JupyterLab server (exec_server)."""
     root = Path(notebooks_dir) if notebooks_dir else repo_notebooks_dir()
     if not root.is_dir():
         print(f"error: notebooks folder not found: {root}\n"
@@ -104,10 +114,5 @@ def run_lab(port: int = DEFAULT_PORT, open_browser: bool = True, notebooks_dir: 
     notebook = NOTEBOOK if (root / NOTEBOOK).is_file() else None
     if notebook is None:
         print(f"[kvscope] note: {root / NOTEBOOK} not found; opening the file browser", flush=True)
-    launch = lab_launch(root, chosen, notebook=notebook, open_browser=open_browser)
-    print(f"[kvscope] JupyterLab serving {root}", flush=True)
-    print(f"[kvscope] open: {launch.url}", flush=True)
-    print(f"[kvscope] pid {os.getpid()}; stop with Ctrl-C or `kill {os.getpid()}`", flush=True)
-    os.chdir(launch.cwd)
-    os.execve(launch.argv[0], launch.argv, launch.env)
+    exec_server(lab_launch(root, chosen, notebook=notebook, open_browser=open_browser), f"JupyterLab serving {root}")
     return 0  # not reached

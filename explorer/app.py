@@ -54,7 +54,6 @@ def loading_dashboard(model: str | None = None, config: dict | None = None, *,
     The Session (the model load: seconds, or a minute or two the first time the default
     model is converted) is built in a worker thread; every widget is made and changed on
     the kernel's own event loop. Outside a running event loop it loads in place."""
-    import asyncio
 
     import ipywidgets as W
 
@@ -105,10 +104,7 @@ def loading_dashboard(model: str | None = None, config: dict | None = None, *,
     for name_ in ("engine", "explorer"):
         logging.getLogger(name_).addHandler(handler)
     show_progress()
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        loop = None
+    loop = _kernel_loop()
     if loop is None:  # no kernel loop (a plain script): load here and now
         try:
             session = build()
@@ -134,6 +130,25 @@ def loading_dashboard(model: str | None = None, config: dict | None = None, *,
     loop.call_later(1.0, tick)
     threading.Thread(target=work, name="kvscope-app-load", daemon=True).start()
     return box
+
+
+def _kernel_loop() -> Any:
+    """The running event loop of the IPython kernel this code runs in, or None. Only a
+    kernel's loop counts: another library's loop (Playwright's sync API keeps one set on
+    the main thread) would never run the callbacks that finish the page."""
+    import asyncio
+
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    shell = get_ipython()
+    if shell is None or getattr(shell, "kernel", None) is None:
+        return None
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 # -- the notebook Voila runs --------------------------------------------------------------------

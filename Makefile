@@ -42,9 +42,10 @@ test-fast: $(SETUP_STAMP)
 e2e: $(SETUP_STAMP)
 	$(PY) -m pytest -m e2e tests/e2e
 
-# Regenerate docs/dashboard.png from a real browser run of the walkthrough.
+# Regenerate docs/dashboard.png (the walkthrough) and docs/vllm_dashboard.png (the
+# dashboard on vLLM) from real browser runs.
 screenshot: $(SETUP_STAMP)
-	KVSCOPE_UPDATE_SCREENSHOT=1 $(PY) -m pytest -m e2e -x -q tests/e2e/test_walkthrough.py
+	KVSCOPE_UPDATE_SCREENSHOT=1 $(PY) -m pytest -m e2e -x -q tests/e2e/test_walkthrough.py tests/e2e/test_vllm_browser.py
 
 doctor:
 	$(PY) -m explorer doctor

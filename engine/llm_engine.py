@@ -1,50 +1,27 @@
-"""LLMEngine: the step loop. add_request -> step() (schedule, prepare, forward, sample,
-update) -> StepRecord; snapshot() and attention_probe() expose the state for the explorer."""
+"""LLMEngine: the step loop, as in nano-vLLM's llm_engine.py. add_request queues a checked
+Request; step() schedules, prepares the batch, runs the forward, samples, lets the scheduler
+update, and returns a StepRecord. What it reports is built in engine/report/."""
 from __future__ import annotations
 
-import itertools
 import time
-from dataclasses import dataclass
-
-import torch
 
 from .config import SCHEDULER_KNOBS, EngineConfig
-from .core.kv_cache_manager import KVCacheManager, cdiv
-from .core.scheduler import Scheduler, SchedulerOutput
+from .core.kv_cache_manager import KVCacheManager
+from .core.scheduler import Scheduler
 from .distributed import check_tensor_parallel
 from .distributed.executor import WorkerGroup
-from .distributed.sharding import rank_ranges, sharding_layout
 from .forward_timer import ForwardTimer
+from .input_processor import InputProcessor
 from .model import ModelSpec
 from .model_runner import ModelRunner, resolve_device
 from .records import EngineSnapshot, StepRecord, block_pool_dict, gc_paused, request_dict
-from .request import Request, RequestStatus, checked_request_args, token_id_list
+from .report.invariants import check_invariants
+from .report.model_info import model_info, tensor_parallel_facts
+from .report.probe import AttentionProbe, probe_attention
+from .request import Request
 from .sampler import Sampler
 from .sampling_params import SamplingParams
 from .tokenizer import fast_decoder, load_tokenizer
-
-
-@dataclass
-class AttentionProbe:
-    """Attention weights of a request's last computed query positions over its whole context,
-    recomputed from the paged KV cache. probs: [len(heads), num_queries, context_len]."""
-
-    request_id: str
-    layer: int
-    heads: list[int]
-    kv_head_of_head: list[int]
-    query_positions: list[int]
-    context_len: int
-    block_size: int
-    block_table: list[int]
-    token_ids: list[int]
-    tokens: list[str]
-    probs: torch.Tensor
-
-    def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in (
-            "request_id", "layer", "heads", "kv_head_of_head", "query_positions", "context_len",
-            "block_size", "block_table", "token_ids", "tokens")} | {"probs": self.probs.tolist()}
 
 
 class LLMEngine:
@@ -83,14 +60,11 @@ class LLMEngine:
         self.scheduler = Scheduler(self.config, self.kv, max_model_len)
         self.sampler = Sampler(config.seed)
         self.forward_timer = ForwardTimer(self.runner.device)
+        self.input_processor = InputProcessor(self.tokenizer, spec)
         self.requests: dict[str, Request] = {}
         self.step_count = 0
         self.engine_time = 0.0
-        self._ids = itertools.count()
-        eos = spec.eos_token_ids or ((self.tokenizer.eos_token_id,) if self.tokenizer.eos_token_id is not None else ())
-        self.eos_token_id = eos[0] if eos else None
-        self.extra_stop_ids = list(eos[1:])
-        self._tp_facts = self._tp_info()
+        self._tp_facts = tensor_parallel_facts(spec, self.runner)
 
     def _can_share(self, config: EngineConfig) -> bool:
         mine = self.config
@@ -101,29 +75,7 @@ class LLMEngine:
     # -- public facts -------------------------------------------------------------------
     @property
     def model_info(self) -> dict:
-        s, r = self.spec, self.runner
-        return {"name": str(self.config.model).rstrip("/").split("/")[-1], "architecture": s.model_type,
-                "num_layers": s.num_layers, "num_heads": s.num_heads, "num_kv_heads": s.num_kv_heads,
-                "head_dim": s.head_dim, "hidden_size": s.hidden_size, "vocab_size": s.vocab_size,
-                "dtype": str(self.runner.dtype).replace("torch.", ""), "device": str(self.runner.device),
-                "max_model_len": self.config.max_model_len, "attention_backend": self.runner.backend.name,
-                "cuda_graphs": None if r.graphs is None else r.graphs.sizes, "cuda_graphs_off": r.graph_off_reason,
-                "kv_bytes_per_block": self.runner.bytes_per_block} | self._tp_facts
-
-    def _tp_info(self) -> dict:
-        """Per-rank facts: what each rank holds of the model and of the KV pool (fixed for the
-        engine's life: built once, shared by every snapshot, read-only)."""
-        s, r = self.spec, self.runner
-        n = r.tp.size
-        per_rank_kv = r.num_blocks * r.bytes_per_block_per_rank
-        ranks = [d | {"device": str(r.device if d["rank"] == 0 or r.device.type == "cpu"
-                                    else f"cuda:{d['rank']}"), "kv_bytes": per_rank_kv}
-                 for d in rank_ranges(s, n)]
-        return {"tensor_parallel_size": n, "tp_backend": r.tp.backend,
-                "num_heads_per_rank": s.num_heads // n, "num_kv_heads_per_rank": s.num_kv_heads // n,
-                "intermediate_size": s.intermediate_size, "tie_word_embeddings": s.tie_word_embeddings,
-                "kv_bytes_per_block_per_rank": r.bytes_per_block_per_rank, "kv_bytes_per_rank": per_rank_kv,
-                "tensor_parallel": {"ranks": ranks, "weights": sharding_layout(s, n)}}
+        return model_info(self.config, self.spec, self.runner, self._tp_facts)
 
     @property
     def num_generated_tokens(self) -> int:
@@ -152,47 +104,12 @@ class LLMEngine:
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None) -> str:
         """Validate and queue a request; returns its id. Bad input raises ValueError naming the field."""
-        params = checked_request_args(params, request_id, self.requests)
-        token_ids, text = self._tokenize(prompt)
-        self._check_fits(token_ids, params)
-        if request_id is None:  # only a valid request takes the next id
-            request_id = next(i for i in (str(n) for n in self._ids) if i not in self.requests)
-        req = Request(request_id, token_ids, params, self.eos_token_id, prompt_text=text)
-        if self.extra_stop_ids:
-            req.params = SamplingParams(**{**params.to_dict(),
-                                           "stop_token_ids": params.stop_token_ids + self.extra_stop_ids})
-        if params.seed is not None:
-            req.generator = torch.Generator().manual_seed(params.seed)
+        req = self.input_processor.process(prompt, params, request_id, self.requests, self.config,
+                                           self.runner.num_blocks)
         req.metrics.record("arrival_time", time.time(), self.engine_time)
-        self.requests[request_id] = req
+        self.requests[req.request_id] = req
         self.scheduler.add(req)
-        return request_id
-
-    def _tokenize(self, prompt: str | list[int]) -> tuple[list[int], str | None]:
-        if isinstance(prompt, str):
-            if not prompt:
-                raise ValueError("prompt must not be empty")
-            return list(self.tokenizer(prompt)["input_ids"]), prompt
-        token_ids = token_id_list(prompt)
-        vocab = self.spec.vocab_size
-        for i, t in enumerate(token_ids):
-            if not 0 <= t < vocab:
-                raise ValueError(f"token id {t} at index {i} is outside the vocabulary [0, {vocab})")
-        return token_ids, None
-
-    def _check_fits(self, token_ids: list[int], params: SamplingParams) -> None:
-        cfg, n = self.config, len(token_ids)
-        if n > cfg.max_model_len:
-            raise ValueError(f"prompt has {n} tokens, more than max_model_len={cfg.max_model_len}")
-        if not cfg.enable_chunked_prefill and n > cfg.max_num_batched_tokens:
-            raise ValueError(f"prompt has {n} tokens, more than max_num_batched_tokens="
-                             f"{cfg.max_num_batched_tokens} (chunked prefill is off)")
-        longest = min(n + params.max_tokens, cfg.max_model_len)
-        need = cdiv(longest, cfg.block_size)
-        if need > self.runner.num_blocks - 1:
-            raise ValueError(f"a request of {longest} tokens (prompt + max_tokens, capped at max_model_len) "
-                             f"needs {need} KV blocks; num_kv_blocks={self.runner.num_blocks} leaves only "
-                             f"{self.runner.num_blocks - 1} usable")
+        return req.request_id
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request wherever it is; its blocks are freed at once (finish_reason 'abort')."""
@@ -224,50 +141,39 @@ class LLMEngine:
     def step(self) -> StepRecord:
         """Advance one scheduler step and report exactly what it did."""
         t0 = time.perf_counter()
-        self.kv.pool.begin_step()
         out = self.scheduler.schedule()
-        t1 = time.perf_counter()
+        t1 = t2 = time.perf_counter()
         self.step_count += 1
-        engine_start = self.engine_time
         for rid in out.new_requests:
-            req = self.requests[rid]
-            req.metrics.record("first_scheduled_time", time.time(), engine_start)
+            self.requests[rid].metrics.record("first_scheduled_time", time.time(), self.engine_time)
         for rid in out.preempted:
-            self.requests[rid].metrics.record("preempted_times", time.time(), engine_start)
-        batch, sampled_rows = None, []
-        t2 = t1
-        forward_s = 0.0
+            self.requests[rid].metrics.record("preempted_times", time.time(), self.engine_time)
+        batch, ran, rows, results = None, None, [], []
         if not out.is_empty:
             batch, meta, ids, pos = self.runner.prepare(out)
             t2 = time.perf_counter()
             self.forward_timer.start()
-            logits = self.runner.forward(meta, ids, pos, batch.logits_indices)
+            ran = self.runner.forward(meta, ids, pos, batch.logits_indices)
             self.forward_timer.stop()
-            sampled_rows = [s.request for s in out.scheduled if s.sample]
-            results = self.sampler(logits, sampled_rows, with_top=self.config.record_steps)
-            forward_s = self.forward_timer.seconds()
-        else:
-            results = []
+            rows = [s.request for s in out.scheduled if s.sample]
+            results = self.sampler(ran.logits, rows, with_top=self.config.record_steps)
+        t3 = time.perf_counter()
+        self.engine_time += t3 - t0
+        token_of = {r.request_id: res.token_id for r, res in zip(rows, results)}
+        finished = self.scheduler.update_from_output(out, token_of, time.time(), self.engine_time)
         t4 = time.perf_counter()
-        self.engine_time += t4 - t0
-        finished = self._update(out, sampled_rows, results)
-        t5 = time.perf_counter()
-        self.engine_time += t5 - t4
+        self.engine_time += t4 - t3
         if self.config.check_invariants:
-            from .invariants import check_invariants
             check_invariants(self, out, batch)
-        # Collectives are part of 'forward': rank 0's wait in all-reduce / gather (0 at TP=1).
-        return self._record(out, batch, sampled_rows, results, finished,
-                            {"schedule": t1 - t0, "prepare": t2 - t1, "forward": forward_s,
-                             # On a GPU the sampler's copy waits for the forward: not its own time.
-                             "sample": max(0.0, t4 - t2 - forward_s), "update": t5 - t4, "total": t5 - t0,
-                             "collectives": self.runner.take_collective_ms() / 1e3 if batch is not None else 0.0})
+        forward_s = self.forward_timer.seconds() if ran else 0.0
+        seconds = {"schedule": t1 - t0, "prepare": t2 - t1, "forward": forward_s,
+                   # On a GPU the sampler's copy waits for the forward: not its own time.
+                   "sample": max(0.0, t3 - t2 - forward_s), "update": t4 - t3, "total": t4 - t0,
+                   # Part of 'forward': rank 0's wait in all-reduce / gather (0 at TP=1).
+                   "collectives": ran.collective_ms / 1e3 if ran else 0.0}
+        return self._record(out, batch, ran, rows, results, finished, seconds)
 
-    def _update(self, out: SchedulerOutput, sampled_rows: list[Request], results) -> list[str]:
-        token_of = {r.request_id: res.token_id for r, res in zip(sampled_rows, results)}
-        return self.scheduler.update_from_output(out, token_of, time.time(), self.engine_time)
-
-    def _record(self, out, batch, sampled_rows, results, finished, seconds: dict) -> StepRecord:
+    def _record(self, out, batch, ran, sampled_rows, results, finished, seconds: dict) -> StepRecord:
         decode = self.decode
         rec = StepRecord(step=self.step_count)
         rec.scheduled = [{"request_id": s.request.request_id, "num_tokens": s.num_tokens,
@@ -281,15 +187,16 @@ class LLMEngine:
                                       "top": [[t, p] for t, p in res.top]}
                        for r, res in zip(sampled_rows, results)}
         rec.preempted, rec.finished, rec.new_requests = list(out.preempted), finished, list(out.new_requests)
-        rec.blocks = self.kv.pool.events.to_dict()
+        rec.blocks = self.kv.pool.take_events().to_dict()
         rec.num_free_blocks = self.kv.pool.num_free_blocks
         rec.timings_ms = {k: v * 1e3 for k, v in seconds.items()}
-        bucket = self.runner.last_graph_bucket if batch is not None else None
+        bucket = ran.cuda_graph_bucket if ran is not None else None
         rec.timings_ms.update(backend=self.runner.backend.name, cuda_graph_bucket=bucket,
                               forward_path="eager" if bucket is None else "cuda_graph")
         rec.engine_time_s = self.engine_time
         rec.wall_time_s = time.time()
         rec.token_budget = out.token_budget
+        rec.budgets = rec.budgets_of(self.config)
         rec.num_running, rec.num_waiting = len(self.scheduler.running), len(self.scheduler.waiting)
         return rec
 
@@ -319,24 +226,4 @@ class LLMEngine:
 
     def attention_probe(self, request_id: str, layer: int = 0, head: int | None = None) -> AttentionProbe:
         """Attention weights of the request's last computed positions, read from the paged cache."""
-        req = self.requests.get(request_id)
-        if req is None:
-            raise ValueError(f"request_id {request_id!r} does not exist")
-        if not isinstance(layer, int) or not 0 <= layer < self.spec.num_layers:
-            raise ValueError(f"layer must be in [0, {self.spec.num_layers}), got {layer!r}")
-        if head is not None and (not isinstance(head, int) or not 0 <= head < self.spec.num_heads):
-            raise ValueError(f"head must be in [0, {self.spec.num_heads}) or None, got {head!r}")
-        if req.status != RequestStatus.RUNNING or req.last_scheduled is None:
-            state = f"finished ({req.finish_reason}); its KV blocks were returned" if req.is_finished else \
-                "not holding computed KV (waiting or preempted)"
-            raise ValueError(f"request_id {request_id!r} is {state}: attention can only be probed while it runs")
-        start, end = req.last_scheduled
-        probs = self.runner.probe(req.all_token_ids, start, end, req.block_table, layer)
-        heads = list(range(self.spec.num_heads)) if head is None else [head]
-        group = self.spec.num_heads // self.spec.num_kv_heads
-        decode = self.decode
-        return AttentionProbe(
-            request_id=request_id, layer=layer, heads=heads, kv_head_of_head=[h // group for h in heads],
-            query_positions=list(range(start, end)), context_len=end, block_size=self.config.block_size,
-            block_table=list(req.block_table), token_ids=req.all_token_ids[:end],
-            tokens=[decode([t]) for t in req.all_token_ids[:end]], probs=probs[heads].cpu())
+        return probe_attention(self, request_id, layer, head)

@@ -19,6 +19,16 @@ from .model import CausalLM, ModelSpec, load_weights
 from .model.cpu_linear import cpu_packing_available
 from .core.scheduler import SchedulerOutput
 
+@dataclass
+class ModelRunnerOutput:
+    """What one forward returns (vLLM's name): the sampled rows' logits and how the step ran,
+    returned rather than kept on the runner so nothing of a step outlives it."""
+
+    logits: torch.Tensor | None          # [rows, vocab] fp32; None on a worker rank
+    cuda_graph_bucket: int | None = None  # the captured size replayed; None: eager
+    collective_ms: float = 0.0            # rank 0's time in collectives (0 without tensor parallel)
+
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -101,7 +111,6 @@ class ModelRunner:
             self.graphs = None if self.graph_off_reason else DecodeGraphs(
                 self.model, self.kv_caches, self.backend, max_num_seqs=config.max_num_seqs,
                 max_model_len=max_model_len, block_size=self.block_size, device=self.device)
-            self.last_graph_bucket: int | None = None  # the bucket the last forward replayed
         except BaseException:
             self.shutdown()
             raise
@@ -188,14 +197,6 @@ class ModelRunner:
         rows = hidden[-1:].expand(min(cfg.max_num_seqs, num_tokens), -1)
         return self.model.compute_logits(rows)
 
-    def take_collective_ms(self) -> float:
-        """Time this rank spent in collectives since the last call (0 without tensor parallelism)."""
-        if self.tp.size == 1:
-            return 0.0
-        ms = self.tp.collective_ms()
-        self.tp.reset_timer()
-        return ms
-
     def shutdown(self) -> None:
         """Stop the tensor-parallel workers (nothing to do in a single-process engine)."""
         if self.workers is not None:
@@ -248,30 +249,32 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, meta: AttentionMetadata, input_ids: torch.Tensor, positions: torch.Tensor,
-                logits_indices: list[int]) -> torch.Tensor | None:
+                logits_indices: list[int]) -> ModelRunnerOutput:
         """Runs every layer (writing K/V into the pools) and returns fp32 logits of the sampled
-        rows (None on a worker rank: the logits are gathered on rank 0)."""
-        if self.workers is not None:
-            self.tp.reset_timer()  # the step's collectives only (not a probe's in between)
-            self.workers.send_forward(meta, input_ids, positions, logits_indices)
-            with self.workers.guard():
-                return self._forward(meta, input_ids, positions, logits_indices)
-        return self._forward(meta, input_ids, positions, logits_indices)
+        rows (None on a worker rank: the logits are gathered on rank 0), with how it ran."""
+        if self.workers is None:
+            return self._forward(meta, input_ids, positions, logits_indices)
+        self.tp.reset_timer()  # the step's collectives only (not a probe's in between)
+        self.workers.send_forward(meta, input_ids, positions, logits_indices)
+        with self.workers.guard():
+            out = self._forward(meta, input_ids, positions, logits_indices)
+        out.collective_ms = self.tp.collective_ms()
+        return out
 
     def _forward(self, meta: AttentionMetadata, input_ids: torch.Tensor, positions: torch.Tensor,
-                 logits_indices: list[int]) -> torch.Tensor | None:
-        self.last_graph_bucket = None
+                 logits_indices: list[int]) -> ModelRunnerOutput:
+        bucket = None
         if self._graph_can_run(meta, input_ids.shape[0]):
-            hidden, self.last_graph_bucket = self.graphs.run(input_ids, positions, meta)
+            hidden, bucket = self.graphs.run(input_ids, positions, meta)
         else:
             hidden = self.model(input_ids, positions, self.kv_caches, self.backend, meta)
         if not logits_indices:
-            return torch.empty((0, self.spec.vocab_size))
+            return ModelRunnerOutput(torch.empty((0, self.spec.vocab_size)), bucket)
         rows = hidden[torch.tensor(logits_indices, dtype=torch.long, device=self.device)]
         logits = self.model.compute_logits(rows)
         if logits is not None and self.workers is not None and self.device.type == "cuda":
             self.workers.wait_until_done(logits)  # a dead NCCL peer never completes: poll, do not hang
-        return None if logits is None else logits.float()
+        return ModelRunnerOutput(None if logits is None else logits.float(), bucket)
 
     def _graph_can_run(self, meta: AttentionMetadata, num_tokens: int) -> bool:
         """A pure-decode step (every row a one-token decode) that fits a captured bucket."""

@@ -5,7 +5,9 @@ from __future__ import annotations
 import gc
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
+from .config import SCHEDULER_KNOBS
 from .core.hashing import hash_hex
 from .request import Request
 
@@ -31,6 +33,14 @@ class StepRecord:
     token_budget: int = 0
     num_running: int = 0
     num_waiting: int = 0
+    # The scheduler knobs this step ran under (keys: engine.config.SCHEDULER_KNOBS); they
+    # may change between steps, so a view of an old step shows the budgets it had.
+    budgets: dict = field(default_factory=dict)
+
+    @staticmethod
+    def budgets_of(config: Any) -> dict:
+        """The scheduler knobs of `config` (an EngineConfig, or anything with those fields)."""
+        return {k: getattr(config, k) for k in SCHEDULER_KNOBS if hasattr(config, k)}
 
     @property
     def num_batched_tokens(self) -> int:
@@ -50,6 +60,7 @@ class StepRecord:
             "num_free_blocks": self.num_free_blocks, "timings_ms": dict(self.timings_ms),
             "engine_time_s": self.engine_time_s, "wall_time_s": self.wall_time_s,
             "token_budget": self.token_budget, "num_running": self.num_running, "num_waiting": self.num_waiting,
+            "budgets": dict(self.budgets),
         }
 
 

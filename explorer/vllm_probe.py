@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from engine.llm_engine import AttentionProbe
+from engine.report.probe import AttentionProbe
 
 
 @dataclass

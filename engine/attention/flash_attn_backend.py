@@ -45,7 +45,7 @@ class FlashAttentionBackend(AttentionBackend):
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        probing = meta.probe_layer is not None
+        probing = meta.probing
         if not probing:
             store = store_kvcache if k.is_cuda else write_kv
             store(k, v, k_cache, v_cache, meta.slot_mapping)
@@ -54,7 +54,7 @@ class FlashAttentionBackend(AttentionBackend):
         if probing and layer == meta.probe_layer:
             probe_probs_from_cache(q, k_cache, meta)
         scale = q.shape[-1] ** -0.5
-        inputs = _kernel_inputs(meta, q.device, probing)
+        inputs = meta.derived(_kernel_inputs)
         if "cache_seqlens" in inputs:  # a pure decode step: row b is decode sequence b
             out = flash_attn_with_kvcache(q.unsqueeze(1), k_cache, v_cache, cache_seqlens=inputs["cache_seqlens"],
                                           block_table=inputs["block_table"], softmax_scale=scale, causal=True)
@@ -64,17 +64,13 @@ class FlashAttentionBackend(AttentionBackend):
                                       causal=True, block_table=inputs["block_table"])
 
 
-def _kernel_inputs(meta: AttentionMetadata, device: torch.device, probing: bool) -> dict:
+def _kernel_inputs(meta: AttentionMetadata) -> dict:
     """flash-attn's index tensors (int32, as it requires) for this step, built once and reused
     by every layer. For a pure decode step they are converted from the metadata's device
     tensors (inside a CUDA-graph capture the conversion is captured too, reading the static
-    buffers); otherwise they come from the host lists."""
-    if meta.kernel_inputs is None:
-        meta.kernel_inputs = {}
-    cached = meta.kernel_inputs.get("flash_attn")
-    if cached is not None:
-        return cached
-    if not probing and meta.decode_seq_ids and len(meta.decode_seq_ids) == meta.num_seqs:
+    buffers); otherwise they come from the host lists. Built once per step (`meta.derived`)."""
+    device = meta.block_tables.device
+    if not meta.probing and meta.decode_seq_ids and len(meta.decode_seq_ids) == meta.num_seqs:
         inputs = {"cache_seqlens": meta.decode_seq_lens.to(torch.int32),
                   "block_table": meta.decode_block_tables.to(torch.int32)}
     else:
@@ -89,5 +85,4 @@ def _kernel_inputs(meta: AttentionMetadata, device: torch.device, probing: bool)
             "max_seqlen_k": max(meta.seq_lens),
             "block_table": meta.block_tables.to(torch.int32),
         }
-    meta.kernel_inputs["flash_attn"] = inputs
     return inputs

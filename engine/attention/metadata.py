@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable, TypeVar
 
 import torch
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -18,7 +21,10 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor        # [num_tokens] int64; -1 = do not write
     block_tables: torch.Tensor        # [num_seqs, max_blocks] int64, padded with the null block 0
     block_size: int
-    decode_seq_ids: list[int] = field(default_factory=list)   # sequences with exactly one query
+    # "Decode" in the attention sense, as in vLLM's backends (query_len <= 1): a sequence with
+    # exactly one query row and some context. A 1-token last prefill chunk is one too, so it
+    # takes the decode kernel although the scheduler still calls it a prefill chunk.
+    decode_seq_ids: list[int] = field(default_factory=list)
     decode_block_tables: torch.Tensor | None = None           # [num_decodes, max_blocks]
     decode_seq_lens: torch.Tensor | None = None               # [num_decodes]
     decode_rows: torch.Tensor | None = None                   # query rows of the decodes
@@ -26,10 +32,21 @@ class AttentionMetadata:
     # attention probabilities in `probe_probs`.
     probe_layer: int | None = None
     probe_probs: torch.Tensor | None = None
-    # Device tensors a kernel backend derives from the fields above, built on first use and
-    # reused by every layer of the step; keyed by the backend.
-    kernel_inputs: dict | None = None
+    # What kernel backends derive from the fields above (see `derived`); per step, never shared.
+    _derived: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def num_seqs(self) -> int:
         return len(self.seq_lens)
+
+    @property
+    def probing(self) -> bool:
+        return self.probe_layer is not None
+
+    def derived(self, build: Callable[["AttentionMetadata"], T]) -> T:
+        """`build(self)`, computed on the first layer's call and reused by the step's other
+        layers (index tensors, decode plans). Keyed by the builder function itself, so two
+        backends' inputs never collide; it lives and dies with this step's metadata."""
+        if build not in self._derived:
+            self._derived[build] = build(self)
+        return self._derived[build]

@@ -20,7 +20,7 @@ class TorchAttentionBackend(AttentionBackend):
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        probing = meta.probe_layer is not None
+        probing = meta.probing
         if not probing:
             write_kv(k, v, k_cache, v_cache, meta.slot_mapping, _all_slots_written(meta))
         decode_set = set(meta.decode_seq_ids)
@@ -43,17 +43,17 @@ class TorchAttentionBackend(AttentionBackend):
                 meta.probe_probs = attention_probs(q[s:e], ks, full_mask, kvh)
             out[s:e] = _sdpa(q[s:e], ks, vs, mask, causal=mask is None and e - s > 1)
         if meta.decode_seq_ids and not probing:
-            decode_attention(q, k_cache, v_cache, decode_plan(meta, k_cache.shape[1]), out)
+            decode_attention(q, k_cache, v_cache, decode_plan(meta), out)
         return out
 
 
 def _all_slots_written(meta: AttentionMetadata) -> bool:
     """Whether no slot of the step is -1, checked once per step rather than once per layer."""
-    if meta.kernel_inputs is None:
-        meta.kernel_inputs = {}
-    if "torch_all_written" not in meta.kernel_inputs:
-        meta.kernel_inputs["torch_all_written"] = bool((meta.slot_mapping >= 0).all())
-    return meta.kernel_inputs["torch_all_written"]
+    return meta.derived(_no_skipped_slot)
+
+
+def _no_skipped_slot(meta: AttentionMetadata) -> bool:
+    return bool((meta.slot_mapping >= 0).all())
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool) -> torch.Tensor:

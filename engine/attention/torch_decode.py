@@ -51,16 +51,13 @@ class DecodePlan:
     rows: torch.Tensor | None = None           # all decode rows, in group order (cascade only)
 
 
-def decode_plan(meta: AttentionMetadata, block_size: int) -> DecodePlan:
-    if meta.kernel_inputs is None:
-        meta.kernel_inputs = {}
-    plan = meta.kernel_inputs.get("torch_decode_plan")
-    if plan is None:
-        plan = meta.kernel_inputs["torch_decode_plan"] = _build_plan(meta, block_size)
-    return plan
+def decode_plan(meta: AttentionMetadata) -> DecodePlan:
+    """The step's decode plan, built once and reused by every layer."""
+    return meta.derived(_build_plan)
 
 
-def _build_plan(meta: AttentionMetadata, bs: int) -> DecodePlan:
+def _build_plan(meta: AttentionMetadata) -> DecodePlan:
+    bs = meta.block_size
     dev = meta.block_tables.device
     ids = sorted(meta.decode_seq_ids, key=lambda i: meta.seq_lens[i])
     tables = meta.block_tables.index_select(0, torch.tensor(ids, dtype=torch.long, device=dev))

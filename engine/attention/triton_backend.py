@@ -33,7 +33,7 @@ class TritonAttentionBackend(AttentionBackend):
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        probing = meta.probe_layer is not None
+        probing = meta.probing
         if not probing:
             store_kvcache(k, v, k_cache, v_cache, meta.slot_mapping)
         if q.shape[0] == 0:
@@ -41,7 +41,7 @@ class TritonAttentionBackend(AttentionBackend):
         scale = q.shape[-1] ** -0.5
         if probing and layer == meta.probe_layer:
             probe_probs_from_cache(q, k_cache, meta)
-        inputs = _kernel_inputs(meta, q.device, probing)
+        inputs = meta.derived(_kernel_inputs)
         decodes = not probing and len(meta.decode_seq_ids) > 0
         if decodes and len(meta.decode_seq_ids) == q.shape[0]:
             # A pure decode step: row b is decode sequence b.
@@ -61,15 +61,11 @@ class TritonAttentionBackend(AttentionBackend):
         return out
 
 
-def _kernel_inputs(meta: AttentionMetadata, device: torch.device, probing: bool) -> dict:
+def _kernel_inputs(meta: AttentionMetadata) -> dict:
     """The prefill kernel's index tensors for this step's non-decode sequences (all of them
-    when probing), built once and cached on the metadata for the step's other layers."""
-    if meta.kernel_inputs is None:
-        meta.kernel_inputs = {}
-    cached = meta.kernel_inputs.get("triton")
-    if cached is not None:
-        return cached
-    skip = set() if probing else set(meta.decode_seq_ids)
+    when probing); built once per step through `meta.derived`."""
+    device = meta.block_tables.device
+    skip = set() if meta.probing else set(meta.decode_seq_ids)
     ids = [i for i in range(meta.num_seqs) if i not in skip]
     prefill = None
     if ids:
@@ -85,5 +81,4 @@ def _kernel_inputs(meta: AttentionMetadata, device: torch.device, probing: bool)
             meta.block_tables.index_select(0, torch.tensor(ids, dtype=torch.long, device=device)),
             "max_query_len": max(meta.seq_lens[i] - meta.context_lens[i] for i in ids),
         }
-    meta.kernel_inputs["triton"] = {"prefill": prefill}
-    return meta.kernel_inputs["triton"]
+    return {"prefill": prefill}

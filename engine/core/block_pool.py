@@ -55,7 +55,7 @@ class BlockPool:
         self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(1, num_blocks))
         # hash -> the blocks registered under it, in registration order (an ordered set).
         self.cached_blocks_of_hash: dict[int, dict[int, None]] = {}
-        self.events = BlockEvents()
+        self._events = BlockEvents()  # since the last take_events()
 
     # -- queries ------------------------------------------------------------------------
     @property
@@ -76,8 +76,13 @@ class BlockPool:
         return block_id in self.free_queue
 
     # -- mutations ----------------------------------------------------------------------
-    def begin_step(self) -> None:
-        self.events = BlockEvents()
+    def take_events(self) -> BlockEvents:
+        """What happened to blocks since the last call (vLLM's BlockPool.take_events). The
+        engine takes them once per step, after the scheduler's update, so blocks an abort
+        freed between two steps show in the next step's record rather than vanish."""
+        events, self._events = self._events, BlockEvents()
+        return events
+
 
     def touch(self, block_ids: list[int]) -> None:
         """Take prefix-cache hits: bump refcounts, pulling free cached blocks out of the queue."""
@@ -86,9 +91,9 @@ class BlockPool:
             if block.ref_count == 0:
                 del self.free_queue[b]
             block.ref_count += 1
-            self.events.hits.append(b)
-            if b in self.events.cached:
-                self.events.same_step_hits.append(b)
+            self._events.hits.append(b)
+            if b in self._events.cached:
+                self._events.same_step_hits.append(b)
 
     def allocate(self, n: int) -> list[int]:
         if n > self.num_free_blocks:
@@ -99,10 +104,10 @@ class BlockPool:
             block = self.blocks[b]
             if block.block_hash is not None:  # lazy eviction: only now does the cached content go
                 self._unregister(block)
-                self.events.evicted.append(b)
+                self._events.evicted.append(b)
             block.ref_count = 1
             out.append(b)
-        self.events.allocated.extend(out)
+        self._events.allocated.extend(out)
         return out
 
     def free(self, block_ids_in_free_order: list[int]) -> None:
@@ -116,7 +121,7 @@ class BlockPool:
             if block.ref_count < 0:
                 raise RuntimeError(f"block {b} freed more often than it was referenced")
             if block.ref_count == 0:
-                self.events.freed.append(b)
+                self._events.freed.append(b)
                 if block.block_hash is not None:
                     self.free_queue[b] = None
                 else:
@@ -131,7 +136,7 @@ class BlockPool:
         block = self.blocks[block_id]
         block.block_hash, block.token_ids = block_hash, tuple(token_ids)
         self.cached_blocks_of_hash.setdefault(block_hash, {})[block_id] = None
-        self.events.cached.append(block_id)
+        self._events.cached.append(block_id)
 
     def _unregister(self, block: KVBlock) -> None:
         blocks = self.cached_blocks_of_hash[block.block_hash]

@@ -143,7 +143,7 @@ def test_decodes_sharing_a_cached_prefix_use_cascade_attention_and_keep_their_to
     def spy(layer, q, k, v, k_cache, v_cache, meta):
         out = backend_forward(layer, q, k, v, k_cache, v_cache, meta)
         if layer == 0 and meta.decode_seq_ids:
-            shared_tokens.append(decode_plan(meta, 16).shared_tokens)
+            shared_tokens.append(decode_plan(meta).shared_tokens)
         return out
 
     llm.engine.runner.backend.forward = spy

@@ -45,20 +45,20 @@ def _reference(q, k_cache, v_cache, meta):
 ])
 def test_decode_plan_matches_whole_context_attention(lengths, shared, cascade):
     q, k_cache, v_cache, meta = _decode_batch(lengths, shared)
-    plan = decode_plan(meta, BS)
+    plan = decode_plan(meta)
     assert (plan.shared_blocks is not None) == cascade
     if cascade:
         assert plan.shared_tokens == shared * BS
     out = torch.zeros_like(q)
     decode_attention(q, k_cache, v_cache, plan, out)
     torch.testing.assert_close(out, _reference(q, k_cache, v_cache, meta), rtol=1e-5, atol=1e-5)
-    assert decode_plan(meta, BS) is plan          # built once per step, reused by every layer
+    assert decode_plan(meta) is plan          # built once per step, reused by every layer
 
 
 def test_sequence_wholly_inside_the_shared_blocks_keeps_a_key_of_its_own():
     # 80 tokens = exactly the 10 shared blocks: the shared part stops one block short for it.
     q, k_cache, v_cache, meta = _decode_batch([80, 90, 100, 110, 120], 10)
-    plan = decode_plan(meta, BS)
+    plan = decode_plan(meta)
     assert plan.shared_tokens == 9 * BS
     out = torch.zeros_like(q)
     decode_attention(q, k_cache, v_cache, plan, out)

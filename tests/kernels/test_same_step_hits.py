@@ -67,8 +67,7 @@ def test_flash_attn_backend_reads_blocks_written_earlier_in_the_same_step(flash_
 def test_the_check_fails_when_a_backend_reads_the_cache_before_writing_it():
     class ReadsFirst(TorchAttentionBackend):
         def forward(self, layer, q, k, v, k_cache, v_cache, meta):
-            no_writes = dataclasses.replace(meta, slot_mapping=torch.full_like(meta.slot_mapping, -1),
-                                            kernel_inputs=None)
+            no_writes = dataclasses.replace(meta, slot_mapping=torch.full_like(meta.slot_mapping, -1))
             out = super().forward(layer, q, k, v, k_cache, v_cache, no_writes)  # attention over the old cache
             super().forward(layer, q, k, v, k_cache, v_cache, meta)            # the writes land only afterwards
             return out

@@ -91,7 +91,7 @@ def run_workload(w: Workload) -> tuple[Counts, Divergence | None]:
         hits = [mine["computed_before"][r] for r in admitted if mine["computed_before"][r] > 0]
         counts.admissions_with_hits += len(hits)
         counts.hit_tokens += sum(hits)
-        events = ours.kv.pool.events
+        events = ours.events
         counts.same_step_hit_blocks += len(set(events.hits) & set(events.cached))
         running_before = set(state["running"])
         if step > last_arrival and not state["running"] and not state["waiting"]:

@@ -69,6 +69,7 @@ class KvscopeSide:
 
     def step(self) -> dict:
         rec = self.engine.step()
+        self.blocks = rec.blocks
         return {"scheduled": {s["request_id"]: s["num_tokens"] for s in rec.scheduled},
                 "computed_before": {s["request_id"]: s["num_computed_before"] for s in rec.scheduled},
                 "preempted": sorted(rec.preempted), "finished": sorted(rec.finished),
@@ -157,12 +158,11 @@ def run_workload(ours: KvscopeSide, theirs: VllmSide, reqs: list[dict], counts: 
         if key is not None:
             shape = [(r["id"], len(r["prompt"]), r["max_tokens"], r["arrival_step"]) for r in reqs]
             return f"step {step}: {key} differs\n  kvscope: {mine[key]}\n  vllm:    {other[key]}\n  requests: {shape}"
-        events = ours.engine.kv.pool.events
         counts["steps"] += 1
         counts["tokens"] += len(mine["sampled"])
         counts["preemptions"] += len(mine["preempted"])
         counts["prefill_chunks_not_sampled"] += sum(1 for r in mine["scheduled"] if r not in mine["sampled"])
-        counts["same_step_hit_blocks"] += len(set(events.hits) & set(events.cached))
+        counts["same_step_hit_blocks"] += len(ours.blocks["same_step_hits"])
     counts["workloads"] += 1
     counts["requests"] += len(reqs)
     return None

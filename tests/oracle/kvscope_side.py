@@ -29,11 +29,11 @@ class KvscopeScheduler:
         self.scheduler.add(Request(r.request_id, list(r.prompt), params, eos_token_id=None))
 
     def step(self) -> dict:
-        self.kv.pool.begin_step()
         out = self.scheduler.schedule()
         sampled = {s.request.request_id: self.w.sampled_token(s.request.request_id, len(s.request.output_token_ids))
                    for s in out.scheduled if s.sample}
         finished = self.scheduler.update_from_output(out, sampled, 0.0, 0.0)
+        self.events = self.kv.pool.take_events()  # this step's block events, as the engine takes them
         return {"scheduled": {s.request.request_id: s.num_tokens for s in out.scheduled},
                 "computed_before": {s.request.request_id: s.num_computed_before for s in out.scheduled},
                 "preempted": sorted(out.preempted), "finished": sorted(finished), "sampled": sampled}

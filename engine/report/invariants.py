@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from .core.kv_cache_manager import cdiv
-from .request import RequestStatus
+from ..core.kv_cache_manager import cdiv
+from ..request import RequestStatus
 
 
 class InvariantError(AssertionError):

@@ -226,4 +226,5 @@ class LLMEngine:
 
     def attention_probe(self, request_id: str, layer: int = 0, head: int | None = None) -> AttentionProbe:
         """Attention weights of the request's last computed positions, read from the paged cache."""
-        return probe_attention(self, request_id, layer, head)
+        return probe_attention(self.requests, request_id, layer, head, spec=self.spec, runner=self.runner,
+                               decode=self.decode)

@@ -149,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     if args.command == "bench":
-        from .bench import bench
+        from .bench.offline import bench
 
         if not 0 < args.scale <= 1:
             print(f"error: --scale must be in (0, 1], got {args.scale}", file=sys.stderr)
@@ -163,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 json.dump(results, f, indent=2)
         return 0
     if args.command == "bench-ui":
-        from .bench_ui import BenchUnavailable, bench_ui
+        from .bench.ui import BenchUnavailable, bench_ui
 
         try:
             results = bench_ui(steps=args.steps, browser=args.browser, model=args.model,

@@ -22,9 +22,9 @@ import pytest
 
 # ---------------------------------------------------------------------------
 # Model checkpoints: the default model and tiny random Qwen3 / Qwen2 / Llama
-# checkpoints with Qwen's real tokenizer (explorer/checkpoints.py).
+# checkpoints with Qwen's real tokenizer (explorer/bench/checkpoints.py).
 # ---------------------------------------------------------------------------
-from explorer import checkpoints
+from explorer.bench import checkpoints
 
 # tests/ is on sys.path when it has no __init__.py (pytest's rootdir-less
 # "prepend" import); the repository root is, when it has one.

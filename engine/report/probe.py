@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Callable
 
 import torch
 
-from ..request import RequestStatus
-
-if TYPE_CHECKING:
-    from ..llm_engine import LLMEngine
+from ..model import ModelSpec
+from ..model_runner import ModelRunner
+from ..request import Request, RequestStatus
 
 
 @dataclass
@@ -35,12 +34,12 @@ class AttentionProbe:
             "block_size", "block_table", "token_ids", "tokens")} | {"probs": self.probs.tolist()}
 
 
-def probe_attention(engine: "LLMEngine", request_id: str, layer: int, head: int | None) -> AttentionProbe:
+def probe_attention(requests: dict[str, Request], request_id: str, layer: int, head: int | None, *,
+                    spec: ModelSpec, runner: ModelRunner, decode: Callable[[list[int]], str]) -> AttentionProbe:
     """Checks the arguments (ValueError naming the field), then asks the runner to re-run
     layers 0..layer for the request's last scheduled positions, reading its context from the
     paged cache and writing nothing."""
-    spec = engine.spec
-    req = engine.requests.get(request_id)
+    req = requests.get(request_id)
     if req is None:
         raise ValueError(f"request_id {request_id!r} does not exist")
     if not isinstance(layer, int) or not 0 <= layer < spec.num_layers:
@@ -52,12 +51,12 @@ def probe_attention(engine: "LLMEngine", request_id: str, layer: int, head: int 
             "not holding computed KV (waiting or preempted)"
         raise ValueError(f"request_id {request_id!r} is {state}: attention can only be probed while it runs")
     start, end = req.last_scheduled
-    probs = engine.runner.probe(req.all_token_ids, start, end, req.block_table, layer)
+    probs = runner.probe(req.all_token_ids, start, end, req.block_table, layer)
     heads = list(range(spec.num_heads)) if head is None else [head]
     group = spec.num_heads // spec.num_kv_heads
     context = req.all_token_ids[:end]
     return AttentionProbe(
         request_id=request_id, layer=layer, heads=heads, kv_head_of_head=[h // group for h in heads],
-        query_positions=list(range(start, end)), context_len=end, block_size=engine.config.block_size,
-        block_table=list(req.block_table), token_ids=context, tokens=[engine.decode([t]) for t in context],
+        query_positions=list(range(start, end)), context_len=end, block_size=runner.block_size,
+        block_table=list(req.block_table), token_ids=context, tokens=[decode([t]) for t in context],
         probs=probs[heads].cpu())

@@ -1,11 +1,11 @@
-"""explorer.gpu_bench runs end to end on a CPU with a tiny model (`--device cpu --shape tiny`):
+"""explorer.bench.gpu runs end to end on a CPU with a tiny model (`--device cpu --shape tiny`):
 not a measurement, but every line of the GPU benchmark runs, so it cannot first fail on a
 GPU machine's scarce time."""
 from __future__ import annotations
 
 import json
 
-from explorer.gpu_bench import main, workload
+from explorer.bench.gpu import main, workload
 
 
 def test_gpu_bench_runs_on_cpu_with_a_tiny_model(tmp_path, capsys):

@@ -1,11 +1,11 @@
 """Memory per step of the Session history at a bench-ui scale (64 requests, 4,096 blocks):
-snapshots kept whole vs sharing what did not change (`python -m explorer.history_bench`)."""
+snapshots kept whole vs sharing what did not change (`python -m explorer.bench.history_cost`)."""
 from __future__ import annotations
 
 import sys
 from typing import Any, Sequence
 
-from .history import history_bytes, pack_history, share_unchanged
+from ..history import history_bytes, pack_history, share_unchanged
 
 
 def measure(model: str | None = None, *, num_requests: int = 64, num_kv_blocks: int = 4096, steps: int = 10,
@@ -15,7 +15,7 @@ def measure(model: str | None = None, *, num_requests: int = 64, num_kv_blocks: 
     feed both: each step's snapshot is kept once as `to_dict()` gave it and once shared
     with the previous one. Returns bytes per step (sys.getsizeof, each object once) and
     the JSON bytes per step an export carries (snapshot delta, record)."""
-    from .bench_ui import prepare_session
+    from .ui import prepare_session
 
     session = prepare_session(model, num_requests=num_requests, num_kv_blocks=num_kv_blocks, steps=steps,
                               progress=progress)
@@ -53,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import argparse
     import json
 
-    p = argparse.ArgumentParser(prog="python -m explorer.history_bench",
+    p = argparse.ArgumentParser(prog="python -m explorer.bench.history_cost",
                                 description="Memory per step of the Session history, plain vs shared snapshots.")
     p.add_argument("--model", default=None, help="local HF folder (default: SmolLM2-135M-Instruct)")
     p.add_argument("--requests", type=int, default=64)

@@ -1,4 +1,4 @@
-"""What the UI benchmark's kernel side (bench_ui.py) and browser side (ui_bench_page.py)
+"""What the UI benchmark's kernel side (ui.py) and browser side (ui_page.py)
 share: the panels whose redraw is timed, and the error for a part that cannot run here."""
 from __future__ import annotations
 

@@ -11,8 +11,8 @@ Each launch compiles down to a cubin (with the ptxas that ships inside the trito
 stops there; cuobjdump, also in the wheel, reads each cubin's registers, shared memory and
 spill (stack and local memory) bytes.
 
-    python -m engine.attention.triton_aot              # sm_90 (H100/H200), the default matrix
-    python -m engine.attention.triton_aot --arch 80    # A100
+    python -m explorer.bench.triton_aot              # sm_90 (H100/H200), the default matrix
+    python -m explorer.bench.triton_aot --arch 80    # A100
 
 It must run in a process where triton was imported without TRITON_INTERPRET (the tests
 start it as a subprocess for that reason), and it compiles only: nothing is executed.
@@ -100,7 +100,7 @@ def compile_only(arch: int):
     running; yields the list that collects (kernel name, CompiledKernel, seconds)."""
     from triton.runtime.driver import driver
 
-    from . import triton_kernels as tk
+    from engine.attention import triton_kernels as tk
     if tk.INTERPRETED:
         raise RuntimeError("triton was imported with TRITON_INTERPRET=1 in this process: the kernels are "
                            "interpreted, not compiled; run this without TRITON_INTERPRET")
@@ -133,7 +133,7 @@ def compile_only(arch: int):
 def launch_all(shape: KernelShape) -> None:
     """Call the three wrappers as the engine's Triton backend does for one mixed step (a
     prefill with a cached prefix and two decodes), with the engine's index dtypes."""
-    from .triton_kernels import paged_decode_attention, paged_prefill_attention, store_kvcache
+    from engine.attention.triton_kernels import paged_decode_attention, paged_prefill_attention, store_kvcache
     dtype = getattr(torch, shape.dtype)
     h, kvh, d, bs = shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.block_size
     # q/k/v are column slices of one fused qkv projection, as in the model.
@@ -201,7 +201,7 @@ def problems(reports: list[CompiledKernelReport], arch: int) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine.attention.triton_aot", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m explorer.bench.triton_aot", description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: H100/H200)")
     parser.add_argument("--json", type=Path, help="also write the reports here")
     args = parser.parse_args(argv)

@@ -12,6 +12,8 @@ import torch
 
 
 class ForwardTimer:
+    """Times the forward: CUDA events on a GPU (the host returns before the kernels end), the
+    host clock on a CPU."""
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self._t0 = self._t1 = 0.0

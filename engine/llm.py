@@ -11,6 +11,7 @@ from .sampling_params import SamplingParams
 
 @dataclass
 class RequestOutput:
+    """A finished request as `LLM.generate` returns it (vLLM's RequestOutput, one completion)."""
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]

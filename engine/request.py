@@ -10,6 +10,7 @@ from .sampling_params import SamplingParams
 
 
 class RequestStatus(str, enum.Enum):
+    """Where a request is in its life (vLLM's RequestStatus, folded to four states)."""
     WAITING = "waiting"
     RUNNING = "running"
     PREEMPTED = "preempted"  # back in the waiting queue, its KV freed (recompute)

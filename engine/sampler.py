@@ -10,6 +10,7 @@ from .request import Request
 
 @dataclass
 class SampleResult:
+    """The token chosen for one row, and the top candidates it was drawn from."""
     token_id: int
     top: list[tuple[int, float]]  # (token id, probability) after temperature / top-k / top-p
 

@@ -25,6 +25,7 @@ VECTOR_EXTENSIONS = (
 
 @dataclass(frozen=True)
 class CpuInfo:
+    """The CPU named in every benchmark header: model, flags, logical CPUs."""
     model: str                  # e.g. "AMD EPYC", "Intel(R) Xeon(R) Platinum 8480+"
     flags: frozenset[str] = field(repr=False)   # the first processor's flags (empty when unknown)
     logical_cpus: int | None = None             # processors listed (None when unknown)

@@ -300,12 +300,13 @@ def request_row(req: dict) -> dict:
         "arrival_time": m.get("arrival_time"),
         "first_token_time": m.get("first_token_time"),
         "token_times": list(m.get("token_times") or []),
-        "ttft": m.get("time_to_first_token"),
-        "itl": itl,
-        "itl_mean": _mean(itl),
-        "tpot": m.get("time_per_output_token"),
-        "e2e": m.get("e2e_request_latency"),
-        "queue_time": m.get("request_queue_time"),
+        # vLLM's per-request metric names (RequestMetrics / its Prometheus histograms).
+        "time_to_first_token": m.get("time_to_first_token"),
+        "inter_token_latency": itl,
+        "mean_inter_token_latency": _mean(itl),
+        "time_per_output_token": m.get("time_per_output_token"),
+        "e2e_request_latency": m.get("e2e_request_latency"),
+        "request_queue_time": m.get("request_queue_time"),
     }
 
 
@@ -318,9 +319,9 @@ def session_metrics(snapshot: dict, records: list[dict]) -> dict:
     engine_time = records[-1]["engine_time_s"] if records else em.get("engine_time_s", 0.0)
     generated = sum(len(r["sampled"]) for r in records)
     processed = sum(s["num_tokens"] for r in records for s in r["scheduled"])
-    ttfts = [r["ttft"] for r in rows if r["ttft"] is not None]
-    itls = [x for r in rows for x in r["itl"]]
-    e2es = [r["e2e"] for r in rows if r["e2e"] is not None]
+    ttfts = [r["time_to_first_token"] for r in rows if r["time_to_first_token"] is not None]
+    itls = [x for r in rows for x in r["inter_token_latency"]]
+    e2es = [r["e2e_request_latency"] for r in rows if r["e2e_request_latency"] is not None]
     hits, queries = em.get("prefix_cache_hits", 0), em.get("prefix_cache_queries", 0)
     summary = {
         "clock": "engine",

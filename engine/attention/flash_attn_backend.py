@@ -41,6 +41,7 @@ DTYPES = (torch.float16, torch.bfloat16)           # what flash-attn computes in
 
 
 class FlashAttentionBackend(AttentionBackend):
+    """Paged attention through flash-attn's kernels (CUDA only; see the module docstring)."""
     name = "flash_attn"
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

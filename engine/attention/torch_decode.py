@@ -45,6 +45,8 @@ class DecodeGroup:
 
 @dataclass
 class DecodePlan:
+    """How one step's decode rows are attended: groups of similar context length, and an optional
+    shared prefix attended once for all of them (cascade)."""
     groups: list[DecodeGroup]
     shared_blocks: torch.Tensor | None = None  # blocks at the start of every decode's table
     shared_tokens: int = 0                     # the keys in them, attended once (cascade)

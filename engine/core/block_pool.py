@@ -17,6 +17,7 @@ NULL_BLOCK_ID = 0
 
 @dataclass
 class KVBlock:
+    """One physical KV block's bookkeeping (its K/V live in the runner's per-layer pools)."""
     block_id: int
     ref_count: int = 0
     block_hash: int | None = None

@@ -23,6 +23,7 @@ from ..request import Request, RequestStatus
 
 @dataclass
 class ScheduledRequest:
+    """One request's share of a step: how many tokens, from which position, and why."""
     request: Request
     num_tokens: int
     num_computed_before: int
@@ -34,6 +35,7 @@ class ScheduledRequest:
 
 @dataclass
 class SchedulerOutput:
+    """What `Scheduler.schedule` decided for one step (vLLM's SchedulerOutput, trimmed)."""
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
     new_requests: list[str] = field(default_factory=list)

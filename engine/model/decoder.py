@@ -17,6 +17,7 @@ from .spec import ModelSpec
 
 
 class Attention(nn.Module):
+    """Grouped-query self-attention with RoPE over the paged cache, through an attention backend."""
     def __init__(self, spec: ModelSpec, layer: int, rope: RotaryEmbedding, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
         self.layer = layer
@@ -49,6 +50,7 @@ class Attention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+    """Pre-norm decoder layer: RMSNorm, attention, RMSNorm, SwiGLU MLP, with residuals."""
     def __init__(self, spec: ModelSpec, layer: int, rope: RotaryEmbedding, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)

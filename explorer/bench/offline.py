@@ -26,6 +26,7 @@ BENCH_KV_BYTES = 2 * 2**30
 
 @dataclass
 class Workload:
+    """A named list of token-id prompts with each one's max_tokens."""
     name: str
     prompts: list[list[int]]
     max_tokens: list[int]
@@ -33,6 +34,7 @@ class Workload:
 
 @dataclass
 class RunResult:
+    """One timed run of a workload by one side (kvscope, HF generate or vLLM)."""
     seconds: float
     output_ids: list[list[int]]
     ttft: list[float] = field(default_factory=list)   # seconds, wall clock

@@ -68,6 +68,7 @@ DEFAULT_SHAPES = [
 
 @dataclass
 class CompiledKernelReport:
+    """What ptxas reported for one kernel at one shape: registers, shared memory, spills."""
     kernel: str
     shape: KernelShape
     registers: int

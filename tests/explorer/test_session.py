@@ -367,11 +367,11 @@ def test_metrics_are_consistent_with_the_step_records(session):
         before = next((r["engine_time_s"] for r in reversed(records) if r["step"] < first["step"]), 0.0)
         # The first token is stamped while its step runs: after the previous step ended.
         assert before <= row["first_token_time"] <= first["engine_time_s"]
-        assert row["ttft"] == pytest.approx(row["first_token_time"] - row["arrival_time"])
-        assert row["itl"] == pytest.approx([b - a for a, b in zip(row["token_times"], row["token_times"][1:])])
-        assert len(row["itl"]) == row["num_output_tokens"] - 1
-        assert row["tpot"] == pytest.approx(row["itl_mean"])
-        assert row["e2e"] >= row["ttft"] > 0
+        assert row["time_to_first_token"] == pytest.approx(row["first_token_time"] - row["arrival_time"])
+        assert row["inter_token_latency"] == pytest.approx([b - a for a, b in zip(row["token_times"], row["token_times"][1:])])
+        assert len(row["inter_token_latency"]) == row["num_output_tokens"] - 1
+        assert row["time_per_output_token"] == pytest.approx(row["mean_inter_token_latency"])
+        assert row["e2e_request_latency"] >= row["time_to_first_token"] > 0
     # "late" arrived after two engine seconds' worth of steps: its arrival is on the engine clock.
     late_arrival = next(r for r in records if r["new_requests"] == ["late"])["step"]
     assert rows["late"]["arrival_time"] == pytest.approx(session.entry(late_arrival - 1).record["engine_time_s"])
@@ -383,8 +383,8 @@ def test_metrics_are_consistent_with_the_step_records(session):
     assert s["engine_time_s"] == records[-1]["engine_time_s"]
     assert s["output_throughput_tok_s"] == pytest.approx(9 / records[-1]["engine_time_s"])
     assert s["num_finished"] == 3 and s["num_running"] == s["num_waiting"] == 0
-    assert s["mean_ttft_s"] == pytest.approx(sum(r["ttft"] for r in rows.values()) / 3)
-    all_itl = [x for r in rows.values() for x in r["itl"]]
+    assert s["mean_ttft_s"] == pytest.approx(sum(r["time_to_first_token"] for r in rows.values()) / 3)
+    all_itl = [x for r in rows.values() for x in r["inter_token_latency"]]
     assert s["mean_itl_s"] == pytest.approx(sum(all_itl) / len(all_itl))
     assert s["kv_cache_usage"] == 0.0  # everything finished
     json.dumps(m)
@@ -415,7 +415,7 @@ def test_metrics_of_an_empty_session(session):
 def test_waiting_request_row_has_no_latencies_yet(session):
     session.add_request([1, 2, 3], max_tokens=2)
     (row,) = session.metrics["requests"]
-    assert (row["status"], row["ttft"], row["itl"], row["e2e"]) == ("waiting", None, [], None)
+    assert (row["status"], row["time_to_first_token"], row["inter_token_latency"], row["e2e_request_latency"]) == ("waiting", None, [], None)
 
 
 # -- attention probe ------------------------------------------------------------------------

@@ -141,7 +141,7 @@ def test_records_match_vllms_scheduler_output_and_block_pool_through_chunks_hits
     assert seen["preempted"] == ["r2"]                  # decodes outgrow the 13 usable blocks: newest goes
     assert seen["resumed_hits"] > 0                     # and comes back on its own cached blocks
     rows = s.metrics["requests"]
-    assert all(r["ttft"] is not None and r["ttft"] > 0 for r in rows if r["request_id"] in ("r1", "r2"))
+    assert all(r["time_to_first_token"] is not None and r["time_to_first_token"] > 0 for r in rows if r["request_id"] in ("r1", "r2"))
 
 
 def test_sampler_candidates_are_vllms_logprobs_of_the_sampled_row(session):

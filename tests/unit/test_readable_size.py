@@ -33,3 +33,13 @@ def test_the_size_check_sees_a_long_function(tmp_path):
     src = tmp_path / "m.py"
     src.write_text("class A:\n    def step(self):\n" + "        x = 1\n" * 50)
     assert _function_lines(src, "A", "step") == 51
+
+
+def test_every_public_class_says_what_it_is():
+    missing = []
+    for pkg in ("engine", "explorer", "widgets"):
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ClassDef) and not node.name.startswith("_") and not ast.get_docstring(node):
+                    missing.append(f"{path.relative_to(ROOT)}: {node.name}")
+    assert not missing, "public classes without a docstring:\n" + "\n".join(missing)

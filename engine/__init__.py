@@ -2,7 +2,7 @@
 from .config import EngineConfig
 from .llm import LLM, RequestOutput
 from .llm_engine import LLMEngine
-from .records import EngineSnapshot, StepRecord
+from .report.records import EngineSnapshot, StepRecord
 from .report.probe import AttentionProbe
 from .request import Request, RequestMetrics, RequestStatus
 from .sampling_params import SamplingParams

@@ -14,10 +14,10 @@ from .forward_timer import ForwardTimer
 from .input_processor import InputProcessor
 from .model import ModelSpec
 from .model_runner import ModelRunner, resolve_device
-from .records import EngineSnapshot, StepRecord, block_pool_dict, gc_paused, request_dict
 from .report.invariants import check_invariants
 from .report.model_info import model_info, tensor_parallel_facts
 from .report.probe import AttentionProbe, probe_attention
+from .report.records import EngineSnapshot, StepRecord, engine_snapshot, step_record
 from .request import Request
 from .sampler import Sampler
 from .sampling_params import SamplingParams
@@ -171,34 +171,9 @@ class LLMEngine:
                    "sample": max(0.0, t3 - t2 - forward_s), "update": t4 - t3, "total": t4 - t0,
                    # Part of 'forward': rank 0's wait in all-reduce / gather (0 at TP=1).
                    "collectives": ran.collective_ms / 1e3 if ran else 0.0}
-        return self._record(out, batch, ran, rows, results, finished, seconds)
-
-    def _record(self, out, batch, ran, sampled_rows, results, finished, seconds: dict) -> StepRecord:
-        decode = self.decode
-        rec = StepRecord(step=self.step_count)
-        rec.scheduled = [{"request_id": s.request.request_id, "num_tokens": s.num_tokens,
-                          "num_computed_before": s.num_computed_before, "is_prefill": s.is_prefill,
-                          "num_cached_tokens": s.num_cached_tokens, "chunk_index": s.chunk_index}
-                         for s in out.scheduled]
-        lean = not self.config.record_steps
-        if batch is not None and not lean:
-            rec.batch = batch.to_dict()
-        rec.sampled = {r.request_id: {"token_id": res.token_id, "text": None if lean else decode([res.token_id]),
-                                      "top": [[t, p] for t, p in res.top]}
-                       for r, res in zip(sampled_rows, results)}
-        rec.preempted, rec.finished, rec.new_requests = list(out.preempted), finished, list(out.new_requests)
-        rec.blocks = self.kv.pool.take_events().to_dict()
-        rec.num_free_blocks = self.kv.pool.num_free_blocks
-        rec.timings_ms = {k: v * 1e3 for k, v in seconds.items()}
-        bucket = ran.cuda_graph_bucket if ran is not None else None
-        rec.timings_ms.update(backend=self.runner.backend.name, cuda_graph_bucket=bucket,
-                              forward_path="eager" if bucket is None else "cuda_graph")
-        rec.engine_time_s = self.engine_time
-        rec.wall_time_s = time.time()
-        rec.token_budget = out.token_budget
-        rec.budgets = rec.budgets_of(self.config)
-        rec.num_running, rec.num_waiting = len(self.scheduler.running), len(self.scheduler.waiting)
-        return rec
+        return step_record(self.step_count, out, batch, ran, rows, results, finished, seconds,
+                           scheduler=self.scheduler, config=self.config, backend=self.runner.backend.name,
+                           engine_time=self.engine_time, decode=self.decode)
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel worker processes (a no-op for a single-process engine)."""
@@ -214,15 +189,8 @@ class LLMEngine:
                 "num_prompt_tokens_computed": self.num_computed_prompt_tokens}
 
     def snapshot(self) -> EngineSnapshot:
-        decode = self.decode
-        sch = self.scheduler
-        with gc_paused():
-            return EngineSnapshot(
-                step=self.step_count, config=self.config.to_dict(), model_info=self.model_info, metrics=self.metrics,
-                queues={"waiting": [request_dict(r, decode) for r in sch.waiting],
-                        "running": [request_dict(r, decode) for r in sch.running],
-                        "finished": [request_dict(r, decode) for r in sch.finished]},
-                block_pool=block_pool_dict(self.kv.pool, self.config.block_size, list(sch.running)))
+        return engine_snapshot(self.step_count, self.config, self.model_info, self.metrics, self.scheduler,
+                               self.decode)
 
     def attention_probe(self, request_id: str, layer: int = 0, head: int | None = None) -> AttentionProbe:
         """Attention weights of the request's last computed positions, read from the paged cache."""

@@ -55,17 +55,22 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("--full", action="store_true", help="print long lists in full")
     trace.add_argument("--json", action="store_true", help="print each StepRecord as a JSON line instead")
 
-    bench = sub.add_parser("bench", help="engine vs Hugging Face generate on the same model, side by side",
+    bench = sub.add_parser("bench", help="engine vs HF generate and vLLM's CPU build on the same model, side by side",
                            description="Run the offline-batch, one-stream and shared-prefix workloads on the "
-                                       "engine and on transformers' generate in one process, alternating them, "
-                                       "and print tokens/s, requests/s, TTFT, ITL and the ratio engine/HF "
-                                       "(medians of the repetitions, with the spread), then the cost of "
-                                       "observation (StepRecords off/on, explorer history).")
+                                       "engine, on transformers' generate and on vLLM's CPU build (its own "
+                                       "process), alternating them, and print tokens/s, requests/s, TTFT, ITL "
+                                       "and the ratios engine/HF and engine/vLLM (medians of the repetitions, "
+                                       "with the spread), the one stream's share of the memory-bandwidth "
+                                       "floor, then the cost of observation (StepRecords off/on, history).")
     bench.add_argument("--reps", type=_positive_int, default=3, help="repetitions per workload (default 3)")
     bench.add_argument("--scale", type=float, default=1.0,
                        help="shrink the workloads (e.g. 0.25 for a quick look; 1.0 is the issue's size)")
     bench.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     bench.add_argument("--model", default=None, help="local HF model folder (default: SmolLM2-135M-Instruct)")
+    bench.add_argument("--vllm", action=argparse.BooleanOptionalAction, default=True,
+                       help="also run vLLM's CPU build (default: on when vllm is installed)")
+    bench.add_argument("--vllm-eager", action="store_true",
+                       help="vLLM with enforce_eager (starts in ~30 s instead of its torch.compile's 70-100 s)")
     bench.add_argument("--no-observation", dest="observation", action="store_false",
                        help="skip the observation-overhead runs")
     bench.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON")
@@ -155,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: --scale must be in (0, 1], got {args.scale}", file=sys.stderr)
             return 2
         results = bench(reps=args.reps, scale=args.scale, dtype=args.dtype, model=args.model,
-                        observation=args.observation)
+                        observation=args.observation, vllm=args.vllm, vllm_eager=args.vllm_eager)
         if args.json:
             import json
 

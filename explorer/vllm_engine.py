@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import SCHEDULER_KNOBS
-from engine.records import EngineSnapshot, StepRecord, gc_paused
+from engine.report.records import EngineSnapshot, StepRecord, gc_paused
 from engine.request import checked_request_args, token_id_list
 from engine.sampling_params import SamplingParams
 

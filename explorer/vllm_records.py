@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.records import StepRecord
+from engine.report.records import StepRecord
 from engine.request import RequestMetrics
 from engine.sampling_params import SamplingParams
 
@@ -111,8 +111,22 @@ def step_record(eng: Any, outputs: list, vllm_s: float, engine_start: float) -> 
     rec.engine_time_s = eng.engine_time
     rec.wall_time_s = now_wall
     rec.token_budget = cap.token_budget or int(eng.scheduler.max_num_scheduled_tokens)
+    rec.budgets = budgets(eng, rec.token_budget)
     rec.num_running, rec.num_waiting = len(eng.scheduler.running), eng._num_waiting()
     return rec
+
+
+def budgets(eng: Any, token_budget: int | None = None) -> dict:
+    """The scheduler knobs as vLLM's own scheduler holds them (kvscope's knob names,
+    engine.config.SCHEDULER_KNOBS): what the step just taken ran under."""
+    s = eng.scheduler
+    return {"max_num_batched_tokens": int(token_budget or s.max_num_scheduled_tokens),
+            "max_num_seqs": int(s.max_num_running_reqs),
+            "enable_chunked_prefill": bool(s.scheduler_config.enable_chunked_prefill),
+            "enable_prefix_caching": bool(s.cache_config.enable_prefix_caching),
+            "scheduler_reserve_full_isl": bool(getattr(s, "scheduler_reserve_full_isl",
+                                                       eng.config.scheduler_reserve_full_isl)),
+            "scheduling_policy": "unified"}  # vLLM v1 has one policy: prefill and decode under one budget
 
 def _sampled(eng: Any, c: Any, k: int) -> dict:
     """The sampled token and vLLM's top-k candidates for its row (vLLM's logprobs, as

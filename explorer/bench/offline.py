@@ -1,6 +1,7 @@
-"""`python -m explorer bench`: the engine against Hugging Face `generate` on the same model,
-prompts and greedy settings, in one process and one run (this machine is shared and noisy:
-only ratios measured side by side, alternating the two, mean anything).
+"""`python -m explorer bench`: the engine against Hugging Face `generate` and vLLM's CPU build
+on the same model, prompts and greedy settings, in one run (this machine is shared and noisy:
+only ratios measured side by side, alternating the sides, mean anything). vLLM runs in a
+process of its own (bench/vllm_side.py), loaded once.
 
 Workloads (issue: CPU performance):
   offline  32 prompts of 20-400 tokens, 64-128 new tokens each, ignore_eos
@@ -134,13 +135,17 @@ def matching(a: list[list[int]], b: list[list[int]]) -> str:
 
 
 def bench(reps: int = 3, scale: float = 1.0, dtype: str = "float32", model: str | None = None,
-          observation: bool = True, out=print) -> dict:
-    """Run every workload `reps` times, alternating engine and HF; print and return the table."""
+          observation: bool = True, vllm: bool = True, vllm_eager: bool = False, out=print) -> dict:
+    """Run every workload `reps` times, alternating engine, HF and vLLM; print and return the table."""
     from transformers import AutoModelForCausalLM
+
+    from .bandwidth import read_bandwidth_gb_s
 
     # The KV pool holds the whole workload at once (HF's cache grows as it needs); the
     # default 256 MiB pool is sized for watching blocks in the explorer, not for throughput.
+    t0 = time.perf_counter()
     llm = LLM(model=model, dtype=dtype, record_steps=True, kv_cache_memory_bytes=BENCH_KV_BYTES)
+    load_s = time.perf_counter() - t0
     folder = llm.engine.config.model
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).eval()
     pad_id = llm.tokenizer.pad_token_id if llm.tokenizer.pad_token_id is not None else 0
@@ -149,26 +154,58 @@ def bench(reps: int = 3, scale: float = 1.0, dtype: str = "float32", model: str 
     out(f"CPU {cpu_summary()}; torch CPU kernels: {torch.backends.cpu.get_cpu_capability()}")
     out(f"model {llm.engine.model_info['name']} ({dtype}), torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads, {reps} repetitions, scale {scale}; engine: "
-        f"KV pool {BENCH_KV_BYTES / 2**30:.0f} GiB ({llm.engine.runner.num_blocks} blocks)")
-    results: dict = {}
-    for wl in make_workloads(scale=scale):
-        eng_runs, hf_runs, hf_first = [], [], []
-        for _ in range(reps):
-            llm.engine.kv.set_prefix_caching(False)  # a fresh cache each repetition...
-            llm.engine.kv.set_prefix_caching(True)   # ...so repetitions do not hit each other
-            eng_runs.append(run_engine(llm, wl))
-            hf_runs.append(run_hf(hf, wl, pad_id))
+        f"KV pool {BENCH_KV_BYTES / 2**30:.0f} GiB ({llm.engine.runner.num_blocks} blocks), loaded in {load_s:.1f} s")
+    # One stream reads every weight once per token: weight bytes / read bandwidth is its floor.
+    weight_bytes = hf.num_parameters() * getattr(torch, dtype).itemsize
+    bandwidth = read_bandwidth_gb_s()
+    floor_ms = weight_bytes / (bandwidth * 1e9) * 1e3
+    out(f"memory read bandwidth {bandwidth:.1f} GB/s ({torch.get_num_threads()} threads, measured now); "
+        f"weights {weight_bytes / 1e6:.0f} MB -> one-stream floor {floor_ms:.1f} ms/token")
+    side = _start_vllm(folder, dtype, vllm_eager, out) if vllm else None
+    results: dict = {"bandwidth_gb_s": bandwidth, "stream_floor_ms": floor_ms}
+    try:
+        for wl in make_workloads(scale=scale):
+            eng_runs, hf_runs, hf_first, vllm_runs = [], [], [], []
+            for _ in range(reps):
+                llm.engine.kv.set_prefix_caching(False)  # a fresh cache each repetition...
+                llm.engine.kv.set_prefix_caching(True)   # ...so repetitions do not hit each other
+                eng_runs.append(run_engine(llm, wl))
+                hf_runs.append(run_hf(hf, wl, pad_id))
+                if wl.name == "stream":
+                    hf_first.append(hf_first_token_seconds(hf, wl, pad_id))
+                if side is not None:
+                    vllm_runs.append(RunResult(*side.run(wl.prompts, wl.max_tokens)))
+            row = summarize(wl, eng_runs, hf_runs, hf_first, vllm_runs)
             if wl.name == "stream":
-                hf_first.append(hf_first_token_seconds(hf, wl, pad_id))
-        row = summarize(wl, eng_runs, hf_runs, hf_first)
-        results[wl.name] = row
-        out(format_row(row))
+                row["share_of_floor"] = floor_ms / row["engine_itl_ms"]
+            results[wl.name] = row
+            out(format_row(row))
+    finally:
+        if side is not None:
+            side.close()
     if observation:
         results["observation"] = observation_overhead(model, dtype, reps, scale, out)
     return results
 
 
-def summarize(wl: Workload, eng_runs: list[RunResult], hf_runs: list[RunResult], hf_first: list[float]) -> dict:
+def _start_vllm(folder: str, dtype: str, eager: bool, out):
+    """vLLM's CPU build in its own process, or None (with the reason printed) where it is absent."""
+    from ..vllm_config import VllmUnavailable
+    from .vllm_side import VllmBenchSide
+
+    try:
+        side = VllmBenchSide(str(folder), dtype, kv_gib=round(BENCH_KV_BYTES / 2**30), eager=eager)
+    except VllmUnavailable as exc:
+        out(f"vLLM baseline skipped: {exc}")
+        return None
+    out(f"vLLM {side.version} CPU build: defaults{' + enforce_eager' if eager else ' (torch.compile)'}, "
+        f"prefix caching on, KV {BENCH_KV_BYTES / 2**30:.0f} GiB, loaded in {side.load_s:.0f} s "
+        f"in its own process")
+    return side
+
+
+def summarize(wl: Workload, eng_runs: list[RunResult], hf_runs: list[RunResult], hf_first: list[float],
+              vllm_runs: list[RunResult] = ()) -> dict:
     eng_tps = [r.output_tokens / r.seconds for r in eng_runs]
     hf_tps = [r.output_tokens / r.seconds for r in hf_runs]
     row = {"workload": wl.name, "requests": len(wl.prompts),
@@ -182,6 +219,12 @@ def summarize(wl: Workload, eng_runs: list[RunResult], hf_runs: list[RunResult],
            "same_tokens": matching(eng_runs[0].output_ids, hf_runs[0].output_ids),
            "prompt_tokens": sum(len(p) for p in wl.prompts),
            "prompt_tokens_computed": eng_runs[-1].prompt_tokens_computed}
+    if vllm_runs:
+        vllm_tps = [r.output_tokens / r.seconds for r in vllm_runs]
+        row.update(vllm_tok_s=med(vllm_tps), vllm_tok_s_spread=spread(vllm_tps), vllm_ratio=med(eng_tps) / med(vllm_tps),
+                   same_tokens_vllm=matching(eng_runs[0].output_ids, vllm_runs[0].output_ids))
+        if wl.name == "stream":  # one request: its seconds / tokens is vLLM's per-token time (TTFT included)
+            row["vllm_ms_per_token"] = 1e3 * med([r.seconds / r.output_tokens for r in vllm_runs])
     if hf_first:
         # HF per-token latency: (whole generate - the first token's generate) / remaining tokens.
         n = wl.max_tokens[0]
@@ -198,6 +241,13 @@ def format_row(r: dict) -> str:
          f"ITL {r['engine_itl_ms']:.1f} ms  same tokens {r['same_tokens']}")
     if "hf_itl_ms" in r:
         s += f"  HF per-token {r['hf_itl_ms']:.1f} ms (engine/HF {r['itl_ratio']:.2f}x)"
+    if "vllm_tok_s" in r:
+        s += (f"\n{'':>10}vLLM {r['vllm_tok_s']:7.1f} tok/s ({r['vllm_tok_s_spread']})  ratio engine/vLLM "
+              f"{r['vllm_ratio']:.2f}x  same tokens {r['same_tokens_vllm']}")
+        if "vllm_ms_per_token" in r:
+            s += f"  vLLM {r['vllm_ms_per_token']:.1f} ms/token"
+    if "share_of_floor" in r:
+        s += f"\n{'':>10}one stream at {100 * r['share_of_floor']:.0f}% of the bandwidth floor"
     if r["workload"] == "shared":
         s += f"  prompt tokens computed {r['prompt_tokens_computed']}/{r['prompt_tokens']}"
     return s

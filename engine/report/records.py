@@ -3,13 +3,15 @@ Both are plain dataclasses whose to_dict() is JSON-able (the explorer's only inp
 from __future__ import annotations
 
 import gc
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import SCHEDULER_KNOBS
-from .core.hashing import hash_hex
-from .request import Request
+from ..config import SCHEDULER_KNOBS
+from ..core.hashing import hash_hex
+from ..core.scheduler import Scheduler, SchedulerOutput
+from ..request import Request
 
 
 @dataclass
@@ -135,3 +137,45 @@ def block_pool_dict(pool, block_size: int, live: list[Request]) -> dict:
         })
     return {"num_blocks": pool.num_blocks, "block_size": block_size,
             "num_free_blocks": pool.num_free_blocks, "blocks": blocks}
+
+
+def step_record(step: int, out: SchedulerOutput, batch, ran, sampled_rows: list[Request], results: list,
+                finished: list[str], seconds: dict, *, scheduler: Scheduler, config, backend: str,
+                engine_time: float, decode) -> StepRecord:
+    """The StepRecord of one step, from what the step's calls returned: the scheduler's output,
+    the packed batch (None: nothing ran), the runner's output, the sampled rows and results,
+    the finished ids and the phase timings in seconds. It takes the pool's block events."""
+    lean = not config.record_steps  # lean: no batch or token text (a benchmark's throughput)
+    rec = StepRecord(step=step)
+    rec.scheduled = [{"request_id": s.request.request_id, "num_tokens": s.num_tokens,
+                      "num_computed_before": s.num_computed_before, "is_prefill": s.is_prefill,
+                      "num_cached_tokens": s.num_cached_tokens, "chunk_index": s.chunk_index}
+                     for s in out.scheduled]
+    if batch is not None and not lean:
+        rec.batch = batch.to_dict()
+    rec.sampled = {r.request_id: {"token_id": res.token_id, "text": None if lean else decode([res.token_id]),
+                                  "top": [[t, p] for t, p in res.top]}
+                   for r, res in zip(sampled_rows, results)}
+    rec.preempted, rec.finished, rec.new_requests = list(out.preempted), finished, list(out.new_requests)
+    rec.blocks = scheduler.kv.pool.take_events().to_dict()
+    rec.num_free_blocks = scheduler.kv.pool.num_free_blocks
+    bucket = ran.cuda_graph_bucket if ran is not None else None
+    rec.timings_ms = {k: v * 1e3 for k, v in seconds.items()} | {
+        "backend": backend, "cuda_graph_bucket": bucket, "forward_path": "eager" if bucket is None else "cuda_graph"}
+    rec.engine_time_s = engine_time
+    rec.wall_time_s = time.time()
+    rec.token_budget = out.token_budget
+    rec.budgets = rec.budgets_of(config)
+    rec.num_running, rec.num_waiting = len(scheduler.running), len(scheduler.waiting)
+    return rec
+
+
+def engine_snapshot(step: int, config, model_info: dict, metrics: dict, scheduler: Scheduler, decode) -> EngineSnapshot:
+    """The whole state after a step: config, model facts, metrics, the three queues and every block."""
+    with gc_paused():
+        return EngineSnapshot(
+            step=step, config=config.to_dict(), model_info=model_info, metrics=metrics,
+            queues={"waiting": [request_dict(r, decode) for r in scheduler.waiting],
+                    "running": [request_dict(r, decode) for r in scheduler.running],
+                    "finished": [request_dict(r, decode) for r in scheduler.finished]},
+            block_pool=block_pool_dict(scheduler.kv.pool, config.block_size, list(scheduler.running)))

@@ -1,0 +1,35 @@
+"""`python -m explorer bench` end to end at a tiny scale: every side runs the same prompts and
+the table says how they compare. Figures are printed, never asserted (a shared machine)."""
+from __future__ import annotations
+
+import pytest
+
+from explorer.bench.bandwidth import read_bandwidth_gb_s
+from explorer.bench.offline import bench
+from tests.oracle.vllm_available import require_vllm
+
+pytestmark = pytest.mark.slow
+
+
+def test_read_bandwidth_is_a_plausible_dram_figure():
+    gb_s = read_bandwidth_gb_s(passes=3)
+    assert 0.5 < gb_s < 2000, gb_s  # a DRAM read, not a cache hit or a stalled process
+
+
+def test_bench_against_hf_and_vllm_prints_ratios_and_the_bandwidth_floor(default_model_path):
+    require_vllm()
+    lines: list[str] = []
+    res = bench(reps=1, scale=0.05, dtype="float32", model=str(default_model_path), observation=False,
+                vllm=True, vllm_eager=True, out=lines.append)
+    text = "\n".join(lines)
+    print(text)
+    assert lines[0].startswith("CPU ")  # the CPU is named with every figure
+    assert "vLLM 0.32" in text and "bandwidth" in text
+    for name in ("offline", "stream", "shared"):
+        row = res[name]
+        assert row["vllm_ratio"] > 0 and row["ratio"] > 0
+        n = row["requests"]
+        # fp32 greedy: kvscope's tokens equal HF's and vLLM's for every request
+        assert row["same_tokens"] == row["same_tokens_vllm"] == f"{n}/{n}", row
+    assert 0 < res["stream"]["share_of_floor"] < 2
+    assert res["stream_floor_ms"] > 0

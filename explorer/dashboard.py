@@ -9,7 +9,10 @@ panel alone for a notebook cell.
 from __future__ import annotations
 
 import logging
+import re
+import secrets
 import weakref
+from collections import OrderedDict
 from functools import partial
 from typing import Any, Iterable
 
@@ -18,8 +21,9 @@ import ipywidgets as W
 import widgets
 from engine.config import SCHEDULER_KNOBS
 from widgets import Panel
+from widgets.attention import prepare_probe
 
-from . import tp_view, views
+from . import captions, presets, tp_view, views
 
 _log = logging.getLogger(__name__)
 
@@ -31,13 +35,18 @@ _PANEL_CLASSES = {"controls": "ControlsPanel", "queues": "QueuesPanel", "sampler
 BUDGET_KEYS = SCHEDULER_KNOBS  # the knobs the controls' budget row edits live
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_k", "top_p", "ignore_eos", "seed")
 POOL_KEYS = ("num_kv_blocks", "block_size")
-
-_SHARED_PREFIX = ("You are a concise assistant for a geography quiz. Answer with the name of the city only, "
-                  "no explanation, no punctuation, and no extra words. Here is the question.")
-_LONG_TEXT = ("The paged KV cache stores keys and values in fixed-size blocks, so a request's memory grows "
-              "one block at a time and blocks can be shared between requests with a common prefix. ")
-_BURST_TOPICS = ("the ocean", "mountains", "a library", "trains", "the moon", "gardens", "rivers", "old maps",
-                 "clocks", "bridges", "deserts", "music", "forests", "islands", "bicycles", "lighthouses")
+# Attention: probe every head (for the head thumbnails) while heads x rows x keys stays
+# below this; keep captured probes of earlier steps up to this many bytes.
+_ALL_HEADS_BUDGET = 400_000
+_PROBE_CACHE_BYTES = 64 * 2**20
+NOTHING_TO_STEP = "nothing to step: add a request (the form below, or a preset), then press Step"
+# The inputs an action's error can be about: the earliest one its message names is outlined.
+# An add's size errors name an engine limit, but the prompt is what the person can change.
+_ERROR_FIELDS = {"add": ("prompt", *SAMPLING_KEYS, "max_model_len", "token", "num_kv_blocks",
+                         "max_num_batched_tokens"),
+                 "set_budget": BUDGET_KEYS, "reset": POOL_KEYS, "step": ("n",), "preset": ("n", "max_tokens")}
+_ERROR_ALIASES = {"max_model_len": "prompt", "token": "prompt", "num_kv_blocks": "prompt",  # (for "add")
+                  "max_num_batched_tokens": "prompt"}
 
 
 class SessionBinder:
@@ -58,6 +67,13 @@ class SessionBinder:
         self._attention_pinned = False  # ... or the attention panel's
         self._timeline_key: tuple | None = None
         self._timeline_state: dict = {}
+        self._captions = captions.CaptionCache()  # one plain-language line per step, kept per entry
+        # Attention weights of earlier steps, as captured live: (step, request, layer) -> probe
+        # ready to show (widgets.attention.prepare_probe). The history keeps no KV, so a
+        # scrubbed step shows its own capture or says it has none, never another step's.
+        self._probes: OrderedDict[tuple, dict] = OrderedDict()
+        # The browser channel these panels light each other up on (_common.js, kvsLink).
+        self.link_group = f"kvs-{secrets.token_hex(4)}"
         self.token_text = views.token_texts(getattr(session.engine, "tokenizer", None))
         self._detach: list = []  # unsubscribe functions of the panels' action handlers
         for name in panels:
@@ -77,6 +93,8 @@ class SessionBinder:
         if isinstance(panel, Panel):
             self._detach.append(panel.on_action(partial(self._on_action, name)))
         panel.binder = self  # keeps the binding alive as long as the panel is
+        if isinstance(panel, Panel):
+            panel.link_group = self.link_group
         self.panels[name] = panel
         return panel
 
@@ -87,6 +105,9 @@ class SessionBinder:
         for detach in self._detach:
             detach()
         self._detach.clear()
+        for panel in self.panels.values():
+            if isinstance(panel, Panel):
+                panel.frozen = True  # the browser swallows clicks and says "frozen at step N"
 
     # ---- what is shown ----
     def entries(self) -> list:
@@ -119,7 +140,8 @@ class SessionBinder:
             p["blocks"].show(views.block_pool_state(record, snapshot))
         if "slots" in p:
             block_size = int((snapshot.get("block_pool") or {}).get("block_size", 16))
-            p["slots"].show(views.slot_mapping_state(record, self.token_text, block_size=block_size))
+            p["slots"].show(views.slot_mapping_state(record, self.token_text, block_size=block_size,
+                                                     snapshot=snapshot))
         if "sampler" in p:
             self._render_sampler(snapshot)
         if "timeline" in p:
@@ -134,6 +156,12 @@ class SessionBinder:
     def _render_controls(self, record: dict, snapshot: dict) -> None:
         history = self.session.history
         config = self.session.engine.config
+        # Live: the knobs in force (editable). Scrubbed back: the budgets the shown step ran under.
+        budget = {k: getattr(config, k) for k in BUDGET_KEYS}
+        if self.view_index is not None:
+            ran_under = record.get("budgets") or snapshot.get("config") or {}
+            budget = {k: ran_under.get(k, v) for k, v in budget.items()}
+        index = len(history) - 1 if self.view_index is None else self.view_index
         # Which engine the panels show (a vLLM session says "vLLM 0.32.0").
         engine_name = (snapshot.get("model_info") or {}).get("engine") or "kvscope"
         info = f"{engine_name} \u00b7 " + views.summary_line(record, snapshot)
@@ -144,8 +172,9 @@ class SessionBinder:
             "history_len": len(history), "history_first": int(history[0].step) if history else 1,
             "view_index": -1 if self.view_index is None else self.view_index,
             "has_work": bool(self.session.engine.has_unfinished_requests()), "info": info,
-            "budget": {k: getattr(config, k) for k in BUDGET_KEYS},
-            "pool": {k: getattr(config, k) for k in POOL_KEYS},
+            "budget": budget, "pool": {k: getattr(config, k) for k in POOL_KEYS},
+            "caption": self._captions.caption(history, index),
+            "chat_template_available": presets.has_chat_template(getattr(self.session.engine, "tokenizer", None)),
         })
 
     def _render_sampler(self, snapshot: dict) -> None:
@@ -160,7 +189,8 @@ class SessionBinder:
         history = self.session.history
         key = (len(history), id(history[-1]) if history else None)
         if key != self._timeline_key:
-            self._timeline_key, self._timeline_state = key, views.timeline_state(history)
+            self._timeline_key = key
+            self._timeline_state = views.timeline_state(history, self._captions.captions(history))
         return self._timeline_state
 
     def _render_attention(self, snapshot: dict, step: int, *, probe: bool) -> None:
@@ -174,39 +204,72 @@ class SessionBinder:
             if heads and kv_heads and att.num_heads != heads:
                 att.num_heads = heads
                 att.kv_head_of_head = [h // (heads // kv_heads) for h in range(heads)]
-        if not probe:
-            if self.view_index is not None and att.context_len:
-                att.message = (f"showing history step {step}; these weights were read from the live cache "
-                               f"at step {att.probe_step} (the history keeps no KV): press Live to probe again")
-            return
         rid = att.request_id if self._attention_pinned else ""
         if not rid:
             selected = self.panels["queues"].selected if "queues" in self.panels else ""
             rid = selected if selected in targets else (targets[0] if targets else "")
         if not rid:
-            att.clear("no running request has KV in the cache yet: add a request and step")
+            att.clear(views.attention_note(snapshot))
             return
+        req = next((r for r in views.all_requests(snapshot) if r["request_id"] == rid), {})
+        att.num_prompt_tokens = len(req.get("prompt_token_ids") or [])
+        head = att.head if 0 <= att.head < max(1, heads) else 0
+        key = (step, rid, att.layer)
+        kept = self._probes.get(key)
+        if kept is not None and head in kept["heads"]:
+            self._probes.move_to_end(key)
+            self._show_probe(kept, step)
+            return
+        # The engine's cache holds the latest step's KV only: a probe now reads that step.
+        if not (probe and self.view_index is None):
+            att.request_id = rid
+            what = f"head {head} of step {step}" if kept is not None else f"step {step}"
+            if self.view_index is None:
+                why = "a run of several steps reads them once, at its end: press \u21bb probe now"
+            else:
+                why = ("the history keeps no KV, so weights are read from the live cache after each step: "
+                       "step live to capture")
+            att.clear(f"weights for {what} not captured: {why}")
+            return
+        rows = next((int(x.get("num_tokens") or 0) for x in (self._shown_record() or {}).get("scheduled", [])
+                     if x.get("request_id") == rid), 1)
+        context = int(req.get("num_computed_tokens") or 0)
+        every_head = heads > 1 and heads * max(1, rows) * max(1, context) <= _ALL_HEADS_BUDGET
         try:
-            probe_dict = self.session.probe(rid, att.layer, att.head if 0 <= att.head < max(1, heads) else 0)
+            probe_dict = self.session.probe(rid, att.layer, None if every_head else head)
         except ValueError as exc:  # e.g. the request finished and its blocks were freed
             att.request_id = rid
             att.clear(str(exc))
             return
-        att.show_probe(probe_dict, step=step)
-        if probe_dict.get("source"):  # where the weights came from, when not kvscope's own engine
-            att.message = str(probe_dict["source"])
+        prep = prepare_probe(probe_dict, att.max_rows)
+        self._probes[key] = prep
+        while len(self._probes) > 1 and sum(_probe_bytes(p) for p in self._probes.values()) > _PROBE_CACHE_BYTES:
+            self._probes.popitem(last=False)
+        self._show_probe(prep, step)
+
+    def _show_probe(self, prep: dict, step: int) -> None:
+        att = self.panels["attention"]
+        att.show_prepared(prep, step=step)
+        if prep.get("source"):  # where the weights came from, when not kvscope's own engine
+            att.message = str(prep["source"])
+
+    def _shown_record(self) -> dict:
+        entry = self.shown_entry()
+        return (getattr(entry, "record", None) or {}) if entry is not None else {}
 
     # ---- Session events ----
     def _on_event(self, event: str, _session: Any = None) -> None:
         try:
             if event == "reset":
                 self.view_index = None
+                self._probes.clear()  # a new engine counts its steps from 0 again
                 self.token_text = views.token_texts(getattr(self.session.engine, "tokenizer", None))
                 if "blocks" in self.panels:
                     self.panels["blocks"].token_text = self.token_text
                 self._timeline_key = None
             if event == "error" and "controls" in self.panels:
-                self.panels["controls"].error = str(getattr(self.session, "last_error", "") or "")
+                # An action of these panels outlines its input afterwards (_show_error).
+                self._show_error(str(getattr(self.session, "last_error", "") or ""))
                 return
             if event == "step" and self.view_index is not None:
                 self._render_controls_only()  # scrubbed back: only the slider grows
@@ -227,12 +290,14 @@ class SessionBinder:
         mutating = action in ("step", "reset", "add", "preset", "set_budget", "abort")
         if controls is not None and mutating:
             controls.busy = True
+            controls.notice = ""
         try:
             self._run_action(source, action, content)
             if controls is not None and mutating:
                 controls.error = ""
+                controls.error_field = ""
         except ValueError as exc:  # the engine's own message for bad input, shown inline
-            self._show_error(str(exc))
+            self._show_error(str(exc), error_field(action, str(exc)))
         except Exception as exc:  # anything else still must not leave the UI stuck
             _log.exception("kvscope action %r failed", action)
             self._show_error(f"{type(exc).__name__}: {exc}")
@@ -240,9 +305,11 @@ class SessionBinder:
             if controls is not None and mutating:
                 controls.busy = False
 
-    def _show_error(self, message: str) -> None:
+    def _show_error(self, message: str, field: str = "") -> None:
         if "controls" in self.panels:
-            self.panels["controls"].error = message
+            with self.panels["controls"].hold_sync():
+                self.panels["controls"].error = message
+                self.panels["controls"].error_field = field
         else:
             _log.warning("kvscope: %s", message)
 
@@ -251,6 +318,11 @@ class SessionBinder:
         if action == "step":
             self.view_index = None
             n = c.get("n", 1)  # the Session validates it (and names it in its error)
+            if not s.engine.has_unfinished_requests():  # say so, rather than do nothing silently
+                if isinstance(n, int) and not isinstance(n, bool) and n >= 1 and "controls" in self.panels:
+                    self.panels["controls"].notice = NOTHING_TO_STEP
+                    self.render(probe=False)  # a scrubbed view returns to live, as any Step does
+                    return
             # Probing attention re-runs layers; in a long run do it once, at the end.
             self._in_run = isinstance(n, int) and n > 1
             try:
@@ -263,10 +335,13 @@ class SessionBinder:
         elif action == "add":
             self.view_index = None
             fields = {k: c[k] for k in SAMPLING_KEYS if c.get(k) is not None}
-            s.add_request(c.get("prompt", ""), **fields)
+            prompt = c.get("prompt", "")
+            if c.get("chat_template") and isinstance(prompt, str):
+                prompt = presets.chat_prompt(s.engine.tokenizer, prompt)
+            s.add_request(prompt, **fields)
         elif action == "preset":
             self.view_index = None
-            self._add_preset(str(c.get("name")), c)
+            presets.add_preset(s, str(c.get("name")), c)
         elif action == "set_budget":
             s.set_budget(**{k: c[k] for k in BUDGET_KEYS if k in c and c[k] is not None})
         elif action == "reset":
@@ -319,41 +394,20 @@ class SessionBinder:
         if "attention" in p:
             self._render_attention(snap, int(getattr(entry, "step", 0) or 0), probe=True)
 
-    def _add_preset(self, name: str, c: dict) -> None:
-        s = self.session
-        tok = s.engine.tokenizer
-        common = {"max_tokens": int(c.get("max_tokens") or 16), "temperature": c.get("temperature") or 0.0}
-        if name == "shared_prefix":
-            # Prefix hits need the first request's blocks computed (and hashed) before the
-            # second is scheduled, so run the first one through its prefill before adding.
-            first = s.add_request(_SHARED_PREFIX + " Question: the capital of France?", **common)
-            for _ in range(64):
-                if not _waiting_for_prefill(s.current, first):
-                    break
-                s.step(1)
-            s.add_request(_SHARED_PREFIX + " Question: the capital of Italy?", **common)
-        elif name == "long_prompt":
-            cfg = s.engine.config
-            target = min(int(cfg.max_num_batched_tokens * 2.5), cfg.max_model_len - common["max_tokens"] - 1)
-            unit = list(tok.encode(_LONG_TEXT, add_special_tokens=False))
-            ids = (unit * (target // max(1, len(unit)) + 1))[:max(1, target)]
-            s.add_request(ids, **common)
-        elif name == "burst":
-            for i in range(max(1, int(c.get("n") or 8))):
-                topic = _BURST_TOPICS[i % len(_BURST_TOPICS)]
-                s.add_request(f"Write a long story about {topic}, part {i + 1}.", ignore_eos=True, **common)
-        else:
-            raise ValueError(f"unknown preset {name!r}")
+
+def _probe_bytes(prep: dict) -> int:
+    return sum(len(b) for b in prep["head_probs"]) + len(prep["thumbs"])
 
 
-def _waiting_for_prefill(entry: Any, rid: str) -> bool:
-    """True while `rid` has prompt tokens without KV (so it cannot be a prefix source yet)."""
-    snapshot = getattr(entry, "snapshot", None) or {}
-    for req in views.all_requests(snapshot):
-        if req["request_id"] == rid:
-            missing = len(req.get("prompt_token_ids", [])) - req.get("num_computed_tokens", 0)
-            return req.get("status") != "finished" and missing > 0
-    return True
+def error_field(action: str | None, message: str) -> str:
+    """The form input an action's error message is about ("" when none): the earliest of the
+    action's field names that the message names as a word (the engine's errors name the field)."""
+    best, at = "", len(message) + 1
+    for name in _ERROR_FIELDS.get(action or "", ()):
+        m = re.search(rf"(?<![\w.]){re.escape(name)}(?![\w])", message)
+        if m and m.start() < at:
+            best, at = (_ERROR_ALIASES.get(name, name) if action == "add" else name), m.start()
+    return best
 
 
 class Dashboard(W.VBox):
@@ -382,7 +436,14 @@ class Dashboard(W.VBox):
                 if n in p:
                     p[n].layout = W.Layout(flex=flex, min_width="0")
             rows.append(W.HBox(top, layout=W.Layout(width="100%", align_items="flex-start")))
-        rows += [p[n] for n in ("blocks", "slots", "attention", "tensor_parallel", "timeline", "latency") if n in p]
+        # The pool and this step's slots side by side (a laptop's 1366 px hold both); each
+        # wraps under the other below ~2 x 440 px.
+        pair = [p[n] for n in ("blocks", "slots") if n in p]
+        for panel_ in pair:
+            panel_.layout = W.Layout(flex="1 1 440px", min_width="0")
+        if pair:
+            rows.append(W.HBox(pair, layout=W.Layout(width="100%", align_items="flex-start", flex_flow="row wrap")))
+        rows += [p[n] for n in ("attention", "tensor_parallel", "timeline", "latency") if n in p]
         super().__init__(rows, layout=W.Layout(width="100%"))
         self.add_class("kvs-dashboard")
 

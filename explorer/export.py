@@ -258,7 +258,11 @@ def render_html(data: dict, *, defaults: dict | None = None, sources: dict | Non
     if "queues" in panels or "sampler" in panels:
         row = (f'<div class="kvs-export-row">{slot("queues", "flex: 3 1 0; min-width: 0")}'
                f'{slot("sampler", "flex: 1 1 0; min-width: 0")}</div>')
-    body = "".join([slot("controls"), row, *(slot(n) for n in ("blocks", "slots", "attention", "timeline", "latency"))])
+    pair = ""  # the pool and the slots side by side, as in the Dashboard
+    if "blocks" in panels or "slots" in panels:
+        pair = (f'<div class="kvs-export-row kvs-export-wrap">{slot("blocks", "flex: 1 1 440px; min-width: 0")}'
+                f'{slot("slots", "flex: 1 1 440px; min-width: 0")}</div>')
+    body = "".join([slot("controls"), row, pair, *(slot(n) for n in ("attention", "timeline", "latency"))])
     limit = (f'<div class="kvs-export-limit" data-testid="kvs-export-limit">{esc(meta["notice"])}</div>'
              if meta.get("notice") else "")
     return f"""<!doctype html>

@@ -108,16 +108,19 @@ function blockPoolState(record, snapshot) {
   const status = new Uint8Array(n), events = new Uint8Array(n), ref = new Uint16Array(n), owner = new Int16Array(n).fill(-1);
   const owners = [];
   const ownerIndex = new Map();
+  const shared = [];
   blocks.forEach((b, i) => {
     if (get(b, "is_null", i === 0)) status[i] = CODES.NULL;
     else if (b.is_free) status[i] = b.hash ? CODES.FREE_CACHED : CODES.FREE;
     else status[i] = b.hash ? CODES.IN_USE_HASHED : CODES.IN_USE;
     ref[i] = Math.min(Number(get(b, "ref_count", 0)), 0xffff);
-    if (b.owners && b.owners.length) {
-      const rid = b.owners[0];
+    const idx = [];
+    for (const rid of b.owners || []) {
       if (!ownerIndex.has(rid)) { ownerIndex.set(rid, ownerIndex.size); owners.push(rid); }
-      owner[i] = ownerIndex.get(rid);
+      idx.push(ownerIndex.get(rid));
     }
+    if (idx.length) owner[i] = idx[0];
+    if (idx.length > 1) shared.push([i, idx]);
   });
   const recordBlocks = record.blocks || {};
   const counts = {};
@@ -143,26 +146,40 @@ function blockPoolState(record, snapshot) {
     if (!table.length) continue;
     const hits = [];
     for (let i = 0; i < Math.min(hitBlocks.get(r.request_id) || 0, table.length); i++) hits.push(i);
+    const cached = [];
+    for (let i = 0; i < Math.min(Math.floor(Number(r.num_cached_tokens || 0) / blockSize), table.length); i++) cached.push(i);
     tables.push({ request_id: r.request_id, block_table: table, num_computed_tokens: get(r, "num_computed_tokens", 0),
-      hits, same_step_hits: hits.filter((i) => sameStep.has(table[i])) });
+      hits, same_step_hits: hits.filter((i) => sameStep.has(table[i])), cached });
   }
-  return { num_blocks: n, block_size: blockSize, status, ref_count: ref, owner, events, owners,
+  return { num_blocks: n, block_size: blockSize, status, ref_count: ref, owner, events, owners, shared,
     block_tables: tables, counts, blocks };
 }
-function slotMappingState(record, blockSize = 16, maxRows = 1024) {
+function cachedBlocks(numCached, table, blockSize, req) {
+  const tokens = [...((req || {}).prompt_token_ids || []), ...((req || {}).output_token_ids || [])];
+  const out = [];
+  for (let i = 0; i < Math.min(Math.floor(Number(numCached || 0) / blockSize), table.length); i++) {
+    const lo = i * blockSize, hi = (i + 1) * blockSize;
+    out.push({ block: table[i], start: lo, end: hi, text: tokens.length >= hi ? tokenText(tokens.slice(lo, hi)).join("") : "" });
+  }
+  return out;
+}
+function slotMappingState(record, blockSize = 16, maxRows = 1024, snapshot = null) {
   record = record || EMPTY_RECORD;
   const batch = record.batch || {};
   const ids = batch.input_ids || [], qsl = batch.query_start_loc || [], seqLens = batch.seq_lens || [];
   const tables = batch.block_tables || [];
   const sampled = record.sampled || {};
+  const known = new Map(allRequests(snapshot || {}).map((r) => [r.request_id, r]));
   const segments = (record.scheduled || []).map((s, k) => {
     const start = k < qsl.length ? qsl[k] : 0;
     const end = k + 1 < qsl.length ? qsl[k + 1] : start + s.num_tokens;
     const rid = s.request_id;
+    const table = k < tables.length ? tables[k].slice() : [];
     return { request_id: rid, start, end, is_prefill: get(s, "is_prefill", false), chunk_index: nz(s.chunk_index),
       num_computed_before: get(s, "num_computed_before", 0), num_cached_tokens: get(s, "num_cached_tokens", 0),
-      seq_len: k < seqLens.length ? seqLens[k] : null, block_table: k < tables.length ? tables[k].slice() : [],
-      sampled_text: nz((sampled[rid] || {}).text) };
+      seq_len: k < seqLens.length ? seqLens[k] : null, block_table: table,
+      sampled_text: nz((sampled[rid] || {}).text),
+      cached_blocks: cachedBlocks(get(s, "num_cached_tokens", 0), table, blockSize, known.get(rid)) };
   });
   const shown = ids.slice(0, maxRows);
   return { input_ids: shown, tokens: tokenText(shown), positions: (batch.positions || []).slice(0, maxRows),
@@ -242,7 +259,7 @@ function viewStates(i) {
   const record = e.record || EMPTY_RECORD, snapshot = e.snapshot || {};
   const bs = Number(get(snapshot.block_pool || {}, "block_size", 16));
   const pool = blockPoolState(record, snapshot);
-  return { queues: queuesState(record, snapshot), blocks: pool, slots: slotMappingState(record, bs),
+  return { queues: queuesState(record, snapshot), blocks: pool, slots: slotMappingState(record, bs, 1024, snapshot),
     sampler: samplerState(ENTRIES.slice(0, i + 1), snapshot, ""), latency: latencyRows(snapshot),
     summary: summaryLine(record, snapshot), targets: probeTargets(snapshot) };
 }
@@ -307,9 +324,12 @@ const HOST = {
       let info = `${engineName} \u00b7 ${summaryLine(record, snapshot)}`;
       const metrics = snapshot.metrics || {};
       if (metrics.prefix_cache_queries) info += ` \u00b7 prefix hits ${metrics.prefix_cache_hits || 0}/${metrics.prefix_cache_queries}`;
-      const config = snapshot.config || {};
+      // The budgets the shown step ran under, and the step in words (the timeline carries both).
+      const config = { ...(snapshot.config || {}), ...(record.budgets || {}) };
+      const tl = (DATA.timeline || {}).steps || {};
+      const at = (tl.step || []).indexOf(step);
       m.controls.update({ history_len: ENTRIES.length, history_first: Number(ENTRIES[0].step), view_index: live ? -1 : i,
-        has_work: false, info,
+        has_work: false, info, caption: at >= 0 && tl.caption ? String(tl.caption[at]) : "",
         budget: Object.fromEntries(DATA.meta.budget_keys.filter((k) => k in config).map((k) => [k, config[k]])),
         pool: Object.fromEntries(["num_kv_blocks", "block_size"].filter((k) => k in config).map((k) => [k, config[k]])) });
     }
@@ -322,7 +342,7 @@ const HOST = {
       if (sel >= 0) state.detail = blockDetail(this.blocks, sel, step);
       m.blocks.update(state);
     }
-    if (m.slots) m.slots.update(slotMappingState(record, Number(get(snapshot.block_pool || {}, "block_size", 16))));
+    if (m.slots) m.slots.update(slotMappingState(record, Number(get(snapshot.block_pool || {}, "block_size", 16)), 1024, snapshot));
     if (m.sampler) {
       const rid = this.samplerPinned ? m.sampler.get("request_id") : "";
       m.sampler.update(samplerState(ENTRIES.slice(0, i + 1), snapshot, rid));

@@ -9,8 +9,11 @@ from __future__ import annotations
 from array import array
 from typing import Any, Callable, Iterable, Sequence
 
+from engine.tokenizer import fast_decoder
 # The block-pool panel's status codes and event bits: spelled once, by the panel.
 from widgets.block_pool import EVENT_BITS, FREE, FREE_CACHED, IN_USE, IN_USE_HASHED, NULL
+
+from .captions import history_captions
 
 TokenText = Callable[[Sequence[int]], list[str]]
 
@@ -21,8 +24,10 @@ _PARAM_KEYS = ("temperature", "top_k", "top_p", "max_tokens", "ignore_eos", "see
 
 
 def token_texts(tokenizer: Any) -> TokenText:
-    """A token-id -> text function that decodes each id once (None: ids shown as text)."""
+    """A token-id -> text function that decodes each id once (None: ids shown as text), by
+    the engine's own decoder, so panels and records spell every token the same way."""
     cache: dict[int, str] = {}
+    decode = fast_decoder(tokenizer) if tokenizer is not None else None
 
     def texts(ids: Sequence[int]) -> list[str]:
         out = []
@@ -30,7 +35,7 @@ def token_texts(tokenizer: Any) -> TokenText:
             i = int(i)
             if i not in cache:
                 try:
-                    cache[i] = tokenizer.decode([i]) if tokenizer is not None else str(i)
+                    cache[i] = decode([i]) if decode is not None else str(i)
                 except Exception:  # an id outside the vocabulary still gets a label
                     cache[i] = f"<{i}>"
             out.append(cache[i])
@@ -90,6 +95,7 @@ def block_pool_state(record: dict | None, snapshot: dict) -> dict:
     ref, owner = array("H", bytes(2 * n)), array("h", [-1] * n)
     owners: list[str] = []
     owner_index: dict[str, int] = {}
+    shared: list[list] = []  # [block_id, [owner indices]] of blocks with several owners
     for i, b in enumerate(blocks):
         if b.get("is_null", i == 0):
             status[i] = NULL
@@ -98,11 +104,15 @@ def block_pool_state(record: dict | None, snapshot: dict) -> dict:
         else:
             status[i] = IN_USE_HASHED if b.get("hash") else IN_USE
         ref[i] = min(int(b.get("ref_count", 0)), 0xFFFF)
-        if b.get("owners"):
-            rid = b["owners"][0]
-            owner[i] = owner_index.setdefault(rid, len(owner_index))
-            if owner[i] == len(owners):
+        idx = []
+        for rid in b.get("owners") or ():
+            idx.append(owner_index.setdefault(rid, len(owner_index)))
+            if idx[-1] == len(owners):
                 owners.append(rid)
+        if idx:
+            owner[i] = idx[0]
+        if len(idx) > 1:
+            shared.append([i, idx])
     record_blocks = record.get("blocks") or {}
     counts = {k: 0 for k in EVENT_BITS}
     for key, bit in EVENT_BITS.items():
@@ -125,17 +135,25 @@ def block_pool_state(record: dict | None, snapshot: dict) -> dict:
         if not table:
             continue
         hits = list(range(min(hit_blocks.get(r["request_id"], 0), len(table))))
+        # Entries whose KV came from the prefix cache when the request was (last) admitted:
+        # marked for as long as it runs, not only in the step of the hit.
+        cached = list(range(min(int(r.get("num_cached_tokens") or 0) // block_size, len(table))))
         tables.append({"request_id": r["request_id"], "block_table": table,
                        "num_computed_tokens": r.get("num_computed_tokens", 0),
-                       "hits": hits, "same_step_hits": [i for i in hits if table[i] in same_step]})
+                       "hits": hits, "same_step_hits": [i for i in hits if table[i] in same_step],
+                       "cached": cached})
     return {"num_blocks": n, "block_size": block_size, "status": status.tobytes(),
             "ref_count": ref.tobytes(), "owner": owner.tobytes(), "events": events.tobytes(),
-            "owners": owners, "block_tables": tables, "counts": counts, "blocks": blocks}
+            "owners": owners, "shared": shared, "block_tables": tables, "counts": counts, "blocks": blocks}
 
 
 def slot_mapping_state(record: dict | None, token_text: TokenText, *, block_size: int = 16,
-                       max_rows: int = 1024) -> dict:
-    """SlotMappingPanel traits: the packed batch, cut to `max_rows` rows for the browser."""
+                       max_rows: int = 1024, snapshot: dict | None = None) -> dict:
+    """SlotMappingPanel traits: the packed batch, cut to `max_rows` rows for the browser.
+
+    A request admitted in this step with prefix-cache hits gets `cached_blocks`: one entry
+    per block it took from the cache ({block, start, end, text}: positions [start, end),
+    their text from the `snapshot`'s token ids), drawn as "from cache" cells."""
     record = record or EMPTY_RECORD
     batch = record.get("batch") or {}
     ids = list(batch.get("input_ids", []))
@@ -143,22 +161,38 @@ def slot_mapping_state(record: dict | None, token_text: TokenText, *, block_size
     seq_lens = list(batch.get("seq_lens", []))
     tables = list(batch.get("block_tables", []))
     sampled = record.get("sampled", {})
+    known = {r["request_id"]: r for r in all_requests(snapshot or {})}
     segments = []
     for k, s in enumerate(record.get("scheduled", [])):
         start = qsl[k] if k < len(qsl) else 0
         end = qsl[k + 1] if k + 1 < len(qsl) else start + s["num_tokens"]
         rid = s["request_id"]
+        table = list(tables[k]) if k < len(tables) else []
         segments.append({"request_id": rid, "start": start, "end": end, "is_prefill": s.get("is_prefill", False),
                          "chunk_index": s.get("chunk_index"), "num_computed_before": s.get("num_computed_before", 0),
                          "num_cached_tokens": s.get("num_cached_tokens", 0),
                          "seq_len": seq_lens[k] if k < len(seq_lens) else None,
-                         "block_table": list(tables[k]) if k < len(tables) else [],
-                         "sampled_text": (sampled.get(rid) or {}).get("text")})
+                         "block_table": table,
+                         "sampled_text": (sampled.get(rid) or {}).get("text"),
+                         "cached_blocks": _cached_blocks(s.get("num_cached_tokens", 0), table, block_size,
+                                                         known.get(rid), token_text)})
     shown = ids[:max_rows]
     return {"input_ids": shown, "tokens": token_text(shown), "positions": list(batch.get("positions", []))[:max_rows],
             "slot_mapping": list(batch.get("slot_mapping", []))[:max_rows], "segments": segments,
             "query_start_loc": qsl, "logits_indices": list(batch.get("logits_indices", [])),
             "block_size": block_size, "num_rows": len(ids), "truncated": max(0, len(ids) - max_rows)}
+
+
+def _cached_blocks(num_cached: int, table: list, block_size: int, req: dict | None,
+                   token_text: TokenText) -> list[dict]:
+    """The blocks of a prefix hit, in order: {block, start, end, text} (text: "" unknown)."""
+    tokens = [*(req or {}).get("prompt_token_ids", []), *(req or {}).get("output_token_ids", [])]
+    out = []
+    for i in range(min(int(num_cached or 0) // block_size, len(table))):
+        lo, hi = i * block_size, (i + 1) * block_size
+        out.append({"block": table[i], "start": lo, "end": hi,
+                    "text": "".join(token_text(tokens[lo:hi])) if len(tokens) >= hi else ""})
+    return out
 
 
 def _entry_parts(entry: Any) -> tuple[dict, dict]:
@@ -196,10 +230,14 @@ def sampler_state(entries: Sequence[Any], snapshot: dict, request_id: str, token
 _TIMING_KEYS = ("schedule", "prepare", "forward", "sample", "update")
 
 
-def timeline_state(entries: Iterable[Any]) -> dict:
-    """TimelinePanel traits: per-step columns and run-length Gantt segments per request."""
+def timeline_state(entries: Iterable[Any], captions: Sequence[str] | None = None) -> dict:
+    """TimelinePanel traits: per-step columns and run-length Gantt segments per request.
+    `captions` (one per entry, explorer.captions.history_captions) are computed when not given."""
+    entries = list(entries)
+    if captions is None:
+        captions = history_captions(entries)
     cols: dict[str, list] = {k: [] for k in ("step", "prefill", "decode", "budget", "preempted", *_TIMING_KEYS,
-                                             "backend", "graph_bucket")}
+                                             "backend", "graph_bucket", "caption")}
     requests: list[str] = []
     index: dict[str, int] = {}
     segments: list[list] = []
@@ -219,7 +257,7 @@ def timeline_state(entries: Iterable[Any]) -> dict:
         segments.append(seg)
         open_seg[rid] = seg
 
-    for entry in entries:
+    for entry, caption in zip(entries, captions):
         record, snapshot = _entry_parts(entry)
         step = int(record.get("step", 0))
         if step <= 0:
@@ -227,6 +265,7 @@ def timeline_state(entries: Iterable[Any]) -> dict:
         sched = record.get("scheduled", [])
         t = record.get("timings_ms") or {}
         cols["step"].append(step)
+        cols["caption"].append(caption)
         cols["prefill"].append(sum(s["num_tokens"] for s in sched if s.get("is_prefill")))
         cols["decode"].append(sum(s["num_tokens"] for s in sched if not s.get("is_prefill")))
         config = snapshot.get("config") or {}
@@ -276,6 +315,19 @@ def probe_targets(snapshot: dict) -> list[str]:
     """Requests whose KV is in the cache now (an attention probe can read them)."""
     return [r["request_id"] for r in (snapshot.get("queues") or {}).get("running", [])
             if r.get("num_computed_tokens", 0) > 0]
+
+
+def attention_note(snapshot: dict) -> str:
+    """Why the attention panel has no request to probe in this snapshot."""
+    q = snapshot.get("queues") or {}
+    waiting, running, finished = (len(q.get(k, [])) for k in ("waiting", "running", "finished"))
+    if waiting or running:
+        return f"no running request has KV in the cache yet ({waiting} waiting): step to compute it"
+    if finished:
+        who = "the request has" if finished == 1 else f"all {finished} requests have"
+        return (f"{who} finished: the KV blocks were freed (full blocks stay in the prefix cache until "
+                "evicted), so there is no attention to read; add a request and step")
+    return "no request yet: add one and step"
 
 
 def summary_line(record: dict | None, snapshot: dict) -> str:

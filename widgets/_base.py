@@ -36,10 +36,20 @@ class Panel(anywidget.AnyWidget):
     `on_action` callbacks (the Dashboard routes them to the Session); every action
     that carries a `seq` is acknowledged once handled, so the browser can count
     pending clicks and pace Play on real results.
+
+    `frozen` marks a still (its binder stopped following the Session): the browser
+    swallows clicks on it and shows "frozen at step N", and Python ignores every action
+    but hover look-ups (`FROZEN_ACTIONS`). `link_group` names the linked-highlighting
+    channel the panels of one Dashboard share in the browser (_common.js, kvsLink).
     """
+
+    #: Actions a frozen panel still answers: they change nothing a still shows.
+    FROZEN_ACTIONS = frozenset({"block_detail"})
 
     step = t.Int(0).tag(sync=True)
     live = t.Bool(True).tag(sync=True)
+    frozen = t.Bool(False).tag(sync=True)
+    link_group = t.Unicode("").tag(sync=True)
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -65,6 +75,8 @@ class Panel(anywidget.AnyWidget):
     def dispatch(self, content: dict) -> str | None:
         """Run one action as if it came from the browser; returns an error text or None."""
         error = None
+        if self.frozen and content.get("action") not in self.FROZEN_ACTIONS:
+            return None  # a still: nothing it shows may change
         try:
             if not self.handle_action(content):
                 for handler in list(self._action_handlers):

@@ -1,16 +1,63 @@
 // kvscope shared helpers. Prepended to every panel's ESM by widgets/_base.py, so the
 // panels stay plain ES modules that load nothing from the network.
 
-// One colour per request id, the same in every panel. Numeric ids ("0", "1", ...)
-// walk the hue circle by the golden angle so neighbours never look alike.
+// ---- colours: spelled once here, used by every panel -----------------------------------
+// What a step did to a block owns a saturated colour and an icon; no request colour is
+// near any of them (tests/widgets/test_js.py measures it), so a colour never means both.
+// [bit, StepRecord.blocks key, label, colour, icon, what it means]; legends list them in
+// this order. widgets/block_pool.py spells the same bits for Python.
+const KVS_SAME_STEP_TIP = "hit on a block computed in this same step: its KV is written by this step's forward before any layer reads it";
+const KVS_EVENTS = [
+  [1, "allocated", "allocated", "#2e7d32", "+", "handed out to a request in this step"],
+  [2, "hits", "prefix hit", "#1565c0", "\u21ba", "prefix-cache hit: a request admitted in this step takes this block from the cache instead of computing it"],
+  [32, "same_step_hits", "same-step hit", "#00897b", "\u21c9", KVS_SAME_STEP_TIP],
+  [4, "freed", "freed", "#ef6c00", "\u2212", "its last owner let go (finished, aborted or preempted)"],
+  [8, "evicted", "evicted", "#c62828", "\u2715", "a cached block reused for new tokens: its hash is forgotten"],
+  [16, "cached", "cached", "#6a1b9a", "#", "full, hashed and registered in the prefix cache in this step"],
+];
+// Other marks, one meaning each. `cache` (tokens whose KV came from the prefix cache) is
+// the prefix-hit colour on purpose: it is the same fact seen from the request's side.
+const KVS_MARKS = {
+  cache: "#1565c0", sampled: "#ad1457", focus: "#ffd600", focusInk: "#111", selected: "#000",
+  null: "#555", free: "#f4f4f4", freeCached: "#c5d9ef", hashed: "#1f4e79", none: "#9e9e9e",
+};
+// Requests: twelve colours, neighbours far apart; numeric ids take them in turn.
+const KVS_REQUEST_COLORS = ["#909bdf", "#c9a25e", "#c059c0", "#84bf40", "#506a7c", "#f3ae91",
+  "#59c3cf", "#794d34", "#e278b6", "#8f9325", "#77c59c", "#c7b0dd"];
+
+function kvsMix(hex, toward, f) {
+  const a = [1, 3, 5].map((i) => parseInt(hex.slice(i, i + 2), 16));
+  const b = [1, 3, 5].map((i) => parseInt(toward.slice(i, i + 2), 16));
+  return `rgb(${a.map((x, k) => Math.round(x + (b[k] - x) * f)).join(", ")})`;
+}
+const KVS_REQUEST_LIGHT = KVS_REQUEST_COLORS.map((c) => kvsMix(c, "#ffffff", 0.68));
+
+function kvsColorIndex(rid) {
+  const s = String(rid);
+  if (/^\d+$/.test(s)) return Number(s) % KVS_REQUEST_COLORS.length;
+  let n = 0;
+  for (const ch of s) n = (n * 31 + ch.charCodeAt(0)) >>> 0;
+  return n % KVS_REQUEST_COLORS.length;
+}
+// One colour per request id, the same in every panel (`light`: the pale fill).
 function kvsColor(rid, light = false) {
-  if (rid === null || rid === undefined || rid === "") return light ? "#eee" : "#999";
-  let n = /^\d+$/.test(String(rid)) ? Number(rid) : 0;
-  if (!/^\d+$/.test(String(rid))) {
-    for (const ch of String(rid)) n = (n * 31 + ch.charCodeAt(0)) >>> 0;
-  }
-  const hue = (n * 137.508 + 200) % 360;
-  return light ? `hsl(${hue.toFixed(0)}, 70%, 88%)` : `hsl(${hue.toFixed(0)}, 62%, 52%)`;
+  if (rid === null || rid === undefined || rid === "") return light ? "#eee" : KVS_MARKS.none;
+  const i = kvsColorIndex(rid);
+  return light ? KVS_REQUEST_LIGHT[i] : KVS_REQUEST_COLORS[i];
+}
+// A pale tint per physical block (slot cells are coloured by the block they land in):
+// greys and creams, so a block tint never reads as a request or an event.
+const KVS_BLOCK_TINTS = ["#eceff1", "#fff8e1", "#e0f2f1", "#fbe9e7", "#ede7f6", "#f1f8e9", "#e3f2fd", "#fce4ec"];
+function kvsBlockTint(block) {
+  return block === null || block === undefined || block < 0 ? "#fff" : KVS_BLOCK_TINTS[block % KVS_BLOCK_TINTS.length];
+}
+// A legend swatch: kvsSwatch({fill, border, icon, dashed, stripes}, text, testid, title).
+// The icon is drawn by CSS (::before), so a legend entry's text is its label alone.
+function kvsSwatch(look, text, testid = null, title = null) {
+  const i = kvsEl("i", { class: "kvs-sw", style: { background: look.fill || "transparent", borderColor: look.border || "#aaa",
+    borderStyle: look.dashed ? "dashed" : "solid", color: look.color || look.border || "#333" }, "data-icon": look.icon || null });
+  if (look.stripes) i.style.backgroundImage = `linear-gradient(90deg, ${look.stripes.map((c, k, a) => `${c} ${(100 * k / a.length).toFixed(0)}% ${(100 * (k + 1) / a.length).toFixed(0)}%`).join(", ")})`;
+  return kvsEl("span", { class: "kvs-leg", "data-testid": testid, title }, [i, text]);
 }
 
 // Bytes traits arrive as DataView (ipywidgets 8), ArrayBuffer or a typed array.
@@ -49,22 +96,46 @@ function kvsTok(text) {
   return String(text).replace(/\n/g, "\u21b5").replace(/\t/g, "\u21e5").replace(/ /g, "\u00b7");
 }
 
-// The panel root: stable test id, class, and data-step following the model.
+// The panel root: stable test id, class, and data-step / data-live / data-frozen following
+// the model. A frozen panel (a still: its binder stopped following the Session) swallows
+// every click and edit before the panel's own handlers see it, and says which step it
+// froze at; a panel with a title can be collapsed to it (the dashboard on a laptop).
+const KVS_FROZEN_EVENTS = ["click", "dblclick", "mousedown", "mouseup", "change", "input", "keydown", "submit", "contextmenu"];
 function kvsRoot(el, model, testid, extraClass = "") {
   const root = kvsEl("div", { class: `kvs-panel ${testid} ${extraClass}`.trim(), "data-testid": testid });
+  const badge = kvsEl("span", { class: "kvs-frozen-badge", "data-testid": "kvs-frozen-badge" });
+  const frozen = () => !!model.get("frozen");
   const sync = () => {
     root.dataset.step = String(model.get("step"));
     root.dataset.live = model.get("live") ? "true" : "false";
+    root.dataset.frozen = frozen() ? "true" : "false";
+    badge.textContent = `frozen at step ${model.get("step")}`;
+    badge.title = "a still: this picture no longer follows the session, and clicks on it do nothing";
   };
   sync();
-  model.on("change:step", sync);
-  model.on("change:live", sync);
+  for (const k of ["step", "live", "frozen"]) model.on(`change:${k}`, sync);
+  for (const type of KVS_FROZEN_EVENTS) {
+    root.addEventListener(type, (e) => { if (frozen()) { e.stopImmediatePropagation(); e.preventDefault(); } }, true);
+  }
   el.append(root);
+  // Once the panel has drawn its title: the badge and the collapse toggle go in it.
+  queueMicrotask(() => {
+    const title = [...root.children].find((c) => c.classList.contains("kvs-title"));
+    if (!title) { root.prepend(badge); return; }
+    const toggle = kvsEl("button", { class: "kvs-collapse", "data-testid": "kvs-collapse", title: "collapse / expand this panel", text: "\u25be" });
+    toggle.addEventListener("click", () => {
+      const collapsed = root.classList.toggle("kvs-collapsed");
+      toggle.textContent = collapsed ? "\u25b8" : "\u25be";
+    });
+    title.append(badge, toggle);
+  });
   return root;
 }
 
 // Sends {action, seq} and resolves when Python acknowledges that seq. Each view has
-// its own prefix, so two views of one model never confuse each other's acks.
+// its own prefix, so two views of one model never confuse each other's acks. A frozen
+// panel sends nothing but hover look-ups (KVS_FROZEN_ACTIONS; widgets/_base.py agrees).
+const KVS_FROZEN_ACTIONS = new Set(["block_detail"]);
 function kvsSender(model, onPendingChange = () => {}) {
   const prefix = Math.random().toString(36).slice(2, 8);
   let n = 0;
@@ -79,6 +150,9 @@ function kvsSender(model, onPendingChange = () => {}) {
   model.on("msg:custom", onMsg);
   return {
     send(content) {
+      if (model.get("frozen") && !KVS_FROZEN_ACTIONS.has(content.action)) {
+        return Promise.resolve({ type: "ack", seq: null, error: null, frozen: true });
+      }
       const seq = `${prefix}:${++n}`;
       const done = new Promise((resolve) => waiting.set(seq, resolve));
       onPendingChange(waiting.size);
@@ -99,4 +173,56 @@ function kvsBatched(fn) {
     queued = true;
     queueMicrotask(() => { queued = false; fn(); });
   };
+}
+
+// ---- linked highlighting: one channel per Dashboard ---------------------------------------
+// The panels of one Dashboard are separate widget views in one page (JupyterLab, Voila, an
+// export). They share `link_group` (explorer's SessionBinder sets it) and, through it, a
+// channel on `window`: hovering or clicking a slot cell, a block-table entry, a block, a
+// queue card or an attention column publishes a focus, and every panel of the group lights
+// what matches it. A focus: {source, blocks: [id] | null, requests: [rid] | null,
+// tokens: [[rid, position]] | null}. A click pins its focus (click again: unpinned); a
+// hover shows over the pinned one. Frozen panels neither publish nor light up.
+function kvsLinkBus(group) {
+  const all = (window.__kvsLinks = window.__kvsLinks || new Map());
+  if (!all.has(group)) all.set(group, { hover: null, pinned: null, listeners: new Set() });
+  return all.get(group);
+}
+function kvsLink(model, onFocus) {
+  let bus = null;
+  const live = () => !model.get("frozen");
+  const handler = (f) => onFocus(live() ? f : null);
+  const current = () => (bus && live() ? bus.hover || bus.pinned : null);
+  const notify = () => { const f = bus.hover || bus.pinned; for (const h of [...bus.listeners]) h(f); };
+  const join = () => {
+    if (bus) bus.listeners.delete(handler);
+    bus = kvsLinkBus(model.get("link_group") || "kvs-default");
+    bus.listeners.add(handler);
+  };
+  join();
+  const rejoin = () => { join(); handler(bus.hover || bus.pinned); };
+  model.on("change:link_group", rejoin);
+  model.on("change:frozen", rejoin);
+  return {
+    hover(f) { if (live()) { bus.hover = f; notify(); } },
+    leave(source) { if (bus.hover && bus.hover.source === source) { bus.hover = null; notify(); } },
+    pin(f) {
+      if (!live()) return;
+      const same = bus.pinned && JSON.stringify(bus.pinned) === JSON.stringify(f);
+      bus.pinned = same ? null : f;
+      bus.hover = null;
+      notify();
+    },
+    current,
+    dispose() { bus.listeners.delete(handler); },
+  };
+}
+// How an element holding `position` of `request`, in physical `block`, matches a focus:
+// 0 not at all, 1 lit (same block / request), 2 the very token.
+function kvsMatch(f, block, request, position = null) {
+  if (!f || (!f.blocks && !f.requests)) return 0;
+  if (f.tokens && position !== null && f.tokens.some(([r, p]) => r === request && p === position)) return 2;
+  if (f.blocks && !f.blocks.includes(block)) return 0;
+  if (f.requests && !f.requests.includes(request)) return 0;
+  return 1;
 }

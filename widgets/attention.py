@@ -15,9 +15,13 @@ class AttentionPanel(Panel):
     `context_len`, row-major); `row_positions` are the query positions of those
     rows (long prompts are thinned to `max_rows` evenly spaced rows, the last one
     always kept). Columns are KV positions, grouped by block (`block_table`).
-    `kv_head_of_head` shows GQA: query heads that share a KV head.
+    `kv_head_of_head` shows GQA: query heads that share a KV head. A probe of every
+    head also fills `thumbs`: one small uint8 picture per head (`thumb_shape` rows x
+    columns, head after head, in `thumb_heads` order) to pick a head from.
+    `probe_step` is the step the weights belong to (the Dashboard shows a probe only
+    at its own step); `num_prompt_tokens` splits the keys into prompt and generated.
     Browser actions: ``select {request_id?, layer?, head?}`` and ``refresh``; the
-    Dashboard answers both by probing the Session again.
+    Dashboard answers both by probing the Session again (or from its per-step cache).
     """
 
     _esm = bundle_esm("attention.js")
@@ -37,6 +41,10 @@ class AttentionPanel(Panel):
     row_positions = t.List([]).tag(sync=True)
     probs = t.Bytes(b"").tag(sync=True)
     probe_step = t.Int(-1).tag(sync=True)         # engine step the weights were read at
+    num_prompt_tokens = t.Int(0).tag(sync=True)   # keys at positions >= this were generated
+    thumbs = t.Bytes(b"").tag(sync=True)          # uint8 per head: thumb_shape, head after head
+    thumb_shape = t.List([0, 0]).tag(sync=True)
+    thumb_heads = t.List([]).tag(sync=True)
     message = t.Unicode("").tag(sync=True)        # why no heatmap, or a probe error
     max_rows = t.Int(256).tag(sync=True)
 
@@ -53,46 +61,91 @@ class AttentionPanel(Panel):
 
     def show_probe(self, probe: dict, *, step: int = -1) -> None:
         """Display one ``AttentionProbe.to_dict()``; picks `self.head` from its heads."""
-        heads = list(probe.get("heads") or [])
+        self.show_prepared(prepare_probe(probe, self.max_rows), step=step)
+
+    def show_prepared(self, prep: dict, *, step: int = -1) -> None:
+        """Display a probe from `prepare_probe` (the Dashboard keeps them per step)."""
+        heads = prep["heads"]
         head = self.head if self.head in heads else (heads[0] if heads else 0)
-        per_head = probe.get("probs") or []
-        rows = per_head[heads.index(head)] if heads else []
-        positions = list(probe.get("query_positions") or range(len(rows)))
-        keep = _thin(len(rows), self.max_rows)
-        n = int(probe.get("context_len") or (len(rows[0]) if rows else 0))
-        flat = array("f")
-        for i in keep:
-            row = list(rows[i])[:n]
-            flat.extend(row + [0.0] * (n - len(row)))
         # A one-head probe carries that head's KV head only; the full map comes from
         # model_info (set by the Dashboard) unless this probe covers every head.
-        kv = list(probe.get("kv_head_of_head") or [])
+        kv = prep["kv_head_of_head"]
         full_map = len(kv) == len(heads) and heads == list(range(len(heads))) and len(heads) > 1
         with self.hold_sync():
             self.head = head
-            self.request_id = str(probe.get("request_id", self.request_id))
-            self.layer = int(probe.get("layer", self.layer))
+            self.request_id = prep["request_id"] or self.request_id
+            self.layer = prep["layer"] if prep["layer"] is not None else self.layer
             if full_map:
                 self.kv_head_of_head = kv
                 self.num_heads = len(kv)
-            self.context_len = n
-            self.block_size = int(probe.get("block_size") or self.block_size)
-            self.block_table = list(probe.get("block_table") or [])
-            self.tokens = [str(x) for x in (probe.get("tokens") or [])]
-            self.row_positions = [positions[i] if i < len(positions) else i for i in keep]
-            self.probs = flat.tobytes()
+            self.context_len = prep["context_len"]
+            self.block_size = prep["block_size"] or self.block_size
+            self.block_table = prep["block_table"]
+            self.tokens = prep["tokens"]
+            self.row_positions = prep["row_positions"]
+            self.probs = prep["head_probs"][heads.index(head)] if heads else b""
+            self.thumbs, self.thumb_shape, self.thumb_heads = prep["thumbs"], prep["thumb_shape"], prep["thumb_heads"]
             self.probe_step = step
             self.message = ""
 
     def clear(self, message: str) -> None:
-        """No heatmap; say why (no request, request finished, probe failed)."""
+        """No heatmap; say why (no request, request finished, probe failed, not captured)."""
         with self.hold_sync():
             self.probs = b""
             self.row_positions = []
             self.context_len = 0
             self.tokens = []
             self.block_table = []
+            self.thumbs, self.thumb_shape, self.thumb_heads = b"", [0, 0], []
+            self.probe_step = -1
             self.message = message
+
+
+THUMB_ROWS, THUMB_COLS = 24, 48  # at most: a head's thumbnail, averaged down to this
+
+
+def prepare_probe(probe: dict, max_rows: int = 256) -> dict:
+    """A probe ready to show and to keep: each head's rows (thinned to `max_rows`) as
+    float32 bytes, and, when it covers several heads, one small uint8 thumbnail per head."""
+    heads = [int(h) for h in probe.get("heads") or []]
+    per_head = probe.get("probs") or []
+    first = per_head[0] if per_head else []
+    positions = list(probe.get("query_positions") or range(len(first)))
+    keep = _thin(len(first), max_rows)
+    n = int(probe.get("context_len") or (len(first[0]) if first else 0))
+    head_probs = []
+    for rows in per_head:
+        flat = array("f")
+        for i in keep:
+            row = list(rows[i])[:n]
+            flat.extend(row + [0.0] * (n - len(row)))
+        head_probs.append(flat.tobytes())
+    thumbs, shape = b"", [0, 0]
+    if len(heads) > 1 and keep and n:
+        shape = [min(THUMB_ROWS, len(keep)), min(THUMB_COLS, n)]
+        thumbs = b"".join(_thumbnail(array("f", hp), len(keep), n, *shape) for hp in head_probs)
+    return {"request_id": str(probe.get("request_id", "")), "layer": probe.get("layer"), "heads": heads,
+            "kv_head_of_head": list(probe.get("kv_head_of_head") or []), "context_len": n,
+            "block_size": int(probe.get("block_size") or 0), "block_table": list(probe.get("block_table") or []),
+            "tokens": [str(x) for x in (probe.get("tokens") or [])],
+            "row_positions": [positions[i] if i < len(positions) else i for i in keep],
+            "head_probs": head_probs, "thumbs": thumbs, "thumb_shape": shape,
+            "thumb_heads": heads if thumbs else [], "source": probe.get("source")}
+
+
+def _thumbnail(values: array, rows: int, cols: int, th: int, tw: int) -> bytes:
+    """rows x cols weights averaged into th x tw cells, scaled to the head's own max (sqrt, as the heatmap)."""
+    sums = [0.0] * (th * tw)
+    counts = [0] * (th * tw)
+    for r in range(rows):
+        base, tr = r * cols, r * th // rows
+        for c in range(cols):
+            k = tr * tw + c * tw // cols
+            sums[k] += values[base + c]
+            counts[k] += 1
+    means = [s / k if k else 0.0 for s, k in zip(sums, counts)]
+    top = max(means) or 1.0
+    return bytes(min(255, round(255 * (m / top) ** 0.5)) for m in means)
 
 
 def _thin(n: int, limit: int) -> list[int]:

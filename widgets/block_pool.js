@@ -1,24 +1,16 @@
-// KV block pool: one canvas cell per physical block (4,096 stay fluid), legend with
-// counts, hover tooltip with details fetched from Python, per-request block tables.
+// KV block pool: one canvas cell per physical block (4,096 stay fluid), a legend for
+// every mark, hover tooltip with details fetched from Python, per-request block tables.
+// Linked: hovering a block or a table entry lights the same block / request / tokens in
+// the other panels (kvsLink), and what they point at lights up here.
 
-// The `status` codes and `events` bits, spelled once for the browser (Python spells them
-// once too, in widgets/block_pool.py). Events: [bit, StepRecord.blocks key, label, colour,
-// what it means]; the legend lists them in this order.
+// The `status` codes, spelled once for the browser (widgets/block_pool.py spells them for
+// Python); the event bits, colours and icons are KVS_EVENTS in _common.js.
 const STATUS_NAMES = ["null", "free", "free (cached)", "in use", "in use (hashed)"];
 const SAME_STEP = 32;
-const SAME_STEP_TIP = "hit on a block computed in this same step: its KV is written by this step's forward before any layer reads it";
-const EVENT_BITS = [
-  [1, "allocated", "allocated", "#2e7d32", "handed out to a request in this step"],
-  [2, "hits", "prefix hit", "#1565c0", "prefix-cache hit: a request admitted in this step takes this block from the cache instead of computing it"],
-  [SAME_STEP, "same_step_hits", "same-step hit", "#00897b", SAME_STEP_TIP],
-  [4, "freed", "freed", "#ef6c00", "its last owner let go (finished, aborted or preempted)"],
-  [8, "evicted", "evicted", "#c62828", "a cached block reused for new tokens: its hash is forgotten"],
-  [16, "cached", "cached", "#6a1b9a", "full, hashed and registered in the prefix cache in this step"],
-];
 // Which event outlines a cell when a block has several: a same-step hit wins (the block
 // was also allocated, hit and cached in this step), "cached" only when nothing else.
-const OUTLINE_ORDER = [SAME_STEP, 1, 2, 4, 8, 16].map((b) => EVENT_BITS.find(([x]) => x === b));
-const eventNames = (ev) => EVENT_BITS.filter(([b]) => ev & b).map(([, , name]) => name);
+const OUTLINE_ORDER = [SAME_STEP, 1, 2, 4, 8, 16].map((b) => KVS_EVENTS.find(([x]) => x === b));
+const eventNames = (ev) => KVS_EVENTS.filter(([b]) => ev & b).map(([, , name]) => name);
 
 function cellSizeFor(n) {
   if (n <= 256) return 26;
@@ -36,14 +28,17 @@ function render({ model, el }) {
   const detailBox = kvsEl("div", { class: "kvs-block-detail", "data-testid": "kvs-block-detail" });
   const tables = kvsEl("div", { class: "kvs-block-tables", "data-testid": "kvs-block-tables" });
   root.append(title, legend, kvsEl("div", { class: "kvs-canvas-wrap" }, [canvas]), detailBox,
-    kvsEl("div", { class: "kvs-title" }, ["Block tables", kvsEl("span", { class: "kvs-sub", text: "logical \u2192 physical" })]), tables);
+    kvsEl("div", { class: "kvs-title kvs-bt-title" }, ["Block tables", kvsEl("span", { class: "kvs-sub", text: "logical \u2192 physical \u00b7 \u21ba = KV from the prefix cache" })]), tables);
   document.body.append(tip);
 
   let cols = { status: new Uint8Array(0), ref: new Uint16Array(0), owner: new Int16Array(0), events: new Uint8Array(0) };
   let owners = [];
+  let ownersOf = new Map();  // block -> [request ids] of a block with several owners
   let hover = -1;
-  let highlightReq = null;  // request whose blocks are outlined (hovering its table)
+  let focus = null;          // what another panel (or this one) points at
+  let lit = new Set();       // blocks that match it
   let geom = { cell: 10, ncols: 1, n: 0 };
+  const frozen = () => !!model.get("frozen");
 
   function readColumns() {
     cols = {
@@ -53,13 +48,31 @@ function render({ model, el }) {
       events: kvsArray(model.get("events"), Uint8Array),
     };
     owners = model.get("owners") || [];
+    ownersOf = new Map((model.get("shared") || []).map(([b, idx]) => [b, idx.map((k) => owners[k])]));
+  }
+  function blockOwners(i) {
+    if (ownersOf.has(i)) return ownersOf.get(i);
+    const o = cols.owner[i];
+    return o >= 0 && o < owners.length ? [owners[o]] : [];
+  }
+
+  // Blocks a focus points at: its blocks, else the blocks its requests own.
+  function litBlocks(f) {
+    const out = new Set();
+    if (!f) return out;
+    if (f.blocks) { for (const b of f.blocks) out.add(b); return out; }
+    if (f.requests) {
+      const want = new Set(f.requests);
+      for (let i = 0; i < cols.owner.length; i++) if (cols.owner[i] >= 0 && blockOwners(i).some((r) => want.has(r))) out.add(i);
+    }
+    return out;
   }
 
   function fillFor(i) {
     const s = cols.status[i];
-    if (s === 0) return "#555";
-    if (s === 1) return "#f4f4f4";
-    if (s === 2) return "#c5d9ef";
+    if (s === 0) return KVS_MARKS.null;
+    if (s === 1) return KVS_MARKS.free;
+    if (s === 2) return KVS_MARKS.freeCached;
     const o = cols.owner[i];
     return kvsColor(o >= 0 ? owners[o] : null, s === 3);
   }
@@ -95,22 +108,23 @@ function render({ model, el }) {
     const ctx = canvas.getContext("2d");
     ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
     ctx.clearRect(0, 0, ncols * cell, nrows * cell);
-    const hiBlocks = new Set();
-    if (highlightReq !== null) {
-      const t = (model.get("block_tables") || []).find((r) => r.request_id === highlightReq);
-      if (t) t.block_table.forEach((b) => hiBlocks.add(b));
-    }
-    const selected = model.get("selected");
-    ctx.font = `${Math.max(8, cell / 2.6)}px sans-serif`;
+    const selected = frozen() ? -1 : model.get("selected");
+    const label = `${Math.max(8, cell / 2.6)}px sans-serif`;
     ctx.textAlign = "center";
     ctx.textBaseline = "middle";
     for (let i = 0; i < n; i++) {
       const x = (i % ncols) * cell, y = Math.floor(i / ncols) * cell;
-      ctx.fillStyle = fillFor(i);
-      ctx.fillRect(x + 0.5, y + 0.5, cell - 1, cell - 1);
       const s = cols.status[i];
+      const shared = s >= 3 ? ownersOf.get(i) : null;
+      if (shared && shared.length > 1) {  // a shared block: one stripe per owner, in its colour
+        const w = (cell - 1) / shared.length;
+        shared.forEach((rid, k) => { ctx.fillStyle = kvsColor(rid, s === 3); ctx.fillRect(x + 0.5 + k * w, y + 0.5, w, cell - 1); });
+      } else {
+        ctx.fillStyle = fillFor(i);
+        ctx.fillRect(x + 0.5, y + 0.5, cell - 1, cell - 1);
+      }
       if (s === 2 || s === 4) {  // a registered hash: a small corner mark
-        ctx.fillStyle = "#1f4e79";
+        ctx.fillStyle = KVS_MARKS.hashed;
         ctx.fillRect(x + cell - 4, y + 1, 3, 3);
       }
       const ev = cols.events[i];
@@ -125,6 +139,10 @@ function render({ model, el }) {
         if (ev & 8) {  // evicted: a cross
           ctx.beginPath(); ctx.moveTo(x + 2, y + 2); ctx.lineTo(x + cell - 2, y + cell - 2);
           ctx.moveTo(x + cell - 2, y + 2); ctx.lineTo(x + 2, y + cell - 2); ctx.stroke();
+        } else if (cell >= 26) {  // the event's icon, top left, in its colour
+          ctx.fillStyle = bit[3];
+          ctx.font = "bold 9px sans-serif";
+          ctx.fillText(bit[4], x + 6, y + 7);
         }
       }
       if (cols.ref[i] > 1) {  // shared by several requests: a dark bottom bar
@@ -132,11 +150,17 @@ function render({ model, el }) {
         ctx.fillRect(x + 1, y + cell - 3, cell - 2, 2);
       }
       if (cell >= 26) {
+        ctx.font = label;
         ctx.fillStyle = s === 0 ? "#eee" : "#222";
-        ctx.fillText(cols.ref[i] > 1 ? `${i}\u00b7${cols.ref[i]}` : String(i), x + cell / 2, y + cell / 2);
+        ctx.fillText(cols.ref[i] > 1 ? `${i}\u00b7${cols.ref[i]}` : String(i), x + cell / 2, y + cell / 2 + 1);
       }
-      if (hiBlocks.has(i) || i === selected || i === hover) {
-        ctx.strokeStyle = i === selected ? "#000" : "#ffb300";
+      if (lit.has(i) || i === selected) {
+        if (lit.has(i)) {  // linked: a yellow halo inside a dark ring
+          ctx.strokeStyle = KVS_MARKS.focus;
+          ctx.lineWidth = 4;
+          ctx.strokeRect(x + 2, y + 2, cell - 4, cell - 4);
+        }
+        ctx.strokeStyle = i === selected ? KVS_MARKS.selected : KVS_MARKS.focusInk;
         ctx.lineWidth = 2;
         ctx.strokeRect(x + 1, y + 1, cell - 2, cell - 2);
       }
@@ -145,55 +169,82 @@ function render({ model, el }) {
 
   function drawLegend() {
     const c = model.get("counts") || {};
-    const sw = (color, text, tid) => kvsEl("span", { class: "kvs-leg", "data-testid": tid }, [kvsEl("i", { style: { background: color } }), text]);
-    const evs = EVENT_BITS.map(([bit, key, name, color, tipText]) => kvsEl("span", {
-      class: `kvs-leg kvs-leg-event${bit === SAME_STEP ? " kvs-leg-same-step" : ""}`,
-      "data-testid": `kvs-leg-ev-${key}`, title: `${name}: ${tipText}`,
-    }, [kvsEl("i", { style: { borderColor: color, color } }), `${name} ${c[key] ?? 0}`]));
+    const evs = KVS_EVENTS.map(([bit, key, name, color, icon, tipText]) => {
+      const s = kvsSwatch({ border: color, icon, dashed: bit === SAME_STEP }, `${name} ${c[key] ?? 0}`, `kvs-leg-ev-${key}`, `${name}: ${tipText}`);
+      s.classList.add("kvs-leg-event");
+      if (bit === SAME_STEP) s.classList.add("kvs-leg-same-step");
+      return s;
+    });
+    const someOwners = ["0", "1", "2"];
     legend.replaceChildren(
-      sw("#555", "null", "kvs-leg-null"), sw("#f4f4f4", `free ${c.free ?? 0}`, "kvs-leg-free"),
-      sw("#c5d9ef", `free, cached ${c.free_cached ?? 0}`, "kvs-leg-cached"), sw("linear-gradient(90deg, hsl(200,62%,52%), hsl(337,62%,52%), hsl(115,62%,52%))", `in use ${c.in_use ?? 0} (owner colour; pale = not yet full/hashed)`, "kvs-leg-used"),
-      kvsEl("span", { class: "kvs-muted", text: "this step:" }), ...evs,
+      kvsEl("div", { class: "kvs-leg-row" }, [
+        kvsSwatch({ fill: KVS_MARKS.null }, "null", "kvs-leg-null", "block 0: padding in block tables, never handed out"),
+        kvsSwatch({ fill: KVS_MARKS.free }, `free ${c.free ?? 0}`, "kvs-leg-free", "free, holds nothing reusable"),
+        kvsSwatch({ fill: KVS_MARKS.freeCached }, `free, cached ${c.free_cached ?? 0}`, "kvs-leg-cached", "free, but its tokens are still in the prefix cache: a later request with the same prefix can take it back"),
+        kvsSwatch({ stripes: someOwners.map((r) => kvsColor(r)) }, `in use ${c.in_use ?? 0}`, "kvs-leg-used", "in use: filled with its owner's colour (the queues' colour of that request); pale: not yet full"),
+        kvsSwatch({ fill: kvsColor("0", true) }, "pale = filling", "kvs-leg-partial", "in use and not yet full, so not hashed and not shareable yet"),
+        kvsSwatch({ fill: kvsColor("0"), icon: "\u25aa", color: KVS_MARKS.hashed }, "corner = hashed", "kvs-leg-hashed", "a small dark corner: the block is full and its hash is registered in the prefix cache"),
+        kvsSwatch({ stripes: [kvsColor("0"), kvsColor("1")] }, "stripes + bar = shared", "kvs-leg-shared", "a block held by several requests (a shared prefix) is drawn in each owner's colour, with a dark bar underneath"),
+        kvsEl("span", { class: "kvs-leg-notation", "data-testid": "kvs-leg-notation", title: "a cell's label: the block id, then its refcount when more than one request holds it" }, [
+          kvsEl("b", { class: "kvs-mono", text: "7\u00b72" }), " = block 7, refcount 2"]),
+        kvsSwatch({ border: KVS_MARKS.focusInk, fill: KVS_MARKS.focus }, "linked", "kvs-leg-focus", "what you point at in any panel (a slot, a table entry, a request, an attention column) lights up here"),
+      ]),
+      kvsEl("div", { class: "kvs-leg-row" }, [kvsEl("span", { class: "kvs-muted", text: "this step:" }), ...evs]),
     );
     title.querySelector(".kvs-sub").textContent =
-      `${model.get("num_blocks")} blocks \u00d7 ${model.get("block_size")} tokens \u00b7 block 0 is the null block \u00b7 bar = shared (refcount > 1), corner = hashed`;
+      `${model.get("num_blocks")} blocks \u00d7 ${model.get("block_size")} tokens \u00b7 block 0 is the null block`;
   }
 
+  let tableCells = [];  // [element, request id, block]
   function drawTables() {
     const rows = model.get("block_tables") || [];
     const bs = model.get("block_size");
+    tableCells = [];
     tables.replaceChildren(...rows.map((r) => {
-      const hits = new Set(r.hits || []), same = new Set(r.same_step_hits || []);
+      const rid = r.request_id;
+      const hits = new Set(r.hits || []), same = new Set(r.same_step_hits || []), cached = new Set(r.cached || []);
       const cells = r.block_table.map((b, logical) => {
         const full = (logical + 1) * bs <= r.num_computed_tokens;
         const kind = same.has(logical) ? " kvs-bt-same-step" : hits.has(logical) ? " kvs-bt-hit" : "";
-        const why = same.has(logical) ? ` \u00b7 same-step ${SAME_STEP_TIP}` : hits.has(logical) ? " \u00b7 prefix hit (KV from an earlier step)" : "";
-        return kvsEl("span", {
-          class: `kvs-bt-cell${full ? "" : " kvs-bt-partial"}${kind}`, "data-block": b,
-          title: `logical ${logical} \u2192 physical ${b}${why}`, text: b,
-          onclick: () => sender.send({ action: "select_block", block_id: b }),
-        });
+        const why = same.has(logical) ? ` \u00b7 same-step ${KVS_SAME_STEP_TIP}`
+          : hits.has(logical) ? " \u00b7 prefix hit in this step (KV from an earlier step)"
+          : cached.has(logical) ? " \u00b7 from the prefix cache (a hit when the request was admitted)" : "";
+        const cell = kvsEl("span", {
+          class: `kvs-bt-cell${full ? "" : " kvs-bt-partial"}${kind}${cached.has(logical) ? " kvs-bt-cached" : ""}`,
+          "data-block": b, "data-logical": logical,
+          title: `#${rid}: logical ${logical} (positions ${logical * bs}\u2013${(logical + 1) * bs - 1}) \u2192 physical ${b}${why}`,
+          onclick: () => { link.pin({ source: "blocks", blocks: [b], requests: [rid] }); sender.send({ action: "select_block", block_id: b }); },
+          onmouseenter: () => link.hover({ source: "blocks", blocks: [b], requests: [rid] }),
+          onmouseleave: () => link.leave("blocks"),
+        }, [cached.has(logical) ? kvsEl("span", { class: "kvs-bt-icon", text: "\u21ba" }) : null, String(b)]);
+        tableCells.push([cell, rid, b]);
+        return cell;
       });
-      return kvsEl("div", {
-        class: "kvs-bt-row", "data-testid": `kvs-bt-${r.request_id}`,
-        onmouseenter: () => { highlightReq = r.request_id; draw(); },
-        onmouseleave: () => { highlightReq = null; draw(); },
-      }, [kvsEl("span", { class: "kvs-chip", style: { background: kvsColor(r.request_id, true), borderColor: kvsColor(r.request_id) }, text: `#${r.request_id}` }), ...cells]);
+      const chip = kvsEl("span", {
+        class: "kvs-chip kvs-bt-rid", style: { background: kvsColor(rid, true), borderColor: kvsColor(rid) }, text: `#${rid}`,
+        onmouseenter: () => link.hover({ source: "blocks", blocks: null, requests: [rid] }),
+        onmouseleave: () => link.leave("blocks"),
+        onclick: () => link.pin({ source: "blocks", blocks: null, requests: [rid] }),
+      });
+      return kvsEl("div", { class: "kvs-bt-row", "data-testid": `kvs-bt-${rid}`, "data-request-id": rid }, [chip, ...cells]);
     }));
     if (!rows.length) tables.append(kvsEl("span", { class: "kvs-muted", text: "no request holds blocks" }));
+    lightTables();
+  }
+  function lightTables() {
+    for (const [cell, rid, b] of tableCells) cell.classList.toggle("kvs-lit", kvsMatch(focus, b, rid) > 0);
   }
 
   function describe(i) {
     const s = cols.status[i];
-    const o = cols.owner[i];
     const ev = eventNames(cols.events[i]);
+    const own = blockOwners(i);
     let text = `block ${i} \u00b7 ${STATUS_NAMES[s] ?? "?"} \u00b7 refcount ${cols.ref[i]}`;
-    if (o >= 0) text += `\nowner #${owners[o]}`;
+    if (own.length) text += `\n${own.length > 1 ? "owners" : "owner"} ${own.map((r) => "#" + r).join(" ")}`;
     if (ev.length) text += `\nthis step: ${ev.join(", ")}`;
-    if (cols.events[i] & SAME_STEP) text += `\nsame-step ${SAME_STEP_TIP}`;
+    if (cols.events[i] & SAME_STEP) text += `\nsame-step ${KVS_SAME_STEP_TIP}`;
     const d = model.get("detail") || {};
     if (d.block_id === i) {
-      if (d.owners && d.owners.length > 1) text += `\nowners ${d.owners.map((x) => "#" + x).join(" ")}`;
       if (d.hash) text += `\nhash ${d.hash}`;
       if (d.token_ids && d.token_ids.length) {
         text += `\ntokens ${JSON.stringify(d.token_ids)}`;
@@ -213,7 +264,7 @@ function render({ model, el }) {
     const ev = d.block_id < cols.events.length ? cols.events[d.block_id] : 0;
     const events = ev ? kvsEl("div", { class: "kvs-block-events", "data-testid": "kvs-block-detail-events" }, [
       `this step: ${eventNames(ev).join(", ")}`,
-      ev & SAME_STEP ? kvsEl("span", { class: "kvs-same-step-note", text: ` \u2014 same-step ${SAME_STEP_TIP}` }) : null,
+      ev & SAME_STEP ? kvsEl("span", { class: "kvs-same-step-note", text: ` \u2014 same-step ${KVS_SAME_STEP_TIP}` }) : null,
     ]) : null;
     detailBox.replaceChildren(
       kvsEl("div", {}, [kvsEl("b", { text: `block ${d.block_id}` }),
@@ -222,6 +273,17 @@ function render({ model, el }) {
       kvsEl("div", { class: "kvs-toks" }, toks.length ? toks : [kvsEl("span", { class: "kvs-muted", text: d.is_null ? "the null block: padding, never allocated" : "no tokens" })]),
     );
   }
+
+  const blockFocus = (i) => {
+    const own = blockOwners(i);
+    return { source: "blocks", blocks: [i], requests: own.length ? own : null };
+  };
+  const link = kvsLink(model, (f) => {
+    focus = f;
+    lit = litBlocks(f);
+    draw();
+    lightTables();
+  });
 
   let detailTimer = null;
   function blockAt(ev) {
@@ -235,7 +297,7 @@ function render({ model, el }) {
     const i = blockAt(ev);
     if (i !== hover) {
       hover = i;
-      draw();
+      if (i >= 0) link.hover(blockFocus(i)); else link.leave("blocks");
       clearTimeout(detailTimer);
       // Ask Python for hash and tokens only once the pointer rests on a block.
       if (i >= 0) detailTimer = setTimeout(() => sender.send({ action: "block_detail", block_id: i }), 60);
@@ -246,24 +308,28 @@ function render({ model, el }) {
     tip.style.left = `${ev.clientX + 14}px`;
     tip.style.top = `${ev.clientY + 14}px`;
   });
-  canvas.addEventListener("mouseleave", () => { hover = -1; tip.style.display = "none"; draw(); });
+  canvas.addEventListener("mouseleave", () => { hover = -1; tip.style.display = "none"; link.leave("blocks"); });
   canvas.addEventListener("click", (ev) => {
     const i = blockAt(ev);
-    if (i >= 0) sender.send({ action: "select_block", block_id: i === model.get("selected") ? -1 : i });
+    if (i < 0) return;
+    link.pin(blockFocus(i));
+    sender.send({ action: "select_block", block_id: i === model.get("selected") ? -1 : i });
   });
 
-  function redrawAll() { readColumns(); draw(); drawLegend(); drawTables(); drawDetail(); }
-  const poolSoon = kvsBatched(() => { readColumns(); draw(); drawLegend(); drawDetail(); });  // detail shows the events
-  for (const k of ["status", "ref_count", "owner", "events", "owners", "num_blocks", "block_size"]) model.on(`change:${k}`, poolSoon);
+  function refocus() { lit = litBlocks(focus); }
+  function redrawAll() { readColumns(); refocus(); draw(); drawLegend(); drawTables(); drawDetail(); }
+  const poolSoon = kvsBatched(() => { readColumns(); refocus(); draw(); drawLegend(); drawDetail(); });  // detail shows the events
+  for (const k of ["status", "ref_count", "owner", "events", "owners", "shared", "num_blocks", "block_size", "frozen"]) model.on(`change:${k}`, poolSoon);
   model.on("change:counts", drawLegend);
-  model.on("change:block_tables", () => { drawTables(); draw(); });
+  model.on("change:block_tables", () => { drawTables(); refocus(); draw(); });
   model.on("change:selected", () => { draw(); drawDetail(); });
   model.on("change:detail", () => { drawDetail(); if (hover >= 0 && tip.style.display === "block") tip.textContent = describe(hover); });
+  focus = link.current();
   redrawAll();
   // The first layout may have no width yet (e.g. an output area still attaching).
   const ro = new ResizeObserver(() => draw());
   ro.observe(root);
-  return () => { ro.disconnect(); tip.remove(); sender.dispose(); };
+  return () => { ro.disconnect(); tip.remove(); sender.dispose(); link.dispose(); };
 }
 
 export default { render };

@@ -10,7 +10,8 @@ from ._base import Panel, bundle_css, bundle_esm
 TokenText = Callable[[Sequence[int]], list[str]]
 
 # The panel's byte columns, spelled once for Python (explorer.views imports them; the
-# JavaScript side spells them once too, in block_pool.js's STATUS_NAMES / EVENT_BITS).
+# JavaScript side spells them once too: block_pool.js's STATUS_NAMES, and the event bits
+# with their colours and icons in _common.js's KVS_EVENTS, shared by every panel).
 # Status codes of the `status` column (uint8 per block).
 NULL, FREE, FREE_CACHED, IN_USE, IN_USE_HASHED = 0, 1, 2, 3, 4
 # Bits of the `events` column, keyed by the StepRecord's `blocks` lists: what this step
@@ -27,11 +28,14 @@ class BlockPoolPanel(Panel):
     `status` (uint8: 0 null, 1 free, 2 free and cached, 3 in use, 4 in use and
     hashed), `ref_count` (uint16), `owner` (int16 index into `owners`, -1 none) and
     `events` (uint8 bits, `EVENT_BITS`: 1 allocated, 2 prefix hit, 4 freed, 8 evicted,
-    16 newly cached, 32 same-step hit, all in this step). A block's hash, owners and
+    16 newly cached, 32 same-step hit, all in this step). `shared` lists the blocks with
+    several owners as ``[block_id, [indices into owners]]`` (drawn in every owner's
+    colour). A block's hash, owners and
     tokens are fetched on hover: the browser sends ``block_detail {block_id}`` and
     `detail` is filled in from the displayed snapshot. `block_tables` lists each
     request's logical -> physical map, with the logical indices that were prefix hits
-    (and same-step hits) when the request was admitted in this step.
+    (and same-step hits) when the request was admitted in this step, and `cached`: the
+    logical indices whose KV came from the prefix cache, for as long as the request runs.
     """
 
     _esm = bundle_esm("block_pool.js")
@@ -44,8 +48,9 @@ class BlockPoolPanel(Panel):
     owner = t.Bytes(b"").tag(sync=True)
     events = t.Bytes(b"").tag(sync=True)
     owners = t.List([]).tag(sync=True)          # request ids indexed by the `owner` column
+    shared = t.List([]).tag(sync=True)          # [[block_id, [owner indices]]], several owners
     block_tables = t.List([]).tag(sync=True)    # [{request_id, block_table, num_computed_tokens,
-                                                #   hits, same_step_hits (logical indices)}]
+                                                #   hits, same_step_hits, cached (logical indices)}]
     counts = t.Dict({}).tag(sync=True)          # free / cached / used / this step's events
     selected = t.Int(-1).tag(sync=True)
     detail = t.Dict({}).tag(sync=True)

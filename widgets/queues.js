@@ -1,4 +1,7 @@
-// Queues panel: three columns of request cards, redrawn from the `queues` trait.
+// Queues panel: three columns of request cards, redrawn from the `queues` trait. Each
+// column is as wide as its cards need (an empty one stays narrow). Linked: hovering a card
+// lights the request's blocks, table and tokens in the other panels (kvsLink), and a card
+// lights up when another panel points at its request.
 
 function progress(row) {
   // Known tokens = prompt + outputs; of those, how many have KV (cached hits first).
@@ -23,7 +26,7 @@ function scheduledBadge(s) {
   return kvsEl("span", { class: `kvs-chip kvs-sched ${s.is_prefill ? "kvs-prefill" : "kvs-decode"}`, "data-testid": "kvs-scheduled", text });
 }
 
-function card(row, selected, act) {
+function card(row, selected, act, link) {
   const rid = row.request_id;
   const head = kvsEl("div", { class: "kvs-card-head" }, [
     kvsEl("span", { class: "kvs-chip kvs-rid", style: { background: kvsColor(rid, true), borderColor: kvsColor(rid) }, text: `#${rid}` }),
@@ -42,7 +45,9 @@ function card(row, selected, act) {
   return kvsEl("div", {
     class: `kvs-card${rid === selected ? " kvs-selected" : ""}${row.scheduled ? " kvs-was-scheduled" : ""}`,
     "data-testid": `kvs-req-${rid}`, "data-request-id": rid, style: { borderLeftColor: kvsColor(rid) },
-    onclick: () => act({ action: "select", request_id: rid }),
+    onclick: () => { link.pin({ source: "queues", blocks: null, requests: [rid], tokens: null }); act({ action: "select", request_id: rid }); },
+    onmouseenter: () => link.hover({ source: "queues", blocks: null, requests: [rid], tokens: null }),
+    onmouseleave: () => link.leave("queues"),
   }, [head, text, progress(row)]);
 }
 
@@ -53,25 +58,36 @@ function render({ model, el }) {
   const title = kvsEl("div", { class: "kvs-title" }, ["Queues"]);
   const cols = kvsEl("div", { class: "kvs-cols" });
   root.append(title, cols);
+  let focus = null;
+  const link = kvsLink(model, (f) => { focus = f; light(); });
+  function light() {
+    const want = new Set((focus && focus.requests) || []);
+    for (const c of cols.querySelectorAll(".kvs-card")) c.classList.toggle("kvs-lit", want.has(c.dataset.requestId));
+  }
   function draw() {
     const q = model.get("queues") || {};
     const selected = model.get("selected");
     cols.replaceChildren();
-    for (const name of ["waiting", "running", "finished"]) {
+    const names = ["waiting", "running", "finished"];
+    // Columns sized to their content: an empty queue takes only its heading's width.
+    cols.style.gridTemplateColumns = names.map((n) => ((q[n] || []).length ? "minmax(0, 1fr)" : "max-content")).join(" ");
+    for (const name of names) {
       const rows = q[name] || [];
       const total = name === "finished" ? Math.max(model.get("finished_total"), rows.length) : rows.length;
       const more = total > rows.length ? ` (latest ${rows.length})` : "";
       cols.append(kvsEl("div", { class: `kvs-queue kvs-queue-${name}`, "data-testid": `kvs-queue-${name}`, "data-count": total }, [
         kvsEl("div", { class: "kvs-queue-head", text: `${name} \u00b7 ${total}${more}` }),
-        ...rows.map((r) => card(r, selected, act)),
+        ...rows.map((r) => card(r, selected, act, link)),
       ]));
     }
+    light();
   }
   model.on("change:queues", draw);
   model.on("change:selected", draw);
   model.on("change:finished_total", draw);
+  focus = link.current();
   draw();
-  return () => sender.dispose();
+  return () => { sender.dispose(); link.dispose(); };
 }
 
 export default { render };

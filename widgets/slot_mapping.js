@@ -1,18 +1,105 @@
 // Slot mapping: an overview strip of the packed batch (query_start_loc ticks, sampled
-// rows marked), then one block of token cells per scheduled request.
+// rows marked), then per scheduled request its token cells, grouped and tinted by the
+// KV block each lands in. Positions a prefix hit took from the cache come first, as
+// "from cache" cells (one per block). A decode is one compact row. Linked: hovering a
+// cell lights its block, request and token in the other panels (kvsLink).
 
 function render({ model, el }) {
   const root = kvsRoot(el, model, "kvs-slot-mapping");
   const title = kvsEl("div", { class: "kvs-title" }, ["Slot mapping", kvsEl("span", { class: "kvs-sub" })]);
+  const legend = kvsEl("div", { class: "kvs-legend", "data-testid": "kvs-slot-legend" }, [
+    kvsSwatch({ stripes: [kvsBlockTint(1), kvsBlockTint(2), kvsBlockTint(3)], border: "#bbb" }, "tint = KV block", "kvs-slot-leg-block",
+      "cells are tinted by the physical block their KV is written to; a tag like b5 opens each block's group"),
+    kvsSwatch({ fill: "#e3ecf7", border: KVS_MARKS.cache, icon: "\u21ba" }, "from cache", "kvs-slot-leg-cache",
+      "positions whose KV a prefix-cache hit supplied: not computed in this step, one cell per block"),
+    kvsSwatch({ fill: "#fce4ec", border: KVS_MARKS.sampled, icon: "\u2192" }, "sampled row", "kvs-slot-leg-sampled",
+      "a logits index: the sampler reads this row's output to choose the next token"),
+    kvsSwatch({ border: "#333", fill: "#fff" }, "first row = query_start_loc", "kvs-slot-leg-qsl", "a thick left edge marks where each request's rows start"),
+    kvsEl("span", { class: "kvs-muted", text: "cell: token \u00b7 position\u2192slot" }),
+  ]);
   const strip = kvsEl("div", { class: "kvs-strip", "data-testid": "kvs-batch-strip" });
   const body = kvsEl("div", { class: "kvs-segments" });
-  root.append(title, strip, body);
+  root.append(title, legend, strip, body);
+
+  let lit = [];  // [element, block, request id, position or null]
+  let focus = null;
+  const link = kvsLink(model, (f) => { focus = f; light(); });
+  function light() {
+    for (const [node, b, rid, pos] of lit) {
+      const m = kvsMatch(focus, b, rid, pos);
+      node.classList.toggle("kvs-lit", m === 1);
+      node.classList.toggle("kvs-lit-strong", m === 2);
+    }
+  }
+  function linked(node, f) {
+    node.addEventListener("mouseenter", () => link.hover(f));
+    node.addEventListener("mouseleave", () => link.leave("slots"));
+    node.addEventListener("click", () => link.pin(f));
+    return node;
+  }
+
+  function cacheCell(s, c) {
+    const f = { source: "slots", blocks: [c.block], requests: [s.request_id], tokens: null };
+    const node = kvsEl("div", {
+      class: "kvs-cache-cell", "data-block": c.block, "data-testid": `kvs-cache-${s.request_id}-${c.block}`,
+      style: { background: kvsBlockTint(c.block) },
+      title: `#${s.request_id} positions ${c.start}\u2013${c.end - 1}: KV from the prefix cache, in block ${c.block} (a hit: not computed in this step)${c.text ? `\n"${c.text}"` : ""}`,
+    }, [
+      kvsEl("div", { class: "kvs-cache-head", text: `\u21ba b${c.block}` }),
+      kvsEl("div", { class: "kvs-cache-text", text: c.text ? kvsTok(c.text) : `p${c.start}\u2013${c.end - 1}` }),
+    ]);
+    lit.push([node, c.block, s.request_id, null]);
+    return linked(node, f);
+  }
+
+  function rowCells(s, data) {
+    const { ids, toks, pos, slots, logits, bs } = data;
+    const groups = [];
+    let group = null, groupBlock = null;
+    const last = Math.min(s.end, ids.length);
+    for (let r = s.start; r < last; r++) {
+      const slot = slots[r];
+      const block = slot < 0 ? -1 : Math.floor(slot / bs), off = slot < 0 ? "-" : slot % bs;
+      if (group === null || block !== groupBlock) {
+        groupBlock = block;
+        const tag = kvsEl("span", { class: "kvs-blk-tag", text: block < 0 ? "pad" : `b${block}`, title: `KV block ${block}` });
+        if (block >= 0) {
+          lit.push([tag, block, s.request_id, null]);
+          linked(tag, { source: "slots", blocks: [block], requests: [s.request_id], tokens: null });
+        }
+        group = kvsEl("div", { class: "kvs-blk", "data-block": block, style: { background: kvsBlockTint(block) } }, [tag]);
+        groups.push(group);
+      }
+      const sampled = logits.has(r);
+      const cell = kvsEl("div", {
+        class: `kvs-cell${sampled ? " kvs-logits" : ""}${r === s.start ? " kvs-qsl" : ""}`,
+        "data-row": r, "data-block": block, "data-pos": pos[r],
+        title: `#${s.request_id} row ${r} \u00b7 token id ${ids[r]} \u00b7 position ${pos[r]} \u00b7 slot ${slot} = block ${block} \u00d7 ${bs} + ${off}${sampled ? " \u00b7 sampled (logits index)" : ""}`,
+      }, [
+        kvsEl("div", { class: "kvs-cell-tok", text: kvsTok(toks[r]) || ids[r] }),
+        kvsEl("div", { class: "kvs-cell-slot", text: `${pos[r]}\u2192${slot}` }),
+      ]);
+      lit.push([cell, block, s.request_id, pos[r]]);
+      group.append(linked(cell, { source: "slots", blocks: [block], requests: [s.request_id], tokens: [[s.request_id, pos[r]]] }));
+      if (sampled) {
+        group.append(kvsEl("span", { class: "kvs-cell-sampled", "data-testid": "kvs-slot-sampled", title: "the token sampled from this row", text: s.sampled_text != null ? `\u2192 ${kvsTok(s.sampled_text)}` : "\u2192 sample" }));
+      }
+    }
+    if (s.end > last) groups.push(kvsEl("div", { class: "kvs-muted", text: `\u2026 ${s.end - last} more rows not sent` }));
+    return groups;
+  }
+
+  function chip(rid) {
+    return kvsEl("span", { class: "kvs-chip", style: { background: kvsColor(rid, true), borderColor: kvsColor(rid) }, text: `#${rid}` });
+  }
 
   function draw() {
     const ids = model.get("input_ids"), toks = model.get("tokens"), pos = model.get("positions");
     const slots = model.get("slot_mapping"), segs = model.get("segments");
     const qsl = model.get("query_start_loc"), logits = new Set(model.get("logits_indices"));
     const bs = model.get("block_size"), nrows = model.get("num_rows");
+    const data = { ids, toks, pos, slots, logits, bs };
+    lit = [];
     title.querySelector(".kvs-sub").textContent = nrows
       ? `${nrows} tokens \u00b7 ${segs.length} requests \u00b7 query_start_loc [${qsl.join(", ")}] \u00b7 logits_indices [${[...logits].join(", ")}]`
       : "no batch in this step";
@@ -23,38 +110,36 @@ function render({ model, el }) {
       title: `#${s.request_id}: rows [${s.start}, ${s.end})`,
     }, [kvsEl("span", { text: `#${s.request_id} [${s.start},${s.end})` })])));
     body.replaceChildren(...segs.map((s) => {
-      const kind = s.is_prefill ? `prefill chunk ${s.chunk_index ?? 0}` : "decode";
-      const head = kvsEl("div", { class: "kvs-seg-head" }, [
-        kvsEl("span", { class: "kvs-chip", style: { background: kvsColor(s.request_id, true), borderColor: kvsColor(s.request_id) }, text: `#${s.request_id}` }),
-        kvsEl("span", { text: `${kind} \u00b7 ${s.end - s.start} tokens \u00b7 rows [${s.start}, ${s.end}) \u00b7 seq_len ${s.seq_len}` }),
-        kvsEl("span", { class: "kvs-muted", text: `computed before ${s.num_computed_before}${s.num_cached_tokens ? ` (${s.num_cached_tokens} cached)` : ""} \u00b7 block_table [${(s.block_table || []).join(", ")}]` }),
-      ]);
-      const cells = [];
-      const last = Math.min(s.end, ids.length);
-      for (let r = s.start; r < last; r++) {
-        const slot = slots[r];
-        const block = slot < 0 ? "-" : Math.floor(slot / bs), off = slot < 0 ? "-" : slot % bs;
-        const sampled = logits.has(r);
-        cells.push(kvsEl("div", {
-          class: `kvs-cell${sampled ? " kvs-logits" : ""}${r === s.start ? " kvs-qsl" : ""}`,
-          "data-row": r, title: `row ${r} \u00b7 token id ${ids[r]} \u00b7 position ${pos[r]} \u00b7 slot ${slot} = block ${block} \u00d7 ${bs} + ${off}${sampled ? " \u00b7 sampled (logits index)" : ""}`,
-        }, [
-          kvsEl("div", { class: "kvs-cell-tok", text: kvsTok(toks[r]) || ids[r] }),
-          kvsEl("div", { class: "kvs-cell-pos", text: `p${pos[r]}` }),
-          kvsEl("div", { class: "kvs-cell-slot", text: `${slot}\u2192(${block},${off})` }),
-          sampled ? kvsEl("div", { class: "kvs-cell-sampled", text: s.sampled_text != null ? `\u2192 ${kvsTok(s.sampled_text)}` : "\u2192 sample" }) : null,
-        ]));
+      const cached = s.cached_blocks || [];
+      const reqFocus = { source: "slots", blocks: null, requests: [s.request_id], tokens: null };
+      if (!s.is_prefill) {
+        // A decode: one compact row (chip, what it is, its one cell, where it sits).
+        const row = kvsEl("div", { class: "kvs-seg kvs-seg-decode", "data-testid": `kvs-seg-${s.request_id}`, style: { borderLeftColor: kvsColor(s.request_id) } }, [
+          linked(chip(s.request_id), reqFocus),
+          kvsEl("span", { class: "kvs-seg-kind", text: "decode" }),
+          ...rowCells(s, data),
+          kvsEl("span", { class: "kvs-muted kvs-seg-meta", title: `block_table [${(s.block_table || []).join(", ")}]`, text: `seq_len ${s.seq_len} \u00b7 ${(s.block_table || []).length} blocks` }),
+        ]);
+        return row;
       }
-      if (s.end > last) cells.push(kvsEl("div", { class: "kvs-muted", text: `\u2026 ${s.end - last} more rows not sent` }));
+      const head = kvsEl("div", { class: "kvs-seg-head" }, [
+        linked(chip(s.request_id), reqFocus),
+        kvsEl("span", { class: "kvs-seg-kind", text: `prefill chunk ${s.chunk_index ?? 0} \u00b7 ${s.end - s.start} tokens \u00b7 rows [${s.start}, ${s.end}) \u00b7 seq_len ${s.seq_len}` }),
+        kvsEl("span", { class: "kvs-muted", text: `computed before ${s.num_computed_before}${cached.length ? ` (${s.num_cached_tokens} from cache: ${cached.length} block${cached.length > 1 ? "s" : ""})` : ""} \u00b7 block_table [${(s.block_table || []).join(", ")}]` }),
+      ]);
+      const cells = [...cached.map((c) => cacheCell(s, c)), ...rowCells(s, data)];
       return kvsEl("div", { class: "kvs-seg", "data-testid": `kvs-seg-${s.request_id}`, style: { borderLeftColor: kvsColor(s.request_id) } },
         [head, kvsEl("div", { class: "kvs-cells" }, cells)]);
     }));
+    light();
   }
   const drawSoon = kvsBatched(draw);
   for (const k of ["input_ids", "tokens", "positions", "slot_mapping", "segments", "query_start_loc", "logits_indices", "block_size", "num_rows"]) {
     model.on(`change:${k}`, drawSoon);
   }
+  focus = link.current();
   draw();
+  return () => link.dispose();
 }
 
 export default { render };

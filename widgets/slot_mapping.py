@@ -13,7 +13,11 @@ class SlotMappingPanel(Panel):
     `positions`, `slot_mapping` (slot = block * block_size + offset). `segments` has
     one entry per scheduled request: request_id, start/end rows (query_start_loc),
     is_prefill, chunk_index, num_computed_before, num_cached_tokens, seq_len,
-    block_table, sampled_text. `logits_indices` marks the rows that were sampled.
+    block_table, sampled_text, and cached_blocks (a prefix hit in this step: one
+    ``{block, start, end, text}`` per block taken from the cache, drawn as "from cache"
+    cells). `logits_indices` marks the rows that were sampled. Cells are grouped and
+    tinted by the KV block they land in; hovering one lights its block, request and
+    token in the other panels of the Dashboard.
     Large batches are cut to `max_rows` rows (`truncated` says how many were hidden).
     """
 

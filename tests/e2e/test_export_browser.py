@@ -155,7 +155,7 @@ def _python_views(s, i: int, texts) -> dict:
         pool[key] = array(code, pool[key]).tolist()
     bs = int(snapshot["block_pool"]["block_size"])
     out = {"queues": views.queues_state(record, snapshot), "blocks": pool,
-           "slots": views.slot_mapping_state(record, texts, block_size=bs),
+           "slots": views.slot_mapping_state(record, texts, block_size=bs, snapshot=snapshot),
            "sampler": views.sampler_state(history[: i + 1], snapshot, "", texts),
            "latency": views.latency_rows(snapshot), "summary": views.summary_line(record, snapshot),
            "targets": views.probe_targets(snapshot)}

@@ -70,7 +70,7 @@ window.__kvsMount = async (name, esm, css, state) => {
 """
 
 _PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>kvscope panels</title>
-<style>body{margin:8px;font-family:sans-serif;width:1100px} .kvs-host{margin-bottom:10px}</style>
+<style>body{margin:8px;font-family:sans-serif;width:BODY_WIDTH} .kvs-host{margin-bottom:10px}</style>
 </head><body><div id="root"></div></body></html>"""
 
 
@@ -89,7 +89,7 @@ def _encode_state(widget: Any) -> dict:
 class MiniFrontend:
     """Mounts Python panels in a Playwright page and keeps both sides in sync."""
 
-    def __init__(self, page: Any, panels: dict[str, Any]) -> None:
+    def __init__(self, page: Any, panels: dict[str, Any], *, body_width: str = "1100px") -> None:
         self.page = page
         self.panels = panels
         self._pushed: dict[str, str] = {}
@@ -98,7 +98,7 @@ class MiniFrontend:
             # Capture what Python sends (acks) instead of writing to a kernel comm.
             widget.send = (lambda content, buffers=None, _n=name: self._customs[_n].append(content))
         page.expose_function("kvsToPython", self._from_browser)
-        page.set_content(_PAGE)
+        page.set_content(_PAGE.replace("BODY_WIDTH", body_width))
         page.add_script_tag(content=_RUNTIME_JS)
         for name, widget in panels.items():
             state = _encode_state(widget)

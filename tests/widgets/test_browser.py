@@ -47,7 +47,7 @@ def test_every_panel_renders_with_its_test_id_and_step(ui) -> None:
     page, _, _ = ui
     assert set(steps(page).values()) == {"0"}
     for tid in ["kvs-step-btn", "kvs-add-form", "kvs-error", "kvs-history-slider", "kvs-pool-canvas",
-                "kvs-block-tables", "kvs-batch-strip", "kvs-attn-heads", "kvs-timeline-chart"]:
+                "kvs-block-tables", "kvs-batch-strip", "kvs-attn-heads", "kvs-timeline-empty", "kvs-caption"]:
         assert page.locator(f'[data-testid="{tid}"]').count() == 1, tid
     assert not page.is_visible('[data-testid="kvs-error"]')
     assert page.locator('[data-testid="kvs-head-3"]').count() == 1  # 4 query heads ...
@@ -74,7 +74,7 @@ def test_form_add_bad_input_inline_then_steps_by_clicks(ui) -> None:
     rid = page.get_attribute('[data-testid="kvs-queue-running"] .kvs-card', "data-request-id")
     assert page.locator(f'[data-testid="kvs-seg-{rid}"] .kvs-cell').count() == 1  # a decode row
     assert page.locator('[data-testid="kvs-sampler-chosen"]').count() == 1
-    assert page.is_visible('[data-testid="kvs-attn-canvas"]')
+    assert page.is_visible('[data-testid="kvs-attn-bars"]')  # a decode step: weights over the keys
 
 
 def test_play_steps_until_idle_one_result_at_a_time(ui) -> None:

@@ -131,7 +131,9 @@ def test_scrubbing_moves_every_panel_and_live_returns(dash: Dashboard) -> None:
     assert dash.slots.input_ids == e.record["batch"]["input_ids"]
     assert dash.blocks.status == views.block_pool_state(e.record, e.snapshot)["status"]
     assert dash.sampler.sample["step"] == 2
-    assert "history step 2" in dash.attention.message
+    # Attention shows the weights captured live at step 2 (its decode query, position 5),
+    # not the live cache's latest step.
+    assert dash.attention.probe_step == 2 and dash.attention.row_positions == [5] and dash.attention.probs
     # A step made meanwhile (e.g. from a notebook cell) only grows the slider.
     s.step(1)
     assert dash.controls.history_len == 6 and dash.queues.step == 2
@@ -156,7 +158,7 @@ def test_reset_from_the_controls_starts_a_new_engine(dash: Dashboard) -> None:
     assert dash.blocks.num_blocks == 20 and dash.controls.pool["num_kv_blocks"] == 20
     assert dash.queues.queues == {"waiting": [], "running": [], "finished": []}
     assert dash.timeline.steps["step"] == []
-    assert "no running request" in dash.attention.message
+    assert dash.attention.message == "no request yet: add one and step"
 
 
 def test_shared_prefix_preset_shows_prefix_cache_hits(dash: Dashboard) -> None:
@@ -271,3 +273,162 @@ def test_a_closed_binder_ignores_clicks_on_its_frozen_panels(fresh_session: Any)
     send(frozen.panels["controls"], action="add", prompt="Hello", max_tokens=2, temperature=0)
     send(frozen.panels["controls"], action="step", n=1)
     assert s.engine.step_count == 0 and not s.engine.requests   # the live session was not touched
+
+
+def test_attention_shows_only_the_step_it_says_and_says_when_a_step_was_not_captured(dash: Dashboard) -> None:
+    s = dash.session
+    s.add_request("The capital of France is", max_tokens=12, temperature=0.0, ignore_eos=True)
+    send(dash.controls, action="step", n=1)        # probed live: step 1 captured
+    send(dash.controls, action="step", n=4)        # a run probes once, at its end: step 5
+    assert dash.attention.probe_step == 5 and dash.attention.row_positions == [8]
+    live_probs = dash.attention.probs
+    for index, step, query in ((1, 1, [0, 1, 2, 3, 4]), (5, 5, [8])):
+        send(dash.controls, action="scrub", index=index)
+        assert dash.attention.probe_step == step and dash.attention.row_positions == query
+    send(dash.controls, action="scrub", index=3)   # inside the run: never probed
+    att = dash.attention
+    assert att.step == 3 and att.probs == b"" and att.probe_step == -1
+    assert att.message.startswith("weights for step 3 not captured") and "step live to capture" in att.message
+    send(dash.attention, action="refresh")         # a probe now would read step 5's cache: refused
+    assert att.probs == b"" and "step 3 not captured" in att.message
+    send(dash.attention, action="select", head=3)  # only the heads captured at that step
+    send(dash.controls, action="scrub", index=1)
+    assert att.probe_step == 1 and att.head == 3 and att.thumb_heads == [0, 1, 2, 3]
+    send(dash.controls, action="live")
+    assert att.probe_step == 5 and att.head == 3 and att.probs != live_probs  # head 3 now
+
+
+def test_attention_with_only_finished_requests_says_they_finished(dash: Dashboard) -> None:
+    s = dash.session
+    s.add_request("Hello", max_tokens=2, temperature=0.0)
+    send(dash.controls, action="step", n=5)
+    assert not s.engine.has_unfinished_requests()
+    msg = dash.attention.message
+    assert "no running request" not in msg and "the request has finished" in msg and "freed" in msg
+
+
+def test_panels_of_one_dashboard_share_a_link_group_and_a_still_is_frozen(fresh_session: Any) -> None:
+    s = fresh_session
+    a, b = Dashboard(s), Dashboard(s)
+    try:
+        groups = {name: p.link_group for name, p in a.binder.panels.items() if hasattr(p, "link_group")}
+        assert len(set(groups.values())) == 1 and next(iter(groups.values())).startswith("kvs-")
+        assert b.queues.link_group != a.queues.link_group  # another dashboard lights up on its own
+        # The pool and the slots sit side by side.
+        (pair,) = [c for c in a.children if isinstance(c, W.HBox) and a.blocks in c.children]
+        assert list(pair.children) == [a.blocks, a.slots]
+        s.add_request("Hello there", max_tokens=3, temperature=0.0)
+        s.step(1)
+        b.close_binding()  # b is now a still: frozen, and deaf to clicks
+        assert all(p.frozen for p in b.binder.panels.values() if hasattr(p, "frozen"))
+        assert not any(p.frozen for p in a.binder.panels.values() if hasattr(p, "frozen"))
+        send(b.queues, action="select", request_id="0")
+        send(b.blocks, action="select_block", block_id=1)
+        send(b.attention, action="select", head=2)
+        assert (b.queues.selected, b.blocks.selected, b.attention.head) == ("", -1, 0)
+        send(b.blocks, action="block_detail", block_id=1)   # hover look-ups still answer
+        assert b.blocks.detail["block_id"] == 1 and b.blocks.detail["owners"] == ["0"]
+        send(a.queues, action="select", request_id="0")     # the live one still listens
+        assert a.queues.selected == "0" and b.queues.selected == ""
+    finally:
+        a.close_binding()
+
+
+# -- a learner understands each step at a glance (issue 18) ---------------------------------------
+def test_scrubbed_knobs_show_the_budgets_the_shown_step_ran_under(dash: Dashboard) -> None:
+    s = dash.session
+    s.add_request(list(range(1000, 1100)), max_tokens=2, temperature=0.0)
+    send(dash.controls, action="set_budget", max_num_batched_tokens=32)
+    send(dash.controls, action="step", n=1)
+    send(dash.controls, action="set_budget", max_num_batched_tokens=16, enable_prefix_caching=False)
+    send(dash.controls, action="step", n=1)
+    assert s.history[1].record["budgets"] == {**{k: BASE_CONFIG[k] for k in dash_mod.BUDGET_KEYS},
+                                              "max_num_batched_tokens": 32}
+    send(dash.controls, action="scrub", index=1)
+    assert dash.controls.budget["max_num_batched_tokens"] == 32 and dash.controls.budget["enable_prefix_caching"]
+    assert dash.controls.caption.startswith(
+        "#0 prefill 32 of 100 prompt tokens (chunked: token budget 32)")
+    send(dash.controls, action="live")
+    assert dash.controls.budget["max_num_batched_tokens"] == 16 and not dash.controls.budget["enable_prefix_caching"]
+    assert dash.controls.caption.startswith("#0 prefill tokens 33-48 of 100 (chunk 2; chunked: token budget 16)")
+
+
+def test_every_step_has_its_caption_in_the_controls_and_the_timeline(dash: Dashboard) -> None:
+    from explorer.captions import history_captions
+
+    assert dash.controls.caption == "no steps yet: add a request and press Step"
+    s = dash.session
+    s.add_request("The capital of France is", max_tokens=2, temperature=0.0)
+    s.step(2)
+    captions = history_captions(s.history)
+    assert dash.timeline.steps["caption"] == captions[1:]
+    assert dash.controls.caption == captions[2] and "#0 finished (max_tokens=2 reached)" in captions[2]
+    send(dash.timeline, action="scrub_step", step=1)
+    assert dash.controls.caption == captions[1] and captions[1].startswith("#0 prefill all 5 prompt tokens")
+
+
+def test_step_with_nothing_to_do_says_so_instead_of_doing_nothing(dash: Dashboard) -> None:
+    send(dash.controls, action="step", n=1)
+    assert dash.controls.notice == dash_mod.NOTHING_TO_STEP and "add a request" in dash.controls.notice
+    assert dash.controls.error == "" and len(dash.session.history) == 1
+    send(dash.controls, action="add", prompt="Hi", max_tokens=1, temperature=0)
+    assert dash.controls.notice == ""
+    send(dash.controls, action="step", n=5)  # runs the one step there is: no notice
+    assert dash.controls.notice == "" and len(dash.session.history) == 2
+    send(dash.controls, action="step", n=5)
+    assert dash.controls.notice == dash_mod.NOTHING_TO_STEP
+
+
+@pytest.mark.parametrize("content, field", [
+    ({"action": "add", "prompt": ""}, "prompt"),
+    ({"action": "add", "prompt": "Hi", "top_p": 1.5}, "top_p"),
+    ({"action": "add", "prompt": "Hi", "max_tokens": "lots"}, "max_tokens"),
+    ({"action": "add", "prompt": "Hi", "seed": -1}, "seed"),
+    ({"action": "add", "prompt": [10**7]}, "prompt"),
+    ({"action": "set_budget", "max_num_seqs": 0}, "max_num_seqs"),
+    ({"action": "reset", "num_kv_blocks": 1}, "num_kv_blocks"),
+    ({"action": "step", "n": 0}, "n"),
+])
+def test_the_input_an_error_is_about_is_named_for_its_outline(dash: Dashboard, content: dict, field: str) -> None:
+    send(dash.controls, **content)
+    assert dash.controls.error and dash.controls.error_field == field
+    send(dash.controls, action="clear_error")
+    assert dash.controls.error == dash.controls.error_field == ""
+
+
+def test_error_field_picks_the_earliest_field_the_message_names() -> None:
+    assert dash_mod.error_field("add", "prompt (5000 tokens) is longer than max_model_len=4096") == "prompt"
+    assert dash_mod.error_field("add", "max_tokens must be an integer >= 1, got 0") == "max_tokens"
+    assert dash_mod.error_field("add", "token id 5 at index 0 is outside the vocabulary") == "prompt"
+    assert dash_mod.error_field("set_budget", "max_num_batched_tokens must be an integer >= 1") == \
+        "max_num_batched_tokens"
+    assert dash_mod.error_field("step", "n must be an integer >= 1, got 0") == "n"
+    assert dash_mod.error_field("abort", "request_id 'x' does not exist") == ""
+
+
+def test_the_chat_template_switch_wraps_the_prompt_as_one_user_turn(dash: Dashboard) -> None:
+    s = dash.session
+    assert dash.controls.chat_template_available  # Qwen's tokenizer carries one
+    send(dash.controls, action="add", prompt="What is a KV cache?", max_tokens=2, temperature=0, chat_template=True)
+    send(dash.controls, action="add", prompt="What is a KV cache?", max_tokens=2, temperature=0, chat_template=False)
+    templated, plain = (r["prompt_text"] for r in s.current.snapshot["queues"]["waiting"])
+    expected = s.engine.tokenizer.apply_chat_template([{"role": "user", "content": "What is a KV cache?"}],
+                                                      tokenize=False, add_generation_prompt=True)
+    assert templated == expected and "<|im_start|>user\nWhat is a KV cache?<|im_end|>" in templated
+    assert plain == "What is a KV cache?"
+    send(dash.controls, action="add", prompt="", chat_template=True)  # the engine's own message, unchanged
+    assert "prompt must not be empty" in dash.controls.error and dash.controls.error_field == "prompt"
+
+
+def test_a_fresh_latency_panel_shows_a_hint_not_empty_axes(dash: Dashboard) -> None:
+    from widgets.latency import tick_label
+
+    lat = dash.latency
+    assert "no steps yet: add a request and press Step" in lat.header.value and 'data-empty="true"' in lat.header.value
+    assert lat._figure_box.layout.display == "none"
+    dash.session.add_request("Hi there", max_tokens=3, temperature=0.0, request_id="a-very-long-request-id-from-a-script")
+    dash.session.step(2)
+    assert 'data-empty="false"' in lat.header.value and lat._figure_box.layout.display is None
+    axis = lat.figure.layout.xaxis
+    assert list(axis.tickvals) == ["#a-very-long-request-id-from-a-script"]
+    assert list(axis.ticktext) == [tick_label("#a-very-long-request-id-from-a-script")] == ["#a-ver\u2026cript"]

@@ -2,6 +2,7 @@
 test ids the browser tests look for."""
 from __future__ import annotations
 
+import math
 import re
 import shutil
 import subprocess
@@ -73,21 +74,27 @@ def test_widgets_import_neither_torch_nor_the_engine() -> None:
 
 
 def _js_block_pool_codes() -> tuple[list[str], dict[str, int], dict[str, str]]:
-    """block_pool.js's STATUS_NAMES, and its EVENT_BITS as {record key: bit} and {record key: tip}."""
+    """block_pool.js's STATUS_NAMES, and _common.js's KVS_EVENTS as {record key: bit} and {record key: tip}."""
     src = (WIDGETS_DIR / "block_pool.js").read_text()
-    consts = {name: int(v) for name, v in re.findall(r"^const (\w+) = (\d+);", src, re.M)}
-    strings = dict(re.findall(r'^const (\w+) = "([^"]*)";', src, re.M))
+    common = (WIDGETS_DIR / "_common.js").read_text()
+    strings = dict(re.findall(r'^const (\w+) = "([^"]*)";', common, re.M))
     status = re.findall(r'"([^"]+)"', re.search(r"^const STATUS_NAMES = \[(.*?)\];", src, re.M).group(1))
-    table = re.search(r"^const EVENT_BITS = \[\n(.*?)^\];", src, re.M | re.S).group(1)
-    rows = re.findall(r'^\s*\[(\w+), "(\w+)", "[^"]+", "#[0-9a-f]{6}", (?:"([^"]+)"|(\w+))\],$', table, re.M)
-    bits = {key: int(bit) if bit.isdigit() else consts[bit] for bit, key, _, _ in rows}
-    tips = {key: text or strings[name] for _, key, text, name in rows}
+    rows = _js_events(common)
+    bits = {key: bit for bit, key, _, _, _ in rows}
+    tips = {key: strings.get(tip, tip) for _, key, _, _, tip in rows}
     return status, bits, tips
+
+
+def _js_events(common: str) -> list[tuple[int, str, str, str, str]]:
+    """KVS_EVENTS rows: (bit, record key, label, colour, tip or the name of its constant)."""
+    table = re.search(r"^const KVS_EVENTS = \[\n(.*?)^\];", common, re.M | re.S).group(1)
+    rows = re.findall(r'^\s*\[(\d+), "(\w+)", "([^"]+)", "(#[0-9a-f]{6})", "[^"]+", (?:"([^"]+)"|(\w+))\],$', table, re.M)
+    return [(int(bit), key, label, colour, text or name) for bit, key, label, colour, text, name in rows]
 
 
 def test_block_pool_js_spells_the_same_codes_as_python() -> None:
     # One place per language: widgets/block_pool.py for Python (explorer.views imports it),
-    # block_pool.js's STATUS_NAMES / EVENT_BITS for the browser; they must agree.
+    # block_pool.js's STATUS_NAMES and _common.js's KVS_EVENTS for the browser; they must agree.
     from widgets import block_pool
 
     status, bits, tips = _js_block_pool_codes()
@@ -96,7 +103,39 @@ def test_block_pool_js_spells_the_same_codes_as_python() -> None:
     assert bits == block_pool.EVENT_BITS
     assert tips["same_step_hits"] == ("hit on a block computed in this same step: its KV is written by this "
                                       "step's forward before any layer reads it")
-    # No other copy of the bits: the Python table is written out only in widgets/block_pool.py.
+    # No other copy of the bits: the Python table is written out only in widgets/block_pool.py,
+    # the browser's only in _common.js.
     spelled = [p for p in (*WIDGETS_DIR.glob("*.py"), *(WIDGETS_DIR.parent / "explorer").glob("*.py"))
                if re.search(r'"cached":\s*16', p.read_text())]
     assert spelled == [WIDGETS_DIR / "block_pool.py"]
+    assert [p.name for p in WIDGETS_DIR.glob("*.js") if re.search(r'\[16, "cached"', p.read_text())] == ["_common.js"]
+
+
+def _lab(hex_colour: str) -> tuple[float, float, float]:
+    """CIE L*a*b* (D65) of an sRGB colour."""
+    def linear(c: float) -> float:
+        return c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4
+    r, g, b = (linear(int(hex_colour[i:i + 2], 16) / 255) for i in (1, 3, 5))
+    x, y, z = ((0.4124 * r + 0.3576 * g + 0.1805 * b) / 0.95047, 0.2126 * r + 0.7152 * g + 0.0722 * b,
+               (0.0193 * r + 0.1192 * g + 0.9505 * b) / 1.08883)
+    f = [v ** (1 / 3) if v > 0.008856 else 7.787 * v + 16 / 116 for v in (x, y, z)]
+    return 116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])
+
+
+def test_request_colours_stay_clear_of_the_event_and_mark_colours() -> None:
+    # A colour means one thing: no request may look like a block event (allocated, hit, ...)
+    # or a mark (the sampled row, the linked-highlight halo). CIE76 distance >= 25 is
+    # "clearly another colour"; the requests also differ from each other.
+    common = (WIDGETS_DIR / "_common.js").read_text()
+    requests = re.findall(r'"(#[0-9a-f]{6})"', re.search(r"^const KVS_REQUEST_COLORS = \[(.*?)\];", common, re.M | re.S).group(1))
+    marks = dict(re.findall(r'(\w+): "(#[0-9a-f]{6})"', re.search(r"^const KVS_MARKS = \{(.*?)\};", common, re.M | re.S).group(1)))
+    events = {label: colour for _, _, label, colour, _ in _js_events(common)}
+    assert len(requests) >= 10 and len(set(requests)) == len(requests) and len(events) == 6
+    reserved = {**events, "sampled": marks["sampled"], "focus": marks["focus"], "cache": marks["cache"]}
+    for r in requests:
+        for name, colour in reserved.items():
+            assert math.dist(_lab(r), _lab(colour)) >= 25, (r, name, colour)
+    assert min(math.dist(_lab(a), _lab(b)) for i, a in enumerate(requests) for b in requests[i + 1:]) >= 15
+    # Every panel takes its request colours from here: none computes its own.
+    for p in WIDGETS_DIR.glob("*.js"):
+        assert "137.508" not in p.read_text(), p.name

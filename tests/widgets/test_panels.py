@@ -110,6 +110,23 @@ def test_attention_panel_shows_the_chosen_head_as_float32_rows(fresh_session) ->
     assert panel.probs == b"" and panel.message == "request finished"
 
 
+def test_attention_thumbnails_are_one_small_picture_per_head_each_scaled_to_its_max(fresh_session) -> None:
+    s = fresh_session
+    s.add_request(list(range(1000, 1070)), max_tokens=2, temperature=0.0)  # 70 keys, 70 queries
+    s.step(1)
+    panel = widgets.AttentionPanel()
+    panel.show_probe(s.probe("0", layer=0, head=None), step=1)
+    th, tw = panel.thumb_shape
+    assert (th, tw) == (24, 48) and panel.thumb_heads == [0, 1, 2, 3]
+    pics = [panel.thumbs[k * th * tw:(k + 1) * th * tw] for k in range(4)]
+    assert len(panel.thumbs) == 4 * th * tw and all(max(p) == 255 for p in pics)
+    assert len({bytes(p) for p in pics}) == 4  # four heads, four different pictures
+    # The causal mask: the top right of each thumbnail (early queries, late keys) is empty.
+    assert all(p[tw - 1] == 0 for p in pics)
+    panel.show_probe(s.probe("0", layer=0, head=1), step=1)  # one head: nothing to pick from
+    assert panel.thumbs == b"" and panel.thumb_heads == [] and panel.head == 1
+
+
 def test_attention_thins_long_contexts_to_max_rows_keeping_the_last() -> None:
     assert _thin(5, 10) == [0, 1, 2, 3, 4]
     rows = _thin(1000, 256)

@@ -36,8 +36,9 @@ def test_block_pool_columns_match_the_snapshot_block_by_block(fresh_session) -> 
     assert state["counts"]["allocated"] == len(e.record["blocks"]["allocated"]) > 0
     assert state["block_tables"] == [{"request_id": r["request_id"], "block_table": r["block_table"],
                                       "num_computed_tokens": r["num_computed_tokens"], "hits": [],
-                                      "same_step_hits": []}
+                                      "same_step_hits": [], "cached": []}
                                      for r in e.snapshot["queues"]["running"]]
+    assert state["shared"] == []  # one request: no block has two owners
     assert state["counts"]["same_step_hits"] == state["counts"]["hits"] == 0
 
 
@@ -231,3 +232,83 @@ def test_latency_rows_are_on_the_engine_clock(fresh_session) -> None:
     m = s.current.snapshot["queues"]["finished"][0]["metrics"]["engine"]
     assert row["ttft"] == m["time_to_first_token"] > 0
     assert row["itl"] == m["inter_token_latency"] and len(row["itl"]) == 3
+
+
+def test_a_shared_block_lists_every_owner_and_hits_stay_marked_in_the_table(fresh_session) -> None:
+    # A computes two full shared blocks; B, admitted a step later, hits them. The pool state
+    # names both owners of each shared block (drawn in both colours), and B's table marks the
+    # two entries as from the cache in the step of the hit and in every step after it.
+    s = fresh_session
+    a = s.add_request(SHARED_IDS + [7, 8, 9], max_tokens=4, temperature=0.0, ignore_eos=True)
+    s.step(1)
+    b = s.add_request(SHARED_IDS + [10, 11], max_tokens=4, temperature=0.0, ignore_eos=True)
+    s.step(1)
+    e = s.current
+    state = views.block_pool_state(e.record, e.snapshot)
+    shared_ids = e.record["blocks"]["hits"]
+    assert len(shared_ids) == 2
+    assert sorted(bid for bid, _ in state["shared"]) == sorted(shared_ids)
+    for bid, idx in state["shared"]:
+        assert [state["owners"][k] for k in idx] == e.snapshot["block_pool"]["blocks"][bid]["owners"]
+        assert sorted(state["owners"][k] for k in idx) == sorted([a, b])
+    tables = {t["request_id"]: t for t in state["block_tables"]}
+    assert tables[b]["hits"] == tables[b]["cached"] == [0, 1] and tables[a]["cached"] == []
+    s.step(1)  # a decode step for both: no hit now, but B's first two blocks came from the cache
+    e = s.current
+    tables = {t["request_id"]: t for t in views.block_pool_state(e.record, e.snapshot)["block_tables"]}
+    assert (tables[b]["hits"], tables[b]["cached"]) == ([], [0, 1])
+
+
+def test_slot_mapping_shows_a_prefix_hit_as_cached_blocks_with_their_text(fresh_session) -> None:
+    s = fresh_session
+    s.add_request(PREFIX + " France?", max_tokens=3, temperature=0.0)
+    s.step(1)
+    rid = s.add_request(PREFIX + " Italy?", max_tokens=3, temperature=0.0)
+    s.step(1)
+    e = s.current
+    texts = views.token_texts(s.engine.tokenizer)
+    state = views.slot_mapping_state(e.record, texts, block_size=16, snapshot=e.snapshot)
+    seg = {g["request_id"]: g for g in state["segments"]}
+    hit = seg[rid]
+    prompt = next(r for r in e.snapshot["queues"]["running"] if r["request_id"] == rid)["prompt_token_ids"]
+    hits = e.record["blocks"]["hits"]
+    assert hit["num_cached_tokens"] == 16 * len(hits) > 0
+    assert [c["block"] for c in hit["cached_blocks"]] == hit["block_table"][:len(hits)] == hits
+    for k, c in enumerate(hit["cached_blocks"]):
+        assert (c["start"], c["end"]) == (16 * k, 16 * (k + 1))
+        assert c["text"] == "".join(texts(prompt[16 * k:16 * (k + 1)]))
+    # The computed rows start right after the cached positions.
+    assert state["positions"][hit["start"]] == hit["num_cached_tokens"] == hit["num_computed_before"]
+    assert seg["0"]["cached_blocks"] == []  # the decode of the first request
+    # Without a snapshot the blocks are still there, their text unknown; a step later, none.
+    bare = views.slot_mapping_state(e.record, texts, block_size=16)
+    assert [c["text"] for c in bare["segments"][1]["cached_blocks"]] == [""] * len(hits)
+    s.step(1)
+    later = views.slot_mapping_state(s.current.record, texts, snapshot=s.current.snapshot)
+    assert all(g["cached_blocks"] == [] for g in later["segments"])
+
+
+def test_attention_note_says_why_nothing_can_be_probed(fresh_session) -> None:
+    s = fresh_session
+    assert views.attention_note(s.current.snapshot) == "no request yet: add one and step"
+    s.add_request("Hello", max_tokens=1, temperature=0.0)
+    assert views.attention_note(s.current.snapshot).startswith("no running request has KV in the cache yet (1 waiting)")
+    s.step(1)  # one token: the request finishes in its prefill step
+    assert views.probe_targets(s.current.snapshot) == []
+    note = views.attention_note(s.current.snapshot)
+    assert note.startswith("the request has finished: the KV blocks were freed") and "no running request" not in note
+
+
+def test_timeline_carries_each_steps_caption_and_the_budget_it_ran_under(fresh_session) -> None:
+    from explorer.captions import history_captions
+
+    s = fresh_session
+    s.add_request(list(range(2000, 2040)), max_tokens=2, temperature=0.0)
+    s.set_budget(max_num_batched_tokens=16)
+    s.step(1)
+    s.set_budget(max_num_batched_tokens=32)
+    s.run_until_idle()
+    cols = views.timeline_state(s.history)["steps"]
+    assert cols["budget"] == [16, 32, 32] == [e.record["budgets"]["max_num_batched_tokens"] for e in s.history[1:]]
+    assert cols["caption"] == history_captions(s.history)[1:]
+    assert cols["caption"][0] == "#0 prefill 16 of 40 prompt tokens (chunked: token budget 16); allocated block 1 to #0"

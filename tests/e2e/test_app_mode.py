@@ -133,3 +133,58 @@ def test_the_page_loads_steps_and_shows_bad_input(page, app: App) -> None:
     page.wait_for_selector('[data-testid="kvs-error"]:visible', timeout=ACTION_TIMEOUT_MS)
     assert "prompt" in page.inner_text('[data-testid="kvs-error"]')
     assert outside == []
+
+
+# A laptop's screen and a desktop's: the Dashboard in a real widget manager (Voila's).
+LAYOUT_VIEWPORTS = ({"width": 1366, "height": 768}, {"width": 1920, "height": 1080})
+FOCUS_PIXELS = """(block) => {
+    const c = document.querySelector('[data-testid=kvs-pool-canvas]');
+    const dpr = window.devicePixelRatio || 1, cell = 26, ncols = Math.round(parseFloat(c.style.width) / cell);
+    const x = (block % ncols) * cell, y = Math.floor(block / ncols) * cell;
+    const d = c.getContext('2d').getImageData(x * dpr, y * dpr, cell * dpr, cell * dpr).data;
+    let n = 0;
+    for (let k = 0; k < d.length; k += 4) if (d[k] > 247 && Math.abs(d[k + 1] - 214) < 8 && d[k + 2] < 8) n++;
+    return n; }"""
+
+
+def test_the_dashboard_fits_a_laptop_and_its_separate_views_light_each_other_up(page, app: App) -> None:
+    page.set_viewport_size(LAYOUT_VIEWPORTS[0])
+    page.goto(app.url, timeout=DASHBOARD_TIMEOUT_MS)
+    page.wait_for_selector('[data-testid="kvs-controls"]', timeout=DASHBOARD_TIMEOUT_MS)
+    page.fill('[data-testid="kvs-prompt"]', "The capital of France is")
+    page.fill('[data-testid="kvs-max-tokens"]', "8")
+    page.click('[data-testid="kvs-add-btn"]')
+    page.wait_for_selector('[data-testid="kvs-queue-waiting"] .kvs-card', timeout=ACTION_TIMEOUT_MS)
+    for step in (1, 2):  # a prefill, then a decode
+        page.click('[data-testid="kvs-step-btn"]')
+        page.wait_for_selector(f'[data-testid="kvs-slot-mapping"][data-step="{step}"]', timeout=ACTION_TIMEOUT_MS)
+    page.wait_for_selector('[data-testid="kvs-attn-bars"] text.kvs-attn-xlabel', timeout=ACTION_TIMEOUT_MS)
+    for viewport in LAYOUT_VIEWPORTS:
+        page.set_viewport_size(viewport)
+        page.wait_for_timeout(400)  # reflow, and the panels' ResizeObservers
+        where = f"at {viewport['width']}x{viewport['height']}"
+        # No horizontal scrollbar on the page or on the dashboard itself.
+        widths = page.evaluate("""() => { const d = document.querySelector('.kvs-dashboard');
+            return [document.scrollingElement.scrollWidth, window.innerWidth, d.scrollWidth, d.clientWidth,
+                    Math.ceil(d.getBoundingClientRect().right)]; }""")
+        assert widths[0] <= widths[1] and widths[2] <= widths[3] and widths[4] <= widths[1], (where, widths)
+        # The pool and the slots side by side.
+        pool = page.locator('[data-testid="kvs-block-pool"]').bounding_box()
+        slots = page.locator('[data-testid="kvs-slot-mapping"]').bounding_box()
+        assert abs(pool["y"] - slots["y"]) < 2 and pool["x"] + pool["width"] <= slots["x"] + 1, (where, pool, slots)
+        # An empty queue column stays narrow; the sampler's "chosen" chip is not cut off.
+        assert page.locator('[data-testid="kvs-queue-waiting"]').bounding_box()["width"] < 160, where
+        chip = page.locator('[data-testid="kvs-sampler"] .kvs-chosen-chip').bounding_box()
+        sampler = page.locator('[data-testid="kvs-sampler"]').bounding_box()
+        assert chip["x"] + chip["width"] <= sampler["x"] + sampler["width"] - 2, (where, chip, sampler)
+        # One decode is one compact row.
+        assert page.locator('[data-testid="kvs-seg-0"]').bounding_box()["height"] < 40, where
+        # Hovering a slot cell lights its block in the pool: separate widget views, one channel.
+        cell = page.locator('[data-testid="kvs-seg-0"] .kvs-cell').first
+        block = int(cell.get_attribute("data-block"))
+        page.mouse.move(1, 1)
+        assert page.evaluate(FOCUS_PIXELS, block) == 0, where
+        cell.hover()
+        assert page.evaluate(FOCUS_PIXELS, block) > 40, where
+        assert "kvs-lit" in page.get_attribute('[data-testid="kvs-req-0"]', "class"), where
+        page.mouse.move(1, 1)

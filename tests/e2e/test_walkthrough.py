@@ -24,6 +24,16 @@ DASHBOARD_TIMEOUT_MS = 240_000  # run all: kernel start, model load, the first p
 CELLS_TIMEOUT_MS = 600_000
 ACTION_TIMEOUT_MS = 60_000      # one click -> one engine step on a shared 2-core machine
 PANELS = ("kvs-queues", "kvs-block-pool", "kvs-slot-mapping")
+# Pixels of the linked-highlight halo (_common.js KVS_MARKS.focus) in a block's cell of the
+# dashboard's pool canvas (26 px cells: a pool of at most 256 blocks).
+FOCUS_PIXELS = """(block) => {
+    const c = document.querySelector('.kvs-dashboard [data-testid=kvs-pool-canvas]');
+    const dpr = window.devicePixelRatio || 1, cell = 26, ncols = Math.round(parseFloat(c.style.width) / cell);
+    const x = (block % ncols) * cell, y = Math.floor(block / ncols) * cell;
+    const d = c.getContext('2d').getImageData(x * dpr, y * dpr, cell * dpr, cell * dpr).data;
+    let n = 0;
+    for (let k = 0; k < d.length; k += 4) if (d[k] > 247 && Math.abs(d[k + 1] - 214) < 8 && d[k + 2] < 8) n++;
+    return n; }"""
 
 
 def notebook_under_test() -> Path:
@@ -137,6 +147,17 @@ def test_walkthrough_dashboard_in_a_real_browser(tmp_path, lab_factory, page, la
     card = dash.get_by_test_id(f"kvs-req-{rid}").first
     assert card.locator("xpath=ancestor::*[@data-testid='kvs-queue-running']").count() == 1
     save_screenshot(page, "walkthrough-3-stepped")
+
+    # -- linked: the panels are separate widget views, yet a hovered slot lights its block ----
+    cell = dash.get_by_test_id(f"kvs-seg-{rid}").locator(".kvs-cell").last
+    block = int(cell.get_attribute("data-block"))
+    cell.hover()
+    page.wait_for_function(f"() => ({FOCUS_PIXELS})({block}) > 40", timeout=ACTION_TIMEOUT_MS)
+    assert "kvs-lit" in card.get_attribute("class")
+    page.mouse.move(1, 1)
+    # The notebook's stills are frozen, and say at which step (tests/widgets: clicks do nothing).
+    still = page.locator('.kvs-panel[data-frozen="true"]').first
+    assert re.fullmatch(r"frozen at step \d+", still.get_by_test_id("kvs-frozen-badge").inner_text())
 
     # -- more steps: TTFT / ITL charts gain points ------------------------------------------
     output = card.locator(".kvs-output-text")

@@ -34,6 +34,11 @@ function render({ model, el }) {
   const liveBtn = kvsEl("button", { class: "kvs-live-btn", "data-testid": "kvs-live-btn", text: "\u25cf Live" });
   root.append(kvsEl("div", { class: "kvs-row kvs-history" }, [kvsEl("span", { text: "History" }), slider, sliderLabel, liveBtn]));
 
+  // The shown step in words (explorer/captions.py), and a hint that is not an error.
+  const caption = kvsEl("div", { class: "kvs-caption", "data-testid": "kvs-caption", "aria-live": "polite" });
+  const notice = kvsEl("div", { class: "kvs-notice", "data-testid": "kvs-notice", role: "status" });
+  root.append(caption, notice);
+
   // Error line: the engine's message, shown until dismissed or the next good action.
   const errText = kvsEl("span", { class: "kvs-error-text" });
   const errClose = kvsEl("button", { class: "kvs-error-close", title: "Dismiss", text: "\u00d7" });
@@ -50,6 +55,7 @@ function render({ model, el }) {
     top_p: kvsEl("input", { type: "number", min: 0, max: 1, step: 0.05, class: "kvs-top-p", "data-testid": "kvs-top-p" }),
     seed: kvsEl("input", { type: "number", min: 0, class: "kvs-seed", "data-testid": "kvs-seed", placeholder: "none" }),
     ignore_eos: kvsEl("input", { type: "checkbox", class: "kvs-ignore-eos", "data-testid": "kvs-ignore-eos" }),
+    chat_template: kvsEl("input", { type: "checkbox", class: "kvs-chat-template", "data-testid": "kvs-chat-template" }),
   };
   f.prompt.value = d.prompt ?? "";
   for (const k of ["max_tokens", "temperature", "top_k", "top_p", "seed"]) f[k].value = d[k] ?? "";
@@ -65,7 +71,9 @@ function render({ model, el }) {
     f.prompt,
     kvsEl("div", { class: "kvs-row" }, [
       labelled("max_tokens ", f.max_tokens), labelled("temperature ", f.temperature), labelled("top_k ", f.top_k),
-      labelled("top_p ", f.top_p), labelled("seed ", f.seed), labelled("ignore_eos ", f.ignore_eos), addBtn,
+      labelled("top_p ", f.top_p), labelled("seed ", f.seed), labelled("ignore_eos ", f.ignore_eos),
+      kvsEl("label", { class: "kvs-chat-template-label" }, ["apply chat template ", f.chat_template]),
+      addBtn,
     ]),
     presetRow,
   ]));
@@ -84,6 +92,8 @@ function render({ model, el }) {
     scheduling_policy: kvsEl("select", { "data-testid": "kvs-budget-policy" },
       ["unified", "prefill_first"].map((p) => kvsEl("option", { value: p, text: p }))),
   };
+  // Scrubbed back, the knobs show the budgets the shown step ran under (read-only).
+  const budgetNote = kvsEl("span", { class: "kvs-budget-note kvs-muted", "data-testid": "kvs-budget-note" });
   const pool = {
     num_kv_blocks: kvsEl("input", { type: "number", min: 2, "data-testid": "kvs-pool-blocks", placeholder: "auto" }),
     block_size: kvsEl("input", { type: "number", min: 1, "data-testid": "kvs-pool-block-size" }),
@@ -92,7 +102,7 @@ function render({ model, el }) {
     labelled("token budget ", b.max_num_batched_tokens), labelled("max seqs ", b.max_num_seqs),
     labelled("chunked prefill ", b.enable_chunked_prefill), labelled("prefix caching ", b.enable_prefix_caching),
     labelled("reserve whole sequence ", b.scheduler_reserve_full_isl),
-    labelled("policy ", b.scheduling_policy),
+    labelled("policy ", b.scheduling_policy), budgetNote,
     kvsEl("span", { class: "kvs-sep" }),
     labelled("KV blocks ", pool.num_kv_blocks), labelled("block size ", pool.block_size),
   ]));
@@ -122,16 +132,53 @@ function render({ model, el }) {
     liveBtn.disabled = idx < 0;
     liveBtn.classList.toggle("kvs-on", idx < 0);
   }
+  // The input an error is about, outlined until it is edited or the error goes.
+  const fieldInputs = { ...f, ...b, ...pool, n: runN };
   function showError() {
     const msg = model.get("error");
     errText.textContent = msg;
     errLine.style.display = msg ? "" : "none";
     if (msg) stopPlay();
+    const bad = msg ? model.get("error_field") || "" : "";
+    for (const [k, input] of Object.entries(fieldInputs)) {
+      const on = k === bad;
+      input.classList.toggle("kvs-invalid", on);
+      if (on) input.setAttribute("aria-invalid", "true"); else input.removeAttribute("aria-invalid");
+    }
+  }
+  for (const input of Object.values(fieldInputs)) {
+    input.addEventListener("input", () => { input.classList.remove("kvs-invalid"); input.removeAttribute("aria-invalid"); });
+  }
+  function showCaption() {
+    const text = model.get("caption") || "";
+    const idx = model.get("view_index");
+    const step = idx < 0 ? model.get("history_first") + model.get("history_len") - 1 : model.get("history_first") + idx;
+    caption.textContent = text && step > 0 ? `step ${step}: ${text}` : text;
+    caption.title = caption.textContent;
+    const note = model.get("notice") || "";
+    notice.textContent = note;
+    notice.style.display = note ? "" : "none";
+  }
+  let chatTouched = false;  // the person's own choice wins over the default
+  f.chat_template.addEventListener("change", () => { chatTouched = true; });
+  function showChatTemplate() {
+    const available = !!model.get("chat_template_available");
+    f.chat_template.disabled = !available;
+    if (!available) f.chat_template.checked = false;
+    else if (!chatTouched) f.chat_template.checked = true;
+    f.chat_template.parentElement.title = available
+      ? "Wrap the prompt in the model's chat template (one user turn, then the assistant's turn), as a chat app "
+        + "does: Instruct models answer best this way"
+      : "this model's tokenizer has no chat template: the prompt goes in as typed";
   }
   function showKnobs(force = false) {
     const bud = model.get("budget") || {};
+    const idx = model.get("view_index");
+    const scrubbed = idx >= 0;
+    budgetNote.textContent = scrubbed ? `(step ${model.get("history_first") + idx} ran under these; Live to change them)` : "";
     for (const [k, input] of Object.entries(b)) {
-      if (!(k in bud) || (input === document.activeElement && force !== true)) continue;
+      input.disabled = scrubbed;
+      if (!(k in bud) || (input === document.activeElement && force !== true && !scrubbed)) continue;
       if (input.type === "checkbox") input.checked = !!bud[k];
       else input.value = String(bud[k]);
     }
@@ -179,6 +226,7 @@ function render({ model, el }) {
   addBtn.addEventListener("click", () => act({
     action: "add", prompt: f.prompt.value, max_tokens: numOrNull(f.max_tokens), temperature: numOrNull(f.temperature),
     top_k: numOrNull(f.top_k), top_p: numOrNull(f.top_p), seed: numOrNull(f.seed), ignore_eos: f.ignore_eos.checked,
+    chat_template: f.chat_template.checked && !f.chat_template.disabled,
   }));
   model.get("presets").forEach((p, i) => presetBtns[i].addEventListener("click", () => act({
     action: "preset", name: p.name, n: Math.max(1, Number(burstN.value) || 1),
@@ -204,6 +252,27 @@ function render({ model, el }) {
     });
   }
   slider.addEventListener("input", () => scrub(Number(slider.value)));
+  // Once the slider has focus, the keys move the history, and no key reaches JupyterLab
+  // (in command mode its shortcuts would collapse headings, change the active cell, or
+  // cut/insert cells). Lab listens on the document in the bubbling phase.
+  const SLIDER_KEYS = { ArrowLeft: -1, ArrowDown: -1, ArrowRight: 1, ArrowUp: 1, PageDown: -10, PageUp: 10 };
+  slider.addEventListener("keydown", (ev) => {
+    const last = Math.max(0, model.get("history_len") - 1);
+    const cur = Number(slider.value);
+    let next = null;
+    if (ev.key in SLIDER_KEYS) next = cur + SLIDER_KEYS[ev.key];
+    else if (ev.key === "Home") next = 0;
+    else if (ev.key === "End") next = last;
+    if (next !== null) {
+      ev.preventDefault();
+      next = Math.max(0, Math.min(last, next));
+      if (next !== cur) { slider.value = String(next); scrub(next); }
+    }
+    if (ev.key !== "Escape" && ev.key !== "Tab") ev.stopPropagation();
+  });
+  for (const type of ["keyup", "keypress"]) {
+    slider.addEventListener(type, (ev) => { if (ev.key !== "Escape" && ev.key !== "Tab") ev.stopPropagation(); });
+  }
   liveBtn.addEventListener("click", () => act({ action: "live" }));
 
   model.on("change:info", showStatus);
@@ -212,10 +281,14 @@ function render({ model, el }) {
   model.on("change:history_first", showHistory);
   model.on("change:view_index", showHistory);
   model.on("change:error", showError);
+  model.on("change:error_field", showError);
+  for (const k of ["caption", "notice", "view_index", "history_len", "history_first"]) model.on(`change:${k}`, showCaption);
+  model.on("change:chat_template_available", showChatTemplate);
+  model.on("change:view_index", () => showKnobs());
   model.on("change:budget", () => showKnobs());
   model.on("change:pool", () => showKnobs());
   model.on("change:play_interval_ms", () => { speed.value = String(model.get("play_interval_ms")); });
-  showStatus(); showHistory(); showError(); showKnobs(); showPlay();
+  showStatus(); showHistory(); showError(); showKnobs(); showPlay(); showCaption(); showChatTemplate();
   return () => { stopPlay(); sender.dispose(); };
 }
 

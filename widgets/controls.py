@@ -24,7 +24,8 @@ class ControlsPanel(Panel):
     top_k, top_p, ignore_eos, seed}``, ``preset {name, n?}``,
     ``set_budget {max_num_batched_tokens?, max_num_seqs?, enable_chunked_prefill?,
     enable_prefix_caching?, scheduler_reserve_full_isl?, scheduling_policy?}``, ``scrub {index}``, ``live``,
-    ``clear_error``. Play is a browser timer that sends the next ``step`` only after
+    ``clear_error``. ``add`` also carries ``chat_template`` (the form's switch: wrap the
+    prompt in the tokenizer's chat template). Play is a browser timer that sends the next ``step`` only after
     the previous one was acknowledged, so the kernel is never flooded.
     """
 
@@ -37,8 +38,12 @@ class ControlsPanel(Panel):
     has_work = t.Bool(False).tag(sync=True)      # the engine has unfinished requests
     busy = t.Bool(False).tag(sync=True)          # Python is inside an action right now
     error = t.Unicode("").tag(sync=True)         # the engine's last error message, inline
+    error_field = t.Unicode("").tag(sync=True)   # the form input that message is about (outlined)
+    notice = t.Unicode("").tag(sync=True)        # a hint that is not an error ("nothing to step ...")
+    caption = t.Unicode("").tag(sync=True)       # the shown step in words (explorer.captions)
+    chat_template_available = t.Bool(False).tag(sync=True)  # the tokenizer has a chat template
     info = t.Unicode("").tag(sync=True)          # one-line summary of the engine state
-    budget = t.Dict({}).tag(sync=True)           # scheduler knobs in force
+    budget = t.Dict({}).tag(sync=True)           # scheduler knobs in force (scrubbed: the shown step's)
     pool = t.Dict({}).tag(sync=True)             # pool knobs (apply by resetting)
     form_defaults = t.Dict({"prompt": "The capital of France is", "max_tokens": 16, "temperature": 0.0,
                             "top_k": 0, "top_p": 1.0, "ignore_eos": False, "seed": None}).tag(sync=True)
@@ -47,6 +52,8 @@ class ControlsPanel(Panel):
 
     def handle_action(self, content: dict) -> bool:
         if content.get("action") == "clear_error":
-            self.error = ""
+            with self.hold_sync():
+                self.error = ""
+                self.error_field = ""
             return True
         return False

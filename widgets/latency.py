@@ -2,13 +2,32 @@
 from __future__ import annotations
 
 import html
+from pathlib import Path
 
+import anywidget
 import ipywidgets as W
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 _TITLES = ("Time to first token per request", "Inter-token latency per request",
            "TTFT distribution", "ITL distribution")
+EMPTY_HINT = "no steps yet: add a request and press Step"
+_TICK_CHARS = 12  # a request id on the x axis is cut to this many characters (hover shows it whole)
+
+
+class FitWidth(anywidget.AnyWidget):
+    """An empty widget that keeps the plotly figures of the box it sits in as wide as the box
+    (widgets/latency.js: a ResizeObserver, then plotly's own resize)."""
+
+    _esm = (Path(__file__).parent / "latency.js").read_text()
+
+
+def tick_label(name: str, limit: int = _TICK_CHARS) -> str:
+    """`name` cut in the middle to `limit` characters, so long ids never run into the titles."""
+    if len(name) <= limit:
+        return name
+    keep = limit - 1
+    return name[: (keep + 1) // 2] + "\u2026" + name[-(keep // 2):]
 
 
 class LatencyPanel(W.VBox):
@@ -32,7 +51,8 @@ class LatencyPanel(W.VBox):
                                      font=dict(size=13)))
         for col in (1, 2):
             fig.update_yaxes(title_text="ms (engine clock)", row=1, col=col)
-            fig.update_xaxes(title_text="request", type="category", row=1, col=col)
+            fig.update_xaxes(title_text="request", type="category", automargin=True, tickangle=-30,
+                             row=1, col=col)
             fig.update_xaxes(title_text="ms (engine clock)", row=2, col=col)
             fig.update_yaxes(title_text="count", row=2, col=col)
         #: The plotly FigureWidget (an anywidget with plotly's own front end).
@@ -41,7 +61,12 @@ class LatencyPanel(W.VBox):
         self.header = W.HTML()
         self._last: tuple | None = None
         self.step = 0
-        super().__init__([self.header, self.figure])
+        #: Follows the panel's width (plotly alone sizes a figure once, when drawn).
+        self.fit_width = FitWidth()
+        # The figure sits in a box of its own: FigureWidget's `layout` is plotly's, so hiding it
+        # while there is nothing to plot takes this box's ipywidgets layout.
+        self._figure_box = W.VBox([self.figure], layout=W.Layout(width="100%"))
+        super().__init__([self.header, self._figure_box, self.fit_width], layout=W.Layout(width="100%"))
         self.add_class("kvs-latency")
         self.show([], step=0)
 
@@ -51,9 +76,15 @@ class LatencyPanel(W.VBox):
         n_ttft = sum(r.get("ttft") is not None for r in rows)
         n_itl = sum(len(r.get("itl") or []) for r in rows)
         text = f"{len(rows)} requests · {n_ttft} with a first token · {n_itl} inter-token gaps · engine clock"
+        # Nothing to plot yet: a hint instead of empty axes.
+        hint = EMPTY_HINT if not rows else "no first token yet: press Step" if not n_ttft else ""
+        if hint:
+            text += f" · {hint}"
+        self._figure_box.layout.display = "none" if hint else None
         self.header.value = (
             f'<div class="kvs-latency-head" data-testid="kvs-latency" data-step="{step}" '
-            f'data-live="{str(live).lower()}" style="font-size:12px;color:#555">{html.escape(text)}</div>')
+            f'data-live="{str(live).lower()}" data-empty="{str(bool(hint)).lower()}" '
+            f'style="font-size:12px;color:#555">{html.escape(text)}</div>')
         key = tuple((r["request_id"], r.get("ttft"), tuple(r.get("itl") or ())) for r in rows)
         if key == self._last:
             return
@@ -62,10 +93,14 @@ class LatencyPanel(W.VBox):
         with_ttft = [r for r in rows if r.get("ttft") is not None]
         itl_x = [f"#{r['request_id']}" for r in rows for _ in (r.get("itl") or [])]
         itl_y = [v * ms for r in rows for v in (r.get("itl") or [])]
+        names = [f"#{r['request_id']}" for r in rows]
         with self.figure.batch_update():
             bar, box, h_ttft, h_itl = self.figure.data
             bar.x = [f"#{r['request_id']}" for r in with_ttft]
             bar.y = [r["ttft"] * ms for r in with_ttft]
             box.x, box.y = itl_x, itl_y
+            # The categories stay the whole ids (two long ids never merge); only the tick text is cut.
+            for axis in (self.figure.layout.xaxis, self.figure.layout.xaxis2):
+                axis.tickmode, axis.tickvals, axis.ticktext = "array", names, [tick_label(n) for n in names]
             h_ttft.x = [r["ttft"] * ms for r in with_ttft]
             h_itl.x = itl_y

@@ -156,12 +156,17 @@ def test_set_budget_applies_from_the_next_step(session, events):
     session.step()
     rec = session.current.record
     assert rec["token_budget"] == 8
+    # The record keeps every scheduler knob the step ran under, for a view of that step later.
+    assert rec["budgets"] == {"max_num_batched_tokens": 8, "max_num_seqs": 256, "enable_chunked_prefill": True,
+                              "enable_prefix_caching": True, "scheduler_reserve_full_isl": True,
+                              "scheduling_policy": "unified"}
     assert rec["scheduled"] == [{"request_id": rid, "num_tokens": 8, "num_computed_before": 0,
                                  "is_prefill": True, "num_cached_tokens": 0, "chunk_index": 0}]
     session.set_budget(max_num_batched_tokens=2048)
     session.step()
     rec = session.current.record
-    assert rec["token_budget"] == 2048
+    assert rec["token_budget"] == rec["budgets"]["max_num_batched_tokens"] == 2048
+    assert session.history[1].record["budgets"]["max_num_batched_tokens"] == 8
     assert rec["scheduled"][0]["num_tokens"] == 32  # the rest of the prompt in one chunk
     assert list(rec["sampled"]) == [rid]
     assert events == ["add", "budget", "step", "budget", "step"]

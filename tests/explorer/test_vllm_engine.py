@@ -191,11 +191,22 @@ def test_budget_knobs_change_vllms_scheduler_between_steps(session):
     sch = s.engine.scheduler
     assert s.set_budget(max_num_batched_tokens=32) == {"max_num_batched_tokens": 32}
     assert sch.max_num_scheduled_tokens == 32
-    s.add_request(tokens(20, 100), max_tokens=1, **GREEDY)
+    rid = s.add_request(tokens(20, 100), max_tokens=1, **GREEDY)
     rec = s.step()[0]
     assert rec.token_budget == 32 and rec.scheduled[0]["num_tokens"] == 32
+    # The record keeps the knobs vLLM's scheduler ran the step under, by kvscope's names.
+    assert rec.budgets == {"max_num_batched_tokens": 32, "max_num_seqs": 6, "enable_chunked_prefill": True,
+                           "enable_prefix_caching": True, "scheduler_reserve_full_isl": True,
+                           "scheduling_policy": "unified"}
     s.set_budget(scheduler_reserve_full_isl=False, max_num_seqs=4)
     assert sch.scheduler_reserve_full_isl is False and sch.max_num_running_reqs == 4
+    rec = s.step()[0]
+    assert rec.budgets["max_num_seqs"] == 4 and rec.budgets["scheduler_reserve_full_isl"] is False
+    # The same captions describe vLLM's steps (explorer/captions.py reads the shared shapes).
+    from explorer.captions import step_caption
+
+    caption = step_caption(s.current.record, s.current.snapshot, s.history[-2].snapshot)
+    assert caption.startswith(f"#{rid} prefill tokens 33-64 of 100 (chunk 2; chunked: token budget 32)"), caption
     with pytest.raises(ValueError, match="more than the 96 vLLM sized its buffers"):
         s.set_budget(max_num_batched_tokens=200)
     with pytest.raises(ValueError, match=r"enable_prefix_caching.*reset"):

@@ -223,6 +223,11 @@ class SessionBinder:
         # The engine's cache holds the latest step's KV only: a probe now reads that step.
         if not (probe and self.view_index is None):
             att.request_id = rid
+            if rid not in targets:  # a chosen request that held no KV at this step
+                att.clear(f"#{rid} holds no KV at step {step}: {views.attention_note(snapshot)}"
+                          if not req or req.get("status") != "finished" else
+                          f"#{rid} had finished by step {step}: its KV blocks were freed")
+                return
             what = f"head {head} of step {step}" if kept is not None else f"step {step}"
             if self.view_index is None:
                 why = "a run of several steps reads them once, at its end: press \u21bb probe now"

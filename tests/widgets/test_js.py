@@ -139,3 +139,10 @@ def test_request_colours_stay_clear_of_the_event_and_mark_colours() -> None:
     # Every panel takes its request colours from here: none computes its own.
     for p in WIDGETS_DIR.glob("*.js"):
         assert "137.508" not in p.read_text(), p.name
+
+
+def test_a_frozen_panel_answers_the_same_actions_in_both_languages() -> None:
+    # A still sends (_common.js) and answers (widgets/_base.py) only hover look-ups.
+    common = (WIDGETS_DIR / "_common.js").read_text()
+    js = set(re.findall(r'"(\w+)"', re.search(r"^const KVS_FROZEN_ACTIONS = new Set\(\[(.*?)\]\);", common, re.M).group(1)))
+    assert js == set(Panel.FROZEN_ACTIONS) == {"block_detail"}

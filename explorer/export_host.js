@@ -217,7 +217,7 @@ function samplerState(entries, snapshot, requestId) {
 function latencyRows(snapshot) {
   const rows = allRequests(snapshot).map((req) => {
     const m = (req.metrics || {}).engine || {};
-    return { request_id: req.request_id, ttft: nz(m.time_to_first_token), itl: (m.inter_token_latency || []).slice() };
+    return { request_id: req.request_id, time_to_first_token: nz(m.time_to_first_token), inter_token_latency: (m.inter_token_latency || []).slice() };
   });
   const cmp = (a, b) => (a < b ? -1 : a > b ? 1 : 0);
   rows.sort((a, b) => cmp(a.request_id.length, b.request_id.length) || cmp(a.request_id, b.request_id));
@@ -472,8 +472,8 @@ function chart(title, rows, color, unit, kind) {
 let latencyRoot = null;
 function drawLatency(rows, step, live) {
   if (!latencyRoot) return;
-  const nTtft = rows.filter((r) => r.ttft !== null).length;
-  const nItl = rows.reduce((a, r) => a + r.itl.length, 0);
+  const nTtft = rows.filter((r) => r.time_to_first_token !== null).length;
+  const nItl = rows.reduce((a, r) => a + r.inter_token_latency.length, 0);
   latencyRoot.dataset.step = String(step);
   latencyRoot.dataset.live = live ? "true" : "false";
   latencyRoot.querySelector(".kvs-lat-head").textContent =
@@ -481,8 +481,8 @@ function drawLatency(rows, step, live) {
   const ms = 1000;
   const charts = latencyRoot.querySelector(".kvs-lat-charts");
   charts.replaceChildren(
-    chart("Time to first token per request", rows.filter((r) => r.ttft !== null).map((r) => [`#${r.request_id}`, [r.ttft * ms]]), "#fb8c00", "ms", "bar"),
-    chart("Inter-token latency per request (dots: each gap, line: mean)", rows.filter((r) => r.itl.length).map((r) => [`#${r.request_id}`, r.itl.map((v) => v * ms)]), "#1e88e5", "ms", "dots"),
+    chart("Time to first token per request", rows.filter((r) => r.time_to_first_token !== null).map((r) => [`#${r.request_id}`, [r.time_to_first_token * ms]]), "#fb8c00", "ms", "bar"),
+    chart("Inter-token latency per request (dots: each gap, line: mean)", rows.filter((r) => r.inter_token_latency.length).map((r) => [`#${r.request_id}`, r.inter_token_latency.map((v) => v * ms)]), "#1e88e5", "ms", "dots"),
   );
 }
 

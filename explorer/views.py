@@ -305,8 +305,8 @@ def latency_rows(snapshot: dict) -> list[dict]:
     rows = []
     for req in all_requests(snapshot):
         m = ((req.get("metrics") or {}).get("engine")) or {}
-        rows.append({"request_id": req["request_id"], "ttft": m.get("time_to_first_token"),
-                     "itl": list(m.get("inter_token_latency") or [])})
+        rows.append({"request_id": req["request_id"], "time_to_first_token": m.get("time_to_first_token"),
+                     "inter_token_latency": list(m.get("inter_token_latency") or [])})
     rows.sort(key=lambda r: (len(r["request_id"]), r["request_id"]))  # "2" before "10"
     return rows
 

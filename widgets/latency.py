@@ -33,7 +33,7 @@ def tick_label(name: str, limit: int = _TICK_CHARS) -> str:
 class LatencyPanel(W.VBox):
     """Per-request TTFT and ITL, and their distributions, updating live.
 
-    Feed it rows ``{"request_id", "ttft": seconds | None, "itl": [seconds]}`` (from
+    Feed it rows ``{"request_id", "time_to_first_token": seconds | None, "inter_token_latency": [seconds]}`` (from
     ``explorer.views.latency_rows``) with :meth:`show`. All times are on the engine
     clock, which advances only while a step executes, so manual stepping and pauses
     do not inflate them. `figure` is the plotly ``FigureWidget``.
@@ -73,8 +73,8 @@ class LatencyPanel(W.VBox):
     def show(self, rows: list[dict], *, step: int = 0, live: bool = True) -> None:
         """Redraw from per-request rows (seconds); a no-op when nothing changed."""
         self.step = step
-        n_ttft = sum(r.get("ttft") is not None for r in rows)
-        n_itl = sum(len(r.get("itl") or []) for r in rows)
+        n_ttft = sum(r.get("time_to_first_token") is not None for r in rows)
+        n_itl = sum(len(r.get("inter_token_latency") or []) for r in rows)
         text = f"{len(rows)} requests · {n_ttft} with a first token · {n_itl} inter-token gaps · engine clock"
         # Nothing to plot yet: a hint instead of empty axes.
         hint = EMPTY_HINT if not rows else "no first token yet: press Step" if not n_ttft else ""
@@ -85,22 +85,22 @@ class LatencyPanel(W.VBox):
             f'<div class="kvs-latency-head" data-testid="kvs-latency" data-step="{step}" '
             f'data-live="{str(live).lower()}" data-empty="{str(bool(hint)).lower()}" '
             f'style="font-size:12px;color:#555">{html.escape(text)}</div>')
-        key = tuple((r["request_id"], r.get("ttft"), tuple(r.get("itl") or ())) for r in rows)
+        key = tuple((r["request_id"], r.get("time_to_first_token"), tuple(r.get("inter_token_latency") or ())) for r in rows)
         if key == self._last:
             return
         self._last = key
         ms = 1000.0
-        with_ttft = [r for r in rows if r.get("ttft") is not None]
-        itl_x = [f"#{r['request_id']}" for r in rows for _ in (r.get("itl") or [])]
-        itl_y = [v * ms for r in rows for v in (r.get("itl") or [])]
+        with_ttft = [r for r in rows if r.get("time_to_first_token") is not None]
+        itl_x = [f"#{r['request_id']}" for r in rows for _ in (r.get("inter_token_latency") or [])]
+        itl_y = [v * ms for r in rows for v in (r.get("inter_token_latency") or [])]
         names = [f"#{r['request_id']}" for r in rows]
         with self.figure.batch_update():
             bar, box, h_ttft, h_itl = self.figure.data
             bar.x = [f"#{r['request_id']}" for r in with_ttft]
-            bar.y = [r["ttft"] * ms for r in with_ttft]
+            bar.y = [r["time_to_first_token"] * ms for r in with_ttft]
             box.x, box.y = itl_x, itl_y
             # The categories stay the whole ids (two long ids never merge); only the tick text is cut.
             for axis in (self.figure.layout.xaxis, self.figure.layout.xaxis2):
                 axis.tickmode, axis.tickvals, axis.ticktext = "array", names, [tick_label(n) for n in names]
-            h_ttft.x = [r["ttft"] * ms for r in with_ttft]
+            h_ttft.x = [r["time_to_first_token"] * ms for r in with_ttft]
             h_itl.x = itl_y

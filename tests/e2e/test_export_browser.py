@@ -209,7 +209,7 @@ def test_timeline_links_captions_and_engine_actions_are_off(page, recorded) -> N
     page.wait_for_selector(f'[data-testid="kvs-latency"][data-step="{last}"]', timeout=READY_MS)
     rows = views.latency_rows(s.current.snapshot)
     head = page.inner_text('[data-testid="kvs-latency"] .kvs-lat-head')
-    assert head.startswith(f"{len(rows)} requests \u00b7 {sum(r['ttft'] is not None for r in rows)} with a first token")
+    assert head.startswith(f"{len(rows)} requests \u00b7 {sum(r['time_to_first_token'] is not None for r in rows)} with a first token")
     assert page.locator('[data-testid="kvs-latency"] svg').count() == 2
     assert net.blocked == [] and net.seen == [] and page.console_errors == []
 

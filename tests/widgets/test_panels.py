@@ -143,7 +143,8 @@ def test_attention_select_updates_its_own_traits_and_reaches_the_dashboard() -> 
 
 def test_latency_panel_says_engine_clock_and_plots_per_request_values() -> None:
     panel = widgets.LatencyPanel()
-    rows = [{"request_id": "0", "ttft": 0.5, "itl": [0.1, 0.2]}, {"request_id": "1", "ttft": None, "itl": []}]
+    rows = [{"request_id": "0", "time_to_first_token": 0.5, "inter_token_latency": [0.1, 0.2]},
+            {"request_id": "1", "time_to_first_token": None, "inter_token_latency": []}]
     panel.show(rows, step=4)
     bar, box, h_ttft, h_itl = panel.figure.data
     assert list(bar.x) == ["#0"] and list(bar.y) == [500.0]

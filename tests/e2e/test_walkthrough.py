@@ -123,6 +123,7 @@ def test_walkthrough_dashboard_in_a_real_browser(tmp_path, lab_factory, page, la
     dash.get_by_test_id("kvs-prompt").fill(PROMPT)
     dash.get_by_test_id("kvs-max-tokens").fill("6")
     dash.get_by_test_id("kvs-temperature").fill("0")
+    dash.get_by_test_id("kvs-chat-template").uncheck()  # a plain completion: " Paris."
     dash.get_by_test_id("kvs-add-btn").click()
     new_card = waiting.locator(".kvs-card", has_text=PROMPT).last
     new_card.wait_for(timeout=ACTION_TIMEOUT_MS)
@@ -156,8 +157,8 @@ def test_walkthrough_dashboard_in_a_real_browser(tmp_path, lab_factory, page, la
     assert "kvs-lit" in card.get_attribute("class")
     page.mouse.move(1, 1)
     # The notebook's stills are frozen, and say at which step (tests/widgets: clicks do nothing).
-    still = page.locator('.kvs-panel[data-frozen="true"]').first
-    assert re.fullmatch(r"frozen at step \d+", still.get_by_test_id("kvs-frozen-badge").inner_text())
+    still = page.locator('.kvs-panel[data-frozen="true"]').first  # may be off screen: its text, not its look
+    assert re.fullmatch(r"frozen at step \d+", still.get_by_test_id("kvs-frozen-badge").text_content())
 
     # -- more steps: TTFT / ITL charts gain points ------------------------------------------
     output = card.locator(".kvs-output-text")

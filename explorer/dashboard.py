@@ -32,7 +32,6 @@ _PANEL_CLASSES = {"controls": "ControlsPanel", "queues": "QueuesPanel", "sampler
                   "blocks": "BlockPoolPanel", "slots": "SlotMappingPanel", "attention": "AttentionPanel",
                   "timeline": "TimelinePanel", "latency": "LatencyPanel",
                   "tensor_parallel": "TensorParallelPanel"}
-BUDGET_KEYS = SCHEDULER_KNOBS  # the knobs the controls' budget row edits live
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_k", "top_p", "ignore_eos", "seed")
 POOL_KEYS = ("num_kv_blocks", "block_size")
 # Attention: probe every head (for the head thumbnails) while heads x rows x keys stays
@@ -44,7 +43,7 @@ NOTHING_TO_STEP = "nothing to step: add a request (the form below, or a preset),
 # An add's size errors name an engine limit, but the prompt is what the person can change.
 _ERROR_FIELDS = {"add": ("prompt", *SAMPLING_KEYS, "max_model_len", "token", "num_kv_blocks",
                          "max_num_batched_tokens"),
-                 "set_budget": BUDGET_KEYS, "reset": POOL_KEYS, "step": ("n",), "preset": ("n", "max_tokens")}
+                 "set_budget": SCHEDULER_KNOBS, "reset": POOL_KEYS, "step": ("n",), "preset": ("n", "max_tokens")}
 _ERROR_ALIASES = {"max_model_len": "prompt", "token": "prompt", "num_kv_blocks": "prompt",  # (for "add")
                   "max_num_batched_tokens": "prompt"}
 
@@ -157,7 +156,7 @@ class SessionBinder:
         history = self.session.history
         config = self.session.engine.config
         # Live: the knobs in force (editable). Scrubbed back: the budgets the shown step ran under.
-        budget = {k: getattr(config, k) for k in BUDGET_KEYS}
+        budget = {k: getattr(config, k) for k in SCHEDULER_KNOBS}
         if self.view_index is not None:
             ran_under = record.get("budgets") or snapshot.get("config") or {}
             budget = {k: ran_under.get(k, v) for k, v in budget.items()}
@@ -348,7 +347,7 @@ class SessionBinder:
             self.view_index = None
             presets.add_preset(s, str(c.get("name")), c)
         elif action == "set_budget":
-            s.set_budget(**{k: c[k] for k in BUDGET_KEYS if k in c and c[k] is not None})
+            s.set_budget(**{k: c[k] for k in SCHEDULER_KNOBS if k in c and c[k] is not None})
         elif action == "reset":
             self.view_index = None
             if "controls" in self.panels:  # a new engine can take a while (vLLM: half a minute or more)

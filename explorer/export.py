@@ -27,6 +27,8 @@ import math
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from engine.config import SCHEDULER_KNOBS
+
 from . import history as _history
 from . import views
 
@@ -175,7 +177,6 @@ def build_export_data(entries: Sequence[Any], *, token_text: Callable[[Sequence[
     """The JSON-able document the page embeds (`load_export` reads it back)."""
     from widgets.block_pool import EVENT_BITS, FREE, FREE_CACHED, IN_USE, IN_USE_HASHED, NULL
 
-    from .dashboard import BUDGET_KEYS
 
     if start not in ("last", "first"):
         raise ValueError(f"start must be 'last' or 'first', got {start!r}")
@@ -192,7 +193,7 @@ def build_export_data(entries: Sequence[Any], *, token_text: Callable[[Sequence[
                  "model": info.get("name"), "device": info.get("device"), "dtype": info.get("dtype"),
                  "steps_total": steps_total if steps_total is not None else _step(entries[-1]),
                  "first_step": _step(entries[0]), "last_step": _step(entries[-1]), "notice": notice,
-                 "run_live": RUN_LIVE, "panels": list(panels), "budget_keys": list(BUDGET_KEYS), "start": start},
+                 "run_live": RUN_LIVE, "panels": list(panels), "budget_keys": list(SCHEDULER_KNOBS), "start": start},
         "codes": {"NULL": NULL, "FREE": FREE, "FREE_CACHED": FREE_CACHED, "IN_USE": IN_USE,
                   "IN_USE_HASHED": IN_USE_HASHED, "EVENT_BITS": dict(EVENT_BITS)},
         "token_text": token_table(entries, token_text),

@@ -7,6 +7,7 @@ from typing import Any, Iterator
 import ipywidgets as W
 import pytest
 
+from engine.config import SCHEDULER_KNOBS
 from explorer import Dashboard, views
 from explorer import dashboard as dash_mod
 from widgets import (AttentionPanel, BlockPoolPanel, ControlsPanel, QueuesPanel, SamplerPanel,
@@ -37,7 +38,7 @@ def test_dashboard_is_a_vbox_with_every_panel(dash: Dashboard) -> None:
     assert _steps_shown(dash) == {0}
     c = dash.controls
     assert c.history_len == 1 and c.view_index == -1 and not c.has_work and c.error == ""
-    assert c.budget == {k: BASE_CONFIG[k] for k in dash_mod.BUDGET_KEYS}
+    assert c.budget == {k: BASE_CONFIG[k] for k in SCHEDULER_KNOBS}
     assert c.pool == {"num_kv_blocks": 48, "block_size": 16}
     assert dash.blocks.num_blocks == 48
 
@@ -344,7 +345,7 @@ def test_scrubbed_knobs_show_the_budgets_the_shown_step_ran_under(dash: Dashboar
     send(dash.controls, action="step", n=1)
     send(dash.controls, action="set_budget", max_num_batched_tokens=16, enable_prefix_caching=False)
     send(dash.controls, action="step", n=1)
-    assert s.history[1].record["budgets"] == {**{k: BASE_CONFIG[k] for k in dash_mod.BUDGET_KEYS},
+    assert s.history[1].record["budgets"] == {**{k: BASE_CONFIG[k] for k in SCHEDULER_KNOBS},
                                               "max_num_batched_tokens": 32}
     send(dash.controls, action="scrub", index=1)
     assert dash.controls.budget["max_num_batched_tokens"] == 32 and dash.controls.budget["enable_prefix_caching"]

@@ -184,3 +184,26 @@ class LabUI:
         # Lab renders an error as a stderr output; its IPython traceback tells it from a warning.
         texts = self.page.locator("[data-mime-type='application/vnd.jupyter.stderr']").all_inner_texts()
         return [t for t in texts if "Traceback (most recent call last)" in t]
+
+
+def focus_pixels_js(canvas_selector: str) -> str:
+    """A JS function `(block) => n`: pixels of the linked-highlight halo (_common.js
+    KVS_MARKS.focus) in that block's cell of the pool canvas (26 px cells: at most 256 blocks)."""
+    return """(block) => {
+    const c = document.querySelector('CANVAS');
+    const dpr = window.devicePixelRatio || 1, cell = 26, ncols = Math.round(parseFloat(c.style.width) / cell);
+    const x = (block % ncols) * cell, y = Math.floor(block / ncols) * cell;
+    const d = c.getContext('2d').getImageData(x * dpr, y * dpr, cell * dpr, cell * dpr).data;
+    let n = 0;
+    for (let k = 0; k < d.length; k += 4) if (d[k] > 247 && Math.abs(d[k + 1] - 214) < 8 && d[k + 2] < 8) n++;
+    return n; }""".replace("CANVAS", canvas_selector)
+
+
+def screenshot_whole(page, element, path: Path) -> None:
+    """A picture of the whole element: one taller than the viewport is clipped inside Lab's
+    scrolling notebook, so the viewport grows to the element's height first."""
+    height = int(element.bounding_box()["height"])
+    page.set_viewport_size({"width": 1600, "height": height + 300})
+    page.wait_for_timeout(500)  # let Lab re-lay out and plotly resize
+    element.scroll_into_view_if_needed()
+    element.screenshot(path=str(path))

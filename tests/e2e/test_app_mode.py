@@ -19,7 +19,7 @@ import pytest
 
 from explorer.lab import free_port
 
-from explorer.lab_harness import REPO, isolated_jupyter_env
+from explorer.lab_harness import REPO, focus_pixels_js, isolated_jupyter_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -137,14 +137,7 @@ def test_the_page_loads_steps_and_shows_bad_input(page, app: App) -> None:
 
 # A laptop's screen and a desktop's: the Dashboard in a real widget manager (Voila's).
 LAYOUT_VIEWPORTS = ({"width": 1366, "height": 768}, {"width": 1920, "height": 1080})
-FOCUS_PIXELS = """(block) => {
-    const c = document.querySelector('[data-testid=kvs-pool-canvas]');
-    const dpr = window.devicePixelRatio || 1, cell = 26, ncols = Math.round(parseFloat(c.style.width) / cell);
-    const x = (block % ncols) * cell, y = Math.floor(block / ncols) * cell;
-    const d = c.getContext('2d').getImageData(x * dpr, y * dpr, cell * dpr, cell * dpr).data;
-    let n = 0;
-    for (let k = 0; k < d.length; k += 4) if (d[k] > 247 && Math.abs(d[k + 1] - 214) < 8 && d[k + 2] < 8) n++;
-    return n; }"""
+FOCUS_PIXELS = focus_pixels_js('[data-testid=kvs-pool-canvas]')
 
 
 def test_the_dashboard_fits_a_laptop_and_its_separate_views_light_each_other_up(page, app: App) -> None:

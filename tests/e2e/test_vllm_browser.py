@@ -19,7 +19,7 @@ import time
 import nbformat
 import pytest
 
-from explorer.lab_harness import REPO
+from explorer.lab_harness import REPO, screenshot_whole
 from tests.oracle.vllm_available import require_vllm
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -111,13 +111,7 @@ def save_readme_picture(page, dash, step_btn) -> None:
     dash.locator(".kvs-card", has_text="capital of Italy").first.wait_for(timeout=ACTION_TIMEOUT_MS)
     for _ in range(2):
         click_step(dash, step_btn)
-    # An element taller than the viewport is clipped inside Lab's scrolling notebook:
-    # grow the viewport to the dashboard's height first.
-    height = int(dash.bounding_box()["height"])
-    page.set_viewport_size({"width": 1600, "height": height + 300})
-    page.wait_for_timeout(500)  # let Lab re-lay out and plotly resize
-    dash.scroll_into_view_if_needed()
-    dash.screenshot(path=str(REPO / "docs" / "vllm_dashboard.png"))
+    screenshot_whole(page, dash, REPO / "docs" / "vllm_dashboard.png")
 
 
 def test_vllm_dashboard_in_a_real_browser(tmp_path, lab_factory, page, lab_ui, save_screenshot):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from explorer.lab_harness import REPO
+from explorer.lab_harness import REPO, focus_pixels_js, screenshot_whole
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -24,16 +24,7 @@ DASHBOARD_TIMEOUT_MS = 240_000  # run all: kernel start, model load, the first p
 CELLS_TIMEOUT_MS = 600_000
 ACTION_TIMEOUT_MS = 60_000      # one click -> one engine step on a shared 2-core machine
 PANELS = ("kvs-queues", "kvs-block-pool", "kvs-slot-mapping")
-# Pixels of the linked-highlight halo (_common.js KVS_MARKS.focus) in a block's cell of the
-# dashboard's pool canvas (26 px cells: a pool of at most 256 blocks).
-FOCUS_PIXELS = """(block) => {
-    const c = document.querySelector('.kvs-dashboard [data-testid=kvs-pool-canvas]');
-    const dpr = window.devicePixelRatio || 1, cell = 26, ncols = Math.round(parseFloat(c.style.width) / cell);
-    const x = (block % ncols) * cell, y = Math.floor(block / ncols) * cell;
-    const d = c.getContext('2d').getImageData(x * dpr, y * dpr, cell * dpr, cell * dpr).data;
-    let n = 0;
-    for (let k = 0; k < d.length; k += 4) if (d[k] > 247 && Math.abs(d[k + 1] - 214) < 8 && d[k + 2] < 8) n++;
-    return n; }"""
+FOCUS_PIXELS = focus_pixels_js('.kvs-dashboard [data-testid=kvs-pool-canvas]')
 
 
 def notebook_under_test() -> Path:
@@ -79,13 +70,7 @@ def save_readme_picture(page, dash, step_btn) -> None:
     dash.locator(".kvs-card", has_text="capital of Italy").first.wait_for(timeout=ACTION_TIMEOUT_MS)
     for _ in range(2):
         click_step(dash, step_btn)
-    # An element taller than the viewport is clipped inside Lab's scrolling notebook:
-    # grow the viewport to the dashboard's height first.
-    height = int(dash.bounding_box()["height"])
-    page.set_viewport_size({"width": 1600, "height": height + 300})
-    page.wait_for_timeout(500)  # let Lab re-lay out and plotly resize
-    dash.scroll_into_view_if_needed()
-    dash.screenshot(path=str(REPO / "docs" / "dashboard.png"))
+    screenshot_whole(page, dash, REPO / "docs" / "dashboard.png")
 
 
 def test_walkthrough_dashboard_in_a_real_browser(tmp_path, lab_factory, page, lab_ui, save_screenshot):

@@ -5,6 +5,9 @@ whole process, and its start-up (torch.compile: 70-100 s on 2 cores) should be p
 the child loads vLLM, then runs workloads as the parent asks, one JSON line each way, so
 kvscope's and vLLM's repetitions alternate in time (this machine is shared and noisy) with
 the same prompts, greedy, ignore_eos, prefix caching on and a fresh cache per run.
+Between its own runs the child's process group is stopped (SIGSTOP): vLLM's engine core and
+worker poll while idle (about 40% of a core on 2 cores), which would otherwise slow the sides
+measured in between.
 
     parent -> child   {"prompts": [[ids]], "max_tokens": [n, ...]}   (or {"quit": true})
     child -> parent   {"seconds": s, "output_ids": [[ids]]}           (lines tagged RESULT_TAG)
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -36,14 +40,24 @@ class VllmBenchSide:
         cmd = [sys.executable, "-m", "explorer.bench.vllm_side", "--model", model, "--dtype", dtype]
         self.proc = subprocess.Popen(cmd + (["--eager"] if eager else []), stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self._log, text=True, env=env,
-                                     cwd=Path(__file__).resolve().parents[2])
+                                     cwd=Path(__file__).resolve().parents[2], start_new_session=True)
         self.load_s = self._read()["load_s"]
+        self._signal(signal.SIGSTOP)
 
     def run(self, prompts: list[list[int]], max_tokens: list[int]) -> tuple[float, list[list[int]]]:
-        self.proc.stdin.write(json.dumps({"prompts": prompts, "max_tokens": max_tokens}) + "\n")
-        self.proc.stdin.flush()
-        reply = self._read()
+        self._signal(signal.SIGCONT)
+        try:
+            self.proc.stdin.write(json.dumps({"prompts": prompts, "max_tokens": max_tokens}) + "\n")
+            self.proc.stdin.flush()
+            reply = self._read()
+        finally:
+            self._signal(signal.SIGSTOP)
         return reply["seconds"], reply["output_ids"]
+
+    def _signal(self, sig: int) -> None:
+        """To the child and the engine-core and worker processes vLLM started (its session)."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
 
     def _read(self) -> dict:
         for line in self.proc.stdout:
@@ -54,6 +68,7 @@ class VllmBenchSide:
         raise RuntimeError(f"the vLLM bench process ended (exit {self.proc.wait()}); its log ends:\n{tail}")
 
     def close(self) -> None:
+        self._signal(signal.SIGCONT)
         if self.proc.poll() is None:
             self.proc.stdin.write(json.dumps({"quit": True}) + "\n")
             self.proc.stdin.flush()

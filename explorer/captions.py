@@ -190,6 +190,8 @@ class _Step:
                     notes.append("the last")
         if resumed:
             notes.insert(0, f"prompt {prompt} + {total - prompt} generated")
+        if n == 1 and before > 0:  # attention sees one query row with context: vLLM's "decode" there
+            notes.append("one query row: attention runs it as a decode")
         if end < total:  # chunked: say which limit cut it
             if n >= left and left < self.budget:
                 notes.append(f"chunked: {left} of the {self.budget}-token budget left")

@@ -199,11 +199,13 @@ def focus_pixels_js(canvas_selector: str) -> str:
     return n; }""".replace("CANVAS", canvas_selector)
 
 
-def screenshot_whole(page, element, path: Path) -> None:
-    """A picture of the whole element: one taller than the viewport is clipped inside Lab's
-    scrolling notebook, so the viewport grows to the element's height first."""
+def screenshot_whole(page, element, path: Path, width: int = 1600) -> None:
+    """A picture of the whole element at a window `width` px wide: one taller than the viewport
+    is clipped inside Lab's scrolling notebook, so the viewport grows to its height first."""
+    page.set_viewport_size({"width": width, "height": 900})
+    page.wait_for_timeout(500)  # the width first: the layout (and so the height) follows it
     height = int(element.bounding_box()["height"])
-    page.set_viewport_size({"width": 1600, "height": height + 300})
+    page.set_viewport_size({"width": width, "height": height + 300})
     page.wait_for_timeout(500)  # let Lab re-lay out and plotly resize
     element.scroll_into_view_if_needed()
     element.screenshot(path=str(path))

@@ -1,8 +1,8 @@
 """The walkthrough in a real browser: JupyterLab runs notebooks/walkthrough.ipynb, and a
 person's clicks on the dashboard reach the engine and come back as new panels.
 
-Set KVSCOPE_UPDATE_SCREENSHOT=1 to also rewrite docs/dashboard.png (the README's
-picture). KVSCOPE_E2E_NOTEBOOK=/path/to/other.ipynb drives the same scenario on
+Set KVSCOPE_UPDATE_SCREENSHOT=1 to also rewrite docs/dashboard.png and
+docs/dashboard_laptop.png (the README's pictures). KVSCOPE_E2E_NOTEBOOK=/path/to/other.ipynb drives the same scenario on
 another notebook (its folder is served), e.g. while the walkthrough is being written.
 """
 from __future__ import annotations
@@ -62,7 +62,8 @@ def plotted_points(scope) -> int:
 
 
 def save_readme_picture(page, dash, step_btn) -> None:
-    """docs/dashboard.png: the whole dashboard with a few requests sharing a prefix."""
+    """docs/dashboard.png (and docs/dashboard_laptop.png, a 1366 px window): the whole
+    dashboard with a few requests sharing a prefix."""
     dash.get_by_test_id("kvs-max-tokens").fill("24")
     dash.get_by_test_id("kvs-prompt").fill("What is a paged KV cache?")
     dash.get_by_test_id("kvs-add-btn").click()
@@ -71,6 +72,7 @@ def save_readme_picture(page, dash, step_btn) -> None:
     for _ in range(2):
         click_step(dash, step_btn)
     screenshot_whole(page, dash, REPO / "docs" / "dashboard.png")
+    screenshot_whole(page, dash, REPO / "docs" / "dashboard_laptop.png", width=1366)
 
 
 def test_walkthrough_dashboard_in_a_real_browser(tmp_path, lab_factory, page, lab_ui, save_screenshot):

@@ -75,6 +75,21 @@ def test_chunked_prefill_names_the_chunk_and_the_budget_that_cut_it(make_session
         "#0 decode 1 token; #1 prefill 15 of 40 prompt tokens (chunked: 15 of the 16-token budget left)")
 
 
+def test_a_one_token_last_chunk_says_attention_runs_it_as_a_decode(make_session) -> None:
+    """The scheduler still calls it a prefill chunk; attention sees one query row with context,
+    which the runner (as vLLM's backends do) sends to the decode kernel: the caption says both."""
+    s = make_session(max_num_batched_tokens=16)
+    s.add_request(list(range(2000, 2017)), max_tokens=2, **GREEDY)  # 17 prompt tokens: 16 + 1
+    s.step(2)
+    rec = s.entry(2).record
+    assert [(e["is_prefill"], e["num_tokens"], e["num_computed_before"]) for e in rec["scheduled"]] == [(True, 1, 16)]
+    assert rec["batch"]["query_start_loc"] == [0, 1]  # one query row over 17 positions of context
+    c = captions_by_step(s)
+    assert c[2].startswith("#0 prefill tokens 17-17 of 17 (chunk 2; the last; one query row: attention runs it "
+                           "as a decode)")
+    assert "runs it as a decode" not in c[1]
+
+
 def test_prefix_cache_hits_are_counted_in_blocks_and_tokens(make_session) -> None:
     s = make_session()
     shared = list(range(1000, 1032))  # two full blocks

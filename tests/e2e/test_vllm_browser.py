@@ -84,13 +84,14 @@ def legend_count(scope, testid: str) -> int:
 
 
 def segment_cells(seg) -> list[tuple[int, int, int, int]]:
-    """(position, slot, block, offset) of each token cell of one slot-mapping segment."""
+    """(position, slot, block, offset) of each token cell of one slot-mapping segment (the
+    cell's text says "position->slot"; the block is the group it is drawn in)."""
     out = []
-    for pos_text, slot_text in zip(seg.locator(".kvs-cell-pos").all_inner_texts(),
-                                   seg.locator(".kvs-cell-slot").all_inner_texts()):
-        m = re.fullmatch(r"(\d+)\u2192\((\d+),(\d+)\)", slot_text.strip())
-        assert m and pos_text.startswith("p"), (pos_text, slot_text)
-        out.append((int(pos_text[1:]), int(m.group(1)), int(m.group(2)), int(m.group(3))))
+    for cell in seg.locator(".kvs-cell").all():
+        m = re.fullmatch(r"(\d+)\u2192(\d+)", cell.locator(".kvs-cell-slot").inner_text().strip())
+        assert m and m.group(1) == cell.get_attribute("data-pos"), cell.inner_text()
+        pos, slot, block = int(m.group(1)), int(m.group(2)), int(cell.get_attribute("data-block"))
+        out.append((pos, slot, block, slot - block * BLOCK_SIZE))
     return out
 
 
@@ -148,6 +149,7 @@ def test_vllm_dashboard_in_a_real_browser(tmp_path, lab_factory, page, lab_ui, s
 
     # -- the add-request form queues a request in vLLM: it shows in the waiting queue ------
     dash.get_by_test_id("kvs-prompt").fill(PROMPT)
+    dash.get_by_test_id("kvs-chat-template").uncheck()  # a plain completion: " Paris"
     dash.get_by_test_id("kvs-max-tokens").fill("4")
     dash.get_by_test_id("kvs-temperature").fill("0")
     dash.get_by_test_id("kvs-add-btn").click()
@@ -194,13 +196,14 @@ def test_vllm_dashboard_in_a_real_browser(tmp_path, lab_factory, page, lab_ui, s
     # -- Step again: one decode row, the next slot of the same block ---------------------
     assert click_step(dash, step_btn) == 2
     page.wait_for_function(
-        """(sel) => (document.querySelector(sel)?.textContent || "").includes("decode")""",
-        arg=f'.kvs-dashboard [data-testid="kvs-slot-mapping"] [data-testid="kvs-seg-{rid}"] .kvs-seg-head',
+        """(sel) => (document.querySelector(sel)?.textContent || "") === 'decode'""",
+        arg=f'.kvs-dashboard [data-testid="kvs-slot-mapping"] [data-testid="kvs-seg-{rid}"] .kvs-seg-kind',
         timeout=ACTION_TIMEOUT_MS)
-    decode = segment_cells(seg)
+    decode = segment_cells(seg)  # a decode is one compact row: its one cell
     last_pos, last_slot = prefill[-1][0], prefill[-1][1]
     assert [(p, sl) for p, sl, *_ in decode] == [(last_pos + 1, last_slot + 1)], decode
-    assert f"computed before {n}" in seg.locator(".kvs-seg-head").inner_text()
+    assert decode[0][2] == table[(last_pos + 1) // BLOCK_SIZE]
+    assert f"seq_len {n + 1}" in seg.locator(".kvs-seg-meta").inner_text()
     assert "decode" in running_card.get_by_test_id("kvs-scheduled").inner_text()
     card_output = running_card.locator(".kvs-output-text")
     assert "Paris" in card_output.inner_text()  # SmolLM2, greedy, on vLLM: " Paris"

@@ -1,6 +1,6 @@
 """kvscope's whole engine against vLLM 0.32's LLM on the default model, stepped together
 (tests/oracle/engine_differential.py): the same per-step schedule, block ids and tokens on
-20 workloads with chunked prefills, prefix hits, same-step hits and preemption. In its own
+workloads with chunked prefills, prefix hits, same-step hits and preemption. In its own
 process, as vLLM's import changes process-wide state."""
 from __future__ import annotations
 
@@ -18,12 +18,15 @@ from .vllm_available import require_vllm
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# 12 workloads in CI (about a minute: 2 preemptions, 10 same-step hit blocks, 20 unsampled
+# prefill chunks); the soak suite runs 200.
 @pytest.mark.slow
-def test_engine_steps_like_vllm_on_the_default_model(default_model_path):
+@pytest.mark.parametrize("workloads", [12, pytest.param(200, marks=pytest.mark.soak)])
+def test_engine_steps_like_vllm_on_the_default_model(default_model_path, workloads):
     require_vllm()
     # vLLM drops torch to one thread unless OMP_NUM_THREADS is set.
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(os.cpu_count() or 1))}
-    proc = subprocess.run([sys.executable, "-m", "tests.oracle.engine_differential", "--workloads", "20",
+    proc = subprocess.run([sys.executable, "-m", "tests.oracle.engine_differential", "--workloads", str(workloads),
                            "--model", str(default_model_path)], cwd=ROOT, text=True, capture_output=True,
                           timeout=1800, env=env)
     lines = proc.stdout.strip().splitlines()
@@ -31,6 +34,6 @@ def test_engine_steps_like_vllm_on_the_default_model(default_model_path):
     ORACLE_COUNTS.append(f"engine differential (default model): {lines[-2] if len(lines) > 1 else ''} "
                          f"{json.dumps(counts)}")
     assert proc.returncode == 0, f"kvscope's engine and vLLM's differ:\n{proc.stderr[-6000:]}"
-    assert counts["workloads"] == 20 and counts["differences"] == 0
+    assert counts["workloads"] == workloads and counts["differences"] == 0
     for seen in ("preemptions", "hit_tokens", "same_step_hit_blocks", "prefill_chunks_not_sampled"):
         assert counts[seen] > 0, f"the workloads never exercised {seen}: {counts}"

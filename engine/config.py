@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 SCHEDULING_POLICIES = ("unified", "prefill_first")
-ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
+ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton", "flash_attn")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from ..cpu_kernels import native
 from .backend import AttentionBackend
 
 
@@ -13,8 +14,9 @@ def get_attention_backend(name: str, device: torch.device, block_size: int = 16,
     """Resolve 'auto' and build the backend; a clear error when one cannot run here.
 
     'auto' on a GPU: flash_attn where it is installed and the cache suits it (block_size a
-    multiple of 256, fp16/bf16), else our triton kernels, else the torch reference; on a CPU
-    the torch reference."""
+    multiple of 256, fp16/bf16), else our triton kernels, else the torch reference. On a CPU
+    in fp32: the cpu backend (native decode kernel) where kvscope's native kernels build;
+    otherwise the torch reference."""
     if name == "auto":
         if device.type == "cuda":
             if block_size % 256 == 0 and dtype in (torch.float16, torch.bfloat16):
@@ -26,10 +28,13 @@ def get_attention_backend(name: str, device: torch.device, block_size: int = 16,
                 return _triton()
             except ImportError:
                 pass
-        name = "torch"
+        fp32_cpu = device.type == "cpu" and dtype == torch.float32
+        name = "cpu" if fp32_cpu and native() is not None else "torch"
     if name == "torch":
         from .torch_backend import TorchAttentionBackend
         return TorchAttentionBackend()
+    if name == "cpu":
+        return _cpu(device, dtype)
     if name == "triton":
         try:
             return _triton()
@@ -45,7 +50,17 @@ def get_attention_backend(name: str, device: torch.device, block_size: int = 16,
             raise ValueError(f"attention_backend 'flash_attn' computes in float16 or bfloat16, got dtype "
                              f"{str(dtype).replace('torch.', '')} (dtype='auto' is float32 on a CPU); use dtype='bfloat16'")
         return backend
-    raise ValueError(f"attention_backend must be one of auto, torch, triton, flash_attn; got {name!r}")
+    raise ValueError(f"attention_backend must be one of auto, torch, cpu, triton, flash_attn; got {name!r}")
+
+
+def _cpu(device: torch.device, dtype: torch.dtype) -> AttentionBackend:
+    from .cpu_backend import CpuAttentionBackend
+    kernels = native()
+    if device.type != "cpu" or dtype != torch.float32 or kernels is None:
+        why = "the native CPU kernels could not be built here (they need gcc and an AVX2 CPU)" \
+            if kernels is None else f"it runs on a CPU in float32, got {device.type} and {str(dtype).replace('torch.', '')}"
+        raise ValueError(f"attention_backend 'cpu' is not available: {why}; attention_backend='torch' runs anywhere")
+    return CpuAttentionBackend(kernels)
 
 
 def _triton() -> AttentionBackend:

@@ -43,8 +43,13 @@ class TorchAttentionBackend(AttentionBackend):
                 meta.probe_probs = attention_probs(q[s:e], ks, full_mask, kvh)
             out[s:e] = _sdpa(q[s:e], ks, vs, mask, causal=mask is None and e - s > 1)
         if meta.decode_seq_ids and not probing:
-            decode_attention(q, k_cache, v_cache, decode_plan(meta), out)
+            self.decode(q, k_cache, v_cache, meta, out)
         return out
+
+    def decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               meta: AttentionMetadata, out: torch.Tensor) -> None:
+        """Writes the attention of every single-query (decode) row of the step into out."""
+        decode_attention(q, k_cache, v_cache, decode_plan(meta), out)
 
 
 def _all_slots_written(meta: AttentionMetadata) -> bool:

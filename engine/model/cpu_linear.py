@@ -1,19 +1,33 @@
-"""fp32 linear layers on a CPU through oneDNN, with each weight packed once at load time.
+"""fp32 linear layers on a CPU with each weight packed once at load time: kvscope's native
+kernel for the few rows of a decode step, oneDNN for prefill-sized inputs.
 
 A decode step multiplies a few rows by every weight matrix of the model, so it is bound by
-how fast the weights stream from memory. MKL's sgemm, behind F.linear, re-blocks the weight
-on every call and streams it at a fraction of the memory bandwidth for such skinny inputs;
-oneDNN's linear over a weight reordered once into its blocked layout does not (on this
-project's 2-core AMD EPYC machine, 30 layers of the default model's gate/up projection at 16
-rows: 81 ms with F.linear, 40 ms packed; the 49152-row LM head: 49 ms vs 17 ms; prefill-sized
-inputs are no slower). `python -m explorer bench` measures the whole engine.
+how fast the weights stream from memory. MKL's sgemm, behind F.linear, re-blocks the weight on
+every call and streams it at a fraction of the memory bandwidth for such skinny inputs. Two
+packed layouts do better, each where it is best (2-core AMD EPYC, 30 layers of the default
+model's four linears, weights read from DRAM):
 
-Packing replaces the weight: a PackedLinear keeps only the packed copy (the tied LM head
+    rows            1      4      16     64     256    1024
+    oneDNN packed   40 ms  48 ms  75 ms  157 ms 449 ms 1715 ms
+    native panels   26 ms  28 ms  54 ms  151 ms 627 ms 1941 ms
+
+The native kernel (engine/cpu_kernels) reads each weight panel once per step at the machine's
+full read bandwidth (16 GB/s here, as fast as a plain sum of the same bytes); oneDNN's blocked
+GEMM wins once there are enough rows to be bound by arithmetic. So a PackedLinear keeps both
+copies (twice the weight memory of the packed layers: 0.5 GB more for the default model) and
+picks by row count. `python -m explorer bench` measures the whole engine.
+
+Packing replaces the weight: a PackedLinear keeps only its packed copies (the tied LM head
 also keeps the embedding table it shares)."""
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from ..cpu_kernels import native
+
+# Up to this many rows the native panels are faster (table above); above it, oneDNN.
+NATIVE_MAX_ROWS = 64
 
 
 def cpu_packing_available() -> bool:
@@ -21,20 +35,28 @@ def cpu_packing_available() -> bool:
 
 
 class PackedLinear(nn.Module):
-    """y = x W^T + b with W held in oneDNN's blocked layout (inference only)."""
+    """y = x W^T + b with W held in oneDNN's blocked layout and, where kvscope's native CPU
+    kernels run, in 16-column panels for inputs of at most NATIVE_MAX_ROWS rows (inference only)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(weight.detach()),
-                             persistent=False)
+        weight = weight.detach()
+        self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(weight), persistent=False)
+        kernels = native()
+        self.native = kernels
+        self.register_buffer("panels", None if kernels is None else kernels.pack_panels(weight), persistent=False)
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed_weight, self.bias, "none", [], "")
+        x = x.contiguous()
+        if self.panels is not None and x.dim() == 2 and x.shape[0] <= NATIVE_MAX_ROWS:
+            return self.native.linear(x, self.panels, self.out_features, self.bias)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, packed for oneDNN"
+        native_note = f", native panels up to {NATIVE_MAX_ROWS} rows" if self.panels is not None else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, packed for oneDNN{native_note}"
 
 
 def pack_linear_layers(model: nn.Module) -> int:

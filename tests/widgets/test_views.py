@@ -159,7 +159,8 @@ def test_timeline_has_one_column_per_step_and_chunked_prefill_segments(fresh_ses
     for k, r in enumerate(records):
         assert cols["prefill"][k] + cols["decode"][k] == sum(x["num_tokens"] for x in r["scheduled"])
         assert cols["forward"][k] == r["timings_ms"]["forward"]
-    assert cols["backend"] == ["torch"] * len(records)            # how each forward ran:
+    assert cols["backend"] == [s.engine.model_info["attention_backend"]] * len(records)  # how each forward ran:
+    assert cols["backend"][0] in ("cpu", "torch")
     assert cols["graph_bucket"] == [None] * len(records)          # eager (no CUDA graphs on CPU)
     g = state["gantt"]
     r0 = g["requests"].index("0")

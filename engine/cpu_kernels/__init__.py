@@ -1,0 +1,107 @@
+"""kvscope's native fp32 CPU kernels (kvscope_cpu.c): skinny linears over weights packed in
+panels, and paged decode attention straight from the block tables.
+
+The C file is compiled with the system's gcc the first time it is needed (about a second) into
+kvscope's cache folder, keyed by its source and the compiler flags, and loaded with ctypes. It
+needs an x86-64 CPU with AVX2 and FMA (every CPU kind this project runs on); where the CPU, the
+compiler or the build is missing, `native()` is None and the engine keeps torch's kernels
+(`KVSCOPE_NATIVE_CPU=0` chooses that too). Its OpenMP is the libgomp torch already loaded, so
+both share one pool of threads."""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import subprocess
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from ..default_model import cache_dir
+
+SOURCE = Path(__file__).with_name("kvscope_cpu.c")
+FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
+DISABLE_ENV_VAR = "KVSCOPE_NATIVE_CPU"
+
+_i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+_SIGNATURES = {
+    "kv_packed_floats": (_i64, [_i64, _i64]),
+    "kv_pack_panels": (None, [_ptr, _i64, _i64, _ptr]),
+    "kv_linear": (None, [_ptr, _i64, _i64, _ptr, _i64, _ptr, _ptr]),
+    "kv_paged_decode_attention": (None, [_ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64,
+                                         _i64, _i64, _f32, _ptr]),
+}
+
+
+class NativeCpuKernels:
+    """The loaded library, called on contiguous fp32 CPU tensors (the callers check)."""
+
+    def __init__(self, lib: ctypes.CDLL, path: Path) -> None:
+        self.lib, self.path = lib, path
+        for name, (restype, argtypes) in _SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = restype, argtypes
+
+    def pack_panels(self, weight: torch.Tensor) -> torch.Tensor:
+        """[N, K] weight -> the flat panel layout kv_linear reads."""
+        w = weight.detach().float().contiguous()
+        n, k = w.shape
+        out = torch.empty(self.lib.kv_packed_floats(n, k), dtype=torch.float32)
+        self.lib.kv_pack_panels(w.data_ptr(), n, k, out.data_ptr())
+        return out
+
+    def linear(self, x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
+        """x [M, K] @ W^T + bias -> [M, N]."""
+        m, k = x.shape
+        y = torch.empty((m, n), dtype=torch.float32)
+        self.lib.kv_linear(x.data_ptr(), m, k, panels.data_ptr(), n,
+                           None if bias is None else bias.data_ptr(), y.data_ptr())
+        return y
+
+    def paged_decode_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                               rows: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
+                               out: torch.Tensor) -> None:
+        """Writes out[rows[i]] = attention of q[rows[i]] over decode i's cached context."""
+        _, h, d = q.shape
+        num_blocks, block_size, kvh, _ = k_cache.shape
+        self.lib.kv_paged_decode_attention(
+            q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), rows.data_ptr(), seq_lens.data_ptr(),
+            block_tables.data_ptr(), block_tables.stride(0), rows.shape[0], h, kvh, d, block_size,
+            d ** -0.5, out.data_ptr())
+
+
+@lru_cache(maxsize=1)
+def native() -> NativeCpuKernels | None:
+    """The kernels, built on first use; None where they cannot run here (see the module doc)."""
+    if os.environ.get(DISABLE_ENV_VAR, "1") == "0" or not cpu_supported():
+        return None
+    try:
+        path = _build()
+        return NativeCpuKernels(ctypes.CDLL(str(path)), path)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def cpu_supported() -> bool:
+    """x86-64 with AVX2 and FMA (torch reports AVX2 or AVX512 then)."""
+    return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+
+
+def _build() -> Path:
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + " ".join(FLAGS).encode()).hexdigest()[:16]
+    folder = cache_dir() / "cpu_kernels"
+    target = folder / f"kvscope_cpu-{key}.so"
+    if not target.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
+        os.close(fd)
+        try:
+            subprocess.run(["gcc", *FLAGS, str(SOURCE), "-o", tmp], check=True, capture_output=True)
+            os.replace(tmp, target)  # atomic: a concurrent build never loads a half-written file
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    return target

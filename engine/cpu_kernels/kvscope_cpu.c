@@ -1,0 +1,203 @@
+/* kvscope's native CPU kernels (fp32, AVX2 + FMA, OpenMP): the two places where a decode step
+ * on a CPU spends time that is neither arithmetic nor memory traffic it must do.
+ *
+ * 1. Skinny linears. A decode step multiplies a few rows by every weight of the model, so it is
+ *    bound by how fast the weights stream from memory. Weights are packed once into panels of 16
+ *    output columns ([ceil(N/16)][K][16]): a panel is one sequential stream, and each weight
+ *    loaded is used by every row of the step before it leaves the registers.
+ * 2. Paged decode attention. Each decode reads its keys and values straight from the paged
+ *    cache through its block table: no gathered copy, no padding to the longest sequence.
+ *
+ * Built and loaded by engine/cpu_kernels/__init__.py (gcc, a second or two); the engine falls
+ * back to torch's kernels where it cannot be built. Every routine is checked against torch in
+ * tests/engine/test_cpu_kernels.py. OpenMP here is the libgomp torch already loaded, so both
+ * share one thread pool. */
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+#define NR 16     /* panel width: two 8-float AVX2 vectors */
+#define MR 6      /* rows per micro-kernel call: 12 accumulators + 2 weights + 1 broadcast */
+
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* ---- skinny linears ------------------------------------------------------------------ */
+
+int64_t kv_packed_floats(int64_t n, int64_t k) { return (n + NR - 1) / NR * k * NR; }
+
+/* W [n, k] (row-major, like nn.Linear.weight) -> panels [ceil(n/16)][k][16], zero-padded. */
+void kv_pack_panels(const float *w, int64_t n, int64_t k, float *out) {
+    int64_t panels = (n + NR - 1) / NR;
+    #pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < panels; p++) {
+        float *dst = out + p * k * NR;
+        for (int64_t kk = 0; kk < k; kk++)
+            for (int j = 0; j < NR; j++) {
+                int64_t row = p * NR + j;
+                dst[kk * NR + j] = row < n ? w[row * k + kk] : 0.0f;
+            }
+    }
+}
+
+/* y[r, 0:cols] = bias16 + x[r, :] . panel, for R rows; R is a constant where it is inlined,
+ * so the accumulators stay in registers. */
+static inline __attribute__((always_inline)) void micro(
+        const int R, const float *restrict panel, const float *restrict x, int64_t ldx, int64_t k,
+        const float *bias16, float *restrict y, int64_t ldy, int cols) {
+    __m256 acc0[MR], acc1[MR];
+    const __m256 b0 = _mm256_loadu_ps(bias16), b1 = _mm256_loadu_ps(bias16 + 8);
+    #pragma GCC unroll 6
+    for (int r = 0; r < R; r++) { acc0[r] = b0; acc1[r] = b1; }
+    for (int64_t kk = 0; kk < k; kk++) {
+        const __m256 w0 = _mm256_loadu_ps(panel + kk * NR), w1 = _mm256_loadu_ps(panel + kk * NR + 8);
+        #pragma GCC unroll 6
+        for (int r = 0; r < R; r++) {
+            const __m256 xb = _mm256_broadcast_ss(x + r * ldx + kk);
+            acc0[r] = _mm256_fmadd_ps(w0, xb, acc0[r]);
+            acc1[r] = _mm256_fmadd_ps(w1, xb, acc1[r]);
+        }
+    }
+    #pragma GCC unroll 6
+    for (int r = 0; r < R; r++) {
+        if (cols == NR) {
+            _mm256_storeu_ps(y + r * ldy, acc0[r]);
+            _mm256_storeu_ps(y + r * ldy + 8, acc1[r]);
+        } else {
+            float tmp[NR];
+            _mm256_storeu_ps(tmp, acc0[r]);
+            _mm256_storeu_ps(tmp + 8, acc1[r]);
+            memcpy(y + r * ldy, tmp, (size_t)cols * sizeof(float));
+        }
+    }
+}
+
+static void micro_rows(int rows, const float *panel, const float *x, int64_t ldx, int64_t k,
+                       const float *bias16, float *y, int64_t ldy, int cols) {
+    switch (rows) {
+    case 1: micro(1, panel, x, ldx, k, bias16, y, ldy, cols); break;
+    case 2: micro(2, panel, x, ldx, k, bias16, y, ldy, cols); break;
+    case 3: micro(3, panel, x, ldx, k, bias16, y, ldy, cols); break;
+    case 4: micro(4, panel, x, ldx, k, bias16, y, ldy, cols); break;
+    case 5: micro(5, panel, x, ldx, k, bias16, y, ldy, cols); break;
+    default: micro(6, panel, x, ldx, k, bias16, y, ldy, cols); break;
+    }
+}
+
+/* y [m, n] = x [m, k] W^T + bias, W given as panels. Rows are taken in blocks whose slice of x
+ * (~192 KB) stays in L2 while the panels stream past it; (row block, panel) pairs are split
+ * evenly over the threads, so one decode row still uses every core. */
+void kv_linear(const float *x, int64_t m, int64_t k, const float *panels, int64_t n,
+               const float *bias, float *y) {
+    const int64_t np = (n + NR - 1) / NR;
+    int64_t mb = (192 * 1024 / 4) / k / MR * MR;
+    if (mb < MR) mb = MR;
+    const int64_t nmb = (m + mb - 1) / mb;
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < nmb; b++)
+        for (int64_t p = 0; p < np; p++) {
+            const int cols = (int)min64(NR, n - p * NR);
+            float bias16[NR] = {0};
+            if (bias) memcpy(bias16, bias + p * NR, (size_t)cols * sizeof(float));
+            const float *panel = panels + p * k * NR;
+            const int64_t end = min64(m, (b + 1) * mb);
+            for (int64_t r = b * mb; r < end; r += MR)
+                micro_rows((int)min64(MR, end - r), panel, x + r * k, k, k, bias16, y + r * n + p * NR, n, cols);
+        }
+}
+
+/* ---- paged decode attention ---------------------------------------------------------- */
+
+/* e^x for x <= 0 (softmax after subtracting the max), Cephes' polynomial as in avx_mathfun:
+ * about 1 ulp in single precision. */
+static inline __m256 exp256(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+    __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    __m256i n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(n));
+}
+
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline float dot(const float *a, const float *b, int64_t d) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    return hsum(acc);
+}
+
+/* In place: s[0:len] = softmax(s[0:len]). */
+static void softmax(float *s, int64_t len) {
+    float mx = -INFINITY;
+    for (int64_t t = 0; t < len; t++) mx = s[t] > mx ? s[t] : mx;
+    const __m256 vmx = _mm256_set1_ps(mx);
+    __m256 vsum = _mm256_setzero_ps();
+    int64_t t = 0;
+    for (; t + 8 <= len; t += 8) {
+        __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + t), vmx));
+        _mm256_storeu_ps(s + t, e);
+        vsum = _mm256_add_ps(vsum, e);
+    }
+    float sum = hsum(vsum);
+    for (; t < len; t++) { s[t] = expf(s[t] - mx); sum += s[t]; }
+    const float inv = 1.0f / sum;
+    for (t = 0; t < len; t++) s[t] *= inv;
+}
+
+/* Single-query attention of each decode over its own context, read through its block table.
+ * q, out: [T, h, d] (rows[i] is decode i's query row); caches: [blocks, block_size, kvh, d];
+ * tables: [n, table_stride] block ids; d a multiple of 8. Query head j reads KV head
+ * j / (h / kvh), as grouped-query attention does. One task per (decode, KV head): its group
+ * of query heads shares every key and value it loads. */
+void kv_paged_decode_attention(const float *q, const float *k_cache, const float *v_cache,
+                               const int64_t *rows, const int64_t *seq_lens, const int64_t *tables,
+                               int64_t table_stride, int64_t n, int64_t h, int64_t kvh, int64_t d,
+                               int64_t block_size, float scale, float *out) {
+    const int64_t g = h / kvh;
+    int64_t max_len = 1;
+    for (int64_t i = 0; i < n; i++) max_len = seq_lens[i] > max_len ? seq_lens[i] : max_len;
+    #pragma omp parallel
+    {
+        float *scores = malloc((size_t)(g * max_len) * sizeof(float));
+        float *acc = malloc((size_t)(g * d) * sizeof(float));
+        #pragma omp for collapse(2) schedule(static, 1)
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t kv = 0; kv < kvh; kv++) {
+                const int64_t len = seq_lens[i];
+                const int64_t *table = tables + i * table_stride;
+                const float *qh = q + (rows[i] * h + kv * g) * d;
+                for (int64_t t = 0; t < len; t++) {
+                    const float *key = k_cache + ((table[t / block_size] * block_size + t % block_size) * kvh + kv) * d;
+                    for (int64_t j = 0; j < g; j++) scores[j * len + t] = dot(qh + j * d, key, d) * scale;
+                }
+                for (int64_t j = 0; j < g; j++) softmax(scores + j * len, len);
+                memset(acc, 0, (size_t)(g * d) * sizeof(float));
+                for (int64_t t = 0; t < len; t++) {
+                    const float *val = v_cache + ((table[t / block_size] * block_size + t % block_size) * kvh + kv) * d;
+                    for (int64_t j = 0; j < g; j++) {
+                        const __m256 p = _mm256_set1_ps(scores[j * len + t]);
+                        float *a = acc + j * d;
+                        for (int64_t e = 0; e < d; e += 8)
+                            _mm256_storeu_ps(a + e, _mm256_fmadd_ps(p, _mm256_loadu_ps(val + e), _mm256_loadu_ps(a + e)));
+                    }
+                }
+                memcpy(out + (rows[i] * h + kv * g) * d, acc, (size_t)(g * d) * sizeof(float));
+            }
+        free(scores);
+        free(acc);
+    }
+}

@@ -1,0 +1,86 @@
+"""kvscope's native CPU kernels (engine/cpu_kernels) against torch: the panel linear at every
+row count the engine sends it, the paged decode attention over random block tables, and the
+engine that picks them (same greedy tokens as the torch backend)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine import LLM, SamplingParams
+from engine.attention import get_attention_backend
+from engine.cpu_kernels import DISABLE_ENV_VAR, native
+from engine.model.cpu_linear import NATIVE_MAX_ROWS, PackedLinear
+
+from .test_torch_decode import _decode_batch, _reference
+
+kernels = native()
+pytestmark = pytest.mark.skipif(kernels is None, reason="native CPU kernels need gcc and an AVX2 CPU")
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 6, 7, 16, 63, 130])
+@pytest.mark.parametrize("n,k", [(96, 40), (50, 33), (576, 1536)])  # 50: a partial last panel
+def test_panel_linear_matches_f_linear(rows, n, k):
+    g = torch.Generator().manual_seed(rows * n)
+    # Weights scaled as a trained layer's are (outputs of order 1), so fp32 rounding stays small.
+    w, b, x = torch.randn(n, k, generator=g) / k ** 0.5, torch.randn(n, generator=g), torch.randn(rows, k, generator=g)
+    panels = kernels.pack_panels(w)
+    want = F.linear(x.double(), w.double(), b.double()).float()
+    torch.testing.assert_close(kernels.linear(x, panels, n, b), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(kernels.linear(x, panels, n, None), want - b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, NATIVE_MAX_ROWS, NATIVE_MAX_ROWS + 1, 300])
+def test_packed_linear_takes_the_panels_for_few_rows_and_onednn_for_many(rows, monkeypatch):
+    g = torch.Generator().manual_seed(rows)
+    w, b, x = torch.randn(64, 48, generator=g), torch.randn(64, generator=g), torch.randn(rows, 48, generator=g)
+    layer = PackedLinear(w, b)
+    calls = []
+    monkeypatch.setattr(type(kernels), "linear", lambda self, *a: calls.append(a) or F.linear(a[0], w, b))
+    torch.testing.assert_close(layer(x), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+    assert bool(calls) == (rows <= NATIVE_MAX_ROWS)
+
+
+@pytest.mark.parametrize("lengths", [[1], [5, 16, 17, 40], [33, 2, 100, 64, 7, 9, 128, 250]])
+def test_paged_decode_attention_matches_whole_context_attention(lengths):
+    q, k_cache, v_cache, meta = _decode_batch(lengths, seed=len(lengths))
+    # Query rows spread through a larger batch, as decodes sit among prefill rows.
+    rows = torch.arange(len(lengths)) * 2 + 1
+    q_big = torch.randn(2 * len(lengths) + 1, *q.shape[1:])
+    q_big[rows] = q
+    out = torch.zeros_like(q_big)
+    kernels.paged_decode_attention(q_big, k_cache, v_cache, rows, torch.tensor(lengths), meta.block_tables, out)
+    torch.testing.assert_close(out[rows], _reference(q, k_cache, v_cache, meta), rtol=1e-5, atol=1e-5)
+    assert not out[rows - 1].any()  # other rows untouched
+
+
+def test_cpu_backend_is_auto_in_fp32_only_and_names_why_not():
+    cpu = torch.device("cpu")
+    assert get_attention_backend("auto", cpu, 16, torch.float32).name == "cpu"
+    assert get_attention_backend("auto", cpu, 16, torch.bfloat16).name == "torch"
+    with pytest.raises(ValueError, match="attention_backend 'cpu'.*float32.*bfloat16"):
+        get_attention_backend("cpu", cpu, 16, torch.bfloat16)
+
+
+def test_disabling_native_kernels_falls_back_to_torch(monkeypatch):
+    monkeypatch.setenv(DISABLE_ENV_VAR, "0")
+    native.cache_clear()
+    try:
+        assert native() is None
+        assert get_attention_backend("auto", torch.device("cpu"), 16, torch.float32).name == "torch"
+    finally:
+        monkeypatch.delenv(DISABLE_ENV_VAR)
+        native.cache_clear()
+    assert native() is not None
+
+
+def test_cpu_backend_gives_the_torch_backends_greedy_tokens(default_model_path):
+    """The default model end to end: decodes (and chunked prefills' 1-token tails) through the
+    native kernels, against the torch backend, on prompts of different lengths batched together."""
+    prompts = ["The capital of France is", "def fibonacci(n):\n    ", "Once upon a time, in a land far away, "
+               "there lived a dragon who", "1, 2, 3, 4,"]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    outs = {}
+    for backend in ("torch", "cpu"):
+        llm = LLM(model=str(default_model_path), attention_backend=backend, max_num_batched_tokens=32)
+        assert llm.engine.model_info["attention_backend"] == backend
+        outs[backend] = [o.token_ids for o in llm.generate(prompts, params)]
+    assert outs["cpu"] == outs["torch"]

@@ -22,7 +22,7 @@ import torch
 from ..default_model import cache_dir
 
 SOURCE = Path(__file__).with_name("kvscope_cpu.c")
-FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
+FLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
 DISABLE_ENV_VAR = "KVSCOPE_NATIVE_CPU"
 
 _i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
@@ -30,6 +30,9 @@ _SIGNATURES = {
     "kv_packed_floats": (_i64, [_i64, _i64]),
     "kv_pack_panels": (None, [_ptr, _i64, _i64, _ptr]),
     "kv_linear": (None, [_ptr, _i64, _i64, _ptr, _i64, _ptr, _ptr]),
+    "kv_rms_norm": (None, [_ptr, _ptr, _i64, _i64, _f32, _ptr]),
+    "kv_rope_inplace": (None, [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64]),
+    "kv_silu_and_mul": (None, [_ptr, _i64, _i64, _ptr]),
     "kv_paged_decode_attention": (None, [_ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64,
                                          _i64, _i64, _f32, _ptr]),
 }
@@ -59,6 +62,25 @@ class NativeCpuKernels:
         self.lib.kv_linear(x.data_ptr(), m, k, panels.data_ptr(), n,
                            None if bias is None else bias.data_ptr(), y.data_ptr())
         return y
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """RMSNorm over the last dim of x [rows, n]."""
+        out = torch.empty_like(x)
+        self.lib.kv_rms_norm(x.data_ptr(), weight.data_ptr(), x.shape[0], x.shape[1], eps, out.data_ptr())
+        return out
+
+    def rope_(self, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+              heads: int, head_dim: int) -> None:
+        """Neox RoPE in place on the first `heads` heads of each row of x [tokens, >= heads * head_dim]."""
+        self.lib.kv_rope_inplace(x.data_ptr(), positions.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+                                 x.shape[0], x.stride(0), heads, head_dim)
+
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up for gate_up [tokens, 2n] = [gate | up] -> [tokens, n]."""
+        t, n = gate_up.shape[0], gate_up.shape[1] // 2
+        out = torch.empty((t, n), dtype=torch.float32)
+        self.lib.kv_silu_and_mul(gate_up.data_ptr(), t, n, out.data_ptr())
+        return out
 
     def paged_decode_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                rows: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,

@@ -7,6 +7,8 @@
  *    loaded is used by every row of the step before it leaves the registers.
  * 2. Paged decode attention. Each decode reads its keys and values straight from the paged
  *    cache through its block table: no gathered copy, no padding to the longest sequence.
+ * 3. The small ops between them (RMSNorm, RoPE, SiLU-and-mul): one call each instead of five to
+ *    ten torch ops, whose dispatch costs more than their arithmetic at a few rows.
  *
  * Built and loaded by engine/cpu_kernels/__init__.py (gcc, a second or two); the engine falls
  * back to torch's kernels where it cannot be built. Every routine is checked against torch in
@@ -107,12 +109,12 @@ void kv_linear(const float *x, int64_t m, int64_t k, const float *panels, int64_
         }
 }
 
-/* ---- paged decode attention ---------------------------------------------------------- */
+/* ---- vector helpers ------------------------------------------------------------------ */
 
-/* e^x for x <= 0 (softmax after subtracting the max), Cephes' polynomial as in avx_mathfun:
- * about 1 ulp in single precision. */
+/* e^x with x clamped to [-87.3, 88.3] (the finite single-precision range), Cephes' polynomial
+ * as in avx_mathfun: about 1 ulp. */
 static inline __m256 exp256(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
     __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
     x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
     x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
@@ -133,6 +135,71 @@ static inline float hsum(__m256 v) {
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
 }
+
+/* ---- small ops -------------------------------------------------------------------------
+ * Written with the same operations, in the same order per element, as the torch code they
+ * replace (engine/model/layers.py); built with -ffp-contract=off so no multiply-add is fused
+ * where torch rounds twice. Only reductions (the RMSNorm sum of squares) differ in order. */
+
+static inline float sum_of_squares(const float *x, int64_t n) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) { __m256 v = _mm256_loadu_ps(x + i); acc = _mm256_add_ps(acc, _mm256_mul_ps(v, v)); }
+    float s = hsum(acc);
+    for (; i < n; i++) s += x[i] * x[i];
+    return s;
+}
+
+/* out[r] = weight * (x[r] * rsqrt(mean(x[r]^2) + eps)), rows of length n. */
+void kv_rms_norm(const float *x, const float *weight, int64_t rows, int64_t n, float eps, float *out) {
+    #pragma omp parallel for schedule(static) if (rows >= 16)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        float *o = out + r * n;
+        const float scale = 1.0f / sqrtf(sum_of_squares(xr, n) / (float)n + eps);
+        for (int64_t i = 0; i < n; i++) o[i] = weight[i] * (xr[i] * scale);
+    }
+}
+
+/* Neox-style rotary embedding, in place on the first `heads` heads of each row of x (q's heads
+ * then k's, as the packed qkv projection lays them out): x1, x2 = halves of a head;
+ * x1' = x1 * cos - x2 * sin, x2' = x2 * cos + x1 * sin, with cos/sin rows [max_pos, d]
+ * (each half repeated) looked up by the token's position. */
+void kv_rope_inplace(float *x, const int64_t *positions, const float *cos_table, const float *sin_table,
+                     int64_t tokens, int64_t row_stride, int64_t heads, int64_t d) {
+    const int64_t half = d / 2;
+    #pragma omp parallel for schedule(static) if (tokens >= 16)
+    for (int64_t t = 0; t < tokens; t++) {
+        const float *c = cos_table + positions[t] * d, *s = sin_table + positions[t] * d;
+        for (int64_t h = 0; h < heads; h++) {
+            float *x1 = x + t * row_stride + h * d, *x2 = x1 + half;
+            for (int64_t i = 0; i < half; i++) {
+                const float a = x1[i], b = x2[i];
+                x1[i] = a * c[i] + (-b) * s[i];
+                x2[i] = b * c[half + i] + a * s[half + i];
+            }
+        }
+    }
+}
+
+/* out[t, j] = silu(gate) * up for gate_up [tokens, 2 * n] = [gate | up]; silu(g) = g / (1 + e^-g). */
+void kv_silu_and_mul(const float *gate_up, int64_t tokens, int64_t n, float *out) {
+    #pragma omp parallel for schedule(static) if (tokens >= 4)
+    for (int64_t t = 0; t < tokens; t++) {
+        const float *g = gate_up + t * 2 * n, *u = g + n;
+        float *o = out + t * n;
+        int64_t j = 0;
+        for (; j + 8 <= n; j += 8) {
+            const __m256 gv = _mm256_loadu_ps(g + j);
+            const __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+            const __m256 silu = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+            _mm256_storeu_ps(o + j, _mm256_mul_ps(silu, _mm256_loadu_ps(u + j)));
+        }
+        for (; j < n; j++) o[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+    }
+}
+
+/* ---- paged decode attention ---------------------------------------------------------- */
 
 static inline float dot(const float *a, const float *b, int64_t d) {
     __m256 acc = _mm256_setzero_ps();

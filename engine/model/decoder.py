@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ..attention import AttentionBackend, AttentionMetadata
+from ..cpu_kernels import native
 from ..distributed.layers import RowParallelLinear, VocabParallelEmbedding
 from ..distributed.parallel_state import SINGLE, TensorParallel
 from .cpu_linear import PackedLinear, pack_linear_layers
@@ -38,13 +39,18 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, positions: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
                 backend: AttentionBackend, meta: AttentionMetadata) -> torch.Tensor:
         t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        qkv = self.qkv_proj(x)
+        rotated = self.q_norm is None and self.rope.native is not None
+        if rotated:  # native kernels: q's and k's heads rotated in place, side by side in each row
+            self.rope.rotate_packed_(positions, qkv, self.num_heads + self.num_kv_heads)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rope(positions, q, k)
+        if not rotated:
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = self.rope(positions, q, k)
         o = backend.forward(self.layer, q, k, v, kv_cache[0], kv_cache[1], meta)
         return self.o_proj(o.reshape(t, self.q_size))
 
@@ -83,9 +89,14 @@ class CausalLM(nn.Module):
         self.packed_lm_head: PackedLinear | None = None  # set by pack_for_cpu()
 
     def pack_for_cpu(self) -> None:
-        """fp32 on a CPU: every plain linear and the LM head through oneDNN with packed
-        weights (cpu_linear.py says why). Call once, after the weights are loaded."""
+        """fp32 on a CPU: every plain linear and the LM head with packed weights (cpu_linear.py
+        says why), and the norms, RoPE and SiLU-and-mul through kvscope's native kernels where
+        they build. Call once, after the weights are loaded."""
         pack_linear_layers(self.layers)
+        kernels = native()
+        for module in self.modules():
+            if isinstance(module, (RMSNorm, RotaryEmbedding, SwiGLU)):
+                module.native = kernels
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         self.packed_lm_head = PackedLinear(weight, None)
         self.lm_head = None  # the packed copy replaces an untied head (a tied one stays the embedding)

@@ -1,10 +1,15 @@
-"""Small building blocks, written to match Hugging Face's numerics (fp32 parity)."""
+"""Small building blocks, written to match Hugging Face's numerics (fp32 parity).
+
+On a CPU in fp32, CausalLM.pack_for_cpu() gives each of them kvscope's native kernels
+(`native`): one call instead of five to ten torch ops, the same arithmetic per element
+(engine/cpu_kernels/kvscope_cpu.c)."""
 from __future__ import annotations
 
 import torch
 from torch import nn
 import torch.nn.functional as F
 
+from ..cpu_kernels import NativeCpuKernels
 from ..distributed.layers import RowParallelLinear
 from ..distributed.parallel_state import SINGLE, TensorParallel
 
@@ -16,8 +21,12 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.native: NativeCpuKernels | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.native is not None:
+            rows = x.reshape(-1, x.shape[-1]).contiguous()
+            return self.native.rms_norm(rows, self.weight, self.eps).view(x.shape)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -36,11 +45,17 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", emb.sin(), persistent=False)
 
         self._rows: tuple | None = None  # (positions, dtype, cos, sin) of the last lookup
+        self.native: NativeCpuKernels | None = None
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # q: [T, H, D], k: [T, KVH, D]
         cos, sin = self._lookup(positions, q.dtype)
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+    def rotate_packed_(self, positions: torch.Tensor, qkv: torch.Tensor, heads: int) -> None:
+        """Native kernels only: rotate the first `heads` heads of each row of the packed qkv
+        projection [T, (H + 2 KVH) * D] in place (q's heads, then k's)."""
+        self.native.rope_(qkv, positions, self.cos, self.sin, heads, self.cos.shape[1])
 
     def _lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin rows of these positions. Every layer of a forward passes the same positions
@@ -68,8 +83,11 @@ class SwiGLU(nn.Module):
         self.gate_up_proj = nn.Linear(hidden, 2 * self.intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False) if tp.size == 1 else \
             RowParallelLinear(intermediate, hidden, False, tp)
+        self.native: NativeCpuKernels | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.native is not None:
+            return self.down_proj(self.native.silu_and_mul(self.gate_up_proj(x)))
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
         act = F.silu(gate)
         return self.down_proj(act.mul_(up))  # in place: one [T, intermediate] buffer, not two

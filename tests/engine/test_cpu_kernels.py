@@ -9,6 +9,7 @@ from engine import LLM, SamplingParams
 from engine.attention import get_attention_backend
 from engine.cpu_kernels import DISABLE_ENV_VAR, native
 from engine.model.cpu_linear import NATIVE_MAX_ROWS, PackedLinear
+from engine.model.layers import RMSNorm, RotaryEmbedding, SwiGLU
 
 from .test_torch_decode import _decode_batch, _reference
 
@@ -84,3 +85,41 @@ def test_cpu_backend_gives_the_torch_backends_greedy_tokens(default_model_path):
         assert llm.engine.model_info["attention_backend"] == backend
         outs[backend] = [o.token_ids for o in llm.generate(prompts, params)]
     assert outs["cpu"] == outs["torch"]
+
+
+@pytest.mark.parametrize("rows", [1, 3, 40])
+def test_native_small_ops_match_the_torch_layers(rows):
+    """RMSNorm, RoPE (in place on the packed q|k|v rows) and SiLU-and-mul against the torch code
+    of engine/model/layers.py that they replace."""
+    g = torch.Generator().manual_seed(rows)
+    norm = RMSNorm(72, 1e-5)
+    norm.weight.data = torch.rand(72, generator=g) + 0.5
+    x = torch.randn(rows, 72, generator=g) * 3
+    want = norm(x)
+    norm.native = kernels
+    torch.testing.assert_close(norm(x), want, rtol=1e-6, atol=1e-6)
+    head_norm = RMSNorm(18, 1e-5)  # a per-head norm (Qwen3's q/k norm) on a non-contiguous view
+    heads_view = x.view(rows, 4, 18)[:, 1:3]
+    want = head_norm(heads_view)
+    head_norm.native = kernels
+    torch.testing.assert_close(head_norm(heads_view), want, rtol=1e-6, atol=1e-6)
+
+    heads, kv_heads, d = 4, 2, 16
+    rope = RotaryEmbedding(d, 512, 10000.0)
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * d, generator=g)
+    positions = torch.randint(0, 512, (rows,), generator=g)
+    q, k, v = qkv.split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
+    want_q, want_k = rope(positions, q.reshape(rows, heads, d), k.reshape(rows, kv_heads, d))
+    want_v = v.clone()
+    rope.native = kernels
+    rope.rotate_packed_(positions, qkv, heads + kv_heads)
+    q, k, v = qkv.split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
+    torch.testing.assert_close(q.reshape(rows, heads, d), want_q, rtol=0, atol=0)   # the same roundings
+    torch.testing.assert_close(k.reshape(rows, kv_heads, d), want_k, rtol=0, atol=0)
+    assert torch.equal(v, want_v)                                                   # v untouched
+
+    mlp = SwiGLU(24, 36)
+    x = torch.randn(rows, 24, generator=g)
+    want = mlp(x)
+    mlp.native = kernels
+    torch.testing.assert_close(mlp(x), want, rtol=1e-5, atol=1e-6)

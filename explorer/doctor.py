@@ -56,6 +56,20 @@ def check_torch() -> list[Check]:
     return checks
 
 
+def check_native_cpu_kernels() -> Check:
+    """kvscope's fp32 CPU kernels (built by gcc on first use); without them the CPU engine
+    runs torch's kernels, correct but slower."""
+    try:
+        from engine.cpu_kernels import native, unavailable_reason
+    except Exception as exc:  # noqa: BLE001
+        return Check("native CPU kernels", "missing", f"engine not importable: {exc}", f"{PIP} -e .")
+    kernels = native()
+    if kernels is not None:
+        return Check("native CPU kernels", "ok", f"built: {kernels.path}")
+    return Check("native CPU kernels", "optional", f"not used ({unavailable_reason()}): the CPU engine runs "
+                 "torch's kernels instead, slower", "apt-get install gcc")
+
+
 def check_gpu_extras() -> list[Check]:
     """triton and flash-attn only matter with a GPU: absent elsewhere is fine."""
     has_gpu = False
@@ -149,7 +163,7 @@ def check_notebook() -> Check:
 
 
 CHECKS: list[Callable[[], Check | list[Check]]] = [
-    check_python, check_torch, check_gpu_extras, check_packages, check_default_model, check_test_tools,
+    check_python, check_torch, check_native_cpu_kernels, check_gpu_extras, check_packages, check_default_model, check_test_tools,
     check_notebook,
 ]
 

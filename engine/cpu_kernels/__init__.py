@@ -94,16 +94,36 @@ class NativeCpuKernels:
             d ** -0.5, out.data_ptr())
 
 
-@lru_cache(maxsize=1)
 def native() -> NativeCpuKernels | None:
     """The kernels, built on first use; None where they cannot run here (see the module doc)."""
-    if os.environ.get(DISABLE_ENV_VAR, "1") == "0" or not cpu_supported():
-        return None
+    return _load()[0]
+
+
+def unavailable_reason() -> str | None:
+    """Why native() is None, in words (None when the kernels run)."""
+    return _load()[1]
+
+
+def cache_clear() -> None:
+    """Forget the loaded kernels (tests change the environment variable)."""
+    _load.cache_clear()
+
+
+@lru_cache(maxsize=1)
+def _load() -> tuple[NativeCpuKernels | None, str | None]:
+    if os.environ.get(DISABLE_ENV_VAR, "1") == "0":
+        return None, f"turned off by {DISABLE_ENV_VAR}=0"
+    if not cpu_supported():
+        return None, f"they need an x86-64 CPU with AVX2 and FMA (torch reports {torch.backends.cpu.get_cpu_capability()})"
     try:
         path = _build()
-        return NativeCpuKernels(ctypes.CDLL(str(path)), path)
-    except (OSError, subprocess.CalledProcessError):
-        return None
+        return NativeCpuKernels(ctypes.CDLL(str(path)), path), None
+    except FileNotFoundError:
+        return None, "gcc was not found (install it: apt-get install gcc)"
+    except subprocess.CalledProcessError as exc:
+        return None, f"gcc failed: {exc.stderr.decode(errors='replace').strip()[-300:]}"
+    except OSError as exc:
+        return None, f"the built library did not load: {exc}"
 
 
 def cpu_supported() -> bool:

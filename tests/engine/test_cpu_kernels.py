@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from engine import LLM, SamplingParams
 from engine.attention import get_attention_backend
-from engine.cpu_kernels import DISABLE_ENV_VAR, native
+from engine.cpu_kernels import DISABLE_ENV_VAR, cache_clear, native, unavailable_reason
 from engine.model.cpu_linear import NATIVE_MAX_ROWS, PackedLinear
 from engine.model.layers import RMSNorm, RotaryEmbedding, SwiGLU
 
@@ -41,8 +41,10 @@ def test_packed_linear_takes_the_panels_for_few_rows_and_onednn_for_many(rows, m
 
 
 @pytest.mark.parametrize("lengths", [[1], [5, 16, 17, 40], [33, 2, 100, 64, 7, 9, 128, 250]])
-def test_paged_decode_attention_matches_whole_context_attention(lengths):
+@pytest.mark.parametrize("score_scale", [1.0, 30.0])  # 30: most weights underflow (denormals flushed)
+def test_paged_decode_attention_matches_whole_context_attention(lengths, score_scale):
     q, k_cache, v_cache, meta = _decode_batch(lengths, seed=len(lengths))
+    q = q * score_scale
     # Query rows spread through a larger batch, as decodes sit among prefill rows.
     rows = torch.arange(len(lengths)) * 2 + 1
     q_big = torch.randn(2 * len(lengths) + 1, *q.shape[1:])
@@ -63,14 +65,14 @@ def test_cpu_backend_is_auto_in_fp32_only_and_names_why_not():
 
 def test_disabling_native_kernels_falls_back_to_torch(monkeypatch):
     monkeypatch.setenv(DISABLE_ENV_VAR, "0")
-    native.cache_clear()
+    cache_clear()
     try:
-        assert native() is None
+        assert native() is None and DISABLE_ENV_VAR in unavailable_reason()
         assert get_attention_backend("auto", torch.device("cpu"), 16, torch.float32).name == "torch"
     finally:
         monkeypatch.delenv(DISABLE_ENV_VAR)
-        native.cache_clear()
-    assert native() is not None
+        cache_clear()
+    assert native() is not None and unavailable_reason() is None
 
 
 def test_cpu_backend_gives_the_torch_backends_greedy_tokens(default_model_path):

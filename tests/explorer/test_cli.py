@@ -151,7 +151,7 @@ def test_doctor_reports_the_setup():
     buf = io.StringIO()
     rc = doctor.run_doctor(out=buf)
     text = buf.getvalue()
-    for name in ("python", "torch", "device", "triton", "flash-attn", "default model", "chromium"):
+    for name in ("python", "torch", "device", "native CPU kernels", "triton", "flash-attn", "default model", "chromium"):
         assert re.search(rf"^(ok  |--  |MISS) {re.escape(name)}\s", text, re.MULTILINE), name
     assert rc == (1 if "\nMISS " in "\n" + text else 0)
 
@@ -167,6 +167,21 @@ def test_doctor_names_what_is_missing_and_the_fix(monkeypatch):
     assert re.search(r"^--   playwright\s+not installed", text, re.MULTILINE)  # tests only: not required
     assert "xxhash: " in text.split("to fix:")[1]
     assert "missing: xxhash" in text
+
+
+def test_doctor_says_why_the_native_cpu_kernels_are_off(monkeypatch):
+    from engine import cpu_kernels
+
+    monkeypatch.setenv(cpu_kernels.DISABLE_ENV_VAR, "0")
+    cpu_kernels.cache_clear()
+    try:
+        check = doctor.check_native_cpu_kernels()
+    finally:
+        monkeypatch.delenv(cpu_kernels.DISABLE_ENV_VAR)
+        cpu_kernels.cache_clear()
+    assert check.level == "optional" and "KVSCOPE_NATIVE_CPU=0" in check.detail and "torch's kernels" in check.detail
+    on = doctor.check_native_cpu_kernels()
+    assert on.level == "ok" and on.detail.startswith("built: ") if cpu_kernels.cpu_supported() else on.level == "optional"
 
 
 # -- lab ------------------------------------------------------------------------------------

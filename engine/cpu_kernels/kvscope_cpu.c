@@ -1,5 +1,5 @@
-/* kvscope's native CPU kernels (fp32, AVX2 + FMA, OpenMP): the two places where a decode step
- * on a CPU spends time that is neither arithmetic nor memory traffic it must do.
+/* kvscope's native CPU kernels (fp32, AVX2 + FMA, OpenMP): where a decode step on a CPU spent
+ * its time on something other than the arithmetic and memory traffic it must do.
  *
  * 1. Skinny linears. A decode step multiplies a few rows by every weight of the model, so it is
  *    bound by how fast the weights stream from memory. Weights are packed once into panels of 16
@@ -88,8 +88,9 @@ static void micro_rows(int rows, const float *panel, const float *x, int64_t ldx
 }
 
 /* y [m, n] = x [m, k] W^T + bias, W given as panels. Rows are taken in blocks whose slice of x
- * (~192 KB) stays in L2 while the panels stream past it; (row block, panel) pairs are split
- * evenly over the threads, so one decode row still uses every core. */
+ * (~192 KB) stays in L2 while the panels stream past it; (row block, panel) pairs are handed to
+ * the threads four at a time, so one decode row still uses every core, and a thread slowed by
+ * a neighbour on a shared machine takes fewer (dynamic rather than an even static split). */
 void kv_linear(const float *x, int64_t m, int64_t k, const float *panels, int64_t n,
                const float *bias, float *y) {
     const int64_t np = (n + NR - 1) / NR;

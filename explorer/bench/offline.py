@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine import LLM, SamplingParams
+from engine.cpu_kernels import native, unavailable_reason
 from explorer.machine import cpu_summary
 
 
@@ -154,7 +155,9 @@ def bench(reps: int = 3, scale: float = 1.0, dtype: str = "float32", model: str 
     out(f"CPU {cpu_summary()}; torch CPU kernels: {torch.backends.cpu.get_cpu_capability()}")
     out(f"model {llm.engine.model_info['name']} ({dtype}), torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads, {reps} repetitions, scale {scale}; engine: "
-        f"KV pool {BENCH_KV_BYTES / 2**30:.0f} GiB ({llm.engine.runner.num_blocks} blocks), loaded in {load_s:.1f} s")
+        f"KV pool {BENCH_KV_BYTES / 2**30:.0f} GiB ({llm.engine.runner.num_blocks} blocks), loaded in {load_s:.1f} s, "
+        f"attention backend {llm.engine.model_info['attention_backend']}, native CPU kernels "
+        f"{'on' if native() is not None else 'off (' + str(unavailable_reason()) + ')'}")
     # One stream reads every weight once per token: weight bytes / read bandwidth is its floor.
     weight_bytes = hf.num_parameters() * getattr(torch, dtype).itemsize
     bandwidth = read_bandwidth_gb_s()

@@ -22,7 +22,7 @@ class TorchAttentionBackend(AttentionBackend):
                 k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         probing = meta.probing
         if not probing:
-            write_kv(k, v, k_cache, v_cache, meta.slot_mapping, _all_slots_written(meta))
+            self.write_kv(k, v, k_cache, v_cache, meta)
         decode_set = set(meta.decode_seq_ids)
         out = q.new_empty(q.shape)
         kvh = k.shape[1]
@@ -45,6 +45,11 @@ class TorchAttentionBackend(AttentionBackend):
         if meta.decode_seq_ids and not probing:
             self.decode(q, k_cache, v_cache, meta, out)
         return out
+
+    def write_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 meta: AttentionMetadata) -> None:
+        """Stores the step's new K/V at their slots."""
+        write_kv(k, v, k_cache, v_cache, meta.slot_mapping, _all_slots_written(meta))
 
     def decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                meta: AttentionMetadata, out: torch.Tensor) -> None:

@@ -30,10 +30,11 @@ _SIGNATURES = {
     "kv_packed_floats": (_i64, [_i64, _i64]),
     "kv_pack_panels": (None, [_ptr, _i64, _i64, _ptr]),
     "kv_linear": (None, [_ptr, _i64, _i64, _ptr, _i64, _ptr, _ptr]),
-    "kv_rms_norm": (None, [_ptr, _ptr, _i64, _i64, _f32, _ptr]),
+    "kv_rms_norm": (None, [_ptr, _ptr, _ptr, _i64, _i64, _f32, _ptr]),
+    "kv_reshape_and_cache": (None, [_ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64]),
     "kv_rope_inplace": (None, [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64]),
     "kv_silu_and_mul": (None, [_ptr, _i64, _i64, _ptr]),
-    "kv_paged_decode_attention": (None, [_ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64,
+    "kv_paged_decode_attention": (None, [_ptr, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64,
                                          _i64, _i64, _f32, _ptr]),
 }
 
@@ -63,11 +64,21 @@ class NativeCpuKernels:
                            None if bias is None else bias.data_ptr(), y.data_ptr())
         return y
 
-    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        """RMSNorm over the last dim of x [rows, n]."""
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float,
+                 residual: torch.Tensor | None = None) -> torch.Tensor:
+        """RMSNorm over the last dim of x [rows, n] (contiguous). With `residual` (same shape,
+        contiguous), residual += x in place first and the sum is normalized."""
         out = torch.empty_like(x)
-        self.lib.kv_rms_norm(x.data_ptr(), weight.data_ptr(), x.shape[0], x.shape[1], eps, out.data_ptr())
+        self.lib.kv_rms_norm(x.data_ptr(), None if residual is None else residual.data_ptr(), weight.data_ptr(),
+                             x.shape[0], x.shape[1], eps, out.data_ptr())
         return out
+
+    def reshape_and_cache(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                          slot_mapping: torch.Tensor) -> None:
+        """Store K/V [T, kvh, d] (rows may be strided, each row contiguous) at their slots; -1 skipped."""
+        self.lib.kv_reshape_and_cache(k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), k_cache.data_ptr(),
+                                      v_cache.data_ptr(), slot_mapping.data_ptr(), k.shape[0],
+                                      k_cache.shape[2] * k_cache.shape[3])
 
     def rope_(self, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
               heads: int, head_dim: int) -> None:
@@ -85,11 +96,12 @@ class NativeCpuKernels:
     def paged_decode_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                rows: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
                                out: torch.Tensor) -> None:
-        """Writes out[rows[i]] = attention of q[rows[i]] over decode i's cached context."""
+        """Writes out[rows[i]] = attention of q[rows[i]] over decode i's cached context; q's
+        rows may be strided (each row contiguous), out is contiguous."""
         _, h, d = q.shape
         num_blocks, block_size, kvh, _ = k_cache.shape
         self.lib.kv_paged_decode_attention(
-            q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), rows.data_ptr(), seq_lens.data_ptr(),
+            q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), rows.data_ptr(), seq_lens.data_ptr(),
             block_tables.data_ptr(), block_tables.stride(0), rows.shape[0], h, kvh, d, block_size,
             d ** -0.5, out.data_ptr())
 

@@ -151,11 +151,19 @@ static inline float sum_of_squares(const float *x, int64_t n) {
     return s;
 }
 
-/* out[r] = weight * (x[r] * rsqrt(mean(x[r]^2) + eps)), rows of length n. */
-void kv_rms_norm(const float *x, const float *weight, int64_t rows, int64_t n, float eps, float *out) {
+/* out[r] = weight * (x[r] * rsqrt(mean(x[r]^2) + eps)), rows of length n. With a residual
+ * (vLLM's fused_add_rms_norm): residual[r] = x[r] + residual[r] first, in place, and that sum
+ * is what gets normalized. */
+void kv_rms_norm(const float *x, float *residual, const float *weight, int64_t rows, int64_t n, float eps,
+                 float *out) {
     #pragma omp parallel for schedule(static) if (rows >= 16)
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * n;
+        if (residual) {
+            float *res = residual + r * n;
+            for (int64_t i = 0; i < n; i++) res[i] = xr[i] + res[i];
+            xr = res;
+        }
         float *o = out + r * n;
         const float scale = 1.0f / sqrtf(sum_of_squares(xr, n) / (float)n + eps);
         for (int64_t i = 0; i < n; i++) o[i] = weight[i] * (xr[i] * scale);
@@ -200,6 +208,19 @@ void kv_silu_and_mul(const float *gate_up, int64_t tokens, int64_t n, float *out
     }
 }
 
+/* vLLM's reshape_and_cache: each token's K and V rows (kvh * d floats, rows of the packed qkv
+ * projection: k_stride / v_stride floats apart) stored at its slot of the paged caches
+ * (slot = block * block_size + offset, each slot a row of kvh * d); slot -1 is skipped. */
+void kv_reshape_and_cache(const float *k, int64_t k_stride, const float *v, int64_t v_stride,
+                          float *k_cache, float *v_cache, const int64_t *slots, int64_t tokens, int64_t row_floats) {
+    #pragma omp parallel for schedule(static) if (tokens >= 64)
+    for (int64_t t = 0; t < tokens; t++) {
+        if (slots[t] < 0) continue;
+        memcpy(k_cache + slots[t] * row_floats, k + t * k_stride, (size_t)row_floats * sizeof(float));
+        memcpy(v_cache + slots[t] * row_floats, v + t * v_stride, (size_t)row_floats * sizeof(float));
+    }
+}
+
 /* ---- paged decode attention ---------------------------------------------------------- */
 
 static inline float dot(const float *a, const float *b, int64_t d) {
@@ -227,14 +248,15 @@ static void softmax(float *s, int64_t len) {
 }
 
 /* Single-query attention of each decode over its own context, read through its block table.
- * q, out: [T, h, d] (rows[i] is decode i's query row); caches: [blocks, block_size, kvh, d];
+ * q: [T, h, d] with rows q_stride floats apart (a view into the packed qkv projection);
+ * out: [T, h, d] contiguous; rows[i] is decode i's query row; caches: [blocks, block_size, kvh, d];
  * tables: [n, table_stride] block ids; d a multiple of 8. Query head j reads KV head
  * j / (h / kvh), as grouped-query attention does. One task per decode, walking its tokens in
  * order and reading each token's whole K (then V) row of kvh * d floats: within a block those
  * rows are contiguous, so the walk is one sequential stream the hardware prefetches (a task per
  * (decode, KV head) read a third of each row at a stride and waited on DRAM latency: 4x slower
  * on a real model's cache). */
-void kv_paged_decode_attention(const float *q, const float *k_cache, const float *v_cache,
+void kv_paged_decode_attention(const float *q, int64_t q_stride, const float *k_cache, const float *v_cache,
                                const int64_t *rows, const int64_t *seq_lens, const int64_t *tables,
                                int64_t table_stride, int64_t n, int64_t h, int64_t kvh, int64_t d,
                                int64_t block_size, float scale, float *out) {
@@ -254,7 +276,7 @@ void kv_paged_decode_attention(const float *q, const float *k_cache, const float
         for (int64_t i = 0; i < n; i++) {
             const int64_t len = seq_lens[i];
             const int64_t *table = tables + i * table_stride;
-            const float *qi = q + rows[i] * h * d;
+            const float *qi = q + rows[i] * q_stride;
             for (int64_t t = 0; t < len; t++) {
                 const float *key = k_cache + (table[t / block_size] * block_size + t % block_size) * row_floats;
                 for (int64_t j = 0; j < h; j++) scores[j * len + t] = dot(qi + j * d, key + (j / g) * d, d) * scale;

@@ -64,9 +64,16 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.mlp = SwiGLU(spec.hidden_size, spec.intermediate_size, tp)
 
-    def forward(self, x, positions, kv_cache, backend, meta):
-        x = x + self.self_attn(self.input_layernorm(x), positions, kv_cache, backend, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, residual, positions, kv_cache, backend, meta):
+        """(hidden, residual) in, (hidden, residual) out, as in vLLM: each norm first adds the
+        pending residual (one fused call with the native kernels), then normalizes the sum."""
+        if residual is None:
+            residual, x = x, self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(x, positions, kv_cache, backend, meta)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
 
 
 class CausalLM(nn.Module):
@@ -105,10 +112,10 @@ class CausalLM(nn.Module):
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], backend: AttentionBackend,
                 meta: AttentionMetadata, num_layers: int | None = None) -> torch.Tensor:
         """Hidden states after the final norm, [T, hidden]. `num_layers` stops early (probe)."""
-        x = self.embed_tokens(input_ids)
+        x, residual = self.embed_tokens(input_ids), None
         for layer in self.layers[: num_layers or len(self.layers)]:
-            x = layer(x, positions, kv_caches[layer.self_attn.layer], backend, meta)
-        return self.norm(x)
+            x, residual = layer(x, residual, positions, kv_caches[layer.self_attn.layer], backend, meta)
+        return self.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """Logits [rows, vocab]; with tensor parallelism the vocab shards are gathered on

@@ -15,7 +15,9 @@ from ..distributed.parallel_state import SINGLE, TensorParallel
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm computed in fp32, then cast back (as transformers' Llama/Qwen do)."""
+    """RMSNorm computed in fp32, then cast back (as transformers' Llama/Qwen do). Given a
+    residual, it first adds it (vLLM's fused add + norm) and returns (normalized, the sum):
+    the decoder's residual stream, added where transformers adds it, in the same order."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -23,14 +25,19 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.native: NativeCpuKernels | None = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if self.native is not None:
             rows = x.reshape(-1, x.shape[-1]).contiguous()
-            return self.native.rms_norm(rows, self.weight, self.eps).view(x.shape)
+            out = self.native.rms_norm(rows, self.weight, self.eps, residual).view(x.shape)  # residual += x
+            return out if residual is None else (out, residual)
+        if residual is not None:
+            residual = residual + x
+            x = residual
         dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        out = self.weight * h.to(dtype)
+        return out if residual is None else (out, residual)
 
 
 class RotaryEmbedding(nn.Module):

@@ -67,7 +67,9 @@ def make_workloads(vocab_lo: int = 100, vocab_hi: int = 40_000, seed: int = 0, s
 
 # -- the two sides ------------------------------------------------------------------------
 def run_engine(llm: LLM, wl: Workload, session=None) -> RunResult:
+    """One run of the workload from an empty prefix cache (repetitions must not hit each other)."""
     eng = llm.engine
+    eng.kv.pool.reset_prefix_cache()
     ids = []
     for p, m in zip(wl.prompts, wl.max_tokens):
         sp = SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True)
@@ -170,8 +172,6 @@ def bench(reps: int = 3, scale: float = 1.0, dtype: str = "float32", model: str 
         for wl in make_workloads(scale=scale):
             eng_runs, hf_runs, hf_first, vllm_runs = [], [], [], []
             for _ in range(reps):
-                llm.engine.kv.set_prefix_caching(False)  # a fresh cache each repetition...
-                llm.engine.kv.set_prefix_caching(True)   # ...so repetitions do not hit each other
                 eng_runs.append(run_engine(llm, wl))
                 hf_runs.append(run_hf(hf, wl, pad_id))
                 if wl.name == "stream":

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from engine import LLM, SamplingParams
 from engine.attention import get_attention_backend
+from engine.attention.reference_ops import write_kv
 from engine.cpu_kernels import DISABLE_ENV_VAR, cache_clear, native, unavailable_reason
 from engine.model.cpu_linear import NATIVE_MAX_ROWS, PackedLinear
 from engine.model.layers import RMSNorm, RotaryEmbedding, SwiGLU
@@ -49,10 +50,27 @@ def test_paged_decode_attention_matches_whole_context_attention(lengths, score_s
     rows = torch.arange(len(lengths)) * 2 + 1
     q_big = torch.randn(2 * len(lengths) + 1, *q.shape[1:])
     q_big[rows] = q
-    out = torch.zeros_like(q_big)
+    # q as the model passes it: a view into packed q|k|v rows (rows apart, each row contiguous).
+    q_big = torch.cat([q_big.flatten(1), torch.randn(q_big.shape[0], 40)], dim=1)[:, :q.shape[1] * q.shape[2]]
+    q_big = q_big.view(-1, *q.shape[1:])
+    out = torch.zeros(q_big.shape)
     kernels.paged_decode_attention(q_big, k_cache, v_cache, rows, torch.tensor(lengths), meta.block_tables, out)
     torch.testing.assert_close(out[rows], _reference(q, k_cache, v_cache, meta), rtol=1e-5, atol=1e-5)
     assert not out[rows - 1].any()  # other rows untouched
+
+
+def test_reshape_and_cache_stores_strided_rows_at_their_slots_and_skips_minus_one():
+    g = torch.Generator().manual_seed(0)
+    blocks, bs, kvh, d, tokens = 6, 4, 2, 8, 7
+    qkv = torch.randn(tokens, (3 + 2 * kvh) * d, generator=g)  # 3 q heads, then k, then v
+    k = qkv[:, 3 * d:(3 + kvh) * d].view(tokens, kvh, d)
+    v = qkv[:, (3 + kvh) * d:].view(tokens, kvh, d)
+    slots = torch.tensor([5, 0, -1, 23, 9, -1, 12])
+    k_cache, v_cache = torch.zeros(blocks, bs, kvh, d), torch.zeros(blocks, bs, kvh, d)
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    write_kv(k, v, want_k, want_v, slots)
+    kernels.reshape_and_cache(k, v, k_cache, v_cache, slots)
+    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
 
 
 def test_cpu_backend_is_auto_in_fp32_only_and_names_why_not():
@@ -96,10 +114,13 @@ def test_native_small_ops_match_the_torch_layers(rows):
     g = torch.Generator().manual_seed(rows)
     norm = RMSNorm(72, 1e-5)
     norm.weight.data = torch.rand(72, generator=g) + 0.5
-    x = torch.randn(rows, 72, generator=g) * 3
-    want = norm(x)
+    x, residual = torch.randn(rows, 72, generator=g) * 3, torch.randn(rows, 72, generator=g)
+    want, (want_fused, want_sum) = norm(x), norm(x, residual)
     norm.native = kernels
     torch.testing.assert_close(norm(x), want, rtol=1e-6, atol=1e-6)
+    fused, total = norm(x, residual.clone())                    # residual + x, then the norm of the sum
+    assert torch.equal(total, want_sum)                         # the same additions as torch
+    torch.testing.assert_close(fused, want_fused, rtol=1e-6, atol=1e-6)
     head_norm = RMSNorm(18, 1e-5)  # a per-head norm (Qwen3's q/k norm) on a non-contiguous view
     heads_view = x.view(rows, 4, 18)[:, 1:3]
     want = head_norm(heads_view)

@@ -207,7 +207,11 @@ def test_backend_import_fails_cleanly_without_triton(monkeypatch):
         import engine.attention.triton_backend  # noqa: F401
     with pytest.raises(ValueError, match="attention_backend 'triton' is not available"):
         get_attention_backend("triton", torch.device("cpu"))
-    assert get_attention_backend("auto", torch.device("cpu")).name == "torch"
+    from engine.cpu_kernels import native
+
+    # 'auto' on a CPU never needs triton: the native cpu backend in fp32 (where it builds), else torch.
+    assert get_attention_backend("auto", torch.device("cpu")).name == ("cpu" if native() else "torch")
+    assert get_attention_backend("auto", torch.device("cpu"), dtype=torch.bfloat16).name == "torch"
 
 
 # ------------------------------------------------------------------------------------------

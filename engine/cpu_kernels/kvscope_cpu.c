@@ -140,7 +140,8 @@ static inline float hsum(__m256 v) {
 /* ---- small ops -------------------------------------------------------------------------
  * Written with the same operations, in the same order per element, as the torch code they
  * replace (engine/model/layers.py); built with -ffp-contract=off so no multiply-add is fused
- * where torch rounds twice. Only reductions (the RMSNorm sum of squares) differ in order. */
+ * where torch rounds twice. Two things differ: the RMSNorm sum of squares is added in another
+ * order, and SiLU's e^-g is the polynomial above (about 1 ulp) where torch uses Sleef's. */
 
 static inline float sum_of_squares(const float *x, int64_t n) {
     __m256 acc = _mm256_setzero_ps();

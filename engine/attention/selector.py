@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..cpu_kernels import native
+from ..cpu_kernels import native, unavailable_reason
 from .backend import AttentionBackend
 
 
@@ -57,8 +57,8 @@ def _cpu(device: torch.device, dtype: torch.dtype) -> AttentionBackend:
     from .cpu_backend import CpuAttentionBackend
     kernels = native()
     if device.type != "cpu" or dtype != torch.float32 or kernels is None:
-        why = "the native CPU kernels could not be built here (they need gcc and an AVX2 CPU)" \
-            if kernels is None else f"it runs on a CPU in float32, got {device.type} and {str(dtype).replace('torch.', '')}"
+        why = f"the native CPU kernels are off here: {unavailable_reason()}" if kernels is None else \
+            f"it runs on a CPU in float32, got {device.type} and {str(dtype).replace('torch.', '')}"
         raise ValueError(f"attention_backend 'cpu' is not available: {why}; attention_backend='torch' runs anywhere")
     return CpuAttentionBackend(kernels)
 

@@ -87,6 +87,8 @@ def test_disabling_native_kernels_falls_back_to_torch(monkeypatch):
     try:
         assert native() is None and DISABLE_ENV_VAR in unavailable_reason()
         assert get_attention_backend("auto", torch.device("cpu"), 16, torch.float32).name == "torch"
+        with pytest.raises(ValueError, match="attention_backend 'cpu'.*KVSCOPE_NATIVE_CPU=0"):
+            get_attention_backend("cpu", torch.device("cpu"), 16, torch.float32)
     finally:
         monkeypatch.delenv(DISABLE_ENV_VAR)
         cache_clear()

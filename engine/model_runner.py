@@ -17,6 +17,7 @@ from .cuda_graphs import DecodeGraphs, why_no_graphs
 from .distributed.parallel_state import SINGLE, TensorParallel
 from .model import CausalLM, ModelSpec, load_weights
 from .model.cpu_linear import cpu_packing_available
+from .native_decode import NativeDecode, why_no_native_decode
 from .core.scheduler import SchedulerOutput
 
 @dataclass
@@ -26,6 +27,7 @@ class ModelRunnerOutput:
 
     logits: torch.Tensor | None          # [rows, vocab] fp32; None on a worker rank
     cuda_graph_bucket: int | None = None  # the captured size replayed; None: eager
+    forward_path: str = "eager"           # 'eager' (layer by layer), 'cuda_graph' or 'native_decode'
     collective_ms: float = 0.0            # rank 0's time in collectives (0 without tensor parallel)
 
 
@@ -111,6 +113,11 @@ class ModelRunner:
             self.graphs = None if self.graph_off_reason else DecodeGraphs(
                 self.model, self.kv_caches, self.backend, max_num_seqs=config.max_num_seqs,
                 max_model_len=max_model_len, block_size=self.block_size, device=self.device)
+            # On a CPU, decode steps run as one native call where they can (native_decode.py).
+            self.native_decode_off_reason = why_no_native_decode(config.enforce_eager, self.device, self.dtype,
+                                                                 self.backend.name, self.tp.size, self.model)
+            self.native_decode = None if self.native_decode_off_reason else NativeDecode(
+                self.model, self.kv_caches, self.block_size)
         except BaseException:
             self.shutdown()
             raise
@@ -263,18 +270,20 @@ class ModelRunner:
 
     def _forward(self, meta: AttentionMetadata, input_ids: torch.Tensor, positions: torch.Tensor,
                  logits_indices: list[int]) -> ModelRunnerOutput:
-        bucket = None
+        bucket, path = None, "eager"
         if self._graph_can_run(meta, input_ids.shape[0]):
-            hidden, bucket = self.graphs.run(input_ids, positions, meta)
+            (hidden, bucket), path = self.graphs.run(input_ids, positions, meta), "cuda_graph"
+        elif self.native_decode is not None and self.native_decode.can_run(meta, input_ids.shape[0]):
+            hidden, path = self.native_decode.run(input_ids, positions, meta), "native_decode"
         else:
             hidden = self.model(input_ids, positions, self.kv_caches, self.backend, meta)
         if not logits_indices:
-            return ModelRunnerOutput(torch.empty((0, self.spec.vocab_size)), bucket)
+            return ModelRunnerOutput(torch.empty((0, self.spec.vocab_size)), bucket, forward_path=path)
         rows = hidden[torch.tensor(logits_indices, dtype=torch.long, device=self.device)]
         logits = self.model.compute_logits(rows)
         if logits is not None and self.workers is not None and self.device.type == "cuda":
             self.workers.wait_until_done(logits)  # a dead NCCL peer never completes: poll, do not hang
-        return ModelRunnerOutput(None if logits is None else logits.float(), bucket)
+        return ModelRunnerOutput(None if logits is None else logits.float(), bucket, forward_path=path)
 
     def _graph_can_run(self, meta: AttentionMetadata, num_tokens: int) -> bool:
         """A pure-decode step (every row a one-token decode) that fits a captured bucket."""

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .cpu_kernels import native
 from .request import Request
 
 
@@ -34,29 +35,26 @@ def filtered_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: 
 
 class Sampler:
     """Greedy rows are one batched argmax; random rows draw with the request's own generator
-    (seeded requests) or the engine's, so a seed fixes the tokens whatever shares the batch."""
+    (seeded requests) or the engine's, so a seed fixes the tokens whatever shares the batch.
+    On a CPU with kvscope's native kernels, the argmax and the greedy rows' candidates are one
+    pass over each row (kv_greedy_top) instead of torch's argmax, topk and logsumexp."""
 
     def __init__(self, seed: int) -> None:
         self.generator = torch.Generator().manual_seed(seed)
+        self.native = native()
 
     def __call__(self, logits: torch.Tensor, requests: list[Request], with_top: bool = True) -> list[SampleResult]:
         logits = logits.float().cpu()
         if not requests:
             return []
-        greedy_tokens = logits.argmax(-1).tolist()
-        # Candidates of greedy rows in one batched softmax + topk (no per-row kernel calls).
-        greedy_top: dict[int, list[tuple[int, float]]] = {}
+        # Candidates of greedy rows, batched (no per-row kernel calls).
         rows = [i for i, r in enumerate(requests) if r.params.greedy and with_top and r.params.logprobs_top]
-        if rows:
-            k = min(max(requests[i].params.logprobs_top for i in rows), logits.shape[-1])
-            picked = logits if len(rows) == logits.shape[0] else logits[rows]
-            # The k best logits and their probabilities exp(logit - logsumexp): the same as
-            # softmax then topk, without writing a probability for every vocabulary entry.
-            top_logits, ids = picked.topk(k)
-            vals = (top_logits - picked.logsumexp(-1, keepdim=True)).exp()
-            for j, i in enumerate(rows):
-                n = requests[i].params.logprobs_top
-                greedy_top[i] = list(zip(ids[j, :n].tolist(), vals[j, :n].tolist()))
+        k = min(max((requests[i].params.logprobs_top for i in rows), default=1), logits.shape[-1])
+        greedy_tokens, top_ids, top_probs = self._greedy(logits, rows, k)
+        greedy_top: dict[int, list[tuple[int, float]]] = {}
+        for j, i in enumerate(rows):
+            n = requests[i].params.logprobs_top
+            greedy_top[i] = list(zip(top_ids[j, :n].tolist(), top_probs[j, :n].tolist()))
         results: list[SampleResult] = []
         for row, req in enumerate(requests):
             p = req.params
@@ -72,3 +70,20 @@ class Sampler:
                 top = list(zip(ids.tolist(), vals.tolist()))
             results.append(SampleResult(token, top))
         return results
+
+    def _greedy(self, logits: torch.Tensor, rows: list[int], k: int):
+        """Every row's argmax token, and for the rows listed the ids of their k best logits and
+        those candidates' probabilities (row j of each tensor is rows[j]; None without rows)."""
+        every_row = len(rows) == logits.shape[0]
+        if self.native is not None:
+            ids, probs = self.native.greedy_top(logits.contiguous(), k)
+            tokens = ids[:, 0].tolist()
+            return (tokens, ids, probs) if every_row else (tokens, ids[rows], probs[rows])
+        tokens = logits.argmax(-1).tolist()
+        if not rows:
+            return tokens, None, None
+        picked = logits if every_row else logits[rows]
+        # The k best logits and their probabilities exp(logit - logsumexp): the same as softmax
+        # then topk, without writing a probability for every vocabulary entry.
+        top_logits, ids = picked.topk(k)
+        return tokens, ids, (top_logits - picked.logsumexp(-1, keepdim=True)).exp()

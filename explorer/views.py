@@ -237,7 +237,7 @@ def timeline_state(entries: Iterable[Any], captions: Sequence[str] | None = None
     if captions is None:
         captions = history_captions(entries)
     cols: dict[str, list] = {k: [] for k in ("step", "prefill", "decode", "budget", "preempted", *_TIMING_KEYS,
-                                             "backend", "graph_bucket", "caption")}
+                                             "backend", "graph_bucket", "forward_path", "caption")}
     requests: list[str] = []
     index: dict[str, int] = {}
     segments: list[list] = []
@@ -273,9 +273,11 @@ def timeline_state(entries: Iterable[Any], captions: Sequence[str] | None = None
         cols["preempted"].append(len(record.get("preempted", [])))
         for k in _TIMING_KEYS:
             cols[k].append(float(t.get(k) or 0.0))
-        # Which attention backend ran, and the CUDA graph bucket a decode step replayed (None: eager).
+        # Which attention backend ran, how the forward ran ('eager', 'cuda_graph', 'native_decode')
+        # and the CUDA graph bucket a decode step replayed (None: none).
         cols["backend"].append(t.get("backend"))
         cols["graph_bucket"].append(t.get("cuda_graph_bucket"))
+        cols["forward_path"].append(t.get("forward_path", "eager"))
         done = set()
         for s in sched:
             rid = s["request_id"]

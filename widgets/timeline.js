@@ -13,11 +13,14 @@ const BUDGET_COLOR = "#d32f2f";
 const KIND_COLORS = { queued: "#e0e0e0", prefill: "#fb8c00", decode: "#1e88e5", preempted: "#e53935", stalled: "#bdbdbd" };
 const TIME_PARTS = [["schedule", "#8e24aa"], ["prepare", "#43a047"], ["forward", "#1e88e5"], ["sample", "#fdd835"], ["update", "#6d4c41"]];
 
-// How a step's forward ran: the attention backend, and eager or a CUDA graph replay.
+// How a step's forward ran: the attention backend, and layer by layer (eager), a CUDA graph
+// replay, or the whole decode as one native call on a CPU.
 function pathText(S, i) {
   const backend = S.backend ? S.backend[i] : null;
   const bucket = S.graph_bucket ? S.graph_bucket[i] : null;
-  const path = bucket === null || bucket === undefined ? "eager" : `CUDA graph (bucket ${bucket})`;
+  const native = S.forward_path && S.forward_path[i] === "native_decode";
+  const path = bucket !== null && bucket !== undefined ? `CUDA graph (bucket ${bucket})`
+    : native ? "native decode (one call for all layers)" : "eager";
   return backend ? `${backend} attention, ${path}` : path;
 }
 

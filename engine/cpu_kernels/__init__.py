@@ -26,6 +26,31 @@ FLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "
 DISABLE_ENV_VAR = "KVSCOPE_NATIVE_CPU"
 
 _i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+
+
+# kv_decode_forward's arguments, field for field as the C structs declare them.
+class DecoderLayerPointers(ctypes.Structure):
+    """One decoder layer's weights (norms, packed panels) and its K/V pools (C: kv_layer)."""
+    _fields_ = [(name, _ptr) for name in ("input_norm", "post_attention_norm", "qkv_panels", "qkv_bias", "q_norm",
+                                          "k_norm", "o_panels", "gate_up_panels", "down_panels", "k_cache", "v_cache")]
+
+
+class DecoderPointers(ctypes.Structure):
+    """The model's shape and its shared weights (C: kv_decoder)."""
+    _fields_ = [*((name, _i64) for name in ("num_layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate",
+                                            "block_size")),
+                ("eps", _f32), ("attn_scale", _f32),
+                *((name, _ptr) for name in ("embedding", "final_norm", "cos_table", "sin_table")),
+                ("layers", ctypes.POINTER(DecoderLayerPointers))]
+
+
+class DecodeBatchPointers(ctypes.Structure):
+    """One step's decodes: their inputs, block tables and the workspaces (C: kv_decode_batch)."""
+    _fields_ = [("rows", _i64), ("table_stride", _i64),
+                *((name, _ptr) for name in ("token_ids", "positions", "slots", "decode_rows", "seq_lens",
+                                            "block_tables", "x", "residual", "normed", "qkv", "attn", "gate_up",
+                                            "act"))]
+
 _SIGNATURES = {
     "kv_packed_floats": (_i64, [_i64, _i64]),
     "kv_pack_panels": (None, [_ptr, _i64, _i64, _ptr]),
@@ -36,6 +61,8 @@ _SIGNATURES = {
     "kv_silu_and_mul": (None, [_ptr, _i64, _i64, _ptr]),
     "kv_paged_decode_attention": (None, [_ptr, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64,
                                          _i64, _i64, _f32, _ptr]),
+    "kv_greedy_top": (None, [_ptr, _i64, _i64, _i64, _ptr, _ptr]),
+    "kv_decode_forward": (None, [ctypes.POINTER(DecoderPointers), ctypes.POINTER(DecodeBatchPointers)]),
 }
 
 
@@ -104,6 +131,20 @@ class NativeCpuKernels:
             q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), rows.data_ptr(), seq_lens.data_ptr(),
             block_tables.data_ptr(), block_tables.stride(0), rows.shape[0], h, kvh, d, block_size,
             d ** -0.5, out.data_ptr())
+
+    def greedy_top(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """For each row of logits [rows, vocab] (contiguous fp32): the ids of its k largest
+        logits, descending (ids[:, 0] is the argmax, the first index on ties), and their
+        probabilities under the row's softmax. k <= vocab."""
+        rows, vocab = logits.shape
+        ids = torch.empty((rows, k), dtype=torch.int64)
+        probs = torch.empty((rows, k), dtype=torch.float32)
+        self.lib.kv_greedy_top(logits.data_ptr(), rows, vocab, k, ids.data_ptr(), probs.data_ptr())
+        return ids, probs
+
+    def decode_forward(self, decoder: DecoderPointers, batch: DecodeBatchPointers) -> None:
+        """The whole decoder forward of a batch of decodes (engine/native_decode.py fills both)."""
+        self.lib.kv_decode_forward(ctypes.byref(decoder), ctypes.byref(batch))
 
 
 def native() -> NativeCpuKernels | None:

@@ -90,14 +90,18 @@ static void micro_rows(int rows, const float *panel, const float *x, int64_t ldx
 /* y [m, n] = x [m, k] W^T + bias, W given as panels. Rows are taken in blocks whose slice of x
  * (~192 KB) stays in L2 while the panels stream past it; (row block, panel) pairs are handed to
  * the threads four at a time, so one decode row still uses every core, and a thread slowed by
- * a neighbour on a shared machine takes fewer (dynamic rather than an even static split). */
-void kv_linear(const float *x, int64_t m, int64_t k, const float *panels, int64_t n,
-               const float *bias, float *y) {
+ * a neighbour on a shared machine takes fewer (dynamic rather than an even static split).
+ *
+ * Each routine below has a body whose loops are orphaned `omp for` constructs: called inside a
+ * parallel region (kv_decode_forward's), the region's threads share the loop and meet at its
+ * barrier; the exported kv_* wrapper opens a region of its own. */
+static void linear_body(const float *x, int64_t m, int64_t k, const float *panels, int64_t n,
+                        const float *bias, float *y) {
     const int64_t np = (n + NR - 1) / NR;
     int64_t mb = (192 * 1024 / 4) / k / MR * MR;
     if (mb < MR) mb = MR;
     const int64_t nmb = (m + mb - 1) / mb;
-    #pragma omp parallel for collapse(2) schedule(dynamic, 4)
+    #pragma omp for collapse(2) schedule(dynamic, 4)
     for (int64_t b = 0; b < nmb; b++)
         for (int64_t p = 0; p < np; p++) {
             const int cols = (int)min64(NR, n - p * NR);
@@ -108,6 +112,12 @@ void kv_linear(const float *x, int64_t m, int64_t k, const float *panels, int64_
             for (int64_t r = b * mb; r < end; r += MR)
                 micro_rows((int)min64(MR, end - r), panel, x + r * k, k, k, bias16, y + r * n + p * NR, n, cols);
         }
+}
+
+void kv_linear(const float *x, int64_t m, int64_t k, const float *panels, int64_t n,
+               const float *bias, float *y) {
+    #pragma omp parallel
+    linear_body(x, m, k, panels, n, bias, y);
 }
 
 /* ---- vector helpers ------------------------------------------------------------------ */
@@ -155,9 +165,9 @@ static inline float sum_of_squares(const float *x, int64_t n) {
 /* out[r] = weight * (x[r] * rsqrt(mean(x[r]^2) + eps)), rows of length n. With a residual
  * (vLLM's fused_add_rms_norm): residual[r] = x[r] + residual[r] first, in place, and that sum
  * is what gets normalized. */
-void kv_rms_norm(const float *x, float *residual, const float *weight, int64_t rows, int64_t n, float eps,
-                 float *out) {
-    #pragma omp parallel for schedule(static) if (rows >= 16)
+static void rms_norm_body(const float *x, float *residual, const float *weight, int64_t rows, int64_t n,
+                          float eps, float *out) {
+    #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * n;
         if (residual) {
@@ -171,14 +181,20 @@ void kv_rms_norm(const float *x, float *residual, const float *weight, int64_t r
     }
 }
 
+void kv_rms_norm(const float *x, float *residual, const float *weight, int64_t rows, int64_t n, float eps,
+                 float *out) {
+    #pragma omp parallel if (rows >= 16)
+    rms_norm_body(x, residual, weight, rows, n, eps, out);
+}
+
 /* Neox-style rotary embedding, in place on the first `heads` heads of each row of x (q's heads
  * then k's, as the packed qkv projection lays them out): x1, x2 = halves of a head;
  * x1' = x1 * cos - x2 * sin, x2' = x2 * cos + x1 * sin, with cos/sin rows [max_pos, d]
  * (each half repeated) looked up by the token's position. */
-void kv_rope_inplace(float *x, const int64_t *positions, const float *cos_table, const float *sin_table,
-                     int64_t tokens, int64_t row_stride, int64_t heads, int64_t d) {
+static void rope_body(float *x, const int64_t *positions, const float *cos_table, const float *sin_table,
+                      int64_t tokens, int64_t row_stride, int64_t heads, int64_t d) {
     const int64_t half = d / 2;
-    #pragma omp parallel for schedule(static) if (tokens >= 16)
+    #pragma omp for schedule(static)
     for (int64_t t = 0; t < tokens; t++) {
         const float *c = cos_table + positions[t] * d, *s = sin_table + positions[t] * d;
         for (int64_t h = 0; h < heads; h++) {
@@ -192,9 +208,15 @@ void kv_rope_inplace(float *x, const int64_t *positions, const float *cos_table,
     }
 }
 
+void kv_rope_inplace(float *x, const int64_t *positions, const float *cos_table, const float *sin_table,
+                     int64_t tokens, int64_t row_stride, int64_t heads, int64_t d) {
+    #pragma omp parallel if (tokens >= 16)
+    rope_body(x, positions, cos_table, sin_table, tokens, row_stride, heads, d);
+}
+
 /* out[t, j] = silu(gate) * up for gate_up [tokens, 2 * n] = [gate | up]; silu(g) = g / (1 + e^-g). */
-void kv_silu_and_mul(const float *gate_up, int64_t tokens, int64_t n, float *out) {
-    #pragma omp parallel for schedule(static) if (tokens >= 4)
+static void silu_and_mul_body(const float *gate_up, int64_t tokens, int64_t n, float *out) {
+    #pragma omp for schedule(static)
     for (int64_t t = 0; t < tokens; t++) {
         const float *g = gate_up + t * 2 * n, *u = g + n;
         float *o = out + t * n;
@@ -209,16 +231,74 @@ void kv_silu_and_mul(const float *gate_up, int64_t tokens, int64_t n, float *out
     }
 }
 
+void kv_silu_and_mul(const float *gate_up, int64_t tokens, int64_t n, float *out) {
+    #pragma omp parallel if (tokens >= 4)
+    silu_and_mul_body(gate_up, tokens, n, out);
+}
+
 /* vLLM's reshape_and_cache: each token's K and V rows (kvh * d floats, rows of the packed qkv
  * projection: k_stride / v_stride floats apart) stored at its slot of the paged caches
  * (slot = block * block_size + offset, each slot a row of kvh * d); slot -1 is skipped. */
-void kv_reshape_and_cache(const float *k, int64_t k_stride, const float *v, int64_t v_stride,
-                          float *k_cache, float *v_cache, const int64_t *slots, int64_t tokens, int64_t row_floats) {
-    #pragma omp parallel for schedule(static) if (tokens >= 64)
+static void reshape_and_cache_body(const float *k, int64_t k_stride, const float *v, int64_t v_stride,
+                                   float *k_cache, float *v_cache, const int64_t *slots, int64_t tokens,
+                                   int64_t row_floats) {
+    #pragma omp for schedule(static)
     for (int64_t t = 0; t < tokens; t++) {
         if (slots[t] < 0) continue;
         memcpy(k_cache + slots[t] * row_floats, k + t * k_stride, (size_t)row_floats * sizeof(float));
         memcpy(v_cache + slots[t] * row_floats, v + t * v_stride, (size_t)row_floats * sizeof(float));
+    }
+}
+
+void kv_reshape_and_cache(const float *k, int64_t k_stride, const float *v, int64_t v_stride,
+                          float *k_cache, float *v_cache, const int64_t *slots, int64_t tokens, int64_t row_floats) {
+    #pragma omp parallel if (tokens >= 64)
+    reshape_and_cache_body(k, k_stride, v, v_stride, k_cache, v_cache, slots, tokens, row_floats);
+}
+
+/* ---- greedy sampling ------------------------------------------------------------------ */
+
+/* Inserts (value, index) into the descending list of the n best so far (capacity k); an equal
+ * value goes after those already there, so ties keep the lower index first. */
+static inline void keep_best(float value, int64_t index, float *vals, int64_t *ids, int64_t *n, int64_t k) {
+    if (*n == k && !(value > vals[k - 1])) return;
+    int64_t j = *n < k ? (*n)++ : k - 1;
+    for (; j > 0 && value > vals[j - 1]; j--) { vals[j] = vals[j - 1]; ids[j] = ids[j - 1]; }
+    vals[j] = value;
+    ids[j] = index;
+}
+
+/* Greedy sampling with the candidates the explorer shows, per row of logits [rows, vocab]: the
+ * k largest logits in descending order (ties: lower index first, so ids[0] is torch.argmax's
+ * token) and their probabilities exp(logit - logsumexp(row)). One pass keeps the top k (a lane
+ * is looked at only when it beats the current k-th best), one sums the exponentials; torch's
+ * argmax, topk and logsumexp read the row three times with a dispatch each (~1 ms a step for one
+ * 49k-token row on the 2-core AMD EPYC). */
+void kv_greedy_top(const float *logits, int64_t rows, int64_t vocab, int64_t k, int64_t *top_ids,
+                   float *top_probs) {
+    #pragma omp parallel for schedule(static) if (rows >= 8)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *x = logits + r * vocab;
+        int64_t *ids = top_ids + r * k, n = 0;
+        float *vals = top_probs + r * k;  /* the k best logits, then their probabilities */
+        int64_t i = 0;
+        for (; i + 8 <= vocab; i += 8) {
+            const __m256 kth = _mm256_set1_ps(n < k ? -INFINITY : vals[k - 1]);
+            int mask = n < k ? 0xff : _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), kth, _CMP_GT_OQ));
+            for (; mask; mask &= mask - 1) {
+                const int lane = __builtin_ctz(mask);
+                keep_best(x[i + lane], i + lane, vals, ids, &n, k);
+            }
+        }
+        for (; i < vocab; i++) keep_best(x[i], i, vals, ids, &n, k);
+        const float mx = vals[0];
+        const __m256 vmx = _mm256_set1_ps(mx);
+        __m256 vsum = _mm256_setzero_ps();
+        for (i = 0; i + 8 <= vocab; i += 8) vsum = _mm256_add_ps(vsum, exp256(_mm256_sub_ps(_mm256_loadu_ps(x + i), vmx)));
+        float sum = hsum(vsum);
+        for (; i < vocab; i++) sum += expf(x[i] - mx);
+        const float lse = mx + logf(sum);
+        for (int64_t j = 0; j < n; j++) vals[j] = expf(vals[j] - lse);
     }
 }
 
@@ -256,48 +336,147 @@ static void softmax(float *s, int64_t len) {
  * order and reading each token's whole K (then V) row of kvh * d floats: within a block those
  * rows are contiguous, so the walk is one sequential stream the hardware prefetches (a task per
  * (decode, KV head) read a third of each row at a stride and waited on DRAM latency: 4x slower
- * on a real model's cache). */
+ * on a real model's cache). `scores` (h * the longest length) and `acc` (h * d) are the calling
+ * thread's own scratch. */
+static void decode_attention_body(const float *q, int64_t q_stride, const float *k_cache, const float *v_cache,
+                                  const int64_t *rows, const int64_t *seq_lens, const int64_t *tables,
+                                  int64_t table_stride, int64_t n, int64_t h, int64_t kvh, int64_t d,
+                                  int64_t block_size, float scale, float *out, float *scores, float *acc) {
+    const int64_t g = h / kvh, row_floats = kvh * d;
+    /* Flush denormals to zero on this thread while it runs: softmax weights of far-off keys
+     * fall below FLT_MIN, and x86 takes ~100 cycles per denormal operand. Such weights are
+     * ~1e-38 against a sum >= 1: nothing is lost. */
+    const unsigned int csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8040);  /* FTZ | DAZ */
+    #pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t len = seq_lens[i];
+        const int64_t *table = tables + i * table_stride;
+        const float *qi = q + rows[i] * q_stride;
+        for (int64_t t = 0; t < len; t++) {
+            const float *key = k_cache + (table[t / block_size] * block_size + t % block_size) * row_floats;
+            for (int64_t j = 0; j < h; j++) scores[j * len + t] = dot(qi + j * d, key + (j / g) * d, d) * scale;
+        }
+        for (int64_t j = 0; j < h; j++) softmax(scores + j * len, len);
+        memset(acc, 0, (size_t)(h * d) * sizeof(float));
+        for (int64_t t = 0; t < len; t++) {
+            const float *val = v_cache + (table[t / block_size] * block_size + t % block_size) * row_floats;
+            for (int64_t j = 0; j < h; j++) {
+                const __m256 p = _mm256_set1_ps(scores[j * len + t]);
+                const float *vj = val + (j / g) * d;
+                float *a = acc + j * d;
+                for (int64_t e = 0; e < d; e += 8)
+                    _mm256_storeu_ps(a + e, _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + e), _mm256_loadu_ps(a + e)));
+            }
+        }
+        memcpy(out + rows[i] * h * d, acc, (size_t)(h * d) * sizeof(float));
+    }
+    _mm_setcsr(csr);
+}
+
+static int64_t longest(const int64_t *seq_lens, int64_t n) {
+    int64_t max_len = 1;
+    for (int64_t i = 0; i < n; i++) max_len = seq_lens[i] > max_len ? seq_lens[i] : max_len;
+    return max_len;
+}
+
 void kv_paged_decode_attention(const float *q, int64_t q_stride, const float *k_cache, const float *v_cache,
                                const int64_t *rows, const int64_t *seq_lens, const int64_t *tables,
                                int64_t table_stride, int64_t n, int64_t h, int64_t kvh, int64_t d,
                                int64_t block_size, float scale, float *out) {
-    const int64_t g = h / kvh, row_floats = kvh * d;
-    int64_t max_len = 1;
-    for (int64_t i = 0; i < n; i++) max_len = seq_lens[i] > max_len ? seq_lens[i] : max_len;
+    const int64_t max_len = longest(seq_lens, n);
     #pragma omp parallel
     {
-        /* Flush denormals to zero on this thread while it runs: softmax weights of far-off keys
-         * fall below FLT_MIN, and x86 takes ~100 cycles per denormal operand. Such weights are
-         * ~1e-38 against a sum >= 1: nothing is lost. */
-        const unsigned int csr = _mm_getcsr();
-        _mm_setcsr(csr | 0x8040);  /* FTZ | DAZ */
         float *scores = malloc((size_t)(h * max_len) * sizeof(float));
         float *acc = malloc((size_t)(h * d) * sizeof(float));
-        #pragma omp for schedule(dynamic, 1)
-        for (int64_t i = 0; i < n; i++) {
-            const int64_t len = seq_lens[i];
-            const int64_t *table = tables + i * table_stride;
-            const float *qi = q + rows[i] * q_stride;
-            for (int64_t t = 0; t < len; t++) {
-                const float *key = k_cache + (table[t / block_size] * block_size + t % block_size) * row_floats;
-                for (int64_t j = 0; j < h; j++) scores[j * len + t] = dot(qi + j * d, key + (j / g) * d, d) * scale;
-            }
-            for (int64_t j = 0; j < h; j++) softmax(scores + j * len, len);
-            memset(acc, 0, (size_t)(h * d) * sizeof(float));
-            for (int64_t t = 0; t < len; t++) {
-                const float *val = v_cache + (table[t / block_size] * block_size + t % block_size) * row_floats;
-                for (int64_t j = 0; j < h; j++) {
-                    const __m256 p = _mm256_set1_ps(scores[j * len + t]);
-                    const float *vj = val + (j / g) * d;
-                    float *a = acc + j * d;
-                    for (int64_t e = 0; e < d; e += 8)
-                        _mm256_storeu_ps(a + e, _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + e), _mm256_loadu_ps(a + e)));
-                }
-            }
-            memcpy(out + rows[i] * h * d, acc, (size_t)(h * d) * sizeof(float));
-        }
+        decode_attention_body(q, q_stride, k_cache, v_cache, rows, seq_lens, tables, table_stride, n, h, kvh, d,
+                              block_size, scale, out, scores, acc);
         free(scores);
         free(acc);
-        _mm_setcsr(csr);
+    }
+}
+
+/* ---- a whole decode forward in one call ------------------------------------------------
+ * A decode step of a few rows runs ten small operations per layer. From Python each is a call
+ * with its own dispatch, allocation and thread wake-up, which on a CPU costs as much as the
+ * operation itself at one row (~13 ms of a 58 ms step on the 2-core AMD EPYC). Here the whole
+ * forward, embedding to final norm, is one call and one parallel region: the same bodies as the
+ * per-operation kernels above, so the same arithmetic in the same order (the same bits), with
+ * the threads meeting at each loop's barrier instead of starting afresh. The structs mirror
+ * engine/cpu_kernels/__init__.py's ctypes Structures; engine/native_decode.py fills them. */
+typedef struct {
+    const float *input_norm, *post_attention_norm;  /* [hidden] */
+    const float *qkv_panels, *qkv_bias;             /* bias NULL unless the model has one */
+    const float *q_norm, *k_norm;                   /* [head_dim], NULL without per-head q/k norms */
+    const float *o_panels, *gate_up_panels, *down_panels;
+    float *k_cache, *v_cache;                       /* [blocks, block_size, kv_heads, head_dim] */
+} kv_layer;
+
+typedef struct {
+    int64_t num_layers, hidden, heads, kv_heads, head_dim, intermediate, block_size;
+    float eps, attn_scale;
+    const float *embedding;               /* [vocab, hidden] */
+    const float *final_norm;              /* [hidden] */
+    const float *cos_table, *sin_table;   /* [max_positions, head_dim] */
+    const kv_layer *layers;
+} kv_decoder;
+
+typedef struct {
+    int64_t rows, table_stride;           /* decodes (one token each); block_tables' row stride */
+    const int64_t *token_ids, *positions, *slots, *decode_rows, *seq_lens, *block_tables;
+    float *x, *residual, *normed, *qkv, *attn, *gate_up, *act;  /* workspaces of `rows` rows */
+} kv_decode_batch;
+
+/* Per-head RMSNorm in place on the q and k heads of each row of the packed qkv (Qwen3). */
+static void qk_norm_body(float *qkv, int64_t tokens, int64_t row_stride, const kv_decoder *m, const kv_layer *l) {
+    const int64_t d = m->head_dim;
+    #pragma omp for schedule(static)
+    for (int64_t t = 0; t < tokens; t++)
+        for (int64_t j = 0; j < m->heads + m->kv_heads; j++) {
+            float *head = qkv + t * row_stride + j * d;
+            const float *w = j < m->heads ? l->q_norm : l->k_norm;
+            const float scale = 1.0f / sqrtf(sum_of_squares(head, d) / (float)d + m->eps);
+            for (int64_t i = 0; i < d; i++) head[i] = w[i] * (head[i] * scale);
+        }
+}
+
+/* The decoder's forward for a batch of decodes: embedding, every layer (storing each layer's new
+ * K/V at the batch's slots), final norm; the normalized hidden states end in b->normed. The
+ * order of operations is DecoderLayer.forward's (engine/model/decoder.py). */
+void kv_decode_forward(const kv_decoder *m, const kv_decode_batch *b) {
+    const int64_t rows = b->rows, hidden = m->hidden, d = m->head_dim, inter = m->intermediate;
+    const int64_t q_size = m->heads * d, kv_size = m->kv_heads * d, qkv_n = q_size + 2 * kv_size;
+    const int64_t max_len = longest(b->seq_lens, rows);
+    #pragma omp parallel
+    {
+        float *scores = malloc((size_t)(m->heads * max_len) * sizeof(float));
+        float *acc = malloc((size_t)q_size * sizeof(float));
+        #pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++)  /* the embedding is the first residual */
+            memcpy(b->residual + r * hidden, m->embedding + b->token_ids[r] * hidden, (size_t)hidden * sizeof(float));
+        for (int64_t i = 0; i < m->num_layers; i++) {
+            const kv_layer *l = m->layers + i;
+            if (i == 0)
+                rms_norm_body(b->residual, NULL, l->input_norm, rows, hidden, m->eps, b->normed);
+            else  /* residual += x, normalized */
+                rms_norm_body(b->x, b->residual, l->input_norm, rows, hidden, m->eps, b->normed);
+            linear_body(b->normed, rows, hidden, l->qkv_panels, qkv_n, l->qkv_bias, b->qkv);
+            if (l->q_norm)
+                qk_norm_body(b->qkv, rows, qkv_n, m, l);
+            rope_body(b->qkv, b->positions, m->cos_table, m->sin_table, rows, qkv_n, m->heads + m->kv_heads, d);
+            reshape_and_cache_body(b->qkv + q_size, qkv_n, b->qkv + q_size + kv_size, qkv_n, l->k_cache, l->v_cache,
+                                   b->slots, rows, kv_size);
+            decode_attention_body(b->qkv, qkv_n, l->k_cache, l->v_cache, b->decode_rows, b->seq_lens, b->block_tables,
+                                  b->table_stride, rows, m->heads, m->kv_heads, d, m->block_size, m->attn_scale,
+                                  b->attn, scores, acc);
+            linear_body(b->attn, rows, q_size, l->o_panels, hidden, NULL, b->x);
+            rms_norm_body(b->x, b->residual, l->post_attention_norm, rows, hidden, m->eps, b->normed);
+            linear_body(b->normed, rows, hidden, l->gate_up_panels, 2 * inter, NULL, b->gate_up);
+            silu_and_mul_body(b->gate_up, rows, inter, b->act);
+            linear_body(b->act, rows, inter, l->down_panels, hidden, NULL, b->x);
+        }
+        rms_norm_body(b->x, b->residual, m->final_norm, rows, hidden, m->eps, b->normed);
+        free(scores);
+        free(acc);
     }
 }

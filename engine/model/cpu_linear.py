@@ -18,8 +18,16 @@ copies (twice the weight memory of the packed layers: 0.5 GB more for the defaul
 picks by row count. `python -m explorer bench` measures the whole engine.
 
 Packing replaces the weight: a PackedLinear keeps only its packed copies (the tied LM head
-also keeps the embedding table it shares)."""
+also keeps the embedding table it shares).
+
+Once a model is packed, `place_panels_on_huge_pages` moves every panel into one buffer backed
+by 2 MiB pages: streaming the weights then takes a TLB miss every 2 MiB instead of every 4 KiB,
+and reads faster (2-core AMD EPYC, 425 MB in the default model's layer shapes, alternated in one
+process: 19.6 GB/s best, 16.6 median, on 2 MiB pages; 17.1 and 13.4 on 4 KiB pages)."""
 from __future__ import annotations
+
+import ctypes
+import mmap
 
 import torch
 from torch import nn
@@ -57,6 +65,42 @@ class PackedLinear(nn.Module):
     def extra_repr(self) -> str:
         native_note = f", native panels up to {NATIVE_MAX_ROWS} rows" if self.panels is not None else ""
         return f"in_features={self.in_features}, out_features={self.out_features}, packed for oneDNN{native_note}"
+
+
+def place_panels_on_huge_pages(linears: list[PackedLinear]) -> None:
+    """Moves the native panels of `linears` into one buffer, back to back in the order given
+    (the order a forward reads them), backed by 2 MiB pages where Linux grants them."""
+    linears = [lin for lin in linears if lin.panels is not None]
+    if not linears:  # the native kernels are off: oneDNN's packed weights only
+        return
+    arena = huge_page_floats(sum(lin.panels.numel() for lin in linears))
+    offset = 0
+    for lin in linears:
+        n = lin.panels.numel()
+        arena[offset: offset + n].copy_(lin.panels)
+        lin.panels = arena[offset: offset + n]
+        offset += n
+
+
+HUGE_PAGE = 2 * 2**20
+
+
+def huge_page_floats(n: int) -> torch.Tensor:
+    """An fp32 tensor of n elements in an anonymous mapping aligned to 2 MiB that the kernel is
+    asked to back with transparent huge pages (madvise MADV_HUGEPAGE: Linux's THP in 'madvise'
+    or 'always' mode grants them; elsewhere the advice is skipped and the pages stay 4 KiB)."""
+    nbytes = 4 * n
+    region = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # private: anonymous THP
+    probe = (ctypes.c_char * 1).from_buffer(region)
+    offset = -ctypes.addressof(probe) % HUGE_PAGE
+    del probe  # an exported ctypes view would pin the mapping's buffer
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            region.madvise(mmap.MADV_HUGEPAGE, offset, nbytes - nbytes % HUGE_PAGE or HUGE_PAGE)
+        except OSError:
+            pass  # THP off in this kernel: 4 KiB pages, the same contents
+    # The tensor holds the mapping alive (frombuffer keeps a reference to it).
+    return torch.frombuffer(region, dtype=torch.float32, count=n, offset=offset)
 
 
 def pack_linear_layers(model: nn.Module) -> int:

@@ -12,7 +12,7 @@ from ..attention import AttentionBackend, AttentionMetadata
 from ..cpu_kernels import native
 from ..distributed.layers import RowParallelLinear, VocabParallelEmbedding
 from ..distributed.parallel_state import SINGLE, TensorParallel
-from .cpu_linear import PackedLinear, pack_linear_layers
+from .cpu_linear import PackedLinear, pack_linear_layers, place_panels_on_huge_pages
 from .layers import RMSNorm, RotaryEmbedding, SwiGLU
 from .spec import ModelSpec
 
@@ -97,7 +97,7 @@ class CausalLM(nn.Module):
 
     def pack_for_cpu(self) -> None:
         """fp32 on a CPU: every plain linear and the LM head with packed weights (cpu_linear.py
-        says why), and the norms, RoPE and SiLU-and-mul through kvscope's native kernels where
+        says why; the native panels together on huge pages), and the norms, RoPE and SiLU-and-mul through kvscope's native kernels where
         they build. Call once, after the weights are loaded."""
         pack_linear_layers(self.layers)
         kernels = native()
@@ -107,6 +107,8 @@ class CausalLM(nn.Module):
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         self.packed_lm_head = PackedLinear(weight, None)
         self.lm_head = None  # the packed copy replaces an untied head (a tied one stays the embedding)
+        # A decode step streams every panel: in one huge-page buffer, in the order it reads them.
+        place_panels_on_huge_pages([m for m in self.modules() if isinstance(m, PackedLinear)])
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], backend: AttentionBackend,

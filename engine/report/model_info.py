@@ -13,14 +13,17 @@ if TYPE_CHECKING:
 
 def model_info(config: "EngineConfig", spec: "ModelSpec", runner: "ModelRunner", tp_facts: dict) -> dict:
     """What the explorer's header and panels say about the model, its dtype, device, attention
-    backend and CUDA graphs; `tp_facts` from `tensor_parallel_facts` (built once)."""
+    backend, CUDA graphs and native decode; `tp_facts` from `tensor_parallel_facts` (built once)."""
     return {"name": str(config.model).rstrip("/").split("/")[-1], "architecture": spec.model_type,
             "num_layers": spec.num_layers, "num_heads": spec.num_heads, "num_kv_heads": spec.num_kv_heads,
             "head_dim": spec.head_dim, "hidden_size": spec.hidden_size, "vocab_size": spec.vocab_size,
             "dtype": str(runner.dtype).replace("torch.", ""), "device": str(runner.device),
             "max_model_len": config.max_model_len, "attention_backend": runner.backend.name,
             "cuda_graphs": None if runner.graphs is None else runner.graphs.sizes,
-            "cuda_graphs_off": runner.graph_off_reason, "kv_bytes_per_block": runner.bytes_per_block} | tp_facts
+            "cuda_graphs_off": runner.graph_off_reason,
+            "native_decode": None if runner.native_decode is None else runner.native_decode.max_rows,
+            "native_decode_off": runner.native_decode_off_reason,
+            "kv_bytes_per_block": runner.bytes_per_block} | tp_facts
 
 
 def tensor_parallel_facts(spec: "ModelSpec", runner: "ModelRunner") -> dict:

@@ -159,9 +159,9 @@ def step_record(step: int, out: SchedulerOutput, batch, ran, sampled_rows: list[
     rec.preempted, rec.finished, rec.new_requests = list(out.preempted), finished, list(out.new_requests)
     rec.blocks = scheduler.kv.pool.take_events().to_dict()
     rec.num_free_blocks = scheduler.kv.pool.num_free_blocks
-    bucket = ran.cuda_graph_bucket if ran is not None else None
     rec.timings_ms = {k: v * 1e3 for k, v in seconds.items()} | {
-        "backend": backend, "cuda_graph_bucket": bucket, "forward_path": "eager" if bucket is None else "cuda_graph"}
+        "backend": backend, "cuda_graph_bucket": ran.cuda_graph_bucket if ran is not None else None,
+        "forward_path": ran.forward_path if ran is not None else "eager"}
     rec.engine_time_s = engine_time
     rec.wall_time_s = time.time()
     rec.token_budget = out.token_budget

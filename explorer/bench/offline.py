@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine import LLM, SamplingParams
-from engine.cpu_kernels import native, unavailable_reason
+from engine.cpu_kernels import unavailable_reason
 from explorer.machine import cpu_summary
 
 
@@ -89,6 +89,10 @@ def run_engine(llm: LLM, wl: Workload, session=None) -> RunResult:
                      eng.num_computed_prompt_tokens - computed_before)
 
 
+def _on_off(why_off: str | None) -> str:
+    return "on" if why_off is None else f"off ({why_off})"
+
+
 def t0_wall(req) -> float:
     return req.metrics.wall.arrival_time
 
@@ -154,12 +158,13 @@ def bench(reps: int = 3, scale: float = 1.0, dtype: str = "float32", model: str 
     pad_id = llm.tokenizer.pad_token_id if llm.tokenizer.pad_token_id is not None else 0
     # CPU figures compare across machines only with the CPU named: its vector extensions
     # (AVX2 / AVX-512 / AVX512_BF16 / AMX) and the kernels torch picked for them.
+    info = llm.engine.model_info
     out(f"CPU {cpu_summary()}; torch CPU kernels: {torch.backends.cpu.get_cpu_capability()}")
-    out(f"model {llm.engine.model_info['name']} ({dtype}), torch {torch.__version__}, "
+    out(f"model {info['name']} ({dtype}), torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads, {reps} repetitions, scale {scale}; engine: "
         f"KV pool {BENCH_KV_BYTES / 2**30:.0f} GiB ({llm.engine.runner.num_blocks} blocks), loaded in {load_s:.1f} s, "
-        f"attention backend {llm.engine.model_info['attention_backend']}, native CPU kernels "
-        f"{'on' if native() is not None else 'off (' + str(unavailable_reason()) + ')'}")
+        f"attention backend {info['attention_backend']}, native CPU kernels {_on_off(unavailable_reason())}, "
+        f"native decode {_on_off(info['native_decode_off'])}")
     # One stream reads every weight once per token: weight bytes / read bandwidth is its floor.
     weight_bytes = hf.num_parameters() * getattr(torch, dtype).itemsize
     bandwidth = read_bandwidth_gb_s()

@@ -148,3 +148,40 @@ def test_native_small_ops_match_the_torch_layers(rows):
     want = mlp(x)
     mlp.native = kernels
     torch.testing.assert_close(mlp(x), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("rows,vocab,k", [(1, 49152, 10), (5, 1001, 3), (9, 37, 37), (2, 8, 1)])
+def test_greedy_top_matches_torch_argmax_topk_and_softmax(rows, vocab, k):
+    """One pass per row (partial vectors at the end, k up to the whole vocabulary) against
+    torch; a tied maximum goes to the lower index, as torch.argmax picks it."""
+    logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(vocab)) * 4
+    logits[0, 7] = logits[0, 2] = logits[0].max() + 1
+    ids, probs = kernels.greedy_top(logits, k)
+    assert torch.equal(ids[:, 0], logits.argmax(-1)) and ids[0, 0] == 2
+    ref_probs, ref_ids = logits.softmax(-1).topk(k)
+    tied = {2, 7}  # either may come first in torch.topk
+    assert torch.equal(ids[1:], ref_ids[1:]) and set(ids[0].tolist()) - tied == set(ref_ids[0].tolist()) - tied
+    torch.testing.assert_close(probs, ref_probs, rtol=1e-5, atol=1e-7)
+
+
+def test_sampler_gives_torchs_tokens_and_candidates_with_the_native_pass():
+    """The engine's sampler both ways on the same logits: greedy rows with 0, 3 and 10
+    candidates shown, and a random row between them (drawn with the same seed)."""
+    from engine.request import Request
+    from engine.sampler import Sampler
+
+    logits = torch.randn(4, 5000, generator=torch.Generator().manual_seed(0)) * 3
+    params = [SamplingParams(temperature=0.0, logprobs_top=10), SamplingParams(temperature=0.0, logprobs_top=0),
+              SamplingParams(temperature=0.8, seed=3, logprobs_top=5), SamplingParams(temperature=0.0, logprobs_top=3)]
+    results = {}
+    for way in ("native", "torch"):
+        sampler = Sampler(seed=0)
+        assert sampler.native is not None
+        if way == "torch":
+            sampler.native = None
+        requests = [Request(str(i), [1, 2], p, None) for i, p in enumerate(params)]
+        results[way] = sampler(logits, requests)
+    for a, b in zip(results["native"], results["torch"]):
+        assert a.token_id == b.token_id and [t for t, _ in a.top] == [t for t, _ in b.top]
+        assert [p for _, p in a.top] == pytest.approx([p for _, p in b.top], rel=1e-5)
+    assert [len(r.top) for r in results["native"]] == [10, 0, 5, 3]

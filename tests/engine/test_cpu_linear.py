@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine import LLM
-from engine.model.cpu_linear import PackedLinear, cpu_packing_available, pack_linear_layers
+from engine.model.cpu_linear import HUGE_PAGE, PackedLinear, cpu_packing_available, huge_page_floats, pack_linear_layers
 
 pytestmark = pytest.mark.skipif(not cpu_packing_available(), reason="this torch build has no oneDNN")
 
@@ -37,3 +37,18 @@ def test_cpu_engine_packs_in_fp32_not_in_bf16(tiny_qwen3_path):
     assert isinstance(fp32.layers[0].mlp.gate_up_proj, PackedLinear)
     bf16 = LLM(model=str(tiny_qwen3_path), device="cpu", dtype="bfloat16").engine.runner.model
     assert bf16.packed_lm_head is None and isinstance(bf16.layers[0].mlp.gate_up_proj, nn.Linear)
+    # The native panels lie back to back in one buffer aligned for 2 MiB pages, in the order a
+    # forward reads them (each layer's q/k/v, o, gate/up, down, then the LM head).
+    packed = [m for m in fp32.modules() if isinstance(m, PackedLinear)]
+    if packed[0].panels is not None:
+        assert packed[-1] is fp32.packed_lm_head and packed[0] is fp32.layers[0].self_attn.qkv_proj
+        assert packed[0].panels.data_ptr() % HUGE_PAGE == 0
+        for a, b in zip(packed, packed[1:]):
+            assert b.panels.data_ptr() == a.panels.data_ptr() + a.panels.numel() * 4
+
+
+def test_huge_page_buffer_is_aligned_writable_and_zeroed():
+    t = huge_page_floats(3 * HUGE_PAGE // 4 + 5)
+    assert t.data_ptr() % HUGE_PAGE == 0 and t.dtype == torch.float32 and not t.any()
+    t.fill_(2.0)
+    assert t.sum().item() == 2.0 * t.numel()

@@ -161,7 +161,10 @@ def test_timeline_has_one_column_per_step_and_chunked_prefill_segments(fresh_ses
         assert cols["forward"][k] == r["timings_ms"]["forward"]
     assert cols["backend"] == [s.engine.model_info["attention_backend"]] * len(records)  # how each forward ran:
     assert cols["backend"][0] in ("cpu", "torch")
-    assert cols["graph_bucket"] == [None] * len(records)          # eager (no CUDA graphs on CPU)
+    assert cols["graph_bucket"] == [None] * len(records)          # no CUDA graphs on CPU
+    # Prefills layer by layer; the pure decode steps as one native call where the kernels run.
+    assert cols["forward_path"] == [r["timings_ms"]["forward_path"] for r in records]
+    assert ("native_decode" in cols["forward_path"]) == (cols["backend"][0] == "cpu")
     g = state["gantt"]
     r0 = g["requests"].index("0")
     prefills = [seg for seg in g["segments"] if seg[0] == r0 and seg[3] == "prefill"]

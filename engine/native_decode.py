@@ -1,0 +1,113 @@
+"""Decode steps on a CPU as one native call: the CPU's counterpart of CUDA graphs.
+
+A decode step of a few rows is bound by streaming the weights from memory, and kvscope's native
+linears do that at the machine's read bandwidth. What else the step costs is overhead: from
+Python each layer runs about ten small operations, each with its own dispatch, allocation and
+thread wake-up (~13 ms of a 58 ms one-stream step on the 2-core AMD EPYC, the linears ~40 ms).
+Here a pure-decode step runs the whole decoder (embedding, every layer, final norm) as one call
+into engine/cpu_kernels (kv_decode_forward), in one parallel region, through the same kernel
+bodies as the layer-by-layer path: the same arithmetic in the same order, so the same bits.
+
+Like CUDA graphs it covers only what it can: steps whose every row is a one-token decode, at
+most NATIVE_MAX_ROWS of them (above that, oneDNN's GEMM is the faster linear); prefills, mixed
+steps, attention probes and larger batches run layer by layer. The StepRecord's
+`timings_ms.forward_path` says which ran ('native_decode' or 'eager'), and model_info's
+`native_decode_off` says why it is off where it is."""
+from __future__ import annotations
+
+import torch
+
+from .attention import AttentionMetadata
+from .cpu_kernels import DecodeBatchPointers, DecoderLayerPointers, DecoderPointers, NativeCpuKernels, native
+from .model import CausalLM
+from .model.cpu_linear import NATIVE_MAX_ROWS, PackedLinear
+
+BACKEND = "cpu"  # the attention backend whose decodes (and K/V layout) the native call reproduces
+
+
+def why_no_native_decode(enforce_eager: bool, device: torch.device, dtype: torch.dtype, backend_name: str,
+                         tp_size: int, model: CausalLM) -> str | None:
+    """None when decode steps can run as one native call here, else why they run layer by layer."""
+    if enforce_eager:
+        return "enforce_eager=True"
+    if device.type != "cpu" or dtype != torch.float32:
+        return f"{device.type} in {str(dtype).replace('torch.', '')}: the native decode is for a CPU in float32"
+    if native() is None:
+        return "kvscope's native CPU kernels are off here"
+    if backend_name != BACKEND:
+        return f"attention backend {backend_name!r}: the native decode is the {BACKEND!r} backend's"
+    if tp_size > 1:
+        return "tensor parallel: each layer's all-reduce runs between the native calls"
+    if model.spec.head_dim % 8:
+        return f"head_dim {model.spec.head_dim} is not a multiple of 8 (the attention kernel's vector width)"
+    if not all(isinstance(lin, PackedLinear) and lin.panels is not None for lin in _linears(model)):
+        return "the linears are not packed in native panels"
+    return None
+
+
+class NativeDecode:
+    """Runs a pure-decode step of up to NATIVE_MAX_ROWS rows as one kv_decode_forward call.
+    Built once per runner: the weight and KV-pool addresses are fixed, only the batch changes."""
+
+    max_rows = NATIVE_MAX_ROWS
+
+    def __init__(self, model: CausalLM, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], block_size: int) -> None:
+        self.kernels: NativeCpuKernels = native()
+        spec = model.spec
+        rope = model.layers[0].self_attn.rope
+        self._layers = (DecoderLayerPointers * len(model.layers))(*(
+            _layer_pointers(layer, k, v) for layer, (k, v) in zip(model.layers, kv_caches)))
+        self._decoder = DecoderPointers(
+            num_layers=spec.num_layers, hidden=spec.hidden_size, heads=spec.num_heads, kv_heads=spec.num_kv_heads,
+            head_dim=spec.head_dim, intermediate=spec.intermediate_size, block_size=block_size,
+            eps=spec.rms_norm_eps, attn_scale=spec.head_dim ** -0.5,
+            embedding=_ptr(model.embed_tokens.weight), final_norm=_ptr(model.norm.weight),
+            cos_table=_ptr(rope.cos), sin_table=_ptr(rope.sin), layers=self._layers)
+        # Workspaces for the largest batch; a step uses their first rows.
+        rows, q_size = self.max_rows, spec.num_heads * spec.head_dim
+        widths = {"x": spec.hidden_size, "residual": spec.hidden_size, "normed": spec.hidden_size,
+                  "qkv": q_size + 2 * spec.num_kv_heads * spec.head_dim, "attn": q_size,
+                  "gate_up": 2 * spec.intermediate_size, "act": spec.intermediate_size}
+        self._work = {name: torch.empty((rows, width), dtype=torch.float32) for name, width in widths.items()}
+        self._batch = DecodeBatchPointers(**{name: _ptr(t) for name, t in self._work.items()})
+        self._model = model  # keeps the weights (and so the addresses above) alive
+
+    def can_run(self, meta: AttentionMetadata, num_tokens: int) -> bool:
+        """A pure-decode step (every row a one-token decode), no probe, at most max_rows rows."""
+        return (meta.probe_layer is None and len(meta.decode_seq_ids) == meta.num_seqs == num_tokens
+                and num_tokens <= self.max_rows)
+
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """The decoder's normalized hidden states [rows, hidden], as CausalLM.forward returns them;
+        a view of a workspace that the next run overwrites."""
+        b, tables = self._batch, meta.decode_block_tables
+        b.rows, b.table_stride = input_ids.shape[0], tables.stride(0)
+        b.token_ids, b.positions, b.slots = input_ids.data_ptr(), positions.data_ptr(), meta.slot_mapping.data_ptr()
+        b.decode_rows, b.seq_lens, b.block_tables = (meta.decode_rows.data_ptr(), meta.decode_seq_lens.data_ptr(),
+                                                     tables.data_ptr())
+        self.kernels.decode_forward(self._decoder, b)
+        return self._work["normed"][: b.rows]
+
+
+def _layer_pointers(layer, k_cache: torch.Tensor, v_cache: torch.Tensor) -> DecoderLayerPointers:
+    attn, mlp = layer.self_attn, layer.mlp
+    return DecoderLayerPointers(
+        input_norm=_ptr(layer.input_layernorm.weight), post_attention_norm=_ptr(layer.post_attention_layernorm.weight),
+        qkv_panels=_ptr(attn.qkv_proj.panels), qkv_bias=_ptr(attn.qkv_proj.bias),
+        q_norm=_ptr(attn.q_norm.weight if attn.q_norm is not None else None),
+        k_norm=_ptr(attn.k_norm.weight if attn.k_norm is not None else None),
+        o_panels=_ptr(attn.o_proj.panels), gate_up_panels=_ptr(mlp.gate_up_proj.panels),
+        down_panels=_ptr(mlp.down_proj.panels), k_cache=_ptr(k_cache), v_cache=_ptr(v_cache))
+
+
+def _linears(model: CausalLM) -> list:
+    return [m for layer in model.layers
+            for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)]
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    """The address the C side reads; the tensors must be contiguous fp32 (int64 for indices)."""
+    if t is None:
+        return None
+    assert t.is_contiguous(), "the native decode reads contiguous tensors"
+    return t.data_ptr()

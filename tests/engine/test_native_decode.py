@@ -1,0 +1,104 @@
+"""Decode steps as one native call (engine/native_decode.py) against the layer-by-layer forward
+it replaces: the same logits bit for bit on every architecture, the path named in each
+StepRecord, and the reasons it is off where it cannot run."""
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.cpu_kernels import DISABLE_ENV_VAR, cache_clear, native
+from engine.model.cpu_linear import NATIVE_MAX_ROWS
+
+pytestmark = pytest.mark.skipif(native() is None, reason="native CPU kernels need gcc and an AVX2 CPU")
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ",
+           "Once upon a time, in a land far away, there lived a dragon who", "1, 2, 3, 4,"]
+
+
+def _run_recording_logits(llm: LLM, prompts: list[str], params: SamplingParams) -> tuple[list, list, list]:
+    """Generate, keeping each forward's path and its logits; returns (paths, logits, tokens)."""
+    runner = llm.engine.runner
+    forward, seen = runner.forward, []
+
+    def recording(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        seen.append((out.forward_path, out.logits.clone()))
+        return out
+
+    runner.forward = recording
+    try:
+        tokens = [o.token_ids for o in llm.generate(prompts, params)]
+    finally:
+        runner.forward = forward
+    return [p for p, _ in seen], [x for _, x in seen], tokens
+
+
+@pytest.mark.parametrize("model", ["default", "qwen3", "qwen2", "llama"])
+def test_native_decode_gives_the_layer_by_layer_logits_bit_for_bit(model, request):
+    """Every architecture (Qwen3's per-head q/k norms, Qwen2's q/k/v biases), prompts of several
+    blocks batched together with a small token budget (chunked prefills, mixed steps, then pure
+    decode steps): the native path's logits equal the eager path's exactly, step by step."""
+    path = request.getfixturevalue("default_model_path" if model == "default" else f"tiny_{model}_path")
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    runs = {}
+    for eager in (False, True):
+        llm = LLM(model=str(path), enforce_eager=eager, max_num_batched_tokens=24, block_size=16)
+        runs[eager] = _run_recording_logits(llm, PROMPTS, params)
+    (paths, logits, tokens), (eager_paths, eager_logits, eager_tokens) = runs[False], runs[True]
+    assert set(eager_paths) == {"eager"}
+    assert "native_decode" in paths and "eager" in paths  # prefills and mixed steps stay layer by layer
+    assert len(logits) == len(eager_logits)
+    for step, (a, b) in enumerate(zip(logits, eager_logits)):
+        assert torch.equal(a, b), f"forward {step} ({paths[step]}) differs from the layer-by-layer forward"
+    assert tokens == eager_tokens
+
+
+def test_step_record_and_model_info_name_the_native_decode(default_model_path):
+    llm = LLM(model=str(default_model_path))
+    info = llm.engine.model_info
+    assert info["native_decode"] == NATIVE_MAX_ROWS and info["native_decode_off"] is None
+    llm.engine.add_request("The capital of France is", SamplingParams(max_tokens=3, ignore_eos=True))
+    records = [llm.engine.step() for _ in range(3)]
+    assert [r.timings_ms["forward_path"] for r in records] == ["eager", "native_decode", "native_decode"]
+
+
+def test_batches_above_the_native_rows_run_layer_by_layer(tiny_llama_path):
+    """More decodes than NATIVE_MAX_ROWS: oneDNN's GEMM is the faster linear there, so the step
+    runs eager; once requests finish and the batch fits, it runs natively again."""
+    n = NATIVE_MAX_ROWS + 3
+    llm = LLM(model=str(tiny_llama_path), max_num_seqs=n + 1)
+    eng = llm.engine
+    for i in range(n):
+        # The first three finish after one decode, leaving exactly NATIVE_MAX_ROWS running.
+        eng.add_request(f"request {i}", SamplingParams(max_tokens=2 if i < 3 else 4, ignore_eos=True))
+    paths = []
+    while eng.has_unfinished_requests():
+        rec = eng.step()
+        decodes = [s for s in rec.scheduled if not s["is_prefill"]]
+        paths.append((len(decodes), rec.timings_ms["forward_path"]))
+    assert (n, "eager") in paths and (NATIVE_MAX_ROWS, "native_decode") in paths
+    assert all(path == "eager" for count, path in paths if count > NATIVE_MAX_ROWS)
+
+
+@pytest.mark.parametrize("fields,reason", [
+    ({"enforce_eager": True}, "enforce_eager=True"),
+    ({"attention_backend": "torch"}, "attention backend 'torch'"),
+    ({"dtype": "bfloat16"}, "cpu in bfloat16"),
+])
+def test_native_decode_off_says_why_and_steps_run_eager(tiny_llama_path, fields, reason):
+    llm = LLM(model=str(tiny_llama_path), **fields)
+    info = llm.engine.model_info
+    assert info["native_decode"] is None and reason in info["native_decode_off"]
+    llm.engine.add_request("hello", SamplingParams(max_tokens=3, ignore_eos=True))
+    while llm.engine.has_unfinished_requests():
+        assert llm.engine.step().timings_ms["forward_path"] == "eager"
+
+
+def test_native_decode_is_off_with_the_native_kernels(tiny_llama_path, monkeypatch):
+    monkeypatch.setenv(DISABLE_ENV_VAR, "0")
+    cache_clear()
+    try:
+        info = LLM(model=str(tiny_llama_path), attention_backend="torch").engine.model_info
+        assert info["native_decode"] is None and "native CPU kernels are off" in info["native_decode_off"]
+    finally:
+        monkeypatch.delenv(DISABLE_ENV_VAR)
+        cache_clear()

@@ -182,6 +182,7 @@ class VllmEngine:
                 "dtype": str(mc.dtype).replace("torch.", ""), "device": "cpu" if self.config.on_cpu else "cuda",
                 "max_model_len": self.max_model_len, "attention_backend": backend, "cuda_graphs": None,
                 "cuda_graphs_off": "enforce_eager" if self.config.enforce_eager else None,
+                "native_decode": None, "native_decode_off": "kvscope's own engine only",
                 "kv_bytes_per_block": kv_bytes, "intermediate_size": getattr(hf, "intermediate_size", None),
                 "tie_word_embeddings": getattr(hf, "tie_word_embeddings", None),
                 "tensor_parallel_size": tp,

@@ -1,11 +1,11 @@
 """kvscope's native CPU kernels (engine/cpu_kernels) against torch: the panel linear at every
 row count the engine sends it, the paged decode attention over random block tables, and the
-engine that picks them (same greedy tokens as the torch backend)."""
+engine that picks them (its greedy tokens against the torch backend's: test_native_decode.py)."""
 import pytest
 import torch
 import torch.nn.functional as F
 
-from engine import LLM, SamplingParams
+from engine import SamplingParams
 from engine.attention import get_attention_backend
 from engine.attention.reference_ops import write_kv
 from engine.cpu_kernels import DISABLE_ENV_VAR, cache_clear, native, unavailable_reason
@@ -93,20 +93,6 @@ def test_disabling_native_kernels_falls_back_to_torch(monkeypatch):
         monkeypatch.delenv(DISABLE_ENV_VAR)
         cache_clear()
     assert native() is not None and unavailable_reason() is None
-
-
-def test_cpu_backend_gives_the_torch_backends_greedy_tokens(default_model_path):
-    """The default model end to end: decodes (and chunked prefills' 1-token tails) through the
-    native kernels, against the torch backend, on prompts of different lengths batched together."""
-    prompts = ["The capital of France is", "def fibonacci(n):\n    ", "Once upon a time, in a land far away, "
-               "there lived a dragon who", "1, 2, 3, 4,"]
-    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-    outs = {}
-    for backend in ("torch", "cpu"):
-        llm = LLM(model=str(default_model_path), attention_backend=backend, max_num_batched_tokens=32)
-        assert llm.engine.model_info["attention_backend"] == backend
-        outs[backend] = [o.token_ids for o in llm.generate(prompts, params)]
-    assert outs["cpu"] == outs["torch"]
 
 
 @pytest.mark.parametrize("rows", [1, 3, 40])

@@ -36,20 +36,24 @@ def _run_recording_logits(llm: LLM, prompts: list[str], params: SamplingParams) 
 def test_native_decode_gives_the_layer_by_layer_logits_bit_for_bit(model, request):
     """Every architecture (Qwen3's per-head q/k norms, Qwen2's q/k/v biases), prompts of several
     blocks batched together with a small token budget (chunked prefills, mixed steps, then pure
-    decode steps): the native path's logits equal the eager path's exactly, step by step."""
+    decode steps): the native path's logits equal the eager path's exactly, step by step. On the
+    default model, the torch backend (gathered, padded SDPA decodes) gives the same tokens too."""
     path = request.getfixturevalue("default_model_path" if model == "default" else f"tiny_{model}_path")
     params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
     runs = {}
-    for eager in (False, True):
-        llm = LLM(model=str(path), enforce_eager=eager, max_num_batched_tokens=24, block_size=16)
-        runs[eager] = _run_recording_logits(llm, PROMPTS, params)
-    (paths, logits, tokens), (eager_paths, eager_logits, eager_tokens) = runs[False], runs[True]
+    for name, fields in [("native", {}), ("eager", {"enforce_eager": True}),
+                         *([("torch", {"attention_backend": "torch"})] if model == "default" else [])]:
+        llm = LLM(model=str(path), max_num_batched_tokens=24, block_size=16, **fields)
+        runs[name] = _run_recording_logits(llm, PROMPTS, params)
+    (paths, logits, tokens), (eager_paths, eager_logits, eager_tokens) = runs["native"], runs["eager"]
     assert set(eager_paths) == {"eager"}
     assert "native_decode" in paths and "eager" in paths  # prefills and mixed steps stay layer by layer
     assert len(logits) == len(eager_logits)
     for step, (a, b) in enumerate(zip(logits, eager_logits)):
         assert torch.equal(a, b), f"forward {step} ({paths[step]}) differs from the layer-by-layer forward"
     assert tokens == eager_tokens
+    if "torch" in runs:
+        assert runs["torch"][2] == tokens
 
 
 def test_step_record_and_model_info_name_the_native_decode(default_model_path):

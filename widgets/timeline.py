@@ -12,8 +12,8 @@ class TimelinePanel(Panel):
     `steps` is columnar (one entry per step, built by ``explorer.views.timeline_state``):
     step, prefill, decode (batch tokens), budget (max_num_batched_tokens), schedule,
     prepare, forward, sample (ms), preempted (count), backend (attention backend name) and
-    graph_bucket (the CUDA graph batch size a decode step replayed; None when it ran eager) and
-    caption (the step in words, explorer.captions; shown in the bar's tooltip). The token
+    graph_bucket (the CUDA graph batch size a decode step replayed; None when it ran eager),
+    forward_path ('eager', 'cuda_graph' or 'native_decode': how the forward ran) and caption (the step in words, explorer.captions; shown in the bar's tooltip). The token
     chart's y axis fits the largest batch in view; a budget far above it is marked at the
     top edge. The chart is as wide as the panel and redraws when that changes. `gantt` is ``{"requests": [id],
     "segments": [[request_index, first_step, last_step, kind, label]]}`` with kind in

@@ -97,8 +97,9 @@ class CausalLM(nn.Module):
 
     def pack_for_cpu(self) -> None:
         """fp32 on a CPU: every plain linear and the LM head with packed weights (cpu_linear.py
-        says why; the native panels together on huge pages), and the norms, RoPE and SiLU-and-mul through kvscope's native kernels where
-        they build. Call once, after the weights are loaded."""
+        says why; the native panels together on huge pages), and the norms, RoPE and
+        SiLU-and-mul through kvscope's native kernels where they build. Call once, after the
+        weights are loaded."""
         pack_linear_layers(self.layers)
         kernels = native()
         for module in self.modules():

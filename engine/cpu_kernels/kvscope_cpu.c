@@ -9,6 +9,8 @@
  *    cache through its block table: no gathered copy, no padding to the longest sequence.
  * 3. The small ops between them (RMSNorm, RoPE, SiLU-and-mul): one call each instead of five to
  *    ten torch ops, whose dispatch costs more than their arithmetic at a few rows.
+ * 4. Greedy sampling with the candidates the explorer shows, in one pass over the logits.
+ * 5. A whole decode forward (kv_decode_forward): 1-3 in one call and one parallel region.
  *
  * Built and loaded by engine/cpu_kernels/__init__.py (gcc, a second or two); the engine falls
  * back to torch's kernels where it cannot be built. Every routine is checked against torch in

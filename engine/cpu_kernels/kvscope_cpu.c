@@ -167,6 +167,11 @@ static inline float sum_of_squares(const float *x, int64_t n) {
 /* out[r] = weight * (x[r] * rsqrt(mean(x[r]^2) + eps)), rows of length n. With a residual
  * (vLLM's fused_add_rms_norm): residual[r] = x[r] + residual[r] first, in place, and that sum
  * is what gets normalized. */
+static inline void rms_norm_row(const float *x, const float *weight, int64_t n, float eps, float *out) {
+    const float scale = 1.0f / sqrtf(sum_of_squares(x, n) / (float)n + eps);
+    for (int64_t i = 0; i < n; i++) out[i] = weight[i] * (x[i] * scale);  /* out may be x */
+}
+
 static void rms_norm_body(const float *x, float *residual, const float *weight, int64_t rows, int64_t n,
                           float eps, float *out) {
     #pragma omp for schedule(static)
@@ -177,9 +182,7 @@ static void rms_norm_body(const float *x, float *residual, const float *weight, 
             for (int64_t i = 0; i < n; i++) res[i] = xr[i] + res[i];
             xr = res;
         }
-        float *o = out + r * n;
-        const float scale = 1.0f / sqrtf(sum_of_squares(xr, n) / (float)n + eps);
-        for (int64_t i = 0; i < n; i++) o[i] = weight[i] * (xr[i] * scale);
+        rms_norm_row(xr, weight, n, eps, out + r * n);
     }
 }
 
@@ -436,9 +439,7 @@ static void qk_norm_body(float *qkv, int64_t tokens, int64_t row_stride, const k
     for (int64_t t = 0; t < tokens; t++)
         for (int64_t j = 0; j < m->heads + m->kv_heads; j++) {
             float *head = qkv + t * row_stride + j * d;
-            const float *w = j < m->heads ? l->q_norm : l->k_norm;
-            const float scale = 1.0f / sqrtf(sum_of_squares(head, d) / (float)d + m->eps);
-            for (int64_t i = 0; i < d; i++) head[i] = w[i] * (head[i] * scale);
+            rms_norm_row(head, j < m->heads ? l->q_norm : l->k_norm, d, m->eps, head);
         }
 }
 

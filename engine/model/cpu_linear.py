@@ -96,7 +96,7 @@ def huge_page_floats(n: int) -> torch.Tensor:
     del probe  # an exported ctypes view would pin the mapping's buffer
     if hasattr(mmap, "MADV_HUGEPAGE"):
         try:
-            region.madvise(mmap.MADV_HUGEPAGE, offset, nbytes - nbytes % HUGE_PAGE or HUGE_PAGE)
+            region.madvise(mmap.MADV_HUGEPAGE, offset, nbytes)
         except OSError:
             pass  # THP off in this kernel: 4 KiB pages, the same contents
     # The tensor holds the mapping alive (frombuffer keeps a reference to it).

@@ -15,6 +15,7 @@ from .attention import AttentionMetadata, get_attention_backend
 from .config import EngineConfig
 from .cuda_graphs import DecodeGraphs, why_no_graphs
 from .distributed.parallel_state import SINGLE, TensorParallel
+from .dtypes import compute_dtype, resolve_dtype
 from .model import CausalLM, ModelSpec, load_weights
 from .model.cpu_linear import cpu_packing_available
 from .native_decode import NativeDecode, why_no_native_decode
@@ -31,18 +32,6 @@ class ModelRunnerOutput:
     collective_ms: float = 0.0            # rank 0's time in collectives (0 without tensor parallel)
 
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype == "auto":
-        # fp32 on CPU keeps token-exact parity with transformers; bf16 is the GPU default.
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return DTYPES[dtype]
-
-
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -57,9 +46,13 @@ def build_model(config: EngineConfig, spec: ModelSpec, max_model_len: int, devic
     with torch.device(device):
         model = CausalLM(spec, max_positions=max(max_model_len, 1), tp=tp)
     load_weights(model, config.model)
-    model = model.to(dtype).eval()
-    if device.type == "cpu" and dtype == torch.float32 and cpu_packing_available():
-        model.pack_for_cpu()
+    model = model.to(compute_dtype(dtype, device)).eval()
+    if compute_dtype(dtype, device) != dtype:  # bf16 on a CPU: bf16 weights, held in fp32 for the arithmetic
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(p.to(dtype))
+    if device.type == "cpu" and compute_dtype(dtype, device) == torch.float32 and cpu_packing_available():
+        model.pack_for_cpu(panel_dtype=dtype)
     return model
 
 

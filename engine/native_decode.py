@@ -19,6 +19,7 @@ import torch
 
 from .attention import AttentionMetadata
 from .cpu_kernels import DecodeBatchPointers, DecoderLayerPointers, DecoderPointers, NativeCpuKernels, native
+from .dtypes import dtype_name
 from .model import CausalLM
 from .model.cpu_linear import NATIVE_MAX_ROWS, PackedLinear
 
@@ -30,8 +31,8 @@ def why_no_native_decode(enforce_eager: bool, device: torch.device, dtype: torch
     """None when decode steps can run as one native call here, else why they run layer by layer."""
     if enforce_eager:
         return "enforce_eager=True"
-    if device.type != "cpu" or dtype != torch.float32:
-        return f"{device.type} in {str(dtype).replace('torch.', '')}: the native decode is for a CPU in float32"
+    if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
+        return f"{device.type} in {dtype_name(dtype)}: the native decode is for a CPU in float32 or bfloat16"
     if native() is None:
         return "kvscope's native CPU kernels are off here"
     if backend_name != BACKEND:
@@ -40,8 +41,9 @@ def why_no_native_decode(enforce_eager: bool, device: torch.device, dtype: torch
         return "tensor parallel: each layer's all-reduce runs between the native calls"
     if model.spec.head_dim % 8:
         return f"head_dim {model.spec.head_dim} is not a multiple of 8 (the attention kernel's vector width)"
-    if not all(isinstance(lin, PackedLinear) and lin.panels is not None for lin in _linears(model)):
-        return "the linears are not packed in native panels"
+    if not all(isinstance(lin, PackedLinear) and lin.panels is not None and lin.panels.dtype == dtype
+               for lin in _linears(model)):
+        return f"the linears are not packed in native {dtype_name(dtype)} panels"
     return None
 
 
@@ -60,6 +62,7 @@ class NativeDecode:
         self._decoder = DecoderPointers(
             num_layers=spec.num_layers, hidden=spec.hidden_size, heads=spec.num_heads, kv_heads=spec.num_kv_heads,
             head_dim=spec.head_dim, intermediate=spec.intermediate_size, block_size=block_size,
+            bf16=int(kv_caches[0][0].dtype == torch.bfloat16),  # the panels too (why_no_native_decode)
             eps=spec.rms_norm_eps, attn_scale=spec.head_dim ** -0.5,
             embedding=_ptr(model.embed_tokens.weight), final_norm=_ptr(model.norm.weight),
             cos_table=_ptr(rope.cos), sin_table=_ptr(rope.sin), layers=self._layers)
@@ -106,7 +109,8 @@ def _linears(model: CausalLM) -> list:
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
-    """The address the C side reads; the tensors must be contiguous fp32 (int64 for indices)."""
+    """The address the C side reads; the tensors must be contiguous (fp32 activations and norms,
+    fp32 or bf16 panels and caches, int64 indices)."""
     if t is None:
         return None
     assert t.is_contiguous(), "the native decode reads contiguous tensors"

@@ -18,16 +18,25 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     if not all_written:
         keep = slot_mapping >= 0
         k, v, slot_mapping = k[keep], v[keep], slot_mapping[keep]
-    k_cache.view(-1, kvh, d).index_copy_(0, slot_mapping, k)
-    v_cache.view(-1, kvh, d).index_copy_(0, slot_mapping, v)
+    k_cache.view(-1, kvh, d).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+    v_cache.view(-1, kvh, d).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
 
-def gather_context(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
-    """The first `length` cached tokens of one sequence, [length, KVH, D], read through its blocks."""
+def as_cached(x: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
+    """K or V as the cache holds it, in x's dtype: rounded where the cache is narrower (bf16 KV
+    under fp32 arithmetic on a CPU, engine/dtypes.py), so a prompt attends to the same values
+    whether they come fresh from its projection or from the cache (a prefix hit, a chunk)."""
+    return x if cache.dtype == x.dtype else x.to(cache.dtype).to(x.dtype)
+
+
+def gather_context(cache: torch.Tensor, block_table: torch.Tensor, length: int,
+                   dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The first `length` cached tokens of one sequence, [length, KVH, D], read through its
+    blocks (in `dtype`: the arithmetic's, where it is wider than the cache's)."""
     bs = cache.shape[1]
     nblocks = -(-length // bs)
     # index_select, not cache[idx]: advanced indexing is ~50x slower on CPU here.
-    return cache.index_select(0, block_table[:nblocks]).flatten(0, 1)[:length]
+    return cache.index_select(0, block_table[:nblocks]).flatten(0, 1)[:length].to(dtype or cache.dtype)
 
 
 def causal_mask(num_queries: int, context_len: int, seq_len: int, device: torch.device) -> torch.Tensor:

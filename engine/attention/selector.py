@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..cpu_kernels import native, unavailable_reason
+from ..dtypes import compute_dtype, dtype_name
 from .backend import AttentionBackend
 
 
@@ -15,8 +16,8 @@ def get_attention_backend(name: str, device: torch.device, block_size: int = 16,
 
     'auto' on a GPU: flash_attn where it is installed and the cache suits it (block_size a
     multiple of 256, fp16/bf16), else our triton kernels, else the torch reference. On a CPU
-    in fp32: the cpu backend (native decode kernel) where kvscope's native kernels build;
-    otherwise the torch reference."""
+    in fp32 or bf16 (fp32 arithmetic over a bf16 cache, engine/dtypes.py): the cpu backend
+    (native decode kernel) where kvscope's native kernels build; otherwise the torch reference."""
     if name == "auto":
         if device.type == "cuda":
             if block_size % 256 == 0 and dtype in (torch.float16, torch.bfloat16):
@@ -28,8 +29,7 @@ def get_attention_backend(name: str, device: torch.device, block_size: int = 16,
                 return _triton()
             except ImportError:
                 pass
-        fp32_cpu = device.type == "cpu" and dtype == torch.float32
-        name = "cpu" if fp32_cpu and native() is not None else "torch"
+        name = "cpu" if _cpu_fits(device, dtype) and native() is not None else "torch"
     if name == "torch":
         from .torch_backend import TorchAttentionBackend
         return TorchAttentionBackend()
@@ -56,11 +56,16 @@ def get_attention_backend(name: str, device: torch.device, block_size: int = 16,
 def _cpu(device: torch.device, dtype: torch.dtype) -> AttentionBackend:
     from .cpu_backend import CpuAttentionBackend
     kernels = native()
-    if device.type != "cpu" or dtype != torch.float32 or kernels is None:
+    if not _cpu_fits(device, dtype) or kernels is None:
         why = f"the native CPU kernels are off here: {unavailable_reason()}" if kernels is None else \
-            f"it runs on a CPU in float32, got {device.type} and {str(dtype).replace('torch.', '')}"
+            f"it runs on a CPU in float32 or bfloat16, got {device.type} and {dtype_name(dtype)}"
         raise ValueError(f"attention_backend 'cpu' is not available: {why}; attention_backend='torch' runs anywhere")
     return CpuAttentionBackend(kernels)
+
+
+def _cpu_fits(device: torch.device, dtype: torch.dtype) -> bool:
+    """A CPU computing in fp32: the cpu backend's kernels read an fp32 or bf16 cache."""
+    return device.type == "cpu" and compute_dtype(dtype, device) == torch.float32
 
 
 def _triton() -> AttentionBackend:

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from .backend import AttentionBackend
 from .metadata import AttentionMetadata
-from .reference_ops import attention_probs, causal_mask, gather_context, write_kv
+from .reference_ops import as_cached, attention_probs, causal_mask, gather_context, write_kv
 from .torch_decode import decode_attention, decode_plan
 
 
@@ -33,10 +33,10 @@ class TorchAttentionBackend(AttentionBackend):
             ctx, seq_len = meta.context_lens[i], meta.seq_lens[i]
             if ctx == 0 and not probing:
                 # Nothing cached before: the fresh K/V are the whole context.
-                ks, vs, mask = k[s:e], v[s:e], None
+                ks, vs, mask = as_cached(k[s:e], k_cache), as_cached(v[s:e], v_cache), None
             else:
-                ks = gather_context(k_cache, meta.block_tables[i], seq_len)
-                vs = gather_context(v_cache, meta.block_tables[i], seq_len)
+                ks = gather_context(k_cache, meta.block_tables[i], seq_len, q.dtype)
+                vs = gather_context(v_cache, meta.block_tables[i], seq_len, q.dtype)
                 mask = causal_mask(e - s, ctx, seq_len, q.device) if e - s > 1 else None
             if probing and layer == meta.probe_layer:
                 full_mask = mask if mask is not None else causal_mask(e - s, ctx, seq_len, q.device)

@@ -135,7 +135,7 @@ def _gather(cache: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
 def _padded_sdpa(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, g: DecodeGroup) -> torch.Tensor:
     """q [n, H, D], one query per sequence, over each sequence's gathered blocks."""
     n, h, d = q.shape
-    ks, vs = _gather(k_cache, g.block_tables), _gather(v_cache, g.block_tables)
+    ks, vs = _gather(k_cache, g.block_tables).to(q.dtype), _gather(v_cache, g.block_tables).to(q.dtype)
     kvh = ks.shape[2]
     # The query heads that share a KV head go in as that head's rows ([n, KVH, group, D]):
     # one attention unit per (sequence, KV head) instead of one per query head, which is

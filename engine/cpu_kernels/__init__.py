@@ -1,5 +1,6 @@
-"""kvscope's native fp32 CPU kernels (kvscope_cpu.c): skinny linears over weights packed in
-panels, and paged decode attention straight from the block tables.
+"""kvscope's native CPU kernels (kvscope_cpu.c): skinny linears over weights packed in panels,
+and paged decode attention straight from the block tables. Arithmetic in fp32; weights and the
+KV cache stored in fp32 or bf16.
 
 The C file is compiled with the system's gcc the first time it is needed (about a second) into
 kvscope's cache folder, keyed by its source and the compiler flags, and loaded with ctypes. It
@@ -38,7 +39,7 @@ class DecoderLayerPointers(ctypes.Structure):
 class DecoderPointers(ctypes.Structure):
     """The model's shape and its shared weights (C: kv_decoder)."""
     _fields_ = [*((name, _i64) for name in ("num_layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate",
-                                            "block_size")),
+                                            "block_size", "bf16")),
                 ("eps", _f32), ("attn_scale", _f32),
                 *((name, _ptr) for name in ("embedding", "final_norm", "cos_table", "sin_table")),
                 ("layers", ctypes.POINTER(DecoderLayerPointers))]
@@ -54,20 +55,22 @@ class DecodeBatchPointers(ctypes.Structure):
 _SIGNATURES = {
     "kv_packed_floats": (_i64, [_i64, _i64]),
     "kv_pack_panels": (None, [_ptr, _i64, _i64, _ptr]),
-    "kv_linear": (None, [_ptr, _i64, _i64, _ptr, _i64, _ptr, _ptr]),
+    "kv_pack_panels_bf16": (None, [_ptr, _i64, _i64, _ptr]),
+    "kv_linear": (None, [_ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _ptr]),
     "kv_rms_norm": (None, [_ptr, _ptr, _ptr, _i64, _i64, _f32, _ptr]),
-    "kv_reshape_and_cache": (None, [_ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64]),
+    "kv_reshape_and_cache": (None, [_ptr, _i64, _ptr, _i64, _ptr, _ptr, _i64, _ptr, _i64, _i64]),
     "kv_rope_inplace": (None, [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64]),
     "kv_silu_and_mul": (None, [_ptr, _i64, _i64, _ptr]),
-    "kv_paged_decode_attention": (None, [_ptr, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64,
-                                         _i64, _i64, _f32, _ptr]),
+    "kv_paged_decode_attention": (None, [_ptr, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _i64,
+                                         _i64, _i64, _i64, _f32, _ptr]),
     "kv_greedy_top": (None, [_ptr, _i64, _i64, _i64, _ptr, _ptr]),
     "kv_decode_forward": (None, [ctypes.POINTER(DecoderPointers), ctypes.POINTER(DecodeBatchPointers)]),
 }
 
 
 class NativeCpuKernels:
-    """The loaded library, called on contiguous fp32 CPU tensors (the callers check)."""
+    """The loaded library, called on contiguous CPU tensors (the callers check): activations in
+    fp32, weight panels and KV caches in fp32 or bf16 (STORAGE_DTYPES)."""
 
     def __init__(self, lib: ctypes.CDLL, path: Path) -> None:
         self.lib, self.path = lib, path
@@ -75,19 +78,21 @@ class NativeCpuKernels:
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = restype, argtypes
 
-    def pack_panels(self, weight: torch.Tensor) -> torch.Tensor:
-        """[N, K] weight -> the flat panel layout kv_linear reads."""
+    def pack_panels(self, weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """[N, K] weight -> the flat panel layout kv_linear reads, in fp32 or bf16 (rounded to
+        nearest even; the bf16 panels interleave each step's columns, see kv_pack_panels_bf16)."""
         w = weight.detach().float().contiguous()
         n, k = w.shape
-        out = torch.empty(self.lib.kv_packed_floats(n, k), dtype=torch.float32)
-        self.lib.kv_pack_panels(w.data_ptr(), n, k, out.data_ptr())
+        out = torch.empty(self.lib.kv_packed_floats(n, k), dtype=_storage(dtype))
+        pack = self.lib.kv_pack_panels_bf16 if dtype == torch.bfloat16 else self.lib.kv_pack_panels
+        pack(w.data_ptr(), n, k, out.data_ptr())
         return out
 
     def linear(self, x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
-        """x [M, K] @ W^T + bias -> [M, N]."""
+        """x [M, K] @ W^T + bias -> [M, N], W given as pack_panels' output."""
         m, k = x.shape
         y = torch.empty((m, n), dtype=torch.float32)
-        self.lib.kv_linear(x.data_ptr(), m, k, panels.data_ptr(), n,
+        self.lib.kv_linear(x.data_ptr(), m, k, panels.data_ptr(), _is_bf16(panels), n,
                            None if bias is None else bias.data_ptr(), y.data_ptr())
         return y
 
@@ -102,9 +107,10 @@ class NativeCpuKernels:
 
     def reshape_and_cache(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                           slot_mapping: torch.Tensor) -> None:
-        """Store K/V [T, kvh, d] (rows may be strided, each row contiguous) at their slots; -1 skipped."""
+        """Store fp32 K/V [T, kvh, d] (rows may be strided, each row contiguous) at their slots of
+        the fp32 or bf16 caches (rounded to nearest even); -1 skipped."""
         self.lib.kv_reshape_and_cache(k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), k_cache.data_ptr(),
-                                      v_cache.data_ptr(), slot_mapping.data_ptr(), k.shape[0],
+                                      v_cache.data_ptr(), _is_bf16(k_cache), slot_mapping.data_ptr(), k.shape[0],
                                       k_cache.shape[2] * k_cache.shape[3])
 
     def rope_(self, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -128,7 +134,8 @@ class NativeCpuKernels:
         _, h, d = q.shape
         num_blocks, block_size, kvh, _ = k_cache.shape
         self.lib.kv_paged_decode_attention(
-            q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), rows.data_ptr(), seq_lens.data_ptr(),
+            q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), _is_bf16(k_cache), rows.data_ptr(),
+            seq_lens.data_ptr(),
             block_tables.data_ptr(), block_tables.stride(0), rows.shape[0], h, kvh, d, block_size,
             d ** -0.5, out.data_ptr())
 
@@ -145,6 +152,19 @@ class NativeCpuKernels:
     def decode_forward(self, decoder: DecoderPointers, batch: DecodeBatchPointers) -> None:
         """The whole decoder forward of a batch of decodes (engine/native_decode.py fills both)."""
         self.lib.kv_decode_forward(ctypes.byref(decoder), ctypes.byref(batch))
+
+
+STORAGE_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _storage(dtype: torch.dtype) -> torch.dtype:
+    if dtype not in STORAGE_DTYPES:
+        raise ValueError(f"the native kernels store weights and KV in float32 or bfloat16, got {dtype}")
+    return dtype
+
+
+def _is_bf16(t: torch.Tensor) -> int:
+    return int(_storage(t.dtype) == torch.bfloat16)
 
 
 def native() -> NativeCpuKernels | None:

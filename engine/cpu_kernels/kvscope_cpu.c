@@ -1,5 +1,5 @@
-/* kvscope's native CPU kernels (fp32, AVX2 + FMA, OpenMP): where a decode step on a CPU spent
- * its time on something other than the arithmetic and memory traffic it must do.
+/* kvscope's native CPU kernels (fp32 arithmetic, AVX2 + FMA, OpenMP): where a decode step on a
+ * CPU spent its time on something other than the arithmetic and memory traffic it must do.
  *
  * 1. Skinny linears. A decode step multiplies a few rows by every weight of the model, so it is
  *    bound by how fast the weights stream from memory. Weights are packed once into panels of 16
@@ -11,6 +11,11 @@
  *    ten torch ops, whose dispatch costs more than their arithmetic at a few rows.
  * 4. Greedy sampling with the candidates the explorer shows, in one pass over the logits.
  * 5. A whole decode forward (kv_decode_forward): 1-3 in one call and one parallel region.
+ *
+ * Weights and the KV cache are stored in fp32 or in bf16 (dtype='bfloat16' on a CPU): a bf16
+ * value is the top half of an fp32 one, so widening it is one shift and the arithmetic stays
+ * fp32, while every byte streamed from memory carries twice the values. Stores into a bf16
+ * cache round to nearest even, as torch's .to(torch.bfloat16) does.
  *
  * Built and loaded by engine/cpu_kernels/__init__.py (gcc, a second or two); the engine falls
  * back to torch's kernels where it cannot be built. Every routine is checked against torch in
@@ -26,6 +31,23 @@
 #define MR 6      /* rows per micro-kernel call: 12 accumulators + 2 weights + 1 broadcast */
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* ---- bf16 <-> fp32 ---------------------------------------------------------------------- */
+
+static inline uint16_t bf16_round(float f) {  /* round to nearest even (no NaNs arise here) */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static inline __m256 bf16x8_to_fp32(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+
+/* 8 values at p (fp32, or bf16 when bf16) as 8 fp32 lanes; `bf16` is a constant where inlined. */
+static inline __attribute__((always_inline)) __m256 load8(const void *p, int64_t i, const int bf16) {
+    return bf16 ? bf16x8_to_fp32((const uint16_t *)p + i) : _mm256_loadu_ps((const float *)p + i);
+}
 
 /* ---- skinny linears ------------------------------------------------------------------ */
 
@@ -45,17 +67,42 @@ void kv_pack_panels(const float *w, int64_t n, int64_t k, float *out) {
     }
 }
 
+/* The same panels in bf16 (rounded to nearest even), each k step's 16 columns laid out so that
+ * one 256-bit load widens with two instructions: 32-bit lane j holds column j in its low half
+ * and column 8 + j in its high half (shift left 16: columns 0-7; mask the low half: 8-15). */
+void kv_pack_panels_bf16(const float *w, int64_t n, int64_t k, uint16_t *out) {
+    int64_t panels = (n + NR - 1) / NR;
+    #pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < panels; p++) {
+        uint16_t *dst = out + p * k * NR;
+        for (int64_t kk = 0; kk < k; kk++)
+            for (int j = 0; j < NR; j++) {
+                int64_t row = p * NR + j;
+                dst[kk * NR + (j < 8 ? 2 * j : 2 * (j - 8) + 1)] = row < n ? bf16_round(w[row * k + kk]) : 0;
+            }
+    }
+}
+
 /* y[r, 0:cols] = bias16 + x[r, :] . panel, for R rows; R is a constant where it is inlined,
  * so the accumulators stay in registers. */
 static inline __attribute__((always_inline)) void micro(
-        const int R, const float *restrict panel, const float *restrict x, int64_t ldx, int64_t k,
+        const int R, const int bf16, const void *restrict panel, const float *restrict x, int64_t ldx, int64_t k,
         const float *bias16, float *restrict y, int64_t ldy, int cols) {
     __m256 acc0[MR], acc1[MR];
     const __m256 b0 = _mm256_loadu_ps(bias16), b1 = _mm256_loadu_ps(bias16 + 8);
+    const __m256i high_half = _mm256_set1_epi32((int)0xffff0000u);
     #pragma GCC unroll 6
     for (int r = 0; r < R; r++) { acc0[r] = b0; acc1[r] = b1; }
     for (int64_t kk = 0; kk < k; kk++) {
-        const __m256 w0 = _mm256_loadu_ps(panel + kk * NR), w1 = _mm256_loadu_ps(panel + kk * NR + 8);
+        __m256 w0, w1;
+        if (bf16) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)((const uint16_t *)panel + kk * NR));
+            w0 = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+            w1 = _mm256_castsi256_ps(_mm256_and_si256(v, high_half));
+        } else {
+            w0 = _mm256_loadu_ps((const float *)panel + kk * NR);
+            w1 = _mm256_loadu_ps((const float *)panel + kk * NR + 8);
+        }
         #pragma GCC unroll 6
         for (int r = 0; r < R; r++) {
             const __m256 xb = _mm256_broadcast_ss(x + r * ldx + kk);
@@ -77,17 +124,21 @@ static inline __attribute__((always_inline)) void micro(
     }
 }
 
-static void micro_rows(int rows, const float *panel, const float *x, int64_t ldx, int64_t k,
-                       const float *bias16, float *y, int64_t ldy, int cols) {
-    switch (rows) {
-    case 1: micro(1, panel, x, ldx, k, bias16, y, ldy, cols); break;
-    case 2: micro(2, panel, x, ldx, k, bias16, y, ldy, cols); break;
-    case 3: micro(3, panel, x, ldx, k, bias16, y, ldy, cols); break;
-    case 4: micro(4, panel, x, ldx, k, bias16, y, ldy, cols); break;
-    case 5: micro(5, panel, x, ldx, k, bias16, y, ldy, cols); break;
-    default: micro(6, panel, x, ldx, k, bias16, y, ldy, cols); break;
+/* One instance per (rows, weight type), so the row loops unroll and the load is fixed. */
+#define MICRO_ROWS(name, bf16)                                                                         \
+    static void name(int rows, const void *panel, const float *x, int64_t ldx, int64_t k,              \
+                     const float *bias16, float *y, int64_t ldy, int cols) {                           \
+        switch (rows) {                                                                                \
+        case 1: micro(1, bf16, panel, x, ldx, k, bias16, y, ldy, cols); break;                         \
+        case 2: micro(2, bf16, panel, x, ldx, k, bias16, y, ldy, cols); break;                         \
+        case 3: micro(3, bf16, panel, x, ldx, k, bias16, y, ldy, cols); break;                         \
+        case 4: micro(4, bf16, panel, x, ldx, k, bias16, y, ldy, cols); break;                         \
+        case 5: micro(5, bf16, panel, x, ldx, k, bias16, y, ldy, cols); break;                         \
+        default: micro(6, bf16, panel, x, ldx, k, bias16, y, ldy, cols); break;                        \
+        }                                                                                              \
     }
-}
+MICRO_ROWS(micro_rows_fp32, 0)
+MICRO_ROWS(micro_rows_bf16, 1)
 
 /* y [m, n] = x [m, k] W^T + bias, W given as panels. Rows are taken in blocks whose slice of x
  * (~192 KB) stays in L2 while the panels stream past it; (row block, panel) pairs are handed to
@@ -97,9 +148,10 @@ static void micro_rows(int rows, const float *panel, const float *x, int64_t ldx
  * Each routine below has a body whose loops are orphaned `omp for` constructs: called inside a
  * parallel region (kv_decode_forward's), the region's threads share the loop and meet at its
  * barrier; the exported kv_* wrapper opens a region of its own. */
-static void linear_body(const float *x, int64_t m, int64_t k, const float *panels, int64_t n,
+static void linear_body(const float *x, int64_t m, int64_t k, const void *panels, int bf16, int64_t n,
                         const float *bias, float *y) {
     const int64_t np = (n + NR - 1) / NR;
+    const size_t panel_bytes = (size_t)(k * NR) * (bf16 ? 2 : 4);
     int64_t mb = (192 * 1024 / 4) / k / MR * MR;
     if (mb < MR) mb = MR;
     const int64_t nmb = (m + mb - 1) / mb;
@@ -109,17 +161,18 @@ static void linear_body(const float *x, int64_t m, int64_t k, const float *panel
             const int cols = (int)min64(NR, n - p * NR);
             float bias16[NR] = {0};
             if (bias) memcpy(bias16, bias + p * NR, (size_t)cols * sizeof(float));
-            const float *panel = panels + p * k * NR;
+            const void *panel = (const char *)panels + p * panel_bytes;
             const int64_t end = min64(m, (b + 1) * mb);
             for (int64_t r = b * mb; r < end; r += MR)
-                micro_rows((int)min64(MR, end - r), panel, x + r * k, k, k, bias16, y + r * n + p * NR, n, cols);
+                (bf16 ? micro_rows_bf16 : micro_rows_fp32)((int)min64(MR, end - r), panel, x + r * k, k, k, bias16,
+                                                           y + r * n + p * NR, n, cols);
         }
 }
 
-void kv_linear(const float *x, int64_t m, int64_t k, const float *panels, int64_t n,
+void kv_linear(const float *x, int64_t m, int64_t k, const void *panels, int64_t bf16, int64_t n,
                const float *bias, float *y) {
     #pragma omp parallel
-    linear_body(x, m, k, panels, n, bias, y);
+    linear_body(x, m, k, panels, (int)bf16, n, bias, y);
 }
 
 /* ---- vector helpers ------------------------------------------------------------------ */
@@ -241,24 +294,36 @@ void kv_silu_and_mul(const float *gate_up, int64_t tokens, int64_t n, float *out
     silu_and_mul_body(gate_up, tokens, n, out);
 }
 
+/* dst[0:n] = src[0:n], into an fp32 row or (bf16) rounded into a bf16 row. */
+static inline void store_row(void *dst, int64_t slot, const float *src, int64_t n, int bf16) {
+    if (!bf16) {
+        memcpy((float *)dst + slot * n, src, (size_t)n * sizeof(float));
+        return;
+    }
+    uint16_t *out = (uint16_t *)dst + slot * n;
+    for (int64_t i = 0; i < n; i++) out[i] = bf16_round(src[i]);
+}
+
 /* vLLM's reshape_and_cache: each token's K and V rows (kvh * d floats, rows of the packed qkv
  * projection: k_stride / v_stride floats apart) stored at its slot of the paged caches
- * (slot = block * block_size + offset, each slot a row of kvh * d); slot -1 is skipped. */
+ * (slot = block * block_size + offset, each slot a row of kvh * d, fp32 or bf16); slot -1 is
+ * skipped. */
 static void reshape_and_cache_body(const float *k, int64_t k_stride, const float *v, int64_t v_stride,
-                                   float *k_cache, float *v_cache, const int64_t *slots, int64_t tokens,
+                                   void *k_cache, void *v_cache, int bf16, const int64_t *slots, int64_t tokens,
                                    int64_t row_floats) {
     #pragma omp for schedule(static)
     for (int64_t t = 0; t < tokens; t++) {
         if (slots[t] < 0) continue;
-        memcpy(k_cache + slots[t] * row_floats, k + t * k_stride, (size_t)row_floats * sizeof(float));
-        memcpy(v_cache + slots[t] * row_floats, v + t * v_stride, (size_t)row_floats * sizeof(float));
+        store_row(k_cache, slots[t], k + t * k_stride, row_floats, bf16);
+        store_row(v_cache, slots[t], v + t * v_stride, row_floats, bf16);
     }
 }
 
 void kv_reshape_and_cache(const float *k, int64_t k_stride, const float *v, int64_t v_stride,
-                          float *k_cache, float *v_cache, const int64_t *slots, int64_t tokens, int64_t row_floats) {
+                          void *k_cache, void *v_cache, int64_t bf16, const int64_t *slots, int64_t tokens,
+                          int64_t row_floats) {
     #pragma omp parallel if (tokens >= 64)
-    reshape_and_cache_body(k, k_stride, v, v_stride, k_cache, v_cache, slots, tokens, row_floats);
+    reshape_and_cache_body(k, k_stride, v, v_stride, k_cache, v_cache, (int)bf16, slots, tokens, row_floats);
 }
 
 /* ---- greedy sampling ------------------------------------------------------------------ */
@@ -309,9 +374,10 @@ void kv_greedy_top(const float *logits, int64_t rows, int64_t vocab, int64_t k, 
 
 /* ---- paged decode attention ---------------------------------------------------------- */
 
-static inline float dot(const float *a, const float *b, int64_t d) {
+/* a . b over d floats; b is fp32 or (bf16) bf16. */
+static inline __attribute__((always_inline)) float dot(const float *a, const void *b, int64_t d, const int bf16) {
     __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    for (int64_t i = 0; i < d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(b, i, bf16), acc);
     return hsum(acc);
 }
 
@@ -335,7 +401,8 @@ static void softmax(float *s, int64_t len) {
 
 /* Single-query attention of each decode over its own context, read through its block table.
  * q: [T, h, d] with rows q_stride floats apart (a view into the packed qkv projection);
- * out: [T, h, d] contiguous; rows[i] is decode i's query row; caches: [blocks, block_size, kvh, d];
+ * out: [T, h, d] contiguous; rows[i] is decode i's query row; caches: [blocks, block_size, kvh, d]
+ * in fp32 or (bf16) bf16;
  * tables: [n, table_stride] block ids; d a multiple of 8. Query head j reads KV head
  * j / (h / kvh), as grouped-query attention does. One task per decode, walking its tokens in
  * order and reading each token's whole K (then V) row of kvh * d floats: within a block those
@@ -343,11 +410,11 @@ static void softmax(float *s, int64_t len) {
  * (decode, KV head) read a third of each row at a stride and waited on DRAM latency: 4x slower
  * on a real model's cache). `scores` (h * the longest length) and `acc` (h * d) are the calling
  * thread's own scratch. */
-static void decode_attention_body(const float *q, int64_t q_stride, const float *k_cache, const float *v_cache,
-                                  const int64_t *rows, const int64_t *seq_lens, const int64_t *tables,
-                                  int64_t table_stride, int64_t n, int64_t h, int64_t kvh, int64_t d,
-                                  int64_t block_size, float scale, float *out, float *scores, float *acc) {
-    const int64_t g = h / kvh, row_floats = kvh * d;
+static inline __attribute__((always_inline)) void decode_attention(
+        const int bf16, const float *q, int64_t q_stride, const void *k_cache, const void *v_cache,
+        const int64_t *rows, const int64_t *seq_lens, const int64_t *tables, int64_t table_stride, int64_t n,
+        int64_t h, int64_t kvh, int64_t d, int64_t block_size, float scale, float *out, float *scores, float *acc) {
+    const int64_t g = h / kvh, row_bytes = kvh * d * (bf16 ? 2 : 4);
     /* Flush denormals to zero on this thread while it runs: softmax weights of far-off keys
      * fall below FLT_MIN, and x86 takes ~100 cycles per denormal operand. Such weights are
      * ~1e-38 against a sum >= 1: nothing is lost. */
@@ -359,24 +426,37 @@ static void decode_attention_body(const float *q, int64_t q_stride, const float 
         const int64_t *table = tables + i * table_stride;
         const float *qi = q + rows[i] * q_stride;
         for (int64_t t = 0; t < len; t++) {
-            const float *key = k_cache + (table[t / block_size] * block_size + t % block_size) * row_floats;
-            for (int64_t j = 0; j < h; j++) scores[j * len + t] = dot(qi + j * d, key + (j / g) * d, d) * scale;
+            const char *key = (const char *)k_cache + (table[t / block_size] * block_size + t % block_size) * row_bytes;
+            for (int64_t j = 0; j < h; j++)
+                scores[j * len + t] = dot(qi + j * d, key + (j / g) * d * (bf16 ? 2 : 4), d, bf16) * scale;
         }
         for (int64_t j = 0; j < h; j++) softmax(scores + j * len, len);
         memset(acc, 0, (size_t)(h * d) * sizeof(float));
         for (int64_t t = 0; t < len; t++) {
-            const float *val = v_cache + (table[t / block_size] * block_size + t % block_size) * row_floats;
+            const char *val = (const char *)v_cache + (table[t / block_size] * block_size + t % block_size) * row_bytes;
             for (int64_t j = 0; j < h; j++) {
                 const __m256 p = _mm256_set1_ps(scores[j * len + t]);
-                const float *vj = val + (j / g) * d;
+                const void *vj = val + (j / g) * d * (bf16 ? 2 : 4);
                 float *a = acc + j * d;
                 for (int64_t e = 0; e < d; e += 8)
-                    _mm256_storeu_ps(a + e, _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + e), _mm256_loadu_ps(a + e)));
+                    _mm256_storeu_ps(a + e, _mm256_fmadd_ps(p, load8(vj, e, bf16), _mm256_loadu_ps(a + e)));
             }
         }
         memcpy(out + rows[i] * h * d, acc, (size_t)(h * d) * sizeof(float));
     }
     _mm_setcsr(csr);
+}
+
+static void decode_attention_body(const float *q, int64_t q_stride, const void *k_cache, const void *v_cache, int bf16,
+                                  const int64_t *rows, const int64_t *seq_lens, const int64_t *tables,
+                                  int64_t table_stride, int64_t n, int64_t h, int64_t kvh, int64_t d,
+                                  int64_t block_size, float scale, float *out, float *scores, float *acc) {
+    if (bf16)
+        decode_attention(1, q, q_stride, k_cache, v_cache, rows, seq_lens, tables, table_stride, n, h, kvh, d,
+                         block_size, scale, out, scores, acc);
+    else
+        decode_attention(0, q, q_stride, k_cache, v_cache, rows, seq_lens, tables, table_stride, n, h, kvh, d,
+                         block_size, scale, out, scores, acc);
 }
 
 static int64_t longest(const int64_t *seq_lens, int64_t n) {
@@ -385,8 +465,8 @@ static int64_t longest(const int64_t *seq_lens, int64_t n) {
     return max_len;
 }
 
-void kv_paged_decode_attention(const float *q, int64_t q_stride, const float *k_cache, const float *v_cache,
-                               const int64_t *rows, const int64_t *seq_lens, const int64_t *tables,
+void kv_paged_decode_attention(const float *q, int64_t q_stride, const void *k_cache, const void *v_cache,
+                               int64_t bf16, const int64_t *rows, const int64_t *seq_lens, const int64_t *tables,
                                int64_t table_stride, int64_t n, int64_t h, int64_t kvh, int64_t d,
                                int64_t block_size, float scale, float *out) {
     const int64_t max_len = longest(seq_lens, n);
@@ -394,7 +474,7 @@ void kv_paged_decode_attention(const float *q, int64_t q_stride, const float *k_
     {
         float *scores = malloc((size_t)(h * max_len) * sizeof(float));
         float *acc = malloc((size_t)(h * d) * sizeof(float));
-        decode_attention_body(q, q_stride, k_cache, v_cache, rows, seq_lens, tables, table_stride, n, h, kvh, d,
+        decode_attention_body(q, q_stride, k_cache, v_cache, (int)bf16, rows, seq_lens, tables, table_stride, n, h, kvh, d,
                               block_size, scale, out, scores, acc);
         free(scores);
         free(acc);
@@ -411,14 +491,16 @@ void kv_paged_decode_attention(const float *q, int64_t q_stride, const float *k_
  * engine/cpu_kernels/__init__.py's ctypes Structures; engine/native_decode.py fills them. */
 typedef struct {
     const float *input_norm, *post_attention_norm;  /* [hidden] */
-    const float *qkv_panels, *qkv_bias;             /* bias NULL unless the model has one */
+    const void *qkv_panels;                         /* panels in fp32 or bf16, as kv_decoder.bf16 says */
+    const float *qkv_bias;                          /* NULL unless the model has one */
     const float *q_norm, *k_norm;                   /* [head_dim], NULL without per-head q/k norms */
-    const float *o_panels, *gate_up_panels, *down_panels;
-    float *k_cache, *v_cache;                       /* [blocks, block_size, kv_heads, head_dim] */
+    const void *o_panels, *gate_up_panels, *down_panels;
+    void *k_cache, *v_cache;                        /* [blocks, block_size, kv_heads, head_dim] */
 } kv_layer;
 
 typedef struct {
     int64_t num_layers, hidden, heads, kv_heads, head_dim, intermediate, block_size;
+    int64_t bf16;                         /* 1: every panel and the KV caches in bf16; 0: fp32 */
     float eps, attn_scale;
     const float *embedding;               /* [vocab, hidden] */
     const float *final_norm;              /* [hidden] */
@@ -450,6 +532,7 @@ void kv_decode_forward(const kv_decoder *m, const kv_decode_batch *b) {
     const int64_t rows = b->rows, hidden = m->hidden, d = m->head_dim, inter = m->intermediate;
     const int64_t q_size = m->heads * d, kv_size = m->kv_heads * d, qkv_n = q_size + 2 * kv_size;
     const int64_t max_len = longest(b->seq_lens, rows);
+    const int bf16 = (int)m->bf16;
     #pragma omp parallel
     {
         float *scores = malloc((size_t)(m->heads * max_len) * sizeof(float));
@@ -463,20 +546,20 @@ void kv_decode_forward(const kv_decoder *m, const kv_decode_batch *b) {
                 rms_norm_body(b->residual, NULL, l->input_norm, rows, hidden, m->eps, b->normed);
             else  /* residual += x, normalized */
                 rms_norm_body(b->x, b->residual, l->input_norm, rows, hidden, m->eps, b->normed);
-            linear_body(b->normed, rows, hidden, l->qkv_panels, qkv_n, l->qkv_bias, b->qkv);
+            linear_body(b->normed, rows, hidden, l->qkv_panels, bf16, qkv_n, l->qkv_bias, b->qkv);
             if (l->q_norm)
                 qk_norm_body(b->qkv, rows, qkv_n, m, l);
             rope_body(b->qkv, b->positions, m->cos_table, m->sin_table, rows, qkv_n, m->heads + m->kv_heads, d);
             reshape_and_cache_body(b->qkv + q_size, qkv_n, b->qkv + q_size + kv_size, qkv_n, l->k_cache, l->v_cache,
-                                   b->slots, rows, kv_size);
-            decode_attention_body(b->qkv, qkv_n, l->k_cache, l->v_cache, b->decode_rows, b->seq_lens, b->block_tables,
+                                   bf16, b->slots, rows, kv_size);
+            decode_attention_body(b->qkv, qkv_n, l->k_cache, l->v_cache, bf16, b->decode_rows, b->seq_lens, b->block_tables,
                                   b->table_stride, rows, m->heads, m->kv_heads, d, m->block_size, m->attn_scale,
                                   b->attn, scores, acc);
-            linear_body(b->attn, rows, q_size, l->o_panels, hidden, NULL, b->x);
+            linear_body(b->attn, rows, q_size, l->o_panels, bf16, hidden, NULL, b->x);
             rms_norm_body(b->x, b->residual, l->post_attention_norm, rows, hidden, m->eps, b->normed);
-            linear_body(b->normed, rows, hidden, l->gate_up_panels, 2 * inter, NULL, b->gate_up);
+            linear_body(b->normed, rows, hidden, l->gate_up_panels, bf16, 2 * inter, NULL, b->gate_up);
             silu_and_mul_body(b->gate_up, rows, inter, b->act);
-            linear_body(b->act, rows, inter, l->down_panels, hidden, NULL, b->x);
+            linear_body(b->act, rows, inter, l->down_panels, bf16, hidden, NULL, b->x);
         }
         rms_norm_body(b->x, b->residual, m->final_norm, rows, hidden, m->eps, b->normed);
         free(scores);

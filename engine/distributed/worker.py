@@ -103,7 +103,8 @@ def _serve(args: WorkerArgs, conn: Any) -> None:
     import torch.distributed as dist
     from tqdm import tqdm
 
-    from ..model_runner import ModelRunner, build_model, resolve_dtype
+    from ..dtypes import resolve_dtype
+    from ..model_runner import ModelRunner, build_model
     from .parallel_state import COLLECTIVE_TIMEOUT, TensorParallel, new_group
 
     # tqdm (the weight loader's progress bar, disabled here but still made) would otherwise

@@ -1,5 +1,5 @@
-"""fp32 linear layers on a CPU with each weight packed once at load time: kvscope's native
-kernel for the few rows of a decode step, oneDNN for prefill-sized inputs.
+"""Linear layers on a CPU (fp32 arithmetic) with each weight packed once at load time: kvscope's
+native kernel for the few rows of a decode step, oneDNN for prefill-sized inputs.
 
 A decode step multiplies a few rows by every weight matrix of the model, so it is bound by
 how fast the weights stream from memory. MKL's sgemm, behind F.linear, re-blocks the weight on
@@ -44,16 +44,20 @@ def cpu_packing_available() -> bool:
 
 class PackedLinear(nn.Module):
     """y = x W^T + b with W held in oneDNN's blocked layout and, where kvscope's native CPU
-    kernels run, in 16-column panels for inputs of at most NATIVE_MAX_ROWS rows (inference only)."""
+    kernels run, in 16-column panels for inputs of at most NATIVE_MAX_ROWS rows (inference only).
+    The panels are fp32, or bf16 for a bf16 engine (its weights are bf16 values: nothing is
+    lost, and a decode streams half the bytes); the arithmetic is fp32 either way."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
+                 panel_dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
         weight = weight.detach()
         self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(weight), persistent=False)
         kernels = native()
         self.native = kernels
-        self.register_buffer("panels", None if kernels is None else kernels.pack_panels(weight), persistent=False)
+        self.register_buffer("panels", None if kernels is None else kernels.pack_panels(weight, panel_dtype),
+                             persistent=False)
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -63,7 +67,8 @@ class PackedLinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:
-        native_note = f", native panels up to {NATIVE_MAX_ROWS} rows" if self.panels is not None else ""
+        native_note = "" if self.panels is None else \
+            f", native {str(self.panels.dtype).replace('torch.', '')} panels up to {NATIVE_MAX_ROWS} rows"
         return f"in_features={self.in_features}, out_features={self.out_features}, packed for oneDNN{native_note}"
 
 
@@ -73,23 +78,29 @@ def place_panels_on_huge_pages(linears: list[PackedLinear]) -> None:
     linears = [lin for lin in linears if lin.panels is not None]
     if not linears:  # the native kernels are off: oneDNN's packed weights only
         return
-    arena = huge_page_floats(sum(lin.panels.numel() for lin in linears))
+    sizes = [_aligned(lin.panels.numel() * lin.panels.element_size()) for lin in linears]
+    arena = huge_page_bytes(sum(sizes))
     offset = 0
-    for lin in linears:
-        n = lin.panels.numel()
-        arena[offset: offset + n].copy_(lin.panels)
-        lin.panels = arena[offset: offset + n]
-        offset += n
+    for lin, size in zip(linears, sizes):
+        nbytes = lin.panels.numel() * lin.panels.element_size()
+        panels = arena[offset: offset + nbytes].view(lin.panels.dtype)
+        panels.copy_(lin.panels)
+        lin.panels = panels
+        offset += size
 
 
 HUGE_PAGE = 2 * 2**20
+CACHE_LINE = 64
 
 
-def huge_page_floats(n: int) -> torch.Tensor:
-    """An fp32 tensor of n elements in an anonymous mapping aligned to 2 MiB that the kernel is
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // CACHE_LINE) * CACHE_LINE
+
+
+def huge_page_bytes(nbytes: int) -> torch.Tensor:
+    """A uint8 tensor of nbytes in an anonymous mapping aligned to 2 MiB that the kernel is
     asked to back with transparent huge pages (madvise MADV_HUGEPAGE: Linux's THP in 'madvise'
     or 'always' mode grants them; elsewhere the advice is skipped and the pages stay 4 KiB)."""
-    nbytes = 4 * n
     region = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # private: anonymous THP
     probe = (ctypes.c_char * 1).from_buffer(region)
     offset = -ctypes.addressof(probe) % HUGE_PAGE
@@ -100,16 +111,16 @@ def huge_page_floats(n: int) -> torch.Tensor:
         except OSError:
             pass  # THP off in this kernel: 4 KiB pages, the same contents
     # The tensor holds the mapping alive (frombuffer keeps a reference to it).
-    return torch.frombuffer(region, dtype=torch.float32, count=n, offset=offset)
+    return torch.frombuffer(region, dtype=torch.uint8, count=nbytes, offset=offset)
 
 
-def pack_linear_layers(model: nn.Module) -> int:
+def pack_linear_layers(model: nn.Module, panel_dtype: torch.dtype = torch.float32) -> int:
     """Swap every plain nn.Linear of `model` (not the tensor-parallel row layers, whose
     forward adds an all-reduce) for a PackedLinear; returns how many were packed."""
     count = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear:
-                setattr(parent, name, PackedLinear(child.weight, child.bias))
+                setattr(parent, name, PackedLinear(child.weight, child.bias, panel_dtype))
                 count += 1
     return count

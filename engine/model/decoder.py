@@ -95,18 +95,18 @@ class CausalLM(nn.Module):
             nn.Linear(spec.hidden_size, spec.vocab_size // tp.size, bias=False)
         self.packed_lm_head: PackedLinear | None = None  # set by pack_for_cpu()
 
-    def pack_for_cpu(self) -> None:
-        """fp32 on a CPU: every plain linear and the LM head with packed weights (cpu_linear.py
-        says why; the native panels together on huge pages), and the norms, RoPE and
-        SiLU-and-mul through kvscope's native kernels where they build. Call once, after the
-        weights are loaded."""
-        pack_linear_layers(self.layers)
+    def pack_for_cpu(self, panel_dtype: torch.dtype = torch.float32) -> None:
+        """fp32 arithmetic on a CPU: every plain linear and the LM head with packed weights
+        (cpu_linear.py says why; the native panels, in `panel_dtype`, together on huge pages),
+        and the norms, RoPE and SiLU-and-mul through kvscope's native kernels where they build.
+        Call once, after the weights are loaded."""
+        pack_linear_layers(self.layers, panel_dtype)
         kernels = native()
         for module in self.modules():
             if isinstance(module, (RMSNorm, RotaryEmbedding, SwiGLU)):
                 module.native = kernels
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        self.packed_lm_head = PackedLinear(weight, None)
+        self.packed_lm_head = PackedLinear(weight, None, panel_dtype)
         self.lm_head = None  # the packed copy replaces an untied head (a tied one stays the embedding)
         # A decode step streams every panel: in one huge-page buffer, in the order it reads them.
         place_panels_on_huge_pages([m for m in self.modules() if isinstance(m, PackedLinear)])

@@ -30,6 +30,25 @@ def test_panel_linear_matches_f_linear(rows, n, k):
     torch.testing.assert_close(kernels.linear(x, panels, n, None), want - b, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("rows", [1, 6, 7, 63])
+@pytest.mark.parametrize("n,k", [(96, 40), (50, 33)])
+def test_bf16_panels_hold_the_rounded_weights_and_sum_in_fp32(rows, n, k):
+    """bf16 panels (a bf16 engine's) hold each weight rounded to nearest even, as torch rounds
+    it, at half the bytes; the products and sums stay fp32, so the result is fp32's over the
+    rounded weights."""
+    g = torch.Generator().manual_seed(rows * n + 1)
+    w, b, x = torch.randn(n, k, generator=g) / k ** 0.5, torch.randn(n, generator=g), torch.randn(rows, k, generator=g)
+    panels = kernels.pack_panels(w, torch.bfloat16)
+    assert panels.dtype == torch.bfloat16 and panels.numel() == kernels.pack_panels(w).numel()
+    rounded = w.to(torch.bfloat16).double()
+    want = F.linear(x.double(), rounded, b.double()).float()
+    torch.testing.assert_close(kernels.linear(x, panels, n, b), want, rtol=1e-5, atol=1e-5)
+    # Far from fp32's own result over the unrounded weights: the panels really are bf16.
+    assert (kernels.linear(x, panels, n, None) - F.linear(x, w)).abs().max() > 1e-4
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        kernels.pack_panels(w, torch.float16)
+
+
 @pytest.mark.parametrize("rows", [1, NATIVE_MAX_ROWS, NATIVE_MAX_ROWS + 1, 300])
 def test_packed_linear_takes_the_panels_for_few_rows_and_onednn_for_many(rows, monkeypatch):
     g = torch.Generator().manual_seed(rows)
@@ -71,14 +90,31 @@ def test_reshape_and_cache_stores_strided_rows_at_their_slots_and_skips_minus_on
     write_kv(k, v, want_k, want_v, slots)
     kernels.reshape_and_cache(k, v, k_cache, v_cache, slots)
     assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
+    # A bf16 cache: each value rounded to nearest even, exactly as torch's .to(torch.bfloat16).
+    k16, v16 = torch.zeros(blocks, bs, kvh, d, dtype=torch.bfloat16), torch.zeros(blocks, bs, kvh, d, dtype=torch.bfloat16)
+    kernels.reshape_and_cache(k * 1.001, v, k16, v16, slots)
+    assert torch.equal(k16, (want_k * 1.001).to(torch.bfloat16)) and torch.equal(v16, want_v.to(torch.bfloat16))
 
 
-def test_cpu_backend_is_auto_in_fp32_only_and_names_why_not():
+def test_paged_decode_attention_reads_a_bf16_cache_in_fp32():
+    """A bf16 cache: each key and value widened exactly, every product and sum in fp32, so the
+    result is fp32 attention over the cache's (rounded) values."""
+    lengths = [5, 16, 17, 40, 3]
+    q, k_cache, v_cache, meta = _decode_batch(lengths, seed=7)
+    k16, v16 = k_cache.to(torch.bfloat16), v_cache.to(torch.bfloat16)
+    rows = torch.arange(len(lengths))
+    out = torch.zeros(q.shape)
+    kernels.paged_decode_attention(q, k16, v16, rows, torch.tensor(lengths), meta.block_tables, out)
+    torch.testing.assert_close(out, _reference(q, k16.float(), v16.float(), meta), rtol=1e-5, atol=1e-5)
+
+
+def test_cpu_backend_is_auto_in_fp32_and_bf16_and_names_why_not():
     cpu = torch.device("cpu")
     assert get_attention_backend("auto", cpu, 16, torch.float32).name == "cpu"
-    assert get_attention_backend("auto", cpu, 16, torch.bfloat16).name == "torch"
-    with pytest.raises(ValueError, match="attention_backend 'cpu'.*float32.*bfloat16"):
-        get_attention_backend("cpu", cpu, 16, torch.bfloat16)
+    assert get_attention_backend("auto", cpu, 16, torch.bfloat16).name == "cpu"  # fp32 arithmetic, bf16 KV
+    assert get_attention_backend("auto", cpu, 16, torch.float16).name == "torch"
+    with pytest.raises(ValueError, match="attention_backend 'cpu'.*float32 or bfloat16, got cpu and float16"):
+        get_attention_backend("cpu", cpu, 16, torch.float16)
 
 
 def test_disabling_native_kernels_falls_back_to_torch(monkeypatch):

@@ -32,18 +32,20 @@ def _run_recording_logits(llm: LLM, prompts: list[str], params: SamplingParams) 
     return [p for p, _ in seen], [x for _, x in seen], tokens
 
 
-@pytest.mark.parametrize("model", ["default", "qwen3", "qwen2", "llama"])
-def test_native_decode_gives_the_layer_by_layer_logits_bit_for_bit(model, request):
+@pytest.mark.parametrize("model,dtype", [("default", "float32"), ("qwen3", "float32"), ("qwen2", "float32"),
+                                         ("llama", "float32"), ("default", "bfloat16"), ("qwen2", "bfloat16")])
+def test_native_decode_gives_the_layer_by_layer_logits_bit_for_bit(model, dtype, request):
     """Every architecture (Qwen3's per-head q/k norms, Qwen2's q/k/v biases), prompts of several
     blocks batched together with a small token budget (chunked prefills, mixed steps, then pure
     decode steps): the native path's logits equal the eager path's exactly, step by step. On the
-    default model, the torch backend (gathered, padded SDPA decodes) gives the same tokens too."""
+    default model, the torch backend (gathered, padded SDPA decodes) gives the same tokens too.
+    In bf16 (bf16 weights and KV cache, fp32 arithmetic) as in fp32."""
     path = request.getfixturevalue("default_model_path" if model == "default" else f"tiny_{model}_path")
     params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
     runs = {}
     for name, fields in [("native", {}), ("eager", {"enforce_eager": True}),
                          *([("torch", {"attention_backend": "torch"})] if model == "default" else [])]:
-        llm = LLM(model=str(path), max_num_batched_tokens=24, block_size=16, **fields)
+        llm = LLM(model=str(path), max_num_batched_tokens=24, block_size=16, dtype=dtype, **fields)
         runs[name] = _run_recording_logits(llm, PROMPTS, params)
     (paths, logits, tokens), (eager_paths, eager_logits, eager_tokens) = runs["native"], runs["eager"]
     assert set(eager_paths) == {"eager"}
@@ -86,7 +88,7 @@ def test_batches_above_the_native_rows_run_layer_by_layer(tiny_llama_path):
 @pytest.mark.parametrize("fields,reason", [
     ({"enforce_eager": True}, "enforce_eager=True"),
     ({"attention_backend": "torch"}, "attention backend 'torch'"),
-    ({"dtype": "bfloat16"}, "cpu in bfloat16"),
+    ({"dtype": "float16"}, "cpu in float16"),
 ])
 def test_native_decode_off_says_why_and_steps_run_eager(tiny_llama_path, fields, reason):
     llm = LLM(model=str(tiny_llama_path), **fields)

@@ -63,7 +63,7 @@ def test_auto_prefers_flash_attn_where_the_cache_suits_it(flash_attn):
     assert get_attention_backend("auto", cuda, 256, torch.bfloat16).name == "flash_attn"
     assert get_attention_backend("auto", cuda, 16, torch.bfloat16).name == "triton"     # pages of 16
     assert get_attention_backend("auto", cuda, 256, torch.float32).name == "triton"     # fp32
-    assert get_attention_backend("auto", torch.device("cpu"), 256, torch.bfloat16).name == "torch"
+    assert get_attention_backend("auto", torch.device("cpu"), 256, torch.float16).name == "torch"
     with pytest.raises(ValueError, match="float16 or bfloat16, got dtype float32"):
         get_attention_backend("flash_attn", cuda, 256, torch.float32)
 

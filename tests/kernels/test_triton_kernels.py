@@ -209,9 +209,11 @@ def test_backend_import_fails_cleanly_without_triton(monkeypatch):
         get_attention_backend("triton", torch.device("cpu"))
     from engine.cpu_kernels import native
 
-    # 'auto' on a CPU never needs triton: the native cpu backend in fp32 (where it builds), else torch.
+    # 'auto' on a CPU never needs triton: the native cpu backend in fp32 and bf16 (where it
+    # builds), else torch.
     assert get_attention_backend("auto", torch.device("cpu")).name == ("cpu" if native() else "torch")
-    assert get_attention_backend("auto", torch.device("cpu"), dtype=torch.bfloat16).name == "torch"
+    assert get_attention_backend("auto", torch.device("cpu"), dtype=torch.bfloat16).name == \
+        ("cpu" if native() else "torch")
 
 
 # ------------------------------------------------------------------------------------------

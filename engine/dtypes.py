@@ -1,0 +1,34 @@
+"""The engine's dtype: what `EngineConfig.dtype` names, and what the arithmetic runs in.
+
+On a GPU the two are the same. On a CPU, bf16 means bf16 *storage*: the weights are rounded
+to bf16 and the KV cache holds bf16, while activations and every sum stay in fp32. A decode
+step streams every weight from memory, so storing half the bytes makes it up to twice as fast;
+bf16 *arithmetic* would gain nothing more on most CPUs (AVX2 has no bf16 instructions: torch's
+bf16 ops there convert element by element and ran 2-5x slower than fp32 on the 2-core AMD
+EPYC), and fp32 sums keep the results closer to fp32's. Widening a bf16 value is exact (it is
+the top half of an fp32 one), so every path of the engine reads the same numbers."""
+from __future__ import annotations
+
+import torch
+
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
+    """EngineConfig.dtype as a torch dtype: the weights' and the KV cache's."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        # fp32 on CPU keeps token-exact parity with transformers; bf16 is the GPU default.
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return TORCH_DTYPES[dtype]
+
+
+def compute_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype activations are computed in: fp32 for bf16 on a CPU (see the module doc),
+    else the engine's dtype itself."""
+    return torch.float32 if device.type == "cpu" and dtype == torch.bfloat16 else dtype
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")

@@ -1,0 +1,76 @@
+"""bf16 on a CPU (engine/dtypes.py): bf16 weights and KV cache, fp32 arithmetic. Checked on the
+default model: half the KV bytes per block, the same tokens on every path (native kernels or
+torch's, prefix hit or fresh prompt, chunked or whole), and logits close to fp32's."""
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.cpu_kernels import DISABLE_ENV_VAR, cache_clear
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ",
+           "Once upon a time, in a land far away, there lived a dragon who", "1, 2, 3, 4,"]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def bf16_llm(default_model_path):
+    return LLM(model=str(default_model_path), dtype="bfloat16", max_num_batched_tokens=24)
+
+
+def test_bf16_stores_weights_and_kv_in_bf16_and_computes_in_fp32(bf16_llm, default_model_path):
+    runner = bf16_llm.engine.runner
+    fp32 = LLM(model=str(default_model_path), dtype="float32").engine.runner
+    assert bf16_llm.engine.model_info["dtype"] == "bfloat16"
+    assert runner.kv_caches[0][0].dtype == torch.bfloat16
+    assert runner.bytes_per_block * 2 == fp32.bytes_per_block
+    w = runner.model.embed_tokens.weight
+    assert w.dtype == torch.float32 and torch.equal(w, w.to(torch.bfloat16).float())  # bf16 values
+    assert torch.equal(w, fp32.model.embed_tokens.weight.to(torch.bfloat16).float())
+
+
+def test_bf16_gives_the_same_tokens_without_the_native_kernels(bf16_llm, default_model_path, monkeypatch):
+    """The torch path (oneDNN linears, the torch backend's SDPA over the bf16 cache widened)
+    reads the same numbers as the native one; budget 24 chunks the prompts."""
+    want = [o.token_ids for o in bf16_llm.generate(PROMPTS, GREEDY)]
+    monkeypatch.setenv(DISABLE_ENV_VAR, "0")
+    cache_clear()
+    try:
+        llm = LLM(model=str(default_model_path), dtype="bfloat16", max_num_batched_tokens=24)
+        assert llm.engine.model_info["attention_backend"] == "torch"
+        assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == want
+    finally:
+        monkeypatch.delenv(DISABLE_ENV_VAR)
+        cache_clear()
+
+
+def test_bf16_prefix_hit_attends_to_what_a_fresh_prompt_does(bf16_llm):
+    """A fresh prompt attends to its own K/V rounded as the cache holds them, so a second run
+    that reads the first one's blocks from the cache gives the same tokens."""
+    eng, runs = bf16_llm.engine, []
+    for _ in range(2):
+        rid = eng.add_request("Tell me about the moons of Jupiter and Saturn. " * 4, GREEDY)
+        records = []
+        while eng.has_unfinished_requests():
+            records.append(eng.step())
+        runs.append((records[0].scheduled[0]["num_cached_tokens"], list(eng.requests[rid].output_token_ids)))
+    (cached_first, tokens_first), (cached_hit, tokens_hit) = runs
+    assert cached_first == 0 and cached_hit >= 32 and tokens_hit == tokens_first
+
+
+def test_bf16_logits_stay_close_to_fp32(bf16_llm, default_model_path):
+    """Rounding the weights and the KV cache to bf16 moves the logits a little, not the argmax
+    of a clear next token."""
+    fp32 = LLM(model=str(default_model_path), dtype="float32")
+    logits = {}
+    for name, llm in (("fp32", fp32), ("bf16", bf16_llm)):
+        runner, seen = llm.engine.runner, []
+        forward = runner.forward
+        runner.forward = lambda *a, **k: seen.append(forward(*a, **k)) or seen[-1]
+        try:
+            llm.generate(["The capital of France is"], SamplingParams(temperature=0.0, max_tokens=1))
+        finally:
+            runner.forward = forward
+        logits[name] = seen[-1].logits[-1]
+    assert logits["fp32"].argmax() == logits["bf16"].argmax()
+    diff = (logits["fp32"] - logits["bf16"]).abs().max().item()
+    assert 0 < diff < 0.05 * logits["fp32"].abs().max().item()

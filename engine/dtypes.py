@@ -24,10 +24,16 @@ def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
     return TORCH_DTYPES[dtype]
 
 
-def compute_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+# The GPU's attention backends compute in the engine's dtype wherever they run (the tests run
+# them on a CPU too: triton under its interpreter, flash-attn as a torch transcription).
+GPU_BACKENDS = ("triton", "flash_attn")
+
+
+def compute_dtype(dtype: torch.dtype, device: torch.device, attention_backend: str = "auto") -> torch.dtype:
     """The dtype activations are computed in: fp32 for bf16 on a CPU (see the module doc),
     else the engine's dtype itself."""
-    return torch.float32 if device.type == "cpu" and dtype == torch.bfloat16 else dtype
+    cpu_bf16 = device.type == "cpu" and dtype == torch.bfloat16 and attention_backend not in GPU_BACKENDS
+    return torch.float32 if cpu_bf16 else dtype
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -46,12 +46,13 @@ def build_model(config: EngineConfig, spec: ModelSpec, max_model_len: int, devic
     with torch.device(device):
         model = CausalLM(spec, max_positions=max(max_model_len, 1), tp=tp)
     load_weights(model, config.model)
-    model = model.to(compute_dtype(dtype, device)).eval()
-    if compute_dtype(dtype, device) != dtype:  # bf16 on a CPU: bf16 weights, held in fp32 for the arithmetic
+    arithmetic = compute_dtype(dtype, device, config.attention_backend)
+    model = model.to(arithmetic).eval()
+    if arithmetic != dtype:  # bf16 on a CPU: bf16 weights, held in fp32 for the arithmetic
         with torch.no_grad():
             for p in model.parameters():
                 p.copy_(p.to(dtype))
-    if device.type == "cpu" and compute_dtype(dtype, device) == torch.float32 and cpu_packing_available():
+    if device.type == "cpu" and arithmetic == torch.float32 and cpu_packing_available():
         model.pack_for_cpu(panel_dtype=dtype)
     return model
 

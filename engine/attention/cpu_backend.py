@@ -6,7 +6,8 @@ gathered into padded copies for SDPA.
 Gathering costs a copy of every decode's keys and values per layer, and padding makes short
 sequences pay for the longest of their group; the kernel reads each key and value once, through
 the block table (2-core AMD EPYC, 16 decodes of 26-390 tokens, 30 layers: 110 ms gathered and
-padded, 15 ms native). fp32 only: 'auto' picks it on a CPU in fp32 where the kernels build."""
+padded, 15 ms native). Arithmetic in fp32 over an fp32 or bf16 cache: 'auto' picks it on a CPU
+in fp32 or bf16 (engine/dtypes.py) where the kernels build."""
 from __future__ import annotations
 
 import torch

@@ -1,6 +1,6 @@
 """Small building blocks, written to match Hugging Face's numerics (fp32 parity).
 
-On a CPU in fp32, CausalLM.pack_for_cpu() gives each of them kvscope's native kernels
+On a CPU (fp32 arithmetic, in fp32 and bf16 engines alike), CausalLM.pack_for_cpu() gives each of them kvscope's native kernels
 (`native`): one call instead of five to ten torch ops, the same arithmetic per element
 (engine/cpu_kernels/kvscope_cpu.c)."""
 from __future__ import annotations

@@ -169,14 +169,16 @@ def bench(reps: int = 3, scale: float = 1.0, dtype: str = "float32", model: str 
     weight_bytes = hf.num_parameters() * getattr(torch, dtype).itemsize
     bandwidth = read_bandwidth_gb_s()
     floor_ms = weight_bytes / (bandwidth * 1e9) * 1e3
-    out(f"memory read bandwidth {bandwidth:.1f} GB/s ({torch.get_num_threads()} threads, measured now); "
-        f"weights {weight_bytes / 1e6:.0f} MB -> one-stream floor {floor_ms:.1f} ms/token")
+    out(f"memory read bandwidth {bandwidth:.1f} GB/s ({torch.get_num_threads()} threads, measured now; again "
+        f"before each stream repetition); weights {weight_bytes / 1e6:.0f} MB -> one-stream floor {floor_ms:.1f} ms/token")
     side = _start_vllm(folder, dtype, vllm_eager, out) if vllm else None
     results: dict = {"bandwidth_gb_s": bandwidth, "stream_floor_ms": floor_ms}
     try:
         for wl in make_workloads(scale=scale):
-            eng_runs, hf_runs, hf_first, vllm_runs = [], [], [], []
+            eng_runs, hf_runs, hf_first, vllm_runs, stream_bandwidths = [], [], [], [], []
             for _ in range(reps):
+                if wl.name == "stream":  # the bandwidth of this minute: a neighbour's load comes and goes
+                    stream_bandwidths.append(read_bandwidth_gb_s())
                 eng_runs.append(run_engine(llm, wl))
                 hf_runs.append(run_hf(hf, wl, pad_id))
                 if wl.name == "stream":
@@ -185,7 +187,7 @@ def bench(reps: int = 3, scale: float = 1.0, dtype: str = "float32", model: str 
                     vllm_runs.append(RunResult(*side.run(wl.prompts, wl.max_tokens)))
             row = summarize(wl, eng_runs, hf_runs, hf_first, vllm_runs)
             if wl.name == "stream":
-                row["share_of_floor"] = floor_ms / row["engine_itl_ms"]
+                row.update(stream_share_of_floor(weight_bytes, stream_bandwidths, eng_runs))
             results[wl.name] = row
             out(format_row(row))
     finally:
@@ -242,6 +244,13 @@ def summarize(wl: Workload, eng_runs: list[RunResult], hf_runs: list[RunResult],
     return row
 
 
+def stream_share_of_floor(weight_bytes: int, bandwidths: list[float], runs: list[RunResult]) -> dict:
+    """Each stream repetition's floor (weight bytes / the read bandwidth measured just before
+    it) over its mean ITL, and the median of those shares."""
+    shares = [weight_bytes / (bw * 1e9) / statistics.fmean(r.itl) for bw, r in zip(bandwidths, runs)]
+    return {"share_of_floor": med(shares), "share_of_floor_per_rep": shares, "stream_bandwidths_gb_s": bandwidths}
+
+
 def format_row(r: dict) -> str:
     s = (f"{r['workload']:>8}: engine {r['engine_tok_s']:7.1f} tok/s ({r['engine_tok_s_spread']})  "
          f"HF {r['hf_tok_s']:7.1f} tok/s ({r['hf_tok_s_spread']})  ratio engine/HF {r['ratio']:.2f}x  "
@@ -255,7 +264,10 @@ def format_row(r: dict) -> str:
         if "vllm_ms_per_token" in r:
             s += f"  vLLM {r['vllm_ms_per_token']:.1f} ms/token"
     if "share_of_floor" in r:
-        s += f"\n{'':>10}one stream at {100 * r['share_of_floor']:.0f}% of the bandwidth floor"
+        per_rep = ", ".join(f"{100 * x:.0f}%" for x in r["share_of_floor_per_rep"])
+        bandwidths = ", ".join(f"{x:.1f}" for x in r["stream_bandwidths_gb_s"])
+        s += (f"\n{'':>10}one stream at {100 * r['share_of_floor']:.0f}% of the bandwidth floor (per repetition "
+              f"{per_rep}; read bandwidth measured just before each: {bandwidths} GB/s)")
     if r["workload"] == "shared":
         s += f"  prompt tokens computed {r['prompt_tokens_computed']}/{r['prompt_tokens']}"
     return s

@@ -54,8 +54,7 @@ class DecodeBatchPointers(ctypes.Structure):
 
 _SIGNATURES = {
     "kv_packed_floats": (_i64, [_i64, _i64]),
-    "kv_pack_panels": (None, [_ptr, _i64, _i64, _ptr]),
-    "kv_pack_panels_bf16": (None, [_ptr, _i64, _i64, _ptr]),
+    "kv_pack_panels": (None, [_ptr, _i64, _i64, _i64, _ptr]),
     "kv_linear": (None, [_ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _ptr]),
     "kv_rms_norm": (None, [_ptr, _ptr, _ptr, _i64, _i64, _f32, _ptr]),
     "kv_reshape_and_cache": (None, [_ptr, _i64, _ptr, _i64, _ptr, _ptr, _i64, _ptr, _i64, _i64]),
@@ -80,12 +79,11 @@ class NativeCpuKernels:
 
     def pack_panels(self, weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """[N, K] weight -> the flat panel layout kv_linear reads, in fp32 or bf16 (rounded to
-        nearest even; the bf16 panels interleave each step's columns, see kv_pack_panels_bf16)."""
+        nearest even; the bf16 panels interleave each step's columns, see kv_pack_panels)."""
         w = weight.detach().float().contiguous()
         n, k = w.shape
         out = torch.empty(self.lib.kv_packed_floats(n, k), dtype=_storage(dtype))
-        pack = self.lib.kv_pack_panels_bf16 if dtype == torch.bfloat16 else self.lib.kv_pack_panels
-        pack(w.data_ptr(), n, k, out.data_ptr())
+        self.lib.kv_pack_panels(w.data_ptr(), n, k, _is_bf16(out), out.data_ptr())
         return out
 
     def linear(self, x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:

@@ -53,34 +53,23 @@ static inline __attribute__((always_inline)) __m256 load8(const void *p, int64_t
 
 int64_t kv_packed_floats(int64_t n, int64_t k) { return (n + NR - 1) / NR * k * NR; }
 
-/* W [n, k] (row-major, like nn.Linear.weight) -> panels [ceil(n/16)][k][16], zero-padded. */
-void kv_pack_panels(const float *w, int64_t n, int64_t k, float *out) {
+/* W [n, k] (row-major, like nn.Linear.weight) -> panels [ceil(n/16)][k][16], zero-padded, in
+ * fp32 or (bf16) in bf16 rounded to nearest even. A bf16 panel lays each k step's 16 columns out
+ * so that one 256-bit load widens with two instructions: 32-bit lane j holds column j in its low
+ * half and column 8 + j in its high half (shift left 16: columns 0-7; mask the low half: 8-15). */
+void kv_pack_panels(const float *w, int64_t n, int64_t k, int64_t bf16, void *out) {
     int64_t panels = (n + NR - 1) / NR;
     #pragma omp parallel for schedule(static)
-    for (int64_t p = 0; p < panels; p++) {
-        float *dst = out + p * k * NR;
+    for (int64_t p = 0; p < panels; p++)
         for (int64_t kk = 0; kk < k; kk++)
             for (int j = 0; j < NR; j++) {
-                int64_t row = p * NR + j;
-                dst[kk * NR + j] = row < n ? w[row * k + kk] : 0.0f;
+                const int64_t row = p * NR + j, at = p * k * NR + kk * NR;
+                const float value = row < n ? w[row * k + kk] : 0.0f;
+                if (bf16)
+                    ((uint16_t *)out)[at + (j < 8 ? 2 * j : 2 * (j - 8) + 1)] = bf16_round(value);
+                else
+                    ((float *)out)[at + j] = value;
             }
-    }
-}
-
-/* The same panels in bf16 (rounded to nearest even), each k step's 16 columns laid out so that
- * one 256-bit load widens with two instructions: 32-bit lane j holds column j in its low half
- * and column 8 + j in its high half (shift left 16: columns 0-7; mask the low half: 8-15). */
-void kv_pack_panels_bf16(const float *w, int64_t n, int64_t k, uint16_t *out) {
-    int64_t panels = (n + NR - 1) / NR;
-    #pragma omp parallel for schedule(static)
-    for (int64_t p = 0; p < panels; p++) {
-        uint16_t *dst = out + p * k * NR;
-        for (int64_t kk = 0; kk < k; kk++)
-            for (int j = 0; j < NR; j++) {
-                int64_t row = p * NR + j;
-                dst[kk * NR + (j < 8 ? 2 * j : 2 * (j - 8) + 1)] = row < n ? bf16_round(w[row * k + kk]) : 0;
-            }
-    }
 }
 
 /* y[r, 0:cols] = bias16 + x[r, :] . panel, for R rows; R is a constant where it is inlined,

@@ -94,6 +94,8 @@ class ModelRunner:
             self.dtype = resolve_dtype(config.dtype, self.device)
             self.block_size = config.block_size
             self.backend = get_attention_backend(config.attention_backend, self.device, self.block_size, self.dtype)
+            # The weights' and the KV cache's dtype is self.dtype; the activations' may be wider (dtypes.py).
+            self.compute_dtype = compute_dtype(self.dtype, self.device, self.backend.name)
             if model is None:  # else: weights shared with an earlier engine (read-only at inference)
                 model = build_model(config, spec, max_model_len, self.device, self.dtype, self.tp)
             self.model = model

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..distributed.sharding import rank_ranges, sharding_layout
+from ..dtypes import dtype_name
 
 if TYPE_CHECKING:
     from ..config import EngineConfig
@@ -17,7 +18,8 @@ def model_info(config: "EngineConfig", spec: "ModelSpec", runner: "ModelRunner",
     return {"name": str(config.model).rstrip("/").split("/")[-1], "architecture": spec.model_type,
             "num_layers": spec.num_layers, "num_heads": spec.num_heads, "num_kv_heads": spec.num_kv_heads,
             "head_dim": spec.head_dim, "hidden_size": spec.hidden_size, "vocab_size": spec.vocab_size,
-            "dtype": str(runner.dtype).replace("torch.", ""), "device": str(runner.device),
+            "dtype": dtype_name(runner.dtype), "compute_dtype": dtype_name(runner.compute_dtype),
+            "device": str(runner.device),
             "max_model_len": config.max_model_len, "attention_backend": runner.backend.name,
             "cuda_graphs": None if runner.graphs is None else runner.graphs.sizes,
             "cuda_graphs_off": runner.graph_off_reason,

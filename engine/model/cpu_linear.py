@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from ..cpu_kernels import native
+from ..dtypes import dtype_name
 
 # Up to this many rows the native panels are faster (table above); above it, oneDNN.
 NATIVE_MAX_ROWS = 64
@@ -72,7 +73,7 @@ class PackedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         native_note = "" if self.panels is None else \
-            f", native {str(self.panels.dtype).replace('torch.', '')} panels up to {NATIVE_MAX_ROWS} rows"
+            f", native {dtype_name(self.panels.dtype)} panels up to {NATIVE_MAX_ROWS} rows"
         return f"in_features={self.in_features}, out_features={self.out_features}, packed for oneDNN{native_note}"
 
 

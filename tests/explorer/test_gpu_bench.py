@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from engine.cpu_kernels import native
 from explorer.bench.gpu import main, workload
 
 
@@ -19,7 +20,10 @@ def test_gpu_bench_runs_on_cpu_with_a_tiny_model(tmp_path, capsys):
         r = results[label]
         assert r["output_tokens"] == sum(max_tokens)  # ignore_eos: every request ran to max_tokens
         assert r["tok_s"] > 0 and r["subset_tok_s"] > 0 and r["decode_bandwidth"] > 0
-        assert set(r["decode_steps"]) == {"eager"}    # a CPU has no CUDA graphs
+    # A CPU has no CUDA graphs: without enforce_eager its decode steps run as one native call.
+    assert set(results["eager"]["decode_steps"]) == {"eager"}
+    assert "cuda_graph" not in results["cuda_graphs"]["decode_steps"]
+    assert ("native_decode" in results["cuda_graphs"]["decode_steps"]) == (native() is not None)
     assert results["hf"]["tok_s"] > 0
     printed = capsys.readouterr().out
     assert "engine       eager:" in printed and "transformers generate on 2 requests" in printed

@@ -22,7 +22,7 @@ def test_bf16_stores_weights_and_kv_in_bf16_and_computes_in_fp32(bf16_llm, defau
     fp32 = LLM(model=str(default_model_path), dtype="float32").engine.runner
     info = bf16_llm.engine.model_info
     assert (info["dtype"], info["compute_dtype"]) == ("bfloat16", "float32")
-    assert fp32.model.norm.weight.dtype == torch.float32
+    assert runner.model.norm.weight.dtype == torch.float32  # the arithmetic's dtype
     assert runner.kv_caches[0][0].dtype == torch.bfloat16
     assert runner.bytes_per_block * 2 == fp32.bytes_per_block
     w = runner.model.embed_tokens.weight

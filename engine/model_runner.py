@@ -94,11 +94,12 @@ class ModelRunner:
             self.dtype = resolve_dtype(config.dtype, self.device)
             self.block_size = config.block_size
             self.backend = get_attention_backend(config.attention_backend, self.device, self.block_size, self.dtype)
-            # The weights' and the KV cache's dtype is self.dtype; the activations' may be wider (dtypes.py).
-            self.compute_dtype = compute_dtype(self.dtype, self.device, self.backend.name)
             if model is None:  # else: weights shared with an earlier engine (read-only at inference)
                 model = build_model(config, spec, max_model_len, self.device, self.dtype, self.tp)
             self.model = model
+            # The weights' and the KV cache's dtype is self.dtype; the activations' is the model's
+            # own, which build_model chose (wider for bf16 on a CPU: dtypes.py).
+            self.compute_dtype = model.norm.weight.dtype
             self.num_blocks = num_blocks or config.num_kv_blocks or self._blocks_from_memory()
             shape = (self.num_blocks, self.block_size, spec.num_kv_heads // self.tp.size, spec.head_dim)
             self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),

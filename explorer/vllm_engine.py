@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import SCHEDULER_KNOBS
+from engine.dtypes import dtype_name
 from engine.report.records import EngineSnapshot, StepRecord, gc_paused
 from engine.request import checked_request_args, token_id_list
 from engine.sampling_params import SamplingParams
@@ -179,7 +180,7 @@ class VllmEngine:
                 "num_heads": heads, "num_kv_heads": kv_heads,
                 "head_dim": int(getattr(hf, "head_dim", None) or hf.hidden_size // heads),
                 "hidden_size": int(hf.hidden_size), "vocab_size": int(mc.get_vocab_size()),
-                "dtype": str(mc.dtype).replace("torch.", ""), "compute_dtype": str(mc.dtype).replace("torch.", ""),
+                "dtype": dtype_name(mc.dtype), "compute_dtype": dtype_name(mc.dtype),
                 "device": "cpu" if self.config.on_cpu else "cuda",
                 "max_model_len": self.max_model_len, "attention_backend": backend, "cuda_graphs": None,
                 "cuda_graphs_off": "enforce_eager" if self.config.enforce_eager else None,

@@ -48,7 +48,7 @@ def get_attention_backend(name: str, device: torch.device, block_size: int = 16,
                              "attention_backend='triton' runs our own kernels") from None
         if dtype not in (torch.float16, torch.bfloat16):
             raise ValueError(f"attention_backend 'flash_attn' computes in float16 or bfloat16, got dtype "
-                             f"{str(dtype).replace('torch.', '')} (dtype='auto' is float32 on a CPU); use dtype='bfloat16'")
+                             f"{dtype_name(dtype)} (dtype='auto' is float32 on a CPU); use dtype='bfloat16'")
         return backend
     raise ValueError(f"attention_backend must be one of auto, torch, cpu, triton, flash_attn; got {name!r}")
 

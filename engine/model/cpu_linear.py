@@ -83,12 +83,11 @@ def place_panels_on_huge_pages(linears: list[PackedLinear]) -> None:
     linears = [lin for lin in linears if lin.panels is not None]
     if not linears:  # the native kernels are off: oneDNN's packed weights only
         return
-    sizes = [_aligned(lin.panels.numel() * lin.panels.element_size()) for lin in linears]
+    sizes = [_aligned(lin.panels.nbytes) for lin in linears]
     arena = huge_page_bytes(sum(sizes))
     offset = 0
     for lin, size in zip(linears, sizes):
-        nbytes = lin.panels.numel() * lin.panels.element_size()
-        panels = arena[offset: offset + nbytes].view(lin.panels.dtype)
+        panels = arena[offset: offset + lin.panels.nbytes].view(lin.panels.dtype)
         panels.copy_(lin.panels)
         lin.panels = panels
         offset += size

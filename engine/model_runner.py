@@ -245,8 +245,9 @@ class ModelRunner:
             slot_mapping=torch.tensor(batch.slot_mapping, dtype=torch.long, device=dev),
             block_tables=padded, block_size=self.block_size, decode_seq_ids=decode_ids)
         if decode_ids:
-            idx = torch.tensor(decode_ids, dtype=torch.long, device=dev)
-            meta.decode_block_tables = padded[idx]
+            # decode_ids ascend, so all of them are 0..n-1 (a pure-decode step): no index needed.
+            every = len(decode_ids) == len(batch.block_tables)
+            meta.decode_block_tables = padded if every else padded[torch.tensor(decode_ids, dtype=torch.long, device=dev)]
             meta.decode_seq_lens = torch.tensor([batch.seq_lens[i] for i in decode_ids], device=dev)
             meta.decode_rows = torch.tensor([batch.query_start_loc[i] for i in decode_ids], device=dev)
         return meta
@@ -270,8 +271,9 @@ class ModelRunner:
         bucket, path = None, "eager"
         if self._graph_can_run(meta, input_ids.shape[0]):
             (hidden, bucket), path = self.graphs.run(input_ids, positions, meta), "cuda_graph"
-        elif self.native_decode is not None and self.native_decode.can_run(meta, input_ids.shape[0]):
-            hidden, path = self.native_decode.run(input_ids, positions, meta), "native_decode"
+        elif self.native_decode is not None and self.native_decode.can_run(meta, input_ids.shape[0], logits_indices):
+            # One call to the logits: every row of a pure-decode step samples.
+            return ModelRunnerOutput(self.native_decode.run(input_ids, positions, meta), forward_path="native_decode")
         else:
             hidden = self.model(input_ids, positions, self.kv_caches, self.backend, meta)
         if not logits_indices:

@@ -4,9 +4,10 @@ A decode step of a few rows is bound by streaming the weights from memory, and k
 linears do that at the machine's read bandwidth. What else the step costs is overhead: from
 Python each layer runs about ten small operations, each with its own dispatch, allocation and
 thread wake-up (~13 ms of a 58 ms one-stream step on the 2-core AMD EPYC, the linears ~40 ms).
-Here a pure-decode step runs the whole decoder (embedding, every layer, final norm) as one call
-into engine/cpu_kernels (kv_decode_forward), in one parallel region, through the same kernel
-bodies as the layer-by-layer path: the same arithmetic in the same order, so the same bits.
+Here a pure-decode step runs the whole model (embedding, every layer, final norm, LM head) as
+one call into engine/cpu_kernels (kv_decode_forward), in one parallel region, through the same
+kernel bodies as the layer-by-layer path: the same arithmetic in the same order, so the same
+bits.
 
 Like CUDA graphs it covers only what it can: steps whose every row is a one-token decode, at
 most NATIVE_MAX_ROWS of them (above that, oneDNN's GEMM is the faster linear); prefills, mixed
@@ -42,7 +43,7 @@ def why_no_native_decode(enforce_eager: bool, device: torch.device, dtype: torch
     if model.spec.head_dim % 8:
         return f"head_dim {model.spec.head_dim} is not a multiple of 8 (the attention kernel's vector width)"
     if not all(isinstance(lin, PackedLinear) and lin.panels is not None and lin.panels.dtype == dtype
-               for lin in _linears(model)):
+               for lin in [*_linears(model), model.packed_lm_head]):
         return f"the linears are not packed in native {dtype_name(dtype)} panels"
     return None
 
@@ -62,34 +63,36 @@ class NativeDecode:
         self._decoder = DecoderPointers(
             num_layers=spec.num_layers, hidden=spec.hidden_size, heads=spec.num_heads, kv_heads=spec.num_kv_heads,
             head_dim=spec.head_dim, intermediate=spec.intermediate_size, block_size=block_size,
-            bf16=int(kv_caches[0][0].dtype == torch.bfloat16),  # the panels too (why_no_native_decode)
+            vocab=spec.vocab_size, bf16=int(kv_caches[0][0].dtype == torch.bfloat16),  # the panels too
             eps=spec.rms_norm_eps, attn_scale=spec.head_dim ** -0.5,
             embedding=_ptr(model.embed_tokens.weight), final_norm=_ptr(model.norm.weight),
-            cos_table=_ptr(rope.cos), sin_table=_ptr(rope.sin), layers=self._layers)
+            lm_head_panels=_ptr(model.packed_lm_head.panels), cos_table=_ptr(rope.cos), sin_table=_ptr(rope.sin),
+            layers=self._layers)
         # Workspaces for the largest batch; a step uses their first rows.
         rows, q_size = self.max_rows, spec.num_heads * spec.head_dim
         widths = {"x": spec.hidden_size, "residual": spec.hidden_size, "normed": spec.hidden_size,
                   "qkv": q_size + 2 * spec.num_kv_heads * spec.head_dim, "attn": q_size,
-                  "gate_up": 2 * spec.intermediate_size, "act": spec.intermediate_size}
+                  "gate_up": 2 * spec.intermediate_size, "act": spec.intermediate_size, "logits": spec.vocab_size}
         self._work = {name: torch.empty((rows, width), dtype=torch.float32) for name, width in widths.items()}
         self._batch = DecodeBatchPointers(**{name: _ptr(t) for name, t in self._work.items()})
         self._model = model  # keeps the weights (and so the addresses above) alive
 
-    def can_run(self, meta: AttentionMetadata, num_tokens: int) -> bool:
-        """A pure-decode step (every row a one-token decode), no probe, at most max_rows rows."""
+    def can_run(self, meta: AttentionMetadata, num_tokens: int, logits_indices: list[int]) -> bool:
+        """A pure-decode step (every row a one-token decode that samples), no probe, at most
+        max_rows rows."""
         return (meta.probe_layer is None and len(meta.decode_seq_ids) == meta.num_seqs == num_tokens
-                and num_tokens <= self.max_rows)
+                and num_tokens <= self.max_rows and len(logits_indices) == num_tokens)
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """The decoder's normalized hidden states [rows, hidden], as CausalLM.forward returns them;
-        a view of a workspace that the next run overwrites."""
+        """Every row's logits [rows, vocab] (fp32), as CausalLM.compute_logits returns them: a
+        view of a workspace that the next run overwrites."""
         b, tables = self._batch, meta.decode_block_tables
         b.rows, b.table_stride = input_ids.shape[0], tables.stride(0)
         b.token_ids, b.positions, b.slots = input_ids.data_ptr(), positions.data_ptr(), meta.slot_mapping.data_ptr()
         b.decode_rows, b.seq_lens, b.block_tables = (meta.decode_rows.data_ptr(), meta.decode_seq_lens.data_ptr(),
                                                      tables.data_ptr())
         self.kernels.decode_forward(self._decoder, b)
-        return self._work["normed"][: b.rows]
+        return self._work["logits"][: b.rows]
 
 
 def _layer_pointers(layer, k_cache: torch.Tensor, v_cache: torch.Tensor) -> DecoderLayerPointers:

@@ -39,9 +39,9 @@ class DecoderLayerPointers(ctypes.Structure):
 class DecoderPointers(ctypes.Structure):
     """The model's shape and its shared weights (C: kv_decoder)."""
     _fields_ = [*((name, _i64) for name in ("num_layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate",
-                                            "block_size", "bf16")),
+                                            "block_size", "vocab", "bf16")),
                 ("eps", _f32), ("attn_scale", _f32),
-                *((name, _ptr) for name in ("embedding", "final_norm", "cos_table", "sin_table")),
+                *((name, _ptr) for name in ("embedding", "final_norm", "lm_head_panels", "cos_table", "sin_table")),
                 ("layers", ctypes.POINTER(DecoderLayerPointers))]
 
 
@@ -50,7 +50,7 @@ class DecodeBatchPointers(ctypes.Structure):
     _fields_ = [("rows", _i64), ("table_stride", _i64),
                 *((name, _ptr) for name in ("token_ids", "positions", "slots", "decode_rows", "seq_lens",
                                             "block_tables", "x", "residual", "normed", "qkv", "attn", "gate_up",
-                                            "act"))]
+                                            "act", "logits"))]
 
 _SIGNATURES = {
     "kv_packed_floats": (_i64, [_i64, _i64]),
@@ -148,7 +148,7 @@ class NativeCpuKernels:
         return ids, probs
 
     def decode_forward(self, decoder: DecoderPointers, batch: DecodeBatchPointers) -> None:
-        """The whole decoder forward of a batch of decodes (engine/native_decode.py fills both)."""
+        """The whole forward of a batch of decodes, to the logits (engine/native_decode.py fills both)."""
         self.lib.kv_decode_forward(ctypes.byref(decoder), ctypes.byref(batch))
 
 

@@ -60,7 +60,9 @@ def test_packed_linear_takes_the_panels_for_few_rows_and_onednn_for_many(rows, m
     assert bool(calls) == (rows <= NATIVE_MAX_ROWS)
 
 
-@pytest.mark.parametrize("lengths", [[1], [5, 16, 17, 40], [33, 2, 100, 64, 7, 9, 128, 250]])
+# [1] and [250]: fewer decodes than threads, so each decode's tokens are split between the
+# threads (one of them empty for [1]) and the parts combined.
+@pytest.mark.parametrize("lengths", [[1], [250], [5, 16, 17, 40], [33, 2, 100, 64, 7, 9, 128, 250]])
 @pytest.mark.parametrize("score_scale", [1.0, 30.0])  # 30: most weights underflow (denormals flushed)
 def test_paged_decode_attention_matches_whole_context_attention(lengths, score_scale):
     q, k_cache, v_cache, meta = _decode_batch(lengths, seed=len(lengths))
@@ -94,6 +96,24 @@ def test_reshape_and_cache_stores_strided_rows_at_their_slots_and_skips_minus_on
     k16, v16 = torch.zeros(blocks, bs, kvh, d, dtype=torch.bfloat16), torch.zeros(blocks, bs, kvh, d, dtype=torch.bfloat16)
     kernels.reshape_and_cache(k * 1.001, v, k16, v16, slots)
     assert torch.equal(k16, (want_k * 1.001).to(torch.bfloat16)) and torch.equal(v16, want_v.to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paged_decode_attention_splits_few_decodes_between_the_threads(threads, dtype):
+    """Two decodes on two threads take one thread each; on three, each decode's context is split
+    in three parts (FlashDecoding's split-KV) whose unnormalized sums combine into the whole
+    context's attention."""
+    lengths = [2, 130]
+    q, k_cache, v_cache, meta = _decode_batch(lengths, seed=11)
+    k_cache, v_cache = k_cache.to(dtype), v_cache.to(dtype)
+    out, before = torch.zeros(q.shape), torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        kernels.paged_decode_attention(q, k_cache, v_cache, torch.arange(2), torch.tensor(lengths), meta.block_tables, out)
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(out, _reference(q, k_cache.float(), v_cache.float(), meta), rtol=1e-5, atol=1e-5)
 
 
 def test_paged_decode_attention_reads_a_bf16_cache_in_fp32():

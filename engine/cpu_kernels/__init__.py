@@ -64,6 +64,7 @@ _SIGNATURES = {
                                          _i64, _i64, _i64, _f32, _ptr]),
     "kv_greedy_top": (None, [_ptr, _i64, _i64, _i64, _ptr, _ptr]),
     "kv_decode_forward": (None, [ctypes.POINTER(DecoderPointers), ctypes.POINTER(DecodeBatchPointers)]),
+    "kv_read_streams": (ctypes.c_double, [_ptr, _i64]),
 }
 
 
@@ -150,6 +151,12 @@ class NativeCpuKernels:
     def decode_forward(self, decoder: DecoderPointers, batch: DecodeBatchPointers) -> None:
         """The whole forward of a batch of decodes, to the logits (engine/native_decode.py fills both)."""
         self.lib.kv_decode_forward(ctypes.byref(decoder), ctypes.byref(batch))
+
+    def read_streams(self, buf: torch.Tensor) -> float:
+        """The sum of a contiguous fp32 tensor, read as a one-row linear reads its panels (several
+        runs side by side per thread): the bench times it for the machine's read bandwidth."""
+        assert buf.dtype == torch.float32 and buf.is_contiguous()
+        return self.lib.kv_read_streams(buf.data_ptr(), buf.numel())
 
 
 STORAGE_DTYPES = (torch.float32, torch.bfloat16)

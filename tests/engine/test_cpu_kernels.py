@@ -19,7 +19,9 @@ pytestmark = pytest.mark.skipif(kernels is None, reason="native CPU kernels need
 
 
 @pytest.mark.parametrize("rows", [1, 2, 5, 6, 7, 16, 63, 130])
-@pytest.mark.parametrize("n,k", [(96, 40), (50, 33), (576, 1536)])  # 50: a partial last panel
+# 50: a partial last panel; at one row, 184 and 576 read several panels side by side per
+# thread (micro_streams), 184's partial last panel among them, 96 one panel at a time.
+@pytest.mark.parametrize("n,k", [(96, 40), (50, 33), (184, 40), (576, 1536)])
 def test_panel_linear_matches_f_linear(rows, n, k):
     g = torch.Generator().manual_seed(rows * n)
     # Weights scaled as a trained layer's are (outputs of order 1), so fp32 rounding stays small.
@@ -31,7 +33,7 @@ def test_panel_linear_matches_f_linear(rows, n, k):
 
 
 @pytest.mark.parametrize("rows", [1, 6, 7, 63])
-@pytest.mark.parametrize("n,k", [(96, 40), (50, 33)])
+@pytest.mark.parametrize("n,k", [(96, 40), (50, 33), (120, 33), (600, 64)])  # 120, 600: side-by-side panels at one row
 def test_bf16_panels_hold_the_rounded_weights_and_sum_in_fp32(rows, n, k):
     """bf16 panels (a bf16 engine's) hold each weight rounded to nearest even, as torch rounds
     it, at half the bytes; the products and sums stay fp32, so the result is fp32's over the
@@ -227,3 +229,11 @@ def test_sampler_gives_torchs_tokens_and_candidates_with_the_native_pass():
         assert a.token_id == b.token_id and [t for t, _ in a.top] == [t for t, _ in b.top]
         assert [p for _, p in a.top] == pytest.approx([p for _, p in b.top], rel=1e-5)
     assert [len(r.top) for r in results["native"]] == [10, 0, 5, 3]
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 1001, 6 * 8 * 2 * 37 + 13])
+def test_read_streams_reads_every_float_once(n):
+    """The bench's bandwidth reader (several runs side by side per thread) adds every float once,
+    the tail past the last whole vector and past the last whole set of runs included."""
+    x = torch.arange(n, dtype=torch.float32) % 97
+    assert kernels.read_streams(x) == pytest.approx(float(x.double().sum()), rel=1e-6)

@@ -571,9 +571,10 @@ static void combine_parts(const float *parts, int64_t nparts, int64_t stride, in
  * With at least as many decodes as threads, one task per decode (a task per (decode, KV head)
  * read a third of each row at a stride and waited on DRAM latency: 4x slower on a real model's
  * cache). With fewer, each decode's tokens are split between all the threads and the parts
- * combined: one stream's attention otherwise ran on one core while the other waited (~0.7 ms of
- * a 12 ms bf16 step at one row, 2-core AMD EPYC). `scores` (h * the longest length) is the
- * calling thread's own scratch; `parts` holds a part per thread (part_floats), shared. */
+ * combined: one stream's attention otherwise ran on one core while the other waited (~0.8 ms of
+ * a 13 ms bf16 step at one row on the 2-core AMD EPYC; ~0.5 ms split). `scores` (h * the longest
+ * length) is the calling thread's own scratch; `parts` holds a part per thread (part_floats),
+ * shared. */
 static inline __attribute__((always_inline)) void decode_attention(
         const int bf16, const float *q, int64_t q_stride, const void *k_cache, const void *v_cache,
         const int64_t *rows, const int64_t *seq_lens, const int64_t *tables, int64_t table_stride, int64_t n,

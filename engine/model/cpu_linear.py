@@ -12,14 +12,16 @@ model's four linears, weights read from DRAM):
     native panels   26 ms  28 ms  54 ms  151 ms 627 ms 1941 ms
 
 The native kernel (engine/cpu_kernels) reads each weight panel once per step at the machine's
-full read bandwidth (16 GB/s here, as fast as a plain sum of the same bytes); oneDNN's blocked
+full read bandwidth (at one row, several panel runs side by side per thread: faster than
+torch's own sum of the same bytes); oneDNN's blocked
 GEMM wins once there are enough rows to be bound by arithmetic. So a PackedLinear keeps both
 copies (twice the weight memory of the packed layers: 0.5 GB more for the default model) and
 picks by row count. `python -m explorer bench` measures the whole engine.
 
 A bf16 engine's panels are bf16 (engine/dtypes.py): the same values in half the bytes, widened
-to fp32 in registers. The 30 layers at one row, panels on 2 MiB pages, alternated in one
-process: 12.7 ms best, 15.0 median, against 23.7 and 26.1 ms for fp32 panels.
+to fp32 in registers. One stream's whole decode step (30 layers and the LM head at one row,
+panels on 2 MiB pages; medians of one process per dtype, 2-core AMD EPYC): 14.7 ms with bf16
+panels, 18.9 ms with fp32 ones.
 
 Packing replaces the weight: a PackedLinear keeps only its packed copies (the tied LM head
 also keeps the embedding table it shares).

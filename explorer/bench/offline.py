@@ -295,6 +295,6 @@ def observation_overhead(model: str | None, dtype: str, reps: int, scale: float,
     row["records_overhead"] = row["records_on"] / base - 1
     row["history_overhead"] = row["session_history"] / base - 1
     out(f"observation: records off {base:.2f} s, on {row['records_on']:.2f} s "
-        f"(+{100 * row['records_overhead']:.1f}%), Session with history {row['session_history']:.2f} s "
-        f"(+{100 * row['history_overhead']:.1f}%)")
+        f"({100 * row['records_overhead']:+.1f}%), Session with history {row['session_history']:.2f} s "
+        f"({100 * row['history_overhead']:+.1f}%)")
     return row

@@ -26,7 +26,9 @@ class ModelRunnerOutput:
     """What one forward returns (vLLM's name): the sampled rows' logits and how the step ran,
     returned rather than kept on the runner so nothing of a step outlives it."""
 
-    logits: torch.Tensor | None          # [rows, vocab] fp32; None on a worker rank
+    # [rows, vocab] fp32; None on a worker rank. After a native decode, a view of the runner's
+    # workspace that the next step overwrites: the step's sampler reads it, nothing keeps it.
+    logits: torch.Tensor | None
     cuda_graph_bucket: int | None = None  # the captured size replayed; None: eager
     forward_path: str = "eager"           # 'eager' (layer by layer), 'cuda_graph' or 'native_decode'
     collective_ms: float = 0.0            # rank 0's time in collectives (0 without tensor parallel)

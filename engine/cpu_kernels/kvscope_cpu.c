@@ -36,6 +36,7 @@
  * instructions per byte and more registers per stream. */
 #define FP32_STREAMS 6
 #define BF16_STREAMS 4
+_Static_assert(BF16_STREAMS <= FP32_STREAMS, "one_row_body's arrays hold FP32_STREAMS runs");
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 

@@ -130,6 +130,34 @@ def test_paged_decode_attention_reads_a_bf16_cache_in_fp32():
     torch.testing.assert_close(out, _reference(q, k16.float(), v16.float(), meta), rtol=1e-5, atol=1e-5)
 
 
+# (9, 3, 64): the default model's heads (two groups of four query heads and one alone, 64 values
+# of V per pass); (8, 8, 80): a head_dim past 64, whose last 16 values go 8 at a time.
+@pytest.mark.parametrize("h,kvh,d", [(9, 3, 64), (8, 8, 80)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paged_decode_attention_at_real_head_shapes(h, kvh, d, dtype):
+    g = torch.Generator().manual_seed(h + d)
+    bs, lengths = 16, [1, 37, 300]
+    blocks = torch.randperm(60, generator=g).tolist()
+    tables, at = [], 0
+    for n in lengths:
+        tables.append(blocks[at:at + -(-n // bs)] + [0] * (19 - -(-n // bs)))
+        at += -(-n // bs)
+    k_cache = torch.randn(60, bs, kvh, d, generator=g).to(dtype)
+    v_cache = torch.randn(60, bs, kvh, d, generator=g).to(dtype)
+    q = torch.randn(len(lengths), h, d, generator=g)
+    out = torch.zeros(q.shape)
+    for decodes in (range(len(lengths)), [2]):  # as many decodes as threads and more; one (split)
+        rows = torch.tensor(list(decodes))
+        kernels.paged_decode_attention(q, k_cache, v_cache, rows, torch.tensor([lengths[i] for i in decodes]),
+                                       torch.tensor([tables[i] for i in decodes]), out)
+        for i in decodes:
+            slots = torch.tensor([tables[i][t // bs] * bs + t % bs for t in range(lengths[i])])
+            keys = k_cache.flatten(0, 1)[slots].float().repeat_interleave(h // kvh, dim=1)  # [n, h, d]
+            values = v_cache.flatten(0, 1)[slots].float().repeat_interleave(h // kvh, dim=1)
+            probs = (torch.einsum("hd,nhd->hn", q[i], keys) * d ** -0.5).softmax(-1)
+            torch.testing.assert_close(out[i], torch.einsum("hn,nhd->hd", probs, values), rtol=1e-5, atol=1e-5)
+
+
 def test_cpu_backend_is_auto_in_fp32_and_bf16_and_names_why_not():
     cpu = torch.device("cpu")
     assert get_attention_backend("auto", cpu, 16, torch.float32).name == "cpu"

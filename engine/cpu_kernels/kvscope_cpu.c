@@ -189,40 +189,60 @@ static inline int panel_bias(const float *bias, int64_t n, int64_t p, float *bia
     return cols;
 }
 
-/* y [1, n] = x [1, k] W^T + bias: each thread takes an even, contiguous share of the panels,
- * cuts it into S runs and reads the runs side by side (micro_streams), the share's last few
- * panels one at a time. One stream's decode of the default model, alternated in one process
- * with one panel at a time (medians; 2-core AMD EPYC): fp32 18.9 against 27.4 ms, bf16 14.7
- * against 17.1 ms; a plain 2-thread sum of the same bytes took 23.8 and 14.5 ms. */
-static void one_row_body(const float *x, int64_t k, const void *panels, int bf16, int64_t n, const float *bias,
-                         float *y) {
-    int64_t p0, p1;
-    thread_share((n + NR - 1) / NR, &p0, &p1);
+/* Panels first, first + stride, ..., S of them, read side by side (micro_streams). */
+static inline void panels_side_by_side(const float *x, int64_t k, const void *panels, int bf16, int64_t n,
+                                       const float *bias, float *y, int64_t first, int64_t stride) {
     const size_t panel_bytes = (size_t)(k * NR) * (bf16 ? 2 : 4);
     const int S = bf16 ? BF16_STREAMS : FP32_STREAMS;
+    const char *panel[FP32_STREAMS];
+    float *out[FP32_STREAMS], bias16[FP32_STREAMS][NR];
+    int cols[FP32_STREAMS];
+    for (int s = 0; s < S; s++) {
+        const int64_t p = first + s * stride;
+        panel[s] = (const char *)panels + p * panel_bytes;
+        out[s] = y + p * NR;
+        cols[s] = panel_bias(bias, n, p, bias16[s]);
+    }
+    if (bf16)
+        micro_streams(BF16_STREAMS, 1, panel, x, k, (const float (*)[NR])bias16, out, cols);
+    else
+        micro_streams(FP32_STREAMS, 0, panel, x, k, (const float (*)[NR])bias16, out, cols);
+}
+
+static inline void one_panel(const float *x, int64_t k, const void *panels, int bf16, int64_t n, const float *bias,
+                             float *y, int64_t p) {
+    float bias16[NR];
+    const int cols = panel_bias(bias, n, p, bias16);
+    (bf16 ? micro_rows_bf16 : micro_rows_fp32)(1, (const char *)panels + p * (k * NR) * (bf16 ? 2 : 4), x, k, k,
+                                               bias16, y + p * NR, n, cols);
+}
+
+/* y [1, n] = x [1, k] W^T + bias. Each thread takes an even, contiguous share of the first
+ * panels, cuts it into S runs and reads the runs side by side (micro_streams), the share's
+ * last few panels one at a time. One stream's decode of the default model, alternated in one
+ * process with one panel at a time (medians; 2-core AMD EPYC): fp32 18.9 against 27.4 ms, bf16
+ * 14.7 against 17.1 ms; a plain 2-thread sum of the same bytes took 23.8 and 14.5 ms.
+ * The last 1/DYNAMIC_TAIL of the panels go S at a time to whichever thread is free: on a
+ * machine shared with other VMs one core often reads slower than the other for a while, and
+ * with even shares alone the faster waited at every linear's barrier (~0.9-1.7 ms of a 15 ms
+ * one-stream bf16 step). */
+#define DYNAMIC_TAIL 8
+static void one_row_body(const float *x, int64_t k, const void *panels, int bf16, int64_t n, const float *bias,
+                         float *y) {
+    const int64_t np = (n + NR - 1) / NR, head = np - np / DYNAMIC_TAIL;
+    const int S = bf16 ? BF16_STREAMS : FP32_STREAMS;
+    int64_t p0, p1;
+    thread_share(head, &p0, &p1);
     const int64_t run = (p1 - p0) / S;
-    for (int64_t i = 0; i < run; i++) {
-        const char *panel[FP32_STREAMS];
-        float *out[FP32_STREAMS], bias16[FP32_STREAMS][NR];
-        int cols[FP32_STREAMS];
-        for (int s = 0; s < S; s++) {
-            const int64_t p = p0 + s * run + i;
-            panel[s] = (const char *)panels + p * panel_bytes;
-            out[s] = y + p * NR;
-            cols[s] = panel_bias(bias, n, p, bias16[s]);
-        }
-        if (bf16)
-            micro_streams(BF16_STREAMS, 1, panel, x, k, (const float (*)[NR])bias16, out, cols);
+    for (int64_t i = 0; i < run; i++) panels_side_by_side(x, k, panels, bf16, n, bias, y, p0 + i, run);
+    for (int64_t p = p0 + S * run; p < p1; p++) one_panel(x, k, panels, bf16, n, bias, y, p);
+    #pragma omp for schedule(dynamic, 1)  /* its barrier: every column is written before anyone reads y */
+    for (int64_t first = head; first < np; first += S) {
+        if (first + S <= np)
+            panels_side_by_side(x, k, panels, bf16, n, bias, y, first, 1);
         else
-            micro_streams(FP32_STREAMS, 0, panel, x, k, (const float (*)[NR])bias16, out, cols);
+            for (int64_t p = first; p < np; p++) one_panel(x, k, panels, bf16, n, bias, y, p);
     }
-    for (int64_t p = p0 + S * run; p < p1; p++) {
-        float bias16[NR];
-        const int cols = panel_bias(bias, n, p, bias16);
-        (bf16 ? micro_rows_bf16 : micro_rows_fp32)(1, (const char *)panels + p * panel_bytes, x, k, k, bias16,
-                                                   y + p * NR, n, cols);
-    }
-    #pragma omp barrier  /* as an omp for ends: every column is written before anyone reads y */
 }
 
 /* y [m, n] = x [m, k] W^T + bias, W given as panels. Rows are taken in blocks whose slice of x
@@ -417,28 +437,44 @@ void kv_reshape_and_cache(const float *k, int64_t k_stride, const float *v, int6
 
 /* ---- memory read bandwidth ------------------------------------------------------------ */
 
-/* Reads floats [0, n) as one_row_body reads panels (each thread an even contiguous share, cut
- * into FP32_STREAMS runs read side by side) and returns their sum, so that no read is skipped.
- * The bench's bandwidth floor (explorer/bench/bandwidth.py) takes the faster of this and torch's
- * sum: a floor that the engine's own reads beat would flatter it. */
+/* acc[s] += the vectors first + s * stride + [0, len), s < FP32_STREAMS, read side by side. */
+static inline void add_runs(const float *p, int64_t first, int64_t stride, int64_t len, __m256 *acc) {
+    for (int64_t i = 0; i < len; i++) {
+        #pragma GCC unroll 8
+        for (int s = 0; s < FP32_STREAMS; s++)
+            acc[s] = _mm256_add_ps(acc[s], _mm256_loadu_ps(p + 8 * (first + s * stride + i)));
+    }
+}
+
+/* Reads floats [0, n) as one_row_body reads panels (each thread an even contiguous share of
+ * the first vectors, cut into FP32_STREAMS runs read side by side; the last 1/DYNAMIC_TAIL to
+ * whichever thread is free, FP32_STREAMS runs of a fp32 panel's size at a time) and returns
+ * their sum, so that no read is skipped. The bench's bandwidth floor (explorer/bench/bandwidth.py)
+ * takes the faster of this and torch's sum: a floor that the engine's own reads beat would
+ * flatter it. */
+#define TAIL_RUN 1152  /* vectors: a fp32 panel of the default model's hidden size (16 x 576 floats) */
 double kv_read_streams(const float *p, int64_t n) {
+    const int64_t vectors = n / 8, head = vectors - vectors / DYNAMIC_TAIL, chunk = FP32_STREAMS * TAIL_RUN;
     double total = 0.0;
     #pragma omp parallel reduction(+:total)
     {
         int64_t v0, v1;
-        thread_share(n / 8, &v0, &v1);
+        thread_share(head, &v0, &v1);
         const int64_t run = (v1 - v0) / FP32_STREAMS;
         __m256 acc[FP32_STREAMS];
         for (int s = 0; s < FP32_STREAMS; s++) acc[s] = _mm256_setzero_ps();
-        for (int64_t i = 0; i < run; i++) {
-            #pragma GCC unroll 8
-            for (int s = 0; s < FP32_STREAMS; s++)
-                acc[s] = _mm256_add_ps(acc[s], _mm256_loadu_ps(p + 8 * (v0 + s * run + i)));
-        }
+        add_runs(p, v0, run, run, acc);
         for (int64_t v = v0 + FP32_STREAMS * run; v < v1; v++) acc[0] = _mm256_add_ps(acc[0], _mm256_loadu_ps(p + 8 * v));
+        #pragma omp for schedule(dynamic, 1)
+        for (int64_t first = head; first < vectors; first += chunk) {
+            if (first + chunk <= vectors)
+                add_runs(p, first, TAIL_RUN, TAIL_RUN, acc);
+            else
+                for (int64_t v = first; v < vectors; v++) acc[0] = _mm256_add_ps(acc[0], _mm256_loadu_ps(p + 8 * v));
+        }
         for (int s = 0; s < FP32_STREAMS; s++) total += hsum(acc[s]);
     }
-    for (int64_t i = n / 8 * 8; i < n; i++) total += p[i];
+    for (int64_t i = vectors * 8; i < n; i++) total += p[i];
     return total;
 }
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from explorer.bench.bandwidth import read_bandwidth_gb_s
+from engine import LLM
+from explorer.bench.bandwidth import read_bandwidth_gb_s, stream_steps_against_reads
 from explorer.bench.offline import bench
 from tests.oracle.vllm_available import require_vllm
 
@@ -16,6 +17,15 @@ pytestmark = pytest.mark.slow
 def test_read_bandwidth_is_a_plausible_dram_figure():
     gb_s = read_bandwidth_gb_s(passes=3)
     assert 0.5 < gb_s < 2000, gb_s  # a DRAM read, not a cache hit or a stalled process
+
+
+def test_each_decode_step_of_the_stream_is_paired_with_a_read_of_the_weights_bytes(tiny_llama_path):
+    llm = LLM(model=str(tiny_llama_path), kv_cache_memory_bytes=2**24)
+    weight_bytes = sum(p.numel() * p.element_size() for p in llm.engine.runner.model.parameters())
+    res = stream_steps_against_reads(llm, list(range(5, 21)), 7, weight_bytes)
+    assert res["pairs"] == 6  # 7 tokens: the prefill's, then six one-row decode steps
+    assert not llm.engine.has_unfinished_requests()
+    assert res["step_ms"] > 0 and res["read_ms"] > 0 and 0 < res["share"] < 10  # a tiny model's read is a cache hit
 
 
 @pytest.mark.soak

@@ -116,7 +116,7 @@ class ModelRunner:
             self.native_decode_off_reason = why_no_native_decode(config.enforce_eager, self.device, self.dtype,
                                                                  self.backend.name, self.tp.size, self.model)
             self.native_decode = None if self.native_decode_off_reason else NativeDecode(
-                self.model, self.kv_caches, self.block_size)
+                self.model, self.kv_caches, self.block_size, max_model_len)
         except BaseException:
             self.shutdown()
             raise
@@ -209,7 +209,10 @@ class ModelRunner:
             self.workers.shutdown()
 
     # -- one step -----------------------------------------------------------------------
-    def prepare(self, out: SchedulerOutput) -> tuple[Batch, AttentionMetadata, torch.Tensor, torch.Tensor]:
+    def prepare(self, out: SchedulerOutput) -> tuple[Batch, AttentionMetadata | None, torch.Tensor | None,
+                                                     torch.Tensor | None]:
+        """The step's packed inputs: the Batch (lists) and, unless the native decode took the
+        step (then None), its attention metadata, input ids and positions as tensors."""
         bs = self.block_size
         input_ids, positions, slots, qsl, seq_lens, ctx_lens, tables, logits_idx = [], [], [], [0], [], [], [], []
         decode_ids = []
@@ -229,6 +232,12 @@ class ModelRunner:
             if n == 1 and start > 0:
                 decode_ids.append(i)
         batch = Batch(input_ids, positions, qsl, seq_lens, slots, tables, logits_idx)
+        if self.native_decode is not None and self.native_decode.takes(len(input_ids), len(decode_ids),
+                                                                        len(logits_idx), tables):
+            # A pure-decode step runs as one native call reading the lists above (forward with
+            # meta None): no tensors to build.
+            self.native_decode.load(input_ids, positions, slots, seq_lens, tables)
+            return batch, None, None, None
         meta = self.metadata(batch, ctx_lens, decode_ids)
         dev = self.device
         return (batch, meta, torch.tensor(input_ids, dtype=torch.long, device=dev),
@@ -254,11 +263,18 @@ class ModelRunner:
             meta.decode_rows = torch.tensor([batch.query_start_loc[i] for i in decode_ids], device=dev)
         return meta
 
-    @torch.inference_mode()
-    def forward(self, meta: AttentionMetadata, input_ids: torch.Tensor, positions: torch.Tensor,
+    def forward(self, meta: AttentionMetadata | None, input_ids: torch.Tensor | None, positions: torch.Tensor | None,
                 logits_indices: list[int]) -> ModelRunnerOutput:
         """Runs every layer (writing K/V into the pools) and returns fp32 logits of the sampled
-        rows (None on a worker rank: the logits are gathered on rank 0), with how it ran."""
+        rows (None on a worker rank: the logits are gathered on rank 0), with how it ran. With
+        meta None, the pure-decode step that prepare loaded into the native decode."""
+        if meta is None:  # every row of a pure-decode step samples: one call to the logits
+            return ModelRunnerOutput(self.native_decode.run(), forward_path="native_decode")
+        return self._forward_layers(meta, input_ids, positions, logits_indices)
+
+    @torch.inference_mode()
+    def _forward_layers(self, meta: AttentionMetadata, input_ids: torch.Tensor, positions: torch.Tensor,
+                        logits_indices: list[int]) -> ModelRunnerOutput:
         if self.workers is None:
             return self._forward(meta, input_ids, positions, logits_indices)
         self.tp.reset_timer()  # the step's collectives only (not a probe's in between)
@@ -273,9 +289,6 @@ class ModelRunner:
         bucket, path = None, "eager"
         if self._graph_can_run(meta, input_ids.shape[0]):
             (hidden, bucket), path = self.graphs.run(input_ids, positions, meta), "cuda_graph"
-        elif self.native_decode is not None and self.native_decode.can_run(meta, input_ids.shape[0], logits_indices):
-            # One call to the logits: every row of a pure-decode step samples.
-            return ModelRunnerOutput(self.native_decode.run(input_ids, positions, meta), forward_path="native_decode")
         else:
             hidden = self.model(input_ids, positions, self.kv_caches, self.backend, meta)
         if not logits_indices:

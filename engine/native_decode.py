@@ -7,7 +7,8 @@ thread wake-up (~13 ms of a 58 ms one-stream step on the 2-core AMD EPYC, the li
 Here a pure-decode step runs the whole model (embedding, every layer, final norm, LM head) as
 one call into engine/cpu_kernels (kv_decode_forward), in one parallel region, through the same
 kernel bodies as the layer-by-layer path: the same arithmetic in the same order, so the same
-bits.
+bits. The runner's prepare writes a step's token ids, positions, slots and block tables from
+its lists into the call's own arrays, so nothing between two calls builds a tensor.
 
 Like CUDA graphs it covers only what it can: steps whose every row is a one-token decode, at
 most NATIVE_MAX_ROWS of them (above that, oneDNN's GEMM is the faster linear); prefills, mixed
@@ -16,9 +17,10 @@ steps, attention probes and larger batches run layer by layer. The StepRecord's
 `native_decode_off` says why it is off where it is."""
 from __future__ import annotations
 
+import ctypes
+
 import torch
 
-from .attention import AttentionMetadata
 from .cpu_kernels import DecodeBatchPointers, DecoderLayerPointers, DecoderPointers, NativeCpuKernels, native
 from .dtypes import dtype_name
 from .model import CausalLM
@@ -54,7 +56,8 @@ class NativeDecode:
 
     max_rows = NATIVE_MAX_ROWS
 
-    def __init__(self, model: CausalLM, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], block_size: int) -> None:
+    def __init__(self, model: CausalLM, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], block_size: int,
+                 max_model_len: int) -> None:
         self.kernels: NativeCpuKernels = native()
         spec = model.spec
         rope = model.layers[0].self_attn.rope
@@ -74,25 +77,40 @@ class NativeDecode:
                   "qkv": q_size + 2 * spec.num_kv_heads * spec.head_dim, "attn": q_size,
                   "gate_up": 2 * spec.intermediate_size, "act": spec.intermediate_size, "logits": spec.vocab_size}
         self._work = {name: torch.empty((rows, width), dtype=torch.float32) for name, width in widths.items()}
-        self._batch = DecodeBatchPointers(**{name: _ptr(t) for name, t in self._work.items()})
+        # The step's inputs, written in place from the Batch's lists through ctypes (load): no
+        # torch call between two steps' native calls, where each costs ~40 us with the caches
+        # just flushed by the weights' stream (on the 2-core AMD EPYC).
+        self.max_blocks = -(-max_model_len // block_size)
+        self._inputs = {name: torch.zeros(n, dtype=torch.int64) for name, n in (
+            ("token_ids", rows), ("positions", rows), ("slots", rows), ("seq_lens", rows),
+            ("decode_rows", rows), ("block_tables", rows * self.max_blocks))}
+        self._inputs["decode_rows"].copy_(torch.arange(rows))  # a pure-decode step: row i is decode i
+        self._arrays = {name: (ctypes.c_int64 * t.numel()).from_address(t.data_ptr()) for name, t in self._inputs.items()}
+        self._batch = DecodeBatchPointers(**{name: _ptr(t) for name, t in (*self._work.items(), *self._inputs.items())})
+        self._logits = [self._work["logits"][:n] for n in range(rows + 1)]  # one view per row count
         self._model = model  # keeps the weights (and so the addresses above) alive
 
-    def can_run(self, meta: AttentionMetadata, num_tokens: int, logits_indices: list[int]) -> bool:
-        """A pure-decode step (every row a one-token decode that samples), no probe, at most
-        max_rows rows."""
-        return (meta.probe_layer is None and len(meta.decode_seq_ids) == meta.num_seqs == num_tokens
-                and num_tokens <= self.max_rows and len(logits_indices) == num_tokens)
+    def takes(self, num_tokens: int, num_decodes: int, num_sampled: int, block_tables: list[list[int]]) -> bool:
+        """A pure-decode step (every row a one-token decode that samples) of at most max_rows
+        rows whose block tables fit the input arrays."""
+        return (num_decodes == num_tokens == num_sampled <= self.max_rows
+                and max(map(len, block_tables)) <= self.max_blocks)
 
-    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """Every row's logits [rows, vocab] (fp32), as CausalLM.compute_logits returns them: a
-        view of a workspace that the next run overwrites."""
-        b, tables = self._batch, meta.decode_block_tables
-        b.rows, b.table_stride = input_ids.shape[0], tables.stride(0)
-        b.token_ids, b.positions, b.slots = input_ids.data_ptr(), positions.data_ptr(), meta.slot_mapping.data_ptr()
-        b.decode_rows, b.seq_lens, b.block_tables = (meta.decode_rows.data_ptr(), meta.decode_seq_lens.data_ptr(),
-                                                     tables.data_ptr())
-        self.kernels.decode_forward(self._decoder, b)
-        return self._work["logits"][: b.rows]
+    def load(self, token_ids: list[int], positions: list[int], slots: list[int], seq_lens: list[int],
+             block_tables: list[list[int]]) -> None:
+        """Writes a step that `takes` accepted (one entry per decode) into the call's arrays."""
+        n, width, a = len(token_ids), max(map(len, block_tables)), self._arrays
+        a["token_ids"][:n], a["positions"][:n], a["slots"][:n], a["seq_lens"][:n] = token_ids, positions, slots, seq_lens
+        tables = a["block_tables"]
+        for i, table in enumerate(block_tables):
+            tables[i * width: i * width + len(table)] = table
+        self._batch.rows, self._batch.table_stride = n, width
+
+    def run(self) -> torch.Tensor:
+        """The loaded step's logits [rows, vocab] (fp32), as CausalLM.compute_logits returns
+        them: a view of a workspace that the next run overwrites."""
+        self.kernels.decode_forward(self._decoder, self._batch)
+        return self._logits[self._batch.rows]
 
 
 def _layer_pointers(layer, k_cache: torch.Tensor, v_cache: torch.Tensor) -> DecoderLayerPointers:

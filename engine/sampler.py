@@ -79,7 +79,6 @@ class Sampler:
         those candidates' probabilities (lists: item j of each is rows[j]'s)."""
         if self.native is not None:
             ids, probs = self.native.greedy_top(logits if logits.is_contiguous() else logits.contiguous(), k)
-            ids, probs = ids.tolist(), probs.tolist()
             tokens = [row[0] for row in ids]
             if len(rows) != len(ids):
                 ids, probs = [ids[i] for i in rows], [probs[i] for i in rows]

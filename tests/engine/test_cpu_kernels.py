@@ -229,6 +229,7 @@ def test_greedy_top_matches_torch_argmax_topk_and_softmax(rows, vocab, k):
     logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(vocab)) * 4
     logits[0, 7] = logits[0, 2] = logits[0].max() + 1
     ids, probs = kernels.greedy_top(logits, k)
+    ids, probs = torch.tensor(ids), torch.tensor(probs)
     assert torch.equal(ids[:, 0], logits.argmax(-1)) and ids[0, 0] == 2
     ref_probs, ref_ids = logits.softmax(-1).topk(k)
     tied = {2, 7}  # either may come first in torch.topk

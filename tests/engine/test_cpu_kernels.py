@@ -20,8 +20,9 @@ pytestmark = pytest.mark.skipif(kernels is None, reason="native CPU kernels need
 
 @pytest.mark.parametrize("rows", [1, 2, 5, 6, 7, 16, 63, 130])
 # 50: a partial last panel; at one row, 184 and 576 read several panels side by side per
-# thread (micro_streams), 184's partial last panel among them, 96 one panel at a time.
-@pytest.mark.parametrize("n,k", [(96, 40), (50, 33), (184, 40), (576, 1536)])
+# thread (micro_streams), 184's partial last panel among them, 96 one panel at a time; 1000's
+# last eighth (7 panels) goes to free threads as six side by side and one alone.
+@pytest.mark.parametrize("n,k", [(96, 40), (50, 33), (184, 40), (576, 1536), (1000, 40)])
 def test_panel_linear_matches_f_linear(rows, n, k):
     g = torch.Generator().manual_seed(rows * n)
     # Weights scaled as a trained layer's are (outputs of order 1), so fp32 rounding stays small.
@@ -33,7 +34,8 @@ def test_panel_linear_matches_f_linear(rows, n, k):
 
 
 @pytest.mark.parametrize("rows", [1, 6, 7, 63])
-@pytest.mark.parametrize("n,k", [(96, 40), (50, 33), (120, 33), (600, 64)])  # 120, 600: side-by-side panels at one row
+# 120, 600: side-by-side panels at one row (600's last eighth, 4 panels, side by side to a free thread)
+@pytest.mark.parametrize("n,k", [(96, 40), (50, 33), (120, 33), (600, 64)])
 def test_bf16_panels_hold_the_rounded_weights_and_sum_in_fp32(rows, n, k):
     """bf16 panels (a bf16 engine's) hold each weight rounded to nearest even, as torch rounds
     it, at half the bytes; the products and sums stay fp32, so the result is fp32's over the

@@ -51,7 +51,8 @@ def stream_steps_against_reads(llm: LLM, prompt: list[int], max_tokens: int, wei
     by a read of weight_bytes (a one-row step reads every weight once, so that read is its
     floor). Pairing each step with a read in the same second compares the two under the same
     neighbours: a floor from the best of a few reads against a mean step counts the machine's
-    quietest moment against its average one (the bandwidth moves by a fifth within minutes)."""
+    quietest moment against its average one (one minute's reads of the same bytes spread by a third
+    on the 2-core AMD EPYC)."""
     eng, buf = llm.engine, read_buffer(weight_bytes)
     eng.kv.pool.reset_prefix_cache()
     eng.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))

@@ -189,17 +189,21 @@ static inline int panel_bias(const float *bias, int64_t n, int64_t p, float *bia
     return cols;
 }
 
+/* Panel p of a packed weight (k * NR values each, fp32 or bf16). */
+static inline const char *panel_at(const void *panels, int64_t p, int64_t k, int bf16) {
+    return (const char *)panels + p * k * NR * (bf16 ? 2 : 4);
+}
+
 /* Panels first, first + stride, ..., S of them, read side by side (micro_streams). */
 static inline void panels_side_by_side(const float *x, int64_t k, const void *panels, int bf16, int64_t n,
                                        const float *bias, float *y, int64_t first, int64_t stride) {
-    const size_t panel_bytes = (size_t)(k * NR) * (bf16 ? 2 : 4);
     const int S = bf16 ? BF16_STREAMS : FP32_STREAMS;
     const char *panel[FP32_STREAMS];
     float *out[FP32_STREAMS], bias16[FP32_STREAMS][NR];
     int cols[FP32_STREAMS];
     for (int s = 0; s < S; s++) {
         const int64_t p = first + s * stride;
-        panel[s] = (const char *)panels + p * panel_bytes;
+        panel[s] = panel_at(panels, p, k, bf16);
         out[s] = y + p * NR;
         cols[s] = panel_bias(bias, n, p, bias16[s]);
     }
@@ -213,8 +217,7 @@ static inline void one_panel(const float *x, int64_t k, const void *panels, int 
                              float *y, int64_t p) {
     float bias16[NR];
     const int cols = panel_bias(bias, n, p, bias16);
-    (bf16 ? micro_rows_bf16 : micro_rows_fp32)(1, (const char *)panels + p * (k * NR) * (bf16 ? 2 : 4), x, k, k,
-                                               bias16, y + p * NR, n, cols);
+    (bf16 ? micro_rows_bf16 : micro_rows_fp32)(1, panel_at(panels, p, k, bf16), x, k, k, bias16, y + p * NR, n, cols);
 }
 
 /* y [1, n] = x [1, k] W^T + bias. Each thread takes an even, contiguous share of the first
@@ -261,7 +264,6 @@ static void linear_body(const float *x, int64_t m, int64_t k, const void *panels
         return;
     }
     const int64_t np = (n + NR - 1) / NR;
-    const size_t panel_bytes = (size_t)(k * NR) * (bf16 ? 2 : 4);
     int64_t mb = (192 * 1024 / 4) / k / MR * MR;
     if (mb < MR) mb = MR;
     const int64_t nmb = (m + mb - 1) / mb;
@@ -270,7 +272,7 @@ static void linear_body(const float *x, int64_t m, int64_t k, const void *panels
         for (int64_t p = 0; p < np; p++) {
             float bias16[NR];
             const int cols = panel_bias(bias, n, p, bias16);
-            const void *panel = (const char *)panels + p * panel_bytes;
+            const void *panel = panel_at(panels, p, k, bf16);
             const int64_t end = min64(m, (b + 1) * mb);
             for (int64_t r = b * mb; r < end; r += MR)
                 (bf16 ? micro_rows_bf16 : micro_rows_fp32)((int)min64(MR, end - r), panel, x + r * k, k, k, bias16,
@@ -446,6 +448,11 @@ static inline void add_runs(const float *p, int64_t first, int64_t stride, int64
     }
 }
 
+/* acc[0] += the vectors [from, to), one stream (a share's or the tail's last few). */
+static inline void add_vectors(const float *p, int64_t from, int64_t to, __m256 *acc) {
+    for (int64_t v = from; v < to; v++) acc[0] = _mm256_add_ps(acc[0], _mm256_loadu_ps(p + 8 * v));
+}
+
 /* Reads floats [0, n) as one_row_body reads panels (each thread an even contiguous share of
  * the first vectors, cut into FP32_STREAMS runs read side by side; the last 1/DYNAMIC_TAIL to
  * whichever thread is free, FP32_STREAMS runs of a fp32 panel's size at a time) and returns
@@ -464,13 +471,13 @@ double kv_read_streams(const float *p, int64_t n) {
         __m256 acc[FP32_STREAMS];
         for (int s = 0; s < FP32_STREAMS; s++) acc[s] = _mm256_setzero_ps();
         add_runs(p, v0, run, run, acc);
-        for (int64_t v = v0 + FP32_STREAMS * run; v < v1; v++) acc[0] = _mm256_add_ps(acc[0], _mm256_loadu_ps(p + 8 * v));
+        add_vectors(p, v0 + FP32_STREAMS * run, v1, acc);
         #pragma omp for schedule(dynamic, 1)
         for (int64_t first = head; first < vectors; first += chunk) {
             if (first + chunk <= vectors)
                 add_runs(p, first, TAIL_RUN, TAIL_RUN, acc);
             else
-                for (int64_t v = first; v < vectors; v++) acc[0] = _mm256_add_ps(acc[0], _mm256_loadu_ps(p + 8 * v));
+                add_vectors(p, first, vectors, acc);
         }
         for (int s = 0; s < FP32_STREAMS; s++) total += hsum(acc[s]);
     }

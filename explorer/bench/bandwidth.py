@@ -46,14 +46,14 @@ def read_bandwidth_gb_s(passes: int = 7) -> float:
     return BUFFER_BYTES / min(fastest_read_seconds(buf) for _ in range(passes)) / 1e9
 
 
-def stream_steps_against_reads(llm: LLM, prompt: list[int], max_tokens: int, weight_bytes: int) -> dict:
+def stream_steps_against_reads(llm: LLM, prompt: list[int], max_tokens: int, weights_sized: torch.Tensor) -> dict:
     """One greedy request run step by step from an empty prefix cache, each decode step followed
-    by a read of weight_bytes (a one-row step reads every weight once, so that read is its
-    floor). Pairing each step with a read in the same second compares the two under the same
+    by a read of `weights_sized` (read_buffer of the weights' bytes: a one-row step reads every
+    weight once, so that read is its floor). Pairing each step with a read in the same second compares the two under the same
     neighbours: a floor from the best of a few reads against a mean step counts the machine's
     quietest moment against its average one (one minute's reads of the same bytes spread by a third
     on the 2-core AMD EPYC)."""
-    eng, buf = llm.engine, read_buffer(weight_bytes)
+    eng = llm.engine
     eng.kv.pool.reset_prefix_cache()
     eng.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
     eng.step()  # the prefill: not one row
@@ -62,7 +62,7 @@ def stream_steps_against_reads(llm: LLM, prompt: list[int], max_tokens: int, wei
         t0 = time.perf_counter()
         eng.step()
         steps.append(time.perf_counter() - t0)
-        reads.append(fastest_read_seconds(buf))
+        reads.append(fastest_read_seconds(weights_sized))
     return {"share": statistics.median(r / s for r, s in zip(reads, steps)), "pairs": len(steps),
             "step_ms": 1e3 * statistics.median(steps), "read_ms": 1e3 * statistics.median(reads),
             "best_read_over_mean_step": min(reads) / statistics.fmean(steps)}

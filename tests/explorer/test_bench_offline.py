@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine import LLM
-from explorer.bench.bandwidth import read_bandwidth_gb_s, stream_steps_against_reads
+from explorer.bench.bandwidth import read_bandwidth_gb_s, read_buffer, stream_steps_against_reads
 from explorer.bench.offline import bench
 from tests.oracle.vllm_available import require_vllm
 
@@ -22,7 +22,7 @@ def test_read_bandwidth_is_a_plausible_dram_figure():
 def test_each_decode_step_of_the_stream_is_paired_with_a_read_of_the_weights_bytes(tiny_llama_path):
     llm = LLM(model=str(tiny_llama_path), kv_cache_memory_bytes=2**24)
     weight_bytes = sum(p.numel() * p.element_size() for p in llm.engine.runner.model.parameters())
-    res = stream_steps_against_reads(llm, list(range(5, 21)), 7, weight_bytes)
+    res = stream_steps_against_reads(llm, list(range(5, 21)), 7, read_buffer(weight_bytes))
     assert res["pairs"] == 6  # 7 tokens: the prefill's, then six one-row decode steps
     assert not llm.engine.has_unfinished_requests()
     assert res["step_ms"] > 0 and res["read_ms"] > 0 and 0 < res["share"] < 10  # a tiny model's read is a cache hit

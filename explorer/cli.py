@@ -1,4 +1,4 @@
-"""`python -m explorer` (also installed as `kvscope`): lab, app, export, trace, bench and doctor.
+"""`python -m explorer` (also installed as `kvscope`): lab, app, export, trace, the benches and doctor.
 
 Each subcommand's work lives in its own module (lab.py, app.py, export.py, trace.py, doctor.py); this
 file only parses arguments, and imports those modules lazily so `--help` stays fast.
@@ -74,6 +74,16 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-observation", dest="observation", action="store_false",
                        help="skip the observation-overhead runs")
     bench.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON")
+
+    bench_linears = sub.add_parser(
+        "bench-linears", help="native panels vs oneDNN for the model's linears at each row count, on this CPU",
+        description="Time the model's layer linears (weights from DRAM, as a step reads them) through kvscope's "
+                    "native panels and through oneDNN's GEMM at 1 to 1024 rows and print where oneDNN becomes the "
+                    "faster one: the crossover behind NATIVE_MAX_ROWS, measured on this CPU kind.")
+    bench_linears.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    bench_linears.add_argument("--model", default=None, help="local HF model folder (default: SmolLM2-135M-Instruct)")
+    bench_linears.add_argument("--reps", type=_positive_int, default=5, help="timed passes per row count (default 5)")
+    bench_linears.add_argument("--json", default=None, metavar="FILE", help="also write the results as JSON")
 
     bench_ui = sub.add_parser("bench-ui", help="explorer responsiveness: step -> updated panels, Python and browser",
                               description="Build a Session with every request decoding over a large KV pool and a "
@@ -161,11 +171,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         results = bench(reps=args.reps, scale=args.scale, dtype=args.dtype, model=args.model,
                         observation=args.observation, vllm=args.vllm, vllm_eager=args.vllm_eager)
-        if args.json:
-            import json
+        _write_json(args.json, results)
+        return 0
+    if args.command == "bench-linears":
+        from .bench.linears import bench_linears
 
-            with open(args.json, "w") as f:
-                json.dump(results, f, indent=2)
+        try:
+            _write_json(args.json, bench_linears(dtype=args.dtype, model=args.model, reps=args.reps))
+        except RuntimeError as exc:  # no native kernels here: one line
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
         return 0
     if args.command == "bench-ui":
         from .bench.ui import BenchUnavailable, bench_ui
@@ -176,11 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (ValueError, BenchUnavailable) as exc:  # a pool too small, no chromium, ...: one line
             print(f"error: {exc}", file=sys.stderr)
             return 2 if isinstance(exc, ValueError) else 1
-        if args.json:
-            import json
-
-            with open(args.json, "w") as f:
-                json.dump(results, f, indent=2)
+        _write_json(args.json, results)
         return 0
     if args.command == "export":
         from .recording import run_export
@@ -211,5 +222,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 2
 
 
+def _write_json(path: str | None, results: dict) -> None:
+    """--json FILE: the bench's results as JSON too (nothing without the option)."""
+    if path:
+        import json
+
+        with open(path, "w") as f:
+            json.dump(results, f, indent=2)
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
+

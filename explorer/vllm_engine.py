@@ -184,7 +184,7 @@ class VllmEngine:
                 "device": "cpu" if self.config.on_cpu else "cuda",
                 "max_model_len": self.max_model_len, "attention_backend": backend, "cuda_graphs": None,
                 "cuda_graphs_off": "enforce_eager" if self.config.enforce_eager else None,
-                "native_decode": None, "native_decode_off": "kvscope's own engine only",
+                "native_decode": None, "native_decode_off": "kvscope's own engine only", "cpu_gemm_dtype": None,
                 "kv_bytes_per_block": kv_bytes, "intermediate_size": getattr(hf, "intermediate_size", None),
                 "tie_word_embeddings": getattr(hf, "tie_word_embeddings", None),
                 "tensor_parallel_size": tp,

@@ -4,24 +4,35 @@ native kernel for the few rows of a decode step, oneDNN for prefill-sized inputs
 A decode step multiplies a few rows by every weight matrix of the model, so it is bound by
 how fast the weights stream from memory. MKL's sgemm, behind F.linear, re-blocks the weight on
 every call and streams it at a fraction of the memory bandwidth for such skinny inputs. Two
-packed layouts do better, each where it is best (2-core AMD EPYC, 30 layers of the default
-model's four linears, weights read from DRAM):
+packed layouts do better, each where it is best (`python -m explorer bench-linears`, 2-core AMD
+EPYC, AVX2, 2026-12-02: the default model's 120 layer linears back to back, weights read from
+DRAM, ms per pass, medians of 5; the oneDNN copy is fp32 on this CPU in both engines):
 
-    rows            1      4      16     64     256    1024
-    oneDNN packed   40 ms  48 ms  75 ms  157 ms 449 ms 1715 ms
-    native panels   26 ms  28 ms  54 ms  151 ms 627 ms 1941 ms
+    rows                    1      4      16     64     256    1024
+    fp32: native panels     23     29     47     110    437    1878
+    fp32: oneDNN packed     38     47     59     134    464    1680
+    bf16: native panels     12     19     38     142    511    1861
+    bf16: oneDNN packed     44     53     73     160    488    1516
 
 The native kernel (engine/cpu_kernels) reads each weight panel once per step at the machine's
 full read bandwidth (at one row, several panel runs side by side per thread: faster than
-torch's own sum of the same bytes); oneDNN's blocked
-GEMM wins once there are enough rows to be bound by arithmetic. So a PackedLinear keeps both
-copies (twice the weight memory of the packed layers: 0.5 GB more for the default model) and
-picks by row count. `python -m explorer bench` measures the whole engine.
+torch's own sum of the same bytes); oneDNN's blocked GEMM catches up once there are enough rows
+to be bound by arithmetic: from 64 rows on this CPU, where both do fp32 FMAs on AVX2 (bf16 panels
+pay for their widening there). A CPU that does more arithmetic per cycle in oneDNN (AVX-512, AMX
+for a bf16 copy) moves that crossover down, so measure it on each CPU kind: `python -m explorer
+bench-linears` prints this table for the machine it runs on (`python -m explorer bench` measures
+the whole engine). A PackedLinear keeps both copies (twice the weight memory of the packed
+layers: 0.5 GB more for the default model in fp32) and picks by row count.
 
 A bf16 engine's panels are bf16 (engine/dtypes.py): the same values in half the bytes, widened
 to fp32 in registers. One stream's whole decode step (30 layers and the LM head at one row,
 panels on 2 MiB pages; medians of one process per dtype, 2-core AMD EPYC): 14.7 ms with bf16
 panels, 18.9 ms with fp32 ones.
+
+For inputs above NATIVE_MAX_ROWS (prefill) a bf16 engine multiplies in bf16 where oneDNN does
+that in hardware (AMX tiles or AVX512_BF16 dot products; `onednn_runs_bf16`): its oneDNN copy is
+then bf16 (the same values, half the bytes) and the rows are rounded to bf16 on the way in, as
+vLLM's bf16 GEMMs do; elsewhere (AVX2: torch refuses bf16 packing there) the copy is fp32.
 
 Packing replaces the weight: a PackedLinear keeps only its packed copies (the tied LM head
 also keeps the embedding table it shares).
@@ -49,34 +60,67 @@ def cpu_packing_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+def onednn_runs_bf16() -> bool:
+    """oneDNN multiplies bf16 in hardware on this CPU: AMX tiles or AVX512_BF16 dot products.
+    (AVX-512 without either still packs bf16, but converts element by element: not faster than
+    fp32, so kvscope keeps fp32 there.)"""
+    return (cpu_packing_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+            and (torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()))
+
+
+def gemm_dtype_for(panel_dtype: torch.dtype) -> torch.dtype:
+    """The dtype oneDNN multiplies prefill-sized inputs in: bf16 for a bf16 engine where the
+    hardware does it, else fp32."""
+    return torch.bfloat16 if panel_dtype == torch.bfloat16 and onednn_runs_bf16() else torch.float32
+
+
 class PackedLinear(nn.Module):
     """y = x W^T + b with W held in oneDNN's blocked layout and, where kvscope's native CPU
     kernels run, in 16-column panels for inputs of at most NATIVE_MAX_ROWS rows (inference only).
     The panels are fp32, or bf16 for a bf16 engine (its weights are bf16 values: nothing is
-    lost, and a decode streams half the bytes); the arithmetic is fp32 either way."""
+    lost, and a decode streams half the bytes); the panels' arithmetic is fp32 either way.
+    oneDNN's copy is in `gemm_dtype` (gemm_dtype_for): fp32, or bf16 where the CPU multiplies
+    bf16 in hardware; inputs and outputs are fp32 either way."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
-                 panel_dtype: torch.dtype = torch.float32) -> None:
+                 panel_dtype: torch.dtype = torch.float32, gemm_dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
         weight = weight.detach()
-        self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(weight), persistent=False)
+        self.gemm_dtype = gemm_dtype
+        self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(weight.to(gemm_dtype)),
+                             persistent=False)
         kernels = native()
         self.native = kernels
         self.register_buffer("panels", None if kernels is None else kernels.pack_panels(weight, panel_dtype),
                              persistent=False)
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+        # oneDNN takes the bias in the weight's dtype.
+        self.register_buffer("gemm_bias", None if bias is None else self.bias.to(gemm_dtype), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()
         if self.panels is not None and x.dim() == 2 and x.shape[0] <= NATIVE_MAX_ROWS:
-            return self.native.linear(x, self.panels, self.out_features, self.bias)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+            return self.panels_linear(x)
+        return self.onednn_linear(x)
+
+    def panels_linear(self, x: torch.Tensor) -> torch.Tensor:
+        """The native panels' product (x: contiguous fp32 rows)."""
+        return self.native.linear(x, self.panels, self.out_features, self.bias)
+
+    def onednn_linear(self, x: torch.Tensor) -> torch.Tensor:
+        """oneDNN's product over its packed copy (x: contiguous fp32), in `gemm_dtype`."""
+        if self.gemm_dtype == x.dtype:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.gemm_bias, "none", [], "")
+        y = torch.ops.mkldnn._linear_pointwise(x.to(self.gemm_dtype), self.packed_weight, self.gemm_bias,
+                                               "none", [], "")
+        return y.to(x.dtype)
 
     def extra_repr(self) -> str:
         native_note = "" if self.panels is None else \
             f", native {dtype_name(self.panels.dtype)} panels up to {NATIVE_MAX_ROWS} rows"
-        return f"in_features={self.in_features}, out_features={self.out_features}, packed for oneDNN{native_note}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"packed for oneDNN in {dtype_name(self.gemm_dtype)}{native_note}")
 
 
 def place_panels_on_huge_pages(linears: list[PackedLinear]) -> None:
@@ -123,10 +167,10 @@ def huge_page_bytes(nbytes: int) -> torch.Tensor:
 def pack_linear_layers(model: nn.Module, panel_dtype: torch.dtype = torch.float32) -> int:
     """Swap every plain nn.Linear of `model` (not the tensor-parallel row layers, whose
     forward adds an all-reduce) for a PackedLinear; returns how many were packed."""
-    count = 0
+    count, gemm_dtype = 0, gemm_dtype_for(panel_dtype)
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear:
-                setattr(parent, name, PackedLinear(child.weight, child.bias, panel_dtype))
+                setattr(parent, name, PackedLinear(child.weight, child.bias, panel_dtype, gemm_dtype))
                 count += 1
     return count

@@ -12,7 +12,7 @@ from ..attention import AttentionBackend, AttentionMetadata
 from ..cpu_kernels import native
 from ..distributed.layers import RowParallelLinear, VocabParallelEmbedding
 from ..distributed.parallel_state import SINGLE, TensorParallel
-from .cpu_linear import PackedLinear, pack_linear_layers, place_panels_on_huge_pages
+from .cpu_linear import PackedLinear, gemm_dtype_for, pack_linear_layers, place_panels_on_huge_pages
 from .layers import RMSNorm, RotaryEmbedding, SwiGLU
 from .spec import ModelSpec
 
@@ -94,19 +94,22 @@ class CausalLM(nn.Module):
         self.lm_head = None if spec.tie_word_embeddings else \
             nn.Linear(spec.hidden_size, spec.vocab_size // tp.size, bias=False)
         self.packed_lm_head: PackedLinear | None = None  # set by pack_for_cpu()
+        self.gemm_dtype: torch.dtype | None = None  # oneDNN's dtype for prefill-sized linears, set by pack_for_cpu()
 
     def pack_for_cpu(self, panel_dtype: torch.dtype = torch.float32) -> None:
-        """fp32 arithmetic on a CPU: every plain linear and the LM head with packed weights
-        (cpu_linear.py says why; the native panels, in `panel_dtype`, together on huge pages),
+        """fp32 activations on a CPU: every plain linear and the LM head with packed weights
+        (cpu_linear.py says why; the native panels, in `panel_dtype`, together on huge pages;
+        oneDNN's copy in bf16 for a bf16 engine where the CPU multiplies bf16 in hardware),
         and the norms, RoPE and SiLU-and-mul through kvscope's native kernels where they build.
         Call once, after the weights are loaded."""
+        self.gemm_dtype = gemm_dtype_for(panel_dtype)
         pack_linear_layers(self.layers, panel_dtype)
         kernels = native()
         for module in self.modules():
             if isinstance(module, (RMSNorm, RotaryEmbedding, SwiGLU)):
                 module.native = kernels
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        self.packed_lm_head = PackedLinear(weight, None, panel_dtype)
+        self.packed_lm_head = PackedLinear(weight, None, panel_dtype, self.gemm_dtype)
         self.lm_head = None  # the packed copy replaces an untied head (a tied one stays the embedding)
         # A decode step streams every panel: in one huge-page buffer, in the order it reads them.
         place_panels_on_huge_pages([m for m in self.modules() if isinstance(m, PackedLinear)])

@@ -25,6 +25,8 @@ def model_info(config: "EngineConfig", spec: "ModelSpec", runner: "ModelRunner",
             "cuda_graphs_off": runner.graph_off_reason,
             "native_decode": None if runner.native_decode is None else runner.native_decode.max_rows,
             "native_decode_off": runner.native_decode_off_reason,
+            # oneDNN's dtype for prefill-sized linears on a CPU (None: not packed, e.g. on a GPU).
+            "cpu_gemm_dtype": None if runner.model.gemm_dtype is None else dtype_name(runner.model.gemm_dtype),
             "kv_bytes_per_block": runner.bytes_per_block} | tp_facts
 
 

@@ -164,7 +164,7 @@ def bench(reps: int = 3, scale: float = 1.0, dtype: str = "float32", model: str 
         f"{torch.get_num_threads()} threads, {reps} repetitions, scale {scale}; engine: "
         f"KV pool {BENCH_KV_BYTES / 2**30:.0f} GiB ({llm.engine.runner.num_blocks} blocks), loaded in {load_s:.1f} s, "
         f"attention backend {info['attention_backend']}, native CPU kernels {_on_off(unavailable_reason())}, "
-        f"native decode {_on_off(info['native_decode_off'])}")
+        f"native decode {_on_off(info['native_decode_off'])}, prefill linears in oneDNN {info['cpu_gemm_dtype']}")
     # One stream reads every weight once per token: weight bytes / read bandwidth is its floor.
     weight_bytes = hf.num_parameters() * getattr(torch, dtype).itemsize
     bandwidth = read_bandwidth_gb_s()

@@ -6,6 +6,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.cpu_kernels import DISABLE_ENV_VAR, cache_clear
+from engine.model.cpu_linear import NATIVE_MAX_ROWS
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ",
            "Once upon a time, in a land far away, there lived a dragon who", "1, 2, 3, 4,"]
@@ -59,17 +60,25 @@ def test_bf16_prefix_hit_attends_to_what_a_fresh_prompt_does(bf16_llm):
     assert cached_first == 0 and cached_hit >= 32 and tokens_hit == tokens_first
 
 
-def test_bf16_logits_stay_close_to_fp32(bf16_llm, default_model_path):
+LONG_PROMPT = "The capital of France is Paris. The capital of Italy is Rome. " * 8 + "The capital of Spain is"
+
+
+@pytest.mark.parametrize("prompt", ["The capital of France is", LONG_PROMPT], ids=["native", "onednn"])
+def test_bf16_logits_stay_close_to_fp32(default_model_path, prompt):
     """Rounding the weights and the KV cache to bf16 moves the logits a little, not the argmax
-    of a clear next token."""
+    of a clear next token: in a short prefill (native panels) and in one longer than
+    NATIVE_MAX_ROWS (oneDNN's GEMM, in bf16 where the CPU multiplies bf16: model_info's
+    cpu_gemm_dtype)."""
     fp32 = LLM(model=str(default_model_path), dtype="float32")
+    bf16 = LLM(model=str(default_model_path), dtype="bfloat16")  # one chunk: every row through one GEMM
+    assert (len(bf16.tokenizer.encode(prompt)) > NATIVE_MAX_ROWS) == (prompt is LONG_PROMPT)
     logits = {}
-    for name, llm in (("fp32", fp32), ("bf16", bf16_llm)):
+    for name, llm in (("fp32", fp32), ("bf16", bf16)):
         runner, seen = llm.engine.runner, []
         forward = runner.forward
         runner.forward = lambda *a, **k: seen.append(forward(*a, **k)) or seen[-1]
         try:
-            llm.generate(["The capital of France is"], SamplingParams(temperature=0.0, max_tokens=1))
+            llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=1))
         finally:
             runner.forward = forward
         logits[name] = seen[-1].logits[-1]

@@ -6,7 +6,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine import LLM
-from engine.model.cpu_linear import HUGE_PAGE, PackedLinear, cpu_packing_available, huge_page_bytes, pack_linear_layers
+from engine.model.cpu_linear import (HUGE_PAGE, NATIVE_MAX_ROWS, PackedLinear, cpu_packing_available, gemm_dtype_for,
+                                     huge_page_bytes, onednn_runs_bf16, pack_linear_layers)
 
 pytestmark = pytest.mark.skipif(not cpu_packing_available(), reason="this torch build has no oneDNN")
 
@@ -20,6 +21,37 @@ def test_packed_linear_matches_f_linear(rows, bias):
     torch.testing.assert_close(PackedLinear(w, b)(x), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(PackedLinear(w, b)(x[:, ::1].t().contiguous().t()), F.linear(x, w, b),
                                rtol=1e-5, atol=1e-5)  # a non-contiguous input too
+
+
+@pytest.mark.skipif(not onednn_runs_bf16(), reason="oneDNN multiplies bf16 in hardware only with AMX or AVX512_BF16")
+@pytest.mark.parametrize("bias", [False, True])
+def test_bf16_gemm_rounds_the_rows_to_bf16_and_sums_them_as_onednn_does(bias):
+    """Above NATIVE_MAX_ROWS a bf16 GEMM copy multiplies bf16 rows by the bf16 weight: the
+    same as F.linear on the rounded rows, to bf16's precision; fp32 in, fp32 out."""
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(96, 64, generator=g).bfloat16().float()  # a bf16 engine's weights: bf16 values
+    b = torch.randn(96, generator=g).bfloat16().float() if bias else None
+    x = torch.randn(NATIVE_MAX_ROWS + 36, 64, generator=g)
+    lin = PackedLinear(w, b, torch.bfloat16, torch.bfloat16)
+    y = lin(x)
+    assert y.dtype == torch.float32 and lin.packed_weight.dtype == torch.bfloat16
+    want = F.linear(x.bfloat16().float(), w, b)
+    torch.testing.assert_close(y, want, rtol=2e-2, atol=2e-2)
+    assert torch.equal(y, y.bfloat16().float())  # oneDNN's bf16 output, widened
+
+
+def test_bf16_engine_packs_onednn_in_bf16_only_where_the_cpu_multiplies_bf16(tiny_qwen3_path):
+    """gemm_dtype_for: fp32 engines always fp32; bf16 engines bf16 exactly where oneDNN runs it
+    in hardware (AMX / AVX512_BF16), else fp32 (AVX2 refuses bf16 packing). model_info says which."""
+    assert gemm_dtype_for(torch.float32) == torch.float32
+    want = torch.bfloat16 if onednn_runs_bf16() else torch.float32
+    assert gemm_dtype_for(torch.bfloat16) == want
+    engine = LLM(model=str(tiny_qwen3_path), device="cpu", dtype="bfloat16").engine
+    packed = [m for m in engine.runner.model.modules() if isinstance(m, PackedLinear)]
+    assert {lin.packed_weight.dtype for lin in packed} == {want} and {lin.gemm_dtype for lin in packed} == {want}
+    assert engine.model_info["cpu_gemm_dtype"] == str(want).removeprefix("torch.")
+    assert LLM(model=str(tiny_qwen3_path), device="cpu", dtype="float32").engine.model_info["cpu_gemm_dtype"] \
+        == "float32"
 
 
 def test_pack_replaces_plain_linears_only():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine import LLM
+from engine.cpu_kernels import native
 from explorer.bench.bandwidth import read_bandwidth_gb_s, read_buffer, stream_steps_against_reads
 from explorer.bench.offline import bench
 from tests.oracle.vllm_available import require_vllm
@@ -26,6 +27,30 @@ def test_each_decode_step_of_the_stream_is_paired_with_a_read_of_the_weights_byt
     assert res["pairs"] == 6  # 7 tokens: the prefill's, then six one-row decode steps
     assert not llm.engine.has_unfinished_requests()
     assert res["step_ms"] > 0 and res["read_ms"] > 0 and 0 < res["share"] < 10  # a tiny model's read is a cache hit
+
+
+def test_bench_linears_times_both_paths_of_every_layer_linear(tiny_llama_path, tmp_path, capsys):
+    """`python -m explorer bench-linears`: each row count through the panels and through oneDNN,
+    over every layer's linears (the LM head left out), and where oneDNN first wins."""
+    import json
+
+    from explorer.bench.linears import bench_linears, layer_linears
+    from explorer.cli import main
+
+    if native() is None:
+        pytest.skip("kvscope's native CPU kernels are off here")
+    llm = LLM(model=str(tiny_llama_path))
+    linears = layer_linears(llm)
+    assert len(linears) == 4 * llm.engine.spec.num_layers and llm.engine.runner.model.packed_lm_head not in linears
+    res = bench_linears(model=str(tiny_llama_path), rows=(1, 80), reps=1, out=lambda line: None)
+    assert [r["rows"] for r in res["rows"]] == [1, 80] and all(r["panels_ms"] > 0 < r["onednn_ms"] for r in res["rows"])
+    wins = [r["rows"] for r in res["rows"] if r["onednn_ms"] < r["panels_ms"]]
+    assert res["onednn_faster_from"] == (wins[0] if wins else None) and res["cpu_gemm_dtype"] == "float32"
+    out_file = tmp_path / "linears.json"
+    assert main(["bench-linears", "--model", str(tiny_llama_path), "--reps", "1", "--json", str(out_file)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("CPU ") and "NATIVE_MAX_ROWS" in printed
+    assert [r["rows"] for r in json.loads(out_file.read_text())["rows"]] == [1, 4, 16, 32, 64, 128, 256, 1024]
 
 
 @pytest.mark.soak

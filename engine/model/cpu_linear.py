@@ -109,9 +109,8 @@ class PackedLinear(nn.Module):
         return self.native.linear(x, self.panels, self.out_features, self.bias)
 
     def onednn_linear(self, x: torch.Tensor) -> torch.Tensor:
-        """oneDNN's product over its packed copy (x: contiguous fp32), in `gemm_dtype`."""
-        if self.gemm_dtype == x.dtype:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.gemm_bias, "none", [], "")
+        """oneDNN's product over its packed copy (x: contiguous fp32), in `gemm_dtype` (`.to` is
+        a no-op where that is x's dtype)."""
         y = torch.ops.mkldnn._linear_pointwise(x.to(self.gemm_dtype), self.packed_weight, self.gemm_bias,
                                                "none", [], "")
         return y.to(x.dtype)
@@ -164,10 +163,11 @@ def huge_page_bytes(nbytes: int) -> torch.Tensor:
     return torch.frombuffer(region, dtype=torch.uint8, count=nbytes, offset=offset)
 
 
-def pack_linear_layers(model: nn.Module, panel_dtype: torch.dtype = torch.float32) -> int:
+def pack_linear_layers(model: nn.Module, panel_dtype: torch.dtype = torch.float32,
+                       gemm_dtype: torch.dtype = torch.float32) -> int:
     """Swap every plain nn.Linear of `model` (not the tensor-parallel row layers, whose
     forward adds an all-reduce) for a PackedLinear; returns how many were packed."""
-    count, gemm_dtype = 0, gemm_dtype_for(panel_dtype)
+    count = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear:

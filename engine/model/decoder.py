@@ -103,7 +103,7 @@ class CausalLM(nn.Module):
         and the norms, RoPE and SiLU-and-mul through kvscope's native kernels where they build.
         Call once, after the weights are loaded."""
         self.gemm_dtype = gemm_dtype_for(panel_dtype)
-        pack_linear_layers(self.layers, panel_dtype)
+        pack_linear_layers(self.layers, panel_dtype, self.gemm_dtype)
         kernels = native()
         for module in self.modules():
             if isinstance(module, (RMSNorm, RotaryEmbedding, SwiGLU)):

@@ -127,30 +127,37 @@ class SessionBinder:
         step = int(getattr(entry, "step", 0) or snapshot.get("step", 0) or 0)
         live = self.view_index is None
         p = self.panels
-        for panel in p.values():
-            if isinstance(panel, Panel):
+        block_size = int((snapshot.get("block_pool") or {}).get("block_size", 16))
+        # In this order: the attention panel reads the queues' selection.
+        draws = {
+            "controls": lambda: self._render_controls(record, snapshot),
+            "queues": lambda: p["queues"].show(views.queues_state(record, snapshot)),
+            "blocks": lambda: p["blocks"].show(views.block_pool_state(record, snapshot)),
+            "slots": lambda: p["slots"].show(views.slot_mapping_state(record, self.token_text, block_size=block_size,
+                                                                      snapshot=snapshot)),
+            "sampler": lambda: self._render_sampler(snapshot),
+            "timeline": lambda: p["timeline"].show(self._timeline()),
+            "latency": lambda: p["latency"].show(views.latency_rows(snapshot), step=step, live=live),
+            "attention": lambda: self._render_attention(snapshot, step, probe=live and self.auto_probe and probe),
+            "tensor_parallel": lambda: p["tensor_parallel"].show(
+                tp_view.tensor_parallel_state(record, snapshot, self.session.history)),
+        }
+        for name, panel in p.items():
+            if isinstance(panel, Panel) and name not in draws:
                 with panel.hold_sync():
                     panel.step, panel.live = step, live
-        if "controls" in p:
-            self._render_controls(record, snapshot)
-        if "queues" in p:
-            p["queues"].show(views.queues_state(record, snapshot))
-        if "blocks" in p:
-            p["blocks"].show(views.block_pool_state(record, snapshot))
-        if "slots" in p:
-            block_size = int((snapshot.get("block_pool") or {}).get("block_size", 16))
-            p["slots"].show(views.slot_mapping_state(record, self.token_text, block_size=block_size,
-                                                     snapshot=snapshot))
-        if "sampler" in p:
-            self._render_sampler(snapshot)
-        if "timeline" in p:
-            p["timeline"].show(self._timeline())
-        if "latency" in p:
-            p["latency"].show(views.latency_rows(snapshot), step=step, live=live)
-        if "attention" in p:
-            self._render_attention(snapshot, step, probe=live and self.auto_probe and probe)
-        if "tensor_parallel" in p:
-            p["tensor_parallel"].show(tp_view.tensor_parallel_state(record, snapshot, self.session.history))
+        for name, draw in draws.items():
+            panel = p.get(name)
+            if panel is None:
+                continue
+            if not isinstance(panel, Panel):
+                draw()  # the latency panel (a VBox of charts) takes step and live in its show
+                continue
+            # A panel's step and what it shows of that step go in one comm message, so the
+            # browser never sees data-step N over step N-1's content (tests and users wait on it).
+            with panel.hold_sync():
+                panel.step, panel.live = step, live
+                draw()
 
     def _render_controls(self, record: dict, snapshot: dict) -> None:
         history = self.session.history

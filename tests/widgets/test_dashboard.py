@@ -10,7 +10,7 @@ import pytest
 from engine.config import SCHEDULER_KNOBS
 from explorer import Dashboard, views
 from explorer import dashboard as dash_mod
-from widgets import (AttentionPanel, BlockPoolPanel, ControlsPanel, QueuesPanel, SamplerPanel,
+from widgets import (AttentionPanel, BlockPoolPanel, ControlsPanel, Panel, QueuesPanel, SamplerPanel,
                      SlotMappingPanel, TimelinePanel)
 
 from .conftest import BASE_CONFIG, send
@@ -65,6 +65,30 @@ def test_add_then_step_updates_every_panel(dash: Dashboard) -> None:
     assert dash.attention.kv_head_of_head == [0, 0, 1, 1] and dash.attention.num_layers == 2
     assert "1 with a first token" in dash.latency.header.value
     assert "step 1" in dash.controls.info
+
+
+def test_a_panel_sends_its_step_with_what_it_shows_of_that_step(dash: Dashboard) -> None:
+    """One comm message per panel carries the new step and that step's content: a browser (or
+    a test) that waits for data-step N never reads step N-1's cards under it."""
+    sent: dict[str, list[dict]] = {}
+    panels = dash.binder.panels
+    for name, panel in panels.items():
+        if isinstance(panel, Panel):
+            panel._send = lambda msg, buffers=None, name=name: sent.setdefault(name, []).append(msg["state"])
+    try:
+        send(dash.controls, action="add", prompt="The capital of France is", max_tokens=3, temperature=0,
+             top_k=0, top_p=1, ignore_eos=False, seed=None, seq="v:1")
+        sent.clear()
+        send(dash.controls, action="step", n=1)
+    finally:
+        for panel in panels.values():
+            panel.__dict__.pop("_send", None)
+    content = {"queues": "queues", "blocks": "counts", "slots": "slot_mapping", "timeline": "steps",
+               "controls": "history_len"}
+    for name, key in content.items():
+        with_step = [state for state in sent[name] if "step" in state]
+        assert len(with_step) == 1 and with_step[0]["step"] == 1, (name, sent[name])
+        assert key in with_step[0], (name, sorted(with_step[0]))
 
 
 def test_run_n_and_rapid_clicks_each_run_in_order(dash: Dashboard) -> None:

@@ -431,9 +431,14 @@ function svgEl(tag, attrs = {}, text = null) {
   if (text !== null) n.textContent = text;
   return n;
 }
+const SHORT_LABEL_CHARS = 9, LABEL_CHAR_PX = 5.5, ROTATED_DEG = -40, ROTATED_SIN = 0.64, MAX_LABEL_PX = 120;
 function chart(title, rows, color, unit, kind) {
   // rows: [[label, [values in ms]]]; kind "bar": one bar per row; "dots": a dot per value and a mean line.
-  const W = 520, H = 190, left = 46, bottom = 34, top = 22, right = 8;
+  // Whole request ids under the bars: rotated when long (ids cut to fit could read the same).
+  const longest = Math.max(0, ...rows.map(([label]) => label.length));
+  const rotate = longest > SHORT_LABEL_CHARS;
+  const bottom = rotate ? Math.min(MAX_LABEL_PX, 16 + Math.ceil(longest * LABEL_CHAR_PX * ROTATED_SIN)) : 34;
+  const W = 520, H = 156 + bottom, left = 46, top = 22, right = 8;
   const all = rows.flatMap(([, vs]) => vs);
   const vmax = Math.max(1e-9, ...all);
   const plotW = W - left - right, plotH = H - top - bottom;
@@ -447,7 +452,7 @@ function chart(title, rows, color, unit, kind) {
   s.append(svgEl("text", { x: left - 4, y: top + plotH, "text-anchor": "end", class: "kvs-lat-axis" }, "0"));
   s.append(svgEl("text", { x: 4, y: top + plotH / 2, class: "kvs-lat-axis" }, unit));
   if (!rows.length) s.append(svgEl("text", { x: left + 8, y: top + plotH / 2, class: "kvs-lat-axis" }, "nothing yet"));
-  const every = Math.max(1, Math.ceil(rows.length / Math.max(1, Math.floor(plotW / 34))));
+  const every = Math.max(1, Math.ceil(rows.length / Math.max(1, Math.floor(plotW / (rotate ? 12 : 34)))));
   rows.forEach(([label, vs], k) => {
     const x = left + k * bw;
     if (kind === "bar" && vs.length) {
@@ -465,7 +470,11 @@ function chart(title, rows, color, unit, kind) {
       t.append(svgEl("title", {}, `${label} mean ${mean.toFixed(2)} ${unit} over ${vs.length} gaps`));
       s.append(t);
     }
-    if (k % every === 0) s.append(svgEl("text", { x: x + bw / 2, y: H - bottom + 12, "text-anchor": "middle", class: "kvs-lat-axis" }, label.length > 9 ? label.slice(0, 8) + "\u2026" : label));
+    if (k % every !== 0) return;
+    const lx = x + bw / 2, ly = H - bottom + 12;
+    const text = svgEl("text", rotate ? { x: lx, y: ly, "text-anchor": "end", class: "kvs-lat-axis kvs-lat-tick", transform: `rotate(${ROTATED_DEG} ${lx} ${ly})` }
+      : { x: lx, y: ly, "text-anchor": "middle", class: "kvs-lat-axis kvs-lat-tick" }, label);
+    s.append(text);
   });
   return s;
 }
@@ -511,6 +520,18 @@ function disableEngineControls(el) {
   for (const tid of ["kvs-add-form", "kvs-budget"]) {
     const node = el.querySelector(`[data-testid="${tid}"]`);
     if (node) node.style.display = "none";
+  }
+  // A recording has no "live": the history's own end is its last step.
+  const live = el.querySelector('[data-testid="kvs-live-btn"]');
+  if (live) {
+    live.style.display = "none";
+    const last = document.createElement("button");
+    last.dataset.testid = "kvs-export-last";
+    last.className = "kvs-export-last";
+    last.textContent = "last step \u21e5";
+    last.title = "show the recording's last step";
+    last.addEventListener("click", () => HOST.scrub(null));
+    live.after(last);
   }
   const root = el.querySelector('[data-testid="kvs-controls"]');
   if (root) {

@@ -282,7 +282,7 @@ def timeline_state(entries: Iterable[Any], captions: Sequence[str] | None = None
         for s in sched:
             rid = s["request_id"]
             if s.get("is_prefill"):
-                mark(rid, step, "prefill", f"prefill chunk {s.get('chunk_index') or 0}: {s['num_tokens']} tokens")
+                mark(rid, step, "prefill", f"prefill chunk {int(s.get('chunk_index') or 0) + 1}: {s['num_tokens']} tokens")
             else:
                 mark(rid, step, "decode", "decode")
             done.add(rid)

@@ -73,6 +73,28 @@ function kvsArray(value, Ctor) {
   return new Ctor(copy.buffer, 0, Math.floor(copy.byteLength / Ctor.BYTES_PER_ELEMENT));
 }
 
+// A tooltip next to the pointer, kept inside the window: it flips to the pointer's other
+// side near the right or bottom edge, and never starts above or left of the window.
+const KVS_TIP_OFFSET = 12, KVS_TIP_MARGIN = 4;
+function kvsPlaceTip(tip, ev) {
+  const w = tip.offsetWidth, h = tip.offsetHeight;
+  const vw = document.documentElement.clientWidth || window.innerWidth, vh = window.innerHeight;
+  let x = ev.clientX + KVS_TIP_OFFSET, y = ev.clientY + KVS_TIP_OFFSET;
+  if (x + w > vw - KVS_TIP_MARGIN) x = ev.clientX - KVS_TIP_OFFSET - w;
+  if (y + h > vh - KVS_TIP_MARGIN) y = ev.clientY - KVS_TIP_OFFSET - h;
+  x = Math.max(KVS_TIP_MARGIN, Math.min(x, vw - KVS_TIP_MARGIN - w));
+  y = Math.max(KVS_TIP_MARGIN, Math.min(y, vh - KVS_TIP_MARGIN - h));
+  tip.style.left = `${x}px`;
+  tip.style.top = `${y}px`;
+}
+
+// Prefill chunks are counted from 1 on screen, as the captions say them ("chunk 2"); the
+// StepRecord's chunk_index counts from 0, and the hover title says so.
+function kvsChunkNumber(chunkIndex) { return (Number(chunkIndex) || 0) + 1; }
+function kvsChunkTitle(chunkIndex) {
+  return `chunk ${kvsChunkNumber(chunkIndex)} of this prompt (the StepRecord's chunk_index ${Number(chunkIndex) || 0} counts from 0)`;
+}
+
 // Small DOM builder: kvsEl("div", {class: "x", "data-testid": "y"}, [children or text]).
 function kvsEl(tag, attrs = {}, children = []) {
   const node = document.createElement(tag);

@@ -300,8 +300,7 @@ function render({ model, el }) {
     const q = model.get("row_positions")[r];
     tip.textContent = `query pos ${q} (${kvsTok(toks[q] ?? "")})\nkey pos ${c} (${kvsTok(toks[c] ?? "")}) in block ${table[Math.floor(c / bs)] ?? "?"} offset ${c % bs}\np = ${c > q ? "masked" : data[r * geom.n + c].toFixed(4)}`;
     tip.style.display = "block";
-    tip.style.left = `${ev.clientX + 14}px`;
-    tip.style.top = `${ev.clientY + 14}px`;
+    kvsPlaceTip(tip, ev);
   });
   canvas.addEventListener("mouseleave", () => { tip.style.display = "none"; hoverCol = -1; link.leave("attention"); });
   canvas.addEventListener("click", () => { if (hoverCol >= 0) link.pin(colFocus(hoverCol)); });

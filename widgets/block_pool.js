@@ -305,8 +305,7 @@ function render({ model, el }) {
     if (i < 0) { tip.style.display = "none"; return; }
     tip.textContent = describe(i);
     tip.style.display = "block";
-    tip.style.left = `${ev.clientX + 14}px`;
-    tip.style.top = `${ev.clientY + 14}px`;
+    kvsPlaceTip(tip, ev);  // a long token list flips and wraps, never past the window's edge
   });
   canvas.addEventListener("mouseleave", () => { hover = -1; tip.style.display = "none"; link.leave("blocks"); });
   canvas.addEventListener("click", (ev) => {

@@ -12,7 +12,8 @@ from plotly.subplots import make_subplots
 _TITLES = ("Time to first token per request", "Inter-token latency per request",
            "TTFT distribution", "ITL distribution")
 EMPTY_HINT = "no steps yet: add a request and press Step"
-_TICK_CHARS = 12  # a request id on the x axis is cut to this many characters (hover shows it whole)
+_SHORT_IDS = 8     # request ids up to this long read level on the x axis; longer ones are rotated
+_ROTATED = -40     # degrees: long ids stay whole (two cut ids could read the same)
 
 
 class FitWidth(anywidget.AnyWidget):
@@ -22,12 +23,10 @@ class FitWidth(anywidget.AnyWidget):
     _esm = (Path(__file__).parent / "latency.js").read_text()
 
 
-def tick_label(name: str, limit: int = _TICK_CHARS) -> str:
-    """`name` cut in the middle to `limit` characters, so long ids never run into the titles."""
-    if len(name) <= limit:
-        return name
-    keep = limit - 1
-    return name[: (keep + 1) // 2] + "\u2026" + name[-(keep // 2):]
+def tick_angle(names: list[str]) -> int:
+    """The x tick angle for these labels: level while every id is short, else rotated, so each
+    label is its whole request id (ids cut to fit once read "#budge…-long" twice)."""
+    return 0 if all(len(n) <= _SHORT_IDS for n in names) else _ROTATED
 
 
 class LatencyPanel(W.VBox):
@@ -51,7 +50,7 @@ class LatencyPanel(W.VBox):
                                      font=dict(size=13)))
         for col in (1, 2):
             fig.update_yaxes(title_text="ms (engine clock)", row=1, col=col)
-            fig.update_xaxes(title_text="request", type="category", automargin=True, tickangle=-30,
+            fig.update_xaxes(title_text="request", type="category", automargin=True, tickangle=0,
                              row=1, col=col)
             fig.update_xaxes(title_text="ms (engine clock)", row=2, col=col)
             fig.update_yaxes(title_text="count", row=2, col=col)
@@ -99,8 +98,9 @@ class LatencyPanel(W.VBox):
             bar.x = [f"#{r['request_id']}" for r in with_ttft]
             bar.y = [r["time_to_first_token"] * ms for r in with_ttft]
             box.x, box.y = itl_x, itl_y
-            # The categories stay the whole ids (two long ids never merge); only the tick text is cut.
+            # Whole ids on the axis (rotated when long; automargin makes room below).
             for axis in (self.figure.layout.xaxis, self.figure.layout.xaxis2):
-                axis.tickmode, axis.tickvals, axis.ticktext = "array", names, [tick_label(n) for n in names]
+                axis.tickmode, axis.tickvals, axis.ticktext = "array", names, names
+                axis.tickangle = tick_angle(names)
             h_ttft.x = [r["time_to_first_token"] * ms for r in with_ttft]
             h_itl.x = itl_y

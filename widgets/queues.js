@@ -21,9 +21,10 @@ function progress(row) {
 function scheduledBadge(s) {
   if (!s) return null;
   const text = s.is_prefill
-    ? `prefill chunk ${s.chunk_index ?? 0} \u00b7 ${s.num_tokens} tok` + (s.num_cached_tokens ? ` (${s.num_cached_tokens} cached)` : "")
+    ? `prefill chunk ${kvsChunkNumber(s.chunk_index)} \u00b7 ${s.num_tokens} tok` + (s.num_cached_tokens ? ` (${s.num_cached_tokens} cached)` : "")
     : `decode \u00b7 ${s.num_tokens} tok`;
-  return kvsEl("span", { class: `kvs-chip kvs-sched ${s.is_prefill ? "kvs-prefill" : "kvs-decode"}`, "data-testid": "kvs-scheduled", text });
+  return kvsEl("span", { class: `kvs-chip kvs-sched ${s.is_prefill ? "kvs-prefill" : "kvs-decode"}`, "data-testid": "kvs-scheduled", text,
+    title: s.is_prefill ? kvsChunkTitle(s.chunk_index) : null });
 }
 
 function card(row, selected, act, link) {

@@ -124,7 +124,7 @@ function render({ model, el }) {
       }
       const head = kvsEl("div", { class: "kvs-seg-head" }, [
         linked(chip(s.request_id), reqFocus),
-        kvsEl("span", { class: "kvs-seg-kind", text: `prefill chunk ${s.chunk_index ?? 0} \u00b7 ${s.end - s.start} tokens \u00b7 rows [${s.start}, ${s.end}) \u00b7 seq_len ${s.seq_len}` }),
+        kvsEl("span", { class: "kvs-seg-kind", title: kvsChunkTitle(s.chunk_index), text: `prefill chunk ${kvsChunkNumber(s.chunk_index)} \u00b7 ${s.end - s.start} tokens \u00b7 rows [${s.start}, ${s.end}) \u00b7 seq_len ${s.seq_len}` }),
         kvsEl("span", { class: "kvs-muted", text: `computed before ${s.num_computed_before} \u00b7 block_table [${(s.block_table || []).join(", ")}]` }),
       ]);
       const cells = [...cached.map((c) => cacheCell(s, c)), ...rowCells(s, data)];

@@ -14,11 +14,14 @@ class TimelinePanel(Panel):
     prepare, forward, sample (ms), preempted (count), backend (attention backend name) and
     graph_bucket (the CUDA graph batch size a decode step replayed; None when it ran eager),
     forward_path ('eager', 'cuda_graph' or 'native_decode': how the forward ran) and caption (the step in words, explorer.captions; shown in the bar's tooltip). The token
-    chart's y axis fits the largest batch in view; a budget far above it is marked at the
-    top edge. The chart is as wide as the panel and redraws when that changes. `gantt` is ``{"requests": [id],
+    chart's y axis is a square-root scale that fits the largest batch in view (a decode-only
+    bar is never under 6 px); a budget far above it is marked at the top edge. The ms chart is
+    cut at the 95th percentile when a step is far slower than the rest (that step is marked
+    with its real time). The chart is as wide as the panel and redraws when that changes. `gantt` is ``{"requests": [id],
     "segments": [[request_index, first_step, last_step, kind, label]]}`` with kind in
-    queued / prefill / decode / preempted / stalled. Only the latest `window` steps
-    up to the displayed `step` are drawn. Browser action: ``scrub_step {step}``
+    queued / prefill / decode / preempted / stalled. The whole run is drawn (the
+    latest `window` steps, or a window around an older displayed `step`), with a cursor on
+    the displayed step: scrubbing moves the cursor, not the chart. Browser action: ``scrub_step {step}``
     (click a bar to show that step everywhere).
     """
 

@@ -179,14 +179,49 @@ def test_the_host_builds_every_step_exactly_as_explorer_views(page, recorded) ->
     assert page.console_errors == []
 
 
-def test_timeline_links_captions_and_engine_actions_are_off(page, recorded) -> None:
+def bar_at(page, fx: float) -> tuple[float, float, str]:
+    """(x, y, step) of the timeline's token bar under `fx` (0..1) of the plot's width, mid-height."""
+    return tuple(page.evaluate("""(fx) => {
+        const svg = document.querySelector('[data-testid="kvs-timeline-chart"]');
+        svg.scrollIntoView({block: "center"});
+        const bars = [...svg.querySelectorAll('g.kvs-step-bar > rect:first-child')].map(r => r.getBoundingClientRect());
+        const x = bars[0].left + fx * (bars[bars.length - 1].right - bars[0].left), y = bars[0].top + bars[0].height / 2;
+        const g = document.elementFromPoint(x, y).closest('g.kvs-step-bar');
+        return [x, y, g ? g.dataset.step : null];
+    }""", fx))
+
+
+@pytest.mark.parametrize("viewport", [(1366, 768), (1920, 1080)], ids=lambda v: f"{v[0]}x{v[1]}")
+def test_timeline_links_captions_and_engine_actions_are_off(page, recorded, viewport) -> None:
     s = recorded["session"]
+    page.set_viewport_size({"width": viewport[0], "height": viewport[1]})
     net = open_export(page, recorded["path"])
     # Engine actions: disabled, with the one line on how to run live.
     for tid in ("kvs-step-btn", "kvs-run-btn", "kvs-play-btn", "kvs-reset-btn"):
         assert page.is_disabled(f'[data-testid="{tid}"]'), tid
     assert not page.is_visible('[data-testid="kvs-add-form"]')
     assert "make lab" in page.inner_text('[data-testid="kvs-export-notice"]')
+    # A recording has no "Live": its own last step instead.
+    assert not page.is_visible('[data-testid="kvs-live-btn"]') and page.is_visible('[data-testid="kvs-export-last"]')
+    assert "Live" not in page.inner_text('[data-testid="kvs-controls"]')
+    # Scrubbed to a middle step, the timeline still draws the whole run, with a cursor on that step.
+    steps = [int(e.step) for e in s.history if e.record]
+    mid = steps[len(steps) // 2]
+    scrub(page, mid)
+    page.wait_for_selector(f'[data-testid="kvs-timeline-cursor"][data-step="{mid}"]', timeout=READY_MS)
+    chart = page.locator('[data-testid="kvs-timeline-chart"]')
+    assert (chart.get_attribute("data-first-step"), chart.get_attribute("data-last-step")) == (str(steps[0]), str(steps[-1]))
+    assert page.locator('[data-testid="kvs-timeline-chart"] g.kvs-step-bar').count() == len(steps)
+    assert f"all {len(steps)} steps" in page.inner_text('[data-testid="kvs-timeline-sub"]')
+    # A click anywhere on a bar lands on that bar's step (here at a fifth and at mid-width).
+    for fx in (0.2, 0.5, 0.9):
+        x, y, want = bar_at(page, fx)
+        assert want is not None
+        page.mouse.click(x, y)
+        page.wait_for_function("(k) => [...document.querySelectorAll('.kvs-panel')].every(p => p.dataset.step === k)",
+                               arg=want, timeout=READY_MS)
+        assert page.get_attribute('[data-testid="kvs-timeline-cursor"]', "data-step") == want
+        assert page.locator('[data-testid="kvs-timeline-chart"] g.kvs-step-bar').count() == len(steps)
     # A click on a timeline bar shows that step everywhere, its caption included.
     page.click('[data-testid="kvs-timeline"] g.kvs-step-bar[data-step="1"]')
     page.wait_for_function("() => [...document.querySelectorAll('.kvs-panel')].every(p => p.dataset.step === '1')",
@@ -203,8 +238,8 @@ def test_timeline_links_captions_and_engine_actions_are_off(page, recorded) -> N
     page.wait_for_function("(rid) => document.querySelector('[data-testid=\"kvs-sampler-request\"]').value === rid",
                            arg=rid, timeout=10_000)
     assert "kvs-selected" in page.get_attribute(f'[data-testid="kvs-req-{rid}"]', "class")
-    # Live takes it back to the last step; the TTFT/ITL charts follow the shown step.
-    page.click('[data-testid="kvs-live-btn"]')
+    # "last step" takes it back to the end; the TTFT/ITL charts follow the shown step.
+    page.click('[data-testid="kvs-export-last"]')
     last = s.history[-1].step
     page.wait_for_selector(f'[data-testid="kvs-latency"][data-step="{last}"]', timeout=READY_MS)
     rows = views.latency_rows(s.current.snapshot)

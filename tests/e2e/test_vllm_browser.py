@@ -167,13 +167,13 @@ def test_vllm_dashboard_in_a_real_browser(tmp_path, lab_factory, page, lab_ui, s
     timings["step_click_to_panels_s"] = time.monotonic() - t_click
     running_card = dash.get_by_test_id("kvs-queue-running").get_by_test_id(f"kvs-req-{rid}")
     running_card.wait_for(timeout=ACTION_TIMEOUT_MS)
-    assert "prefill chunk 0" in running_card.get_by_test_id("kvs-scheduled").inner_text()
+    assert "prefill chunk 1" in running_card.get_by_test_id("kvs-scheduled").inner_text()
     assert waiting.get_attribute("data-count") == "0"
     # Slot mapping: one prefill segment; every cell's slot is vLLM's block table at its position.
     seg = dash.get_by_test_id("kvs-slot-mapping").get_by_test_id(f"kvs-seg-{rid}")
     seg.wait_for(timeout=ACTION_TIMEOUT_MS)
     head = seg.locator(".kvs-seg-head").inner_text()
-    assert "prefill chunk 0" in head and "computed before 0" in head, head
+    assert "prefill chunk 1" in head and "computed before 0" in head, head
     prefill = segment_cells(seg)
     table = segment_block_table(seg)
     n = len(prefill)

@@ -168,7 +168,7 @@ def test_timeline_has_one_column_per_step_and_chunked_prefill_segments(fresh_ses
     g = state["gantt"]
     r0 = g["requests"].index("0")
     prefills = [seg for seg in g["segments"] if seg[0] == r0 and seg[3] == "prefill"]
-    assert [seg[4].split(":")[0] for seg in prefills] == ["prefill chunk 0", "prefill chunk 1", "prefill chunk 2"]
+    assert [seg[4].split(":")[0] for seg in prefills] == ["prefill chunk 1", "prefill chunk 2", "prefill chunk 3"]
     decodes = [seg for seg in g["segments"] if seg[0] == r0 and seg[3] == "decode"]
     assert len(decodes) == 1 and decodes[0][2] - decodes[0][1] + 1 == 2  # merged run of decode steps
     r1 = g["requests"].index("1")

@@ -2,7 +2,7 @@
 adapter (`explorer.vllm_engine.VllmEngine`) are its two implementations.
 
 `Engine` is the engine-facing side (add a request, step, snapshot, abort, probe, change the
-scheduler's budget); every dict it hands out has the shapes of docs/ARCHITECTURE.md, so the
+scheduler's budget); every dict it hands out has the shapes of docs/architecture.md, so the
 panels cannot tell the engines apart except by `model_info["engine"]`, which they show.
 
 `EngineDriver` is the construction side: it owns an engine, builds the next one for

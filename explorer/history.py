@@ -1,6 +1,6 @@
 """A compact Session history: snapshots that share what did not change, and a delta codec.
 
-Two tools, both over the documented dict shapes (docs/ARCHITECTURE.md):
+Two tools, both over the documented dict shapes (docs/architecture.md):
 
 1. In memory: `share_unchanged(new, old)` returns `new` with every part that equals the
    same part of `old` (the previous step's snapshot) replaced by `old`'s object. The

@@ -1,6 +1,6 @@
 """Pure functions from Session history entries (record + snapshot dicts) to panel states.
 
-Everything here reads the documented dict shapes (docs/ARCHITECTURE.md) and returns
+Everything here reads the documented dict shapes (docs/architecture.md) and returns
 plain values ready for a panel's traitlets: no widget objects, no torch, no engine (the
 block-pool codes come from the panel's module, which defines its byte columns).
 """

@@ -5,7 +5,7 @@ PY := .venv/bin/python
 SETUP_STAMP := .venv/.kvscope-setup
 LAB_STAMP := .venv/.kvscope-setup-lab
 
-.PHONY: setup lock lab test test-fast e2e screenshot doctor
+.PHONY: setup lock lab test test-fast e2e screenshot doctor docs
 
 # Install everything: packages, the default model's wheel, Debian chromium for browser tests.
 setup:
@@ -49,3 +49,9 @@ screenshot: $(SETUP_STAMP)
 
 doctor:
 	$(PY) -m explorer doctor
+
+# The documentation site in docs/site/ (entry: docs/site/index.html): executes the walkthrough
+# on the real engine, records each chapter's replay, runs mkdocs strict. A subset:
+# KVSCOPE_DOCS_CHAPTERS=2,3 make docs
+docs: $(LAB_STAMP)
+	$(PY) scripts/build_docs.py

@@ -1,0 +1,409 @@
+"""Build the documentation site (`make docs`): mkdocs + Material, one page per walkthrough
+chapter with a replay of exactly that chapter's steps, recorded from the real engine now.
+
+    .venv/bin/python scripts/build_docs.py                    # everything -> docs/site/
+    .venv/bin/python scripts/build_docs.py --chapters 2,3     # a subset (CI): those chapters only
+    KVSCOPE_DOCS_CHAPTERS=2,3 make docs                       # the same through make
+
+What it does:
+1. Stages the pages in build/docs_src/ (git-ignored): the hand-written pages of docs/*.md
+   and docs/site_src/, and one page per chapter of notebooks/walkthrough.ipynb.
+2. Executes the walkthrough headless (nbclient, a kernel of this venv) with a few cells of
+   its own between the chapters: they watch the notebook's Session `s` and, at each
+   chapter's end, export that chapter's steps with explorer.export.export_html, the
+   one-file player of `python -m explorer export`. A chapter page shows the notebook's text,
+   its code and what the code printed, each check marked as passed at build time (a failing
+   check fails the build), and its replay in an iframe.
+3. Runs mkdocs (mkdocs.yml, strict: a broken link or a missing page fails) into docs/site/,
+   which opens from file:// and from any static host: no font, script or style is fetched
+   from outside it (Material's Google fonts are off, its offline plugin makes search work
+   from file://).
+4. Checks the budgets: each replay <= 1 MB, the whole site <= 25 MB.
+
+The walkthrough is greedy and its workloads fixed, so two builds show the same schedules,
+blocks and tokens; only the measured times differ.
+"""
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOK = REPO / "notebooks" / "walkthrough.ipynb"
+STAGE = REPO / "build" / "docs_src"
+SITE = REPO / "docs" / "site"
+CONFIG = REPO / "mkdocs.yml"
+# Pages shared with readers of the repository (README links them) and site-only pages.
+SHARED_PAGES = ("panels.md", "vllm.md", "fidelity.md", "performance.md", "architecture.md", "install.md",
+                "testing.md")
+SITE_SRC = REPO / "docs" / "site_src"
+REPLAY_BUDGET = 1_000_000
+SITE_BUDGET = 25_000_000
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+DOCS_META = "kvscope_docs"  # metadata key of the cells this script adds to the notebook
+
+# Runs in the notebook's kernel, before its first cell: follows the Session `s` (through its
+# public subscribe/history) and exports each chapter's steps.
+RECORDER = r'''
+import json as _kvs_json
+from pathlib import Path as _KvsPath
+
+
+class _KvsDocsRecorder:
+    """Cuts the walkthrough's history into chapters (a reset starts a new segment)."""
+
+    def __init__(self, out):
+        self.out = _KvsPath(out)
+        self.session = None
+        self.closed = []      # histories ended by a reset, oldest first
+        self.hist = []        # the current history, as of the last event
+        self.mark = (0, None)
+
+    def _attach(self):
+        s = get_ipython().user_ns.get("s")
+        if s is not None and s is not self.session:
+            self.session, self.closed, self.hist = s, [], s.history
+            s.subscribe(self._on_event)
+        if self.session is not None:
+            self.hist = self.session.history
+        return self.session
+
+    def _on_event(self, event, session):
+        if event == "reset":
+            self.closed.append(self.hist)
+        self.hist = session.history
+
+    def begin(self, number):
+        s = self._attach()
+        self.mark = (len(self.closed), s.current.step if s is not None else None)
+
+    def end(self, number, title, slug):
+        from explorer import export, views
+        s = self._attach()
+        first_segment, start = self.mark
+        parts = []
+        for i, seg in enumerate(self.closed[first_segment:] + [self.hist]):
+            if i == 0 and start is not None:
+                seg = [e for e in seg if e.step >= start]
+            parts.append(seg)
+        stepped = [p for p in parts if len(p) > 1]
+        # A chapter that runs no step of its own shows the step it reads (or the state it made).
+        parts = stepped or [self.hist[-2:]]
+        texts = views.token_texts(s.engine.tokenizer)
+        files = []
+        for j, part in enumerate(parts):
+            name = f"{slug}.html" if len(parts) == 1 else f"{slug}-{j + 1}.html"
+            first, last = part[0].step, part[-1].step
+            title_j = f"Chapter {number}: {title}" + (f" (part {j + 1} of {len(parts)})" if len(parts) > 1 else "")
+            caption = title_j + (f": steps {first + 1}\u2013{last}" if last > first else
+                                 f": the state at step {last}, which this chapter reads")
+            result = export.export_html(part, self.out / name, title=title_j, captions={first: caption},
+                                        token_text=texts, start="first", max_bytes=10 ** 9)
+            files.append({"file": name, "bytes": result.bytes, "first_step": first, "last_step": last,
+                          "steps_included": result.steps_included, "notice": result.notice,
+                          "own_steps": bool(stepped)})
+        manifest = self.out / "manifest.json"
+        data = _kvs_json.loads(manifest.read_text()) if manifest.exists() else {}
+        data[str(number)] = files
+        manifest.write_text(_kvs_json.dumps(data, indent=1))
+
+
+_kvs_docs = _KvsDocsRecorder(__OUT__)
+'''
+
+
+# -- the notebook: chapters ----------------------------------------------------------------------
+def slugify(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def split_chapters(nb) -> tuple[list, list[dict], list]:
+    """(intro cells, chapters [{number, title, slug, cells}], closing cells ('Where next'))."""
+    intro, chapters, closing = [], [], []
+    current = None
+    for cell in nb.cells:
+        head = cell.source.splitlines()[0] if cell.cell_type == "markdown" and cell.source else ""
+        m = re.match(r"^## (\d+)\. (.+)$", head)
+        if m:
+            number, title = int(m.group(1)), m.group(2).strip()
+            current = {"number": number, "title": title, "slug": f"{number:02d}-{slugify(title)}", "cells": []}
+            chapters.append(current)
+        elif head.startswith("## "):
+            current = None
+            closing.append(cell)
+            continue
+        if current is not None:
+            current["cells"].append(cell)
+        elif closing:
+            closing.append(cell)
+        else:
+            intro.append(cell)
+    return intro, chapters, closing
+
+
+def instrumented(nb, chapters: list[dict], wanted: set[int], replays: Path):
+    """A copy of `nb` with the recorder's cells, ending after the last wanted chapter."""
+    import nbformat
+
+    def cell(source: str):
+        c = nbformat.v4.new_code_cell(source)
+        c.metadata[DOCS_META] = True
+        return c
+
+    out = nbformat.v4.new_notebook(metadata=nb.metadata)
+    out.cells.append(cell(RECORDER.replace("__OUT__", repr(str(replays)))))
+    first_chapter_cell = chapters[0]["cells"][0]
+    for c in nb.cells:
+        if c is first_chapter_cell:
+            break
+        out.cells.append(c)
+    last = max(wanted)
+    for ch in chapters:
+        if ch["number"] > last:
+            break
+        if ch["number"] in wanted:
+            out.cells.append(cell(f"_kvs_docs.begin({ch['number']})"))
+        out.cells += ch["cells"]
+        if ch["number"] in wanted:
+            out.cells.append(cell(f"_kvs_docs.end({ch['number']}, {ch['title']!r}, {ch['slug']!r})"))
+    return out
+
+
+def execute(nb, workdir: Path, timeout_s: int) -> float:
+    """Run `nb` in a kernel of this Python, in a private Jupyter/IPython home."""
+    import nbclient
+
+    home = Path(tempfile.mkdtemp(prefix="kvscope-docs-kernel-"))
+    spec = home / "kernels" / "kvscope-docs"
+    spec.mkdir(parents=True)
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+           "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    spec.joinpath("kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "kvscope docs", "language": "python", "env": env}))
+    old = {k: os.environ.get(k) for k in ("JUPYTER_PATH", "IPYTHONDIR")}
+    os.environ["JUPYTER_PATH"] = os.pathsep.join(filter(None, [str(home), old["JUPYTER_PATH"]]))
+    os.environ["IPYTHONDIR"] = str(home / "ipython")
+    try:
+        client = nbclient.NotebookClient(nb, kernel_name="kvscope-docs", timeout=timeout_s, allow_errors=False,
+                                         resources={"metadata": {"path": str(workdir)}})
+        t0 = time.monotonic()
+        client.execute()
+        return time.monotonic() - t0
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        shutil.rmtree(home, ignore_errors=True)
+
+
+# -- the notebook: pages -------------------------------------------------------------------------
+def _text(value: Any) -> str:
+    return "".join(value) if isinstance(value, list) else str(value)
+
+
+def render_outputs(cell) -> list[str]:
+    """Markdown for what a code cell showed: text as a console block, HTML tables as they
+    are, a live widget as a pointer to the replay (a static page runs no kernel)."""
+    parts: list[str] = []
+    widgets = 0
+    for out in cell.get("outputs", []):
+        kind = out.get("output_type")
+        if kind == "stream":
+            parts.append(f'<pre class="kvs-nb-out">{html.escape(_text(out.get("text", "")).rstrip())}</pre>')
+        elif kind in ("display_data", "execute_result"):
+            data = out.get("data", {})
+            if WIDGET_VIEW in data:
+                widgets += 1
+            elif "text/html" in data:
+                parts.append(f'<div class="kvs-nb-html">\n{_text(data["text/html"]).strip()}\n</div>')
+            elif "image/png" in data:
+                parts.append(f'<img class="kvs-nb-img" alt="cell output" src="data:image/png;base64,'
+                             f'{_text(data["image/png"]).strip()}">')
+            elif "text/plain" in data:
+                parts.append(f'<pre class="kvs-nb-out">{html.escape(_text(data["text/plain"]).rstrip())}</pre>')
+    if widgets:
+        parts.append('<p class="kvs-nb-widget">In the notebook, live panels appear here; on this page, '
+                     'scrub the <a href="#replay">replay</a> below.</p>')
+    return parts
+
+
+def chapter_page(ch: dict, executed: list, files: list[dict], built: str) -> str:
+    lines: list[str] = []
+    check_next = False
+    for cell in executed:
+        if cell.metadata.get(DOCS_META):
+            continue
+        if cell.cell_type == "markdown":
+            src = cell.source
+            if src.startswith("## "):  # the page's title
+                src = "# " + src[3:]
+            lines.append(src)
+            check_next = src.lstrip().startswith("**Check.**")
+        elif cell.cell_type == "code":
+            lines.append(f"```python\n{cell.source}\n```")
+            lines += render_outputs(cell)
+            if check_next:
+                lines.append(f'<p class="kvs-check-passed">\u2714 This check ran against the real engine when '
+                             f'this page was built ({html.escape(built)}) and passed.</p>')
+            check_next = False
+    lines.append('<h2 id="replay">Replay of this chapter</h2>')
+    own = all(f["own_steps"] for f in files)
+    if own:
+        span = ", ".join(f"steps {f['first_step'] + 1}\u2013{f['last_step']}" for f in files)
+        lines.append(f"<p>Recorded from the engine while this chapter's cells ran ({span}; "
+                     "the first position of the slider is the state before the chapter's first step). "
+                     "Scrub with the slider or the arrow keys, hover a block or a slot cell, "
+                     "click a timeline bar.</p>")
+    else:
+        f = files[0]
+        lines.append(f"<p>This chapter runs no step of its own: the replay shows step {f['last_step']}, "
+                     "the state its cells read.</p>")
+    if len(files) > 1:
+        lines.append("<p>A <code>s.reset(...)</code> in this chapter starts a new engine and a new "
+                     "history, so its steps come as one replay per engine.</p>")
+    for f in files:
+        lines.append(f'<iframe class="kvs-replay" data-testid="kvs-replay" src="replays/{f["file"]}" '
+                     f'title="Replay: chapter {ch["number"]}, steps {f["first_step"]}\u2013{f["last_step"]}">'
+                     f'</iframe>')
+        lines.append(f'<p class="kvs-replay-link"><a href="replays/{f["file"]}">Open this replay on a page of '
+                     f'its own</a> ({f["bytes"] / 1e6:.2f} MB, one self-contained file).</p>')
+    return "\n\n".join(lines) + "\n"
+
+
+def walkthrough_index(intro: list, closing: list, chapters: list[dict], wanted: set[int]) -> str:
+    text = "\n\n".join(c.source for c in intro if c.cell_type == "markdown")
+    text = re.sub(r"^# .*$", "# The walkthrough", text, count=1, flags=re.M)
+    rows = [f"{ch['number']}. [{ch['title']}]({ch['slug']}.md)" for ch in chapters if ch["number"] in wanted]
+    left = [ch for ch in chapters if ch["number"] not in wanted]
+    body = [text, "## Chapters", "\n".join(rows)]
+    if left:
+        body.append(f"*This build holds {len(rows)} of the {len(chapters)} chapters "
+                    "(a subset build: `scripts/build_docs.py --chapters`).*")
+    body += ["Each chapter page carries the notebook's text and code, what the code printed when the "
+             "page was built, and a replay of that chapter's steps recorded from the engine at build time. "
+             "To run it live: `make lab`."]
+    body += [c.source for c in closing if c.cell_type == "markdown"]
+    return "\n\n".join(body) + "\n"
+
+
+# -- staging, mkdocs, budgets ---------------------------------------------------------------------
+def stage_static(stage: Path) -> None:
+    if stage.exists():
+        shutil.rmtree(stage)
+    stage.mkdir(parents=True)
+    for name in SHARED_PAGES:
+        shutil.copy2(REPO / "docs" / name, stage / name)
+    for png in (REPO / "docs").glob("*.png"):
+        shutil.copy2(png, stage / png.name)
+    shutil.copytree(SITE_SRC, stage, dirs_exist_ok=True)
+
+
+def build_walkthrough(stage: Path, wanted: set[int] | None, timeout_s: int) -> dict:
+    import datetime as dt
+
+    import nbformat
+
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    intro, chapters, closing = split_chapters(nb)
+    numbers = {ch["number"] for ch in chapters}
+    wanted = numbers if wanted is None else wanted
+    unknown = wanted - numbers
+    if unknown:
+        raise SystemExit(f"--chapters: no chapter {sorted(unknown)} (the walkthrough has {min(numbers)}-{max(numbers)})")
+    folder = stage / "walkthrough"
+    replays = folder / "replays"
+    replays.mkdir(parents=True)
+    run = instrumented(nb, chapters, wanted, replays)
+    print(f"[docs] executing the walkthrough up to chapter {max(wanted)} ({len(run.cells)} cells) ...", flush=True)
+    seconds = execute(run, NOTEBOOK.parent, timeout_s)
+    print(f"[docs] executed in {seconds:.1f} s", flush=True)
+    manifest = json.loads((replays / "manifest.json").read_text())
+    built = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    pages = []
+    for ch in chapters:
+        if ch["number"] not in wanted:
+            continue
+        page = folder / f"{ch['slug']}.md"  # nbclient filled the outputs into these same cells
+        page.write_text(chapter_page(ch, ch["cells"], manifest[str(ch["number"])], built))
+        pages.append((f"{ch['number']}. {ch['title']}", f"walkthrough/{ch['slug']}.md"))
+    (folder / "index.md").write_text(walkthrough_index(intro, closing, chapters, wanted))
+    return {"pages": pages, "manifest": manifest, "seconds": seconds}
+
+
+def nav_with(walkthrough_pages: list[tuple[str, str]]) -> list:
+    import yaml
+
+    nav = yaml.safe_load(CONFIG.read_text())["nav"]
+    out = []
+    for item in nav:
+        (title, target), = item.items()
+        if target == "walkthrough/index.md":
+            out.append({title: [{"Overview": target}, *({t: p} for t, p in walkthrough_pages)]})
+        else:
+            out.append(item)
+    return out
+
+
+def run_mkdocs(nav: list, strict: bool) -> None:
+    from mkdocs.commands.build import build
+    from mkdocs.config import load_config
+
+    cfg = load_config(str(CONFIG), docs_dir=str(STAGE), site_dir=str(SITE), nav=nav, strict=strict)
+    cfg.plugins.on_startup(command="build", dirty=False)
+    try:
+        build(cfg)
+    finally:
+        cfg.plugins.on_shutdown()
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--chapters", default=os.environ.get("KVSCOPE_DOCS_CHAPTERS", "all"),
+                    help="'all' (default) or walkthrough chapter numbers, e.g. 2,3 (env KVSCOPE_DOCS_CHAPTERS)")
+    ap.add_argument("--no-strict", action="store_true", help="let mkdocs warnings pass")
+    ap.add_argument("--cell-timeout", type=int, default=600, help="seconds one notebook cell may take")
+    args = ap.parse_args(argv)
+    wanted = None if args.chapters.strip() in ("", "all") else {int(x) for x in args.chapters.split(",") if x.strip()}
+    t0 = time.monotonic()
+    stage_static(STAGE)
+    walk = build_walkthrough(STAGE, wanted, args.cell_timeout)
+    t1 = time.monotonic()
+    if SITE.exists():
+        shutil.rmtree(SITE)
+    run_mkdocs(nav_with(walk["pages"]), strict=not args.no_strict)
+    t2 = time.monotonic()
+    replays = [(f["file"], f["bytes"]) for files in walk["manifest"].values() for f in files]
+    largest = max(replays, key=lambda r: r[1])
+    total = folder_bytes(SITE)
+    print(f"[docs] {len(walk['pages'])} chapter pages, {len(replays)} replays; largest {largest[0]} "
+          f"{largest[1] / 1e6:.2f} MB; site {total / 1e6:.2f} MB in {SITE.relative_to(REPO)}/")
+    print(f"[docs] time: walkthrough {t1 - t0:.1f} s (notebook {walk['seconds']:.1f} s), mkdocs {t2 - t1:.1f} s, "
+          f"total {t2 - t0:.1f} s")
+    problems = [f"replay {name} is {size / 1e6:.2f} MB (budget {REPLAY_BUDGET / 1e6:.0f} MB)"
+                for name, size in replays if size > REPLAY_BUDGET]
+    if total > SITE_BUDGET:
+        problems.append(f"the site is {total / 1e6:.2f} MB (budget {SITE_BUDGET / 1e6:.0f} MB)")
+    for p in problems:
+        print(f"[docs] ERROR: {p}", file=sys.stderr)
+    print(f"[docs] open file://{(SITE / 'index.html').resolve()}")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -34,6 +34,9 @@ _PANEL_CLASSES = {"controls": "ControlsPanel", "queues": "QueuesPanel", "sampler
                   "tensor_parallel": "TensorParallelPanel"}
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_k", "top_p", "ignore_eos", "seed")
 POOL_KEYS = ("num_kv_blocks", "block_size")
+# Form fields that must not be left empty (the form sends an emptied one as ""), and what to enter.
+REQUIRED_FIELDS = {"max_tokens": "how many tokens to generate, 1 or more", "temperature": "0 for greedy",
+                   "top_k": "0 for off", "top_p": "1 for off"}
 # Attention: probe every head (for the head thumbnails) while heads x rows x keys stays
 # below this; keep captured probes of earlier steps up to this many bytes.
 _ALL_HEADS_BUDGET = 400_000
@@ -177,7 +180,7 @@ class SessionBinder:
         self.panels["controls"].show({
             "history_len": len(history), "history_first": int(history[0].step) if history else 1,
             "view_index": -1 if self.view_index is None else self.view_index,
-            "has_work": bool(self.session.engine.has_unfinished_requests()), "info": info,
+            "has_work": bool(self.session.engine.has_unfinished_requests()), "info": info, "engine": engine_name,
             "budget": budget, "pool": {k: getattr(config, k) for k in POOL_KEYS},
             "caption": self._captions.caption(history, index),
             "chat_template_available": presets.has_chat_template(getattr(self.session.engine, "tokenizer", None)),
@@ -345,6 +348,7 @@ class SessionBinder:
                 self._render_attention(entry.snapshot or {}, int(entry.step), probe=self.auto_probe)
         elif action == "add":
             self.view_index = None
+            check_required(c)
             fields = {k: c[k] for k in SAMPLING_KEYS if c.get(k) is not None}
             prompt = c.get("prompt", "")
             if c.get("chat_template") and isinstance(prompt, str):
@@ -352,7 +356,10 @@ class SessionBinder:
             s.add_request(prompt, **fields)
         elif action == "preset":
             self.view_index = None
-            presets.add_preset(s, str(c.get("name")), c)
+            check_required(c)
+            done = presets.add_preset(s, str(c.get("name")), c)
+            if "controls" in self.panels:  # what the preset did, stepping included, in words
+                self.panels["controls"].notice = done
         elif action == "set_budget":
             s.set_budget(**{k: c[k] for k in SCHEDULER_KNOBS if k in c and c[k] is not None})
         elif action == "reset":
@@ -410,6 +417,13 @@ def _probe_bytes(prep: dict) -> int:
     return sum(len(b) for b in prep["head_probs"]) + len(prep["thumbs"])
 
 
+def check_required(content: dict) -> None:
+    """The form sends an emptied required field as "": an error naming it, never a silent default."""
+    for key in REQUIRED_FIELDS:
+        if isinstance(content.get(key), str) and not content[key].strip():
+            raise ValueError(f"{key} is empty: enter a number ({REQUIRED_FIELDS[key]})")
+
+
 def error_field(action: str | None, message: str) -> str:
     """The form input an action's error message is about ("" when none): the earliest of the
     action's field names that the message names as a word (the engine's errors name the field)."""
@@ -446,7 +460,8 @@ class Dashboard(W.VBox):
             for n, flex in (("queues", "3 1 0"), ("sampler", "1 1 0")):
                 if n in p:
                     p[n].layout = W.Layout(flex=flex, min_width="0")
-            rows.append(W.HBox(top, layout=W.Layout(width="100%", align_items="flex-start")))
+            # Stretched: both panels as tall as the row, so a taller Sampler leaves no white gap.
+            rows.append(W.HBox(top, layout=W.Layout(width="100%", align_items="stretch")))
         # The pool and this step's slots side by side (a laptop's 1366 px hold both); each
         # wraps under the other below ~2 x 440 px.
         pair = [p[n] for n in ("blocks", "slots") if n in p]

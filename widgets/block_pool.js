@@ -12,6 +12,11 @@ const SAME_STEP = 32;
 const OUTLINE_ORDER = [SAME_STEP, 1, 2, 4, 8, 16].map((b) => KVS_EVENTS.find(([x]) => x === b));
 const eventNames = (ev) => KVS_EVENTS.filter(([b]) => ev & b).map(([, , name]) => name);
 
+// Block numbers at every pool size: the id and refcount in big cells, the id alone in a
+// small font in middle cells, and in the smallest cells a badge over the hovered block.
+const FULL_LABEL_PX = 26, ID_LABEL_PX = 15;
+function labelKind(cell) { return cell >= FULL_LABEL_PX ? "full" : cell >= ID_LABEL_PX ? "ids" : "hover"; }
+
 function cellSizeFor(n) {
   if (n <= 256) return 26;
   if (n <= 1024) return 15;
@@ -27,7 +32,9 @@ function render({ model, el }) {
   const tip = kvsEl("div", { class: "kvs-tooltip", "data-testid": "kvs-block-tooltip" });
   const detailBox = kvsEl("div", { class: "kvs-block-detail", "data-testid": "kvs-block-detail" });
   const tables = kvsEl("div", { class: "kvs-block-tables", "data-testid": "kvs-block-tables" });
-  root.append(title, legend, kvsEl("div", { class: "kvs-canvas-wrap" }, [canvas]), detailBox,
+  // Over the hovered cell: its number, readable at any pool size.
+  const hoverNum = kvsEl("div", { class: "kvs-pool-hover-num", "data-testid": "kvs-pool-hover-num" });
+  root.append(title, legend, kvsEl("div", { class: "kvs-canvas-wrap" }, [canvas, hoverNum]), detailBox,
     kvsEl("div", { class: "kvs-title kvs-bt-title" }, ["Block tables", kvsEl("span", { class: "kvs-sub", text: "logical \u2192 physical \u00b7 \u21ba = KV from the prefix cache" })]), tables);
   document.body.append(tip);
 
@@ -110,6 +117,9 @@ function render({ model, el }) {
     ctx.clearRect(0, 0, ncols * cell, nrows * cell);
     const selected = frozen() ? -1 : model.get("selected");
     const label = `${Math.max(8, cell / 2.6)}px sans-serif`;
+    const kind = labelKind(cell);
+    canvas.dataset.labels = kind;
+    const idFont = (i) => `${i >= 1000 ? 6 : 7}px sans-serif`;
     ctx.textAlign = "center";
     ctx.textBaseline = "middle";
     for (let i = 0; i < n; i++) {
@@ -149,10 +159,14 @@ function render({ model, el }) {
         ctx.fillStyle = "#000";
         ctx.fillRect(x + 1, y + cell - 3, cell - 2, 2);
       }
-      if (cell >= 26) {
+      if (kind === "full") {
         ctx.font = label;
         ctx.fillStyle = s === 0 ? "#eee" : "#222";
         ctx.fillText(cols.ref[i] > 1 ? `${i}\u00b7${cols.ref[i]}` : String(i), x + cell / 2, y + cell / 2 + 1);
+      } else if (kind === "ids") {  // the id alone; the refcount is the bottom bar and the tooltip
+        ctx.font = idFont(i);
+        ctx.fillStyle = s === 0 ? "#ddd" : "#333";
+        ctx.fillText(String(i), x + cell / 2, y + cell / 2);
       }
       if (lit.has(i) || i === selected) {
         if (lit.has(i)) {  // linked: a yellow halo inside a dark ring
@@ -302,12 +316,22 @@ function render({ model, el }) {
       // Ask Python for hash and tokens only once the pointer rests on a block.
       if (i >= 0) detailTimer = setTimeout(() => sender.send({ action: "block_detail", block_id: i }), 60);
     }
-    if (i < 0) { tip.style.display = "none"; return; }
+    if (i < 0) { tip.style.display = "none"; hoverNum.style.display = "none"; return; }
+    showHoverNum(i);
     tip.textContent = describe(i);
     tip.style.display = "block";
     kvsPlaceTip(tip, ev);  // a long token list flips and wraps, never past the window's edge
   });
-  canvas.addEventListener("mouseleave", () => { hover = -1; tip.style.display = "none"; link.leave("blocks"); });
+  canvas.addEventListener("mouseleave", () => { hover = -1; tip.style.display = "none"; hoverNum.style.display = "none"; link.leave("blocks"); });
+  function showHoverNum(i) {
+    if (labelKind(geom.cell) === "full") { hoverNum.style.display = "none"; return; }
+    hoverNum.textContent = String(i);
+    hoverNum.style.display = "block";
+    hoverNum.style.left = `${canvas.offsetLeft + (i % geom.ncols) * geom.cell + geom.cell / 2}px`;
+    const row = Math.floor(i / geom.ncols);  // above the cell, or below it on the first row (never clipped)
+    hoverNum.style.top = `${canvas.offsetTop + (row === 0 ? geom.cell : row * geom.cell)}px`;
+    hoverNum.style.transform = row === 0 ? "translate(-50%, 0)" : "translate(-50%, -100%)";
+  }
   canvas.addEventListener("click", (ev) => {
     const i = blockAt(ev);
     if (i < 0) return;

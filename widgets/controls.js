@@ -1,6 +1,23 @@
 // Controls panel. Every action goes Python-ward as {action, seq}; Python acks each seq
 // after the action ran, so we can show "running" with a pending count and Play can wait
 // for a step's result before asking for the next one.
+//
+// One compact bar (Step, Run N, Play, Reset, the history) stays in view; the add-request
+// form, the presets and the knobs live in a drawer under it, open on a tall screen and
+// folded on a laptop's (1366x768), so the queues, pool and slot mapping start above the fold.
+
+const RUN_N_DEFAULT = 8, BURST_DEFAULT = 8;
+const PLAY_INTERVALS_MS = [0, 100, 250, 500, 1000, 2000];
+const DRAWER_OPEN_MIN_HEIGHT = 900;  // px of window height from which the drawer starts open
+const LIVE = -1;                     // view_index while the panels follow the engine
+// The form's fields Python must not fill in by itself: empty is an error naming the field.
+const REQUIRED_FIELDS = ["max_tokens", "temperature", "top_k", "top_p"];
+const POLICIES = ["unified", "prefill_first"];
+// Keys on the history slider (the rest of the page, JupyterLab included, never sees them).
+const SLIDER_KEYS = { ArrowLeft: -1, ArrowDown: -1, ArrowRight: 1, ArrowUp: 1, PageDown: -10, PageUp: 10 };
+const APPLY_TEXT = "Apply (rebuilds the engine)";
+
+/** @typedef {{[name: string]: HTMLInputElement|HTMLTextAreaElement|HTMLSelectElement}} Inputs */
 
 function numOrNull(input) {
   const v = input.value.trim();
@@ -8,45 +25,46 @@ function numOrNull(input) {
   const n = Number(v);
   return Number.isFinite(n) ? n : v;  // a non-number goes through: Python names the field
 }
+// A required field: empty goes to Python as "" so its error names the field.
+function numOrEmpty(input) { const v = numOrNull(input); return v === null ? "" : v; }
+const labelled = (text, input, attrs = {}) => kvsEl("label", attrs, [text, input]);
 
-function render({ model, el }) {
-  const root = kvsRoot(el, model, "kvs-controls");
-  const status = kvsEl("span", { class: "kvs-status", "data-testid": "kvs-status" });
-  const sender = kvsSender(model, (n) => {
-    root.dataset.pending = String(n);
-    showStatus();
-  });
+/** Row 1 and 2: stepping, and the history scrubber. */
+function buildBar(model) {
+  const ui = {
+    status: kvsEl("span", { class: "kvs-status", "data-testid": "kvs-status" }),
+    engine: kvsEl("span", { class: "kvs-engine-badge", "data-testid": "kvs-engine-badge" }),
+    stepBtn: kvsEl("button", { class: "kvs-step-btn", "data-testid": "kvs-step-btn", title: "Run one engine step", text: "Step" }),
+    runN: kvsEl("input", { type: "number", min: 1, value: RUN_N_DEFAULT, class: "kvs-run-n", "data-testid": "kvs-run-n" }),
+    runBtn: kvsEl("button", { class: "kvs-run-btn", "data-testid": "kvs-run-btn", text: "Run N" }),
+    playBtn: kvsEl("button", { class: "kvs-play-btn", "data-testid": "kvs-play-btn", text: "\u25b6 Play" }),
+    speed: kvsEl("select", { class: "kvs-speed", "data-testid": "kvs-speed", title: "Pause between Play steps" },
+      PLAY_INTERVALS_MS.map((ms) => kvsEl("option", { value: ms, text: ms === 0 ? "max speed" : `${ms} ms` }))),
+    resetBtn: kvsEl("button", { class: "kvs-reset-btn", "data-testid": "kvs-reset-btn", title: "A new engine with the pool knobs below; the history is cleared", text: "Reset" }),
+    drawerBtn: kvsEl("button", { class: "kvs-drawer-btn", "data-testid": "kvs-drawer-toggle", "aria-expanded": "false",
+      title: "the add-request form, presets, token budget and pool knobs" }),
+    slider: kvsEl("input", { type: "range", min: 0, value: 0, class: "kvs-history-slider", "data-testid": "kvs-history-slider" }),
+    sliderLabel: kvsEl("span", { class: "kvs-history-label", "data-testid": "kvs-history-label" }),
+    liveBtn: kvsEl("button", { class: "kvs-live-btn", "data-testid": "kvs-live-btn", text: "\u25cf Live" }),
+    caption: kvsEl("div", { class: "kvs-caption", "data-testid": "kvs-caption", "aria-live": "polite" }),
+    notice: kvsEl("div", { class: "kvs-notice", "data-testid": "kvs-notice", role: "status" }),
+    errText: kvsEl("span", { class: "kvs-error-text" }),
+    errClose: kvsEl("button", { class: "kvs-error-close", title: "Dismiss", text: "\u00d7" }),
+  };
+  ui.speed.value = String(model.get("play_interval_ms"));
+  ui.errLine = kvsEl("div", { class: "kvs-error", "data-testid": "kvs-error", role: "alert" }, [ui.errText, ui.errClose]);
+  ui.rows = [
+    kvsEl("div", { class: "kvs-row" }, [ui.engine, ui.stepBtn, ui.runN, ui.runBtn, ui.playBtn, ui.speed, ui.resetBtn, ui.drawerBtn, ui.status]),
+    kvsEl("div", { class: "kvs-row kvs-history" }, [kvsEl("span", { text: "History" }), ui.slider, ui.sliderLabel, ui.liveBtn]),
+    ui.caption, ui.notice, ui.errLine,
+  ];
+  return ui;
+}
 
-  // Row 1: stepping.
-  const stepBtn = kvsEl("button", { class: "kvs-step-btn", "data-testid": "kvs-step-btn", title: "Run one engine step", text: "Step" });
-  const runN = kvsEl("input", { type: "number", min: 1, value: 8, class: "kvs-run-n", "data-testid": "kvs-run-n" });
-  const runBtn = kvsEl("button", { class: "kvs-run-btn", "data-testid": "kvs-run-btn", text: "Run N" });
-  const playBtn = kvsEl("button", { class: "kvs-play-btn", "data-testid": "kvs-play-btn", text: "\u25b6 Play" });
-  const speed = kvsEl("select", { class: "kvs-speed", "data-testid": "kvs-speed", title: "Pause between Play steps" },
-    [0, 100, 250, 500, 1000, 2000].map((ms) => kvsEl("option", { value: ms, text: ms === 0 ? "max speed" : `${ms} ms` })));
-  speed.value = String(model.get("play_interval_ms"));
-  const resetBtn = kvsEl("button", { class: "kvs-reset-btn", "data-testid": "kvs-reset-btn", title: "New engine, history cleared", text: "Reset" });
-  root.append(kvsEl("div", { class: "kvs-row" }, [stepBtn, runN, runBtn, playBtn, speed, resetBtn, status]));
-
-  // Row 2: history scrubber.
-  const slider = kvsEl("input", { type: "range", min: 0, value: 0, class: "kvs-history-slider", "data-testid": "kvs-history-slider" });
-  const sliderLabel = kvsEl("span", { class: "kvs-history-label", "data-testid": "kvs-history-label" });
-  const liveBtn = kvsEl("button", { class: "kvs-live-btn", "data-testid": "kvs-live-btn", text: "\u25cf Live" });
-  root.append(kvsEl("div", { class: "kvs-row kvs-history" }, [kvsEl("span", { text: "History" }), slider, sliderLabel, liveBtn]));
-
-  // The shown step in words (explorer/captions.py), and a hint that is not an error.
-  const caption = kvsEl("div", { class: "kvs-caption", "data-testid": "kvs-caption", "aria-live": "polite" });
-  const notice = kvsEl("div", { class: "kvs-notice", "data-testid": "kvs-notice", role: "status" });
-  root.append(caption, notice);
-
-  // Error line: the engine's message, shown until dismissed or the next good action.
-  const errText = kvsEl("span", { class: "kvs-error-text" });
-  const errClose = kvsEl("button", { class: "kvs-error-close", title: "Dismiss", text: "\u00d7" });
-  const errLine = kvsEl("div", { class: "kvs-error", "data-testid": "kvs-error", role: "alert" }, [errText, errClose]);
-  root.append(errLine);
-
-  // Row 3: add-request form and presets.
+/** The drawer's add-request form and presets. */
+function buildForm(model) {
   const d = model.get("form_defaults");
+  /** @type {Inputs} */
   const f = {
     prompt: kvsEl("textarea", { rows: 2, class: "kvs-prompt", "data-testid": "kvs-prompt", placeholder: "prompt" }),
     max_tokens: kvsEl("input", { type: "number", min: 1, class: "kvs-max-tokens", "data-testid": "kvs-max-tokens" }),
@@ -61,24 +79,26 @@ function render({ model, el }) {
   for (const k of ["max_tokens", "temperature", "top_k", "top_p", "seed"]) f[k].value = d[k] ?? "";
   f.ignore_eos.checked = !!d.ignore_eos;
   const addBtn = kvsEl("button", { class: "kvs-add-btn", "data-testid": "kvs-add-btn", text: "Add request" });
-  const labelled = (text, input) => kvsEl("label", {}, [text, input]);
-  const burstN = kvsEl("input", { type: "number", min: 1, value: 8, class: "kvs-burst-n", "data-testid": "kvs-burst-n" });
+  const burstN = kvsEl("input", { type: "number", min: 1, value: BURST_DEFAULT, class: "kvs-burst-n", "data-testid": "kvs-burst-n" });
   const presetBtns = model.get("presets").map((p) => kvsEl("button", {
     class: "kvs-preset", "data-testid": `kvs-preset-${p.name}`, title: p.hint || "", text: p.label,
   }));
-  const presetRow = kvsEl("div", { class: "kvs-row" }, [kvsEl("span", { class: "kvs-muted", text: "Presets:" }), ...presetBtns, labelled("N ", burstN)]);
-  root.append(kvsEl("div", { class: "kvs-add-form", "data-testid": "kvs-add-form" }, [
+  const el = kvsEl("div", { class: "kvs-add-form", "data-testid": "kvs-add-form" }, [
     f.prompt,
     kvsEl("div", { class: "kvs-row" }, [
       labelled("max_tokens ", f.max_tokens), labelled("temperature ", f.temperature), labelled("top_k ", f.top_k),
       labelled("top_p ", f.top_p), labelled("seed ", f.seed), labelled("ignore_eos ", f.ignore_eos),
-      kvsEl("label", { class: "kvs-chat-template-label" }, ["apply chat template ", f.chat_template]),
+      labelled("apply chat template ", f.chat_template, { class: "kvs-chat-template-label" }),
       addBtn,
     ]),
-    presetRow,
-  ]));
+    kvsEl("div", { class: "kvs-row" }, [kvsEl("span", { class: "kvs-muted", text: "Presets (they add requests, and may step):" }), ...presetBtns, labelled("N ", burstN)]),
+  ]);
+  return { f, addBtn, burstN, presetBtns, el };
+}
 
-  // Row 4: scheduler knobs (live) and pool knobs (applied by Reset).
+/** The drawer's knobs: the scheduler's (live) and the pool's (applied by rebuilding the engine). */
+function buildKnobs() {
+  /** @type {Inputs} */
   const b = {
     max_num_batched_tokens: kvsEl("input", { type: "number", min: 1, "data-testid": "kvs-budget-tokens" }),
     max_num_seqs: kvsEl("input", { type: "number", min: 1, "data-testid": "kvs-budget-seqs" }),
@@ -89,160 +109,196 @@ function render({ model, el }) {
       title: "vLLM's scheduler_reserve_full_isl: admit a waiting request only when blocks for its whole "
         + "sequence fit the pool (off: only its first chunk must fit)",
     }),
-    scheduling_policy: kvsEl("select", { "data-testid": "kvs-budget-policy" },
-      ["unified", "prefill_first"].map((p) => kvsEl("option", { value: p, text: p }))),
+    scheduling_policy: kvsEl("select", { "data-testid": "kvs-budget-policy" }, POLICIES.map((p) => kvsEl("option", { value: p, text: p }))),
   };
-  // Scrubbed back, the knobs show the budgets the shown step ran under (read-only).
-  const budgetNote = kvsEl("span", { class: "kvs-budget-note kvs-muted", "data-testid": "kvs-budget-note" });
+  /** @type {Inputs} */
   const pool = {
     num_kv_blocks: kvsEl("input", { type: "number", min: 2, "data-testid": "kvs-pool-blocks", placeholder: "auto" }),
     block_size: kvsEl("input", { type: "number", min: 1, "data-testid": "kvs-pool-block-size" }),
   };
-  root.append(kvsEl("div", { class: "kvs-row kvs-budget", "data-testid": "kvs-budget" }, [
-    labelled("token budget ", b.max_num_batched_tokens), labelled("max seqs ", b.max_num_seqs),
-    labelled("chunked prefill ", b.enable_chunked_prefill), labelled("prefix caching ", b.enable_prefix_caching),
-    labelled("reserve whole sequence ", b.scheduler_reserve_full_isl),
-    labelled("policy ", b.scheduling_policy), budgetNote,
-    kvsEl("span", { class: "kvs-sep" }),
-    labelled("KV blocks ", pool.num_kv_blocks), labelled("block size ", pool.block_size),
-  ]));
+  // Scrubbed back, the knobs show the budgets the shown step ran under (read-only).
+  const budgetNote = kvsEl("span", { class: "kvs-budget-note kvs-muted", "data-testid": "kvs-budget-note" });
+  const applyBtn = kvsEl("button", { class: "kvs-pool-apply", "data-testid": "kvs-pool-apply", text: APPLY_TEXT,
+    title: "Build a new engine with this pool (same model): the history and every request start again" });
+  const poolNote = kvsEl("span", { class: "kvs-pool-note", "data-testid": "kvs-pool-note" });
+  const el = kvsEl("div", { class: "kvs-knobs" }, [
+    kvsEl("div", { class: "kvs-row kvs-budget", "data-testid": "kvs-budget" }, [
+      kvsEl("span", { class: "kvs-muted", text: "Scheduler (live):", title: "applied from the next step on" }),
+      labelled("token budget ", b.max_num_batched_tokens), labelled("max seqs ", b.max_num_seqs),
+      labelled("chunked prefill ", b.enable_chunked_prefill), labelled("prefix caching ", b.enable_prefix_caching),
+      labelled("reserve whole sequence ", b.scheduler_reserve_full_isl), labelled("policy ", b.scheduling_policy), budgetNote,
+    ]),
+    kvsEl("div", { class: "kvs-row kvs-pool", "data-testid": "kvs-pool" }, [
+      kvsEl("span", { class: "kvs-muted", text: "Pool (new engine):" }),
+      labelled("KV blocks ", pool.num_kv_blocks), labelled("block size ", pool.block_size), applyBtn, poolNote,
+    ]),
+  ]);
+  return { b, pool, budgetNote, applyBtn, poolNote, el };
+}
 
-  // ---- state -> DOM ----
-  let playing = false;
-  let timer = null;
-  function showStatus() {
+/** State -> DOM: one function per part of the panel. */
+function makeViews(model, root, ui, form, knobs, sender, drawer) {
+  const views = {};
+  views.status = () => {
     const n = sender.pending();
     const busy = n > 0 || model.get("busy");
     root.classList.toggle("kvs-running", busy);
     const parts = [];
     if (busy) parts.push(n > 1 ? `running\u2026 (${n - 1} queued)` : "running\u2026");
-    parts.push(model.get("info"));
-    status.textContent = parts.filter(Boolean).join(" \u00b7 ");
+    const engine = model.get("engine") || "";
+    const info = model.get("info") || "";
+    parts.push(engine && info.startsWith(`${engine} \u00b7 `) ? info.slice(engine.length + 3) : info);  // the badge names it
+    ui.status.textContent = parts.filter(Boolean).join(" \u00b7 ");
+    ui.status.title = ui.status.textContent;
     root.dataset.busy = busy ? "true" : "false";
-  }
-  function showHistory() {
-    const len = model.get("history_len");
-    const first = model.get("history_first");
-    const idx = model.get("view_index");
-    slider.max = String(Math.max(0, len - 1));
-    slider.disabled = len === 0;
-    if (!slider.matches(":active")) slider.value = String(idx < 0 ? Math.max(0, len - 1) : idx);
-    const shown = idx < 0 ? len - 1 : idx;
-    sliderLabel.textContent = len === 0 ? "no steps yet" : `step ${first + shown} of ${first + len - 1}`;
-    liveBtn.disabled = idx < 0;
-    liveBtn.classList.toggle("kvs-on", idx < 0);
-  }
-  // The input an error is about, outlined until it is edited or the error goes.
-  const fieldInputs = { ...f, ...b, ...pool, n: runN };
-  function showError() {
+    ui.engine.textContent = engine;
+    ui.engine.style.display = engine ? "" : "none";
+    ui.engine.dataset.engine = /vllm/i.test(engine) ? "vllm" : "kvscope";
+    ui.engine.title = /vllm/i.test(engine) ? `the panels show vLLM's own scheduler and block pool (${engine})` : `the panels show kvscope's engine (${engine})`;
+  };
+  views.history = () => {
+    const len = model.get("history_len"), first = model.get("history_first"), idx = model.get("view_index");
+    ui.slider.max = String(Math.max(0, len - 1));
+    ui.slider.disabled = len === 0;
+    if (!ui.slider.matches(":active")) ui.slider.value = String(idx === LIVE ? Math.max(0, len - 1) : idx);
+    const shown = idx === LIVE ? len - 1 : idx;
+    ui.sliderLabel.textContent = len === 0 ? "no steps yet" : `step ${first + shown} of ${first + len - 1}`;
+    ui.liveBtn.disabled = idx === LIVE;
+    ui.liveBtn.classList.toggle("kvs-on", idx === LIVE);
+  };
+  // The input an error is about, outlined until it is edited or the error goes; the drawer
+  // opens when that input is in it.
+  const fieldInputs = { ...form.f, ...knobs.b, ...knobs.pool, n: ui.runN };
+  views.error = () => {
     const msg = model.get("error");
-    errText.textContent = msg;
-    errLine.style.display = msg ? "" : "none";
-    if (msg) stopPlay();
+    ui.errText.textContent = msg;
+    ui.errLine.style.display = msg ? "" : "none";
+    if (msg) views.stopPlay();
     const bad = msg ? model.get("error_field") || "" : "";
     for (const [k, input] of Object.entries(fieldInputs)) {
       const on = k === bad;
       input.classList.toggle("kvs-invalid", on);
       if (on) input.setAttribute("aria-invalid", "true"); else input.removeAttribute("aria-invalid");
+      if (on && drawer.contains(input)) views.setDrawer(true);
     }
-  }
+  };
   for (const input of Object.values(fieldInputs)) {
     input.addEventListener("input", () => { input.classList.remove("kvs-invalid"); input.removeAttribute("aria-invalid"); });
   }
-  function showCaption() {
+  views.caption = () => {
     const text = model.get("caption") || "";
     const idx = model.get("view_index");
-    const step = idx < 0 ? model.get("history_first") + model.get("history_len") - 1 : model.get("history_first") + idx;
-    caption.textContent = text && step > 0 ? `step ${step}: ${text}` : text;
-    caption.title = caption.textContent;
+    const step = idx === LIVE ? model.get("history_first") + model.get("history_len") - 1 : model.get("history_first") + idx;
+    ui.caption.textContent = text && step > 0 ? `step ${step}: ${text}` : text;
+    ui.caption.title = ui.caption.textContent;
     const note = model.get("notice") || "";
-    notice.textContent = note;
-    notice.style.display = note ? "" : "none";
-  }
+    ui.notice.textContent = note;
+    ui.notice.style.display = note ? "" : "none";
+  };
+  return views;
+}
+
+/** The knobs and the chat-template switch follow the model (more state -> DOM). */
+function makeKnobViews(model, form, knobs, views) {
   let chatTouched = false;  // the person's own choice wins over the default
-  f.chat_template.addEventListener("change", () => { chatTouched = true; });
-  function showChatTemplate() {
+  form.f.chat_template.addEventListener("change", () => { chatTouched = true; });
+  views.chatTemplate = () => {
     const available = !!model.get("chat_template_available");
-    f.chat_template.disabled = !available;
-    if (!available) f.chat_template.checked = false;
-    else if (!chatTouched) f.chat_template.checked = true;
-    f.chat_template.parentElement.title = available
+    const box = form.f.chat_template;
+    box.disabled = !available;
+    if (!available) box.checked = false;
+    else if (!chatTouched) box.checked = true;
+    box.parentElement.title = available
       ? "Wrap the prompt in the model's chat template (one user turn, then the assistant's turn), as a chat app "
-        + "does: Instruct models answer best this way"
+        + "does: Instruct models answer best this way. The presets follow this switch too."
       : "this model's tokenizer has no chat template: the prompt goes in as typed";
-  }
-  function showKnobs(force = false) {
+  };
+  views.knobs = (force = false) => {
     const bud = model.get("budget") || {};
     const idx = model.get("view_index");
-    const scrubbed = idx >= 0;
-    budgetNote.textContent = scrubbed ? `(step ${model.get("history_first") + idx} ran under these; Live to change them)` : "";
-    for (const [k, input] of Object.entries(b)) {
+    const scrubbed = idx !== LIVE;
+    knobs.budgetNote.textContent = scrubbed ? `(step ${model.get("history_first") + idx} ran under these; Live to change them)` : "";
+    for (const [k, input] of Object.entries(knobs.b)) {
       input.disabled = scrubbed;
       if (!(k in bud) || (input === document.activeElement && force !== true && !scrubbed)) continue;
       if (input.type === "checkbox") input.checked = !!bud[k];
       else input.value = String(bud[k]);
     }
     const pl = model.get("pool") || {};
-    for (const [k, input] of Object.entries(pool)) {
-      if (input !== document.activeElement) input.value = pl[k] === null || pl[k] === undefined ? "" : String(pl[k]);
+    for (const [k, input] of Object.entries(knobs.pool)) {
+      if (input !== document.activeElement || force === true) input.value = pl[k] === null || pl[k] === undefined ? "" : String(pl[k]);
     }
-  }
-  function showPlay() {
-    playBtn.textContent = playing ? "\u275a\u275a Pause" : "\u25b6 Play";
-    playBtn.classList.toggle("kvs-on", playing);
-    root.dataset.playing = playing ? "true" : "false";
-  }
+    views.poolDirty();
+  };
+  // A pool knob typed but not applied says so: it takes a new engine.
+  views.poolDirty = () => {
+    const pl = model.get("pool") || {};
+    const dirty = Object.entries(knobs.pool).some(([k, input]) => input.value.trim() !== (pl[k] === null || pl[k] === undefined ? "" : String(pl[k])));
+    knobs.applyBtn.classList.toggle("kvs-pending", dirty);
+    knobs.poolNote.textContent = dirty ? "not applied yet: Apply builds a new engine (same model) and clears the history" : "";
+  };
+  for (const input of Object.values(knobs.pool)) input.addEventListener("input", views.poolDirty);
+}
 
-  // ---- actions ----
-  const act = (content) => sender.send(content).then((ack) => { showStatus(); return ack; });
-  function stopPlay() {
-    playing = false;
-    if (timer) clearTimeout(timer);
-    timer = null;
-    showPlay();
-  }
+/** Clicks and edits -> actions (Play is a browser timer paced by the acks). */
+function wireActions(model, ui, form, knobs, views, act) {
+  let playing = false, timer = null;
+  views.play = () => {
+    ui.playBtn.textContent = playing ? "\u275a\u275a Pause" : "\u25b6 Play";
+    ui.playBtn.classList.toggle("kvs-on", playing);
+    ui.playBtn.closest(".kvs-controls").dataset.playing = playing ? "true" : "false";
+  };
+  views.stopPlay = () => { playing = false; if (timer) clearTimeout(timer); timer = null; views.play(); };
   function playTick() {
     timer = null;
     if (!playing) return;
-    if (!model.get("has_work")) { stopPlay(); return; }
+    if (!model.get("has_work")) { views.stopPlay(); return; }
     act({ action: "step", n: 1, source: "play" }).then((ack) => {
-      if (ack.error || model.get("error")) { stopPlay(); return; }
-      if (playing) timer = setTimeout(playTick, Number(speed.value));
+      if (ack.error || model.get("error")) { views.stopPlay(); return; }
+      if (playing) timer = setTimeout(playTick, Number(ui.speed.value));
     });
   }
-  stepBtn.addEventListener("click", () => act({ action: "step", n: 1 }));
-  runBtn.addEventListener("click", () => act({ action: "step", n: Math.max(1, Number(runN.value) || 1) }));
-  playBtn.addEventListener("click", () => {
-    if (playing) { stopPlay(); return; }
-    playing = true;
-    showPlay();
-    playTick();
+  ui.stepBtn.addEventListener("click", () => act({ action: "step", n: 1 }));
+  ui.runBtn.addEventListener("click", () => act({ action: "step", n: Math.max(1, Number(ui.runN.value) || 1) }));
+  ui.playBtn.addEventListener("click", () => {
+    if (playing) { views.stopPlay(); return; }
+    playing = true; views.play(); playTick();
   });
-  speed.addEventListener("change", () => { model.set("play_interval_ms", Number(speed.value)); model.save_changes(); });
-  resetBtn.addEventListener("click", () => {
-    stopPlay();
-    act({ action: "reset", num_kv_blocks: numOrNull(pool.num_kv_blocks), block_size: numOrNull(pool.block_size) });
-  });
-  addBtn.addEventListener("click", () => act({
-    action: "add", prompt: f.prompt.value, max_tokens: numOrNull(f.max_tokens), temperature: numOrNull(f.temperature),
-    top_k: numOrNull(f.top_k), top_p: numOrNull(f.top_p), seed: numOrNull(f.seed), ignore_eos: f.ignore_eos.checked,
+  ui.speed.addEventListener("change", () => { model.set("play_interval_ms", Number(ui.speed.value)); model.save_changes(); });
+  const rebuild = () => {
+    views.stopPlay();
+    act({ action: "reset", num_kv_blocks: numOrNull(knobs.pool.num_kv_blocks), block_size: numOrNull(knobs.pool.block_size) })
+      .then(() => views.knobs(true));
+  };
+  ui.resetBtn.addEventListener("click", rebuild);
+  knobs.applyBtn.addEventListener("click", rebuild);
+  for (const input of Object.values(knobs.pool)) input.addEventListener("keydown", (ev) => { if (ev.key === "Enter") rebuild(); });
+  const f = form.f;
+  const required = () => Object.fromEntries(REQUIRED_FIELDS.map((k) => [k, numOrEmpty(f[k])]));
+  form.addBtn.addEventListener("click", () => act({
+    action: "add", prompt: f.prompt.value, ...required(), seed: numOrNull(f.seed), ignore_eos: f.ignore_eos.checked,
     chat_template: f.chat_template.checked && !f.chat_template.disabled,
   }));
-  model.get("presets").forEach((p, i) => presetBtns[i].addEventListener("click", () => act({
-    action: "preset", name: p.name, n: Math.max(1, Number(burstN.value) || 1),
-    max_tokens: numOrNull(f.max_tokens), temperature: numOrNull(f.temperature),
+  model.get("presets").forEach((p, i) => form.presetBtns[i].addEventListener("click", () => act({
+    action: "preset", name: p.name, n: Math.max(1, Number(form.burstN.value) || 1),
+    max_tokens: numOrEmpty(f.max_tokens), temperature: numOrEmpty(f.temperature),
+    chat_template: f.chat_template.checked && !f.chat_template.disabled,
   })));
-  for (const [k, input] of Object.entries(b)) {
+  for (const [k, input] of Object.entries(knobs.b)) {
     // After the answer, show the knobs in force: a rejected value springs back.
     input.addEventListener("change", () => act({
       action: "set_budget",
       [k]: input.type === "checkbox" ? input.checked : input.tagName === "SELECT" ? input.value : numOrNull(input),
-    }).then(() => showKnobs(true)));
+    }).then(() => views.knobs(true)));
   }
-  errClose.addEventListener("click", () => act({ action: "clear_error" }));
-  // Scrubbing: coalesce slider moves so at most one scrub is in flight.
-  let scrubInFlight = false;
-  let scrubNext = null;
+  ui.errClose.addEventListener("click", () => act({ action: "clear_error" }));
+  ui.liveBtn.addEventListener("click", () => act({ action: "live" }));
+  wireSlider(model, ui, act);
+}
+
+/** The history slider: coalesced scrubs, and keys that stay in the slider. */
+function wireSlider(model, ui, act) {
+  let scrubInFlight = false, scrubNext = null;
   function scrub(index) {
     if (scrubInFlight) { scrubNext = index; return; }
     scrubInFlight = true;
@@ -251,14 +307,13 @@ function render({ model, el }) {
       if (scrubNext !== null) { const i = scrubNext; scrubNext = null; scrub(i); }
     });
   }
-  slider.addEventListener("input", () => scrub(Number(slider.value)));
+  ui.slider.addEventListener("input", () => scrub(Number(ui.slider.value)));
   // Once the slider has focus, the keys move the history, and no key reaches JupyterLab
   // (in command mode its shortcuts would collapse headings, change the active cell, or
   // cut/insert cells). Lab listens on the document in the bubbling phase.
-  const SLIDER_KEYS = { ArrowLeft: -1, ArrowDown: -1, ArrowRight: 1, ArrowUp: 1, PageDown: -10, PageUp: 10 };
-  slider.addEventListener("keydown", (ev) => {
+  ui.slider.addEventListener("keydown", (ev) => {
     const last = Math.max(0, model.get("history_len") - 1);
-    const cur = Number(slider.value);
+    const cur = Number(ui.slider.value);
     let next = null;
     if (ev.key in SLIDER_KEYS) next = cur + SLIDER_KEYS[ev.key];
     else if (ev.key === "Home") next = 0;
@@ -266,30 +321,46 @@ function render({ model, el }) {
     if (next !== null) {
       ev.preventDefault();
       next = Math.max(0, Math.min(last, next));
-      if (next !== cur) { slider.value = String(next); scrub(next); }
+      if (next !== cur) { ui.slider.value = String(next); scrub(next); }
     }
     if (ev.key !== "Escape" && ev.key !== "Tab") ev.stopPropagation();
   });
   for (const type of ["keyup", "keypress"]) {
-    slider.addEventListener(type, (ev) => { if (ev.key !== "Escape" && ev.key !== "Tab") ev.stopPropagation(); });
+    ui.slider.addEventListener(type, (ev) => { if (ev.key !== "Escape" && ev.key !== "Tab") ev.stopPropagation(); });
   }
-  liveBtn.addEventListener("click", () => act({ action: "live" }));
+}
 
-  model.on("change:info", showStatus);
-  model.on("change:busy", showStatus);
-  model.on("change:history_len", showHistory);
-  model.on("change:history_first", showHistory);
-  model.on("change:view_index", showHistory);
-  model.on("change:error", showError);
-  model.on("change:error_field", showError);
-  for (const k of ["caption", "notice", "view_index", "history_len", "history_first"]) model.on(`change:${k}`, showCaption);
-  model.on("change:chat_template_available", showChatTemplate);
-  model.on("change:view_index", () => showKnobs());
-  model.on("change:budget", () => showKnobs());
-  model.on("change:pool", () => showKnobs());
-  model.on("change:play_interval_ms", () => { speed.value = String(model.get("play_interval_ms")); });
-  showStatus(); showHistory(); showError(); showKnobs(); showPlay(); showCaption(); showChatTemplate();
-  return () => { stopPlay(); sender.dispose(); };
+function render({ model, el }) {
+  const root = kvsRoot(el, model, "kvs-controls");
+  let views = null;
+  const sender = kvsSender(model, (n) => { root.dataset.pending = String(n); if (views) views.status(); });
+  const ui = buildBar(model);
+  const form = buildForm(model);
+  const knobs = buildKnobs();
+  const drawer = kvsEl("div", { class: "kvs-drawer", "data-testid": "kvs-drawer" }, [form.el, knobs.el]);
+  root.append(...ui.rows, drawer);
+  views = makeViews(model, root, ui, form, knobs, sender, drawer);
+  views.setDrawer = (open) => {
+    drawer.hidden = !open;
+    root.dataset.drawer = open ? "open" : "closed";
+    ui.drawerBtn.setAttribute("aria-expanded", open ? "true" : "false");
+    ui.drawerBtn.textContent = open ? "\u25be requests & knobs" : "\u25b8 add request \u00b7 presets \u00b7 knobs";
+  };
+  ui.drawerBtn.addEventListener("click", () => views.setDrawer(drawer.hidden));
+  views.setDrawer(window.innerHeight >= DRAWER_OPEN_MIN_HEIGHT);
+  makeKnobViews(model, form, knobs, views);
+  const act = (content) => sender.send(content).then((ack) => { views.status(); return ack; });
+  wireActions(model, ui, form, knobs, views, act);
+
+  for (const k of ["info", "busy", "engine"]) model.on(`change:${k}`, views.status);
+  for (const k of ["history_len", "history_first", "view_index"]) model.on(`change:${k}`, views.history);
+  for (const k of ["error", "error_field"]) model.on(`change:${k}`, views.error);
+  for (const k of ["caption", "notice", "view_index", "history_len", "history_first"]) model.on(`change:${k}`, views.caption);
+  model.on("change:chat_template_available", views.chatTemplate);
+  for (const k of ["view_index", "budget", "pool"]) model.on(`change:${k}`, () => views.knobs());
+  model.on("change:play_interval_ms", () => { ui.speed.value = String(model.get("play_interval_ms")); });
+  views.status(); views.history(); views.error(); views.knobs(); views.play(); views.caption(); views.chatTemplate();
+  return () => { views.stopPlay(); sender.dispose(); };
 }
 
 export default { render };

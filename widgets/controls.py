@@ -8,7 +8,8 @@ from ._base import Panel, bundle_css, bundle_esm
 #: Presets offered by the form; the Dashboard turns a name into real requests.
 DEFAULT_PRESETS: list[dict] = [
     {"name": "shared_prefix", "label": "Shared-prefix pair",
-     "hint": "adds one prompt, runs its prefill, adds a second with the same prefix: watch prefix-cache hits"},
+     "hint": "adds one prompt, steps until its prefill is done, adds a second with the same prefix: "
+             "watch prefix-cache hits"},
     {"name": "long_prompt", "label": "Long prompt",
      "hint": "a prompt 2.5x the token budget: watch chunked prefill (lower the budget for more chunks)"},
     {"name": "burst", "label": "Burst of N",
@@ -20,8 +21,9 @@ class ControlsPanel(Panel):
     """Buttons and forms that drive a Session.
 
     Browser actions (custom messages, each acknowledged): ``step {n}``,
-    ``reset {num_kv_blocks?, block_size?}``, ``add {prompt, max_tokens, temperature,
-    top_k, top_p, ignore_eos, seed}``, ``preset {name, n?}``,
+    ``reset {num_kv_blocks?, block_size?}`` (Reset, and the pool knobs' Apply: a new engine),
+    ``add {prompt, max_tokens, temperature, top_k, top_p, ignore_eos, seed}`` (an empty
+    required field arrives as "" and is an error naming it), ``preset {name, n?, chat_template?}``,
     ``set_budget {max_num_batched_tokens?, max_num_seqs?, enable_chunked_prefill?,
     enable_prefix_caching?, scheduler_reserve_full_isl?, scheduling_policy?}``, ``scrub {index}``, ``live``,
     ``clear_error``. ``add`` also carries ``chat_template`` (the form's switch: wrap the
@@ -43,8 +45,9 @@ class ControlsPanel(Panel):
     caption = t.Unicode("").tag(sync=True)       # the shown step in words (explorer.captions)
     chat_template_available = t.Bool(False).tag(sync=True)  # the tokenizer has a chat template
     info = t.Unicode("").tag(sync=True)          # one-line summary of the engine state
+    engine = t.Unicode("").tag(sync=True)        # which engine the panels show ("kvscope", "vLLM 0.32.0"): a badge
     budget = t.Dict({}).tag(sync=True)           # scheduler knobs in force (scrubbed: the shown step's)
-    pool = t.Dict({}).tag(sync=True)             # pool knobs (apply by resetting)
+    pool = t.Dict({}).tag(sync=True)             # pool knobs (Apply / Reset: a new engine)
     form_defaults = t.Dict({"prompt": "The capital of France is", "max_tokens": 16, "temperature": 0.0,
                             "top_k": 0, "top_p": 1.0, "ignore_eos": False, "seed": None}).tag(sync=True)
     presets = t.List(DEFAULT_PRESETS).tag(sync=True)

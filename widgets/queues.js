@@ -18,6 +18,40 @@ function progress(row) {
   ]);
 }
 
+// A chat-template prompt shows the user's words; the template's own tokens (ChatML's
+// <|im_start|>role ... <|im_end|>, the system turn) fold into one dimmed chip, whose title
+// (and a click) shows the whole prompt with those tokens dimmed.
+const TEMPLATE_TOKEN = /(<\|[^|<>\s]{1,40}\|>)/g;
+const CHATML_USER = /<\|im_start\|>user\n([\s\S]*?)<\|im_end\|>/g;
+
+/** @returns {{user: string, wrapped: boolean}} the last user turn of a ChatML prompt, else the text. */
+function userWords(text) {
+  const turns = [...String(text || "").matchAll(CHATML_USER)];
+  if (!turns.length) return { user: String(text || ""), wrapped: false };
+  return { user: turns[turns.length - 1][1], wrapped: true };
+}
+
+function dimmedTemplate(text) {
+  return String(text).split(TEMPLATE_TOKEN).map((part, k) => (k % 2 ? kvsEl("span", { class: "kvs-tmpl-tok", text: part }) : part));
+}
+
+function promptText(row) {
+  const { user, wrapped } = userWords(row.prompt_text);
+  const out = kvsEl("span", { class: "kvs-prompt-text", title: row.prompt_text });
+  if (!wrapped) { out.append(...dimmedTemplate(user)); return out; }
+  const chip = kvsEl("span", { class: "kvs-tmpl-chip", "data-testid": "kvs-tmpl-chip", role: "button",
+    title: `in the model's chat template (click to show it):\n${row.prompt_text}`, text: "chat \u25b8" });
+  const words = kvsEl("span", { class: "kvs-user-words", "data-testid": "kvs-user-words", text: user });
+  chip.addEventListener("click", (ev) => {
+    ev.stopPropagation();
+    const open = out.classList.toggle("kvs-tmpl-open");
+    chip.textContent = open ? "chat \u25be" : "chat \u25b8";
+    out.replaceChildren(chip, ...(open ? dimmedTemplate(row.prompt_text) : [words]));
+  });
+  out.append(chip, words);
+  return out;
+}
+
 function scheduledBadge(s) {
   if (!s) return null;
   const text = s.is_prefill
@@ -40,7 +74,7 @@ function card(row, selected, act, link) {
       : null,
   ]);
   const text = kvsEl("div", { class: "kvs-text" }, [
-    kvsEl("span", { class: "kvs-prompt-text", title: row.prompt_text, text: row.prompt_text }),
+    promptText(row),
     kvsEl("span", { class: "kvs-output-text", text: row.output_text }),
   ]);
   return kvsEl("div", {

@@ -92,6 +92,10 @@ def test_a_learner_reads_each_step_at_a_glance(glance) -> None:
     page.click(f'[data-testid="kvs-timeline-chart"] g.kvs-step-bar[data-step="{pre.step}"] rect')
     page.wait_for_function("(s) => document.querySelector('[data-testid=kvs-controls]').dataset.step === String(s)",
                            arg=pre.step)
+    # Scrubbed back, the whole run stays drawn, with the cursor on the shown step.
+    page.wait_for_selector(f'[data-testid="kvs-timeline-cursor"][data-step="{pre.step}"]')
+    assert page.locator('[data-testid="kvs-timeline-chart"] g.kvs-step-bar').count() == len(steps["step"])
+    assert page.get_attribute('[data-testid="kvs-timeline-chart"]', "data-last-step") == str(steps["step"][-1])
     caption = page.inner_text('[data-testid="kvs-caption"]')
     assert caption.startswith(f"step {pre.step}: ")
     assert f"needed a new block and none was free \u2192 preempted #{victim} (newest running)" in caption, caption
@@ -103,6 +107,29 @@ def test_a_learner_reads_each_step_at_a_glance(glance) -> None:
     assert page.input_value('[data-testid="kvs-budget-tokens"]') == "16"
     assert page.is_disabled('[data-testid="kvs-budget-tokens"]')
     assert f"step {pre.step} ran under these" in page.inner_text('[data-testid="kvs-budget-note"]')
+
+    # -- one very slow step (a first plotly draw, a compile) does not flatten the ms chart --
+    slow = steps["step"][len(steps["step"]) // 2]
+    k = steps["step"].index(slow)
+    forward = list(steps["forward"])
+    normal = sorted(forward)[len(forward) // 2]
+    forward[k] = max(forward) * 50 + 1000.0
+    binder.panels["timeline"].steps = {**steps, "forward": forward}
+    front.sync()
+    page.wait_for_selector(f'[data-testid="kvs-timeline-chart"] .kvs-ms-outlier[data-step="{slow}"]')
+    assert page.get_attribute('[data-testid="kvs-timeline-chart"] .kvs-ms-max', "data-cut") == "true"
+    parts = page.locator('[data-testid="kvs-timeline-chart"] .kvs-time-part').evaluate_all(
+        "rs => rs.map(r => [r.dataset.step, r.getBoundingClientRect().height])")
+    per_step: dict[str, float] = {}
+    for st, h in parts:
+        per_step[st] = per_step.get(st, 0.0) + h
+    # The axis fits the other steps (the 95th percentile's reaches ~70 of 80 px); drawn linear
+    # up to the outlier, every other bar would be under 2 px.
+    others = [h for st, h in per_step.items() if st != str(slow)]
+    assert normal > 0 and max(others) >= 40, per_step
+    assert per_step[str(slow)] <= 81  # drawn to the cut, its real time written over it
+    binder.panels["timeline"].steps = steps
+    front.sync()
 
     # -- the slider's keys move the history and stop there -------------------------------
     page.evaluate("""() => { window.__kvsKeysOutside = 0;
@@ -120,7 +147,7 @@ def test_a_learner_reads_each_step_at_a_glance(glance) -> None:
 
 
 def test_a_fresh_form_hints_what_to_do_and_outlines_the_bad_input(browser: Any, fresh_session: Any) -> None:
-    binder = SessionBinder(fresh_session, ["controls", "timeline"])
+    binder = SessionBinder(fresh_session, ["controls", "timeline", "queues"])
     page = browser.new_page(viewport={"width": 1366, "height": 768})
     front = MiniFrontend(page, binder.panels, body_width="auto")
     try:
@@ -132,8 +159,22 @@ def test_a_fresh_form_hints_what_to_do_and_outlines_the_bad_input(browser: Any, 
         page.click('[data-testid="kvs-step-btn"]')
         page.wait_for_selector('[data-testid="kvs-notice"]:visible')
         assert "nothing to step: add a request" in page.inner_text('[data-testid="kvs-notice"]')
+        # A laptop screen: one compact bar; the form and the knobs wait folded in the drawer.
+        assert page.get_attribute('[data-testid="kvs-controls"]', "data-drawer") == "closed"
+        assert not page.is_visible('[data-testid="kvs-add-form"]')
+        assert page.inner_text('[data-testid="kvs-engine-badge"]') == "kvscope"
+        page.click('[data-testid="kvs-drawer-toggle"]')
+        page.wait_for_selector('[data-testid="kvs-add-form"]:visible')
         # The model's tokenizer has a chat template: the switch is on by default.
         assert page.is_checked('[data-testid="kvs-chat-template"]')
+        # An emptied max_tokens is an error naming it, not a silent 16.
+        page.fill('[data-testid="kvs-max-tokens"]', "")
+        page.click('[data-testid="kvs-add-btn"]')
+        page.wait_for_selector('[data-testid="kvs-error"]:visible')
+        assert "max_tokens is empty" in page.inner_text('[data-testid="kvs-error"]')
+        assert page.get_attribute('[data-testid="kvs-max-tokens"]', "aria-invalid") == "true"
+        assert fresh_session.current.snapshot["queues"]["waiting"] == []
+        page.fill('[data-testid="kvs-max-tokens"]', "16")
         # A bad field: the engine's message, and that input outlined until it is edited.
         page.fill('[data-testid="kvs-top-p"]', "1.5")
         page.click('[data-testid="kvs-add-btn"]')
@@ -153,6 +194,23 @@ def test_a_fresh_form_hints_what_to_do_and_outlines_the_bad_input(browser: Any, 
         page.click('[data-testid="kvs-step-btn"]')
         page.wait_for_selector('[data-testid="kvs-timeline-chart"]')
         assert page.inner_text('[data-testid="kvs-caption"]').startswith("step 1: #0 prefill all")
+        # The user's words on the queue card; the template folded into a dimmed chip.
+        card = page.locator('[data-testid="kvs-req-0"]')
+        assert card.locator('[data-testid="kvs-user-words"]').inner_text() == "The capital of France is"
+        assert "<|im_start|>" not in card.locator(".kvs-text").inner_text()
+        card.locator('[data-testid="kvs-tmpl-chip"]').click()
+        assert "<|im_start|>" in card.locator(".kvs-text").inner_text()
+        assert card.locator(".kvs-tmpl-tok").first.inner_text() == "<|im_start|>"
+        # A pool knob says it is not applied until Apply (or Enter) rebuilds the engine.
+        blocks = fresh_session.config.num_kv_blocks
+        page.fill('[data-testid="kvs-pool-blocks"]', "6")
+        assert "not applied yet" in page.inner_text('[data-testid="kvs-pool-note"]')
+        assert "rebuilds the engine" in page.inner_text('[data-testid="kvs-pool-apply"]')
+        assert fresh_session.config.num_kv_blocks == blocks
+        page.press('[data-testid="kvs-pool-blocks"]', "Enter")
+        page.wait_for_function("() => document.querySelector('[data-testid=kvs-pool-note]').textContent === ''")
+        assert fresh_session.config.num_kv_blocks == 6 and fresh_session.history[-1].step == 0
+        assert page.input_value('[data-testid="kvs-pool-blocks"]') == "6"
         assert front.errors() == []
     finally:
         binder.close()

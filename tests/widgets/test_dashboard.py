@@ -461,3 +461,39 @@ def test_a_fresh_latency_panel_shows_a_hint_not_empty_axes(dash: Dashboard) -> N
     dash.session.add_request("Hi", max_tokens=2, temperature=0.0, request_id="a-very-long-request-id-of-a-script")
     dash.session.run_until_idle()
     assert len(set(lat.figure.layout.xaxis.ticktext)) == len(lat.figure.layout.xaxis.ticktext) == 2
+
+
+def test_presets_follow_the_chat_template_switch_and_say_that_they_stepped(dash: Dashboard) -> None:
+    s = dash.session
+    send(dash.controls, action="preset", name="shared_prefix", max_tokens=4, temperature=0, chat_template=True)
+    assert dash.controls.error == ""
+    reqs = {r["request_id"]: r for r in views.all_requests(s.current.snapshot)}
+    first, second = reqs["0"]["prompt_text"], reqs["1"]["prompt_text"]
+    assert first.startswith("<|im_start|>system\n") and "<|im_start|>user\nQuestion: the capital of France?" in first
+    assert "capital of Italy?" in second and second.endswith("<|im_start|>assistant\n")
+    stepped = s.current.step
+    assert stepped >= 1
+    note = dash.controls.notice
+    assert f"ran {stepped} step" in note and "by itself" in note and "#1" in note, note
+    send(dash.controls, action="step", n=1)
+    assert s.current.record["blocks"]["hits"], "the templated pair still shares its system turn's blocks"
+    send(dash.controls, action="preset", name="burst", n=3, max_tokens=2, temperature=0, chat_template=True)
+    waiting = s.current.snapshot["queues"]["waiting"]
+    assert len(waiting) == 3 and all(r["prompt_text"].startswith("<|im_start|>user\nWrite a long story") for r in waiting)
+    assert "no step run" in dash.controls.notice
+    send(dash.controls, action="preset", name="burst", n=1, max_tokens=2, temperature=0, chat_template=False)
+    assert s.current.snapshot["queues"]["waiting"][-1]["prompt_text"].startswith("Write a long story")
+
+
+def test_an_empty_required_field_is_an_error_naming_it_not_a_default(dash: Dashboard) -> None:
+    s = dash.session
+    send(dash.controls, action="add", prompt="Hi", max_tokens="", temperature=0, top_k=0, top_p=1)
+    assert "max_tokens is empty" in dash.controls.error and dash.controls.error_field == "max_tokens"
+    assert views.all_requests(s.current.snapshot) == []
+    send(dash.controls, action="preset", name="burst", n=2, max_tokens="", temperature=0)
+    assert dash.controls.error_field == "max_tokens" and views.all_requests(s.current.snapshot) == []
+    send(dash.controls, action="add", prompt="Hi", max_tokens=2, temperature="  ")
+    assert "temperature is empty" in dash.controls.error and dash.controls.error_field == "temperature"
+    send(dash.controls, action="add", prompt="Hi", max_tokens=2, temperature=0)
+    assert dash.controls.error == "" and len(views.all_requests(s.current.snapshot)) == 1
+    assert dash.controls.engine == "kvscope"

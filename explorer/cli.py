@@ -137,6 +137,16 @@ def build_parser() -> argparse.ArgumentParser:
     app.add_argument("--max-num-batched-tokens", type=_positive_int, default=None, help="token budget per step")
     app.add_argument("--max-num-seqs", type=_positive_int, default=None, help="requests per step")
 
+    attach = sub.add_parser("attach", help="follow a running vLLM server's steps (its kvscope recorder feed)",
+                            description="Print each step of a vLLM server started with --scheduler-cls "
+                                        "explorer.vllm_live.RecordingScheduler, as it runs (Ctrl-C stops).")
+    attach.add_argument("address", help="the server's KVSCOPE_FEED, e.g. tcp://127.0.0.1:5590")
+    attach.add_argument("--model", default=None, help="local model folder, for text (default: the server's, if here)")
+    attach.add_argument("--kv-events", default=None, help="the server's --kv-events-config endpoint, for the prefix tree")
+    attach.add_argument("--seconds", type=float, default=None, help="stop after this many seconds")
+    attach.add_argument("--export", default=None, help="write what was seen as one HTML file at the end")
+    attach.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the recorder to answer")
+
     sub.add_parser("doctor", help="check the set-up and say how to fix what is missing",
                    description="Print Python, torch build and device, triton, flash-attn, the default model "
                                "cache, chromium for browser tests, and the command that fixes each missing piece.")
@@ -214,6 +224,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = {"num_kv_blocks": args.num_kv_blocks, "block_size": args.block_size,
                   "max_num_batched_tokens": args.max_num_batched_tokens, "max_num_seqs": args.max_num_seqs}
         return run_app(port=args.port, open_browser=not args.no_browser, model=args.model, config=config)
+    if args.command == "attach":
+        from .vllm_live.cli import run_attach
+
+        return run_attach(args.address, model=args.model, kv_events=args.kv_events, seconds=args.seconds,
+                          export=args.export, timeout=args.timeout)
     if args.command == "doctor":
         from .doctor import run_doctor
 

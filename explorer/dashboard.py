@@ -81,6 +81,7 @@ class SessionBinder:
         for name in panels:
             self.add(name)
         self._unsubscribe = session.subscribe(self._on_event)
+        self._show_engine_notice()
         self.render()
 
     # ---- panels ----
@@ -110,6 +111,13 @@ class SessionBinder:
         for panel in self.panels.values():
             if isinstance(panel, Panel):
                 panel.frozen = True  # the browser swallows clicks and says "frozen at step N"
+
+    def _show_engine_notice(self) -> None:
+        """A knob the engine's driver changed so the engine would start (vLLM: max_num_seqs
+        lowered to the token budget), said once in the Controls' notice line."""
+        notice = getattr(self.session.engine, "notice", "") or ""
+        if notice and "controls" in self.panels:
+            self.panels["controls"].notice = notice
 
     # ---- what is shown ----
     def entries(self) -> list:
@@ -281,6 +289,7 @@ class SessionBinder:
                 if "blocks" in self.panels:
                     self.panels["blocks"].token_text = self.token_text
                 self._timeline_key = None
+                self._show_engine_notice()
             if event == "error" and "controls" in self.panels:
                 # An action of these panels outlines its input afterwards (_show_error).
                 self._show_error(str(getattr(self.session, "last_error", "") or ""))
@@ -453,6 +462,10 @@ class Dashboard(W.VBox):
             setattr(self, name, panel)
         p = self.binder.panels
         rows: list[W.Widget] = []
+        follow = getattr(session, "follow_panel", None)  # a live vLLM server's Session: Follow / Pause
+        if callable(follow):
+            self.follow = follow()
+            rows.append(self.follow)
         if "controls" in p:
             rows.append(p["controls"])
         top = [p[n] for n in ("queues", "sampler") if n in p]

@@ -329,7 +329,7 @@ const HOST = {
       const tl = (DATA.timeline || {}).steps || {};
       const at = (tl.step || []).indexOf(step);
       m.controls.update({ history_len: ENTRIES.length, history_first: Number(ENTRIES[0].step), view_index: live ? -1 : i,
-        has_work: false, info, caption: at >= 0 && tl.caption ? String(tl.caption[at]) : "",
+        has_work: false, info, engine: engineName, caption: at >= 0 && tl.caption ? String(tl.caption[at]) : "",
         budget: Object.fromEntries(DATA.meta.budget_keys.filter((k) => k in config).map((k) => [k, config[k]])),
         pool: Object.fromEntries(["num_kv_blocks", "block_size"].filter((k) => k in config).map((k) => [k, config[k]])) });
     }

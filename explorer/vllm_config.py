@@ -179,6 +179,23 @@ class VllmConfig:
         return kwargs | self.engine_args
 
 
+def fit_max_num_seqs(config: VllmConfig, *, explicit: bool) -> tuple[VllmConfig, str]:
+    """vLLM refuses max_num_seqs above max_num_batched_tokens (each running request takes at
+    least one token of a step's budget). Left at its default, max_num_seqs is lowered to the
+    budget, with a notice saying so; asked for explicitly, one ValueError names both knobs
+    (before vLLM spends seconds starting). Returns (config, notice or "")."""
+    seqs, budget = config.max_num_seqs, config.max_num_batched_tokens
+    if seqs <= budget:
+        return config, ""
+    if explicit:
+        raise ValueError(f"max_num_seqs ({seqs}) must not exceed max_num_batched_tokens ({budget}): every running "
+                         f"request takes at least one token of a step's budget; lower max_num_seqs or raise "
+                         f"max_num_batched_tokens")
+    return config.replace(max_num_seqs=budget), (
+        f"max_num_seqs lowered from {seqs} to {budget}, the token budget max_num_batched_tokens "
+        f"(vLLM needs max_num_seqs <= max_num_batched_tokens)")
+
+
 CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(VllmConfig))
 LIVE_KNOBS = ("max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill", "scheduler_reserve_full_isl")
 assert set(LIVE_KNOBS) <= set(SCHEDULER_KNOBS)

@@ -24,6 +24,7 @@ import json
 import logging
 import re
 import time
+import traceback
 import weakref
 from pathlib import Path
 from typing import Any
@@ -35,10 +36,11 @@ from engine.request import checked_request_args, token_id_list
 from engine.sampling_params import SamplingParams
 
 from .vllm_capture import StepCapture
-from .vllm_config import (CONFIG_FIELDS, LIVE_KNOBS, VllmConfig, VllmUnavailable, prepare_environment,
-                          require_vllm, split_fields)
+from .vllm_config import (CONFIG_FIELDS, LIVE_KNOBS, VllmConfig, VllmUnavailable, fit_max_num_seqs,
+                          prepare_environment, require_vllm, split_fields)
 from .vllm_probe import QueryCapture, VllmAttentionProbe, attention_weights
 from .vllm_records import RequestState, finished_dict, pool_dict, request_dict, step_record
+from .vllm_startup import StartupLog
 
 __all__ = ["VllmConfig", "VllmDriver", "VllmEngine", "VllmUnavailable"]
 
@@ -79,7 +81,9 @@ class VllmDriver:
                              f"got {type(llm_or_config).__name__}")
         if engine_args:
             config = config.replace(engine_args={**config.engine_args, **engine_args})
-        return cls(VllmEngine(config))
+        explicit = "max_num_seqs" in ours or isinstance(llm_or_config, VllmConfig)
+        config, notice = fit_max_num_seqs(config, explicit=explicit)
+        return cls(VllmEngine(config, notice=notice))
 
     def rebuild(self, **config_fields: Any) -> "VllmDriver":
         ours, engine_args = split_fields(config_fields)
@@ -90,7 +94,8 @@ class VllmDriver:
             config = config.replace(num_kv_blocks=self.engine.requested_num_kv_blocks)
         if "max_model_len" not in ours:
             config = config.replace(max_model_len=self.engine.requested_max_model_len)
-        return VllmDriver(VllmEngine(config))  # the old engine keeps running if vLLM refuses
+        config, notice = fit_max_num_seqs(config, explicit="max_num_seqs" in ours)
+        return VllmDriver(VllmEngine(config, notice=notice))  # the old engine keeps running if vLLM refuses
 
     def shutdown(self) -> None:
         self.engine.shutdown()
@@ -100,8 +105,9 @@ class VllmEngine:
     """vLLM's LLMEngine stepped one scheduler step at a time, seen through kvscope's records
     (explorer.engine_protocol.Engine). `name` ("vLLM 0.32.0") is shown by every panel."""
 
-    def __init__(self, config: VllmConfig) -> None:
+    def __init__(self, config: VllmConfig, notice: str = "") -> None:
         self.version = require_vllm()
+        self.notice = notice  # a knob the explorer changed so vLLM would start (shown by the Dashboard)
         config.validate()
         prepare_environment()
         from engine.default_model import default_model_path, validate_model_folder
@@ -109,14 +115,26 @@ class VllmEngine:
         folder = validate_model_folder(config.model if config.model is not None else default_model_path())
         self.requested_num_kv_blocks, self.requested_max_model_len = config.num_kv_blocks, config.max_model_len
         max_model_len = config.max_model_len or _default_max_model_len(folder, config)
-        import vllm
-        from vllm import LLM
+        # vLLM's start-up output (logs, warnings, a weights bar) folds into one progress line.
+        with StartupLog(f"vLLM {self.version}") as startup:
+            startup.note = notice
+            import vllm
+            from vllm import LLM
 
-        self.version = require_vllm(vllm.__version__)
-        try:
-            self.llm = LLM(**config.llm_kwargs(str(folder), max_model_len))
-        except Exception as exc:  # noqa: BLE001 - whatever vLLM refuses, the caller gets its message
-            raise ValueError(f"vLLM refused this configuration: {_message(exc)}") from exc
+            self.version = require_vllm(vllm.__version__)
+            try:
+                self.llm = LLM(**config.llm_kwargs(str(folder), max_model_len))
+            except Exception as exc:  # noqa: BLE001 - whatever vLLM refuses, the caller gets its message
+                refused = exc
+                traceback.print_exc()  # into the start-up log, not the caller's traceback
+            else:
+                refused = None
+        self.startup_log = startup.log_text
+        if refused is not None:
+            # One line: vLLM's own traceback is in the start-up log (one click away), not chained here.
+            error = ValueError(f"vLLM refused this configuration: {_message(refused)}")
+            error.vllm_error = refused  # type: ignore[attr-defined]
+            raise error from None
         self.name = f"vLLM {self.version}"
         self.vllm = self.llm.llm_engine
         client = self.vllm.engine_core

@@ -9,7 +9,10 @@ Two tools, both over the documented dict shapes (docs/architecture.md):
    prompt token ids, every finished request, every unchanged KV block, the config and
    model_info: it points at step k's. What a step adds is what the step changed (the
    requests it ran, the blocks it touched) plus one list of pointers per queue and one
-   per block pool. Session uses it in two lines (see the module's end).
+   per block pool. For kvscope's engine the Session does not even build the unchanged
+   parts: `snapshot_after_step` builds only what the step's record says changed (the
+   requests it touched, the blocks of its events and of the requests it ran or let go);
+   for any other engine it shares a full snapshot with `share_unchanged`.
 
    Snapshots are read-only: a part of one entry may be the same object as the same part
    of its neighbours, so changing it in place changes them too (it was wrong before as
@@ -32,13 +35,17 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
+from engine.llm_engine import LLMEngine
+from engine.report import records
+from engine.report.schema import BLOCK, REC, REQ, SNAP
+
 FORMAT = "kvscope-history"
 VERSION = 1
 
 _MISSING = object()
 # The keys that identify an element of a list of dicts, so a reordered or grown list
 # (the waiting queue, the finished queue) still shares each element with its old self.
-_ID_KEYS = ("request_id", "block_id")
+_ID_KEYS = (REQ.REQUEST_ID, BLOCK.BLOCK_ID)
 
 
 # -- 1. in memory: structural sharing --------------------------------------------------------------
@@ -116,9 +123,9 @@ def _id_pool(old: dict) -> dict | None:
         if type(value) is not list:
             return None
         for item in value:
-            if type(item) is not dict or "request_id" not in item:
+            if type(item) is not dict or REQ.REQUEST_ID not in item:
                 return None
-            pool[("request_id", item["request_id"])] = item
+            pool[item[REQ.REQUEST_ID]] = item
     return pool or None
 
 
@@ -126,7 +133,7 @@ def _share_dict_list(new: list, old: list, pool: dict | None = None) -> list:
     if pool is not None:
         same = len(new) == len(old)
         for i, value in enumerate(new):
-            prev = pool.get(("request_id", value.get("request_id"))) if type(value) is dict else None
+            prev = pool.get(value.get(REQ.REQUEST_ID)) if type(value) is dict else None
             if prev is None:
                 same = False
                 continue
@@ -154,6 +161,27 @@ def _share_dict_list(new: list, old: list, pool: dict | None = None) -> list:
             new[i] = shared
         same = same and i < n_old and shared is old[i]
     return old if same else new
+
+
+def snapshot_after_step(engine: Any, before: dict, record: dict) -> dict:
+    """The snapshot dict of `engine` after the step whose StepRecord dict is `record`,
+    sharing with `before` (the previous entry's snapshot) every part the step left alone.
+
+    kvscope's engine builds only what the record says changed (requests the step touched,
+    blocks of its events and of the requests it ran or let go: engine.report.records.
+    snapshot_after_step); any other engine's full snapshot is shared part by part with
+    `share_unchanged`. With `check_invariants` on, the built snapshot is compared with a
+    full one, and a difference raises."""
+    if not isinstance(engine, LLMEngine):
+        return share_unchanged(engine.snapshot().to_dict(), before)
+    snapshot = records.snapshot_after_step(before, record, engine.step_count, engine.config, engine.model_info,
+                                           engine.metrics, engine.scheduler, engine.decode)
+    if engine.config.check_invariants:
+        full = engine.snapshot().to_dict()
+        if full != snapshot:
+            raise AssertionError(f"step {record[REC.STEP]}: the snapshot built from the step's changes differs "
+                                 f"from the engine's full snapshot: {diff(full, snapshot)}")
+    return snapshot
 
 
 # -- 2. on the wire: deltas ------------------------------------------------------------------------
@@ -238,14 +266,14 @@ def keyed(snapshot: dict) -> dict:
     """A snapshot with its queues as request-id lists plus one `_requests` map by id, so a
     request moving from waiting to running is one small delta, not two whole copies."""
     out = dict(snapshot)
-    queues = out.pop("queues", None)
+    queues = out.pop(SNAP.QUEUES, None)
     if isinstance(queues, dict):
         order, requests = {}, {}
         for name, items in queues.items():
-            order[name] = [r["request_id"] for r in items]
+            order[name] = [r[REQ.REQUEST_ID] for r in items]
             for r in items:
-                requests[r["request_id"]] = r
-        out["queues"] = order
+                requests[r[REQ.REQUEST_ID]] = r
+        out[SNAP.QUEUES] = order
         out["_requests"] = requests
     return out
 
@@ -255,7 +283,7 @@ def unkeyed(snapshot: dict) -> dict:
     out = dict(snapshot)
     requests = out.pop("_requests", None)
     if requests is not None:
-        out["queues"] = {name: [requests[rid] for rid in ids] for name, ids in out["queues"].items()}
+        out[SNAP.QUEUES] = {name: [requests[rid] for rid in ids] for name, ids in out[SNAP.QUEUES].items()}
     return out
 
 

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable
 from engine import LLM, EngineConfig, SamplingParams, StepRecord
 
 from .engine_protocol import Engine, EngineDriver, make_driver
-from .history import HistoryEntry, share_unchanged
+from .history import HistoryEntry, share_unchanged, snapshot_after_step
 
 log = logging.getLogger(__name__)
 
@@ -147,10 +147,12 @@ class Session:
                 if not self.engine.has_unfinished_requests():
                     break
                 rec = self.engine.step()
-                # Unchanged blocks and requests point at the previous step's objects: a
-                # history of snapshots costs a fraction of full copies (explorer/history.py).
-                snapshot = share_unchanged(self.engine.snapshot().to_dict(), self._history[-1].snapshot)
-                self._history.append(HistoryEntry(step=rec.step, record=rec.to_dict(), snapshot=snapshot))
+                record = rec.to_dict()
+                # Built from what the step changed: unchanged blocks and requests point at the
+                # previous step's objects, so a history costs a fraction of full copies, and
+                # watching little more than not watching (explorer/history.py).
+                snapshot = snapshot_after_step(self.engine, self._history[-1].snapshot, record)
+                self._history.append(HistoryEntry(step=rec.step, record=record, snapshot=snapshot))
             records.append(rec)
             self._notify("step")
         return records

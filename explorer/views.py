@@ -1,6 +1,6 @@
 """Pure functions from Session history entries (record + snapshot dicts) to panel states.
 
-Everything here reads the documented dict shapes (docs/architecture.md) and returns
+Everything here reads the dict shapes of engine/report/schema.py (through its key constants) and returns
 plain values ready for a panel's traitlets: no widget objects, no torch, no engine (the
 block-pool codes come from the panel's module, which defines its byte columns).
 """
@@ -9,6 +9,8 @@ from __future__ import annotations
 from array import array
 from typing import Any, Callable, Iterable, Sequence
 
+from engine.report.schema import (BATCH, BLOCK, BUDGET, CLOCK, EV, POOL, QUEUE, REC, REQ, RMETRICS, SAMPLE, SCHED,
+                                  SNAP, TIME)
 from engine.tokenizer import fast_decoder
 # The block-pool panel's status codes and event bits: spelled once, by the panel.
 from widgets.block_pool import EVENT_BITS, FREE, FREE_CACHED, IN_USE, IN_USE_HASHED, NULL
@@ -17,8 +19,8 @@ from .captions import history_captions
 
 TokenText = Callable[[Sequence[int]], list[str]]
 
-EMPTY_RECORD: dict = {"step": 0, "scheduled": [], "batch": {}, "sampled": {}, "preempted": [],
-                      "finished": [], "new_requests": [], "blocks": {}, "timings_ms": {}}
+EMPTY_RECORD: dict = {REC.STEP: 0, REC.SCHEDULED: [], REC.BATCH: {}, REC.SAMPLED: {}, REC.PREEMPTED: [],
+                      REC.FINISHED: [], REC.NEW_REQUESTS: [], REC.BLOCKS: {}, REC.TIMINGS_MS: {}}
 
 _PARAM_KEYS = ("temperature", "top_k", "top_p", "max_tokens", "ignore_eos", "seed")  # shown by the sampler
 
@@ -45,8 +47,8 @@ def token_texts(tokenizer: Any) -> TokenText:
 
 def all_requests(snapshot: dict) -> list[dict]:
     """Every request of a snapshot: waiting, running, then finished."""
-    q = snapshot.get("queues") or {}
-    return [*q.get("waiting", []), *q.get("running", []), *q.get("finished", [])]
+    q = snapshot.get(SNAP.QUEUES) or {}
+    return [*q.get(QUEUE.WAITING, []), *q.get(QUEUE.RUNNING, []), *q.get(QUEUE.FINISHED, [])]
 
 
 def _clip(text: str | None, limit: int) -> str:
@@ -58,29 +60,30 @@ def _clip(text: str | None, limit: int) -> str:
 def queues_state(record: dict | None, snapshot: dict, *, max_finished: int = 50, max_text: int = 400) -> dict:
     """QueuesPanel traits: one row per request, with what this step scheduled for it."""
     record = record or EMPTY_RECORD
-    scheduled = {s["request_id"]: s for s in record.get("scheduled", [])}
-    sampled = record.get("sampled", {})
+    scheduled = {s[SCHED.REQUEST_ID]: s for s in record.get(REC.SCHEDULED, [])}
+    sampled = record.get(REC.SAMPLED, {})
 
     def row(req: dict) -> dict:
-        rid = req["request_id"]
+        rid = req[REQ.REQUEST_ID]
         s = scheduled.get(rid)
         return {
-            "request_id": rid, "status": req.get("status", ""),
-            "prompt_text": _clip(req.get("prompt_text"), max_text),
-            "output_text": _clip(req.get("output_text"), max_text),
-            "num_prompt_tokens": len(req.get("prompt_token_ids", [])),
-            "num_output_tokens": len(req.get("output_token_ids", [])),
-            "max_tokens": req.get("max_tokens"), "num_computed_tokens": req.get("num_computed_tokens", 0),
-            "num_cached_tokens": req.get("num_cached_tokens", 0), "num_preemptions": req.get("num_preemptions", 0),
-            "finish_reason": req.get("finish_reason"), "num_blocks": len(req.get("block_table", [])),
+            "request_id": rid, "status": req.get(REQ.STATUS, ""),
+            "prompt_text": _clip(req.get(REQ.PROMPT_TEXT), max_text),
+            "output_text": _clip(req.get(REQ.OUTPUT_TEXT), max_text),
+            "num_prompt_tokens": len(req.get(REQ.PROMPT_TOKEN_IDS, [])),
+            "num_output_tokens": len(req.get(REQ.OUTPUT_TOKEN_IDS, [])),
+            "max_tokens": req.get(REQ.MAX_TOKENS), "num_computed_tokens": req.get(REQ.NUM_COMPUTED_TOKENS, 0),
+            "num_cached_tokens": req.get(REQ.NUM_CACHED_TOKENS, 0), "num_preemptions": req.get(REQ.NUM_PREEMPTIONS, 0),
+            "finish_reason": req.get(REQ.FINISH_REASON), "num_blocks": len(req.get(REQ.BLOCK_TABLE, [])),
             "scheduled": None if s is None else {k: s.get(k) for k in (
-                "num_tokens", "num_computed_before", "is_prefill", "num_cached_tokens", "chunk_index")},
-            "sampled_text": (sampled.get(rid) or {}).get("text"),
+                SCHED.NUM_TOKENS, SCHED.NUM_COMPUTED_BEFORE, SCHED.IS_PREFILL, SCHED.NUM_CACHED_TOKENS,
+                SCHED.CHUNK_INDEX)},
+            "sampled_text": (sampled.get(rid) or {}).get(SAMPLE.TEXT),
         }
-    q = snapshot.get("queues") or {}
-    finished = q.get("finished", [])
-    return {"queues": {"waiting": [row(r) for r in q.get("waiting", [])],
-                       "running": [row(r) for r in q.get("running", [])],
+    q = snapshot.get(SNAP.QUEUES) or {}
+    finished = q.get(QUEUE.FINISHED, [])
+    return {"queues": {"waiting": [row(r) for r in q.get(QUEUE.WAITING, [])],
+                       "running": [row(r) for r in q.get(QUEUE.RUNNING, [])],
                        "finished": [row(r) for r in finished[-max_finished:]][::-1]},  # newest first
             "finished_total": len(finished)}
 
@@ -88,8 +91,8 @@ def queues_state(record: dict | None, snapshot: dict, *, max_finished: int = 50,
 def block_pool_state(record: dict | None, snapshot: dict) -> dict:
     """BlockPoolPanel traits as compact byte columns (+ "blocks", kept Python-side)."""
     record = record or EMPTY_RECORD
-    pool = snapshot.get("block_pool") or {}
-    blocks = pool.get("blocks", [])
+    pool = snapshot.get(SNAP.BLOCK_POOL) or {}
+    blocks = pool.get(POOL.BLOCKS, [])
     n = len(blocks)
     status, events = array("B", bytes(n)), array("B", bytes(n))
     ref, owner = array("H", bytes(2 * n)), array("h", [-1] * n)
@@ -97,15 +100,15 @@ def block_pool_state(record: dict | None, snapshot: dict) -> dict:
     owner_index: dict[str, int] = {}
     shared: list[list] = []  # [block_id, [owner indices]] of blocks with several owners
     for i, b in enumerate(blocks):
-        if b.get("is_null", i == 0):
+        if b.get(BLOCK.IS_NULL, i == 0):
             status[i] = NULL
-        elif b.get("is_free"):
-            status[i] = FREE_CACHED if b.get("hash") else FREE
+        elif b.get(BLOCK.IS_FREE):
+            status[i] = FREE_CACHED if b.get(BLOCK.HASH) else FREE
         else:
-            status[i] = IN_USE_HASHED if b.get("hash") else IN_USE
-        ref[i] = min(int(b.get("ref_count", 0)), 0xFFFF)
+            status[i] = IN_USE_HASHED if b.get(BLOCK.HASH) else IN_USE
+        ref[i] = min(int(b.get(BLOCK.REF_COUNT, 0)), 0xFFFF)
         idx = []
-        for rid in b.get("owners") or ():
+        for rid in b.get(BLOCK.OWNERS) or ():
             idx.append(owner_index.setdefault(rid, len(owner_index)))
             if idx[-1] == len(owners):
                 owners.append(rid)
@@ -113,7 +116,7 @@ def block_pool_state(record: dict | None, snapshot: dict) -> dict:
             owner[i] = idx[0]
         if len(idx) > 1:
             shared.append([i, idx])
-    record_blocks = record.get("blocks") or {}
+    record_blocks = record.get(REC.BLOCKS) or {}
     counts = {k: 0 for k in EVENT_BITS}
     for key, bit in EVENT_BITS.items():
         for bid in record_blocks.get(key, []):
@@ -121,25 +124,25 @@ def block_pool_state(record: dict | None, snapshot: dict) -> dict:
                 events[bid] |= bit
                 counts[key] += 1
     counts.update(free=sum(s == FREE for s in status), free_cached=sum(s == FREE_CACHED for s in status),
-                  in_use=sum(s >= IN_USE for s in status), num_free_blocks=pool.get("num_free_blocks", 0))
-    block_size = int(pool.get("block_size", 16))
+                  in_use=sum(s >= IN_USE for s in status), num_free_blocks=pool.get(POOL.NUM_FREE_BLOCKS, 0))
+    block_size = int(pool.get(POOL.BLOCK_SIZE, 16))
     # A request admitted in this step took its first num_cached_tokens // block_size blocks
     # as prefix hits; those registered earlier in this same step are same-step hits.
-    admitted = set(record.get("new_requests", []))
-    hit_blocks = {s["request_id"]: s.get("num_cached_tokens", 0) // block_size
-                  for s in record.get("scheduled", []) if s["request_id"] in admitted}
-    same_step = set(record_blocks.get("same_step_hits", []))
+    admitted = set(record.get(REC.NEW_REQUESTS, []))
+    hit_blocks = {s[SCHED.REQUEST_ID]: s.get(SCHED.NUM_CACHED_TOKENS, 0) // block_size
+                  for s in record.get(REC.SCHEDULED, []) if s[SCHED.REQUEST_ID] in admitted}
+    same_step = set(record_blocks.get(EV.SAME_STEP_HITS, []))
     tables = []
-    for r in (snapshot.get("queues") or {}).get("running", []):
-        table = list(r.get("block_table", []))
+    for r in (snapshot.get(SNAP.QUEUES) or {}).get(QUEUE.RUNNING, []):
+        table = list(r.get(REQ.BLOCK_TABLE, []))
         if not table:
             continue
-        hits = list(range(min(hit_blocks.get(r["request_id"], 0), len(table))))
+        hits = list(range(min(hit_blocks.get(r[REQ.REQUEST_ID], 0), len(table))))
         # Entries whose KV came from the prefix cache when the request was (last) admitted:
         # marked for as long as it runs, not only in the step of the hit.
-        cached = list(range(min(int(r.get("num_cached_tokens") or 0) // block_size, len(table))))
-        tables.append({"request_id": r["request_id"], "block_table": table,
-                       "num_computed_tokens": r.get("num_computed_tokens", 0),
+        cached = list(range(min(int(r.get(REQ.NUM_CACHED_TOKENS) or 0) // block_size, len(table))))
+        tables.append({"request_id": r[REQ.REQUEST_ID], "block_table": table,
+                       "num_computed_tokens": r.get(REQ.NUM_COMPUTED_TOKENS, 0),
                        "hits": hits, "same_step_hits": [i for i in hits if table[i] in same_step],
                        "cached": cached})
     return {"num_blocks": n, "block_size": block_size, "status": status.tobytes(),
@@ -155,38 +158,38 @@ def slot_mapping_state(record: dict | None, token_text: TokenText, *, block_size
     per block it took from the cache ({block, start, end, text}: positions [start, end),
     their text from the `snapshot`'s token ids), drawn as "from cache" cells."""
     record = record or EMPTY_RECORD
-    batch = record.get("batch") or {}
-    ids = list(batch.get("input_ids", []))
-    qsl = list(batch.get("query_start_loc", []))
-    seq_lens = list(batch.get("seq_lens", []))
-    tables = list(batch.get("block_tables", []))
-    sampled = record.get("sampled", {})
-    known = {r["request_id"]: r for r in all_requests(snapshot or {})}
+    batch = record.get(REC.BATCH) or {}
+    ids = list(batch.get(BATCH.INPUT_IDS, []))
+    qsl = list(batch.get(BATCH.QUERY_START_LOC, []))
+    seq_lens = list(batch.get(BATCH.SEQ_LENS, []))
+    tables = list(batch.get(BATCH.BLOCK_TABLES, []))
+    sampled = record.get(REC.SAMPLED, {})
+    known = {r[REQ.REQUEST_ID]: r for r in all_requests(snapshot or {})}
     segments = []
-    for k, s in enumerate(record.get("scheduled", [])):
+    for k, s in enumerate(record.get(REC.SCHEDULED, [])):
         start = qsl[k] if k < len(qsl) else 0
-        end = qsl[k + 1] if k + 1 < len(qsl) else start + s["num_tokens"]
-        rid = s["request_id"]
+        end = qsl[k + 1] if k + 1 < len(qsl) else start + s[SCHED.NUM_TOKENS]
+        rid = s[SCHED.REQUEST_ID]
         table = list(tables[k]) if k < len(tables) else []
-        segments.append({"request_id": rid, "start": start, "end": end, "is_prefill": s.get("is_prefill", False),
-                         "chunk_index": s.get("chunk_index"), "num_computed_before": s.get("num_computed_before", 0),
-                         "num_cached_tokens": s.get("num_cached_tokens", 0),
+        segments.append({"request_id": rid, "start": start, "end": end, "is_prefill": s.get(SCHED.IS_PREFILL, False),
+                         "chunk_index": s.get(SCHED.CHUNK_INDEX), "num_computed_before": s.get(SCHED.NUM_COMPUTED_BEFORE, 0),
+                         "num_cached_tokens": s.get(SCHED.NUM_CACHED_TOKENS, 0),
                          "seq_len": seq_lens[k] if k < len(seq_lens) else None,
                          "block_table": table,
-                         "sampled_text": (sampled.get(rid) or {}).get("text"),
-                         "cached_blocks": _cached_blocks(s.get("num_cached_tokens", 0), table, block_size,
+                         "sampled_text": (sampled.get(rid) or {}).get(SAMPLE.TEXT),
+                         "cached_blocks": _cached_blocks(s.get(SCHED.NUM_CACHED_TOKENS, 0), table, block_size,
                                                          known.get(rid), token_text)})
     shown = ids[:max_rows]
-    return {"input_ids": shown, "tokens": token_text(shown), "positions": list(batch.get("positions", []))[:max_rows],
-            "slot_mapping": list(batch.get("slot_mapping", []))[:max_rows], "segments": segments,
-            "query_start_loc": qsl, "logits_indices": list(batch.get("logits_indices", [])),
+    return {"input_ids": shown, "tokens": token_text(shown), "positions": list(batch.get(BATCH.POSITIONS, []))[:max_rows],
+            "slot_mapping": list(batch.get(BATCH.SLOT_MAPPING, []))[:max_rows], "segments": segments,
+            "query_start_loc": qsl, "logits_indices": list(batch.get(BATCH.LOGITS_INDICES, [])),
             "block_size": block_size, "num_rows": len(ids), "truncated": max(0, len(ids) - max_rows)}
 
 
 def _cached_blocks(num_cached: int, table: list, block_size: int, req: dict | None,
                    token_text: TokenText) -> list[dict]:
     """The blocks of a prefix hit, in order: {block, start, end, text} (text: "" unknown)."""
-    tokens = [*(req or {}).get("prompt_token_ids", []), *(req or {}).get("output_token_ids", [])]
+    tokens = [*(req or {}).get(REQ.PROMPT_TOKEN_IDS, []), *(req or {}).get(REQ.OUTPUT_TOKEN_IDS, [])]
     out = []
     for i in range(min(int(num_cached or 0) // block_size, len(table))):
         lo, hi = i * block_size, (i + 1) * block_size
@@ -205,29 +208,29 @@ def _entry_parts(entry: Any) -> tuple[dict, dict]:
 def sampler_state(entries: Sequence[Any], snapshot: dict, request_id: str, token_text: TokenText) -> dict:
     """SamplerPanel traits: the latest sample of `request_id` in `entries` (newest last)."""
     record = _entry_parts(entries[-1])[0] if entries else EMPTY_RECORD
-    requests = list(record.get("sampled", {}))
+    requests = list(record.get(REC.SAMPLED, {}))
     rid = request_id if request_id else (requests[0] if requests else "")
     params = {}
     for req in all_requests(snapshot):
-        if req["request_id"] == rid:
-            sp = req.get("sampling_params") or {"max_tokens": req.get("max_tokens")}
+        if req[REQ.REQUEST_ID] == rid:
+            sp = req.get(REQ.SAMPLING_PARAMS) or {"max_tokens": req.get(REQ.MAX_TOKENS)}
             params = {k: sp.get(k) for k in _PARAM_KEYS if k in sp}
     for entry in reversed(entries):
         rec = _entry_parts(entry)[0]
-        s = rec.get("sampled", {}).get(rid)
+        s = rec.get(REC.SAMPLED, {}).get(rid)
         if s is None:
             continue
-        top = [[int(t), p] for t, p in s.get("top", [])]
+        top = [[int(t), p] for t, p in s.get(SAMPLE.TOP, [])]
         texts = token_text([t for t, _ in top])
         return {"requests": requests, "request_id": rid,
-                "sample": {"request_id": rid, "step": rec.get("step", 0), "token_id": s.get("token_id"),
-                           "text": s.get("text"), "top": [[t, x, float(p)] for (t, p), x in zip(top, texts)],
+                "sample": {"request_id": rid, "step": rec.get(REC.STEP, 0), "token_id": s.get(SAMPLE.TOKEN_ID),
+                           "text": s.get(SAMPLE.TEXT), "top": [[t, x, float(p)] for (t, p), x in zip(top, texts)],
                            "params": params}}
     note = f"#{rid} has not been sampled yet" if rid else "no request sampled yet"
     return {"requests": requests, "request_id": rid, "sample": {"note": note, "params": params}}
 
 
-_TIMING_KEYS = ("schedule", "prepare", "forward", "sample", "update")
+_TIMING_KEYS = (TIME.SCHEDULE, TIME.PREPARE, TIME.FORWARD, TIME.SAMPLE, TIME.UPDATE)
 
 
 def timeline_state(entries: Iterable[Any], captions: Sequence[str] | None = None) -> dict:
@@ -259,46 +262,46 @@ def timeline_state(entries: Iterable[Any], captions: Sequence[str] | None = None
 
     for entry, caption in zip(entries, captions):
         record, snapshot = _entry_parts(entry)
-        step = int(record.get("step", 0))
+        step = int(record.get(REC.STEP, 0))
         if step <= 0:
             continue
-        sched = record.get("scheduled", [])
-        t = record.get("timings_ms") or {}
+        sched = record.get(REC.SCHEDULED, [])
+        t = record.get(REC.TIMINGS_MS) or {}
         cols["step"].append(step)
         cols["caption"].append(caption)
-        cols["prefill"].append(sum(s["num_tokens"] for s in sched if s.get("is_prefill")))
-        cols["decode"].append(sum(s["num_tokens"] for s in sched if not s.get("is_prefill")))
-        config = snapshot.get("config") or {}
-        cols["budget"].append(record.get("token_budget") or config.get("max_num_batched_tokens", 0))
-        cols["preempted"].append(len(record.get("preempted", [])))
+        cols["prefill"].append(sum(s[SCHED.NUM_TOKENS] for s in sched if s.get(SCHED.IS_PREFILL)))
+        cols["decode"].append(sum(s[SCHED.NUM_TOKENS] for s in sched if not s.get(SCHED.IS_PREFILL)))
+        config = snapshot.get(SNAP.CONFIG) or {}
+        cols["budget"].append(record.get(REC.TOKEN_BUDGET) or config.get(BUDGET.MAX_NUM_BATCHED_TOKENS, 0))
+        cols["preempted"].append(len(record.get(REC.PREEMPTED, [])))
         for k in _TIMING_KEYS:
             cols[k].append(float(t.get(k) or 0.0))
         # Which attention backend ran, how the forward ran ('eager', 'cuda_graph', 'native_decode')
         # and the CUDA graph bucket a decode step replayed (None: none).
-        cols["backend"].append(t.get("backend"))
-        cols["graph_bucket"].append(t.get("cuda_graph_bucket"))
-        cols["forward_path"].append(t.get("forward_path", "eager"))
+        cols["backend"].append(t.get(TIME.BACKEND))
+        cols["graph_bucket"].append(t.get(TIME.CUDA_GRAPH_BUCKET))
+        cols["forward_path"].append(t.get(TIME.FORWARD_PATH, "eager"))
         done = set()
         for s in sched:
-            rid = s["request_id"]
-            if s.get("is_prefill"):
+            rid = s[SCHED.REQUEST_ID]
+            if s.get(SCHED.IS_PREFILL):
                 mark(rid, step, "prefill", f"prefill chunk {int(s.get('chunk_index') or 0) + 1}: {s['num_tokens']} tokens")
             else:
                 mark(rid, step, "decode", "decode")
             done.add(rid)
-        for rid in record.get("preempted", []):
+        for rid in record.get(REC.PREEMPTED, []):
             if rid not in done:
                 mark(rid, step, "preempted", "preempted")
                 done.add(rid)
-        q = snapshot.get("queues") or {}
-        for req in q.get("waiting", []):
-            rid = req["request_id"]
+        q = snapshot.get(SNAP.QUEUES) or {}
+        for req in q.get(QUEUE.WAITING, []):
+            rid = req[REQ.REQUEST_ID]
             if rid not in done:
-                kind = "preempted" if req.get("status") == "preempted" or req.get("num_preemptions") else "queued"
+                kind = "preempted" if req.get(REQ.STATUS) == "preempted" or req.get(REQ.NUM_PREEMPTIONS) else "queued"
                 mark(rid, step, kind, "waiting after preemption" if kind == "preempted" else "queued")
-        for req in q.get("running", []):
-            if req["request_id"] not in done:
-                mark(req["request_id"], step, "stalled", "running, not scheduled")
+        for req in q.get(QUEUE.RUNNING, []):
+            if req[REQ.REQUEST_ID] not in done:
+                mark(req[REQ.REQUEST_ID], step, "stalled", "running, not scheduled")
     return {"steps": cols, "gantt": {"requests": requests, "segments": segments}}
 
 
@@ -306,22 +309,22 @@ def latency_rows(snapshot: dict) -> list[dict]:
     """Per-request TTFT and ITLs (seconds, engine clock) for LatencyPanel."""
     rows = []
     for req in all_requests(snapshot):
-        m = ((req.get("metrics") or {}).get("engine")) or {}
-        rows.append({"request_id": req["request_id"], "time_to_first_token": m.get("time_to_first_token"),
-                     "inter_token_latency": list(m.get("inter_token_latency") or [])})
-    rows.sort(key=lambda r: (len(r["request_id"]), r["request_id"]))  # "2" before "10"
+        m = ((req.get(REQ.METRICS) or {}).get(RMETRICS.ENGINE)) or {}
+        rows.append({"request_id": req[REQ.REQUEST_ID], "time_to_first_token": m.get(CLOCK.TIME_TO_FIRST_TOKEN),
+                     "inter_token_latency": list(m.get(CLOCK.INTER_TOKEN_LATENCY) or [])})
+    rows.sort(key=lambda r: (len(r[REQ.REQUEST_ID]), r[REQ.REQUEST_ID]))  # "2" before "10"
     return rows
 
 
 def probe_targets(snapshot: dict) -> list[str]:
     """Requests whose KV is in the cache now (an attention probe can read them)."""
-    return [r["request_id"] for r in (snapshot.get("queues") or {}).get("running", [])
-            if r.get("num_computed_tokens", 0) > 0]
+    return [r[REQ.REQUEST_ID] for r in (snapshot.get(SNAP.QUEUES) or {}).get(QUEUE.RUNNING, [])
+            if r.get(REQ.NUM_COMPUTED_TOKENS, 0) > 0]
 
 
 def attention_note(snapshot: dict) -> str:
     """Why the attention panel has no request to probe in this snapshot."""
-    q = snapshot.get("queues") or {}
+    q = snapshot.get(SNAP.QUEUES) or {}
     waiting, running, finished = (len(q.get(k, [])) for k in ("waiting", "running", "finished"))
     if waiting or running:
         return f"no running request has KV in the cache yet ({waiting} waiting): step to compute it"
@@ -334,11 +337,12 @@ def attention_note(snapshot: dict) -> str:
 
 def summary_line(record: dict | None, snapshot: dict) -> str:
     """The Controls status line: step, queue sizes, free blocks, last step's time."""
-    q = snapshot.get("queues") or {}
-    pool = snapshot.get("block_pool") or {}
+    q = snapshot.get(SNAP.QUEUES) or {}
+    pool = snapshot.get(SNAP.BLOCK_POOL) or {}
     parts = [f"step {snapshot.get('step', 0)}",
              " \u00b7 ".join(f"{len(q.get(k, []))} {k}" for k in ("waiting", "running", "finished")),
              f"{pool.get('num_free_blocks', 0)}/{max(0, pool.get('num_blocks', 1) - 1)} blocks free"]
-    if record and record.get("timings_ms", {}).get("total") is not None:
-        parts.append(f"last step {record['timings_ms']['total']:.1f} ms")
+    total = (record or {}).get(REC.TIMINGS_MS, {}).get(TIME.TOTAL)
+    if total is not None:
+        parts.append(f"last step {total:.1f} ms")
     return " \u00b7 ".join(parts)

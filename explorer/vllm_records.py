@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.report.records import StepRecord
+from engine.report.schema import BATCH, BLOCK, BUDGET, POOL, REQ, SAMPLE, SCHED, TIME
 from engine.request import RequestMetrics
 from engine.sampling_params import SamplingParams
 
@@ -59,9 +60,9 @@ def step_record(eng: Any, outputs: list, vllm_s: float, engine_start: float) -> 
             n, b = int(out.num_scheduled_tokens[iid]), int(before[iid])
             num_tokens, num_prompt = cap.counts[iid]
             is_decode = n == 1 and b == num_tokens - 1 and b >= num_prompt
-            rec.scheduled.append({"request_id": entry.request_id, "num_tokens": n, "num_computed_before": b,
-                                  "is_prefill": not is_decode, "num_cached_tokens": b if iid in admitted else 0,
-                                  "chunk_index": None if is_decode else entry.num_prefill_chunks})
+            rec.scheduled.append({SCHED.REQUEST_ID: entry.request_id, SCHED.NUM_TOKENS: n, SCHED.NUM_COMPUTED_BEFORE: b,
+                                  SCHED.IS_PREFILL: not is_decode, SCHED.NUM_CACHED_TOKENS: b if iid in admitted else 0,
+                                  SCHED.CHUNK_INDEX: None if is_decode else entry.num_prefill_chunks})
             if not is_decode:
                 entry.num_prefill_chunks += 1
                 eng.counters["num_prompt_tokens_computed"] += n
@@ -72,7 +73,7 @@ def step_record(eng: Any, outputs: list, vllm_s: float, engine_start: float) -> 
         eng.counters["num_preemptions"] += len(rec.preempted)
     if cap.batch is not None:
         rec.batch = cap.batch
-        qsl, pos = cap.batch["query_start_loc"], cap.batch["positions"]
+        qsl, pos = cap.batch[BATCH.QUERY_START_LOC], cap.batch[BATCH.POSITIONS]
         eng._last_rows = {iid: (qsl[i], qsl[i + 1], pos[qsl[i]:qsl[i + 1]])
                            for i, iid in enumerate(cap.batch_req_ids)}
     else:
@@ -103,11 +104,11 @@ def step_record(eng: Any, outputs: list, vllm_s: float, engine_start: float) -> 
     else:  # workers in other processes: what rank 0 waited for, sampling included
         forward, sample = max(0.0, vllm_s - sec["schedule"] - sec["update"]), 0.0
         update = sec["update"]
-    rec.timings_ms = {"schedule": sec["schedule"] * 1e3, "prepare": sec["prepare"] * 1e3,
-                      "forward": forward * 1e3, "sample": sample * 1e3, "update": update * 1e3,
-                      "total": vllm_s * 1e3, "collectives": 0.0,
-                      "backend": f"vLLM {eng._model_info.get('attention_backend') or ''}".strip(),
-                      "cuda_graph_bucket": None, "forward_path": "eager"}
+    rec.timings_ms = {TIME.SCHEDULE: sec["schedule"] * 1e3, TIME.PREPARE: sec["prepare"] * 1e3,
+                      TIME.FORWARD: forward * 1e3, TIME.SAMPLE: sample * 1e3, TIME.UPDATE: update * 1e3,
+                      TIME.TOTAL: vllm_s * 1e3, TIME.COLLECTIVES: 0.0,
+                      TIME.BACKEND: f"vLLM {eng._model_info.get('attention_backend') or ''}".strip(),
+                      TIME.CUDA_GRAPH_BUCKET: None, TIME.FORWARD_PATH: "eager"}
     rec.engine_time_s = eng.engine_time
     rec.wall_time_s = now_wall
     rec.token_budget = cap.token_budget or int(eng.scheduler.max_num_scheduled_tokens)
@@ -120,13 +121,13 @@ def budgets(eng: Any, token_budget: int | None = None) -> dict:
     """The scheduler knobs as vLLM's own scheduler holds them (kvscope's knob names,
     engine.config.SCHEDULER_KNOBS): what the step just taken ran under."""
     s = eng.scheduler
-    return {"max_num_batched_tokens": int(token_budget or s.max_num_scheduled_tokens),
-            "max_num_seqs": int(s.max_num_running_reqs),
-            "enable_chunked_prefill": bool(s.scheduler_config.enable_chunked_prefill),
-            "enable_prefix_caching": bool(s.cache_config.enable_prefix_caching),
-            "scheduler_reserve_full_isl": bool(getattr(s, "scheduler_reserve_full_isl",
-                                                       eng.config.scheduler_reserve_full_isl)),
-            "scheduling_policy": "unified"}  # vLLM v1 has one policy: prefill and decode under one budget
+    return {BUDGET.MAX_NUM_BATCHED_TOKENS: int(token_budget or s.max_num_scheduled_tokens),
+            BUDGET.MAX_NUM_SEQS: int(s.max_num_running_reqs),
+            BUDGET.ENABLE_CHUNKED_PREFILL: bool(s.scheduler_config.enable_chunked_prefill),
+            BUDGET.ENABLE_PREFIX_CACHING: bool(s.cache_config.enable_prefix_caching),
+            BUDGET.SCHEDULER_RESERVE_FULL_ISL: bool(getattr(s, "scheduler_reserve_full_isl",
+                                                            eng.config.scheduler_reserve_full_isl)),
+            BUDGET.SCHEDULING_POLICY: "unified"}  # vLLM v1 has one policy: prefill and decode under one budget
 
 def _sampled(eng: Any, c: Any, k: int) -> dict:
     """The sampled token and vLLM's top-k candidates for its row (vLLM's logprobs, as
@@ -139,7 +140,7 @@ def _sampled(eng: Any, c: Any, k: int) -> dict:
         top = [[int(t), math.exp(logprob)] for _, t, logprob in ranked]
         if token in lp:
             text = lp[token].decoded_token
-    return {"token_id": token, "text": text if text is not None else eng._text(token), "top": top}
+    return {SAMPLE.TOKEN_ID: token, SAMPLE.TEXT: text if text is not None else eng._text(token), SAMPLE.TOP: top}
 
 
 def request_dict(eng: Any, e: RequestState, table: list[int]) -> dict:
@@ -147,18 +148,18 @@ def request_dict(eng: Any, e: RequestState, table: list[int]) -> dict:
     r = e.req
     prompt = list(r.prompt_token_ids or ())
     output = list(r.output_token_ids)
-    return {"request_id": e.request_id, "status": _status(r.status), "prompt_token_ids": prompt,
-            "output_token_ids": output,
-            "prompt_text": e.prompt_text if e.prompt_text is not None else _decode(eng, e, "prompt", prompt),
-            "output_text": _decode(eng, e, "output", output), "num_computed_tokens": int(r.num_computed_tokens),
-            "num_cached_tokens": e.num_cached_tokens, "block_table": table,
-            "num_preemptions": int(r.num_preemptions), "finish_reason": e.finish_reason,
-            "max_tokens": e.params.max_tokens, "sampling_params": e.params.to_dict(),
-            "metrics": e.metrics.to_dict()}
+    return {REQ.REQUEST_ID: e.request_id, REQ.STATUS: _status(r.status), REQ.PROMPT_TOKEN_IDS: prompt,
+            REQ.OUTPUT_TOKEN_IDS: output,
+            REQ.PROMPT_TEXT: e.prompt_text if e.prompt_text is not None else _decode(eng, e, "prompt", prompt),
+            REQ.OUTPUT_TEXT: _decode(eng, e, "output", output), REQ.NUM_COMPUTED_TOKENS: int(r.num_computed_tokens),
+            REQ.NUM_CACHED_TOKENS: e.num_cached_tokens, REQ.BLOCK_TABLE: table,
+            REQ.NUM_PREEMPTIONS: int(r.num_preemptions), REQ.FINISH_REASON: e.finish_reason,
+            REQ.MAX_TOKENS: e.params.max_tokens, REQ.SAMPLING_PARAMS: e.params.to_dict(),
+            REQ.METRICS: e.metrics.to_dict()}
 
 def finished_dict(eng: Any, e: RequestState) -> dict:
     if e.frozen is None:  # a finished request no longer changes: build its dict once
-        e.frozen = request_dict(eng, e, []) | {"status": "finished"}
+        e.frozen = request_dict(eng, e, []) | {REQ.STATUS: "finished"}
     return e.frozen
 
 def _decode(eng: Any, e: RequestState, which: str, ids: list[int]) -> str:
@@ -189,11 +190,11 @@ def pool_dict(eng: Any, running: list, tables: dict[str, list[int]]) -> dict:
             held = known[1] if known is not None and h is not None and known[0] == h else []
         elif h is not None:
             eng._block_tokens[b] = (h, held)
-        blocks.append({"block_id": b, "ref_count": int(blk.ref_cnt),
-                       "hash": None if h is None else bytes(h)[:8].hex(), "token_ids": held,
-                       "owners": owners.get(b, []), "is_null": bool(blk.is_null), "is_free": b in free})
-    return {"num_blocks": int(eng.pool.num_gpu_blocks), "block_size": bs,
-            "num_free_blocks": int(eng.pool.get_num_free_blocks()), "blocks": blocks}
+        blocks.append({BLOCK.BLOCK_ID: b, BLOCK.REF_COUNT: int(blk.ref_cnt),
+                       BLOCK.HASH: None if h is None else bytes(h)[:8].hex(), BLOCK.TOKEN_IDS: held,
+                       BLOCK.OWNERS: owners.get(b, []), BLOCK.IS_NULL: bool(blk.is_null), BLOCK.IS_FREE: b in free})
+    return {POOL.NUM_BLOCKS: int(eng.pool.num_gpu_blocks), POOL.BLOCK_SIZE: bs,
+            POOL.NUM_FREE_BLOCKS: int(eng.pool.get_num_free_blocks()), POOL.BLOCKS: blocks}
 
 
 def _status(status: Any) -> str:

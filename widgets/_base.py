@@ -1,6 +1,7 @@
 """The base class every kvscope panel shares: a displayed step, and browser actions."""
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any, Callable
@@ -15,12 +16,20 @@ ActionHandler = Callable[[dict], None]
 
 
 def bundle_esm(name: str) -> str:
-    """`_common.js` + `<name>`: panels share colour and byte helpers without a bundler.
+    """`_schema.js` + `_common.js` + `<name>`: panels share the record schema, colour and
+    byte helpers without a bundler.
 
     anywidget loads each panel's ESM as one module, so a shared import would need a
     URL; prepending the helpers keeps every file plain and loads nothing at run time.
     """
-    return (_HERE / "_common.js").read_text() + "\n" + (_HERE / name).read_text()
+    return "\n".join((_HERE / f).read_text() for f in ("_schema.js", "_common.js", name))
+
+
+def record_schema() -> dict:
+    """The record schema the panels read (`KVS_SCHEMA` in _schema.js, generated from
+    engine/report/schema.py: widgets never import the engine, so they read its copy)."""
+    text = (_HERE / "_schema.js").read_text()
+    return json.loads(text[text.index("=", text.index("const KVS_SCHEMA")) + 1:].strip().rstrip(";"))
 
 
 def bundle_css(name: str) -> str:

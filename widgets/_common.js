@@ -4,17 +4,15 @@
 // ---- colours: spelled once here, used by every panel -----------------------------------
 // What a step did to a block owns a saturated colour and an icon; no request colour is
 // near any of them (tests/widgets/test_js.py measures it), so a colour never means both.
-// [bit, StepRecord.blocks key, label, colour, icon, what it means]; legends list them in
-// this order. widgets/block_pool.py spells the same bits for Python.
-const KVS_SAME_STEP_TIP = "hit on a block computed in this same step: its KV is written by this step's forward before any layer reads it";
-const KVS_EVENTS = [
-  [1, "allocated", "allocated", "#2e7d32", "+", "handed out to a request in this step"],
-  [2, "hits", "prefix hit", "#1565c0", "\u21ba", "prefix-cache hit: a request admitted in this step takes this block from the cache instead of computing it"],
-  [32, "same_step_hits", "same-step hit", "#00897b", "\u21c9", KVS_SAME_STEP_TIP],
-  [4, "freed", "freed", "#ef6c00", "\u2212", "its last owner let go (finished, aborted or preempted)"],
-  [8, "evicted", "evicted", "#c62828", "\u2715", "a cached block reused for new tokens: its hash is forgotten"],
-  [16, "cached", "cached", "#6a1b9a", "#", "full, hashed and registered in the prefix cache in this step"],
-];
+// Each event's bit, StepRecord.blocks key, label and meaning come from KVS_SCHEMA (_schema.js,
+// generated from engine/report/schema.py); its look is here, by key.
+const KVS_EVENT_LOOKS = {
+  allocated: ["#2e7d32", "+"], hits: ["#1565c0", "\u21ba"], same_step_hits: ["#00897b", "\u21c9"],
+  freed: ["#ef6c00", "\u2212"], evicted: ["#c62828", "\u2715"], cached: ["#6a1b9a", "#"],
+};
+// [bit, StepRecord.blocks key, label, colour, icon, what it means]; legends list them in this order.
+const KVS_EVENTS = KVS_SCHEMA.block_events.map((e) => [e.bit, e.key, e.label, ...KVS_EVENT_LOOKS[e.key], e.tip]);
+const KVS_SAME_STEP_TIP = KVS_EVENTS.find(([, key]) => key === "same_step_hits")[5];
 // Other marks, one meaning each. `cache` (tokens whose KV came from the prefix cache) is
 // the prefix-hit colour on purpose: it is the same fact seen from the request's side.
 const KVS_MARKS = {

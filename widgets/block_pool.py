@@ -5,20 +5,21 @@ from typing import Callable, Sequence
 
 import traitlets as t
 
-from ._base import Panel, bundle_css, bundle_esm
+from ._base import Panel, bundle_css, bundle_esm, record_schema
 
 TokenText = Callable[[Sequence[int]], list[str]]
 
-# The panel's byte columns, spelled once for Python (explorer.views imports them; the
-# JavaScript side spells them once too: block_pool.js's STATUS_NAMES, and the event bits
-# with their colours and icons in _common.js's KVS_EVENTS, shared by every panel).
+# The panel's byte columns' codes come from the record schema (engine/report/schema.py,
+# through its generated copy widgets/_schema.js, which the JavaScript reads as KVS_SCHEMA).
 # Status codes of the `status` column (uint8 per block).
-NULL, FREE, FREE_CACHED, IN_USE, IN_USE_HASHED = 0, 1, 2, 3, 4
+_SCHEMA = record_schema()
+NULL, FREE, FREE_CACHED, IN_USE, IN_USE_HASHED = (_SCHEMA["block_status"][k] for k in (
+    "null", "free", "free_cached", "in_use", "in_use_hashed"))
 # Bits of the `events` column, keyed by the StepRecord's `blocks` lists: what this step
 # did to the block. A same-step hit is a prefix hit on a block hashed earlier in this
 # same step (vLLM caches a full block when it is allocated): its KV is written by this
 # step's forward before any layer reads it. Such a block also carries the hit bit.
-EVENT_BITS = {"allocated": 1, "hits": 2, "freed": 4, "evicted": 8, "cached": 16, "same_step_hits": 32}
+EVENT_BITS = {e["key"]: e["bit"] for e in _SCHEMA["block_events"]}
 
 
 class BlockPoolPanel(Panel):

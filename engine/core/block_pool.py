@@ -10,7 +10,7 @@ registered first, and each stays findable until it is evicted itself.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 NULL_BLOCK_ID = 0
 
@@ -26,7 +26,8 @@ class KVBlock:
 
 @dataclass
 class BlockEvents:
-    """What happened to blocks during one step (ids in the order it happened)."""
+    """What happened to blocks during one step (ids in the order it happened). The field names
+    are the StepRecord's `blocks` keys: written here once, read by engine/report/schema.py."""
 
     allocated: list[int] = field(default_factory=list)
     freed: list[int] = field(default_factory=list)
@@ -38,8 +39,8 @@ class BlockEvents:
     same_step_hits: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {"allocated": list(self.allocated), "freed": list(self.freed), "cached": list(self.cached),
-                "hits": list(self.hits), "evicted": list(self.evicted), "same_step_hits": list(self.same_step_hits)}
+        """StepRecord.blocks: these fields' names are the record's block-event keys (engine/report/schema.py)."""
+        return {f.name: list(getattr(self, f.name)) for f in fields(self)}
 
 
 class BlockPool:

@@ -1,5 +1,6 @@
 """What the engine reports: one StepRecord per step, and EngineSnapshot for the full state.
-Both are plain dataclasses whose to_dict() is JSON-able (the explorer's only input)."""
+Both are plain dataclasses whose to_dict() is JSON-able (the explorer's only input); their
+dict shapes and keys are defined in engine/report/schema.py."""
 from __future__ import annotations
 
 import gc
@@ -9,9 +10,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import SCHEDULER_KNOBS
+from ..core.block_pool import BlockEvents
 from ..core.hashing import hash_hex
 from ..core.scheduler import Scheduler, SchedulerOutput
 from ..request import Request
+from .schema import BATCH, BLOCK, POOL, QUEUE, REC, REQ, SAMPLE, SCHED, SNAP, TIME
 
 
 @dataclass
@@ -20,14 +23,12 @@ class StepRecord:
 
     step: int
     scheduled: list[dict] = field(default_factory=list)
-    batch: dict = field(default_factory=lambda: {k: [] for k in (
-        "input_ids", "positions", "query_start_loc", "seq_lens", "slot_mapping", "block_tables", "logits_indices")})
+    batch: dict = field(default_factory=lambda: {k: [] for k in BATCH.ALL})
     sampled: dict = field(default_factory=dict)
     preempted: list[str] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
     new_requests: list[str] = field(default_factory=list)
-    blocks: dict = field(default_factory=lambda: {k: [] for k in ("allocated", "freed", "cached", "hits", "evicted",
-                                                                    "same_step_hits")})
+    blocks: dict = field(default_factory=lambda: BlockEvents().to_dict())
     num_free_blocks: int = 0
     timings_ms: dict = field(default_factory=dict)
     engine_time_s: float = 0.0
@@ -46,7 +47,7 @@ class StepRecord:
 
     @property
     def num_batched_tokens(self) -> int:
-        return sum(s["num_tokens"] for s in self.scheduled)
+        return sum(s[SCHED.NUM_TOKENS] for s in self.scheduled)
 
     @property
     def is_empty(self) -> bool:
@@ -54,35 +55,43 @@ class StepRecord:
 
     def to_dict(self) -> dict:
         return {
-            "step": self.step, "scheduled": [dict(s) for s in self.scheduled],
-            "batch": {k: [list(x) for x in v] if k == "block_tables" else list(v) for k, v in self.batch.items()},
-            "sampled": {rid: {**s, "top": [list(t) for t in s["top"]]} for rid, s in self.sampled.items()},
-            "preempted": list(self.preempted), "finished": list(self.finished),
-            "new_requests": list(self.new_requests), "blocks": {k: list(v) for k, v in self.blocks.items()},
-            "num_free_blocks": self.num_free_blocks, "timings_ms": dict(self.timings_ms),
-            "engine_time_s": self.engine_time_s, "wall_time_s": self.wall_time_s,
-            "token_budget": self.token_budget, "num_running": self.num_running, "num_waiting": self.num_waiting,
-            "budgets": dict(self.budgets),
+            REC.STEP: self.step, REC.SCHEDULED: [dict(s) for s in self.scheduled],
+            REC.BATCH: {k: [list(x) for x in v] if k == BATCH.BLOCK_TABLES else list(v) for k, v in self.batch.items()},
+            REC.SAMPLED: {rid: {**s, SAMPLE.TOP: [list(t) for t in s[SAMPLE.TOP]]} for rid, s in self.sampled.items()},
+            REC.PREEMPTED: list(self.preempted), REC.FINISHED: list(self.finished),
+            REC.NEW_REQUESTS: list(self.new_requests), REC.BLOCKS: {k: list(v) for k, v in self.blocks.items()},
+            REC.NUM_FREE_BLOCKS: self.num_free_blocks, REC.TIMINGS_MS: dict(self.timings_ms),
+            REC.ENGINE_TIME_S: self.engine_time_s, REC.WALL_TIME_S: self.wall_time_s,
+            REC.TOKEN_BUDGET: self.token_budget, REC.NUM_RUNNING: self.num_running, REC.NUM_WAITING: self.num_waiting,
+            REC.BUDGETS: dict(self.budgets),
         }
 
 
-def request_dict(req: Request, decode) -> dict:
-    """One request as the snapshot shows it; `decode` turns token ids into text."""
+def request_dict(req: Request, decode, before: dict | None = None) -> dict:
+    """One request as the snapshot shows it; `decode` turns token ids into text. `before`: this
+    request's dict in an earlier snapshot, whose never-changing parts (prompt, sampling
+    parameters) the new dict shares instead of copying."""
+    if before is None:
+        prompt_ids = list(req.prompt_token_ids)
+        prompt_text = req.prompt_text if req.prompt_text is not None else req.cached_text("prompt", decode)
+        params = req.params.to_dict()
+    else:
+        prompt_ids, prompt_text, params = before[REQ.PROMPT_TOKEN_IDS], before[REQ.PROMPT_TEXT], before[REQ.SAMPLING_PARAMS]
     return {
-        "request_id": req.request_id,
-        "status": req.status.value,
-        "prompt_token_ids": list(req.prompt_token_ids),
-        "output_token_ids": list(req.output_token_ids),
-        "prompt_text": req.prompt_text if req.prompt_text is not None else req.cached_text("prompt", decode),
-        "output_text": req.cached_text("output", decode),
-        "num_computed_tokens": req.num_computed_tokens,
-        "num_cached_tokens": req.num_cached_tokens,
-        "block_table": list(req.block_table),
-        "num_preemptions": req.num_preemptions,
-        "finish_reason": req.finish_reason,
-        "max_tokens": req.params.max_tokens,
-        "sampling_params": req.params.to_dict(),
-        "metrics": req.metrics.to_dict(),
+        REQ.REQUEST_ID: req.request_id,
+        REQ.STATUS: req.status.value,
+        REQ.PROMPT_TOKEN_IDS: prompt_ids,
+        REQ.OUTPUT_TOKEN_IDS: list(req.output_token_ids),
+        REQ.PROMPT_TEXT: prompt_text,
+        REQ.OUTPUT_TEXT: req.cached_text("output", decode),
+        REQ.NUM_COMPUTED_TOKENS: req.num_computed_tokens,
+        REQ.NUM_CACHED_TOKENS: req.num_cached_tokens,
+        REQ.BLOCK_TABLE: list(req.block_table),
+        REQ.NUM_PREEMPTIONS: req.num_preemptions,
+        REQ.FINISH_REASON: req.finish_reason,
+        REQ.MAX_TOKENS: req.params.max_tokens,
+        REQ.SAMPLING_PARAMS: params,
+        REQ.METRICS: req.metrics.to_dict(),
     }
 
 
@@ -98,8 +107,8 @@ class EngineSnapshot:
     block_pool: dict
 
     def to_dict(self) -> dict:
-        return {"step": self.step, "config": dict(self.config), "model_info": dict(self.model_info),
-                "metrics": dict(self.metrics), "queues": self.queues, "block_pool": self.block_pool}
+        return {SNAP.STEP: self.step, SNAP.CONFIG: dict(self.config), SNAP.MODEL_INFO: dict(self.model_info),
+                SNAP.METRICS: dict(self.metrics), SNAP.QUEUES: self.queues, SNAP.BLOCK_POOL: self.block_pool}
 
 
 @contextmanager
@@ -119,24 +128,32 @@ def gc_paused():
 
 def block_pool_dict(pool, block_size: int, live: list[Request]) -> dict:
     """Every block 0..num_blocks-1 with refcount, hash, owners and the token ids it holds."""
+    return {POOL.NUM_BLOCKS: pool.num_blocks, POOL.BLOCK_SIZE: block_size,
+            POOL.NUM_FREE_BLOCKS: pool.num_free_blocks, POOL.BLOCKS: block_dicts(pool, block_size, live)}
+
+
+def block_dicts(pool, block_size: int, live: list[Request], only: set[int] | None = None) -> list[dict]:
+    """The dicts of every block (or of the block ids in `only`, in id order); a block's owners
+    are the `live` requests holding it, its tokens those of its first owner (else its cached ones)."""
     owners: dict[int, list[str]] = {}
     tokens: dict[int, list[int]] = {}
     for req in live:
         for i, b in enumerate(req.block_table):
+            if only is not None and b not in only:
+                continue
             owners.setdefault(b, []).append(req.request_id)
             if b not in tokens:
                 lo = i * block_size
                 tokens[b] = req.all_token_ids[lo:min(lo + block_size, req.num_computed_tokens)]
     blocks = []
-    for blk in pool.blocks:
+    for blk in (pool.blocks if only is None else [pool.blocks[b] for b in sorted(only)]):
         b = blk.block_id
         blocks.append({
-            "block_id": b, "ref_count": blk.ref_count, "hash": hash_hex(blk.block_hash),
-            "token_ids": list(tokens.get(b, blk.token_ids)), "owners": owners.get(b, []),
-            "is_null": b == 0, "is_free": pool.is_free(b),
+            BLOCK.BLOCK_ID: b, BLOCK.REF_COUNT: blk.ref_count, BLOCK.HASH: hash_hex(blk.block_hash),
+            BLOCK.TOKEN_IDS: list(tokens.get(b, blk.token_ids)), BLOCK.OWNERS: owners.get(b, []),
+            BLOCK.IS_NULL: b == 0, BLOCK.IS_FREE: pool.is_free(b),
         })
-    return {"num_blocks": pool.num_blocks, "block_size": block_size,
-            "num_free_blocks": pool.num_free_blocks, "blocks": blocks}
+    return blocks
 
 
 def step_record(step: int, out: SchedulerOutput, batch, ran, sampled_rows: list[Request], results: list,
@@ -147,21 +164,21 @@ def step_record(step: int, out: SchedulerOutput, batch, ran, sampled_rows: list[
     the finished ids and the phase timings in seconds. It takes the pool's block events."""
     lean = not config.record_steps  # lean: no batch or token text (a benchmark's throughput)
     rec = StepRecord(step=step)
-    rec.scheduled = [{"request_id": s.request.request_id, "num_tokens": s.num_tokens,
-                      "num_computed_before": s.num_computed_before, "is_prefill": s.is_prefill,
-                      "num_cached_tokens": s.num_cached_tokens, "chunk_index": s.chunk_index}
+    rec.scheduled = [{SCHED.REQUEST_ID: s.request.request_id, SCHED.NUM_TOKENS: s.num_tokens,
+                      SCHED.NUM_COMPUTED_BEFORE: s.num_computed_before, SCHED.IS_PREFILL: s.is_prefill,
+                      SCHED.NUM_CACHED_TOKENS: s.num_cached_tokens, SCHED.CHUNK_INDEX: s.chunk_index}
                      for s in out.scheduled]
     if batch is not None and not lean:
         rec.batch = batch.to_dict()
-    rec.sampled = {r.request_id: {"token_id": res.token_id, "text": None if lean else decode([res.token_id]),
-                                  "top": [[t, p] for t, p in res.top]}
+    rec.sampled = {r.request_id: {SAMPLE.TOKEN_ID: res.token_id, SAMPLE.TEXT: None if lean else decode([res.token_id]),
+                                  SAMPLE.TOP: [[t, p] for t, p in res.top]}
                    for r, res in zip(sampled_rows, results)}
     rec.preempted, rec.finished, rec.new_requests = list(out.preempted), finished, list(out.new_requests)
     rec.blocks = scheduler.kv.pool.take_events().to_dict()
     rec.num_free_blocks = scheduler.kv.pool.num_free_blocks
     rec.timings_ms = {k: v * 1e3 for k, v in seconds.items()} | {
-        "backend": backend, "cuda_graph_bucket": ran.cuda_graph_bucket if ran is not None else None,
-        "forward_path": ran.forward_path if ran is not None else "eager"}
+        TIME.BACKEND: backend, TIME.CUDA_GRAPH_BUCKET: ran.cuda_graph_bucket if ran is not None else None,
+        TIME.FORWARD_PATH: ran.forward_path if ran is not None else "eager"}
     rec.engine_time_s = engine_time
     rec.wall_time_s = time.time()
     rec.token_budget = out.token_budget
@@ -175,7 +192,80 @@ def engine_snapshot(step: int, config, model_info: dict, metrics: dict, schedule
     with gc_paused():
         return EngineSnapshot(
             step=step, config=config.to_dict(), model_info=model_info, metrics=metrics,
-            queues={"waiting": [request_dict(r, decode) for r in scheduler.waiting],
-                    "running": [request_dict(r, decode) for r in scheduler.running],
-                    "finished": [request_dict(r, decode) for r in scheduler.finished]},
+            queues={QUEUE.WAITING: [request_dict(r, decode) for r in scheduler.waiting],
+                    QUEUE.RUNNING: [request_dict(r, decode) for r in scheduler.running],
+                    QUEUE.FINISHED: [request_dict(r, decode) for r in scheduler.finished]},
             block_pool=block_pool_dict(scheduler.kv.pool, config.block_size, list(scheduler.running)))
+
+
+def snapshot_after_step(before: dict, record: dict, step: int, config, model_info: dict, metrics: dict,
+                        scheduler: Scheduler, decode) -> dict:
+    """`engine_snapshot(...).to_dict()` after a step, built from `before` (the snapshot dict
+    before the step) and what the step's `record` (a StepRecord dict) says it changed.
+
+    Only the requests the step touched (scheduled, preempted, finished, admitted) get new
+    dicts, and only the blocks it touched: those of its block events, those its scheduled
+    requests computed tokens into, and those a finished or preempted request let go. Every
+    other part is `before`'s own object, so a history of these snapshots shares what did not
+    change (as explorer.history.share_unchanged does for whole snapshots) without building
+    and comparing every block and request again. Valid only when nothing but this step changed
+    the engine since `before` (a caller snapshots anew after adding, aborting or reconfiguring)."""
+    with gc_paused():
+        old_queues = before[SNAP.QUEUES]
+        old_finished = old_queues[QUEUE.FINISHED]
+        if len(scheduler.finished) < len(old_finished):  # not this engine's earlier state
+            return engine_snapshot(step, config, model_info, metrics, scheduler, decode).to_dict()
+        scheduled = record[REC.SCHEDULED]
+        touched = {s[SCHED.REQUEST_ID] for s in scheduled}
+        touched.update(record[REC.PREEMPTED], record[REC.FINISHED], record[REC.NEW_REQUESTS])
+        old = {r[REQ.REQUEST_ID]: r for name in (QUEUE.WAITING, QUEUE.RUNNING) for r in old_queues[name]}
+
+        def rows(requests, old_rows: list[dict]) -> list[dict]:
+            out = [old[r.request_id] if r.request_id in old and r.request_id not in touched
+                   else request_dict(r, decode, old.get(r.request_id)) for r in requests]
+            same = len(out) == len(old_rows) and all(a is b for a, b in zip(out, old_rows))
+            return old_rows if same else out
+
+        finished = old_finished
+        if len(scheduler.finished) > len(old_finished):
+            finished = old_finished + [request_dict(r, decode, old.get(r.request_id))
+                                       for r in scheduler.finished[len(old_finished):]]
+        queues = {QUEUE.WAITING: rows(scheduler.waiting, old_queues[QUEUE.WAITING]),
+                  QUEUE.RUNNING: rows(scheduler.running, old_queues[QUEUE.RUNNING]),
+                  QUEUE.FINISHED: finished}
+        if all(queues[k] is old_queues[k] for k in QUEUE.ALL):
+            queues = old_queues
+
+        # The blocks this step changed: its events; the blocks its scheduled requests wrote
+        # tokens into; every block of a request that finished or was preempted (a shared block
+        # it let go loses an owner without an event).
+        block_size = config.block_size
+        changed: set[int] = set()
+        for ids in record[REC.BLOCKS].values():
+            changed.update(ids)
+        table_of = {r.request_id: r.block_table for r in scheduler.running}
+        for s in scheduled:
+            table = table_of.get(s[SCHED.REQUEST_ID], ())
+            lo = s[SCHED.NUM_COMPUTED_BEFORE] // block_size
+            hi = (s[SCHED.NUM_COMPUTED_BEFORE] + s[SCHED.NUM_TOKENS] - 1) // block_size
+            changed.update(table[lo:hi + 1])
+        for rid in (*record[REC.PREEMPTED], *record[REC.FINISHED]):
+            if rid in old:
+                changed.update(old[rid][REQ.BLOCK_TABLE])
+        pool = scheduler.kv.pool
+        old_pool = before[SNAP.BLOCK_POOL]
+        blocks = old_pool[POOL.BLOCKS]
+        if changed:
+            blocks = list(blocks)
+            for d in block_dicts(pool, block_size, list(scheduler.running), changed):
+                blocks[d[BLOCK.BLOCK_ID]] = d
+        block_pool = {POOL.NUM_BLOCKS: pool.num_blocks, POOL.BLOCK_SIZE: block_size,
+                      POOL.NUM_FREE_BLOCKS: pool.num_free_blocks, POOL.BLOCKS: blocks}
+        if not changed and all(block_pool[k] == old_pool[k] for k in POOL.ALL):
+            block_pool = old_pool
+        config_dict = config.to_dict()
+        return {SNAP.STEP: step,
+                SNAP.CONFIG: before[SNAP.CONFIG] if config_dict == before[SNAP.CONFIG] else config_dict,
+                SNAP.MODEL_INFO: before[SNAP.MODEL_INFO] if model_info == before[SNAP.MODEL_INFO] else dict(model_info),
+                SNAP.METRICS: dict(metrics), SNAP.QUEUES: queues,
+                SNAP.BLOCK_POOL: block_pool}

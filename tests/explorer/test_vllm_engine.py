@@ -144,6 +144,18 @@ def test_records_match_vllms_scheduler_output_and_block_pool_through_chunks_hits
     assert all(r["time_to_first_token"] is not None and r["time_to_first_token"] > 0 for r in rows if r["request_id"] in ("r1", "r2"))
 
 
+def test_vllm_emits_only_keys_the_record_schema_defines(session):
+    # Every record and snapshot of the module's session so far (chunks, hits, preemption,
+    # finished requests): no key the schema (engine/report/schema.py) does not define.
+    from engine.report import schema
+
+    entries = session.history
+    assert len(entries) > 10
+    problems = [p for e in entries for p in (schema.record_problems(e.record) if e.record is not None else [])
+                + schema.snapshot_problems(e.snapshot)]
+    assert problems == []
+
+
 def test_sampler_candidates_are_vllms_logprobs_of_the_sampled_row(session):
     s = session
     rid = s.add_request("The capital of France is", max_tokens=2, temperature=0.0, logprobs_top=5)

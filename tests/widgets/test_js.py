@@ -77,38 +77,55 @@ def _js_block_pool_codes() -> tuple[list[str], dict[str, int], dict[str, str]]:
     """block_pool.js's STATUS_NAMES, and _common.js's KVS_EVENTS as {record key: bit} and {record key: tip}."""
     src = (WIDGETS_DIR / "block_pool.js").read_text()
     common = (WIDGETS_DIR / "_common.js").read_text()
-    strings = dict(re.findall(r'^const (\w+) = "([^"]*)";', common, re.M))
     status = re.findall(r'"([^"]+)"', re.search(r"^const STATUS_NAMES = \[(.*?)\];", src, re.M).group(1))
     rows = _js_events(common)
     bits = {key: bit for bit, key, _, _, _ in rows}
-    tips = {key: strings.get(tip, tip) for _, key, _, _, tip in rows}
+    tips = {key: tip for _, key, _, _, tip in rows}
     return status, bits, tips
 
 
 def _js_events(common: str) -> list[tuple[int, str, str, str, str]]:
-    """KVS_EVENTS rows: (bit, record key, label, colour, tip or the name of its constant)."""
-    table = re.search(r"^const KVS_EVENTS = \[\n(.*?)^\];", common, re.M | re.S).group(1)
-    rows = re.findall(r'^\s*\[(\d+), "(\w+)", "([^"]+)", "(#[0-9a-f]{6})", "[^"]+", (?:"([^"]+)"|(\w+))\],$', table, re.M)
-    return [(int(bit), key, label, colour, text or name) for bit, key, label, colour, text, name in rows]
+    """KVS_EVENTS rows as the browser builds them: (bit, record key, label, colour, tip) from
+    KVS_SCHEMA's block events (_schema.js) and _common.js's KVS_EVENT_LOOKS (colour, icon by key)."""
+    table = re.search(r"^const KVS_EVENT_LOOKS = \{\n(.*?)^\};", common, re.M | re.S).group(1)
+    looks = dict(re.findall(r'(\w+): \["(#[0-9a-f]{6})", "[^"]+"\]', table))
+    events = widgets._base.record_schema()["block_events"]
+    assert sorted(looks) == sorted(e["key"] for e in events), "one look per block event, none without one"
+    return [(e["bit"], e["key"], e["label"], looks[e["key"]], e["tip"]) for e in events]
+
+
+def test_the_panels_schema_module_is_generated_from_the_engines_record_schema() -> None:
+    # widgets/_schema.js is engine/report/schema.py's copy for the widgets (which never import
+    # the engine); regenerating it must give the file as committed.
+    from engine.report import schema
+
+    assert (WIDGETS_DIR / "_schema.js").read_text() == schema.widget_schema_js(), (
+        "widgets/_schema.js is stale: python -m engine.report.schema --write")
+    assert widgets._base.record_schema() == schema.widget_schema()
+    for cls in PANELS:
+        assert str(cls._esm).startswith((WIDGETS_DIR / "_schema.js").read_text()), cls.__name__
 
 
 def test_block_pool_js_spells_the_same_codes_as_python() -> None:
-    # One place per language: widgets/block_pool.py for Python (explorer.views imports it),
-    # block_pool.js's STATUS_NAMES and _common.js's KVS_EVENTS for the browser; they must agree.
+    # One definition: engine/report/schema.py. widgets/block_pool.py (which explorer.views
+    # imports) and the browser (KVS_SCHEMA) read its generated copy; block_pool.js names the statuses.
+    from engine.report import schema
     from widgets import block_pool
 
     status, bits, tips = _js_block_pool_codes()
     assert len(status) == block_pool.IN_USE_HASHED + 1 and status[block_pool.NULL] == "null"
     assert status[block_pool.FREE_CACHED] == "free (cached)" and status[block_pool.IN_USE] == "in use"
-    assert bits == block_pool.EVENT_BITS
+    assert bits == block_pool.EVENT_BITS == schema.EVENT_BITS
+    assert (block_pool.NULL, block_pool.FREE, block_pool.FREE_CACHED, block_pool.IN_USE,
+            block_pool.IN_USE_HASHED) == tuple(schema.BLOCK_STATUS.values())
     assert tips["same_step_hits"] == ("hit on a block computed in this same step: its KV is written by this "
                                       "step's forward before any layer reads it")
-    # No other copy of the bits: the Python table is written out only in widgets/block_pool.py,
-    # the browser's only in _common.js.
-    spelled = [p for p in (*WIDGETS_DIR.glob("*.py"), *(WIDGETS_DIR.parent / "explorer").glob("*.py"))
-               if re.search(r'"cached":\s*16', p.read_text())]
-    assert spelled == [WIDGETS_DIR / "block_pool.py"]
-    assert [p.name for p in WIDGETS_DIR.glob("*.js") if re.search(r'\[16, "cached"', p.read_text())] == ["_common.js"]
+    # No other copy of the bits: the table is written out only in engine/report/schema.py.
+    root = WIDGETS_DIR.parent
+    spelled = [p.relative_to(root).as_posix() for pkg in ("engine", "explorer", "widgets")
+               for p in (root / pkg).rglob("*.*") if p.suffix in (".py", ".js")
+               and re.search(r'(\bcached"?\]?:\s*16\b|\[16, "cached")', p.read_text(), re.I)]
+    assert spelled == ["engine/report/schema.py"]
 
 
 def _lab(hex_colour: str) -> tuple[float, float, float]:

@@ -1,0 +1,367 @@
+"""The StepRecord / EngineSnapshot dict schema: the one definition of their keys.
+
+Every producer (kvscope's engine in engine/report/records.py, the vLLM drivers in
+explorer/) emits these shapes, and every consumer (explorer.views, explorer.history,
+export, the panels' JavaScript) reads them. Each shape is a TypedDict: its annotations
+are the keys, written here and nowhere else; the block events' keys are the fields of
+engine.core.block_pool.BlockEvents, which the pool fills.
+
+Code reads and writes keys through the constants `keys_of` derives from a shape
+(`SCHED.NUM_TOKENS == "num_tokens"`): a misspelt or renamed key then fails where it is
+used, not silently as a missing `.get()`. `problems(value, shape)` lists every key a dict
+has that its shape does not define (tests run both producers through it), and
+`widget_schema()` is what the panels' JavaScript gets: widgets/_schema.js is generated from
+it (`python -m engine.report.schema --write`; a test checks that the file is current).
+
+Shapes whose keys belong to another definition stay open here: `config` (the engine's
+config dataclass: EngineConfig, or explorer's VllmConfig), `sampling_params`
+(SamplingParams' fields) and the tensor-parallel facts (engine/report/model_info.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypedDict, Union
+
+from ..core.block_pool import BlockEvents
+
+# -- StepRecord ------------------------------------------------------------------------------------
+
+
+class ScheduledDict(TypedDict):
+    """One entry of `StepRecord.scheduled`: what the step computed for one request."""
+    request_id: str
+    num_tokens: int
+    num_computed_before: int  # KV that existed before the step, prefix-cache hits included
+    is_prefill: bool
+    num_cached_tokens: int    # prefix-cache hits when admitted in this step (0 otherwise)
+    chunk_index: int | None   # which prefill chunk (from 0); None for a decode
+
+
+class BatchDict(TypedDict):
+    """The packed batch (vLLM v1's names); `block_tables` per scheduled request, valid entries only."""
+    input_ids: list[int]
+    positions: list[int]
+    query_start_loc: list[int]
+    seq_lens: list[int]
+    slot_mapping: list[int]
+    block_tables: list[list[int]]
+    logits_indices: list[int]
+
+
+class SampledDict(TypedDict):
+    """One sampled token: `top` lists [token_id, probability] candidates, best first."""
+    token_id: int
+    text: str | None
+    top: list[list[Any]]
+
+
+# The block events: BlockEvents' fields, in its order (engine/core/block_pool.py spells them).
+BlockEventsDict = TypedDict("BlockEventsDict", {f.name: list[int] for f in dataclasses.fields(BlockEvents)})
+BlockEventsDict.__doc__ = "What the step did to blocks: block ids per event, in the order it happened."
+
+
+class TimingsDict(TypedDict, total=False):
+    """Milliseconds per phase, plus how the forward ran."""
+    schedule: float
+    prepare: float
+    forward: float
+    sample: float
+    update: float
+    total: float
+    collectives: float       # part of forward: rank 0's wait in all-reduce / gather
+    explorer_record: float   # the vLLM driver's own cost of building the record
+    backend: str | None
+    cuda_graph_bucket: int | None
+    forward_path: str        # 'eager' | 'cuda_graph' | 'native_decode'
+
+
+class BudgetsDict(TypedDict, total=False):
+    """The scheduler knobs the step ran under (engine.config.SCHEDULER_KNOBS)."""
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    enable_chunked_prefill: bool
+    enable_prefix_caching: bool
+    scheduler_reserve_full_isl: bool
+    scheduling_policy: str
+
+
+class StepRecordDict(TypedDict):
+    """`StepRecord.to_dict()`: what one `step()` did."""
+    step: int
+    scheduled: list[ScheduledDict]
+    batch: BatchDict
+    sampled: dict[str, SampledDict]
+    preempted: list[str]
+    finished: list[str]
+    new_requests: list[str]
+    blocks: BlockEventsDict
+    num_free_blocks: int     # after the step's frees
+    timings_ms: TimingsDict
+    engine_time_s: float     # the engine clock after this step
+    wall_time_s: float
+    token_budget: int
+    num_running: int
+    num_waiting: int
+    budgets: BudgetsDict
+
+
+# -- EngineSnapshot --------------------------------------------------------------------------------
+
+
+class ClockDict(TypedDict):
+    """One request's event times on one clock (seconds), and vLLM's metrics derived from them."""
+    arrival_time: float | None
+    first_scheduled_time: float | None
+    first_token_time: float | None
+    token_times: list[float]
+    preempted_times: list[float]
+    finished_time: float | None
+    time_to_first_token: float | None
+    inter_token_latency: list[float]
+    time_per_output_token: float | None
+    e2e_request_latency: float | None
+    request_queue_time: float | None
+
+
+class RequestMetricsDict(TypedDict):
+    engine: ClockDict   # advances only while a step executes
+    wall: ClockDict
+
+
+class RequestDict(TypedDict):
+    """One request in a snapshot's queues."""
+    request_id: str
+    status: str          # engine.request.RequestStatus' values
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    prompt_text: str | None
+    output_text: str
+    num_computed_tokens: int
+    num_cached_tokens: int
+    block_table: list[int]
+    num_preemptions: int
+    finish_reason: str | None
+    max_tokens: int
+    sampling_params: dict[str, Any]   # SamplingParams' fields
+    metrics: RequestMetricsDict
+
+
+class QueuesDict(TypedDict):
+    waiting: list[RequestDict]
+    running: list[RequestDict]
+    finished: list[RequestDict]   # every finished request of the engine's life
+
+
+class BlockDict(TypedDict):
+    """One physical block, 0 .. num_blocks-1 (block 0 is the null block)."""
+    block_id: int
+    ref_count: int
+    hash: str | None      # 16 hex digits, or None when not cached
+    token_ids: list[int]
+    owners: list[str]     # the running requests whose block tables hold it
+    is_null: bool
+    is_free: bool
+
+
+class BlockPoolDict(TypedDict):
+    num_blocks: int
+    block_size: int
+    num_free_blocks: int
+    blocks: list[BlockDict]
+
+
+class EngineMetricsDict(TypedDict):
+    num_steps: int
+    engine_time_s: float
+    kv_cache_usage: float
+    prefix_cache_hits: int
+    prefix_cache_queries: int
+    num_preemptions: int
+    num_generated_tokens: int
+    num_prompt_tokens_computed: int
+
+
+class ModelInfoDict(TypedDict, total=False):
+    """What the header and panels say about the model and how it runs (engine/report/model_info.py)."""
+    engine: str             # set by engines other than kvscope's ("vLLM 0.32.0")
+    engine_version: str
+    name: str
+    architecture: str | None
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    vocab_size: int
+    dtype: str
+    compute_dtype: str
+    device: str
+    max_model_len: int
+    attention_backend: str | None
+    cuda_graphs: Any
+    cuda_graphs_off: str | None
+    native_decode: int | None
+    native_decode_off: str | None
+    cpu_gemm_dtype: str | None
+    kv_bytes_per_block: int | None
+    intermediate_size: int | None
+    tie_word_embeddings: bool | None
+    tensor_parallel_size: int
+    tp_backend: str | None
+    num_heads_per_rank: int
+    num_kv_heads_per_rank: int
+    kv_bytes_per_block_per_rank: int
+    kv_bytes_per_rank: int
+    tensor_parallel: dict[str, Any]   # per-rank facts (engine/report/model_info.py)
+
+
+class EngineSnapshotDict(TypedDict):
+    """`EngineSnapshot.to_dict()`: the engine's whole state after a step."""
+    step: int
+    config: dict[str, Any]   # the engine config dataclass' fields
+    model_info: ModelInfoDict
+    metrics: EngineMetricsDict
+    queues: QueuesDict
+    block_pool: BlockPoolDict
+
+
+# -- key constants ---------------------------------------------------------------------------------
+def keys_of(shape: type) -> types.SimpleNamespace:
+    """The keys of a shape as constants: `keys_of(ScheduledDict).NUM_TOKENS == "num_tokens"`;
+    `.ALL` is every key in the shape's order."""
+    names = tuple(shape.__annotations__)
+    return types.SimpleNamespace(ALL=names, **{k.upper(): k for k in names})
+
+
+REC = keys_of(StepRecordDict)
+SCHED = keys_of(ScheduledDict)
+BATCH = keys_of(BatchDict)
+SAMPLE = keys_of(SampledDict)
+EV = keys_of(BlockEventsDict)
+TIME = keys_of(TimingsDict)
+SNAP = keys_of(EngineSnapshotDict)
+QUEUE = keys_of(QueuesDict)
+REQ = keys_of(RequestDict)
+RMETRICS = keys_of(RequestMetricsDict)
+CLOCK = keys_of(ClockDict)
+POOL = keys_of(BlockPoolDict)
+BLOCK = keys_of(BlockDict)
+METRICS = keys_of(EngineMetricsDict)
+INFO = keys_of(ModelInfoDict)
+BUDGET = keys_of(BudgetsDict)
+
+# -- the block pool panel's byte columns -----------------------------------------------------------
+# Status codes of its `status` column (one uint8 per block), and the bit of each block event in
+# its `events` column. A same-step hit (a hit on a block hashed earlier in this same step) also
+# carries the hit bit.
+BLOCK_STATUS = {"null": 0, "free": 1, "free_cached": 2, "in_use": 3, "in_use_hashed": 4}
+NULL, FREE, FREE_CACHED, IN_USE, IN_USE_HASHED = BLOCK_STATUS.values()
+EVENT_BITS = {EV.ALLOCATED: 1, EV.HITS: 2, EV.FREED: 4, EV.EVICTED: 8, EV.CACHED: 16, EV.SAME_STEP_HITS: 32}
+# What each event means, in the order legends list them.
+EVENT_MEANINGS = {
+    EV.ALLOCATED: ("allocated", "handed out to a request in this step"),
+    EV.HITS: ("prefix hit", "prefix-cache hit: a request admitted in this step takes this block from the "
+                            "cache instead of computing it"),
+    EV.SAME_STEP_HITS: ("same-step hit", "hit on a block computed in this same step: its KV is written by "
+                                         "this step's forward before any layer reads it"),
+    EV.FREED: ("freed", "its last owner let go (finished, aborted or preempted)"),
+    EV.EVICTED: ("evicted", "a cached block reused for new tokens: its hash is forgotten"),
+    EV.CACHED: ("cached", "full, hashed and registered in the prefix cache in this step"),
+}
+
+# -- checking a producer ---------------------------------------------------------------------------
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(shape: type) -> dict[str, Any]:
+    if shape not in _HINTS:
+        _HINTS[shape] = typing.get_type_hints(shape)
+    return _HINTS[shape]
+
+
+def problems(value: Any, shape: Any, path: str = "") -> list[str]:
+    """Every key of `value` (recursively) that `shape` does not define, and every required
+    key it lacks, as 'path: what' lines (empty: the value fits the schema)."""
+    out: list[str] = []
+    origin = typing.get_origin(shape)
+    if value is None or shape is Any:
+        return out
+    if typing.is_typeddict(shape):
+        if not isinstance(value, dict):
+            return [f"{path or '.'}: a {type(value).__name__}, not a {shape.__name__} dict"]
+        hints = _hints(shape)
+        for key, sub in value.items():
+            if key not in hints:
+                out.append(f"{path}.{key}: not a key of {shape.__name__}")
+            else:
+                out.extend(problems(sub, hints[key], f"{path}.{key}"))
+        missing = [k for k in shape.__required_keys__ if k not in value]
+        if missing:
+            out.append(f"{path or '.'}: {shape.__name__} lacks {missing}")
+    elif origin is list and isinstance(value, list):
+        (item,) = typing.get_args(shape)
+        for i, sub in enumerate(value):
+            out.extend(problems(sub, item, f"{path}[{i}]"))
+    elif origin is dict and isinstance(value, dict):
+        _, item = typing.get_args(shape)
+        for key, sub in value.items():
+            out.extend(problems(sub, item, f"{path}[{key!r}]"))
+    elif origin in (Union, types.UnionType):
+        dicts = [a for a in typing.get_args(shape) if a is not type(None)]
+        if len(dicts) == 1:
+            out.extend(problems(value, dicts[0], path))
+    return out
+
+
+def record_problems(record: dict) -> list[str]:
+    """`problems` of a StepRecord dict."""
+    return problems(record, StepRecordDict, "record")
+
+
+def snapshot_problems(snapshot: dict) -> list[str]:
+    return problems(snapshot, EngineSnapshotDict, "snapshot")
+
+
+# -- the panels' copy ------------------------------------------------------------------------------
+JS_PATH = Path(__file__).resolve().parents[2] / "widgets" / "_schema.js"
+
+
+def widget_schema() -> dict:
+    """What the panels read: the record keys they use, the block status codes, and each
+    block event's key, bit, label and meaning in legend order."""
+    return {"block_status": dict(BLOCK_STATUS),
+            "block_events": [{"key": k, "bit": EVENT_BITS[k], "label": label, "tip": tip}
+                             for k, (label, tip) in EVENT_MEANINGS.items()],
+            "record": list(REC.ALL), "snapshot": list(SNAP.ALL), "request": list(REQ.ALL),
+            "block": list(BLOCK.ALL)}
+
+
+def widget_schema_js() -> str:
+    """widgets/_schema.js: `const KVS_SCHEMA = {...};`, prepended to every panel's ESM."""
+    return ("// Generated from engine/report/schema.py by `python -m engine.report.schema --write`: do not edit.\n"
+            "// The record keys, block status codes and block event bits the panels read.\n"
+            f"const KVS_SCHEMA = {json.dumps(widget_schema(), indent=1)};\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args == ["--write"]:
+        JS_PATH.write_text(widget_schema_js())
+        print(f"wrote {JS_PATH}")
+        return 0
+    if args == ["--check"]:
+        current = JS_PATH.read_text() if JS_PATH.exists() else ""
+        ok = current == widget_schema_js()
+        print("widgets/_schema.js is current" if ok else "widgets/_schema.js is stale: run with --write")
+        return 0 if ok else 1
+    print("usage: python -m engine.report.schema --write | --check", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""The Session's history is built from what each step changed (explorer.history.snapshot_after_step):
+every entry must equal the engine's full snapshot at that step, through chunked prefills,
+prefix hits (same-step ones too), preemption, aborts, budget changes and finished requests;
+and every record and snapshot kvscope's engine emits must fit the record schema."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from engine import LLM
+from engine.report import schema
+from explorer import Session
+
+GREEDY = {"temperature": 0.0, "ignore_eos": True}
+
+
+def tokens(seed: int, n: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(200, 20000) for _ in range(n)]
+
+
+def busy_workload(s: Session, check, tag: str = "") -> dict:
+    """Chunks, shared prefixes, same-step hits, preemption, an abort and a budget change; `check`
+    runs after every action. Returns what happened, so the test can say the workload covered it."""
+    seen = {"chunks": 0, "hits": 0, "same_step_hits": 0, "preempted": 0, "evicted": 0, "finished": 0}
+    common = tokens(1, 48)  # three full blocks of 16 shared by several prompts
+    s.add_request(common + tokens(2, 40), request_id=tag + "a", max_tokens=40, **GREEDY)
+    s.add_request(common + tokens(3, 30), request_id=tag + "b", max_tokens=60, **GREEDY)  # same step: same-step hits
+    check()
+    for i in range(400):
+        if i == 2:
+            s.add_request(common + tokens(4, 70), request_id=tag + "c", max_tokens=60, **GREEDY)
+            s.add_request(tokens(5, 60), request_id=tag + "d", max_tokens=80, **GREEDY)
+            check()
+        if i == 5:
+            s.add_request(tokens(6, 20), request_id=tag + "e", max_tokens=50, **GREEDY)
+            s.abort(tag + "e")
+            check()
+        if i == 8:
+            s.set_budget(max_num_batched_tokens=48)
+            check()
+        if i == 12:
+            s.add_request(common + tokens(7, 10), request_id=tag + "f", max_tokens=6, **GREEDY)
+            check()
+        if not s.step():
+            break
+        rec = s.current.record
+        seen["chunks"] += sum(1 for x in rec["scheduled"] if x["is_prefill"] and (x["chunk_index"] or 0) > 0)
+        for key in ("hits", "same_step_hits", "evicted"):
+            seen[key] += len(rec["blocks"][key])
+        seen["preempted"] += len(rec["preempted"])
+        seen["finished"] += len(rec["finished"])
+        check()
+    return seen
+
+
+@pytest.fixture(scope="module")
+def llm(default_model_path) -> LLM:
+    # 20 usable blocks of 16 for up to ~350 tokens in flight: decodes run out and preempt.
+    return LLM(model=str(default_model_path), num_kv_blocks=21, block_size=16, max_num_batched_tokens=96,
+               max_num_seqs=4)
+
+
+def test_each_history_entry_equals_the_engines_full_snapshot_at_its_step(llm):
+    s = Session(llm)
+    full = {}
+
+    def check() -> None:
+        full[s.current.step] = s.engine.snapshot().to_dict()
+        assert s.current.snapshot == full[s.current.step], f"step {s.current.step}"
+
+    seen = busy_workload(s, check)
+    assert seen["chunks"] and seen["hits"] and seen["same_step_hits"] and seen["preempted"] and seen["evicted"]
+    assert seen["finished"] == 5 and not s.engine.has_unfinished_requests()
+    # Entries stay what they were when taken (frozen records of the past), not views of now.
+    for entry in s.history:
+        assert entry.snapshot == full[entry.step], f"step {entry.step} changed after it was taken"
+    # And a step shares what it did not change with the step before: in a decode step, every
+    # block but those of its events and the one each request wrote into; every finished request.
+    decodes = 0
+    for before, after in zip(s.history, s.history[1:]):
+        rec, a, b = after.record, before.snapshot, after.snapshot
+        assert all(x is y for x, y in zip(a["queues"]["finished"], b["queues"]["finished"]))
+        if rec["finished"] or rec["preempted"] or any(x["is_prefill"] for x in rec["scheduled"]):
+            continue
+        decodes += 1
+        touched = len(rec["scheduled"]) + sum(len(v) for v in rec["blocks"].values())
+        assert sum(x is y for x, y in zip(a["block_pool"]["blocks"], b["block_pool"]["blocks"])) >= 21 - touched
+    assert decodes > 20
+
+
+def test_debug_invariants_compares_each_built_snapshot_with_a_full_one(default_model_path):
+    s = Session(str(default_model_path), debug_invariants=True, num_kv_blocks=21)
+    common = tokens(1, 32)
+    s.add_request(common + tokens(2, 8), max_tokens=3, **GREEDY)
+    s.add_request(common + tokens(3, 8), max_tokens=3, **GREEDY)
+    assert len(s.step(10)) == 3  # each step's built snapshot was compared with a full one
+    # The comparison can fail: a snapshot built on a `before` that was not the engine's state.
+    s.add_request(tokens(4, 20), max_tokens=2, **GREEDY)
+    before = s.current.snapshot
+    blocks = before["block_pool"]["blocks"]
+    wrong = {**before, "block_pool": {**before["block_pool"], "blocks": [{**blocks[0], "ref_count": 99}, *blocks[1:]]}}
+    rec = s.engine.step().to_dict()
+    from explorer.history import snapshot_after_step
+
+    with pytest.raises(AssertionError, match="differs from the engine's full snapshot"):
+        snapshot_after_step(s.engine, wrong, rec)
+
+
+def test_kvscope_emits_only_keys_the_record_schema_defines(llm):
+    s = Session(llm)
+    emitted: list[tuple[dict, dict]] = []
+
+    def check() -> None:
+        emitted.append((s.current.record, s.engine.snapshot().to_dict()))
+
+    busy_workload(s, check, tag="schema-")
+    problems = [p for record, snapshot in emitted
+                for p in ([] if record is None else schema.record_problems(record)) + schema.snapshot_problems(snapshot)]
+    assert problems == []
+    assert len(emitted) > 20 and all(r is not None for r, _ in emitted[-5:])
+
+
+def test_the_schema_check_names_a_key_it_does_not_define_at_any_depth(llm):
+    s = Session(llm)
+    s.add_request(tokens(9, 20), max_tokens=2, **GREEDY)
+    s.step()
+    record, snapshot = s.current.record, s.current.snapshot
+    assert schema.record_problems(record) == [] and schema.snapshot_problems(snapshot) == []
+    bad = {**record, "scheduled": [{**record["scheduled"][0], "num_tokenz": 1}]}
+    assert schema.record_problems(bad) == ["record.scheduled[0].num_tokenz: not a key of ScheduledDict"]
+    pool = snapshot["block_pool"]
+    bad = {**snapshot, "block_pool": {**pool, "blocks": [{**pool["blocks"][0], "extra": 0}]}}
+    assert schema.snapshot_problems(bad) == ["snapshot.block_pool.blocks[0].extra: not a key of BlockDict"]
+    short = {k: v for k, v in record.items() if k != "budgets"}
+    assert schema.record_problems(short) == ["record: StepRecordDict lacks ['budgets']"]
+
+
+def test_key_constants_are_the_schemas_keys():
+    assert schema.SCHED.NUM_TOKENS == "num_tokens" and schema.REQ.BLOCK_TABLE == "block_table"
+    assert schema.EV.ALL == ("allocated", "freed", "cached", "hits", "evicted", "same_step_hits")
+    assert set(schema.EVENT_BITS) == set(schema.EV.ALL) == set(schema.EVENT_MEANINGS)
+    assert sorted(schema.EVENT_BITS.values()) == [1, 2, 4, 8, 16, 32]
+    with pytest.raises(AttributeError):
+        schema.SCHED.NUM_TOKENZ

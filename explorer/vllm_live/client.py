@@ -73,6 +73,7 @@ class LiveEngine:
         self._sub.setsockopt(zmq.LINGER, 0)
         self._sub.setsockopt(zmq.SUBSCRIBE, protocol.TOPIC)
         self._sub.connect(address)
+        self._last_message = time.monotonic()
         self._take_snapshot(first=True)
         self.tokenizer = self._load_tokenizer(model)
         self._running = True
@@ -129,6 +130,7 @@ class LiveEngine:
             except zmq.ZMQError:
                 return
             self.counters["received"] += 1
+            self._last_message = time.monotonic()
             try:
                 msg = protocol.decode(frames)
             except protocol.FeedError as exc:
@@ -199,6 +201,31 @@ class LiveEngine:
         for r in [*self._snap["queues"]["running"], *self._snap["queues"]["waiting"]]:
             if r["request_id"] not in live:  # it finished in a dropped step the snapshot no longer holds
                 self._finished[r["request_id"]] = {**r, "status": "finished", "finish_reason": "unknown (dropped)"}
+
+    def catch_up(self) -> bool:
+        """No step came for a while but the state shows requests in flight: the steps that ended
+        them may have been dropped. Take a fresh snapshot; True when it was ahead of us."""
+        q = self._snap["queues"]
+        if not (q["running"] or q["waiting"]) or time.monotonic() - self._last_message < 1.0:
+            return False
+        self._last_message = time.monotonic()
+        try:
+            msg = self._fetch_snapshot(min(self.timeout, 2.0))
+        except (TimeoutError, ValueError):
+            return False
+        if msg["run_id"] != self.run_id or msg["seq"] <= self.seq or self.pending():
+            return False
+        self.counters["missed"] += msg["seq"] - self.seq
+        self.seq = msg["seq"]
+        snap = msg["snapshot"]
+        for r in snap["queues"]["finished"]:
+            self._finished[r["request_id"]] = r
+        snap["queues"]["finished"] = list(self._finished.values())
+        snap["step"] = self.step_count  # the history's latest entry shows the server as it is now
+        self._add_text({}, snap)
+        self._snap = snap
+        self.notes.append(f"caught up from a snapshot after missing steps up to seq {self.seq}")
+        return True
 
     def _restart(self, why: str) -> None:
         self.counters["resyncs"] += 1
@@ -309,6 +336,7 @@ class LiveSession(Session):
             kv_events = KvEventSubscriber(kv_events)
         self.kv_events = kv_events
         self._cleared_seen = 0
+        self._batched: list[str] | None = None
         self._follow: threading.Thread | None = None
         self._follow_stop = threading.Event()
 
@@ -331,8 +359,32 @@ class LiveSession(Session):
         return records
 
     def poll(self, max_steps: int = 10_000) -> list:
-        """Apply every step received so far (at most `max_steps`)."""
-        return self.step(max(1, min(max_steps, self.engine.pending() or 1)))
+        """Apply every step received so far (at most `max_steps`); views hear one 'step' event."""
+        self._batched = []
+        try:
+            records = self.step(max(1, min(max_steps, self.engine.pending() or 1)))
+            if not records and self.engine.catch_up():
+                with self._lock:
+                    self._refresh_current()
+                self._notify("feed")
+        finally:
+            held, self._batched = self._batched, None
+        for event in dict.fromkeys(held):  # each kind once, in order: a view redraws once per poll
+            super()._notify(event)
+        return records
+
+    def _notify(self, event: str) -> None:
+        held = getattr(self, "_batched", None)
+        if held is not None:
+            held.append(event)
+        else:
+            super()._notify(event)
+
+    def follow_panel(self) -> Any:
+        """The Follow / Pause panel for this session (widgets.follow; the Dashboard shows it)."""
+        from .follow_view import follow_panel
+
+        return follow_panel(self)
 
     def wait_for(self, predicate, timeout: float = 30.0, interval: float = 0.05) -> bool:
         """Apply steps as they come until predicate(session) holds or `timeout` passes."""

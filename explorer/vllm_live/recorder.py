@@ -5,8 +5,8 @@
 
 It runs in vLLM's engine-core process, next to the KV cache manager and its block pool.
 What one step did is observed on vLLM's own objects (explorer.vllm_capture's block-pool
-hooks, the SchedulerOutput, the EngineCoreOutputs its update returns, the model runner's
-buffers when the runner lives in this process) and turned into kvscope's StepRecord /
+hooks, the SchedulerOutput, the EngineCoreOutputs its update returns, the scheduler's block
+tables) and turned into kvscope's StepRecord /
 EngineSnapshot dicts by the same functions the in-process adapter uses
 (explorer.vllm_records). Then it is published without blocking (explorer.vllm_live.protocol):
 no subscriber, or one that does not read, costs a counter, never a wait.
@@ -17,7 +17,6 @@ with async scheduling it already holds the next step's allocations.
 """
 from __future__ import annotations
 
-import gc
 import logging
 import threading
 import time
@@ -31,7 +30,7 @@ from engine.sampling_params import SamplingParams
 from vllm.v1.core.kv_cache_utils import get_block_hash, maybe_convert_block_hash
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from ..vllm_capture import BLOCK_EVENTS, Capture, StepCapture, read_batch
+from ..vllm_capture import BLOCK_EVENTS, Capture, StepCapture
 from ..vllm_records import RequestState, finished_dict, pool_dict, request_dict, step_record
 from . import protocol
 
@@ -39,7 +38,7 @@ log = logging.getLogger("vllm.kvscope_recorder")  # a child of vLLM's logger: it
 
 
 class _PoolCapture(StepCapture):
-    """StepCapture's block-pool (and runner) hooks only: the scheduler's two calls are this
+    """StepCapture's block-pool hooks only: the scheduler's two calls are this
     subclass's own methods, which route each step's events to its own Capture."""
 
     def _wrap(self, obj: Any, name: str, hook) -> None:
@@ -81,7 +80,6 @@ class RecordingScheduler(Scheduler):
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         kv = self._kv
-        kv.find_runner()
         cap = kv.begin_step()
         t0 = time.perf_counter()
         try:
@@ -94,7 +92,7 @@ class RecordingScheduler(Scheduler):
                       for rid in out.num_scheduled_tokens}
         cap.token_budget = int(self.max_num_scheduled_tokens)
         cap.started = t0
-        if kv.runner is None and self._feed.subscribers:
+        if self._feed.subscribers:
             cap.batch_req_ids, cap.batch = kv.scheduler_batch(out)
         kv.pending[id(out)] = cap
         return out
@@ -137,8 +135,7 @@ class _ServerView:
         self.capture = _PoolCapture(scheduler, None)
         self.between = self.capture.now  # events outside any step (an abort's frees) join the next step
         self.pending: dict[int, Capture] = {}
-        self.runner: Any = None
-        self._runner_searched = False
+        self.runner: Any = None  # vllm_records reads it: the model runner is never in this view
         self.tokenizer = _NoTokenizer()
         self.requests: dict[str, RequestState] = {}
         self._external = _Identity()
@@ -184,49 +181,14 @@ class _ServerView:
         s = self.scheduler
         return len(s.waiting) + len(getattr(s, "kv_holding_waiting", ()) or ())
 
-    # -- the model runner, when it lives in this process ---------------------------------------
-    def find_runner(self) -> None:
-        """vLLM hands its scheduler no executor: the engine core that holds this scheduler is
-        found once, and with a single in-process worker its model runner's execute_model is
-        hooked so each step's packed batch (slot mapping included) is read from its buffers."""
-        if self._runner_searched:
-            return
-        self._runner_searched = True
-        try:
-            core = next((r for r in gc.get_referrers(self.scheduler)
-                         if getattr(r, "scheduler", None) is self.scheduler and hasattr(r, "model_executor")), None)
-            worker = getattr(getattr(getattr(core, "model_executor", None), "driver_worker", None), "worker", None)
-            runner = getattr(worker, "model_runner", None)
-        except Exception:  # noqa: BLE001
-            runner = None
-        if runner is None or not hasattr(runner, "input_batch"):
-            log.info("kvscope recorder: the model runs in worker processes; the feed carries no packed batch")
-            return
-        self.runner = runner
-        original = runner.execute_model
-
-        def execute_model(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
-            result = original(scheduler_output, *args, **kwargs)
-            cap = self.pending.get(id(scheduler_output))
-            if cap is not None:
-                cap.seconds["execute"] = time.perf_counter() - t0
-                n = scheduler_output.total_num_scheduled_tokens
-                if n > 0:
-                    try:
-                        cap.batch_req_ids, cap.batch = read_batch(runner, n)
-                    except Exception:  # noqa: BLE001 - a batch we cannot read is left out, not fatal
-                        log.exception("kvscope recorder: reading the packed batch failed")
-            return result
-
-        runner.execute_model = execute_model
-
+    # -- the packed batch ----------------------------------------------------------------------
     def scheduler_batch(self, out: Any) -> tuple[list[str], dict]:
-        """Where the model runs in worker processes (vLLM's default on CPU and GPU), the packed
-        batch is not in this process: positions, block tables and the slot of each scheduled
-        token are read from the scheduler's own block tables right after it scheduled, with
-        slot = block_id * block_size + position % block_size (the model runner's rule), rows in
-        scheduling order. `source` says so; panels caption it."""
+        """The packed batch as the scheduler hands it to the workers: positions, block tables and
+        the slot of each scheduled token, from the scheduler's own block tables right after it
+        scheduled, slot = block_id * block_size + position % block_size (the rule the model
+        runner applies in the worker), rows in scheduling order. The runner's own buffers live
+        in worker processes (vLLM's default, on CPU too) or on a GPU, where reading them would
+        stall async scheduling; `batch_source: "scheduler"` in the record says which it is."""
         s, bs = self.scheduler, self.block_size
         kv = s.kv_cache_manager
         new = {d.req_id: d.num_computed_tokens for d in out.scheduled_new_reqs}
@@ -277,8 +239,8 @@ class _ServerView:
         rec.finished = list(dict.fromkeys(rec.finished + [e.request_id for e in self.finished_now]))
         d = rec.to_dict()
         d["timings_ms"]["backend"] = "vLLM server"
-        # Where the batch came from: the model runner's buffers, the scheduler's block tables, or nowhere.
-        d["batch_source"] = ("model_runner" if self.runner is not None else "scheduler") if cap.batch else None
+        # The batch is the scheduler's view of it (see scheduler_batch); None: nobody listened when it was scheduled.
+        d["batch_source"] = "scheduler" if cap.batch else None
         return d
 
     def take_finished(self) -> list[RequestState]:
@@ -326,9 +288,12 @@ class _Identity(dict):
 
 
 class _Publisher:
-    """The feed's two sockets. Steps are sent from vLLM's scheduler thread without blocking
-    (XPUB with NODROP: a full subscriber queue raises at once, and the step is counted as
-    dropped); snapshots are answered from a small thread with the latest one built."""
+    """The feed's two sockets. Steps are sent from vLLM's scheduler thread without blocking: an
+    XPUB socket (it tells how many subscribe: with none, a step is not even built, only counted
+    as `unobserved`) whose per-subscriber queue holds SNDHWM messages; a subscriber that does
+    not read loses the messages past it, and only it (ZMQ drops per subscriber). Each message
+    carries a sequence number, so every subscriber counts exactly what it missed. Snapshots
+    are answered from a small thread with the latest one built."""
 
     def __init__(self, settings: dict, view: _ServerView) -> None:
         import zmq
@@ -339,7 +304,7 @@ class _Publisher:
         self.run_id = uuid.uuid4().hex
         self.seq = 0
         self.subscribers = 0
-        self.counters = {"published": 0, "dropped_hwm": 0, "unobserved": 0, "errors": 0}
+        self.counters = {"published": 0, "unobserved": 0, "errors": 0}
         self._lock = threading.Lock()
         self._latest: bytes | None = None
         self._stale = True
@@ -352,7 +317,6 @@ class _Publisher:
         self.ctx = zmq.Context()
         self.pub = self.ctx.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.SNDHWM, settings["hwm"])
-        self.pub.setsockopt(zmq.XPUB_NODROP, 1)
         self.pub.setsockopt(zmq.XPUB_VERBOSER, 1)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.setsockopt(zmq.SNDBUF, settings["sndbuf"])
@@ -395,11 +359,9 @@ class _Publisher:
                    "record": record or _empty_record(view), "snapshot": snap, "counters": dict(self.counters)}
             if not self.tokens:
                 strip_tokens(msg)
-            try:
+            try:  # never blocks: at a subscriber's HWM, ZMQ drops the message for that subscriber only
                 self.pub.send_multipart((protocol.TOPIC, protocol.encode(msg)), self.zmq.NOBLOCK)
                 self.counters["published"] += 1
-            except self.zmq.Again:
-                self.counters["dropped_hwm"] += 1
             except Exception:  # noqa: BLE001
                 self.counters["errors"] += 1
                 log.exception("kvscope recorder: publishing failed")

@@ -255,7 +255,7 @@ def test_export_html_of_what_was_seen(live, tmp_path):
 
 # -- phase 3: a subscriber that stops reading ---------------------------------------------------------
 @pytest.mark.slow
-def test_a_stalled_subscriber_never_stalls_the_server_and_drops_are_counted(server, client, live):
+def test_a_stalled_subscriber_never_stalls_the_server_or_the_others_and_its_drops_show(server, client, live):
     import zmq
 
     from explorer.vllm_live import protocol
@@ -274,18 +274,23 @@ def test_a_stalled_subscriber_never_stalls_the_server_and_drops_are_counted(serv
             answers = list(pool.map(lambda i: complete(client, server, f"Story {i}:", 48), range(4)))
         assert all(a.usage.completion_tokens == 48 for a in answers)
         assert time.monotonic() - t0 < 90
-        assert live.wait_for(lambda s: all(any(f["request_id"].startswith(a.id)
-                                                for f in s.current.snapshot["queues"]["finished"]) for a in answers),
-                             timeout=60) or live.feed_status()["missed"] > before["missed"]
+        # The Session reading beside it lost nothing: ZMQ drops per subscriber.
+        assert live.wait_for(lambda s: all(any(f["request_id"].startswith(a.id) for f in
+                                                s.current.snapshot["queues"]["finished"]) for a in answers), timeout=60)
+        after = live.feed_status()
+        assert after["missed"] == before["missed"] and after["applied"] - before["applied"] >= 48
+        # The stalled one got a few (its HWM and socket buffers), and the sequence numbers show the rest dropped.
+        seqs = []
+        while stalled.poll(200) and len(seqs) < 10_000:
+            seqs.append(protocol.decode(stalled.recv_multipart())["seq"])
     finally:
         stalled.close(0)
         ctx.term()
-    live.wait_for(lambda s: s.engine.pending() == 0, timeout=10)
-    after = live.feed_status()
-    # XPUB_NODROP: a step a stalled subscriber cannot take is dropped for everyone, counted by the
-    # recorder; this Session sees the gap in the sequence numbers.
-    assert after["server"]["dropped_hwm"] > before["server"].get("dropped_hwm", 0)
-    assert after["missed"] > before["missed"]
+    sent = after["seq"] - before["seq"]
+    assert 0 < len(seqs) < sent / 2, (len(seqs), sent)
+    # What it holds is in order, from this phase; the rest of the phase's sequence numbers it never got.
+    assert seqs == sorted(set(seqs)) and before["seq"] < seqs[0] and seqs[-1] <= after["seq"]
+    assert after["server"]["published"] > before["server"]["published"] and after["server"]["errors"] == 0
 
 
 # -- the client's failure modes, against a feed served by this test (no server needed) ---------------
@@ -316,7 +321,11 @@ class StubFeed:
     def snapshot(self) -> dict:
         blocks = [{"block_id": i, "ref_count": 0, "hash": None, "token_ids": [], "owners": [], "is_null": i == 0,
                    "is_free": i > 0, "event_key": None} for i in range(4)]
-        return {"step": self.seq, "config": {"block_size": 32, "num_kv_blocks": 4, "model": "/nonexistent"},
+        return {"step": self.seq, "config": {"block_size": 32, "num_kv_blocks": 4, "model": "/nonexistent",
+                                            "max_num_batched_tokens": 64, "max_num_seqs": 4,
+                                            "enable_chunked_prefill": True, "enable_prefix_caching": True,
+                                            "scheduler_reserve_full_isl": True, "scheduling_policy": "unified",
+                                            "tensor_parallel_size": 1, "max_model_len": 96},
                 "model_info": {"engine": "stub feed"}, "metrics": {},
                 "queues": {"waiting": [], "running": [], "finished": []},
                 "block_pool": {"num_blocks": 4, "block_size": 32, "num_free_blocks": 3, "blocks": blocks}}
@@ -426,3 +435,55 @@ def test_a_slow_notebook_keeps_a_bounded_queue_and_counts_what_it_dropped(stub):
         assert s.feed_status()["missed"] == 7
     finally:
         s.close()
+
+
+@pytest.mark.slow  # the first plotly FigureWidget of a process takes seconds
+def test_the_dashboard_of_a_live_session_has_follow_and_pause(stub):
+    from explorer import Dashboard, Session
+
+    s = Session.attach(stub.feed, snapshot_address=stub.snapshots)
+    try:
+        dash = Dashboard(s)
+        panel = dash.follow
+        assert panel.following is False and panel.status["run_id"] == "run-a"
+        assert panel.dispatch({"action": "follow"}) is None and s.following and panel.following
+        stub.wait_subscriber()
+        for _ in range(3):
+            stub.send_step()
+        end = time.monotonic() + 5
+        while s.current.step < 3 and time.monotonic() < end:
+            time.sleep(0.02)
+        assert s.current.step == 3
+        assert panel.dispatch({"action": "pause"}) is None and not s.following and panel.following is False
+        assert panel.status["applied"] == 3 and panel.step == 3
+        assert dash.controls.step == 3   # the other panels followed the same steps
+        stub.send_step()
+        time.sleep(0.3)
+        assert s.current.step == 3 and s.engine.pending() == 1   # paused: it waits in the queue
+        with pytest.raises(ValueError, match="follows a live vLLM server"):
+            s.add_request("Hello")
+    finally:
+        s.close()
+
+
+def test_the_prefix_tree_follows_stored_removed_and_cleared_events():
+    from explorer.vllm_live.kv_events import PrefixTree
+
+    tree = PrefixTree()
+    tree.apply({"type": "BlockStored", "block_hashes": [1, 2, 3], "parent_block_hash": None,
+                "token_ids": list(range(6)), "block_size": 2})
+    tree.apply({"type": "BlockStored", "block_hashes": [4], "parent_block_hash": 2, "token_ids": [9, 9],
+                "block_size": 2})
+    key = lambda h: f"{h:016x}"  # noqa: E731
+    assert tree.keys() == {key(h) for h in (1, 2, 3, 4)}
+    assert [n.key for n in tree.roots()] == [key(1)] and tree.nodes[key(2)].children == [key(3), key(4)]
+    assert tree.nodes[key(3)].token_ids == [4, 5]
+    tree.add_hit(key(1), 2)
+    tree.apply({"type": "BlockRemoved", "block_hashes": [2]})
+    d = tree.to_dict()
+    assert {r["key"]: r["orphan"] for r in d["roots"]} == {key(1): False, key(3): True, key(4): True}
+    assert d["roots"][0]["hits"] == 2 and "parent evicted" in tree.text()
+    tree.apply({"type": "AllBlocksCleared"})
+    assert tree.keys() == set() and tree.counters["cleared"] == 1
+    tree.apply({"type": "Something"})
+    assert tree.counters["unknown"] == 1

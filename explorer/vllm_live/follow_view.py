@@ -1,0 +1,60 @@
+"""The Follow panel (widgets.follow) bound to a LiveSession: Follow / Pause, the feed's
+counters, and vLLM's prefix cache from its KV events (a tree of hashes with hit counts)."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+MAX_TREE_NODES = 400  # the panel draws at most this many blocks of the tree (the rest are counted)
+
+
+def tree_state(session: Any, max_nodes: int = MAX_TREE_NODES) -> dict:
+    """The KV-event tree as the panel reads it, block text decoded with the session's tokenizer."""
+    kv = getattr(session, "kv_events", None)
+    if kv is None:
+        return {}
+    tok = getattr(session.engine, "tokenizer", None)
+    budget = [max_nodes]
+
+    def trim(n: dict) -> dict:
+        budget[0] -= 1
+        text = tok.decode(n["token_ids"]) if tok is not None and n["token_ids"] else ""
+        kids = [trim(c) for c in n["children"] if budget[0] > 0]
+        return {k: v for k, v in n.items() if k not in ("token_ids", "children")} | {"text": text[:48],
+                                                                                     "children": kids}
+
+    with kv.lock:
+        d = kv.tree.to_dict()
+    d["roots"] = [trim(r) for r in d["roots"] if budget[0] > 0]
+    return d
+
+
+def follow_panel(session: Any) -> Any:
+    """A FollowPanel wired to `session` (a LiveSession): its buttons call follow() / pause(),
+    and it redraws after the session's events (at most every 0.2 s while steps stream in)."""
+    from widgets.follow import FollowPanel
+
+    panel = FollowPanel()
+    last = [0.0]
+
+    def refresh(force: bool = True) -> None:
+        now = time.monotonic()
+        if not force and now - last[0] < 0.2:
+            return
+        last[0] = now
+        status = session.feed_status() | {"engine": session.engine_name}
+        panel.show({"following": session.following, "status": status, "tree": tree_state(session),
+                    "step": int(session.current.step)})
+
+    def on_action(content: dict) -> None:
+        action = content.get("action")
+        if action == "follow":
+            session.follow()
+        elif action == "pause":
+            session.pause()
+        refresh()
+
+    panel.on_action(on_action)
+    session.subscribe(lambda event, _s: refresh(force=event != "step"))
+    refresh()
+    return panel

@@ -108,9 +108,15 @@ class _KvsDocsRecorder:
                                  f": the state at step {last}, which this chapter reads")
             result = export.export_html(part, self.out / name, title=title_j, captions={first: caption},
                                         token_text=texts, start="first", max_bytes=10 ** 9)
+            snap = part[-1].snapshot  # what the replay's last step must show (tests/docs/test_site.py)
+            blocks = snap["block_pool"]["blocks"]
+            held = [b for b in blocks if b["owners"]] or [b for b in blocks if b["block_id"] > 0]
             files.append({"file": name, "bytes": result.bytes, "first_step": first, "last_step": last,
                           "steps_included": result.steps_included, "notice": result.notice,
-                          "own_steps": bool(stepped)})
+                          "own_steps": bool(stepped), "num_blocks": len(blocks),
+                          "queues": {q: [r["request_id"] for r in snap["queues"][q]]
+                                     for q in ("waiting", "running", "finished")},
+                          "hover_block": {k: held[0][k] for k in ("block_id", "owners", "ref_count")}})
         manifest = self.out / "manifest.json"
         data = _kvs_json.loads(manifest.read_text()) if manifest.exists() else {}
         data[str(number)] = files
@@ -356,11 +362,12 @@ def nav_with(walkthrough_pages: list[tuple[str, str]]) -> list:
     return out
 
 
-def run_mkdocs(nav: list, strict: bool) -> None:
+def run_mkdocs(nav: list, strict: bool, stage: Path = STAGE, site: Path = SITE) -> None:
+    """mkdocs build of `stage` into `site` (strict: any warning, a broken link say, fails)."""
     from mkdocs.commands.build import build
     from mkdocs.config import load_config
 
-    cfg = load_config(str(CONFIG), docs_dir=str(STAGE), site_dir=str(SITE), nav=nav, strict=strict)
+    cfg = load_config(str(CONFIG), docs_dir=str(stage), site_dir=str(site), nav=nav, strict=strict)
     cfg.plugins.on_startup(command="build", dirty=False)
     try:
         build(cfg)
@@ -378,21 +385,26 @@ def main(argv: list[str] | None = None) -> int:
                     help="'all' (default) or walkthrough chapter numbers, e.g. 2,3 (env KVSCOPE_DOCS_CHAPTERS)")
     ap.add_argument("--no-strict", action="store_true", help="let mkdocs warnings pass")
     ap.add_argument("--cell-timeout", type=int, default=600, help="seconds one notebook cell may take")
+    ap.add_argument("--site-dir", type=Path, default=SITE, help=f"output folder (default {SITE.relative_to(REPO)})")
+    ap.add_argument("--stage-dir", type=Path, default=STAGE,
+                    help=f"where the pages are staged (default {STAGE.relative_to(REPO)})")
     args = ap.parse_args(argv)
+    stage, site = args.stage_dir.resolve(), args.site_dir.resolve()
     wanted = None if args.chapters.strip() in ("", "all") else {int(x) for x in args.chapters.split(",") if x.strip()}
     t0 = time.monotonic()
-    stage_static(STAGE)
-    walk = build_walkthrough(STAGE, wanted, args.cell_timeout)
+    stage_static(stage)
+    walk = build_walkthrough(stage, wanted, args.cell_timeout)
+    (stage / "nav.json").write_text(json.dumps(nav_with(walk["pages"])))  # to rebuild from this stage
     t1 = time.monotonic()
-    if SITE.exists():
-        shutil.rmtree(SITE)
-    run_mkdocs(nav_with(walk["pages"]), strict=not args.no_strict)
+    if site.exists():
+        shutil.rmtree(site)
+    run_mkdocs(nav_with(walk["pages"]), strict=not args.no_strict, stage=stage, site=site)
     t2 = time.monotonic()
     replays = [(f["file"], f["bytes"]) for files in walk["manifest"].values() for f in files]
     largest = max(replays, key=lambda r: r[1])
-    total = folder_bytes(SITE)
+    total = folder_bytes(site)
     print(f"[docs] {len(walk['pages'])} chapter pages, {len(replays)} replays; largest {largest[0]} "
-          f"{largest[1] / 1e6:.2f} MB; site {total / 1e6:.2f} MB in {SITE.relative_to(REPO)}/")
+          f"{largest[1] / 1e6:.2f} MB; site {total / 1e6:.2f} MB in {site}/")
     print(f"[docs] time: walkthrough {t1 - t0:.1f} s (notebook {walk['seconds']:.1f} s), mkdocs {t2 - t1:.1f} s, "
           f"total {t2 - t0:.1f} s")
     problems = [f"replay {name} is {size / 1e6:.2f} MB (budget {REPLAY_BUDGET / 1e6:.0f} MB)"
@@ -401,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         problems.append(f"the site is {total / 1e6:.2f} MB (budget {SITE_BUDGET / 1e6:.0f} MB)")
     for p in problems:
         print(f"[docs] ERROR: {p}", file=sys.stderr)
-    print(f"[docs] open file://{(SITE / 'index.html').resolve()}")
+    print(f"[docs] open {(site / 'index.html').as_uri()}")
     return 1 if problems else 0
 
 

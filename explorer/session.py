@@ -71,9 +71,11 @@ class Session:
         (`--scheduler-cls explorer.vllm_live.RecordingScheduler`, feed at `address`, e.g.
         "tcp://127.0.0.1:5590"): a read-only Session that applies the server's steps
         (explorer.vllm_live.client.LiveSession: `follow()`, `pause()`, `feed_status()`)."""
-        from .vllm_live.client import LiveSession
+        import importlib
 
-        return LiveSession(address, model, **options)
+        # Looked up by name, as engine_protocol.ENGINES' drivers: LiveSession subclasses Session.
+        live = importlib.import_module("explorer.vllm_live.client").LiveSession
+        return live(address, model, **options)
 
     # -- read-only views ------------------------------------------------------------------
     @property

@@ -59,7 +59,7 @@ class Drain:
         self.sock = self.ctx.socket(zmq.SUB)
         self.sock.setsockopt(zmq.SUBSCRIBE, protocol.TOPIC)
         self.sock.connect(address)
-        self.count, self.running = 0, True
+        self.count, self.running, self.counters, self.first = 0, True, {}, {}
         self.thread = threading.Thread(target=self.run, daemon=True)
         self.thread.start()
 
@@ -68,7 +68,8 @@ class Drain:
 
         while self.running:
             if self.sock.poll(100):
-                protocol.decode(self.sock.recv_multipart())
+                self.counters = protocol.decode(self.sock.recv_multipart())["counters"]
+                self.first = self.first or self.counters
                 self.count += 1
 
     def close(self) -> None:
@@ -105,12 +106,19 @@ def measure(model: str, *, rounds: int = 3, num_requests: int = 8, prompt_words:
                     finally:
                         time.sleep(0.3)
                         out["messages"] = drain.count
+                        first, last = drain.first, drain.counters
+                        if first and last.get("steps", 0) > first.get("steps", 0):
+                            out["recorder_ms_per_step"] = ((last["recorder_ms"] - first["recorder_ms"])
+                                                           / (last["steps"] - first["steps"]))
                         drain.close()
                 else:
                     out = one_round(rec, prompts, max_tokens)
                 results[name].append(out)
+
                 progress(f"round {r + 1} {name:>24}: {out['tok_s']:7.1f} tok/s, ITL {out['itl_ms']:6.1f} ms"
-                         + (f", {out['messages']} feed messages read" if "messages" in out else ""))
+                         + (f", {out['messages']} feed messages read" if "messages" in out else "")
+                         + (f", recorder {out['recorder_ms_per_step']:.2f} ms/step on the scheduler thread"
+                            if "recorder_ms_per_step" in out else ""))
     finally:
         plain.stop()
         rec.stop()
@@ -122,6 +130,9 @@ def measure(model: str, *, rounds: int = 3, num_requests: int = 8, prompt_words:
                       "itl_ratio": statistics.median(x["itl_ms"] for x in xs) / base_itl,
                       "spread_tok_s": [min(x["tok_s"] for x in xs), max(x["tok_s"] for x in xs)]}
                for name, xs in results.items()}
+    own = [x["recorder_ms_per_step"] for x in results["recorder+subscriber"] if "recorder_ms_per_step" in x]
+    if own:
+        summary["recorder+subscriber"]["recorder_ms_per_step"] = statistics.median(own)
     return {"rounds": results, "summary": summary,
             "workload": {"num_requests": num_requests, "max_tokens": max_tokens, "prompt_words": prompt_words}}
 
@@ -137,10 +148,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = p.parse_args(argv)
     out = measure(a.model or str(default_model_path()), rounds=a.rounds, num_requests=a.requests,
                   max_tokens=a.max_tokens)
+    import platform
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+               platform.processor())
+    print(f"CPU: {cpu}")
     print(f"{'':>24}  {'tok/s':>8}  {'ratio':>6}  {'ITL ms':>7}  {'ratio':>6}")
     for name, s in out["summary"].items():
         print(f"{name:>24}  {s['median_tok_s']:8.1f}  {s['tok_s_ratio']:6.3f}  {s['median_itl_ms']:7.1f}  "
               f"{s['itl_ratio']:6.3f}")
+    own = out["summary"]["recorder+subscriber"].get("recorder_ms_per_step")
+    if own is not None:
+        print(f"the recorder's own time per step (median of the rounds): {own:.2f} ms "
+              f"= {own / out['summary']['plain']['median_itl_ms'] * 100:.1f}% of plain's ITL")
     return 0
 
 

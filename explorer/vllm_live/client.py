@@ -337,6 +337,7 @@ class LiveSession(Session):
         self.kv_events = kv_events
         self._cleared_seen = 0
         self._batched: list[str] | None = None
+        self._poll_lock = threading.Lock()
         self._follow: threading.Thread | None = None
         self._follow_stop = threading.Event()
 
@@ -360,17 +361,18 @@ class LiveSession(Session):
 
     def poll(self, max_steps: int = 10_000) -> list:
         """Apply every step received so far (at most `max_steps`); views hear one 'step' event."""
-        self._batched = []
-        try:
-            records = self.step(max(1, min(max_steps, self.engine.pending() or 1)))
-            if not records and self.engine.catch_up():
-                with self._lock:
-                    self._refresh_current()
-                self._notify("feed")
-        finally:
-            held, self._batched = self._batched, None
-        for event in dict.fromkeys(held):  # each kind once, in order: a view redraws once per poll
-            super()._notify(event)
+        with self._poll_lock:  # the Follow thread and a caller's wait_for take turns
+            self._batched = []
+            try:
+                records = self.step(max(1, min(max_steps, self.engine.pending() or 1)))
+                if not records and self.engine.catch_up():
+                    with self._lock:
+                        self._refresh_current()
+                    self._notify("feed")
+            finally:
+                held, self._batched = self._batched, None
+            for event in dict.fromkeys(held):  # each kind once, in order: a view redraws once per poll
+                super()._notify(event)
         return records
 
     def _notify(self, event: str) -> None:

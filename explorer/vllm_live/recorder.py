@@ -86,7 +86,8 @@ class RecordingScheduler(Scheduler):
             out = super().schedule(*args, **kwargs)
         finally:
             kv.capture.now = kv.between
-        cap.seconds["schedule"] = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        cap.seconds["schedule"] = t1 - t0
         cap.out = out
         cap.counts = {rid: (self.requests[rid].num_tokens, self.requests[rid].num_prompt_tokens)
                       for rid in out.num_scheduled_tokens}
@@ -95,6 +96,7 @@ class RecordingScheduler(Scheduler):
         if self._feed.subscribers:
             cap.batch_req_ids, cap.batch = kv.scheduler_batch(out)
         kv.pending[id(out)] = cap
+        self._feed.own_time(time.perf_counter() - t1)
         return out
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
@@ -106,11 +108,13 @@ class RecordingScheduler(Scheduler):
             result = super().update_from_output(scheduler_output, model_runner_output)
         finally:
             kv.capture.now = kv.between
-        cap.seconds["update"] = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        cap.seconds["update"] = t1 - t0
         try:
             self._feed.step(kv.record_step(cap, result))
         except Exception:  # noqa: BLE001 - the recorder must never take the server down
             log.exception("kvscope recorder: a step could not be recorded")
+        self._feed.own_time(time.perf_counter() - t1, step=True)
         return result
 
     def finish_requests(self, request_ids: Any, finished_status: Any) -> Any:
@@ -304,7 +308,9 @@ class _Publisher:
         self.run_id = uuid.uuid4().hex
         self.seq = 0
         self.subscribers = 0
-        self.counters = {"published": 0, "unobserved": 0, "errors": 0}
+        # recorder_ms: the recorder's own time on vLLM's scheduler thread (building and sending
+        # records, outside vLLM's calls; the block-pool hooks' share of those calls is not in it).
+        self.counters = {"published": 0, "unobserved": 0, "errors": 0, "steps": 0, "recorder_ms": 0.0}
         self._lock = threading.Lock()
         self._latest: bytes | None = None
         self._stale = True
@@ -330,6 +336,10 @@ class _Publisher:
         self._thread.start()
         log.info("kvscope recorder: run %s, feed %s, snapshots %s, token ids %s", self.run_id, settings["feed"],
                  settings["snapshot"], "on" if self.tokens else "left out")
+
+    def own_time(self, seconds: float, step: bool = False) -> None:
+        self.counters["recorder_ms"] += seconds * 1e3
+        self.counters["steps"] += step
 
     def _count_subscribers(self) -> None:
         zmq = self.zmq

@@ -10,6 +10,7 @@ named `vllm`); the module entry point below is the same server.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import socket
@@ -63,6 +64,7 @@ class VllmServer:
         self._log = open(self.log_path or os.devnull, "wb")
         self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
+        atexit.register(self.stop)  # a kernel that exits without stop() still takes its server down
         return self
 
     def wait_ready(self, timeout: float = 300.0) -> "VllmServer":

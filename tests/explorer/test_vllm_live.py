@@ -9,13 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 
@@ -28,77 +22,35 @@ SYSTEM = "You are kvscope's test assistant. Answer briefly and plainly. " * 10  
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from explorer.vllm_live.server import free_port
 
-
-class Server:
-    def __init__(self, model: Path) -> None:
-        from explorer.vllm_live.kv_events import KvEventSubscriber
-
-        self.model = str(model)
-        self.http = f"http://127.0.0.1:{_free_port()}"
-        self.feed = f"tcp://127.0.0.1:{_free_port()}"
-        self.snapshots = f"tcp://127.0.0.1:{_free_port()}"
-        kv = f"tcp://127.0.0.1:{_free_port()}"
-        # vLLM connects to a loopback KV-events endpoint: this side binds it, before the server starts.
-        self.kv_events = KvEventSubscriber(kv)
-        env = dict(os.environ, KVSCOPE_FEED=self.feed, KVSCOPE_FEED_SNAPSHOT=self.snapshots,
-                   KVSCOPE_FEED_HWM="4", KVSCOPE_FEED_SNDBUF="65536", OMP_NUM_THREADS="2")
-        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
-               "--host", "127.0.0.1", "--port", self.http.rsplit(":", 1)[1], "--enforce-eager",
-               "--block-size", str(BLOCK), "--max-model-len", "1024", "--num-gpu-blocks-override", str(NUM_BLOCKS),
-               "--max-num-batched-tokens", str(BUDGET), "--max-num-seqs", "8", "--gpu-memory-utilization", "0.1",
-               "--scheduler-cls", "explorer.vllm_live.RecordingScheduler",
-               "--kv-events-config", f'{{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "{kv}"}}']
-        self.log = open(os.environ.get("KVSCOPE_LIVE_TEST_LOG", os.devnull), "wb")
-        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def wait_ready(self, timeout: float = 300.0) -> None:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the vLLM server exited with {self.proc.returncode} "
-                                   "(KVSCOPE_LIVE_TEST_LOG=file keeps its log)")
-            try:
-                with urllib.request.urlopen(f"{self.http}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(1.0)
-        raise TimeoutError(f"the vLLM server did not answer at {self.http} within {timeout:g} s")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
-        self.kv_events.close()
-        self.log.close()
+    return free_port()
 
 
 @pytest.fixture(scope="module")
 def server(default_model_path):  # only the tests marked slow below use it
     require_vllm()
     pytest.importorskip("openai")
-    srv = Server(default_model_path)
+    from explorer.vllm_live.kv_events import KvEventSubscriber
+    from explorer.vllm_live.server import VllmServer
+
+    srv = VllmServer(default_model_path, num_gpu_blocks=NUM_BLOCKS, block_size=BLOCK, max_model_len=1024,
+                     max_num_batched_tokens=BUDGET, max_num_seqs=8, log=os.environ.get("KVSCOPE_LIVE_TEST_LOG"),
+                     env={"KVSCOPE_FEED_HWM": "4", "KVSCOPE_FEED_SNDBUF": "65536", "OMP_NUM_THREADS": "2"})
+    # vLLM connects to a loopback KV-events endpoint: this side binds it, before the server starts.
+    kv = KvEventSubscriber(srv.kv_events)
     try:
-        srv.wait_ready()
+        srv.start().wait_ready(300)
+        srv.kv_events = kv
         yield srv
     finally:
         srv.stop()
+        kv.close()
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    from openai import OpenAI
-
-    return OpenAI(base_url=f"{server.http}/v1", api_key="unused", max_retries=0, timeout=120)
+    return server.client(timeout=120)
 
 
 @pytest.fixture(scope="module")

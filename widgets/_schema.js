@@ -1,4 +1,4 @@
-// Generated from engine/report/schema.py by `python -m engine.report.schema --write`: do not edit.
+// Generated from engine/report/schema.py by `python -m engine.report --write`: do not edit.
 // The record keys, block status codes and block event bits the panels read.
 const KVS_SCHEMA = {
  "block_status": {

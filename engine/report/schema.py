@@ -11,7 +11,7 @@ Code reads and writes keys through the constants `keys_of` derives from a shape
 used, not silently as a missing `.get()`. `problems(value, shape)` lists every key a dict
 has that its shape does not define (tests run both producers through it), and
 `widget_schema()` is what the panels' JavaScript gets: widgets/_schema.js is generated from
-it (`python -m engine.report.schema --write`; a test checks that the file is current).
+it (`python -m engine.report --write`; a test checks that the file is current).
 
 Shapes whose keys belong to another definition stay open here: `config` (the engine's
 config dataclass: EngineConfig, or explorer's VllmConfig), `sampling_params`
@@ -343,7 +343,7 @@ def widget_schema() -> dict:
 
 def widget_schema_js() -> str:
     """widgets/_schema.js: `const KVS_SCHEMA = {...};`, prepended to every panel's ESM."""
-    return ("// Generated from engine/report/schema.py by `python -m engine.report.schema --write`: do not edit.\n"
+    return ("// Generated from engine/report/schema.py by `python -m engine.report --write`: do not edit.\n"
             "// The record keys, block status codes and block event bits the panels read.\n"
             f"const KVS_SCHEMA = {json.dumps(widget_schema(), indent=1)};\n")
 
@@ -359,9 +359,5 @@ def main(argv: list[str] | None = None) -> int:
         ok = current == widget_schema_js()
         print("widgets/_schema.js is current" if ok else "widgets/_schema.js is stale: run with --write")
         return 0 if ok else 1
-    print("usage: python -m engine.report.schema --write | --check", file=sys.stderr)
+    print("usage: python -m engine.report --write | --check", file=sys.stderr)
     return 2
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

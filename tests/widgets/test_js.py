@@ -100,7 +100,7 @@ def test_the_panels_schema_module_is_generated_from_the_engines_record_schema() 
     from engine.report import schema
 
     assert (WIDGETS_DIR / "_schema.js").read_text() == schema.widget_schema_js(), (
-        "widgets/_schema.js is stale: python -m engine.report.schema --write")
+        "widgets/_schema.js is stale: python -m engine.report --write")
     assert widgets._base.record_schema() == schema.widget_schema()
     for cls in PANELS:
         assert str(cls._esm).startswith((WIDGETS_DIR / "_schema.js").read_text()), cls.__name__

@@ -6,7 +6,9 @@
 // The `status` codes, spelled once for the browser (widgets/block_pool.py spells them for
 // Python); the event bits, colours and icons are KVS_EVENTS in _common.js.
 const STATUS_NAMES = ["null", "free", "free (cached)", "in use", "in use (hashed)"];
-const SAME_STEP = 32;
+// The same codes by name (their index in STATUS_NAMES), and the event bits this file tests.
+const [NULL_BLOCK, FREE, FREE_CACHED, IN_USE, IN_USE_HASHED] = STATUS_NAMES.map((_, code) => code);
+const SAME_STEP = 32, EVICTED = 8;
 // Which event outlines a cell when a block has several: a same-step hit wins (the block
 // was also allocated, hit and cached in this step), "cached" only when nothing else.
 const OUTLINE_ORDER = [SAME_STEP, 1, 2, 4, 8, 16].map((b) => KVS_EVENTS.find(([x]) => x === b));
@@ -77,11 +79,11 @@ function render({ model, el }) {
 
   function fillFor(i) {
     const s = cols.status[i];
-    if (s === 0) return KVS_MARKS.null;
-    if (s === 1) return KVS_MARKS.free;
-    if (s === 2) return KVS_MARKS.freeCached;
+    if (s === NULL_BLOCK) return KVS_MARKS.null;
+    if (s === FREE) return KVS_MARKS.free;
+    if (s === FREE_CACHED) return KVS_MARKS.freeCached;
     const o = cols.owner[i];
-    return kvsColor(o >= 0 ? owners[o] : null, s === 3);
+    return kvsColor(o >= 0 ? owners[o] : null, s === IN_USE);
   }
 
   // A same-step hit: diagonal stripes over the cell, so it never reads as a plain hit.
@@ -125,15 +127,15 @@ function render({ model, el }) {
     for (let i = 0; i < n; i++) {
       const x = (i % ncols) * cell, y = Math.floor(i / ncols) * cell;
       const s = cols.status[i];
-      const shared = s >= 3 ? ownersOf.get(i) : null;
+      const shared = s >= IN_USE ? ownersOf.get(i) : null;
       if (shared && shared.length > 1) {  // a shared block: one stripe per owner, in its colour
         const w = (cell - 1) / shared.length;
-        shared.forEach((rid, k) => { ctx.fillStyle = kvsColor(rid, s === 3); ctx.fillRect(x + 0.5 + k * w, y + 0.5, w, cell - 1); });
+        shared.forEach((rid, k) => { ctx.fillStyle = kvsColor(rid, s === IN_USE); ctx.fillRect(x + 0.5 + k * w, y + 0.5, w, cell - 1); });
       } else {
         ctx.fillStyle = fillFor(i);
         ctx.fillRect(x + 0.5, y + 0.5, cell - 1, cell - 1);
       }
-      if (s === 2 || s === 4) {  // a registered hash: a small corner mark
+      if (s === FREE_CACHED || s === IN_USE_HASHED) {  // a registered hash: a small corner mark
         ctx.fillStyle = KVS_MARKS.hashed;
         ctx.fillRect(x + cell - 4, y + 1, 3, 3);
       }
@@ -146,7 +148,7 @@ function render({ model, el }) {
         if (ev & SAME_STEP) ctx.setLineDash([Math.max(2, cell / 6), Math.max(1.5, cell / 12)]);
         ctx.strokeRect(x + 1.5, y + 1.5, cell - 3, cell - 3);
         ctx.setLineDash([]);
-        if (ev & 8) {  // evicted: a cross
+        if (ev & EVICTED) {  // evicted: a cross
           ctx.beginPath(); ctx.moveTo(x + 2, y + 2); ctx.lineTo(x + cell - 2, y + cell - 2);
           ctx.moveTo(x + cell - 2, y + 2); ctx.lineTo(x + 2, y + cell - 2); ctx.stroke();
         } else if (cell >= 26) {  // the event's icon, top left, in its colour
@@ -161,11 +163,11 @@ function render({ model, el }) {
       }
       if (kind === "full") {
         ctx.font = label;
-        ctx.fillStyle = s === 0 ? "#eee" : "#222";
+        ctx.fillStyle = s === NULL_BLOCK ? "#eee" : "#222";
         ctx.fillText(cols.ref[i] > 1 ? `${i}\u00b7${cols.ref[i]}` : String(i), x + cell / 2, y + cell / 2 + 1);
       } else if (kind === "ids") {  // the id alone; the refcount is the bottom bar and the tooltip
         ctx.font = idFont(i);
-        ctx.fillStyle = s === 0 ? "#ddd" : "#333";
+        ctx.fillStyle = s === NULL_BLOCK ? "#ddd" : "#333";
         ctx.fillText(String(i), x + cell / 2, y + cell / 2);
       }
       if (lit.has(i) || i === selected) {

@@ -104,7 +104,25 @@ def test_busy_port_is_replaced_and_the_token_is_required(app: App) -> None:
     assert status in (401, 403) or (status in (302, 303) and "login" in location), (status, location)
 
 
+def open_drawer(page) -> None:
+    """The add-request form and the knobs: the drawer starts folded on a laptop-sized window."""
+    page.wait_for_selector('[data-testid="kvs-controls"][data-drawer]', timeout=ACTION_TIMEOUT_MS)
+    if page.get_attribute('[data-testid="kvs-controls"]', "data-drawer") == "closed":
+        page.click('[data-testid="kvs-drawer-toggle"]')
+    page.wait_for_selector('[data-testid="kvs-add-form"]:visible', timeout=ACTION_TIMEOUT_MS)
+
+
+def version_warnings(page) -> list[str]:
+    """Console messages about JupyterLab's shared modules (a federated extension built for
+    another JupyterLab than the one Voila bundles); collected on `page.kvs_warnings`."""
+    found: list[str] = []
+    page.on("console", lambda m: found.append(m.text) if re.search(
+        r"shared module|Unsatisfied version|requiredVersion", m.text, re.I) else None)
+    return found
+
+
 def test_the_page_loads_steps_and_shows_bad_input(page, app: App) -> None:
+    warnings = version_warnings(page)
     outside: list[str] = []
     page.on("request", lambda r: None if r.url.startswith(("http://127.0.0.1", "ws://127.0.0.1", "data:", "blob:"))
             else outside.append(r.url))
@@ -118,6 +136,7 @@ def test_the_page_loads_steps_and_shows_bad_input(page, app: App) -> None:
         assert page.locator(f'[data-testid="{tid}"]').count() == 1, tid
     assert page.locator(".jp-Cell-inputWrapper:visible").count() == 0  # the app shows no code
 
+    open_drawer(page)
     page.fill('[data-testid="kvs-prompt"]', "The capital of France is")
     page.fill('[data-testid="kvs-max-tokens"]', "4")
     page.click('[data-testid="kvs-add-btn"]')
@@ -133,6 +152,9 @@ def test_the_page_loads_steps_and_shows_bad_input(page, app: App) -> None:
     page.wait_for_selector('[data-testid="kvs-error"]:visible', timeout=ACTION_TIMEOUT_MS)
     assert "prompt" in page.inner_text('[data-testid="kvs-error"]')
     assert outside == []
+    # The widget manager built for JupyterLab 4.6 next to Voila's 4.2: no version warnings shown.
+    assert warnings == [], warnings
+    assert page.evaluate("() => typeof window.kvsVersionSkewWarnings") == "number"
 
 
 # A laptop's screen and a desktop's: the Dashboard in a real widget manager (Voila's).
@@ -144,6 +166,8 @@ def test_the_dashboard_fits_a_laptop_and_its_separate_views_light_each_other_up(
     page.set_viewport_size(LAYOUT_VIEWPORTS[0])
     page.goto(app.url, timeout=DASHBOARD_TIMEOUT_MS)
     page.wait_for_selector('[data-testid="kvs-controls"]', timeout=DASHBOARD_TIMEOUT_MS)
+    assert page.get_attribute('[data-testid="kvs-controls"]', "data-drawer") == "closed"  # a laptop: compact
+    open_drawer(page)
     page.fill('[data-testid="kvs-prompt"]', "The capital of France is")
     page.fill('[data-testid="kvs-max-tokens"]', "8")
     page.click('[data-testid="kvs-add-btn"]')
@@ -181,3 +205,30 @@ def test_the_dashboard_fits_a_laptop_and_its_separate_views_light_each_other_up(
         assert page.evaluate(FOCUS_PIXELS, block) > 40, where
         assert "kvs-lit" in page.get_attribute('[data-testid="kvs-req-0"]', "class"), where
         page.mouse.move(1, 1)
+
+    # -- pool knobs: Apply says it rebuilds the engine; 364 blocks still show their numbers --
+    page.set_viewport_size(LAYOUT_VIEWPORTS[0])
+    page.fill('[data-testid="kvs-pool-blocks"]', "364")
+    assert "not applied yet" in page.inner_text('[data-testid="kvs-pool-note"]')
+    assert "rebuilds the engine" in page.inner_text('[data-testid="kvs-pool-apply"]')
+    page.click('[data-testid="kvs-pool-apply"]')
+    page.wait_for_selector('[data-testid="kvs-pool-canvas"][data-labels="ids"]', timeout=ACTION_TIMEOUT_MS)
+    assert page.inner_text('[data-testid="kvs-leg-free"]') == "free 363"
+    assert page.inner_text('[data-testid="kvs-pool-note"]') == ""
+    canvas = page.locator('[data-testid="kvs-pool-canvas"]')
+    canvas.scroll_into_view_if_needed()
+    box = canvas.bounding_box()
+    cell = 15  # block_pool.js: 15 px cells from 257 to 1,024 blocks, ids drawn in them
+    ncols = int(box["width"] // cell)
+    x, y = box["x"] + (ncols - 1) * cell + cell / 2, box["y"] + cell + cell / 2  # the second row's last block
+    page.mouse.move(x - 2, y - 2)
+    page.mouse.move(x, y)
+    num = page.locator('[data-testid="kvs-pool-hover-num"]')
+    num.wait_for(state="visible", timeout=10_000)
+    assert num.inner_text() == str(2 * ncols - 1)
+    # The tooltip of a block at the right edge stays inside the window.
+    tip = page.locator('[data-testid="kvs-block-tooltip"]')
+    tip.wait_for(state="visible", timeout=10_000)
+    t = tip.bounding_box()
+    vw, vh = LAYOUT_VIEWPORTS[0]["width"], LAYOUT_VIEWPORTS[0]["height"]
+    assert t["x"] >= 0 and t["y"] >= 0 and t["x"] + t["width"] <= vw and t["y"] + t["height"] <= vh, t

@@ -213,7 +213,8 @@ def snapshot_after_step(before: dict, record: dict, step: int, config, model_inf
     with gc_paused():
         old_queues = before[SNAP.QUEUES]
         old_finished = old_queues[QUEUE.FINISHED]
-        if len(scheduler.finished) < len(old_finished):  # not this engine's earlier state
+        if len(scheduler.finished) < len(old_finished) or before[SNAP.STEP] != record[REC.STEP] - 1:
+            # Not this engine's state one step earlier (another engine's, or a step went unrecorded).
             return engine_snapshot(step, config, model_info, metrics, scheduler, decode).to_dict()
         scheduled = record[REC.SCHEDULED]
         touched = {s[SCHED.REQUEST_ID] for s in scheduled}
@@ -249,7 +250,8 @@ def snapshot_after_step(before: dict, record: dict, step: int, config, model_inf
             lo = s[SCHED.NUM_COMPUTED_BEFORE] // block_size
             hi = (s[SCHED.NUM_COMPUTED_BEFORE] + s[SCHED.NUM_TOKENS] - 1) // block_size
             changed.update(table[lo:hi + 1])
-        for rid in (*record[REC.PREEMPTED], *record[REC.FINISHED]):
+        newly_finished = [r.request_id for r in scheduler.finished[len(old_finished):]]  # aborts included
+        for rid in (*record[REC.PREEMPTED], *record[REC.FINISHED], *newly_finished):
             if rid in old:
                 changed.update(old[rid][REQ.BLOCK_TABLE])
         pool = scheduler.kv.pool

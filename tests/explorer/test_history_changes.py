@@ -144,3 +144,21 @@ def test_key_constants_are_the_schemas_keys():
     assert sorted(schema.EVENT_BITS.values()) == [1, 2, 4, 8, 16, 32]
     with pytest.raises(AttributeError):
         schema.SCHED.NUM_TOKENZ
+
+
+def test_changes_made_on_the_engine_behind_the_sessions_back_still_show(llm):
+    # An abort or a step done on the engine directly (not through the Session) is not in the
+    # next record: the next entry must still equal the full snapshot.
+    s = Session(llm)
+    common = tokens(10, 32)
+    s.add_request(common + tokens(11, 8), request_id="x1", max_tokens=8, **GREEDY)
+    s.add_request(common + tokens(12, 8), request_id="x2", max_tokens=8, **GREEDY)
+    s.step(2)
+    shared = set(s.current.snapshot["queues"]["running"][0]["block_table"][:2])
+    assert shared <= set(s.current.snapshot["queues"]["running"][1]["block_table"])  # x1 and x2 share blocks
+    s.engine.abort_request("x2")  # shared blocks lose an owner without a freed event
+    s.step()
+    assert s.current.snapshot == s.engine.snapshot().to_dict()
+    s.engine.step()  # a step the history never saw
+    s.step()
+    assert s.current.snapshot == s.engine.snapshot().to_dict()

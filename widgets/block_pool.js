@@ -25,6 +25,238 @@ function cellSizeFor(n) {
   return 10;
 }
 
+
+/**
+ * What the pool panel draws from: the model's columns, decoded once per change.
+ * @typedef {{cols: {status: Uint8Array, ref: Uint16Array, owner: Int16Array, events: Uint8Array},
+ *   owners: string[], ownersOf: Map<number, string[]>, lit: Set<number>, geom: {cell: number, ncols: number, n: number}}} PoolState
+ */
+function readColumns(P, model) {
+  P.cols = {
+    status: kvsArray(model.get("status"), Uint8Array),
+    ref: kvsArray(model.get("ref_count"), Uint16Array),
+    owner: kvsArray(model.get("owner"), Int16Array),
+    events: kvsArray(model.get("events"), Uint8Array),
+  };
+  P.owners = model.get("owners") || [];
+  P.ownersOf = new Map((model.get("shared") || []).map(([b, idx]) => [b, idx.map((k) => P.owners[k])]));
+}
+function blockOwners(P, i) {
+  if (P.ownersOf.has(i)) return P.ownersOf.get(i);
+  const o = P.cols.owner[i];
+  return o >= 0 && o < P.owners.length ? [P.owners[o]] : [];
+}
+// Blocks a focus points at: its blocks, else the blocks its requests own.
+function litBlocks(P, f) {
+  const out = new Set();
+  if (!f) return out;
+  if (f.blocks) { for (const b of f.blocks) out.add(b); return out; }
+  if (f.requests) {
+    const want = new Set(f.requests);
+    for (let i = 0; i < P.cols.owner.length; i++) if (P.cols.owner[i] >= 0 && blockOwners(P, i).some((r) => want.has(r))) out.add(i);
+  }
+  return out;
+}
+function fillFor(P, i) {
+  const s = P.cols.status[i];
+  if (s === NULL_BLOCK) return KVS_MARKS.null;
+  if (s === FREE) return KVS_MARKS.free;
+  if (s === FREE_CACHED) return KVS_MARKS.freeCached;
+  const o = P.cols.owner[i];
+  return kvsColor(o >= 0 ? P.owners[o] : null, s === IN_USE);
+}
+// A same-step hit: diagonal stripes over the cell, so it never reads as a plain hit.
+function hatch(ctx, x, y, cell, color) {
+  ctx.save();
+  ctx.beginPath();
+  ctx.rect(x + 1, y + 1, cell - 2, cell - 2);
+  ctx.clip();
+  ctx.strokeStyle = color;
+  ctx.globalAlpha = 0.55;
+  ctx.lineWidth = cell >= 14 ? 1.5 : 1;
+  ctx.beginPath();
+  const gap = cell >= 14 ? 6 : 4;
+  for (let d = -cell; d < cell; d += gap) { ctx.moveTo(x + d, y + cell); ctx.lineTo(x + d + cell, y); }
+  ctx.stroke();
+  ctx.restore();
+}
+
+/** The pool's canvas: one cell per block, as many columns as the panel's width holds. */
+function drawPool(P, canvas, panelWidth, selected, numBlocks) {
+  const n = numBlocks;
+  const cell = cellSizeFor(n);
+  const width = Math.max(200, Math.min(panelWidth - 20 || 700, 1200));
+  const ncols = Math.max(1, Math.floor(width / cell));
+  const nrows = Math.ceil(n / ncols);
+  P.geom = { cell, ncols, n };
+  const dpr = window.devicePixelRatio || 1;
+  canvas.width = Math.ceil(ncols * cell * dpr);
+  canvas.height = Math.ceil(Math.max(1, nrows) * cell * dpr);
+  canvas.style.width = `${ncols * cell}px`;
+  canvas.style.height = `${Math.max(1, nrows) * cell}px`;
+  const ctx = canvas.getContext("2d");
+  ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+  ctx.clearRect(0, 0, ncols * cell, nrows * cell);
+  const kind = labelKind(cell);
+  canvas.dataset.labels = kind;
+  ctx.textAlign = "center";
+  ctx.textBaseline = "middle";
+  for (let i = 0; i < n; i++) drawCell(ctx, P, i, (i % ncols) * cell, Math.floor(i / ncols) * cell, cell, kind, selected);
+}
+
+/** One block's cell: fill (stripes when shared), hash corner, event outline, label, focus. */
+function drawCell(ctx, P, i, x, y, cell, kind, selected) {
+  const s = P.cols.status[i];
+  const shared = s >= IN_USE ? P.ownersOf.get(i) : null;
+  if (shared && shared.length > 1) {  // a shared block: one stripe per owner, in its colour
+    const w = (cell - 1) / shared.length;
+    shared.forEach((rid, k) => { ctx.fillStyle = kvsColor(rid, s === IN_USE); ctx.fillRect(x + 0.5 + k * w, y + 0.5, w, cell - 1); });
+  } else {
+    ctx.fillStyle = fillFor(P, i);
+    ctx.fillRect(x + 0.5, y + 0.5, cell - 1, cell - 1);
+  }
+  if (s === FREE_CACHED || s === IN_USE_HASHED) {  // a registered hash: a small corner mark
+    ctx.fillStyle = KVS_MARKS.hashed;
+    ctx.fillRect(x + cell - 4, y + 1, 3, 3);
+  }
+  const ev = P.cols.events[i];
+  if (ev) {
+    const bit = OUTLINE_ORDER.find(([b]) => ev & b);
+    if (ev & SAME_STEP) hatch(ctx, x, y, cell, bit[3]);
+    ctx.strokeStyle = bit[3];
+    ctx.lineWidth = cell >= 14 ? 2.5 : 2;
+    if (ev & SAME_STEP) ctx.setLineDash([Math.max(2, cell / 6), Math.max(1.5, cell / 12)]);
+    ctx.strokeRect(x + 1.5, y + 1.5, cell - 3, cell - 3);
+    ctx.setLineDash([]);
+    if (ev & EVICTED) {  // evicted: a cross
+      ctx.beginPath(); ctx.moveTo(x + 2, y + 2); ctx.lineTo(x + cell - 2, y + cell - 2);
+      ctx.moveTo(x + cell - 2, y + 2); ctx.lineTo(x + 2, y + cell - 2); ctx.stroke();
+    } else if (cell >= 26) {  // the event's icon, top left, in its colour
+      ctx.fillStyle = bit[3];
+      ctx.font = "bold 9px sans-serif";
+      ctx.fillText(bit[4], x + 6, y + 7);
+    }
+  }
+  if (P.cols.ref[i] > 1) {  // shared by several requests: a dark bottom bar
+    ctx.fillStyle = "#000";
+    ctx.fillRect(x + 1, y + cell - 3, cell - 2, 2);
+  }
+  if (kind === "full") {
+    ctx.font = `${Math.max(8, cell / 2.6)}px sans-serif`;
+    ctx.fillStyle = s === NULL_BLOCK ? "#eee" : "#222";
+    ctx.fillText(P.cols.ref[i] > 1 ? `${i}\u00b7${P.cols.ref[i]}` : String(i), x + cell / 2, y + cell / 2 + 1);
+  } else if (kind === "ids") {  // the id alone; the refcount is the bottom bar and the tooltip
+    ctx.font = `${i >= 1000 ? 6 : 7}px sans-serif`;
+    ctx.fillStyle = s === NULL_BLOCK ? "#ddd" : "#333";
+    ctx.fillText(String(i), x + cell / 2, y + cell / 2);
+  }
+  if (P.lit.has(i) || i === selected) {
+    if (P.lit.has(i)) {  // linked: a yellow halo inside a dark ring
+      ctx.strokeStyle = KVS_MARKS.focus;
+      ctx.lineWidth = 4;
+      ctx.strokeRect(x + 2, y + 2, cell - 4, cell - 4);
+    }
+    ctx.strokeStyle = i === selected ? KVS_MARKS.selected : KVS_MARKS.focusInk;
+    ctx.lineWidth = 2;
+    ctx.strokeRect(x + 1, y + 1, cell - 2, cell - 2);
+  }
+}
+
+/** The legend: every fill, mark and this step's event counts. */
+function legendRows(model) {
+  const c = model.get("counts") || {};
+  const evs = KVS_EVENTS.map(([bit, key, name, color, icon, tipText]) => {
+    const s = kvsSwatch({ border: color, icon, dashed: bit === SAME_STEP }, `${name} ${c[key] ?? 0}`, `kvs-leg-ev-${key}`, `${name}: ${tipText}`);
+    s.classList.add("kvs-leg-event");
+    if (bit === SAME_STEP) s.classList.add("kvs-leg-same-step");
+    return s;
+  });
+  const someOwners = ["0", "1", "2"];
+  return [
+    kvsEl("div", { class: "kvs-leg-row" }, [
+      kvsSwatch({ fill: KVS_MARKS.null }, "null", "kvs-leg-null", "block 0: padding in block tables, never handed out"),
+      kvsSwatch({ fill: KVS_MARKS.free }, `free ${c.free ?? 0}`, "kvs-leg-free", "free, holds nothing reusable"),
+      kvsSwatch({ fill: KVS_MARKS.freeCached }, `free, cached ${c.free_cached ?? 0}`, "kvs-leg-cached", "free, but its tokens are still in the prefix cache: a later request with the same prefix can take it back"),
+      kvsSwatch({ stripes: someOwners.map((r) => kvsColor(r)) }, `in use ${c.in_use ?? 0}`, "kvs-leg-used", "in use: filled with its owner's colour (the queues' colour of that request); pale: not yet full"),
+      kvsSwatch({ fill: kvsColor("0", true) }, "pale = filling", "kvs-leg-partial", "in use and not yet full, so not hashed and not shareable yet"),
+      kvsSwatch({ fill: kvsColor("0"), icon: "\u25aa", color: KVS_MARKS.hashed }, "corner = hashed", "kvs-leg-hashed", "a small dark corner: the block is full and its hash is registered in the prefix cache"),
+      kvsSwatch({ stripes: [kvsColor("0"), kvsColor("1")] }, "stripes + bar = shared", "kvs-leg-shared", "a block held by several requests (a shared prefix) is drawn in each owner's colour, with a dark bar underneath"),
+      kvsEl("span", { class: "kvs-leg-notation", "data-testid": "kvs-leg-notation", title: "a cell's label: the block id, then its refcount when more than one request holds it" }, [
+        kvsEl("b", { class: "kvs-mono", text: "7\u00b72" }), " = block 7, refcount 2"]),
+      kvsSwatch({ border: KVS_MARKS.focusInk, fill: KVS_MARKS.focus }, "linked", "kvs-leg-focus", "what you point at in any panel (a slot, a table entry, a request, an attention column) lights up here"),
+    ]),
+    kvsEl("div", { class: "kvs-leg-row" }, [kvsEl("span", { class: "kvs-muted", text: "this step:" }), ...evs]),
+  ];
+}
+
+/** A block's tooltip text; `d` is the detail Python sent (hash and tokens) when it is this block. */
+function describeBlock(P, i, d) {
+  const s = P.cols.status[i];
+  const ev = eventNames(P.cols.events[i]);
+  const own = blockOwners(P, i);
+  let text = `block ${i} \u00b7 ${STATUS_NAMES[s] ?? "?"} \u00b7 refcount ${P.cols.ref[i]}`;
+  if (own.length) text += `\n${own.length > 1 ? "owners" : "owner"} ${own.map((r) => "#" + r).join(" ")}`;
+  if (ev.length) text += `\nthis step: ${ev.join(", ")}`;
+  if (P.cols.events[i] & SAME_STEP) text += `\nsame-step ${KVS_SAME_STEP_TIP}`;
+  if (d.block_id === i) {
+    if (d.hash) text += `\nhash ${d.hash}`;
+    if (d.token_ids && d.token_ids.length) {
+      text += `\ntokens ${JSON.stringify(d.token_ids)}`;
+      if (d.tokens && d.tokens.length) text += `\n"${d.tokens.join("")}"`;
+    }
+  }
+  return text;
+}
+
+
+/** The pinned block's detail: refcount, owners, hash, this step's events, its tokens. */
+function detailNodes(P, d) {
+  const toks = (d.token_ids || []).map((id, k) => kvsEl("span", { class: "kvs-tok", title: `id ${id}` }, [
+    kvsEl("b", { text: kvsTok(d.tokens && d.tokens[k]) || id }), kvsEl("sub", { text: id }),
+  ]));
+  const ev = d.block_id < P.cols.events.length ? P.cols.events[d.block_id] : 0;
+  const events = ev ? kvsEl("div", { class: "kvs-block-events", "data-testid": "kvs-block-detail-events" }, [
+    `this step: ${eventNames(ev).join(", ")}`,
+    ev & SAME_STEP ? kvsEl("span", { class: "kvs-same-step-note", text: ` \u2014 same-step ${KVS_SAME_STEP_TIP}` }) : null,
+  ]) : null;
+  return [
+    kvsEl("div", {}, [kvsEl("b", { text: `block ${d.block_id}` }),
+      ` \u00b7 refcount ${d.ref_count} \u00b7 owners ${(d.owners || []).map((x) => "#" + x).join(" ") || "none"} \u00b7 hash ${d.hash ?? "none"}`]),
+    ...(events ? [events] : []),
+    kvsEl("div", { class: "kvs-toks" }, toks.length ? toks : [kvsEl("span", { class: "kvs-muted", text: d.is_null ? "the null block: padding, never allocated" : "no tokens" })]),
+  ];
+}
+
+/** One request's block table: logical -> physical cells, linked and clickable. */
+function tableRow(r, bs, link, sender, tableCells) {
+  const rid = r.request_id;
+  const hits = new Set(r.hits || []), same = new Set(r.same_step_hits || []), cached = new Set(r.cached || []);
+  const cells = r.block_table.map((b, logical) => {
+    const full = (logical + 1) * bs <= r.num_computed_tokens;
+    const kind = same.has(logical) ? " kvs-bt-same-step" : hits.has(logical) ? " kvs-bt-hit" : "";
+    const why = same.has(logical) ? ` \u00b7 same-step ${KVS_SAME_STEP_TIP}`
+      : hits.has(logical) ? " \u00b7 prefix hit in this step (KV from an earlier step)"
+      : cached.has(logical) ? " \u00b7 from the prefix cache (a hit when the request was admitted)" : "";
+    const cell = kvsEl("span", {
+      class: `kvs-bt-cell${full ? "" : " kvs-bt-partial"}${kind}${cached.has(logical) ? " kvs-bt-cached" : ""}`,
+      "data-block": b, "data-logical": logical,
+      title: `#${rid}: logical ${logical} (positions ${logical * bs}\u2013${(logical + 1) * bs - 1}) \u2192 physical ${b}${why}`,
+      onclick: () => { link.pin({ source: "blocks", blocks: [b], requests: [rid] }); sender.send({ action: "select_block", block_id: b }); },
+      onmouseenter: () => link.hover({ source: "blocks", blocks: [b], requests: [rid] }),
+      onmouseleave: () => link.leave("blocks"),
+    }, [cached.has(logical) ? kvsEl("span", { class: "kvs-bt-icon", text: "\u21ba" }) : null, String(b)]);
+    tableCells.push([cell, rid, b]);
+    return cell;
+  });
+  const chip = kvsEl("span", {
+    class: "kvs-chip kvs-bt-rid", style: { background: kvsColor(rid, true), borderColor: kvsColor(rid) }, text: `#${rid}`,
+    onmouseenter: () => link.hover({ source: "blocks", blocks: null, requests: [rid] }),
+    onmouseleave: () => link.leave("blocks"),
+    onclick: () => link.pin({ source: "blocks", blocks: null, requests: [rid] }),
+  });
+  return kvsEl("div", { class: "kvs-bt-row", "data-testid": `kvs-bt-${rid}`, "data-request-id": rid }, [chip, ...cells]);
+}
+
 function render({ model, el }) {
   const root = kvsRoot(el, model, "kvs-block-pool");
   const sender = kvsSender(model);
@@ -40,173 +272,17 @@ function render({ model, el }) {
     kvsEl("div", { class: "kvs-title kvs-bt-title" }, ["Block tables", kvsEl("span", { class: "kvs-sub", text: "logical \u2192 physical \u00b7 \u21ba = KV from the prefix cache" })]), tables);
   document.body.append(tip);
 
-  let cols = { status: new Uint8Array(0), ref: new Uint16Array(0), owner: new Int16Array(0), events: new Uint8Array(0) };
-  let owners = [];
-  let ownersOf = new Map();  // block -> [request ids] of a block with several owners
+  /** @type {PoolState} ownersOf: block -> [request ids] of a block with several owners; lit: blocks matching the focus */
+  const P = { cols: { status: new Uint8Array(0), ref: new Uint16Array(0), owner: new Int16Array(0), events: new Uint8Array(0) },
+    owners: [], ownersOf: new Map(), lit: new Set(), geom: { cell: 10, ncols: 1, n: 0 } };
   let hover = -1;
   let focus = null;          // what another panel (or this one) points at
-  let lit = new Set();       // blocks that match it
-  let geom = { cell: 10, ncols: 1, n: 0 };
   const frozen = () => !!model.get("frozen");
 
-  function readColumns() {
-    cols = {
-      status: kvsArray(model.get("status"), Uint8Array),
-      ref: kvsArray(model.get("ref_count"), Uint16Array),
-      owner: kvsArray(model.get("owner"), Int16Array),
-      events: kvsArray(model.get("events"), Uint8Array),
-    };
-    owners = model.get("owners") || [];
-    ownersOf = new Map((model.get("shared") || []).map(([b, idx]) => [b, idx.map((k) => owners[k])]));
-  }
-  function blockOwners(i) {
-    if (ownersOf.has(i)) return ownersOf.get(i);
-    const o = cols.owner[i];
-    return o >= 0 && o < owners.length ? [owners[o]] : [];
-  }
-
-  // Blocks a focus points at: its blocks, else the blocks its requests own.
-  function litBlocks(f) {
-    const out = new Set();
-    if (!f) return out;
-    if (f.blocks) { for (const b of f.blocks) out.add(b); return out; }
-    if (f.requests) {
-      const want = new Set(f.requests);
-      for (let i = 0; i < cols.owner.length; i++) if (cols.owner[i] >= 0 && blockOwners(i).some((r) => want.has(r))) out.add(i);
-    }
-    return out;
-  }
-
-  function fillFor(i) {
-    const s = cols.status[i];
-    if (s === NULL_BLOCK) return KVS_MARKS.null;
-    if (s === FREE) return KVS_MARKS.free;
-    if (s === FREE_CACHED) return KVS_MARKS.freeCached;
-    const o = cols.owner[i];
-    return kvsColor(o >= 0 ? owners[o] : null, s === IN_USE);
-  }
-
-  // A same-step hit: diagonal stripes over the cell, so it never reads as a plain hit.
-  function hatch(ctx, x, y, cell, color) {
-    ctx.save();
-    ctx.beginPath();
-    ctx.rect(x + 1, y + 1, cell - 2, cell - 2);
-    ctx.clip();
-    ctx.strokeStyle = color;
-    ctx.globalAlpha = 0.55;
-    ctx.lineWidth = cell >= 14 ? 1.5 : 1;
-    ctx.beginPath();
-    const gap = cell >= 14 ? 6 : 4;
-    for (let d = -cell; d < cell; d += gap) { ctx.moveTo(x + d, y + cell); ctx.lineTo(x + d + cell, y); }
-    ctx.stroke();
-    ctx.restore();
-  }
-
-  function draw() {
-    const n = model.get("num_blocks");
-    const cell = cellSizeFor(n);
-    const width = Math.max(200, Math.min(root.clientWidth - 20 || 700, 1200));
-    const ncols = Math.max(1, Math.floor(width / cell));
-    const nrows = Math.ceil(n / ncols);
-    geom = { cell, ncols, n };
-    const dpr = window.devicePixelRatio || 1;
-    canvas.width = Math.ceil(ncols * cell * dpr);
-    canvas.height = Math.ceil(Math.max(1, nrows) * cell * dpr);
-    canvas.style.width = `${ncols * cell}px`;
-    canvas.style.height = `${Math.max(1, nrows) * cell}px`;
-    const ctx = canvas.getContext("2d");
-    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-    ctx.clearRect(0, 0, ncols * cell, nrows * cell);
-    const selected = frozen() ? -1 : model.get("selected");
-    const label = `${Math.max(8, cell / 2.6)}px sans-serif`;
-    const kind = labelKind(cell);
-    canvas.dataset.labels = kind;
-    const idFont = (i) => `${i >= 1000 ? 6 : 7}px sans-serif`;
-    ctx.textAlign = "center";
-    ctx.textBaseline = "middle";
-    for (let i = 0; i < n; i++) {
-      const x = (i % ncols) * cell, y = Math.floor(i / ncols) * cell;
-      const s = cols.status[i];
-      const shared = s >= IN_USE ? ownersOf.get(i) : null;
-      if (shared && shared.length > 1) {  // a shared block: one stripe per owner, in its colour
-        const w = (cell - 1) / shared.length;
-        shared.forEach((rid, k) => { ctx.fillStyle = kvsColor(rid, s === IN_USE); ctx.fillRect(x + 0.5 + k * w, y + 0.5, w, cell - 1); });
-      } else {
-        ctx.fillStyle = fillFor(i);
-        ctx.fillRect(x + 0.5, y + 0.5, cell - 1, cell - 1);
-      }
-      if (s === FREE_CACHED || s === IN_USE_HASHED) {  // a registered hash: a small corner mark
-        ctx.fillStyle = KVS_MARKS.hashed;
-        ctx.fillRect(x + cell - 4, y + 1, 3, 3);
-      }
-      const ev = cols.events[i];
-      if (ev) {
-        const bit = OUTLINE_ORDER.find(([b]) => ev & b);
-        if (ev & SAME_STEP) hatch(ctx, x, y, cell, bit[3]);
-        ctx.strokeStyle = bit[3];
-        ctx.lineWidth = cell >= 14 ? 2.5 : 2;
-        if (ev & SAME_STEP) ctx.setLineDash([Math.max(2, cell / 6), Math.max(1.5, cell / 12)]);
-        ctx.strokeRect(x + 1.5, y + 1.5, cell - 3, cell - 3);
-        ctx.setLineDash([]);
-        if (ev & EVICTED) {  // evicted: a cross
-          ctx.beginPath(); ctx.moveTo(x + 2, y + 2); ctx.lineTo(x + cell - 2, y + cell - 2);
-          ctx.moveTo(x + cell - 2, y + 2); ctx.lineTo(x + 2, y + cell - 2); ctx.stroke();
-        } else if (cell >= 26) {  // the event's icon, top left, in its colour
-          ctx.fillStyle = bit[3];
-          ctx.font = "bold 9px sans-serif";
-          ctx.fillText(bit[4], x + 6, y + 7);
-        }
-      }
-      if (cols.ref[i] > 1) {  // shared by several requests: a dark bottom bar
-        ctx.fillStyle = "#000";
-        ctx.fillRect(x + 1, y + cell - 3, cell - 2, 2);
-      }
-      if (kind === "full") {
-        ctx.font = label;
-        ctx.fillStyle = s === NULL_BLOCK ? "#eee" : "#222";
-        ctx.fillText(cols.ref[i] > 1 ? `${i}\u00b7${cols.ref[i]}` : String(i), x + cell / 2, y + cell / 2 + 1);
-      } else if (kind === "ids") {  // the id alone; the refcount is the bottom bar and the tooltip
-        ctx.font = idFont(i);
-        ctx.fillStyle = s === NULL_BLOCK ? "#ddd" : "#333";
-        ctx.fillText(String(i), x + cell / 2, y + cell / 2);
-      }
-      if (lit.has(i) || i === selected) {
-        if (lit.has(i)) {  // linked: a yellow halo inside a dark ring
-          ctx.strokeStyle = KVS_MARKS.focus;
-          ctx.lineWidth = 4;
-          ctx.strokeRect(x + 2, y + 2, cell - 4, cell - 4);
-        }
-        ctx.strokeStyle = i === selected ? KVS_MARKS.selected : KVS_MARKS.focusInk;
-        ctx.lineWidth = 2;
-        ctx.strokeRect(x + 1, y + 1, cell - 2, cell - 2);
-      }
-    }
-  }
+  function draw() { drawPool(P, canvas, root.clientWidth, frozen() ? -1 : model.get("selected"), model.get("num_blocks")); }
 
   function drawLegend() {
-    const c = model.get("counts") || {};
-    const evs = KVS_EVENTS.map(([bit, key, name, color, icon, tipText]) => {
-      const s = kvsSwatch({ border: color, icon, dashed: bit === SAME_STEP }, `${name} ${c[key] ?? 0}`, `kvs-leg-ev-${key}`, `${name}: ${tipText}`);
-      s.classList.add("kvs-leg-event");
-      if (bit === SAME_STEP) s.classList.add("kvs-leg-same-step");
-      return s;
-    });
-    const someOwners = ["0", "1", "2"];
-    legend.replaceChildren(
-      kvsEl("div", { class: "kvs-leg-row" }, [
-        kvsSwatch({ fill: KVS_MARKS.null }, "null", "kvs-leg-null", "block 0: padding in block tables, never handed out"),
-        kvsSwatch({ fill: KVS_MARKS.free }, `free ${c.free ?? 0}`, "kvs-leg-free", "free, holds nothing reusable"),
-        kvsSwatch({ fill: KVS_MARKS.freeCached }, `free, cached ${c.free_cached ?? 0}`, "kvs-leg-cached", "free, but its tokens are still in the prefix cache: a later request with the same prefix can take it back"),
-        kvsSwatch({ stripes: someOwners.map((r) => kvsColor(r)) }, `in use ${c.in_use ?? 0}`, "kvs-leg-used", "in use: filled with its owner's colour (the queues' colour of that request); pale: not yet full"),
-        kvsSwatch({ fill: kvsColor("0", true) }, "pale = filling", "kvs-leg-partial", "in use and not yet full, so not hashed and not shareable yet"),
-        kvsSwatch({ fill: kvsColor("0"), icon: "\u25aa", color: KVS_MARKS.hashed }, "corner = hashed", "kvs-leg-hashed", "a small dark corner: the block is full and its hash is registered in the prefix cache"),
-        kvsSwatch({ stripes: [kvsColor("0"), kvsColor("1")] }, "stripes + bar = shared", "kvs-leg-shared", "a block held by several requests (a shared prefix) is drawn in each owner's colour, with a dark bar underneath"),
-        kvsEl("span", { class: "kvs-leg-notation", "data-testid": "kvs-leg-notation", title: "a cell's label: the block id, then its refcount when more than one request holds it" }, [
-          kvsEl("b", { class: "kvs-mono", text: "7\u00b72" }), " = block 7, refcount 2"]),
-        kvsSwatch({ border: KVS_MARKS.focusInk, fill: KVS_MARKS.focus }, "linked", "kvs-leg-focus", "what you point at in any panel (a slot, a table entry, a request, an attention column) lights up here"),
-      ]),
-      kvsEl("div", { class: "kvs-leg-row" }, [kvsEl("span", { class: "kvs-muted", text: "this step:" }), ...evs]),
-    );
+    legend.replaceChildren(...legendRows(model));
     title.querySelector(".kvs-sub").textContent =
       `${model.get("num_blocks")} blocks \u00d7 ${model.get("block_size")} tokens \u00b7 block 0 is the null block`;
   }
@@ -216,34 +292,7 @@ function render({ model, el }) {
     const rows = model.get("block_tables") || [];
     const bs = model.get("block_size");
     tableCells = [];
-    tables.replaceChildren(...rows.map((r) => {
-      const rid = r.request_id;
-      const hits = new Set(r.hits || []), same = new Set(r.same_step_hits || []), cached = new Set(r.cached || []);
-      const cells = r.block_table.map((b, logical) => {
-        const full = (logical + 1) * bs <= r.num_computed_tokens;
-        const kind = same.has(logical) ? " kvs-bt-same-step" : hits.has(logical) ? " kvs-bt-hit" : "";
-        const why = same.has(logical) ? ` \u00b7 same-step ${KVS_SAME_STEP_TIP}`
-          : hits.has(logical) ? " \u00b7 prefix hit in this step (KV from an earlier step)"
-          : cached.has(logical) ? " \u00b7 from the prefix cache (a hit when the request was admitted)" : "";
-        const cell = kvsEl("span", {
-          class: `kvs-bt-cell${full ? "" : " kvs-bt-partial"}${kind}${cached.has(logical) ? " kvs-bt-cached" : ""}`,
-          "data-block": b, "data-logical": logical,
-          title: `#${rid}: logical ${logical} (positions ${logical * bs}\u2013${(logical + 1) * bs - 1}) \u2192 physical ${b}${why}`,
-          onclick: () => { link.pin({ source: "blocks", blocks: [b], requests: [rid] }); sender.send({ action: "select_block", block_id: b }); },
-          onmouseenter: () => link.hover({ source: "blocks", blocks: [b], requests: [rid] }),
-          onmouseleave: () => link.leave("blocks"),
-        }, [cached.has(logical) ? kvsEl("span", { class: "kvs-bt-icon", text: "\u21ba" }) : null, String(b)]);
-        tableCells.push([cell, rid, b]);
-        return cell;
-      });
-      const chip = kvsEl("span", {
-        class: "kvs-chip kvs-bt-rid", style: { background: kvsColor(rid, true), borderColor: kvsColor(rid) }, text: `#${rid}`,
-        onmouseenter: () => link.hover({ source: "blocks", blocks: null, requests: [rid] }),
-        onmouseleave: () => link.leave("blocks"),
-        onclick: () => link.pin({ source: "blocks", blocks: null, requests: [rid] }),
-      });
-      return kvsEl("div", { class: "kvs-bt-row", "data-testid": `kvs-bt-${rid}`, "data-request-id": rid }, [chip, ...cells]);
-    }));
+    tables.replaceChildren(...rows.map((r) => tableRow(r, bs, link, sender, tableCells)));
     if (!rows.length) tables.append(kvsEl("span", { class: "kvs-muted", text: "no request holds blocks" }));
     lightTables();
   }
@@ -251,52 +300,22 @@ function render({ model, el }) {
     for (const [cell, rid, b] of tableCells) cell.classList.toggle("kvs-lit", kvsMatch(focus, b, rid) > 0);
   }
 
-  function describe(i) {
-    const s = cols.status[i];
-    const ev = eventNames(cols.events[i]);
-    const own = blockOwners(i);
-    let text = `block ${i} \u00b7 ${STATUS_NAMES[s] ?? "?"} \u00b7 refcount ${cols.ref[i]}`;
-    if (own.length) text += `\n${own.length > 1 ? "owners" : "owner"} ${own.map((r) => "#" + r).join(" ")}`;
-    if (ev.length) text += `\nthis step: ${ev.join(", ")}`;
-    if (cols.events[i] & SAME_STEP) text += `\nsame-step ${KVS_SAME_STEP_TIP}`;
-    const d = model.get("detail") || {};
-    if (d.block_id === i) {
-      if (d.hash) text += `\nhash ${d.hash}`;
-      if (d.token_ids && d.token_ids.length) {
-        text += `\ntokens ${JSON.stringify(d.token_ids)}`;
-        if (d.tokens && d.tokens.length) text += `\n"${d.tokens.join("")}"`;
-      }
-    }
-    return text;
-  }
+  const describe = (i) => describeBlock(P, i, model.get("detail") || {});
 
   function drawDetail() {
     const d = model.get("detail") || {};
     const sel = model.get("selected");
-    if (sel < 0 || d.block_id !== sel) { detailBox.replaceChildren(kvsEl("span", { class: "kvs-muted", text: "hover a block for details, click to pin" })); return; }
-    const toks = (d.token_ids || []).map((id, k) => kvsEl("span", { class: "kvs-tok", title: `id ${id}` }, [
-      kvsEl("b", { text: kvsTok(d.tokens && d.tokens[k]) || id }), kvsEl("sub", { text: id }),
-    ]));
-    const ev = d.block_id < cols.events.length ? cols.events[d.block_id] : 0;
-    const events = ev ? kvsEl("div", { class: "kvs-block-events", "data-testid": "kvs-block-detail-events" }, [
-      `this step: ${eventNames(ev).join(", ")}`,
-      ev & SAME_STEP ? kvsEl("span", { class: "kvs-same-step-note", text: ` \u2014 same-step ${KVS_SAME_STEP_TIP}` }) : null,
-    ]) : null;
-    detailBox.replaceChildren(
-      kvsEl("div", {}, [kvsEl("b", { text: `block ${d.block_id}` }),
-        ` \u00b7 refcount ${d.ref_count} \u00b7 owners ${(d.owners || []).map((x) => "#" + x).join(" ") || "none"} \u00b7 hash ${d.hash ?? "none"}`]),
-      ...(events ? [events] : []),
-      kvsEl("div", { class: "kvs-toks" }, toks.length ? toks : [kvsEl("span", { class: "kvs-muted", text: d.is_null ? "the null block: padding, never allocated" : "no tokens" })]),
-    );
+    detailBox.replaceChildren(...(sel < 0 || d.block_id !== sel
+      ? [kvsEl("span", { class: "kvs-muted", text: "hover a block for details, click to pin" })] : detailNodes(P, d)));
   }
 
   const blockFocus = (i) => {
-    const own = blockOwners(i);
+    const own = blockOwners(P, i);
     return { source: "blocks", blocks: [i], requests: own.length ? own : null };
   };
   const link = kvsLink(model, (f) => {
     focus = f;
-    lit = litBlocks(f);
+    P.lit = litBlocks(P, f);
     draw();
     lightTables();
   });
@@ -304,10 +323,10 @@ function render({ model, el }) {
   let detailTimer = null;
   function blockAt(ev) {
     const r = canvas.getBoundingClientRect();
-    const cx = Math.floor((ev.clientX - r.left) / geom.cell), cy = Math.floor((ev.clientY - r.top) / geom.cell);
-    if (cx < 0 || cx >= geom.ncols || cy < 0) return -1;
-    const i = cy * geom.ncols + cx;
-    return i < geom.n ? i : -1;
+    const cx = Math.floor((ev.clientX - r.left) / P.geom.cell), cy = Math.floor((ev.clientY - r.top) / P.geom.cell);
+    if (cx < 0 || cx >= P.geom.ncols || cy < 0) return -1;
+    const i = cy * P.geom.ncols + cx;
+    return i < P.geom.n ? i : -1;
   }
   canvas.addEventListener("mousemove", (ev) => {
     const i = blockAt(ev);
@@ -326,12 +345,12 @@ function render({ model, el }) {
   });
   canvas.addEventListener("mouseleave", () => { hover = -1; tip.style.display = "none"; hoverNum.style.display = "none"; link.leave("blocks"); });
   function showHoverNum(i) {
-    if (labelKind(geom.cell) === "full") { hoverNum.style.display = "none"; return; }
+    if (labelKind(P.geom.cell) === "full") { hoverNum.style.display = "none"; return; }
     hoverNum.textContent = String(i);
     hoverNum.style.display = "block";
-    hoverNum.style.left = `${canvas.offsetLeft + (i % geom.ncols) * geom.cell + geom.cell / 2}px`;
-    const row = Math.floor(i / geom.ncols);  // above the cell, or below it on the first row (never clipped)
-    hoverNum.style.top = `${canvas.offsetTop + (row === 0 ? geom.cell : row * geom.cell)}px`;
+    hoverNum.style.left = `${canvas.offsetLeft + (i % P.geom.ncols) * P.geom.cell + P.geom.cell / 2}px`;
+    const row = Math.floor(i / P.geom.ncols);  // above the cell, or below it on the first row (never clipped)
+    hoverNum.style.top = `${canvas.offsetTop + (row === 0 ? P.geom.cell : row * P.geom.cell)}px`;
     hoverNum.style.transform = row === 0 ? "translate(-50%, 0)" : "translate(-50%, -100%)";
   }
   canvas.addEventListener("click", (ev) => {
@@ -341,9 +360,9 @@ function render({ model, el }) {
     sender.send({ action: "select_block", block_id: i === model.get("selected") ? -1 : i });
   });
 
-  function refocus() { lit = litBlocks(focus); }
-  function redrawAll() { readColumns(); refocus(); draw(); drawLegend(); drawTables(); drawDetail(); }
-  const poolSoon = kvsBatched(() => { readColumns(); refocus(); draw(); drawLegend(); drawDetail(); });  // detail shows the events
+  function refocus() { P.lit = litBlocks(P, focus); }
+  function redrawAll() { readColumns(P, model); refocus(); draw(); drawLegend(); drawTables(); drawDetail(); }
+  const poolSoon = kvsBatched(() => { readColumns(P, model); refocus(); draw(); drawLegend(); drawDetail(); });  // detail shows the events
   for (const k of ["status", "ref_count", "owner", "events", "owners", "shared", "num_blocks", "block_size", "frozen"]) model.on(`change:${k}`, poolSoon);
   model.on("change:counts", drawLegend);
   model.on("change:block_tables", () => { drawTables(); refocus(); draw(); });

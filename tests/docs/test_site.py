@@ -116,6 +116,9 @@ def test_the_build_holds_the_chapters_asked_for_within_budget(site) -> None:
             replay = site["site"] / "walkthrough" / "replays" / f["file"]
             assert replay.stat().st_size == f["bytes"] <= 1_000_000
             assert f["notice"] == ""  # the whole chapter is in the replay
+    vllm = site["site"] / "vllm-replays" / "manifest.json"
+    for f in json.loads(vllm.read_text())["replays"] if vllm.exists() else []:
+        assert (site["site"] / "vllm-replays" / f["file"]).stat().st_size <= 1_000_000
     total = sum(p.stat().st_size for p in site["site"].rglob("*") if p.is_file())
     assert total <= 25_000_000
     # Nothing in the pages points at a host: fonts, scripts and styles all lie in the site.
@@ -128,6 +131,51 @@ def test_the_build_holds_the_chapters_asked_for_within_budget(site) -> None:
                 pytest.fail(f"{html_file.name}: external stylesheet {line.strip()[:200]}")
 
 
+def check_replay(page, holder, f: dict) -> None:
+    """The replay in iframe `holder` scrubs to its last step, its queues panel shows that step's
+    queues as `f` (the build's manifest, from the engine's snapshot) lists them, and a hovered
+    block shows its tooltip."""
+    holder.scroll_into_view_if_needed()
+    frame = holder.element_handle().content_frame()
+    frame.wait_for_selector("body[data-ready=true]", timeout=READY_MS)
+    assert frame.is_hidden("#kvs-export-error")
+    slider = frame.locator('[data-testid="kvs-history-slider"]')
+    last_index = int(slider.get_attribute("max"))
+    assert last_index == f["steps_included"] - 1
+    slider.evaluate("(el, i) => { el.value = String(i); el.dispatchEvent(new Event('input')); }", last_index)
+    last = f["last_step"]
+    frame.wait_for_function("(k) => [...document.querySelectorAll('.kvs-panel')].every(p => p.dataset.step === String(k))",
+                            arg=last, timeout=READY_MS)
+    assert frame.inner_text('[data-testid="kvs-history-label"]') == f"step {last} of {last}"
+    # The queues panel shows that step: its data-step and the requests in each queue.
+    assert frame.get_attribute('[data-testid="kvs-queues"]', "data-step") == str(last)
+    for name, want in f["queues"].items():
+        column = frame.locator(f'[data-testid="kvs-queue-{name}"]')
+        assert column.get_attribute("data-count") == str(len(want))
+        ids = column.locator(".kvs-card").evaluate_all("cs => cs.map(c => c.dataset.requestId)")
+        assert sorted(ids) == sorted(want), name
+
+    # Hover a block (one held by a request at that step, when there is one): its tooltip.
+    block = f["hover_block"]
+    canvas = frame.locator('[data-testid="kvs-pool-canvas"]')
+    canvas.scroll_into_view_if_needed()
+    box = canvas.bounding_box()
+    cell = 26  # widgets/block_pool.js: cells of 26 px up to 256 blocks
+    assert f["num_blocks"] <= 256
+    ncols = int(round(box["width"] / cell))
+    x = box["x"] + (block["block_id"] % ncols) * cell + cell / 2
+    y = box["y"] + (block["block_id"] // ncols) * cell + cell / 2
+    page.mouse.move(x - 3, y - 3)
+    page.mouse.move(x, y)
+    tip = frame.locator('[data-testid="kvs-block-tooltip"]')
+    tip.wait_for(state="visible", timeout=10_000)
+    text = tip.inner_text()
+    assert text.startswith(f"block {block['block_id']} \u00b7"), text
+    for owner in block["owners"]:
+        assert f"#{owner}" in text, text
+    page.mouse.move(1, 1)
+
+
 @pytest.mark.parametrize("number", WANTED)
 def test_chapter_page_loads_offline_and_its_replay_scrubs_and_hovers(page, site, number: int) -> None:
     net = Recorder(page, site["site"])
@@ -136,47 +184,25 @@ def test_chapter_page_loads_offline_and_its_replay_scrubs_and_hovers(page, site,
     files = site["manifest"][str(number)]
     assert frames.count() == len(files) >= 1
     for i, f in enumerate(files):
-        holder = frames.nth(i)
-        holder.scroll_into_view_if_needed()
-        frame = holder.element_handle().content_frame()
-        frame.wait_for_selector("body[data-ready=true]", timeout=READY_MS)
-        assert frame.is_hidden("#kvs-export-error")
-        slider = frame.locator('[data-testid="kvs-history-slider"]')
-        last_index = int(slider.get_attribute("max"))
-        assert last_index == f["steps_included"] - 1
-        slider.evaluate("(el, i) => { el.value = String(i); el.dispatchEvent(new Event('input')); }", last_index)
-        last = f["last_step"]
-        frame.wait_for_function("(k) => [...document.querySelectorAll('.kvs-panel')].every(p => p.dataset.step === String(k))",
-                                arg=last, timeout=READY_MS)
-        assert frame.inner_text('[data-testid="kvs-history-label"]') == f"step {last} of {last}"
-        # The queues panel shows that step: its data-step and the requests in each queue.
-        assert frame.get_attribute('[data-testid="kvs-queues"]', "data-step") == str(last)
-        for name, want in f["queues"].items():
-            column = frame.locator(f'[data-testid="kvs-queue-{name}"]')
-            assert column.get_attribute("data-count") == str(len(want))
-            ids = column.locator(".kvs-card").evaluate_all("cs => cs.map(c => c.dataset.requestId)")
-            assert sorted(ids) == sorted(want), name
-
-        # Hover a block (one held by a request at that step, when there is one): its tooltip.
-        block = f["hover_block"]
-        canvas = frame.locator('[data-testid="kvs-pool-canvas"]')
-        canvas.scroll_into_view_if_needed()
-        box = canvas.bounding_box()
-        cell = 26  # widgets/block_pool.js: cells of 26 px up to 256 blocks
-        assert f["num_blocks"] <= 256
-        ncols = int(round(box["width"] / cell))
-        x = box["x"] + (block["block_id"] % ncols) * cell + cell / 2
-        y = box["y"] + (block["block_id"] // ncols) * cell + cell / 2
-        page.mouse.move(x - 3, y - 3)
-        page.mouse.move(x, y)
-        tip = frame.locator('[data-testid="kvs-block-tooltip"]')
-        tip.wait_for(state="visible", timeout=10_000)
-        text = tip.inner_text()
-        assert text.startswith(f"block {block['block_id']} \u00b7"), text
-        for owner in block["owners"]:
-            assert f"#{owner}" in text, text
-        page.mouse.move(1, 1)
+        check_replay(page, frames.nth(i), f)
     assert page.locator(".kvs-check-passed").count() >= 1  # the chapter's checks ran at build time
+    assert net.outside == []
+    assert page.console_errors == []
+
+
+def test_vllm_page_shows_both_engines_or_says_why_not(page, site) -> None:
+    net = Recorder(page, site["site"])
+    page.goto((site["site"] / "vllm.html").resolve().as_uri())
+    manifest = site["site"] / "vllm-replays" / "manifest.json"
+    if not manifest.exists():  # subset builds record no vLLM run: the page must say so
+        assert "holds no recorded vLLM replay" in page.inner_text("article")
+    else:
+        data = json.loads(manifest.read_text())
+        assert data["differing_steps"] == []
+        frames = page.locator("iframe[data-testid=kvs-replay]")
+        assert frames.count() == len(data["replays"]) == 2
+        for i, f in enumerate(data["replays"]):
+            check_replay(page, frames.nth(i), f)
     assert net.outside == []
     assert page.console_errors == []
 

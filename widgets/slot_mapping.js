@@ -4,19 +4,37 @@
 // "from cache" cells (one per block). A decode is one compact row. Linked: hovering a
 // cell lights its block, request and token in the other panels (kvsLink).
 
+/** What a cell's tint, marks and text mean. */
+function slotLegend() {
+return kvsEl("div", { class: "kvs-legend", "data-testid": "kvs-slot-legend" }, [
+  kvsSwatch({ stripes: [kvsBlockTint(1), kvsBlockTint(2), kvsBlockTint(3)], border: "#bbb" }, "tint = KV block", "kvs-slot-leg-block",
+    "cells are tinted by the physical block their KV is written to; a tag like b5 opens each block's group"),
+  kvsSwatch({ fill: "#e3ecf7", border: KVS_MARKS.cache, icon: "\u21ba" }, "from cache", "kvs-slot-leg-cache",
+    "positions whose KV a prefix-cache hit supplied: not computed in this step, one cell per block"),
+  kvsSwatch({ fill: "#fce4ec", border: KVS_MARKS.sampled, icon: "\u2192" }, "sampled row", "kvs-slot-leg-sampled",
+    "a logits index: the sampler reads this row's output to choose the next token"),
+  kvsSwatch({ border: "#333", fill: "#fff" }, "first row = query_start_loc", "kvs-slot-leg-qsl", "a thick left edge marks where each request's rows start"),
+  kvsEl("span", { class: "kvs-muted", text: "cell: token \u00b7 position\u2192slot" }),
+]);
+}
+
+function chip(rid) {
+  return kvsEl("span", { class: "kvs-chip", style: { background: kvsColor(rid, true), borderColor: kvsColor(rid) }, text: `#${rid}` });
+}
+
+/** The overview strip: one segment per request, as wide as its rows. */
+function stripSegment(s) {
+  return kvsEl("div", {
+    class: `kvs-strip-seg ${s.is_prefill ? "kvs-prefill" : "kvs-decode"}`,
+    style: { flexGrow: String(Math.max(1, s.end - s.start)), background: kvsColor(s.request_id, true), borderColor: kvsColor(s.request_id) },
+    title: `#${s.request_id}: rows [${s.start}, ${s.end})`,
+  }, [kvsEl("span", { text: `#${s.request_id} [${s.start},${s.end})` })]);
+}
+
 function render({ model, el }) {
   const root = kvsRoot(el, model, "kvs-slot-mapping");
   const title = kvsEl("div", { class: "kvs-title" }, ["Slot mapping", kvsEl("span", { class: "kvs-sub" })]);
-  const legend = kvsEl("div", { class: "kvs-legend", "data-testid": "kvs-slot-legend" }, [
-    kvsSwatch({ stripes: [kvsBlockTint(1), kvsBlockTint(2), kvsBlockTint(3)], border: "#bbb" }, "tint = KV block", "kvs-slot-leg-block",
-      "cells are tinted by the physical block their KV is written to; a tag like b5 opens each block's group"),
-    kvsSwatch({ fill: "#e3ecf7", border: KVS_MARKS.cache, icon: "\u21ba" }, "from cache", "kvs-slot-leg-cache",
-      "positions whose KV a prefix-cache hit supplied: not computed in this step, one cell per block"),
-    kvsSwatch({ fill: "#fce4ec", border: KVS_MARKS.sampled, icon: "\u2192" }, "sampled row", "kvs-slot-leg-sampled",
-      "a logits index: the sampler reads this row's output to choose the next token"),
-    kvsSwatch({ border: "#333", fill: "#fff" }, "first row = query_start_loc", "kvs-slot-leg-qsl", "a thick left edge marks where each request's rows start"),
-    kvsEl("span", { class: "kvs-muted", text: "cell: token \u00b7 position\u2192slot" }),
-  ]);
+  const legend = slotLegend();
   const strip = kvsEl("div", { class: "kvs-strip", "data-testid": "kvs-batch-strip" });
   const body = kvsEl("div", { class: "kvs-segments" });
   root.append(title, legend, strip, body);
@@ -89,10 +107,6 @@ function render({ model, el }) {
     return groups;
   }
 
-  function chip(rid) {
-    return kvsEl("span", { class: "kvs-chip", style: { background: kvsColor(rid, true), borderColor: kvsColor(rid) }, text: `#${rid}` });
-  }
-
   function draw() {
     const ids = model.get("input_ids"), toks = model.get("tokens"), pos = model.get("positions");
     const slots = model.get("slot_mapping"), segs = model.get("segments");
@@ -104,23 +118,18 @@ function render({ model, el }) {
       ? `${nrows} tokens \u00b7 ${segs.length} requests \u00b7 query_start_loc [${qsl.join(", ")}] \u00b7 logits_indices [${[...logits].join(", ")}]`
       : "no batch in this step";
     // Overview strip: widths proportional to each request's tokens.
-    strip.replaceChildren(...segs.map((s) => kvsEl("div", {
-      class: `kvs-strip-seg ${s.is_prefill ? "kvs-prefill" : "kvs-decode"}`,
-      style: { flexGrow: String(Math.max(1, s.end - s.start)), background: kvsColor(s.request_id, true), borderColor: kvsColor(s.request_id) },
-      title: `#${s.request_id}: rows [${s.start}, ${s.end})`,
-    }, [kvsEl("span", { text: `#${s.request_id} [${s.start},${s.end})` })])));
+    strip.replaceChildren(...segs.map(stripSegment));
     body.replaceChildren(...segs.map((s) => {
       const cached = s.cached_blocks || [];
       const reqFocus = { source: "slots", blocks: null, requests: [s.request_id], tokens: null };
       if (!s.is_prefill) {
         // A decode: one compact row (chip, what it is, its one cell, where it sits).
-        const row = kvsEl("div", { class: "kvs-seg kvs-seg-decode", "data-testid": `kvs-seg-${s.request_id}`, style: { borderLeftColor: kvsColor(s.request_id) } }, [
+        return kvsEl("div", { class: "kvs-seg kvs-seg-decode", "data-testid": `kvs-seg-${s.request_id}`, style: { borderLeftColor: kvsColor(s.request_id) } }, [
           linked(chip(s.request_id), reqFocus),
           kvsEl("span", { class: "kvs-seg-kind", text: "decode" }),
           ...rowCells(s, data),
           kvsEl("span", { class: "kvs-muted kvs-seg-meta", title: `block_table [${(s.block_table || []).join(", ")}]`, text: `seq_len ${s.seq_len} \u00b7 ${(s.block_table || []).length} blocks` }),
         ]);
-        return row;
       }
       const head = kvsEl("div", { class: "kvs-seg-head" }, [
         linked(chip(s.request_id), reqFocus),

@@ -36,7 +36,15 @@ CHAPTERS = os.environ.get("KVSCOPE_DOCS_TEST_CHAPTERS", "2,3")
 READY_MS = 60_000
 
 
+# A site built already (e.g. KVSCOPE_DOCS_TEST_SITE=docs/site after `make docs`, whose stage is
+# build/docs_src): the tests then check it, every chapter it holds, instead of building one.
+PREBUILT = os.environ.get("KVSCOPE_DOCS_TEST_SITE")
+
+
 def _wanted() -> list[int]:
+    if PREBUILT:
+        manifest = Path(PREBUILT) / "walkthrough" / "replays" / "manifest.json"
+        return sorted(int(n) for n in json.loads(manifest.read_text())) if manifest.exists() else []
     if CHAPTERS.strip() == "all":
         import nbformat
         spec = importlib.util.spec_from_file_location("build_docs", SCRIPT)
@@ -62,6 +70,13 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> dict:
     pytest.importorskip("mkdocs")
     pytest.importorskip("material")
     pytest.importorskip("nbclient")
+    if PREBUILT:
+        site = Path(PREBUILT).resolve()
+        stage = Path(os.environ.get("KVSCOPE_DOCS_TEST_STAGE", REPO / "build" / "docs_src")).resolve()
+        root = tmp_path_factory.mktemp("docs")
+        (root / "site").symlink_to(site)
+        (root / "stage").symlink_to(stage)
+        return _site_info(root)
     root = tmp_path_factory.mktemp("docs")
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, str(SCRIPT), "--chapters", ",".join(map(str, WANTED)),
@@ -69,6 +84,10 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> dict:
                           cwd=REPO, capture_output=True, text=True, timeout=900)
     print(f"\nsite built in {time.monotonic() - t0:.1f} s\n{proc.stdout[-1500:]}")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return _site_info(root)
+
+
+def _site_info(root: Path) -> dict:
     site = root / "site"
     manifest = json.loads((site / "walkthrough" / "replays" / "manifest.json").read_text())
     pages = {int(n): site / "walkthrough" / f for n, f in

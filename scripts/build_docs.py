@@ -305,7 +305,10 @@ def walkthrough_index(intro: list, closing: list, chapters: list[dict], wanted: 
     body += ["Each chapter page carries the notebook's text and code, what the code printed when the "
              "page was built, and a replay of that chapter's steps recorded from the engine at build time. "
              "To run it live: `make lab`."]
-    body += [c.source for c in closing if c.cell_type == "markdown"]
+    for c in closing:  # "Where next": the notebook's last words, about its live dashboard
+        if c.cell_type == "markdown":
+            head, _, rest = c.source.partition("\n")
+            body.append(f"{head}\n\n*In the notebook, after the last chapter:*\n{rest}")
     return "\n\n".join(body) + "\n"
 
 

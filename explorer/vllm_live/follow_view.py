@@ -2,6 +2,7 @@
 counters, and vLLM's prefix cache from its KV events (a tree of hashes with hit counts)."""
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -36,10 +37,16 @@ def follow_panel(session: Any) -> Any:
 
     panel = FollowPanel()
     last = [0.0]
+    trailing: list[threading.Timer] = []
 
     def refresh(force: bool = True) -> None:
         now = time.monotonic()
         if not force and now - last[0] < 0.2:
+            if not trailing:  # the last step of a burst still gets drawn, 0.2 s later
+                timer = threading.Timer(0.2, lambda: (trailing.clear(), refresh()))
+                timer.daemon = True
+                trailing.append(timer)
+                timer.start()
             return
         last[0] = now
         status = session.feed_status() | {"engine": session.engine_name}

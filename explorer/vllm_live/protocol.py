@@ -101,3 +101,20 @@ def event_key(h: Any) -> str | None:
     if isinstance(h, int):
         return f"{h & 0xFFFFFFFFFFFFFFFF:016x}"
     return bytes(h)[:8].hex()
+
+
+def strip_tokens(msg: dict) -> None:
+    """KVSCOPE_FEED_TOKENS=0: the feed keeps counts and block ids, never a token id."""
+    snap = msg.get("snapshot") or {}
+    for q in (snap.get("queues") or {}).values():
+        for r in q:
+            r["num_prompt_tokens"], r["num_output_tokens"] = len(r["prompt_token_ids"]), len(r["output_token_ids"])
+            r["prompt_token_ids"], r["output_token_ids"] = [], []
+    for b in (snap.get("block_pool") or {}).get("blocks", ()):
+        b["token_ids"] = []
+    rec = msg.get("record")
+    if rec:
+        rec["batch"]["input_ids"] = []
+        for s in rec["sampled"].values():
+            s["token_id"], s["top"] = None, []
+    msg["tokens_left_out"] = True

@@ -368,7 +368,7 @@ class _Publisher:
             msg = {"schema": protocol.SCHEMA_VERSION, "kind": "step", "run_id": self.run_id, "seq": self.seq,
                    "record": record or _empty_record(view), "snapshot": snap, "counters": dict(self.counters)}
             if not self.tokens:
-                strip_tokens(msg)
+                protocol.strip_tokens(msg)
             try:  # never blocks: at a subscriber's HWM, ZMQ drops the message for that subscriber only
                 self.pub.send_multipart((protocol.TOPIC, protocol.encode(msg)), self.zmq.NOBLOCK)
                 self.counters["published"] += 1
@@ -386,7 +386,7 @@ class _Publisher:
         msg = {"schema": protocol.SCHEMA_VERSION, "kind": "snapshot", "run_id": self.run_id, "seq": self.seq,
                "snapshot": self.view.snapshot(finished), "counters": dict(self.counters)}
         if not self.tokens:
-            strip_tokens(msg)
+            protocol.strip_tokens(msg)
         data = protocol.encode(msg)
         with self._fresh:
             self._latest, self._stale = data, False
@@ -431,23 +431,6 @@ class _Publisher:
         self.pub.close(0)
         self.rep.close(0)
         self.ctx.term()
-
-
-def strip_tokens(msg: dict) -> None:
-    """KVSCOPE_FEED_TOKENS=0: the feed keeps counts and block ids, never a token id."""
-    snap = msg.get("snapshot") or {}
-    for q in (snap.get("queues") or {}).values():
-        for r in q:
-            r["num_prompt_tokens"], r["num_output_tokens"] = len(r["prompt_token_ids"]), len(r["output_token_ids"])
-            r["prompt_token_ids"], r["output_token_ids"] = [], []
-    for b in (snap.get("block_pool") or {}).get("blocks", ()):
-        b["token_ids"] = []
-    rec = msg.get("record")
-    if rec:
-        rec["batch"]["input_ids"] = []
-        for s in rec["sampled"].values():
-            s["token_id"], s["top"] = None, []
-    msg["tokens_left_out"] = True
 
 
 def _empty_record(view: _ServerView) -> dict:

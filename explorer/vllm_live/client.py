@@ -65,7 +65,6 @@ class LiveEngine:
         self.notes: list[str] = []
         self.server_counters: dict = {}
         self.tokens_left_out = False
-        self._resync_pending = False
         self._finished: dict[str, dict] = {}
         self._texts: dict = {}
         self._sub = self._ctx.socket(zmq.SUB)
@@ -153,7 +152,13 @@ class LiveEngine:
         return self._snap.get("model_info", {})
 
     def has_unfinished_requests(self) -> bool:
-        return self.pending() > 0 and not self._resync_pending
+        """True when a step is waiting that this session has not seen (steps already in the
+        snapshot it joined with are dropped here, counted as stale)."""
+        with self._qlock:
+            while self._queue and self._queue[0]["run_id"] == self.run_id and self._queue[0]["seq"] <= self.seq:
+                self._queue.popleft()
+                self.counters["stale"] += 1
+            return bool(self._queue)
 
     def step(self) -> _Dict:
         """Apply the next received step; its record."""

@@ -265,8 +265,17 @@ class StubFeed:
         self.feed = f"tcp://127.0.0.1:{port}"
         self.rep = self.ctx.socket(zmq.REP)
         self.rep.setsockopt(zmq.LINGER, 0)
-        self.snapshots = f"tcp://127.0.0.1:{self.rep.bind_to_random_port('tcp://127.0.0.1')}"
+        for _ in range(20):  # the snapshot endpoint where a client looks by default: the feed's port + 1
+            try:
+                self.rep.bind(f"tcp://127.0.0.1:{port + 1}")
+                break
+            except zmq.ZMQError:
+                self.pub.unbind(self.feed)
+                port = self.pub.bind_to_random_port("tcp://127.0.0.1")
+                self.feed = f"tcp://127.0.0.1:{port}"
+        self.snapshots = protocol.snapshot_address(self.feed)
         self.run_id, self.seq, self.running = "run-a", 0, True
+        self.served = threading.Event()  # set once a snapshot was handed out
         self.thread = threading.Thread(target=self.serve, daemon=True)
         self.thread.start()
 
@@ -292,6 +301,7 @@ class StubFeed:
                 self.rep.recv()
                 self.rep.send(self.protocol.encode({"schema": 1, "kind": "snapshot", "run_id": self.run_id,
                                                     "seq": self.seq, "snapshot": self.snapshot(), "counters": {}}))
+                self.served.set()
             except zmq.ZMQError:
                 return
 
@@ -458,3 +468,26 @@ def test_without_token_ids_the_feed_keeps_counts_and_block_ids_only():
     assert msg["record"]["batch"]["input_ids"] == [] and msg["record"]["batch"]["slot_mapping"] == [32, 33, 34]
     assert msg["record"]["sampled"]["r"] == {"token_id": None, "text": None, "top": []}
     assert msg["tokens_left_out"] is True
+
+
+def test_the_attach_command_prints_each_step_and_fails_clearly_without_a_recorder(stub, capsys):
+    import threading
+
+    from explorer.cli import main
+
+    def traffic() -> None:
+        stub.wait_subscriber()
+        assert stub.served.wait(5)
+        for _ in range(3):
+            stub.send_step()
+
+    sender = threading.Thread(target=traffic)
+    sender.start()
+    assert main(["attach", stub.feed, "--seconds", "2"]) == 0   # the stub serves snapshots at the feed's port + 1
+    sender.join(timeout=5)
+    out = capsys.readouterr().out
+    assert "attached to stub feed at " + stub.feed in out
+    assert [line.split()[1] for line in out.splitlines() if line.startswith("step ")] == ["1", "2", "3"]
+    assert "feed: 3 steps applied, 0 missed" in out
+    assert main(["attach", f"tcp://127.0.0.1:{_free_port()}", "--timeout", "0.5"]) == 2
+    assert "error: no kvscope recorder answered" in capsys.readouterr().err

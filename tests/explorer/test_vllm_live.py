@@ -491,3 +491,40 @@ def test_the_attach_command_prints_each_step_and_fails_clearly_without_a_recorde
     assert "feed: 3 steps applied, 0 missed" in out
     assert main(["attach", f"tcp://127.0.0.1:{_free_port()}", "--timeout", "0.5"]) == 2
     assert "error: no kvscope recorder answered" in capsys.readouterr().err
+
+
+def test_vllm_clearing_its_prefix_cache_resynchronises_the_session(stub):
+    import msgspec
+    import zmq
+
+    from explorer import Session
+    from explorer.vllm_live.kv_events import KvEventSubscriber
+
+    kv = KvEventSubscriber(f"tcp://127.0.0.1:{_free_port()}")   # binds, as for vLLM's loopback endpoint
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)   # vLLM's side: it connects to a loopback endpoint
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.connect(kv.address)
+    s = Session.attach(stub.feed, snapshot_address=stub.snapshots, kv_events=kv)
+    try:
+        stub.wait_subscriber()
+        stub.send_step()
+        assert s.wait_for(lambda s: s.current.step == 1, timeout=5) and len(s.history) == 2
+        stored = {"type": "BlockStored", "block_hashes": [7], "parent_block_hash": None, "token_ids": [1, 2],
+                  "block_size": 2}
+        batch = lambda *events: msgspec.msgpack.encode([time.time(), list(events), None])  # noqa: E731
+        end = time.monotonic() + 5
+        while not kv.tree.keys() and time.monotonic() < end:   # the slow joiner: resend until it arrives
+            pub.send_multipart([b"", (0).to_bytes(8, "big"), batch(stored)])
+            time.sleep(0.05)
+        assert kv.tree.keys() == {f"{7:016x}"}
+        pub.send_multipart([b"", (1).to_bytes(8, "big"), batch({"type": "AllBlocksCleared"})])
+        assert kv.wait_for(lambda t: not t.keys(), timeout=5)
+        s.poll()
+        assert len(s.history) == 1 and "AllBlocksCleared" in s.notes[-1] and s.feed_status()["resyncs"] == 1
+        pub.send_multipart([b"", (2).to_bytes(8, "big"), b"not msgpack"])
+        assert kv.wait_for(lambda t: kv.counters["rejected"] == 1, timeout=5)
+    finally:
+        s.close()
+        pub.close(0)
+        ctx.term()

@@ -517,7 +517,8 @@ function disableEngineControls(el) {
     const node = el.querySelector(`[data-testid="${tid}"]`);
     if (node) { node.disabled = true; node.title = ENGINE_OFF; }
   }
-  for (const tid of ["kvs-add-form", "kvs-budget"]) {
+  // The drawer holds the add-request form and the knobs: all engine actions.
+  for (const tid of ["kvs-add-form", "kvs-budget", "kvs-pool", "kvs-drawer", "kvs-drawer-toggle"]) {
     const node = el.querySelector(`[data-testid="${tid}"]`);
     if (node) node.style.display = "none";
   }

@@ -200,6 +200,7 @@ def test_timeline_links_captions_and_engine_actions_are_off(page, recorded, view
     for tid in ("kvs-step-btn", "kvs-run-btn", "kvs-play-btn", "kvs-reset-btn"):
         assert page.is_disabled(f'[data-testid="{tid}"]'), tid
     assert not page.is_visible('[data-testid="kvs-add-form"]')
+    assert not page.is_visible('[data-testid="kvs-drawer-toggle"]') and not page.is_visible('[data-testid="kvs-pool-apply"]')
     assert "make lab" in page.inner_text('[data-testid="kvs-export-notice"]')
     # A recording has no "Live": its own last step instead.
     assert not page.is_visible('[data-testid="kvs-live-btn"]') and page.is_visible('[data-testid="kvs-export-last"]')

@@ -1,13 +1,15 @@
 """The engine's dtype: what `EngineConfig.dtype` names, and what the arithmetic runs in.
 
-On a GPU the two are the same. On a CPU, bf16 means bf16 *storage*: the weights are rounded
-to bf16 and the KV cache holds bf16, while activations and every sum stay in fp32. A decode
+On a GPU the two are the same. On a CPU, bf16 means bf16 weights and KV cache, and linears
+that take and give bf16 values (rows and outputs rounded, as vLLM's bf16 GEMMs round them),
+while every sum, the residual stream, the norms, RoPE and attention stay in fp32. A decode
 step streams every weight from memory, so storing half the bytes makes it up to twice as fast;
-bf16 *arithmetic* would gain nothing more on most CPUs (AVX2 has no bf16 instructions: torch's
-bf16 ops there convert element by element; on the 2-core AMD EPYC they ran one stream at 14.7
-tok/s against fp32's 19.7 and a quarter-size offline batch at 6.1 against 29.5), and fp32
-sums keep the results closer to fp32's. Widening a bf16 value is exact (it is
-the top half of an fp32 one), so every path of the engine reads the same numbers."""
+torch's bf16 ops would gain nothing more on most CPUs (AVX2 has no bf16 instructions: they
+convert element by element; on the 2-core AMD EPYC they ran one stream at 14.7 tok/s against
+fp32's 19.7 and a quarter-size offline batch at 6.1 against 29.5), and fp32 sums keep the
+results closer to fp32's. Widening a bf16 value is exact (it is the top half of an fp32 one),
+and the product of two bf16 values is exact in fp32. engine/model/cpu_linear.py says where the
+linears round, and what that means for the tokens of two paths."""
 from __future__ import annotations
 
 import torch

@@ -24,7 +24,7 @@ import torch
 from .cpu_kernels import DecodeBatchPointers, DecoderLayerPointers, DecoderPointers, NativeCpuKernels, native
 from .dtypes import dtype_name
 from .model import CausalLM
-from .model.cpu_linear import NATIVE_MAX_ROWS, PackedLinear
+from .model.cpu_linear import NATIVE_MAX_ROWS, PackedLinear, rounding_for
 
 BACKEND = "cpu"  # the attention backend whose decodes (and K/V layout) the native call reproduces
 
@@ -47,6 +47,9 @@ def why_no_native_decode(enforce_eager: bool, device: torch.device, dtype: torch
     if not all(isinstance(lin, PackedLinear) and lin.panels is not None and lin.panels.dtype == dtype
                for lin in [*_linears(model), model.packed_lm_head]):
         return f"the linears are not packed in native {dtype_name(dtype)} panels"
+    if {lin.rounding for lin in _linears(model)} != {rounding_for(dtype)} \
+            or model.packed_lm_head.rounding != rounding_for(dtype, lm_head=True):
+        return f"the linears do not round as a {dtype_name(dtype)} engine's do (kv_decode_forward's round_bf16)"
     return None
 
 
@@ -67,6 +70,8 @@ class NativeDecode:
             num_layers=spec.num_layers, hidden=spec.hidden_size, heads=spec.num_heads, kv_heads=spec.num_kv_heads,
             head_dim=spec.head_dim, intermediate=spec.intermediate_size, block_size=block_size,
             vocab=spec.vocab_size, bf16=int(kv_caches[0][0].dtype == torch.bfloat16),  # the panels too
+            # Rounds where the layer-by-layer path's PackedLinears do (the same bits).
+            round_bf16=int(model.packed_lm_head.rounding != 0),
             eps=spec.rms_norm_eps, attn_scale=spec.head_dim ** -0.5,
             embedding=_ptr(model.embed_tokens.weight), final_norm=_ptr(model.norm.weight),
             lm_head_panels=_ptr(model.packed_lm_head.panels), cos_table=_ptr(rope.cos), sin_table=_ptr(rope.sin),

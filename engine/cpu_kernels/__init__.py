@@ -4,10 +4,14 @@ KV cache stored in fp32 or bf16.
 
 The C file is compiled with the system's gcc the first time it is needed (about a second) into
 kvscope's cache folder, keyed by its source and the compiler flags, and loaded with ctypes. It
-needs an x86-64 CPU with AVX2 and FMA (every CPU kind this project runs on); where the CPU, the
-compiler or the build is missing, `native()` is None and the engine keeps torch's kernels
-(`KVSCOPE_NATIVE_CPU=0` chooses that too). Its OpenMP is the libgomp torch already loaded, so
-both share one pool of threads."""
+builds once per CPU kind (VARIANTS): 'avx2' needs an x86-64 CPU with AVX2 and FMA (every CPU
+kind this project runs on); 'avx512_bf16' also needs AVX-512 (F, BW, VL, DQ) and AVX512_BF16,
+whose dot product multiplies a bf16 engine's panels (kvscope_cpu.c's micro_pairs). `native()`
+loads the best variant this CPU runs (`KVSCOPE_CPU_VARIANT=avx2` picks another), `variants()`
+says which run here and why not. AMX tiles are not used by any variant (oneDNN uses them where
+the CPU has them). Where the CPU, the compiler or the build is missing, `native()` is None and
+the engine keeps torch's kernels (`KVSCOPE_NATIVE_CPU=0` chooses that too). Its OpenMP is the
+libgomp torch already loaded, so both share one pool of threads."""
 from __future__ import annotations
 
 import ctypes
@@ -23,8 +27,16 @@ import torch
 from ..default_model import cache_dir
 
 SOURCE = Path(__file__).with_name("kvscope_cpu.c")
-FLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
+FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
 DISABLE_ENV_VAR = "KVSCOPE_NATIVE_CPU"
+VARIANT_ENV_VAR = "KVSCOPE_CPU_VARIANT"
+# Each build of kvscope_cpu.c: its instruction-set flags and the /proc/cpuinfo flags it needs,
+# best last (native() takes the last one this CPU runs).
+VARIANTS = {
+    "avx2": (["-mavx2", "-mfma"], ("avx2", "fma")),
+    "avx512_bf16": (["-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16"],
+                    ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16")),
+}
 
 _i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
@@ -39,7 +51,7 @@ class DecoderLayerPointers(ctypes.Structure):
 class DecoderPointers(ctypes.Structure):
     """The model's shape and its shared weights (C: kv_decoder)."""
     _fields_ = [*((name, _i64) for name in ("num_layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate",
-                                            "block_size", "vocab", "bf16")),
+                                            "block_size", "vocab", "bf16", "round_bf16")),
                 ("eps", _f32), ("attn_scale", _f32),
                 *((name, _ptr) for name in ("embedding", "final_norm", "lm_head_panels", "cos_table", "sin_table")),
                 ("layers", ctypes.POINTER(DecoderLayerPointers))]
@@ -53,9 +65,10 @@ class DecodeBatchPointers(ctypes.Structure):
                                             "act", "logits"))]
 
 _SIGNATURES = {
-    "kv_packed_floats": (_i64, [_i64, _i64]),
+    "kv_variant": (ctypes.c_char_p, []),
+    "kv_packed_values": (_i64, [_i64, _i64, _i64]),
     "kv_pack_panels": (None, [_ptr, _i64, _i64, _i64, _ptr]),
-    "kv_linear": (None, [_ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _ptr]),
+    "kv_linear": (None, [_ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _ptr, _i64]),
     "kv_rms_norm": (None, [_ptr, _ptr, _ptr, _i64, _i64, _f32, _ptr]),
     "kv_reshape_and_cache": (None, [_ptr, _i64, _ptr, _i64, _ptr, _ptr, _i64, _ptr, _i64, _i64]),
     "kv_rope_inplace": (None, [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64]),
@@ -77,22 +90,27 @@ class NativeCpuKernels:
         for name, (restype, argtypes) in _SIGNATURES.items():
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = restype, argtypes
+        self.variant: str = lib.kv_variant().decode()  # the build (VARIANTS) this library is
 
     def pack_panels(self, weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """[N, K] weight -> the flat panel layout kv_linear reads, in fp32 or bf16 (rounded to
         nearest even; the bf16 panels interleave each step's columns, see kv_pack_panels)."""
         w = weight.detach().float().contiguous()
         n, k = w.shape
-        out = torch.empty(self.lib.kv_packed_floats(n, k), dtype=_storage(dtype))
-        self.lib.kv_pack_panels(w.data_ptr(), n, k, _is_bf16(out), out.data_ptr())
+        bf16 = int(_storage(dtype) == torch.bfloat16)
+        out = torch.empty(self.lib.kv_packed_values(n, k, bf16), dtype=dtype)
+        self.lib.kv_pack_panels(w.data_ptr(), n, k, bf16, out.data_ptr())
         return out
 
-    def linear(self, x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
-        """x [M, K] @ W^T + bias -> [M, N], W given as pack_panels' output."""
+    def linear(self, x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | None,
+               rounding: int = 0) -> torch.Tensor:
+        """x [M, K] @ W^T + bias -> [M, N], W given as pack_panels' output. `rounding` (ROUND_INPUT,
+        ROUND_OUTPUT, or both): x's rows rounded to bf16 values before the products (x itself is
+        left as it is), y rounded after the bias; the sums are fp32 either way."""
         m, k = x.shape
         y = torch.empty((m, n), dtype=torch.float32)
         self.lib.kv_linear(x.data_ptr(), m, k, panels.data_ptr(), _is_bf16(panels), n,
-                           None if bias is None else bias.data_ptr(), y.data_ptr())
+                           None if bias is None else bias.data_ptr(), y.data_ptr(), rounding)
         return y
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float,
@@ -162,6 +180,11 @@ class NativeCpuKernels:
 
 STORAGE_DTYPES = (torch.float32, torch.bfloat16)
 
+# kv_linear's `rounding` flags (kvscope_cpu.c defines the same): where a bf16 engine's linears
+# round to bf16 values, as vLLM's bf16 GEMMs do. engine/model/cpu_linear.py says which linear
+# rounds where, and oneDNN's path rounds at the same places.
+ROUND_INPUT, ROUND_OUTPUT = 1, 2
+
 
 def _storage(dtype: torch.dtype) -> torch.dtype:
     if dtype not in STORAGE_DTYPES:
@@ -176,6 +199,39 @@ def _is_bf16(t: torch.Tensor) -> int:
 def native() -> NativeCpuKernels | None:
     """The kernels, built on first use; None where they cannot run here (see the module doc)."""
     return _load()[0]
+
+
+def variants() -> dict[str, str | None]:
+    """Every build of the kernels: None where this CPU runs it, else why not."""
+    flags = cpu_flags()
+    if not flags:  # no /proc/cpuinfo: torch's own check (cpu_supported) stands for AVX2 + FMA
+        return {name: None if name == "avx2" else "the CPU's flags are unknown (no /proc/cpuinfo)" for name in VARIANTS}
+    return {name: None if all(f in flags for f in needs) else
+            "this CPU lacks " + ", ".join(f for f in needs if f not in flags)
+            for name, (_, needs) in VARIANTS.items()}
+
+
+def load_variant(name: str) -> NativeCpuKernels:
+    """One build of the kernels (VARIANTS), built on first use; ValueError where this CPU cannot
+    run it. Tests load each variant the machine runs."""
+    if name not in VARIANTS:
+        raise ValueError(f"{VARIANT_ENV_VAR}: no kernel variant {name!r}; the variants are {', '.join(VARIANTS)}")
+    reason = variants()[name]
+    if reason:
+        raise ValueError(f"kernel variant {name!r} cannot run here: {reason}")
+    path = _build(name)
+    return NativeCpuKernels(ctypes.CDLL(str(path)), path)
+
+
+@lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as /proc/cpuinfo names them (empty where there is none)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return frozenset(line.partition(":")[2].split())
 
 
 def unavailable_reason() -> str | None:
@@ -194,9 +250,12 @@ def _load() -> tuple[NativeCpuKernels | None, str | None]:
         return None, f"turned off by {DISABLE_ENV_VAR}=0"
     if not cpu_supported():
         return None, f"they need an x86-64 CPU with AVX2 and FMA (torch reports {torch.backends.cpu.get_cpu_capability()})"
+    runnable = [name for name, reason in variants().items() if reason is None]
+    chosen = os.environ.get(VARIANT_ENV_VAR) or (runnable[-1] if runnable else "avx2")
     try:
-        path = _build()
-        return NativeCpuKernels(ctypes.CDLL(str(path)), path), None
+        return load_variant(chosen), None
+    except ValueError as exc:
+        return None, str(exc)
     except FileNotFoundError:
         return None, "gcc was not found (install it: apt-get install gcc)"
     except subprocess.CalledProcessError as exc:
@@ -210,17 +269,18 @@ def cpu_supported() -> bool:
     return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
 
 
-def _build() -> Path:
+def _build(variant: str) -> Path:
     source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join(FLAGS).encode()).hexdigest()[:16]
+    flags = [*FLAGS, *VARIANTS[variant][0]]
+    key = hashlib.sha256(source + " ".join(flags).encode()).hexdigest()[:16]
     folder = cache_dir() / "cpu_kernels"
-    target = folder / f"kvscope_cpu-{key}.so"
+    target = folder / f"kvscope_cpu-{variant}-{key}.so"
     if not target.exists():
         folder.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
         os.close(fd)
         try:
-            subprocess.run(["gcc", *FLAGS, str(SOURCE), "-o", tmp], check=True, capture_output=True)
+            subprocess.run(["gcc", *flags, str(SOURCE), "-o", tmp], check=True, capture_output=True)
             os.replace(tmp, target)  # atomic: a concurrent build never loads a half-written file
         finally:
             if os.path.exists(tmp):

@@ -38,6 +38,22 @@
 #define BF16_STREAMS 4
 _Static_assert(BF16_STREAMS <= FP32_STREAMS, "one_row_body's arrays hold FP32_STREAMS runs");
 
+/* This file builds once per CPU kind (engine/cpu_kernels/__init__.py picks the build): 'avx2'
+ * (AVX2 + FMA) everywhere, and 'avx512_bf16' where the CPU has AVX-512 with AVX512_BF16's dot
+ * product (vdpbf16ps): there a bf16 engine's panels hold their weights in pairs of k steps, which
+ * that instruction multiplies by a pair of bf16 inputs, twice the multiply-adds of an fp32 FMA
+ * per instruction (see micro_pairs). Everything else is the same code in both builds. */
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#define PAIR_PANELS 1
+#define KV_VARIANT "avx512_bf16"
+#define PAIR_MR 12  /* rows per pair micro-kernel call: 12 zmm accumulators of the 32 */
+#else
+#define PAIR_PANELS 0
+#define KV_VARIANT "avx2"
+#endif
+
+const char *kv_variant(void) { return KV_VARIANT; }
+
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* The calling thread's even, contiguous share [*lo, *hi) of n items (inside a parallel region). */
@@ -59,6 +75,37 @@ static inline __m256 bf16x8_to_fp32(const uint16_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
 
+/* f rounded to the nearest bf16 value (even on ties), kept as an fp32 value: bf16_round's bits,
+ * widened. */
+static inline float bf16_value(float f) {
+    const uint32_t u = (uint32_t)bf16_round(f) << 16;
+    float out;
+    memcpy(&out, &u, 4);
+    return out;
+}
+
+/* The same rounding on 8 lanes at once (bf16_round's arithmetic, so the same bits). */
+static inline __m256 bf16_values8(__m256 v) {
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), odd);
+    return _mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32((int)0xffff0000u)));
+}
+
+/* dst rows = src rows rounded to bf16 values (in place when dst == src): a bf16 engine's
+ * linears take and give bf16 values, as vLLM's bf16 GEMMs do (see kv_linear's `rounding`). */
+static void bf16_rows_body(const float *src, int64_t src_stride, float *dst, int64_t dst_stride, int64_t rows,
+                           int64_t n) {
+    #pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *in = src + r * src_stride;
+        float *out = dst + r * dst_stride;
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, bf16_values8(_mm256_loadu_ps(in + i)));
+        for (; i < n; i++) out[i] = bf16_value(in[i]);
+    }
+}
+
 /* 8 values at p (fp32, or bf16 when bf16) as 8 fp32 lanes; `bf16` is a constant where inlined. */
 static inline __attribute__((always_inline)) __m256 load8(const void *p, int64_t i, const int bf16) {
     return bf16 ? bf16x8_to_fp32((const uint16_t *)p + i) : _mm256_loadu_ps((const float *)p + i);
@@ -66,25 +113,51 @@ static inline __attribute__((always_inline)) __m256 load8(const void *p, int64_t
 
 /* ---- skinny linears ------------------------------------------------------------------ */
 
-int64_t kv_packed_floats(int64_t n, int64_t k) { return (n + NR - 1) / NR * k * NR; }
+/* The k steps a panel holds: k, or k rounded up to even for pair panels (the last pair's high
+ * half zero where k is odd). */
+static inline int64_t panel_depth(int64_t k, int bf16) { return (PAIR_PANELS && bf16) ? (k + 1) / 2 * 2 : k; }
 
-/* W [n, k] (row-major, like nn.Linear.weight) -> panels [ceil(n/16)][k][16], zero-padded, in
- * fp32 or (bf16) in bf16 rounded to nearest even. A bf16 panel lays each k step's 16 columns out
- * so that one 256-bit load widens with two instructions: 32-bit lane j holds column j in its low
- * half and column 8 + j in its high half (shift left 16: columns 0-7; mask the low half: 8-15). */
+int64_t kv_packed_values(int64_t n, int64_t k, int64_t bf16) {
+    return (n + NR - 1) / NR * panel_depth(k, (int)bf16) * NR;
+}
+
+/* Where weight (column j of the panel, k step kk) lies in a bf16 panel. The AVX2 build lays each
+ * k step's 16 columns out so that one 256-bit load widens with two instructions: 32-bit lane j
+ * holds column j in its low half and column 8 + j in its high half (shift left 16: columns 0-7;
+ * mask the low half: 8-15). Pair panels hold k steps 2q and 2q + 1 of column j in lane j of pair
+ * q's 512 bits (low, high half): vdpbf16ps's operand, or two widened fp32 vectors in column order. */
+static inline int64_t bf16_slot(int64_t kk, int j) {
+    if (PAIR_PANELS)
+        return (kk / 2) * 2 * NR + 2 * j + (kk & 1);
+    return kk * NR + (j < 8 ? 2 * j : 2 * (j - 8) + 1);
+}
+
+/* W [n, k] (row-major, like nn.Linear.weight) -> panels [ceil(n/16)][depth][16], zero-padded, in
+ * fp32 or (bf16) in bf16 rounded to nearest even, laid out as bf16_slot says. */
 void kv_pack_panels(const float *w, int64_t n, int64_t k, int64_t bf16, void *out) {
-    int64_t panels = (n + NR - 1) / NR;
+    const int64_t panels = (n + NR - 1) / NR, depth = panel_depth(k, (int)bf16);
     #pragma omp parallel for schedule(static)
     for (int64_t p = 0; p < panels; p++)
-        for (int64_t kk = 0; kk < k; kk++)
+        for (int64_t kk = 0; kk < depth; kk++)
             for (int j = 0; j < NR; j++) {
-                const int64_t row = p * NR + j, at = p * k * NR + kk * NR;
-                const float value = row < n ? w[row * k + kk] : 0.0f;
+                const int64_t row = p * NR + j, at = p * depth * NR;
+                const float value = row < n && kk < k ? w[row * k + kk] : 0.0f;
                 if (bf16)
-                    ((uint16_t *)out)[at + (j < 8 ? 2 * j : 2 * (j - 8) + 1)] = bf16_round(value);
+                    ((uint16_t *)out)[at + bf16_slot(kk, j)] = bf16_round(value);
                 else
-                    ((float *)out)[at + j] = value;
+                    ((float *)out)[at + kk * NR + j] = value;
             }
+}
+
+/* x's rows as bf16 pairs for the pair kernels: row r at xb + r * depth, rounded to nearest even,
+ * a zero after an odd k (inside a parallel region). */
+static void bf16_pairs_body(const float *x, int64_t k, uint16_t *xb, int64_t rows) {
+    const int64_t depth = (k + 1) / 2 * 2;
+    #pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t i = 0; i < k; i++) xb[r * depth + i] = bf16_round(x[r * k + i]);
+        if (depth > k) xb[r * depth + k] = 0;
+    }
 }
 
 /* y[r, 0:cols] = bias16 + x[r, :] . panel, for R rows; R is a constant where it is inlined,
@@ -127,6 +200,102 @@ static inline __attribute__((always_inline)) void micro(
         }
     }
 }
+
+#if PAIR_PANELS
+/* y[r, 0:cols] = bias16 + x[r, :] . panel over a pair panel, for R rows (R constant where inlined).
+ * With xb (x's rows as bf16 pairs: a linear whose inputs round to bf16), one vdpbf16ps per pair of
+ * k steps and row. Without it, x in fp32: each half of a pair widened and multiplied by one FMA
+ * per k step in k order, the AVX2 build's sums bit for bit. */
+static inline __attribute__((always_inline)) void micro_pairs(
+        const int R, const uint16_t *restrict panel, const float *restrict x, int64_t ldx,
+        const uint16_t *restrict xb, int64_t k, const float *bias16, float *restrict y, int64_t ldy, int cols) {
+    __m512 acc[PAIR_MR];
+    const __m512 b = _mm512_loadu_ps(bias16);
+    #pragma GCC unroll 12
+    for (int r = 0; r < R; r++) acc[r] = b;
+    const int64_t depth = (k + 1) / 2 * 2;
+    if (xb) {
+        for (int64_t q = 0; q < depth / 2; q++) {
+            const __m512bh w = (__m512bh)_mm512_loadu_si512(panel + q * 2 * NR);
+            #pragma GCC unroll 12
+            for (int r = 0; r < R; r++) {
+                int32_t two;
+                memcpy(&two, xb + r * depth + 2 * q, 4);
+                acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_set1_epi32(two), w);
+            }
+        }
+    } else {
+        const __m512i high_half = _mm512_set1_epi32((int)0xffff0000u);
+        for (int64_t kk = 0; kk < k; kk += 2) {
+            const __m512i v = _mm512_loadu_si512(panel + kk * NR);
+            const __m512 w0 = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+            const __m512 w1 = _mm512_castsi512_ps(_mm512_and_si512(v, high_half));
+            #pragma GCC unroll 12
+            for (int r = 0; r < R; r++) {
+                acc[r] = _mm512_fmadd_ps(w0, _mm512_set1_ps(x[r * ldx + kk]), acc[r]);
+                if (kk + 1 < k)
+                    acc[r] = _mm512_fmadd_ps(w1, _mm512_set1_ps(x[r * ldx + kk + 1]), acc[r]);
+            }
+        }
+    }
+    const __mmask16 keep = (__mmask16)(cols == NR ? 0xffffu : (1u << cols) - 1u);
+    #pragma GCC unroll 12
+    for (int r = 0; r < R; r++) _mm512_mask_storeu_ps(y + r * ldy, keep, acc[r]);
+}
+
+static void micro_rows_pairs(int rows, const void *panel, const float *x, int64_t ldx, const uint16_t *xb,
+                             int64_t k, const float *bias16, float *y, int64_t ldy, int cols) {
+    const uint16_t *w = (const uint16_t *)panel;
+    switch (rows) {
+    case 1: micro_pairs(1, w, x, ldx, xb, k, bias16, y, ldy, cols); break;
+    case 2: micro_pairs(2, w, x, ldx, xb, k, bias16, y, ldy, cols); break;
+    case 3: micro_pairs(3, w, x, ldx, xb, k, bias16, y, ldy, cols); break;
+    case 4: micro_pairs(4, w, x, ldx, xb, k, bias16, y, ldy, cols); break;
+    case 5: micro_pairs(5, w, x, ldx, xb, k, bias16, y, ldy, cols); break;
+    case 6: micro_pairs(6, w, x, ldx, xb, k, bias16, y, ldy, cols); break;
+    case 7: micro_pairs(7, w, x, ldx, xb, k, bias16, y, ldy, cols); break;
+    case 8: micro_pairs(8, w, x, ldx, xb, k, bias16, y, ldy, cols); break;
+    case 9: micro_pairs(9, w, x, ldx, xb, k, bias16, y, ldy, cols); break;
+    case 10: micro_pairs(10, w, x, ldx, xb, k, bias16, y, ldy, cols); break;
+    case 11: micro_pairs(11, w, x, ldx, xb, k, bias16, y, ldy, cols); break;
+    default: micro_pairs(12, w, x, ldx, xb, k, bias16, y, ldy, cols); break;
+    }
+}
+
+/* One row against S pair panels at once (micro_streams' job for pair panels). */
+static inline __attribute__((always_inline)) void micro_streams_pairs(
+        const int S, const char *const *panel, const float *restrict x, const uint16_t *restrict xb, int64_t k,
+        const float (*bias16)[NR], float *const *y, const int *cols) {
+    __m512 acc[FP32_STREAMS];
+    #pragma GCC unroll 8
+    for (int s = 0; s < S; s++) acc[s] = _mm512_loadu_ps(bias16[s]);
+    if (xb) {
+        for (int64_t q = 0; q < (k + 1) / 2; q++) {
+            int32_t two;
+            memcpy(&two, xb + 2 * q, 4);
+            const __m512bh xx = (__m512bh)_mm512_set1_epi32(two);
+            #pragma GCC unroll 8
+            for (int s = 0; s < S; s++)
+                acc[s] = _mm512_dpbf16_ps(acc[s], xx, (__m512bh)_mm512_loadu_si512((const uint16_t *)panel[s] + q * 2 * NR));
+        }
+    } else {
+        const __m512i high_half = _mm512_set1_epi32((int)0xffff0000u);
+        for (int64_t kk = 0; kk < k; kk += 2) {
+            const __m512 x0 = _mm512_set1_ps(x[kk]), x1 = _mm512_set1_ps(kk + 1 < k ? x[kk + 1] : 0.0f);
+            #pragma GCC unroll 8
+            for (int s = 0; s < S; s++) {
+                const __m512i v = _mm512_loadu_si512((const uint16_t *)panel[s] + kk * NR);
+                acc[s] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), x0, acc[s]);
+                if (kk + 1 < k)
+                    acc[s] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(v, high_half)), x1, acc[s]);
+            }
+        }
+    }
+    #pragma GCC unroll 8
+    for (int s = 0; s < S; s++)
+        _mm512_mask_storeu_ps(y[s], (__mmask16)(cols[s] == NR ? 0xffffu : (1u << cols[s]) - 1u), acc[s]);
+}
+#endif
 
 /* One instance per (rows, weight type), so the row loops unroll and the load is fixed. */
 #define MICRO_ROWS(name, bf16)                                                                         \
@@ -191,12 +360,12 @@ static inline int panel_bias(const float *bias, int64_t n, int64_t p, float *bia
 
 /* Panel p of a packed weight (k * NR values each, fp32 or bf16). */
 static inline const char *panel_at(const void *panels, int64_t p, int64_t k, int bf16) {
-    return (const char *)panels + p * k * NR * (bf16 ? 2 : 4);
+    return (const char *)panels + p * panel_depth(k, bf16) * NR * (bf16 ? 2 : 4);
 }
 
 /* Panels first, first + stride, ..., S of them, read side by side (micro_streams). */
-static inline void panels_side_by_side(const float *x, int64_t k, const void *panels, int bf16, int64_t n,
-                                       const float *bias, float *y, int64_t first, int64_t stride) {
+static inline void panels_side_by_side(const float *x, const uint16_t *xb, int64_t k, const void *panels, int bf16,
+                                       int64_t n, const float *bias, float *y, int64_t first, int64_t stride) {
     const int S = bf16 ? BF16_STREAMS : FP32_STREAMS;
     const char *panel[FP32_STREAMS];
     float *out[FP32_STREAMS], bias16[FP32_STREAMS][NR];
@@ -207,17 +376,40 @@ static inline void panels_side_by_side(const float *x, int64_t k, const void *pa
         out[s] = y + p * NR;
         cols[s] = panel_bias(bias, n, p, bias16[s]);
     }
+#if PAIR_PANELS
+    if (bf16)
+        micro_streams_pairs(BF16_STREAMS, panel, x, xb, k, (const float (*)[NR])bias16, out, cols);
+    else
+#else
+    (void)xb;
     if (bf16)
         micro_streams(BF16_STREAMS, 1, panel, x, k, (const float (*)[NR])bias16, out, cols);
     else
+#endif
         micro_streams(FP32_STREAMS, 0, panel, x, k, (const float (*)[NR])bias16, out, cols);
 }
 
-static inline void one_panel(const float *x, int64_t k, const void *panels, int bf16, int64_t n, const float *bias,
-                             float *y, int64_t p) {
+/* Rows [0, rows) of x (xb: as bf16 pairs, or NULL) against panel p: rows <= MR (PAIR_MR for
+ * pair panels). */
+static inline void panel_rows(int rows, const float *x, const uint16_t *xb, int64_t k, const void *panels, int bf16,
+                              int64_t n, const float *bias16, int cols, float *y, int64_t p) {
+    const void *panel = panel_at(panels, p, k, bf16);
+#if PAIR_PANELS
+    if (bf16) {
+        micro_rows_pairs(rows, panel, x, k, xb, k, bias16, y + p * NR, n, cols);
+        return;
+    }
+#else
+    (void)xb;
+#endif
+    (bf16 ? micro_rows_bf16 : micro_rows_fp32)(rows, panel, x, k, k, bias16, y + p * NR, n, cols);
+}
+
+static inline void one_panel(const float *x, const uint16_t *xb, int64_t k, const void *panels, int bf16, int64_t n,
+                             const float *bias, float *y, int64_t p) {
     float bias16[NR];
     const int cols = panel_bias(bias, n, p, bias16);
-    (bf16 ? micro_rows_bf16 : micro_rows_fp32)(1, panel_at(panels, p, k, bf16), x, k, k, bias16, y + p * NR, n, cols);
+    panel_rows(1, x, xb, k, panels, bf16, n, bias16, cols, y, p);
 }
 
 /* y [1, n] = x [1, k] W^T + bias. Each thread takes an even, contiguous share of the first
@@ -230,21 +422,22 @@ static inline void one_panel(const float *x, int64_t k, const void *panels, int 
  * with even shares alone the faster waited at every linear's barrier (~0.9-1.7 ms of a 15 ms
  * one-stream bf16 step). */
 #define DYNAMIC_TAIL 8
-static void one_row_body(const float *x, int64_t k, const void *panels, int bf16, int64_t n, const float *bias,
-                         float *y) {
+#define PAIR_ROWS_LCM 12  /* a row block holds whole micro-kernel calls of MR (6) or PAIR_MR (12) rows */
+static void one_row_body(const float *x, const uint16_t *xb, int64_t k, const void *panels, int bf16, int64_t n,
+                         const float *bias, float *y) {
     const int64_t np = (n + NR - 1) / NR, head = np - np / DYNAMIC_TAIL;
     const int S = bf16 ? BF16_STREAMS : FP32_STREAMS;
     int64_t p0, p1;
     thread_share(head, &p0, &p1);
     const int64_t run = (p1 - p0) / S;
-    for (int64_t i = 0; i < run; i++) panels_side_by_side(x, k, panels, bf16, n, bias, y, p0 + i, run);
-    for (int64_t p = p0 + S * run; p < p1; p++) one_panel(x, k, panels, bf16, n, bias, y, p);
+    for (int64_t i = 0; i < run; i++) panels_side_by_side(x, xb, k, panels, bf16, n, bias, y, p0 + i, run);
+    for (int64_t p = p0 + S * run; p < p1; p++) one_panel(x, xb, k, panels, bf16, n, bias, y, p);
     #pragma omp for schedule(dynamic, 1)  /* its barrier: every column is written before anyone reads y */
     for (int64_t first = head; first < np; first += S) {
         if (first + S <= np)
-            panels_side_by_side(x, k, panels, bf16, n, bias, y, first, 1);
+            panels_side_by_side(x, xb, k, panels, bf16, n, bias, y, first, 1);
         else
-            for (int64_t p = first; p < np; p++) one_panel(x, k, panels, bf16, n, bias, y, p);
+            for (int64_t p = first; p < np; p++) one_panel(x, xb, k, panels, bf16, n, bias, y, p);
     }
 }
 
@@ -257,33 +450,58 @@ static void one_row_body(const float *x, int64_t k, const void *panels, int bf16
  * Each routine below has a body whose loops are orphaned `omp for` constructs: called inside a
  * parallel region (kv_decode_forward's), the region's threads share the loop and meet at its
  * barrier; the exported kv_* wrapper opens a region of its own. */
-static void linear_body(const float *x, int64_t m, int64_t k, const void *panels, int bf16, int64_t n,
-                        const float *bias, float *y) {
+static void linear_body(const float *x, const uint16_t *xb, int64_t m, int64_t k, const void *panels, int bf16,
+                        int64_t n, const float *bias, float *y) {
     if (m == 1) {
-        one_row_body(x, k, panels, bf16, n, bias, y);
+        one_row_body(x, xb, k, panels, bf16, n, bias, y);
         return;
     }
-    const int64_t np = (n + NR - 1) / NR;
-    int64_t mb = (192 * 1024 / 4) / k / MR * MR;
-    if (mb < MR) mb = MR;
+    const int64_t np = (n + NR - 1) / NR, depth = (k + 1) / 2 * 2;
+#if PAIR_PANELS
+    const int mr = bf16 ? PAIR_MR : MR;
+#else
+    const int mr = MR;
+#endif
+    int64_t mb = (192 * 1024 / 4) / k / PAIR_ROWS_LCM * PAIR_ROWS_LCM;
+    if (mb < PAIR_ROWS_LCM) mb = PAIR_ROWS_LCM;
     const int64_t nmb = (m + mb - 1) / mb;
     #pragma omp for collapse(2) schedule(static)
     for (int64_t b = 0; b < nmb; b++)
         for (int64_t p = 0; p < np; p++) {
             float bias16[NR];
             const int cols = panel_bias(bias, n, p, bias16);
-            const void *panel = panel_at(panels, p, k, bf16);
             const int64_t end = min64(m, (b + 1) * mb);
-            for (int64_t r = b * mb; r < end; r += MR)
-                (bf16 ? micro_rows_bf16 : micro_rows_fp32)((int)min64(MR, end - r), panel, x + r * k, k, k, bias16,
-                                                           y + r * n + p * NR, n, cols);
+            for (int64_t r = b * mb; r < end; r += mr)
+                panel_rows((int)min64(mr, end - r), x + r * k, xb ? xb + r * depth : NULL, k, panels, bf16, n, bias16,
+                           cols, y + r * n, p);
         }
 }
 
+/* `rounding` (a bf16 engine's linears; ROUND_* as engine/cpu_kernels/__init__.py names them):
+ * ROUND_INPUT multiplies x's rows rounded to bf16 values (a rounded copy: x is the caller's),
+ * ROUND_OUTPUT rounds y to bf16 values after the bias. The products of two bf16 values are exact
+ * in fp32, so every path that rounds at the same places (oneDNN's bf16 GEMM, these panels, the
+ * native decode) differs only in the order of its fp32 sums. */
+#define ROUND_INPUT 1
+#define ROUND_OUTPUT 2
 void kv_linear(const float *x, int64_t m, int64_t k, const void *panels, int64_t bf16, int64_t n,
-               const float *bias, float *y) {
+               const float *bias, float *y, int64_t rounding) {
+    /* Rounded rows: as bf16 pairs where pair panels multiply them, else as a rounded fp32 copy. */
+    const int pairs = PAIR_PANELS && bf16 && (rounding & ROUND_INPUT);
+    float *rounded = (rounding & ROUND_INPUT) && !pairs ? malloc((size_t)(m * k) * sizeof(float)) : NULL;
+    uint16_t *xb = pairs ? malloc((size_t)(m * ((k + 1) / 2 * 2)) * sizeof(uint16_t)) : NULL;
     #pragma omp parallel
-    linear_body(x, m, k, panels, (int)bf16, n, bias, y);
+    {
+        if (rounded)
+            bf16_rows_body(x, k, rounded, k, m, k);
+        if (xb)
+            bf16_pairs_body(x, k, xb, m);
+        linear_body(rounded ? rounded : x, xb, m, k, panels, (int)bf16, n, bias, y);
+        if (rounding & ROUND_OUTPUT)
+            bf16_rows_body(y, n, y, n, m, n);
+    }
+    free(rounded);
+    free(xb);
 }
 
 /* ---- vector helpers ------------------------------------------------------------------ */
@@ -770,6 +988,8 @@ typedef struct {
 typedef struct {
     int64_t num_layers, hidden, heads, kv_heads, head_dim, intermediate, block_size, vocab;
     int64_t bf16;                         /* 1: every panel and the KV caches in bf16; 0: fp32 */
+    int64_t round_bf16;                   /* 1: layer linears take and give bf16 values, the LM head
+                                             takes them (kv_linear's ROUND_INPUT | ROUND_OUTPUT) */
     float eps, attn_scale;
     const float *embedding;               /* [vocab, hidden] */
     const float *final_norm;              /* [hidden] */
@@ -798,12 +1018,33 @@ static void qk_norm_body(float *qkv, int64_t tokens, int64_t row_stride, const k
 /* The model's forward for a batch of decodes: embedding, every layer (storing each layer's new
  * K/V at the batch's slots), final norm and the LM head; every row's logits end in b->logits
  * (each decode samples). The order of operations is CausalLM's (engine/model/decoder.py). */
+/* A workspace of `rows` rows, `width` floats each, rounded to bf16 values in place when the
+ * engine's linears round (inside kv_decode_forward's parallel region). */
+#define ROUNDED(work, width) do { if (rnd) bf16_rows_body(work, width, work, width, rows, width); } while (0)
+
+/* A linear's input rows where the engine's linears round: as bf16 pairs for pair panels (the
+ * pairs returned, as kv_linear makes them), else rounded in place (NULL returned). */
+static const uint16_t *rounded_input(float *x, int64_t width, int64_t rows, uint16_t *pairs) {
+#if PAIR_PANELS
+    bf16_pairs_body(x, width, pairs, rows);
+    return pairs;
+#else
+    (void)pairs;
+    bf16_rows_body(x, width, x, width, rows, width);
+    return NULL;
+#endif
+}
+#define ROUNDED_INPUT(work, width) (rnd ? rounded_input(work, width, rows, pairs) : NULL)
+
 void kv_decode_forward(const kv_decoder *m, const kv_decode_batch *b) {
     const int64_t rows = b->rows, hidden = m->hidden, d = m->head_dim, inter = m->intermediate;
     const int64_t q_size = m->heads * d, kv_size = m->kv_heads * d, qkv_n = q_size + 2 * kv_size;
     const int64_t max_len = longest(b->seq_lens, rows);
-    const int bf16 = (int)m->bf16;
+    const int bf16 = (int)m->bf16, rnd = (int)m->round_bf16;
     float *parts = malloc((size_t)(omp_get_max_threads() * part_floats(m->heads, d)) * sizeof(float));
+    /* The rounded input rows as bf16 pairs (pair panels; see rounded_input), as wide as the widest. */
+    const int64_t widest = hidden > inter ? (hidden > q_size ? hidden : q_size) : (inter > q_size ? inter : q_size);
+    uint16_t *pairs = PAIR_PANELS && rnd ? malloc((size_t)(rows * ((widest + 1) / 2 * 2)) * sizeof(uint16_t)) : NULL;
     #pragma omp parallel
     {
         float *scores = malloc((size_t)(m->heads * max_len) * sizeof(float));
@@ -816,7 +1057,10 @@ void kv_decode_forward(const kv_decoder *m, const kv_decode_batch *b) {
                 rms_norm_body(b->residual, NULL, l->input_norm, rows, hidden, m->eps, b->normed);
             else  /* residual += x, normalized */
                 rms_norm_body(b->x, b->residual, l->input_norm, rows, hidden, m->eps, b->normed);
-            linear_body(b->normed, rows, hidden, l->qkv_panels, bf16, qkv_n, l->qkv_bias, b->qkv);
+            /* Each linear's input and output rounded where kv_linear rounds them. */
+            linear_body(b->normed, ROUNDED_INPUT(b->normed, hidden), rows, hidden, l->qkv_panels, bf16, qkv_n,
+                        l->qkv_bias, b->qkv);
+            ROUNDED(b->qkv, qkv_n);
             if (l->q_norm)
                 qk_norm_body(b->qkv, rows, qkv_n, m, l);
             rope_body(b->qkv, b->positions, m->cos_table, m->sin_table, rows, qkv_n, m->heads + m->kv_heads, d);
@@ -825,17 +1069,23 @@ void kv_decode_forward(const kv_decoder *m, const kv_decode_batch *b) {
             decode_attention_body(b->qkv, qkv_n, l->k_cache, l->v_cache, bf16, b->decode_rows, b->seq_lens, b->block_tables,
                                   b->table_stride, rows, m->heads, m->kv_heads, d, m->block_size, m->attn_scale,
                                   b->attn, scores, parts);
-            linear_body(b->attn, rows, q_size, l->o_panels, bf16, hidden, NULL, b->x);
+            linear_body(b->attn, ROUNDED_INPUT(b->attn, q_size), rows, q_size, l->o_panels, bf16, hidden, NULL, b->x);
+            ROUNDED(b->x, hidden);
             rms_norm_body(b->x, b->residual, l->post_attention_norm, rows, hidden, m->eps, b->normed);
-            linear_body(b->normed, rows, hidden, l->gate_up_panels, bf16, 2 * inter, NULL, b->gate_up);
+            linear_body(b->normed, ROUNDED_INPUT(b->normed, hidden), rows, hidden, l->gate_up_panels, bf16, 2 * inter,
+                        NULL, b->gate_up);
+            ROUNDED(b->gate_up, 2 * inter);
             silu_and_mul_body(b->gate_up, rows, inter, b->act);
-            linear_body(b->act, rows, inter, l->down_panels, bf16, hidden, NULL, b->x);
+            linear_body(b->act, ROUNDED_INPUT(b->act, inter), rows, inter, l->down_panels, bf16, hidden, NULL, b->x);
+            ROUNDED(b->x, hidden);
         }
         rms_norm_body(b->x, b->residual, m->final_norm, rows, hidden, m->eps, b->normed);
+        const uint16_t *head_input = ROUNDED_INPUT(b->normed, hidden);  /* bf16 values in, fp32 logits out */
         /* The head in the same region: from Python it cost an index, a call and a thread wake-up,
          * ~0.3-0.5 ms of a 16 ms one-stream bf16 step on the 2-core AMD EPYC. */
-        linear_body(b->normed, rows, hidden, m->lm_head_panels, bf16, m->vocab, NULL, b->logits);
+        linear_body(b->normed, head_input, rows, hidden, m->lm_head_panels, bf16, m->vocab, NULL, b->logits);
         free(scores);
     }
     free(parts);
+    free(pairs);
 }

@@ -29,10 +29,23 @@ to fp32 in registers. One stream's whole decode step (30 layers and the LM head 
 panels on 2 MiB pages; medians of one process per dtype, 2-core AMD EPYC): 14.7 ms with bf16
 panels, 18.9 ms with fp32 ones.
 
-For inputs above NATIVE_MAX_ROWS (prefill) a bf16 engine multiplies in bf16 where oneDNN does
-that in hardware (AMX tiles or AVX512_BF16 dot products; `onednn_runs_bf16`): its oneDNN copy is
-then bf16 (the same values, half the bytes) and the rows are rounded to bf16 on the way in, as
-vLLM's bf16 GEMMs do; elsewhere (AVX2: torch refuses bf16 packing there) the copy is fp32.
+A bf16 engine's linears take and give bf16 values, as vLLM's bf16 GEMMs do: the rows are
+rounded to bf16 on the way in and the outputs on the way out (after the bias); the LM head
+rounds its input only, so the sampler reads fp32 logits (bf16 logits would tie). Every path
+rounds at the same places: the panels, the native decode, and oneDNN, whose copy of a layer
+linear is bf16 where the CPU multiplies bf16 in hardware (AMX or AVX512_BF16:
+`onednn_runs_bf16`; bf16 rows in, bf16 out) and elsewhere fp32 with the rounding done around
+it. The products of bf16 values are exact in fp32, so two paths differ only in the order of
+their fp32 sums (as in an fp32 engine); but a rounding can turn a difference in the last fp32
+bit into one in the last bf16 bit, and over 30 layers that grows. Measured on the default model
+(2-core AMD EPYC with AVX512_BF16, 2026-12-03): kvscope's panels against the torch fallback
+(oneDNN's bf16 GEMM, torch's SDPA) moved the logits by up to 0.26, as much as bf16 against fp32
+does, and parted 2 of 12 greedy 32-token continuations, each where the top two logits nearly
+tied. So in bf16 the same kernels on the same rows give the same bits (the native decode and
+the layer-by-layer path; a prefix hit and a fresh prompt), and paths that order their sums
+differently (a chunk against a whole prompt, oneDNN against the panels) give the same tokens
+except at near-ties (tests/engine/test_cpu_bf16.py measures the gap where they part). fp32
+engines keep the same tokens on every path.
 
 Packing replaces the weight: a PackedLinear keeps only its packed copies (the tied LM head
 also keeps the embedding table it shares).
@@ -49,7 +62,7 @@ import mmap
 import torch
 from torch import nn
 
-from ..cpu_kernels import native
+from ..cpu_kernels import ROUND_INPUT, ROUND_OUTPUT, native
 from ..dtypes import dtype_name
 
 # Up to this many rows the native panels are faster (table above); above it, oneDNN.
@@ -69,25 +82,38 @@ def onednn_runs_bf16() -> bool:
 
 
 def gemm_dtype_for(panel_dtype: torch.dtype) -> torch.dtype:
-    """The dtype oneDNN multiplies prefill-sized inputs in: bf16 for a bf16 engine where the
-    hardware does it, else fp32."""
+    """The dtype oneDNN multiplies a layer's prefill-sized inputs in: bf16 for a bf16 engine
+    where the hardware does it, else fp32."""
     return torch.bfloat16 if panel_dtype == torch.bfloat16 and onednn_runs_bf16() else torch.float32
+
+
+def rounding_for(panel_dtype: torch.dtype, lm_head: bool = False) -> int:
+    """Where a linear rounds to bf16 values (ROUND_INPUT / ROUND_OUTPUT, module doc): a bf16
+    engine's layer linears in and out, its LM head in only; nothing in fp32."""
+    if panel_dtype != torch.bfloat16:
+        return 0
+    return ROUND_INPUT if lm_head else ROUND_INPUT | ROUND_OUTPUT
 
 
 class PackedLinear(nn.Module):
     """y = x W^T + b with W held in oneDNN's blocked layout and, where kvscope's native CPU
     kernels run, in 16-column panels for inputs of at most NATIVE_MAX_ROWS rows (inference only).
     The panels are fp32, or bf16 for a bf16 engine (its weights are bf16 values: nothing is
-    lost, and a decode streams half the bytes); the panels' arithmetic is fp32 either way.
+    lost, and a decode streams half the bytes); the panels' sums are fp32 either way.
     oneDNN's copy is in `gemm_dtype` (gemm_dtype_for): fp32, or bf16 where the CPU multiplies
-    bf16 in hardware; inputs and outputs are fp32 either way."""
+    bf16 in hardware (only with `rounding` in and out: its output is bf16). Inputs and outputs
+    are fp32 tensors either way; `rounding` (rounding_for) says where both paths round their
+    values to bf16."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
-                 panel_dtype: torch.dtype = torch.float32, gemm_dtype: torch.dtype = torch.float32) -> None:
+                 panel_dtype: torch.dtype = torch.float32, gemm_dtype: torch.dtype = torch.float32,
+                 rounding: int = 0) -> None:
         super().__init__()
+        if gemm_dtype == torch.bfloat16 and rounding != ROUND_INPUT | ROUND_OUTPUT:
+            raise ValueError("a bf16 oneDNN copy rounds its rows and its outputs to bf16: rounding must say both")
         self.out_features, self.in_features = weight.shape
         weight = weight.detach()
-        self.gemm_dtype = gemm_dtype
+        self.gemm_dtype, self.rounding = gemm_dtype, rounding
         self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(weight.to(gemm_dtype)),
                              persistent=False)
         kernels = native()
@@ -105,21 +131,30 @@ class PackedLinear(nn.Module):
         return self.onednn_linear(x)
 
     def panels_linear(self, x: torch.Tensor) -> torch.Tensor:
-        """The native panels' product (x: contiguous fp32 rows)."""
-        return self.native.linear(x, self.panels, self.out_features, self.bias)
+        """The native panels' product (x: contiguous fp32 rows), rounded as `rounding` says."""
+        return self.native.linear(x, self.panels, self.out_features, self.bias, self.rounding)
 
     def onednn_linear(self, x: torch.Tensor) -> torch.Tensor:
-        """oneDNN's product over its packed copy (x: contiguous fp32), in `gemm_dtype` (`.to` is
-        a no-op where that is x's dtype)."""
-        y = torch.ops.mkldnn._linear_pointwise(x.to(self.gemm_dtype), self.packed_weight, self.gemm_bias,
-                                               "none", [], "")
-        return y.to(x.dtype)
+        """oneDNN's product over its packed copy (x: contiguous fp32), rounded where the panels
+        round: a bf16 copy takes the rows in bf16 and gives bf16; an fp32 copy gets the rounding
+        done around it."""
+        if self.rounding & ROUND_INPUT:
+            x_in = x.to(torch.bfloat16).to(self.gemm_dtype)  # the second .to: a no-op for a bf16 copy
+        else:
+            x_in = x
+        y = torch.ops.mkldnn._linear_pointwise(x_in, self.packed_weight, self.gemm_bias, "none", [], "")
+        if self.rounding & ROUND_OUTPUT:
+            y = y.to(torch.bfloat16)
+        return y.to(torch.float32)
 
     def extra_repr(self) -> str:
         native_note = "" if self.panels is None else \
             f", native {dtype_name(self.panels.dtype)} panels up to {NATIVE_MAX_ROWS} rows"
+        rounds = " and ".join(name for flag, name in ((ROUND_INPUT, "input"), (ROUND_OUTPUT, "output"))
+                              if self.rounding & flag)
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"packed for oneDNN in {dtype_name(self.gemm_dtype)}{native_note}")
+                f"packed for oneDNN in {dtype_name(self.gemm_dtype)}{native_note}"
+                + (f", {rounds} rounded to bf16" if rounds else ""))
 
 
 def place_panels_on_huge_pages(linears: list[PackedLinear]) -> None:
@@ -166,11 +201,12 @@ def huge_page_bytes(nbytes: int) -> torch.Tensor:
 def pack_linear_layers(model: nn.Module, panel_dtype: torch.dtype = torch.float32,
                        gemm_dtype: torch.dtype = torch.float32) -> int:
     """Swap every plain nn.Linear of `model` (not the tensor-parallel row layers, whose
-    forward adds an all-reduce) for a PackedLinear; returns how many were packed."""
-    count = 0
+    forward adds an all-reduce) for a PackedLinear that rounds as a layer linear of a
+    `panel_dtype` engine does; returns how many were packed."""
+    count, rounding = 0, rounding_for(panel_dtype)
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear:
-                setattr(parent, name, PackedLinear(child.weight, child.bias, panel_dtype, gemm_dtype))
+                setattr(parent, name, PackedLinear(child.weight, child.bias, panel_dtype, gemm_dtype, rounding))
                 count += 1
     return count

@@ -12,7 +12,8 @@ from ..attention import AttentionBackend, AttentionMetadata
 from ..cpu_kernels import native
 from ..distributed.layers import RowParallelLinear, VocabParallelEmbedding
 from ..distributed.parallel_state import SINGLE, TensorParallel
-from .cpu_linear import PackedLinear, gemm_dtype_for, pack_linear_layers, place_panels_on_huge_pages
+from .cpu_linear import (PackedLinear, gemm_dtype_for, pack_linear_layers, place_panels_on_huge_pages,
+                         rounding_for)
 from .layers import RMSNorm, RotaryEmbedding, SwiGLU
 from .spec import ModelSpec
 
@@ -109,7 +110,10 @@ class CausalLM(nn.Module):
             if isinstance(module, (RMSNorm, RotaryEmbedding, SwiGLU)):
                 module.native = kernels
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        self.packed_lm_head = PackedLinear(weight, None, panel_dtype, self.gemm_dtype)
+        # The head rounds its input only (fp32 logits), so its oneDNN copy is fp32 in any engine;
+        # prefill multiplies only the sampled rows by it, mostly on the panels.
+        self.packed_lm_head = PackedLinear(weight, None, panel_dtype, torch.float32,
+                                           rounding_for(panel_dtype, lm_head=True))
         self.lm_head = None  # the packed copy replaces an untied head (a tied one stays the embedding)
         # A decode step streams every panel: in one huge-page buffer, in the order it reads them.
         place_panels_on_huge_pages([m for m in self.modules() if isinstance(m, PackedLinear)])

@@ -8,7 +8,8 @@ import torch.nn.functional as F
 from engine import SamplingParams
 from engine.attention import get_attention_backend
 from engine.attention.reference_ops import write_kv
-from engine.cpu_kernels import DISABLE_ENV_VAR, cache_clear, native, unavailable_reason
+from engine.cpu_kernels import (DISABLE_ENV_VAR, ROUND_INPUT, ROUND_OUTPUT, cache_clear, load_variant, native,
+                                unavailable_reason, variants)
 from engine.model.cpu_linear import NATIVE_MAX_ROWS, PackedLinear
 from engine.model.layers import RMSNorm, RotaryEmbedding, SwiGLU
 
@@ -16,6 +17,14 @@ from .test_torch_decode import _decode_batch, _reference
 
 kernels = native()
 pytestmark = pytest.mark.skipif(kernels is None, reason="native CPU kernels need gcc and an AVX2 CPU")
+# Each build of the kernels this CPU runs (the linears differ between them; the rest is shared).
+RUNNABLE = [name for name, reason in variants().items() if reason is None] if kernels is not None else []
+
+
+@pytest.fixture(params=RUNNABLE)
+def each(request):
+    """The kernels of one variant this machine runs."""
+    return load_variant(request.param)
 
 
 @pytest.mark.parametrize("rows", [1, 2, 5, 6, 7, 16, 63, 130])
@@ -23,34 +32,79 @@ pytestmark = pytest.mark.skipif(kernels is None, reason="native CPU kernels need
 # thread (micro_streams), 184's partial last panel among them, 96 one panel at a time; 1000's
 # last eighth (7 panels) goes to free threads as six side by side and one alone.
 @pytest.mark.parametrize("n,k", [(96, 40), (50, 33), (184, 40), (576, 1536), (1000, 40)])
-def test_panel_linear_matches_f_linear(rows, n, k):
+def test_panel_linear_matches_f_linear(rows, n, k, each):
     g = torch.Generator().manual_seed(rows * n)
     # Weights scaled as a trained layer's are (outputs of order 1), so fp32 rounding stays small.
     w, b, x = torch.randn(n, k, generator=g) / k ** 0.5, torch.randn(n, generator=g), torch.randn(rows, k, generator=g)
-    panels = kernels.pack_panels(w)
+    panels = each.pack_panels(w)
     want = F.linear(x.double(), w.double(), b.double()).float()
-    torch.testing.assert_close(kernels.linear(x, panels, n, b), want, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(kernels.linear(x, panels, n, None), want - b, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(each.linear(x, panels, n, b), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(each.linear(x, panels, n, None), want - b, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("rows", [1, 6, 7, 63])
 # 120, 600: side-by-side panels at one row (600's last eighth, 4 panels, side by side to a free thread)
 @pytest.mark.parametrize("n,k", [(96, 40), (50, 33), (120, 33), (600, 64)])
-def test_bf16_panels_hold_the_rounded_weights_and_sum_in_fp32(rows, n, k):
+def test_bf16_panels_hold_the_rounded_weights_and_sum_in_fp32(rows, n, k, each):
     """bf16 panels (a bf16 engine's) hold each weight rounded to nearest even, as torch rounds
     it, at half the bytes; the products and sums stay fp32, so the result is fp32's over the
     rounded weights."""
     g = torch.Generator().manual_seed(rows * n + 1)
     w, b, x = torch.randn(n, k, generator=g) / k ** 0.5, torch.randn(n, generator=g), torch.randn(rows, k, generator=g)
-    panels = kernels.pack_panels(w, torch.bfloat16)
-    assert panels.dtype == torch.bfloat16 and panels.numel() == kernels.pack_panels(w).numel()
+    panels = each.pack_panels(w, torch.bfloat16)
+    depth = k + k % 2 if each.variant == "avx512_bf16" else k  # pair panels hold k steps in pairs
+    assert panels.dtype == torch.bfloat16 and panels.numel() == -(-n // 16) * 16 * depth
     rounded = w.to(torch.bfloat16).double()
     want = F.linear(x.double(), rounded, b.double()).float()
-    torch.testing.assert_close(kernels.linear(x, panels, n, b), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(each.linear(x, panels, n, b), want, rtol=1e-5, atol=1e-5)
     # Far from fp32's own result over the unrounded weights: the panels really are bf16.
-    assert (kernels.linear(x, panels, n, None) - F.linear(x, w)).abs().max() > 1e-4
+    assert (each.linear(x, panels, n, None) - F.linear(x, w)).abs().max() > 1e-4
     with pytest.raises(ValueError, match="float32 or bfloat16"):
-        kernels.pack_panels(w, torch.float16)
+        each.pack_panels(w, torch.float16)
+
+
+@pytest.mark.parametrize("rows", [1, 7, 30])
+@pytest.mark.parametrize("n,k", [(96, 40), (50, 33), (600, 64)])
+def test_linear_rounds_rows_and_outputs_to_bf16_values_where_asked(rows, n, k, each):
+    """A bf16 engine's rounding (ROUND_INPUT / ROUND_OUTPUT): the rows are multiplied as bf16
+    values, rounded to nearest even as torch rounds them (the caller's x untouched), and the
+    outputs are rounded after the bias; each flag alone does only its own part."""
+    g = torch.Generator().manual_seed(rows * n + 7)
+    w, b, x = torch.randn(n, k, generator=g) / k ** 0.5, torch.randn(n, generator=g), torch.randn(rows, k, generator=g)
+    x_before = x.clone()
+    panels = each.pack_panels(w, torch.bfloat16)
+    w16 = w.to(torch.bfloat16).double()
+    exact_in = F.linear(x.to(torch.bfloat16).double(), w16, b.double())  # bf16 products: exact in fp32
+    torch.testing.assert_close(each.linear(x, panels, n, b, ROUND_INPUT), exact_in.float(), rtol=1e-5, atol=1e-5)
+    both = each.linear(x, panels, n, b, ROUND_INPUT | ROUND_OUTPUT)
+    assert torch.equal(both, both.to(torch.bfloat16).float())  # bf16 values in fp32 storage
+    # Within one bf16 rounding of the exact sum (fp32 sums may land either side of a tie).
+    torch.testing.assert_close(both, exact_in.float(), rtol=2 ** -8, atol=1e-6)
+    out_only = each.linear(x, panels, n, b, ROUND_OUTPUT)
+    assert torch.equal(out_only, each.linear(x, panels, n, b).to(torch.bfloat16).float())
+    assert torch.equal(x, x_before)
+    # The rows really are rounded: far from the fp32 rows' product over the same weights.
+    assert (each.linear(x, panels, n, b, ROUND_INPUT) - each.linear(x, panels, n, b)).abs().max() > 1e-4
+
+
+@pytest.mark.skipif(len(RUNNABLE) < 2, reason=f"this CPU runs one kernel variant only: {variants()}")
+@pytest.mark.parametrize("rows", [1, 13])
+@pytest.mark.parametrize("n,k", [(96, 40), (50, 33), (600, 64)])
+def test_kernel_variants_agree(rows, n, k):
+    """Every variant this CPU runs: fp32 rows give the same bits on every build (one FMA per k
+    step, in k order, whatever the vector width); rows rounded to bf16, which the avx512_bf16
+    build multiplies with vdpbf16ps (its own order of the same exact products), give outputs
+    within one bf16 rounding of each other."""
+    g = torch.Generator().manual_seed(rows + n)
+    w, b, x = torch.randn(n, k, generator=g) / k ** 0.5, torch.randn(n, generator=g), torch.randn(rows, k, generator=g)
+    builds = {name: load_variant(name) for name in RUNNABLE}
+    for dtype in (torch.float32, torch.bfloat16):
+        outs = [kern.linear(x, kern.pack_panels(w, dtype), n, b) for kern in builds.values()]
+        assert all(torch.equal(outs[0], out) for out in outs), dtype
+    rounded = [kern.linear(x, kern.pack_panels(w, torch.bfloat16), n, b, ROUND_INPUT | ROUND_OUTPUT)
+               for kern in builds.values()]
+    for out in rounded[1:]:
+        torch.testing.assert_close(out, rounded[0], rtol=2 ** -7, atol=1e-6)
 
 
 @pytest.mark.parametrize("rows", [1, NATIVE_MAX_ROWS, NATIVE_MAX_ROWS + 1, 300])

@@ -6,8 +6,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine import LLM
+from engine.cpu_kernels import ROUND_INPUT, ROUND_OUTPUT
 from engine.model.cpu_linear import (HUGE_PAGE, NATIVE_MAX_ROWS, PackedLinear, cpu_packing_available, gemm_dtype_for,
-                                     huge_page_bytes, onednn_runs_bf16, pack_linear_layers)
+                                     huge_page_bytes, onednn_runs_bf16, pack_linear_layers, rounding_for)
 
 pytestmark = pytest.mark.skipif(not cpu_packing_available(), reason="this torch build has no oneDNN")
 
@@ -23,21 +24,52 @@ def test_packed_linear_matches_f_linear(rows, bias):
                                rtol=1e-5, atol=1e-5)  # a non-contiguous input too
 
 
-@pytest.mark.skipif(not onednn_runs_bf16(), reason="oneDNN multiplies bf16 in hardware only with AMX or AVX512_BF16")
-@pytest.mark.parametrize("bias", [False, True])
-def test_bf16_gemm_rounds_the_rows_to_bf16_and_sums_them_as_onednn_does(bias):
-    """Above NATIVE_MAX_ROWS a bf16 GEMM copy multiplies bf16 rows by the bf16 weight: the
-    same as F.linear on the rounded rows, to bf16's precision; fp32 in, fp32 out."""
+def _bf16_linear_case(bias: bool):
     g = torch.Generator().manual_seed(3)
     w = torch.randn(96, 64, generator=g).bfloat16().float()  # a bf16 engine's weights: bf16 values
     b = torch.randn(96, generator=g).bfloat16().float() if bias else None
-    x = torch.randn(NATIVE_MAX_ROWS + 36, 64, generator=g)
-    lin = PackedLinear(w, b, torch.bfloat16, torch.bfloat16)
-    y = lin(x)
-    assert y.dtype == torch.float32 and lin.packed_weight.dtype == torch.bfloat16
-    want = F.linear(x.bfloat16().float(), w, b)
-    torch.testing.assert_close(y, want, rtol=2e-2, atol=2e-2)
-    assert torch.equal(y, y.bfloat16().float())  # oneDNN's bf16 output, widened
+    return w, b, torch.randn(NATIVE_MAX_ROWS + 36, 64, generator=g)
+
+
+def _assert_rounds_like_a_bf16_layer(lin: PackedLinear, w, b, x):
+    """Both of a bf16 layer linear's paths take the rows as bf16 values and give bf16 values:
+    each within one bf16 rounding of the exact product of the rounded rows, and the two paths
+    one rounding apart at most (their fp32 sums differ only in order)."""
+    exact = F.linear(x.bfloat16().double(), w.double(), None if b is None else b.double()).float()
+    paths = {"onednn": lin.onednn_linear(x)}
+    if lin.panels is not None:
+        paths["panels"] = lin.panels_linear(x)
+    for y in paths.values():
+        assert y.dtype == torch.float32 and torch.equal(y, y.bfloat16().float())
+        torch.testing.assert_close(y, exact, rtol=2 ** -8, atol=1e-6)
+    if "panels" in paths:
+        torch.testing.assert_close(paths["panels"], paths["onednn"], rtol=2 ** -7, atol=1e-6)
+        assert (paths["panels"] == paths["onednn"]).float().mean() > 0.99  # one rounding apart, rarely
+
+
+@pytest.mark.skipif(not onednn_runs_bf16(), reason="oneDNN multiplies bf16 in hardware only with AMX or AVX512_BF16")
+@pytest.mark.parametrize("bias", [False, True])
+def test_bf16_gemm_rounds_rows_and_outputs_where_the_panels_do(bias):
+    """Where the CPU multiplies bf16, a bf16 layer linear's oneDNN copy is bf16: bf16 rows in,
+    bf16 out, as the native panels round them (cpu_linear.py's module doc)."""
+    w, b, x = _bf16_linear_case(bias)
+    lin = PackedLinear(w, b, torch.bfloat16, torch.bfloat16, ROUND_INPUT | ROUND_OUTPUT)
+    assert lin.packed_weight.dtype == torch.bfloat16
+    _assert_rounds_like_a_bf16_layer(lin, w, b, x)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_fp32_gemm_copy_rounds_around_itself_in_a_bf16_engine(bias):
+    """On every CPU kind (AVX2 refuses bf16 packing), an fp32 oneDNN copy of a bf16 layer
+    linear gets the same rounding done around it; the LM head rounds its input only."""
+    w, b, x = _bf16_linear_case(bias)
+    lin = PackedLinear(w, b, torch.bfloat16, torch.float32, rounding_for(torch.bfloat16))
+    _assert_rounds_like_a_bf16_layer(lin, w, b, x)
+    head = PackedLinear(w, None, torch.bfloat16, torch.float32, rounding_for(torch.bfloat16, lm_head=True))
+    torch.testing.assert_close(head.onednn_linear(x), F.linear(x.bfloat16().float(), w), rtol=1e-5, atol=1e-5)
+    assert not torch.equal(head.onednn_linear(x), head.onednn_linear(x).bfloat16().float())  # fp32 logits
+    with pytest.raises(ValueError, match="rounding must say both"):
+        PackedLinear(w, b, torch.bfloat16, torch.bfloat16, ROUND_INPUT)
 
 
 def test_bf16_engine_packs_onednn_in_bf16_only_where_the_cpu_multiplies_bf16(tiny_qwen3_path):
@@ -47,8 +79,13 @@ def test_bf16_engine_packs_onednn_in_bf16_only_where_the_cpu_multiplies_bf16(tin
     want = torch.bfloat16 if onednn_runs_bf16() else torch.float32
     assert gemm_dtype_for(torch.bfloat16) == want
     engine = LLM(model=str(tiny_qwen3_path), device="cpu", dtype="bfloat16").engine
-    packed = [m for m in engine.runner.model.modules() if isinstance(m, PackedLinear)]
+    model = engine.runner.model
+    packed = [m for m in model.layers.modules() if isinstance(m, PackedLinear)]
     assert {lin.packed_weight.dtype for lin in packed} == {want} and {lin.gemm_dtype for lin in packed} == {want}
+    assert {lin.rounding for lin in packed} == {ROUND_INPUT | ROUND_OUTPUT}
+    # The head gives fp32 logits: an fp32 oneDNN copy, its input rounded only.
+    head = model.packed_lm_head
+    assert (head.packed_weight.dtype, head.rounding) == (torch.float32, ROUND_INPUT)
     assert engine.model_info["cpu_gemm_dtype"] == str(want).removeprefix("torch.")
     assert LLM(model=str(tiny_qwen3_path), device="cpu", dtype="float32").engine.model_info["cpu_gemm_dtype"] \
         == "float32"

@@ -27,9 +27,153 @@ function svgEl(tag, attrs = {}, text = null) {
 const short = (t, k = 10) => { const s = kvsTok(t); return s.length > k ? s.slice(0, k - 1) + "\u2026" : s; };
 const fmt = (p) => (p >= 0.01 ? p.toFixed(3) : p.toExponential(1));
 
-function render({ model, el }) {
-  const root = kvsRoot(el, model, "kvs-attention");
-  const sender = kvsSender(model);
+/** A head's thumbnail of this step's weights (null when none was sent). */
+function thumbCanvas(model, h) {
+  const hs = model.get("thumb_heads") || [], [th, tw] = model.get("thumb_shape") || [0, 0];
+  const k = hs.indexOf(h);
+  if (k < 0 || !th || !tw) return null;
+  const px = kvsArray(model.get("thumbs"), Uint8Array);
+  if (px.length < (k + 1) * th * tw) return null;
+  const c = kvsEl("canvas", { class: "kvs-thumb", "data-testid": `kvs-thumb-${h}` });
+  c.width = tw; c.height = th;
+  const img = new ImageData(tw, th);
+  for (let i = 0; i < th * tw; i++) {
+    const [R, G, B] = ramp(px[k * th * tw + i] / 255);
+    img.data.set([R, G, B, 255], i * 4);
+  }
+  c.getContext("2d").putImageData(img, 0, 0);
+  c.style.width = "48px";
+  c.style.height = `${Math.max(8, Math.min(32, Math.round(48 * th / tw)))}px`;
+  return c;
+}
+
+/** The weights painted at data resolution (one pixel per query x key), on an offscreen canvas. */
+function heatImage(data, n, rows, pos, gmax, rowNorm) {
+  const img = new ImageData(n, rows);
+  for (let r = 0; r < rows; r++) {
+    let rmax = 0;
+    if (rowNorm) for (let c = 0; c < n; c++) rmax = Math.max(rmax, data[r * n + c]);
+    const scaleBy = rowNorm ? rmax : gmax;
+    for (let c = 0; c < n; c++) {
+      const k = (r * n + c) * 4, v = data[r * n + c];
+      const [R, G, B] = c > pos[r] ? MASKED : ramp(scaleBy > 0 ? Math.sqrt(v / scaleBy) : 0);
+      img.data[k] = R; img.data[k + 1] = G; img.data[k + 2] = B; img.data[k + 3] = 255;
+    }
+  }
+  const off = document.createElement("canvas");
+  off.width = n; off.height = rows;
+  off.getContext("2d").putImageData(img, 0, 0);
+  return off;
+}
+
+/** Over the heatmap: block boundaries and ids, where generated tokens start, key and query labels. */
+function paintHeatAxes(ctx, g) {
+  const { left, top, H, n, rows, cw, rh, bs, table, npt, toks, pos } = g;
+  // Block boundaries and physical block ids, over the key labels.
+  ctx.strokeStyle = "rgba(255,255,255,0.9)";
+  ctx.lineWidth = 1;
+  ctx.font = "9px sans-serif";
+  ctx.fillStyle = "#37474f";
+  ctx.textBaseline = "top";
+  for (let b = 0; b * bs < n; b++) {
+    const x = left + b * bs * cw;
+    if (b > 0) { ctx.beginPath(); ctx.moveTo(x + 0.5, top); ctx.lineTo(x + 0.5, top + H); ctx.stroke(); }
+    if (bs * cw >= 18 && table[b] !== undefined) ctx.fillText(`b${table[b]}`, x + 2, 1);
+  }
+  if (npt > 0 && npt < n) {  // where the generated tokens start
+    ctx.strokeStyle = KVS_MARKS.sampled;
+    ctx.setLineDash([3, 2]);
+    ctx.beginPath(); ctx.moveTo(left + npt * cw + 0.5, 12); ctx.lineTo(left + npt * cw + 0.5, top + H); ctx.stroke();
+    ctx.setLineDash([]);
+  }
+  // Key labels (rotated, above) and query labels (left): the tokens themselves.
+  ctx.font = "10px monospace";
+  const everyX = Math.max(1, Math.ceil(11 / cw));
+  for (let c = 0; c < n; c += everyX) {
+    ctx.save();
+    ctx.translate(left + (c + 0.5) * cw + 3, top - 3);
+    ctx.rotate(-Math.PI / 3);
+    ctx.textBaseline = "middle";
+    ctx.fillStyle = c >= npt && npt > 0 ? KVS_MARKS.sampled : "#263238";
+    ctx.fillText(short(toks[c], 9), 0, 0);
+    ctx.restore();
+  }
+  ctx.textBaseline = "middle";
+  ctx.textAlign = "right";
+  ctx.fillStyle = "#263238";
+  const everyY = Math.max(1, Math.ceil(11 / rh));
+  for (let r = 0; r < rows; r += everyY) ctx.fillText(`${short(toks[pos[r]], 8)} ${pos[r]}`, left - 3, top + (r + 0.5) * rh);
+  ctx.textAlign = "left";
+  ctx.save();
+  ctx.translate(8, top + H / 2); ctx.rotate(-Math.PI / 2);
+  ctx.textAlign = "center"; ctx.fillStyle = "#78909c"; ctx.fillText("queries", 0, 0);
+  ctx.restore();
+}
+
+/** A decode's one query row: a bar per key, over its KV blocks, prompt vs generated under the labels. */
+function barsSvg(model, data, n, q, gmax, width, onCol) {
+  const toks = model.get("tokens"), bs = model.get("block_size"), table = model.get("block_table");
+  const npt = Math.min(n, model.get("num_prompt_tokens") || n);
+  const left = 34, top = 16, H = 110, labelH = 64, kindH = 16;
+  const bw = Math.max(n * MIN_CELL > MAX_CANVAS ? MAX_CANVAS / n : MIN_CELL, Math.min(MAX_CELL, (width - left) / n));
+  const W = Math.ceil(n * bw);
+  const svg = svgEl("svg", { width: left + W + 4, height: top + H + labelH + kindH + 4, class: "kvs-attn-bars", "data-testid": "kvs-attn-bars" });
+  // KV blocks: alternating bands with their physical ids.
+  for (let b = 0; b * bs < n; b++) {
+    const x = left + b * bs * bw, w = Math.min(bs, n - b * bs) * bw;
+    svg.append(svgEl("rect", { x, y: top, width: w, height: H, fill: kvsBlockTint(table[b] ?? -1), class: "kvs-attn-band", "data-block": table[b] }));
+    svg.append(svgEl("text", { x: x + 2, y: top - 4, class: "kvs-attn-blabel" }, `b${table[b] ?? "?"}`));
+    if (b > 0) svg.append(svgEl("line", { x1: x, x2: x, y1: top - 12, y2: top + H, stroke: "#90a4ae", "stroke-dasharray": "2 2" }));
+  }
+  svg.append(svgEl("text", { x: left - 4, y: top + 8, "text-anchor": "end", class: "kvs-attn-axis" }, fmt(gmax)));
+  svg.append(svgEl("text", { x: left - 4, y: top + H, "text-anchor": "end", class: "kvs-attn-axis" }, "0"));
+  const every = Math.max(1, Math.ceil(11 / bw));
+  for (let c = 0; c < n; c++) {
+    const v = data[c], x = left + c * bw, h = gmax > 0 ? (H - 2) * v / gmax : 0;
+    const g = svgEl("g", { class: "kvs-attn-col", "data-pos": c });
+    g.append(svgEl("rect", { x, y: top, width: bw, height: H + labelH, class: "kvs-attn-hit", fill: "transparent" }));
+    g.append(svgEl("rect", { x: x + 1, y: top + H - h, width: Math.max(1, bw - 2), height: h, fill: c < npt ? PROMPT_BAR : KVS_MARKS.sampled, class: "kvs-attn-bar" }));
+    if (c % every === 0) {
+      const lx = x + bw / 2 + 3, ly = top + H + 6;
+      g.append(svgEl("text", { x: lx, y: ly, transform: `rotate(-60 ${lx} ${ly})`, "text-anchor": "end", class: `kvs-attn-xlabel${c === q ? " kvs-attn-q" : ""}`, "data-pos": c }, short(toks[c])));
+    }
+    g.append(svgEl("title", {}, `key position ${c} ${JSON.stringify(kvsTok(toks[c] ?? ""))} (${c < npt ? "prompt" : "generated"}) \u00b7 block ${table[Math.floor(c / bs)] ?? "?"} offset ${c % bs}\nweight ${data[c].toFixed(4)}${c === q ? "\nthe query's own token" : ""}`));
+    onCol(g, c);
+    svg.append(g);
+  }
+  // Prompt vs generated, under the labels.
+  const ky = top + H + labelH;
+  const kinds = svgEl("g", { "data-testid": "kvs-attn-kinds" });
+  kinds.append(svgEl("rect", { x: left, y: ky, width: npt * bw, height: kindH - 4, fill: PROMPT_BAR }));
+  kinds.append(svgEl("text", { x: left + 3, y: ky + kindH - 7, class: "kvs-attn-kind" }, `prompt (${npt})`));
+  if (n > npt) {
+    kinds.append(svgEl("rect", { x: left + npt * bw, y: ky, width: (n - npt) * bw, height: kindH - 4, fill: KVS_MARKS.sampled }));
+    kinds.append(svgEl("text", { x: left + npt * bw + 3, y: ky + kindH - 7, class: "kvs-attn-kind" }, (n - npt) * bw > 70 ? `generated (${n - npt})` : `gen ${n - npt}`));
+  }
+  svg.append(kinds);
+  return svg;
+}
+
+/** Over the heatmap: the columns the linked focus points at (the very token stronger). */
+function paintFocus(overlay, geom, focus, rid, blockOf) {
+  const ctx = overlay.getContext("2d");
+  ctx.setTransform(geom.dpr, 0, 0, geom.dpr, 0, 0);
+  ctx.clearRect(0, 0, overlay.width, overlay.height);
+  if (!focus) return;
+  for (let c = 0; c < geom.n; c++) {
+    const m = kvsMatch(focus, blockOf(c), rid, c);
+    if (!m) continue;
+    const x = geom.left + c * geom.cw;
+    ctx.fillStyle = m === 2 ? "rgba(255, 214, 0, 0.55)" : "rgba(255, 214, 0, 0.25)";
+    ctx.fillRect(x, geom.top, geom.cw, geom.H);
+    ctx.strokeStyle = KVS_MARKS.focusInk;
+    ctx.lineWidth = m === 2 ? 2 : 1;
+    ctx.strokeRect(x + 0.5, geom.top - 4, geom.cw - 1, geom.H + 4);
+  }
+}
+
+/** The panel's controls, legend, heatmap canvases and bar box, appended to `root`. */
+function buildDom(root) {
   const reqSel = kvsEl("select", { class: "kvs-attn-request", "data-testid": "kvs-attn-request" });
   const layerSel = kvsEl("select", { class: "kvs-attn-layer", "data-testid": "kvs-attn-layer" });
   const heads = kvsEl("div", { class: "kvs-heads", "data-testid": "kvs-attn-heads" });
@@ -58,32 +202,52 @@ function render({ model, el }) {
     ]),
     heads, msg, scale, kvsEl("div", { class: "kvs-attn-wrap" }, [mapBox, bars]),
   );
+  return { reqSel, layerSel, heads, norm, refresh, msg, scaleMax, scale, canvas, overlay, mapBox, bars, tip, sub };
+}
+
+/** The head picker: query heads grouped by the KV head they read (GQA), each with its thumbnail. */
+function headButtons(model, select) {
+  const kv = model.get("kv_head_of_head"), head = model.get("head");
+  const groups = new Map();
+  kv.forEach((g, h) => { if (!groups.has(g)) groups.set(g, []); groups.get(g).push(h); });
+  const some = (model.get("thumb_heads") || []).length > 0;
+  return [kvsEl("span", { class: "kvs-muted", text: some ? "pick a head (thumbnails: this step's weights) \u00b7 by KV head:" : "heads by KV head:" }), ...[...groups.entries()].map(([g, hs]) =>
+    kvsEl("span", { class: `kvs-head-group${hs.includes(head) ? " kvs-active" : ""}`, "data-testid": `kvs-kv-group-${g}`, title: `query heads ${hs.join(", ")} read KV head ${g}` }, [
+      kvsEl("span", { class: "kvs-kv-label", text: `KV ${g}` }),
+      ...hs.map((h) => kvsEl("button", { class: `kvs-head${h === head ? " kvs-on" : ""}`, "data-testid": `kvs-head-${h}`, title: `head ${h}`, onclick: () => select({ head: h }) },
+        [thumbCanvas(model, h), kvsEl("span", { text: `h${h}` })])),
+    ]))];
+}
+
+/** Both canvases sized to `w` x `h` CSS px at this screen's pixel ratio; the first one's context, cleared. */
+function sizeCanvases(canvases, w, h, dpr) {
+  for (const c of canvases) {
+    c.width = w * dpr; c.height = h * dpr;
+    c.style.width = `${w}px`; c.style.height = `${h}px`;
+  }
+  const ctx = canvases[0].getContext("2d");
+  ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+  ctx.clearRect(0, 0, w, h);
+  return ctx;
+}
+
+/** A heatmap cell's tooltip: the query, the key (its block and offset), the weight. */
+function cellText(model, data, n, r, c) {
+  const toks = model.get("tokens"), bs = model.get("block_size"), table = model.get("block_table");
+  const q = model.get("row_positions")[r];
+  return `query pos ${q} (${kvsTok(toks[q] ?? "")})\nkey pos ${c} (${kvsTok(toks[c] ?? "")}) in block ${table[Math.floor(c / bs)] ?? "?"} offset ${c % bs}\np = ${c > q ? "masked" : data[r * n + c].toFixed(4)}`;
+}
+
+function render({ model, el }) {
+  const root = kvsRoot(el, model, "kvs-attention");
+  const sender = kvsSender(model);
+  const { reqSel, layerSel, heads, norm, refresh, msg, scaleMax, scale, canvas, overlay, mapBox, bars, tip, sub } = buildDom(root);
   document.body.append(tip);
   const select = (c) => sender.send({ action: "select", ...c });
   reqSel.addEventListener("change", () => select({ request_id: reqSel.value }));
   layerSel.addEventListener("change", () => select({ layer: Number(layerSel.value) }));
   refresh.addEventListener("click", () => sender.send({ action: "refresh" }));
   norm.addEventListener("change", () => drawMap());
-
-  function thumb(h) {
-    const hs = model.get("thumb_heads") || [], [th, tw] = model.get("thumb_shape") || [0, 0];
-    const k = hs.indexOf(h);
-    if (k < 0 || !th || !tw) return null;
-    const px = kvsArray(model.get("thumbs"), Uint8Array);
-    if (px.length < (k + 1) * th * tw) return null;
-    const c = kvsEl("canvas", { class: "kvs-thumb", "data-testid": `kvs-thumb-${h}` });
-    c.width = tw; c.height = th;
-    const img = new ImageData(tw, th);
-    for (let i = 0; i < th * tw; i++) {
-      const [R, G, B] = ramp(px[k * th * tw + i] / 255);
-      img.data.set([R, G, B, 255], i * 4);
-    }
-    c.getContext("2d").putImageData(img, 0, 0);
-    c.style.width = "48px";
-    c.style.height = `${Math.max(8, Math.min(32, Math.round(48 * th / tw)))}px`;
-    return c;
-  }
-
   function drawSelectors() {
     const reqs = model.get("requests"), cur = model.get("request_id");
     const opts = reqs.includes(cur) || !cur ? reqs : [cur, ...reqs];
@@ -92,18 +256,8 @@ function render({ model, el }) {
     const nl = model.get("num_layers");
     layerSel.replaceChildren(...Array.from({ length: Math.max(1, nl) }, (_, i) => kvsEl("option", { value: i, text: i })));
     layerSel.value = String(model.get("layer"));
-    const kv = model.get("kv_head_of_head"), head = model.get("head");
-    const groups = new Map();
-    kv.forEach((g, h) => { if (!groups.has(g)) groups.set(g, []); groups.get(g).push(h); });
-    const some = (model.get("thumb_heads") || []).length > 0;
-    heads.replaceChildren(kvsEl("span", { class: "kvs-muted", text: some ? "pick a head (thumbnails: this step's weights) \u00b7 by KV head:" : "heads by KV head:" }), ...[...groups.entries()].map(([g, hs]) =>
-      kvsEl("span", { class: `kvs-head-group${hs.includes(head) ? " kvs-active" : ""}`, "data-testid": `kvs-kv-group-${g}`, title: `query heads ${hs.join(", ")} read KV head ${g}` }, [
-        kvsEl("span", { class: "kvs-kv-label", text: `KV ${g}` }),
-        ...hs.map((h) => kvsEl("button", { class: `kvs-head${h === head ? " kvs-on" : ""}`, "data-testid": `kvs-head-${h}`, title: `head ${h}`, onclick: () => select({ head: h }) },
-          [thumb(h), kvsEl("span", { text: `h${h}` })])),
-      ])));
+    heads.replaceChildren(...headButtons(model, select));
   }
-
   // ---- what is shown, and the linked focus ----
   let data = new Float32Array(0);
   let geom = null;          // heatmap: {cw, rh, rows, n, top, left}; bars: {bw, n, left}
@@ -119,23 +273,8 @@ function render({ model, el }) {
       node.classList.toggle("kvs-lit", m === 1);
       node.classList.toggle("kvs-lit-strong", m === 2);
     }
-    if (!geom || geom.kind !== "map") return;
-    const ctx = overlay.getContext("2d");
-    ctx.setTransform(geom.dpr, 0, 0, geom.dpr, 0, 0);
-    ctx.clearRect(0, 0, overlay.width, overlay.height);
-    if (!focus) return;
-    for (let c = 0; c < geom.n; c++) {
-      const m = kvsMatch(focus, blockOf(c), rid, c);
-      if (!m) continue;
-      const x = geom.left + c * geom.cw;
-      ctx.fillStyle = m === 2 ? "rgba(255, 214, 0, 0.55)" : "rgba(255, 214, 0, 0.25)";
-      ctx.fillRect(x, geom.top, geom.cw, geom.H);
-      ctx.strokeStyle = KVS_MARKS.focusInk;
-      ctx.lineWidth = m === 2 ? 2 : 1;
-      ctx.strokeRect(x + 0.5, geom.top - 4, geom.cw - 1, geom.H + 4);
-    }
+    if (geom && geom.kind === "map") paintFocus(overlay, geom, focus, rid, blockOf);
   }
-
   function drawMap() {
     data = kvsArray(model.get("probs"), Float32Array);
     const n = model.get("context_len"), pos = model.get("row_positions"), rows = pos.length;
@@ -166,49 +305,12 @@ function render({ model, el }) {
   function avail() { return Math.max(240, (root.clientWidth || 900) - 30); }
 
   function drawBars(n, q, gmax) {
-    const toks = model.get("tokens"), bs = model.get("block_size"), table = model.get("block_table");
-    const npt = Math.min(n, model.get("num_prompt_tokens") || n);
-    const left = 34, top = 16, H = 110, labelH = 64, kindH = 16;
-    const bw = Math.max(n * MIN_CELL > MAX_CANVAS ? MAX_CANVAS / n : MIN_CELL, Math.min(MAX_CELL, (avail() - left) / n));
-    const W = Math.ceil(n * bw);
-    const svg = svgEl("svg", { width: left + W + 4, height: top + H + labelH + kindH + 4, class: "kvs-attn-bars", "data-testid": "kvs-attn-bars" });
-    // KV blocks: alternating bands with their physical ids.
-    for (let b = 0; b * bs < n; b++) {
-      const x = left + b * bs * bw, w = Math.min(bs, n - b * bs) * bw;
-      svg.append(svgEl("rect", { x, y: top, width: w, height: H, fill: kvsBlockTint(table[b] ?? -1), class: "kvs-attn-band", "data-block": table[b] }));
-      svg.append(svgEl("text", { x: x + 2, y: top - 4, class: "kvs-attn-blabel" }, `b${table[b] ?? "?"}`));
-      if (b > 0) svg.append(svgEl("line", { x1: x, x2: x, y1: top - 12, y2: top + H, stroke: "#90a4ae", "stroke-dasharray": "2 2" }));
-    }
-    svg.append(svgEl("text", { x: left - 4, y: top + 8, "text-anchor": "end", class: "kvs-attn-axis" }, fmt(gmax)));
-    svg.append(svgEl("text", { x: left - 4, y: top + H, "text-anchor": "end", class: "kvs-attn-axis" }, "0"));
-    const every = Math.max(1, Math.ceil(11 / bw));
-    for (let c = 0; c < n; c++) {
-      const v = data[c], x = left + c * bw, h = gmax > 0 ? (H - 2) * v / gmax : 0;
-      const g = svgEl("g", { class: "kvs-attn-col", "data-pos": c });
-      g.append(svgEl("rect", { x, y: top, width: bw, height: H + labelH, class: "kvs-attn-hit", fill: "transparent" }));
-      g.append(svgEl("rect", { x: x + 1, y: top + H - h, width: Math.max(1, bw - 2), height: h, fill: c < npt ? PROMPT_BAR : KVS_MARKS.sampled, class: "kvs-attn-bar" }));
-      if (c % every === 0) {
-        const lx = x + bw / 2 + 3, ly = top + H + 6;
-        g.append(svgEl("text", { x: lx, y: ly, transform: `rotate(-60 ${lx} ${ly})`, "text-anchor": "end", class: `kvs-attn-xlabel${c === q ? " kvs-attn-q" : ""}`, "data-pos": c }, short(toks[c])));
-      }
-      g.append(svgEl("title", {}, `key position ${c} ${JSON.stringify(kvsTok(toks[c] ?? ""))} (${c < npt ? "prompt" : "generated"}) \u00b7 block ${table[Math.floor(c / bs)] ?? "?"} offset ${c % bs}\nweight ${data[c].toFixed(4)}${c === q ? "\nthe query's own token" : ""}`));
+    bars.replaceChildren(barsSvg(model, data, n, q, gmax, avail(), (g, c) => {
       g.addEventListener("mouseenter", () => link.hover(colFocus(c)));
       g.addEventListener("mouseleave", () => link.leave("attention"));
       g.addEventListener("click", () => link.pin(colFocus(c)));
       barCols.push([g, c]);
-      svg.append(g);
-    }
-    // Prompt vs generated, under the labels.
-    const ky = top + H + labelH;
-    const kinds = svgEl("g", { "data-testid": "kvs-attn-kinds" });
-    kinds.append(svgEl("rect", { x: left, y: ky, width: npt * bw, height: kindH - 4, fill: PROMPT_BAR }));
-    kinds.append(svgEl("text", { x: left + 3, y: ky + kindH - 7, class: "kvs-attn-kind" }, `prompt (${npt})`));
-    if (n > npt) {
-      kinds.append(svgEl("rect", { x: left + npt * bw, y: ky, width: (n - npt) * bw, height: kindH - 4, fill: KVS_MARKS.sampled }));
-      kinds.append(svgEl("text", { x: left + npt * bw + 3, y: ky + kindH - 7, class: "kvs-attn-kind" }, (n - npt) * bw > 70 ? `generated (${n - npt})` : `gen ${n - npt}`));
-    }
-    svg.append(kinds);
-    bars.replaceChildren(svg);
+    }));
     geom = { kind: "bars" };
   }
 
@@ -216,75 +318,17 @@ function render({ model, el }) {
     const toks = model.get("tokens"), bs = model.get("block_size"), table = model.get("block_table");
     const npt = model.get("num_prompt_tokens") || 0;
     const rowNorm = norm.checked;
-    // Paint at data resolution, then scale up without smoothing.
-    const img = new ImageData(n, rows);
-    for (let r = 0; r < rows; r++) {
-      let rmax = 0;
-      if (rowNorm) for (let c = 0; c < n; c++) rmax = Math.max(rmax, data[r * n + c]);
-      const scaleBy = rowNorm ? rmax : gmax;
-      for (let c = 0; c < n; c++) {
-        const k = (r * n + c) * 4, v = data[r * n + c];
-        const [R, G, B] = c > pos[r] ? MASKED : ramp(scaleBy > 0 ? Math.sqrt(v / scaleBy) : 0);
-        img.data[k] = R; img.data[k + 1] = G; img.data[k + 2] = B; img.data[k + 3] = 255;
-      }
-    }
-    const off = document.createElement("canvas");
-    off.width = n; off.height = rows;
-    off.getContext("2d").putImageData(img, 0, 0);
+    const off = heatImage(data, n, rows, pos, gmax, rowNorm);  // at data resolution, scaled up unsmoothed
     const left = 96, top = 78;
     const cw = Math.max(n * MIN_CELL > MAX_CANVAS ? MAX_CANVAS / n : MIN_CELL, Math.min(MAX_CELL, (avail() - left) / n));
     const rh = Math.max(rows * MIN_CELL > MAX_CANVAS ? MAX_CANVAS / rows : MIN_CELL, Math.min(MAX_CELL, 420 / rows));
     const W = Math.ceil(n * cw), H = Math.ceil(rows * rh);
     const dpr = window.devicePixelRatio || 1;
-    for (const c of [canvas, overlay]) {
-      c.width = (W + left + 4) * dpr; c.height = (H + top + 4) * dpr;
-      c.style.width = `${W + left + 4}px`; c.style.height = `${H + top + 4}px`;
-    }
-    const ctx = canvas.getContext("2d");
-    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-    ctx.clearRect(0, 0, W + left + 4, H + top + 4);
+    const ctx = sizeCanvases([canvas, overlay], W + left + 4, H + top + 4, dpr);
     ctx.imageSmoothingEnabled = false;
     ctx.drawImage(off, left, top, W, H);
     geom = { kind: "map", cw, rh, rows, n, top, left, H, dpr };
-    // Block boundaries and physical block ids, over the key labels.
-    ctx.strokeStyle = "rgba(255,255,255,0.9)";
-    ctx.lineWidth = 1;
-    ctx.font = "9px sans-serif";
-    ctx.fillStyle = "#37474f";
-    ctx.textBaseline = "top";
-    for (let b = 0; b * bs < n; b++) {
-      const x = left + b * bs * cw;
-      if (b > 0) { ctx.beginPath(); ctx.moveTo(x + 0.5, top); ctx.lineTo(x + 0.5, top + H); ctx.stroke(); }
-      if (bs * cw >= 18 && table[b] !== undefined) ctx.fillText(`b${table[b]}`, x + 2, 1);
-    }
-    if (npt > 0 && npt < n) {  // where the generated tokens start
-      ctx.strokeStyle = KVS_MARKS.sampled;
-      ctx.setLineDash([3, 2]);
-      ctx.beginPath(); ctx.moveTo(left + npt * cw + 0.5, 12); ctx.lineTo(left + npt * cw + 0.5, top + H); ctx.stroke();
-      ctx.setLineDash([]);
-    }
-    // Key labels (rotated, above) and query labels (left): the tokens themselves.
-    ctx.font = "10px monospace";
-    const everyX = Math.max(1, Math.ceil(11 / cw));
-    for (let c = 0; c < n; c += everyX) {
-      ctx.save();
-      ctx.translate(left + (c + 0.5) * cw + 3, top - 3);
-      ctx.rotate(-Math.PI / 3);
-      ctx.textBaseline = "middle";
-      ctx.fillStyle = c >= npt && npt > 0 ? KVS_MARKS.sampled : "#263238";
-      ctx.fillText(short(toks[c], 9), 0, 0);
-      ctx.restore();
-    }
-    ctx.textBaseline = "middle";
-    ctx.textAlign = "right";
-    ctx.fillStyle = "#263238";
-    const everyY = Math.max(1, Math.ceil(11 / rh));
-    for (let r = 0; r < rows; r += everyY) ctx.fillText(`${short(toks[pos[r]], 8)} ${pos[r]}`, left - 3, top + (r + 0.5) * rh);
-    ctx.textAlign = "left";
-    ctx.save();
-    ctx.translate(8, top + H / 2); ctx.rotate(-Math.PI / 2);
-    ctx.textAlign = "center"; ctx.fillStyle = "#78909c"; ctx.fillText("queries", 0, 0);
-    ctx.restore();
+    paintHeatAxes(ctx, { left, top, H, n, rows, cw, rh, bs, table, npt, toks, pos });
   }
 
   let hoverCol = -1;
@@ -296,9 +340,7 @@ function render({ model, el }) {
     if (inCol && c !== hoverCol) { hoverCol = c; link.hover(colFocus(c)); }
     if (!inCol && hoverCol >= 0) { hoverCol = -1; link.leave("attention"); }
     if (c < 0 || r < 0 || c >= geom.n || r >= geom.rows) { tip.style.display = "none"; return; }
-    const toks = model.get("tokens"), bs = model.get("block_size"), table = model.get("block_table");
-    const q = model.get("row_positions")[r];
-    tip.textContent = `query pos ${q} (${kvsTok(toks[q] ?? "")})\nkey pos ${c} (${kvsTok(toks[c] ?? "")}) in block ${table[Math.floor(c / bs)] ?? "?"} offset ${c % bs}\np = ${c > q ? "masked" : data[r * geom.n + c].toFixed(4)}`;
+    tip.textContent = cellText(model, data, geom.n, r, c);
     tip.style.display = "block";
     kvsPlaceTip(tip, ev);
   });

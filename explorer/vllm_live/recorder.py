@@ -86,7 +86,7 @@ class RecordingScheduler(Scheduler):
             out = super().schedule(*args, **kwargs)
         finally:
             kv.capture.now = kv.between
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.thread_time()
         cap.seconds["schedule"] = t1 - t0
         cap.out = out
         cap.counts = {rid: (self.requests[rid].num_tokens, self.requests[rid].num_prompt_tokens)
@@ -96,7 +96,7 @@ class RecordingScheduler(Scheduler):
         if self._feed.subscribers:
             cap.batch_req_ids, cap.batch = kv.scheduler_batch(out)
         kv.pending[id(out)] = cap
-        self._feed.own_time(time.perf_counter() - t1)
+        self._feed.own_time(time.perf_counter() - t1, time.thread_time() - c1)
         return out
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
@@ -108,13 +108,13 @@ class RecordingScheduler(Scheduler):
             result = super().update_from_output(scheduler_output, model_runner_output)
         finally:
             kv.capture.now = kv.between
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.thread_time()
         cap.seconds["update"] = t1 - t0
         try:
             self._feed.step(kv.record_step(cap, result))
         except Exception:  # noqa: BLE001 - the recorder must never take the server down
             log.exception("kvscope recorder: a step could not be recorded")
-        self._feed.own_time(time.perf_counter() - t1, step=True)
+        self._feed.own_time(time.perf_counter() - t1, time.thread_time() - c1, step=True)
         return result
 
     def finish_requests(self, request_ids: Any, finished_status: Any) -> Any:
@@ -310,7 +310,8 @@ class _Publisher:
         self.subscribers = 0
         # recorder_ms: the recorder's own time on vLLM's scheduler thread (building and sending
         # records, outside vLLM's calls; the block-pool hooks' share of those calls is not in it).
-        self.counters = {"published": 0, "unobserved": 0, "errors": 0, "steps": 0, "recorder_ms": 0.0}
+        self.counters = {"published": 0, "unobserved": 0, "errors": 0, "steps": 0, "recorder_ms": 0.0,
+                         "recorder_cpu_ms": 0.0}
         self._lock = threading.Lock()
         self._latest: bytes | None = None
         self._stale = True
@@ -337,8 +338,9 @@ class _Publisher:
         log.info("kvscope recorder: run %s, feed %s, snapshots %s, token ids %s", self.run_id, settings["feed"],
                  settings["snapshot"], "on" if self.tokens else "left out")
 
-    def own_time(self, seconds: float, step: bool = False) -> None:
+    def own_time(self, seconds: float, cpu_seconds: float, step: bool = False) -> None:
         self.counters["recorder_ms"] += seconds * 1e3
+        self.counters["recorder_cpu_ms"] += cpu_seconds * 1e3  # its CPU time: what other processes cannot inflate
         self.counters["steps"] += step
 
     def _count_subscribers(self) -> None:

@@ -18,11 +18,20 @@ import time
 import torch
 
 from engine import LLM
+from engine.cpu_kernels import native, unavailable_reason, variants
 from engine.model.cpu_linear import NATIVE_MAX_ROWS, PackedLinear
 
 from ..machine import cpu_summary
 
 ROWS = (1, 4, 16, 32, 64, 128, 256, 1024)
+
+
+def kernel_variants_line() -> str:
+    """Which build of kvscope's native kernels runs, and every build this CPU cannot run, with why."""
+    kernels = native()
+    running = f"kvscope kernels: {kernels.variant}" if kernels else f"kvscope kernels off ({unavailable_reason()})"
+    missing = [f"{name} not here ({reason})" for name, reason in variants().items() if reason]
+    return "; ".join([running, *missing])
 
 
 def layer_linears(llm: LLM) -> list[PackedLinear]:
@@ -57,7 +66,7 @@ def bench_linears(dtype: str = "float32", model: str | None = None, rows: tuple[
     info = llm.engine.model_info
     weight_mb = sum(lin.panels.nbytes for lin in linears) / 1e6
     out(f"CPU {cpu_summary()}; torch CPU kernels: {torch.backends.cpu.get_cpu_capability()}, "
-        f"{torch.get_num_threads()} threads")
+        f"{torch.get_num_threads()} threads; {kernel_variants_line()}")
     out(f"model {info['name']} ({dtype}): {len(linears)} layer linears, native {dtype} panels {weight_mb:.0f} MB, "
         f"oneDNN in {info['cpu_gemm_dtype']}; median of {reps} passes; the engine uses the panels up to "
         f"NATIVE_MAX_ROWS={NATIVE_MAX_ROWS} rows")

@@ -25,6 +25,8 @@ CELLS_TIMEOUT_MS = 600_000
 ACTION_TIMEOUT_MS = 60_000      # one click -> one engine step on a shared 2-core machine
 PANELS = ("kvs-queues", "kvs-block-pool", "kvs-slot-mapping")
 FOCUS_PIXELS = focus_pixels_js('.kvs-dashboard [data-testid=kvs-pool-canvas]')
+ALL_CELLS_RAN_JS = """() => { const cells = [...document.querySelectorAll('.jp-Notebook .jp-CodeCell .jp-InputPrompt')];
+    return cells.length > 0 && cells.every(p => /\\[\\d+\\]/.test(p.textContent)); }"""
 
 
 def notebook_under_test() -> Path:
@@ -129,6 +131,18 @@ def test_walkthrough_dashboard_in_a_real_browser(tmp_path, lab_factory, page, la
     dash.scroll_into_view_if_needed()
     save_screenshot(page, "walkthrough-1-loaded")
 
+    # "Idle" also shows for a moment between two cells: wait until every code cell has run
+    # (its prompt holds an execution count), then for chapter 14's 320-token prefill in the
+    # timeline (the page may still be drawing the last steps), then for the shown step to settle.
+    page.wait_for_function(ALL_CELLS_RAN_JS, timeout=CELLS_TIMEOUT_MS)
+    ui.wait_kernel_idle(CELLS_TIMEOUT_MS)
+    page.wait_for_function(
+        "() => Number(document.querySelector('.kvs-dashboard .kvs-tok-max')?.textContent || 0) >= 300",
+        timeout=CELLS_TIMEOUT_MS)
+    settled = None
+    while settled != data_step(dash, "kvs-queues"):
+        settled = data_step(dash, "kvs-queues")
+        page.wait_for_timeout(1500)
     # -- a laptop (1366x768): one compact control bar; queues, pool and slots above the fold --
     assert dash.get_by_test_id("kvs-controls").first.get_attribute("data-drawer") == "closed"
     tops = panel_tops(page, dash)

@@ -466,10 +466,6 @@ class Dashboard(W.VBox):
         if callable(follow):
             self.follow = follow()
             rows.append(self.follow)
-        follow = getattr(session, "follow_panel", None)  # a live vLLM server's Session: Follow / Pause
-        if callable(follow):
-            self.follow = follow()
-            rows.append(self.follow)
         if "controls" in p:
             rows.append(p["controls"])
         top = [p[n] for n in ("queues", "sampler") if n in p]

@@ -110,6 +110,7 @@ def segment_block_table(seg) -> list[int]:
 
 def save_readme_picture(page, dash, step_btn) -> None:
     """docs/vllm_dashboard.png: the whole dashboard on vLLM with three requests, two sharing a prefix."""
+    dash.get_by_test_id("kvs-chat-template").check()  # as a learner starts: the Instruct model's template on
     dash.get_by_test_id("kvs-max-tokens").fill("16")
     dash.get_by_test_id("kvs-prompt").fill("What is a paged KV cache?")
     dash.get_by_test_id("kvs-add-btn").click()

@@ -528,3 +528,32 @@ def test_vllm_clearing_its_prefix_cache_resynchronises_the_session(stub):
         s.close()
         pub.close(0)
         ctx.term()
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_one_feed_covers_a_tensor_parallel_gpu_server(default_model_path):
+    """A vLLM server on 2 GPUs (TP=2) with the recorder: the scheduler above both workers
+    publishes one feed. Needs a CUDA build of vLLM 0.32 and two GPUs (on CPU, TP=3 was run by
+    hand: README)."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two NVIDIA GPUs")
+    require_vllm()
+    from explorer import Session
+    from explorer.vllm_live.server import VllmServer
+
+    srv = VllmServer(default_model_path, kv_events=False, extra_args=("--tensor-parallel-size", "2"))
+    try:
+        srv.start().wait_ready(600)
+        live = Session.attach(srv.feed, snapshot_address=srv.snapshots)
+        r = srv.client().completions.create(model=srv.model, prompt="The capital of France is", max_tokens=5,
+                                            temperature=0.0, extra_body={"ignore_eos": True})
+        assert live.wait_for(lambda s: len(s.current.snapshot["queues"]["finished"]) >= 1, timeout=60)
+        req = live.current.snapshot["queues"]["finished"][0]
+        assert live.current.snapshot["model_info"]["tensor_parallel_size"] == 2
+        assert len(req["output_token_ids"]) == r.usage.completion_tokens == 5
+        assert any(x["blocks"]["allocated"] for x in live.records)
+        live.close()
+    finally:
+        srv.stop()

@@ -57,7 +57,7 @@ def check_torch() -> list[Check]:
 
 
 def check_native_cpu_kernels() -> Check:
-    """kvscope's CPU kernels (fp32 arithmetic, built by gcc on first use); without them the CPU engine
+    """kvscope's CPU kernels (one build per CPU kind, built by gcc on first use); without them the CPU engine
     runs torch's kernels, correct but slower."""
     try:
         from engine.cpu_kernels import native, unavailable_reason, variants

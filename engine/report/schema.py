@@ -129,6 +129,7 @@ class ClockDict(TypedDict):
 
 
 class RequestMetricsDict(TypedDict):
+    """A request's latency marks on two clocks (RequestMetrics.to_dict)."""
     engine: ClockDict   # advances only while a step executes
     wall: ClockDict
 
@@ -152,6 +153,7 @@ class RequestDict(TypedDict):
 
 
 class QueuesDict(TypedDict):
+    """The scheduler's queues after a step, each request as a RequestDict."""
     waiting: list[RequestDict]
     running: list[RequestDict]
     finished: list[RequestDict]   # every finished request of the engine's life
@@ -169,6 +171,7 @@ class BlockDict(TypedDict):
 
 
 class BlockPoolDict(TypedDict):
+    """The block pool after a step: its size and every block's state."""
     num_blocks: int
     block_size: int
     num_free_blocks: int
@@ -176,6 +179,7 @@ class BlockPoolDict(TypedDict):
 
 
 class EngineMetricsDict(TypedDict):
+    """Engine-wide counters since start (EngineMetrics.to_dict)."""
     num_steps: int
     engine_time_s: float
     kv_cache_usage: float

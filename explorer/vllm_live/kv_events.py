@@ -21,6 +21,7 @@ from .protocol import event_key
 
 @dataclass
 class PrefixNode:
+    """One hashed KV block the server announced, linked to its parent block (a prefix tree node)."""
     key: str
     parent: str | None
     token_ids: list[int] = field(default_factory=list)

@@ -182,7 +182,11 @@ def test_doctor_says_why_the_native_cpu_kernels_are_off(monkeypatch):
         cpu_kernels.cache_clear()
     assert check.level == "optional" and "KVSCOPE_NATIVE_CPU=0" in check.detail and "torch's kernels" in check.detail
     on = doctor.check_native_cpu_kernels()
-    assert on.level == "ok" and on.detail.startswith("built: ") if cpu_kernels.cpu_supported() else on.level == "optional"
+    if cpu_kernels.cpu_supported():
+        # It names the build that runs (one per CPU kind) and where it lives.
+        assert on.level == "ok" and on.detail.startswith(f"{cpu_kernels.native().variant} build: "), on.detail
+    else:
+        assert on.level == "optional"
 
 
 # -- lab ------------------------------------------------------------------------------------

@@ -35,6 +35,9 @@ class Capture:
     batch_req_ids: list[str] = field(default_factory=list)  # internal ids in the batch's row order
     blocks: dict = field(default_factory=lambda: {k: [] for k in BLOCK_EVENTS})
     cached_tokens: dict = field(default_factory=dict)  # block id -> the token ids vLLM hashed into it
+    # Every block that lost a reference, freed or still shared (the live feed resends these;
+    # only the live recorder's hooks fill it).
+    ref_dropped: set = field(default_factory=set)
     seconds: dict = field(default_factory=lambda: dict.fromkeys(("schedule", "prepare", "execute", "sample", "update"),
                                                                 0.0))
 

@@ -148,7 +148,7 @@ def request_dict(eng: Any, e: RequestState, table: list[int]) -> dict:
     r = e.req
     prompt = list(r.prompt_token_ids or ())
     output = list(r.output_token_ids)
-    return {REQ.REQUEST_ID: e.request_id, REQ.STATUS: _status(r.status), REQ.PROMPT_TOKEN_IDS: prompt,
+    return {REQ.REQUEST_ID: e.request_id, REQ.STATUS: status_name(r.status), REQ.PROMPT_TOKEN_IDS: prompt,
             REQ.OUTPUT_TOKEN_IDS: output,
             REQ.PROMPT_TEXT: e.prompt_text if e.prompt_text is not None else _decode(eng, e, "prompt", prompt),
             REQ.OUTPUT_TEXT: _decode(eng, e, "output", output), REQ.NUM_COMPUTED_TOKENS: int(r.num_computed_tokens),
@@ -180,24 +180,28 @@ def pool_dict(eng: Any, running: list, tables: dict[str, list[int]]) -> dict:
             owners.setdefault(b, []).append(ext[r.request_id])
             if b not in tokens:
                 tokens[b] = list(ids[i * bs:min((i + 1) * bs, n)])
-    free = {b.block_id for b in eng.pool.free_block_queue.get_all_free_blocks()}
-    blocks = []
-    for blk in eng.pool.blocks:
-        b, h = blk.block_id, blk.block_hash
-        held = tokens.get(b)
-        if held is None:
-            known = eng._block_tokens.get(b)
-            held = known[1] if known is not None and h is not None and known[0] == h else []
-        elif h is not None:
-            eng._block_tokens[b] = (h, held)
-        blocks.append({BLOCK.BLOCK_ID: b, BLOCK.REF_COUNT: int(blk.ref_cnt),
-                       BLOCK.HASH: None if h is None else bytes(h)[:8].hex(), BLOCK.TOKEN_IDS: held,
-                       BLOCK.OWNERS: owners.get(b, []), BLOCK.IS_NULL: bool(blk.is_null), BLOCK.IS_FREE: b in free})
+    blocks = [block_dict(eng, blk, tokens.get(blk.block_id), owners.get(blk.block_id, [])) for blk in eng.pool.blocks]
     return {POOL.NUM_BLOCKS: int(eng.pool.num_gpu_blocks), POOL.BLOCK_SIZE: bs,
             POOL.NUM_FREE_BLOCKS: int(eng.pool.get_num_free_blocks()), POOL.BLOCKS: blocks}
 
 
-def _status(status: Any) -> str:
+def block_dict(eng: Any, blk: Any, held: list[int] | None, owners: list[str]) -> dict:
+    """One of vLLM's KVCacheBlocks as the snapshot shows it. `held`: the tokens a running
+    request keeps in it (None: no running request holds it, so the tokens it was cached with,
+    while it keeps that hash). Free means in vLLM's free queue, where exactly the blocks with
+    no reference are (the null block, never handed out, aside)."""
+    b, h = blk.block_id, blk.block_hash
+    if held is None:
+        known = eng._block_tokens.get(b)
+        held = known[1] if known is not None and h is not None and known[0] == h else []
+    elif h is not None:
+        eng._block_tokens[b] = (h, held)
+    return {BLOCK.BLOCK_ID: b, BLOCK.REF_COUNT: int(blk.ref_cnt), BLOCK.HASH: None if h is None else bytes(h)[:8].hex(),
+            BLOCK.TOKEN_IDS: held, BLOCK.OWNERS: owners, BLOCK.IS_NULL: bool(blk.is_null),
+            BLOCK.IS_FREE: blk.ref_cnt == 0 and not blk.is_null}
+
+
+def status_name(status: Any) -> str:
     name = getattr(status, "name", str(status))
     if name.startswith("FINISHED"):
         return "finished"

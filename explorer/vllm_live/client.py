@@ -13,6 +13,8 @@ Dashboard and export_html work as for an engine stepped here.
 - a malformed, foreign or other-schema message: counted in `feed_status()["rejected"]`, skipped;
 - a slow notebook: the queue keeps the newest `max_queue` messages, older ones are dropped and
   counted; the recorder counts what it could not send (its counters travel with every message).
+  Each step carries only its changes (explorer.vllm_live.changes), so after a missed step the
+  state comes from a fresh snapshot (`feed_status()["rebased"]`), never from a guess.
 """
 from __future__ import annotations
 
@@ -24,8 +26,10 @@ from collections import deque
 from types import SimpleNamespace
 from typing import Any
 
+from engine.report.records import StepRecord
+
 from ..session import Session
-from . import protocol
+from . import changes, protocol
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +51,8 @@ class _Dict:
 class LiveEngine:
     """The engine protocol (explorer.engine_protocol.Engine) over a recorder's feed."""
 
+    read_only = READ_ONLY + "; the budgets are the server's command line"
+
     def __init__(self, address: str, model: str | None = None, *, timeout: float = 10.0,
                  max_queue: int = 1000, snapshot_address: str | None = None) -> None:
         import zmq
@@ -60,7 +66,7 @@ class LiveEngine:
         self._max_queue = int(max_queue)
         self._qlock = threading.Lock()
         self.counters = {"received": 0, "applied": 0, "rejected": 0, "dropped_here": 0, "missed": 0,
-                         "resyncs": 0, "stale": 0}
+                         "resyncs": 0, "stale": 0, "rebased": 0}
         self.last_rejection: str | None = None
         self.notes: list[str] = []
         self.server_counters: dict = {}
@@ -173,39 +179,63 @@ class LiveEngine:
             if msg["seq"] <= self.seq:  # already in the snapshot we joined with
                 self.counters["stale"] += 1
                 continue
-            if msg["seq"] > self.seq + 1:
-                self.counters["missed"] += msg["seq"] - self.seq - 1
-                self._recover_finished(msg)
+            applied = self.seq
             self.seq = msg["seq"]
             break
         self.server_counters = msg.get("counters") or {}
-        rec, snap = msg["record"], msg["snapshot"]
+        rec = msg["record"]
+        snap = None
+        if msg["seq"] == applied + 1:
+            try:
+                snap = changes.apply(self._snap, msg["changes"], rec["step"])
+            except changes.OutOfStep as exc:
+                self.notes.append(f"step {rec['step']} did not fit the state held here ({exc})")
+        else:
+            self.counters["missed"] += msg["seq"] - applied - 1
+        if snap is None:  # steps were missed: the state comes from a fresh snapshot
+            rec, snap = self._rebase(msg)
         for r in snap["queues"]["finished"]:
             self._finished[r["request_id"]] = r
         snap["queues"]["finished"] = list(self._finished.values())
-        snap["step"] = rec["step"]
         self._add_text(rec, snap)
         self._snap = snap
         self.step_count = rec["step"]
         self.counters["applied"] += 1
         return _Dict(rec)
 
-    def _recover_finished(self, msg: dict) -> None:
-        """Steps were dropped: the requests that finished in them are taken from a fresh
-        snapshot (its finished queue); a request it cannot tell about is kept, marked."""
+    def _rebase(self, msg: dict) -> tuple[dict, dict]:
+        """After missed steps: (record, snapshot) from a fresh snapshot, taken after `msg` was
+        sent. Its step's own record goes with it when it was received (else an empty record of
+        that step); the steps it already holds are dropped as stale. The requests that finished
+        in the missed steps come from its finished queue; one it no longer holds is kept, marked."""
         try:
-            snap = self._fetch_snapshot(min(self.timeout, 2.0))
-            finished = snap["snapshot"]["queues"]["finished"] if snap["run_id"] == self.run_id else []
+            fresh = self._fetch_snapshot(min(self.timeout, 2.0))
         except (TimeoutError, ValueError) as exc:
-            self.notes.append(f"steps were dropped and no snapshot came to fill them in: {exc}")
-            finished = []
-        for r in finished:
-            self._finished.setdefault(r["request_id"], r)
-        q = msg["snapshot"]["queues"]
+            self.notes.append(f"steps were missed and no snapshot came to fill them in: {exc}; the panels keep "
+                              f"the state of step {self.step_count}")
+            return msg["record"], {**self._snap, "step": msg["record"]["step"], "queues": dict(self._snap["queues"])}
+        if fresh["run_id"] != self.run_id:
+            self._restart("the server restarted while steps were missed")
+            raise _Resync()
+        snap = fresh["snapshot"]
+        rec = msg["record"] if msg["seq"] == fresh["seq"] else None
+        with self._qlock:
+            while self._queue and self._queue[0]["run_id"] == self.run_id and self._queue[0]["seq"] <= fresh["seq"]:
+                held = self._queue.popleft()
+                self.counters["stale"] += 1
+                if held["seq"] == fresh["seq"]:
+                    rec = held["record"]
+        if rec is None:
+            rec = StepRecord(step=int(snap.get("step", msg["record"]["step"]))).to_dict()
+        self.seq = max(self.seq, fresh["seq"])
+        self.counters["rebased"] += 1
+        q = snap["queues"]
         live = {r["request_id"] for k in ("waiting", "running", "finished") for r in q[k]} | set(self._finished)
         for r in [*self._snap["queues"]["running"], *self._snap["queues"]["waiting"]]:
-            if r["request_id"] not in live:  # it finished in a dropped step the snapshot no longer holds
+            if r["request_id"] not in live:  # it finished in a missed step the snapshot no longer holds
                 self._finished[r["request_id"]] = {**r, "status": "finished", "finish_reason": "unknown (dropped)"}
+        snap["step"] = rec["step"]
+        return rec, snap
 
     def catch_up(self) -> bool:
         """No step came for a while but the state shows requests in flight: the steps that ended

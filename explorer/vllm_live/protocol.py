@@ -3,9 +3,10 @@ client (in the notebook). One place, so both sides agree on it.
 
 Two sockets, both bound by the recorder:
 - the feed (`KVSCOPE_FEED`, default tcp://127.0.0.1:5590): an XPUB socket. Each message is
-  two frames, TOPIC and a msgpack map {schema, kind: "step", run_id, seq, record, snapshot,
-  counters}. `record` is a StepRecord dict, `snapshot` an EngineSnapshot dict whose
-  `queues.finished` holds only the requests that finished in this step.
+  two frames, TOPIC and a msgpack map {schema, kind: "step", run_id, seq, record, changes,
+  counters}. `record` is a StepRecord dict, `changes` what the step changed in the state of
+  the message before it (explorer.vllm_live.changes): a step costs the server what it did,
+  not the size of its pool.
 - the snapshot endpoint (the feed's port + 1, or `KVSCOPE_FEED_SNAPSHOT`): a REP socket. A
   client sends {schema, want: "snapshot"} and gets {schema, kind: "snapshot", run_id, seq,
   snapshot, counters} with the whole state (the latest finished requests included), then
@@ -17,8 +18,8 @@ import os
 from typing import Any
 from urllib.parse import urlsplit
 
-SCHEMA_VERSION = 1
-TOPIC = b"kvscope.v1"
+SCHEMA_VERSION = 2   # 2: a step carries its changes, not a whole snapshot
+TOPIC = b"kvscope.feed"
 DEFAULT_FEED = "tcp://127.0.0.1:5590"
 ENV_FEED = "KVSCOPE_FEED"                 # the feed's address (the recorder binds it)
 ENV_SNAPSHOT = "KVSCOPE_FEED_SNAPSHOT"    # the snapshot endpoint (default: the feed's port + 1)
@@ -87,8 +88,8 @@ def decode(frames: list[bytes], kind: str | None = None) -> dict:
     want = kind or "step"
     if msg.get("kind") != want or not isinstance(msg.get("run_id"), str) or not isinstance(msg.get("seq"), int):
         raise FeedError(f"a {msg.get('kind')!r} message where a {want!r} one with run_id and seq was expected")
-    if want == "step" and not (isinstance(msg.get("record"), dict) and isinstance(msg.get("snapshot"), dict)):
-        raise FeedError("a step message without its record and snapshot")
+    if want == "step" and not (isinstance(msg.get("record"), dict) and isinstance(msg.get("changes"), dict)):
+        raise FeedError("a step message without its record and changes")
     return msg
 
 
@@ -104,17 +105,31 @@ def event_key(h: Any) -> str | None:
 
 
 def strip_tokens(msg: dict) -> None:
-    """KVSCOPE_FEED_TOKENS=0: the feed keeps counts and block ids, never a token id."""
+    """KVSCOPE_FEED_TOKENS=0: the feed keeps counts and block ids, never a token id. The dicts
+    in `msg` are replaced by stripped copies (the recorder keeps some of them for later)."""
     snap = msg.get("snapshot") or {}
     for q in (snap.get("queues") or {}).values():
-        for r in q:
-            r["num_prompt_tokens"], r["num_output_tokens"] = len(r["prompt_token_ids"]), len(r["output_token_ids"])
-            r["prompt_token_ids"], r["output_token_ids"] = [], []
-    for b in (snap.get("block_pool") or {}).get("blocks", ()):
-        b["token_ids"] = []
+        q[:] = [_request_without_tokens(r) for r in q]
+    pool = snap.get("block_pool") or {}
+    changes = msg.get("changes") or {}
+    for blocks in (pool.get("blocks"), changes.get("blocks")):
+        if blocks:
+            blocks[:] = [{**b, "token_ids": []} for b in blocks]
+    for rid, r in list(changes.get("requests", {}).items()):
+        r = changes["requests"][rid] = {**r, "num_output_tokens": r["output_from"] + len(r["output_tail"]),
+                                        "output_from": 0, "output_tail": []}
+        if "prompt_token_ids" in r:
+            r["num_prompt_tokens"], r["prompt_token_ids"] = len(r["prompt_token_ids"]), []
+    if "finished" in changes:
+        changes["finished"] = [_request_without_tokens(r) for r in changes["finished"]]
     rec = msg.get("record")
     if rec:
         rec["batch"]["input_ids"] = []
         for s in rec["sampled"].values():
             s["token_id"], s["top"] = None, []
     msg["tokens_left_out"] = True
+
+
+def _request_without_tokens(r: dict) -> dict:
+    return {**r, "num_prompt_tokens": len(r["prompt_token_ids"]), "num_output_tokens": len(r["output_token_ids"]),
+            "prompt_token_ids": [], "output_token_ids": []}

@@ -27,12 +27,12 @@ from typing import Any
 
 from engine.report.records import EngineSnapshot, gc_paused
 from engine.sampling_params import SamplingParams
-from vllm.v1.core.kv_cache_utils import get_block_hash, maybe_convert_block_hash
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from ..vllm_capture import BLOCK_EVENTS, Capture, StepCapture
-from ..vllm_records import RequestState, finished_dict, pool_dict, request_dict, step_record
+from ..vllm_records import RequestState, finished_dict, request_dict, step_record
 from . import protocol
+from .tracker import ChangeTracker
 
 log = logging.getLogger("vllm.kvscope_recorder")  # a child of vLLM's logger: its handler and format
 
@@ -41,10 +41,26 @@ class _PoolCapture(StepCapture):
     """StepCapture's block-pool hooks only: the scheduler's two calls are this
     subclass's own methods, which route each step's events to its own Capture."""
 
+    def __init__(self, scheduler: Any, runner: Any) -> None:
+        super().__init__(scheduler, runner)
+        if hasattr(self.pool, "unpin_blocks"):  # another way vLLM drops references
+            self._wrap(self.pool, "unpin_blocks", self._unpin_blocks)
+
     def _wrap(self, obj: Any, name: str, hook) -> None:
         if obj is self.scheduler:
             return
         super()._wrap(obj, name, hook)
+
+    # A block that lost a reference but is still shared is not "freed": the feed resends it too.
+    def _free_blocks(self, original, ordered_blocks) -> Any:
+        blocks = list(ordered_blocks)
+        self.now.ref_dropped.update(b.block_id for b in blocks)
+        return super()._free_blocks(original, blocks)
+
+    def _unpin_blocks(self, original, blocks, *args: Any, **kwargs: Any) -> Any:
+        blocks = list(blocks)
+        self.now.ref_dropped.update(b.block_id for b in blocks)
+        return original(blocks, *args, **kwargs)
 
 
 class _NoTokenizer:
@@ -94,7 +110,8 @@ class RecordingScheduler(Scheduler):
         cap.token_budget = int(self.max_num_scheduled_tokens)
         cap.started = t0
         if self._feed.subscribers:
-            cap.batch_req_ids, cap.batch = kv.scheduler_batch(out)
+            with gc_paused():  # many small acyclic containers: no cyclic GC pass over the server's heap
+                cap.batch_req_ids, cap.batch = kv.scheduler_batch(out)
         kv.pending[id(out)] = cap
         self._feed.own_time(time.perf_counter() - t1, time.thread_time() - c1)
         return out
@@ -111,7 +128,8 @@ class RecordingScheduler(Scheduler):
         t1, c1 = time.perf_counter(), time.thread_time()
         cap.seconds["update"] = t1 - t0
         try:
-            self._feed.step(kv.record_step(cap, result))
+            with gc_paused():
+                self._feed.step(kv.record_step(cap, result))
         except Exception:  # noqa: BLE001 - the recorder must never take the server down
             log.exception("kvscope recorder: a step could not be recorded")
         self._feed.own_time(time.perf_counter() - t1, time.thread_time() - c1, step=True)
@@ -157,6 +175,13 @@ class _ServerView:
                                                                               True)))
         self._model_info = _model_info(vc)
         self.config_dict = _config_dict(vc, scheduler)
+        self.tracker = ChangeTracker(self)
+        # Block ids per running request, extended as vLLM appends blocks: vLLM's get_block_ids
+        # rebuilds the whole list each call (O(context) per request per step). Only where every
+        # KV cache group is full attention, whose tables only grow while a request runs.
+        self._tables: dict[str, list[int]] | None = {} if all(
+            type(g.kv_cache_spec).__name__ == "FullAttentionSpec"
+            for g in scheduler.kv_cache_config.kv_cache_groups) else None
 
     # -- requests ------------------------------------------------------------------------------
     def track(self, request: Any) -> None:
@@ -164,6 +189,7 @@ class _ServerView:
         entry = RequestState(rid, rid, request, _params(request), None)
         entry.metrics.record("arrival_time", float(request.arrival_time), self.engine_time)
         self.requests[rid] = entry
+        self.tracker.note_arrival(rid)
 
     def _finish(self, entry: RequestState, reason: str, wall: float) -> None:
         entry.finish_reason = reason
@@ -181,9 +207,33 @@ class _ServerView:
     def _text(self, token: int) -> None:
         return None
 
+    def table(self, rid: str) -> list[int]:
+        """`rid`'s block ids (KV cache group 0) now. The list is kept for the next step: copy it
+        to keep it."""
+        blocks = self.scheduler.kv_cache_manager.coordinator.get_blocks(rid)[0]
+        if self._tables is None:
+            return [b.block_id for b in blocks]
+        ids = self._tables.get(rid)
+        if ids is None or len(ids) > len(blocks):
+            ids = self._tables[rid] = [b.block_id for b in blocks]
+        elif len(ids) < len(blocks):
+            ids.extend(b.block_id for b in blocks[len(ids):])
+        return ids
+
+    def forget_tables(self, rids: Any) -> None:
+        """Preempted or finished: their blocks went back, a new table starts from scratch."""
+        if self._tables is not None:
+            for rid in rids:
+                self._tables.pop(rid, None)
+
     def _num_waiting(self) -> int:
         s = self.scheduler
         return len(s.waiting) + len(getattr(s, "kv_holding_waiting", ()) or ())
+
+    def waiting(self) -> list:
+        """vLLM's waiting requests in queue order (those holding KV while they wait last)."""
+        s = self.scheduler
+        return [*s.waiting, *(getattr(s, "kv_holding_waiting", ()) or ())]
 
     # -- the packed batch ----------------------------------------------------------------------
     def scheduler_batch(self, out: Any) -> tuple[list[str], dict]:
@@ -194,7 +244,6 @@ class _ServerView:
         in worker processes (vLLM's default, on CPU too) or on a GPU, where reading them would
         stall async scheduling; `batch_source: "scheduler"` in the record says which it is."""
         s, bs = self.scheduler, self.block_size
-        kv = s.kv_cache_manager
         new = {d.req_id: d.num_computed_tokens for d in out.scheduled_new_reqs}
         cached = out.scheduled_cached_reqs
         before = new | dict(zip(cached.req_ids, cached.num_computed_tokens))
@@ -202,7 +251,7 @@ class _ServerView:
         rids = list(out.num_scheduled_tokens)
         for rid in rids:
             req, n, b = s.requests[rid], int(out.num_scheduled_tokens[rid]), int(before[rid])
-            table = list(kv.get_block_ids(rid)[0])
+            table = self.table(rid)
             pos = range(b, b + n)
             positions.extend(pos)
             slots.extend(table[p // bs] * bs + p % bs for p in pos)
@@ -220,6 +269,7 @@ class _ServerView:
         cap = Capture()
         for k in BLOCK_EVENTS:  # what happened between steps (an abort's frees) is told with this step
             cap.blocks[k].extend(self.between.blocks[k])
+        cap.ref_dropped |= self.between.ref_dropped
         self.between = Capture()
         self.capture.now = cap
         self.capture._cached_now = set()
@@ -228,6 +278,9 @@ class _ServerView:
     def record_step(self, cap: Capture, result: dict) -> dict | None:
         """The step's StepRecord dict (vllm_records.step_record), or None when nothing ran."""
         out = cap.out
+        self.tracker.note_step(cap)
+        if out is not None:
+            self.forget_tables(out.preempted_req_ids or ())
         outputs = [_Out(o) for eco in (result or {}).values() for o in (eco.outputs or ())]
         if out is None or (not out.num_scheduled_tokens and not outputs and not self.finished_now):
             return None
@@ -249,6 +302,7 @@ class _ServerView:
 
     def take_finished(self) -> list[RequestState]:
         done, self.finished_now = self.finished_now, []
+        self.forget_tables(e.request_id for e in done)
         for e in done:
             self.finished.append(e)
             self.requests.pop(e.request_id, None)
@@ -260,17 +314,14 @@ class _ServerView:
         kv = s.kv_cache_manager
         with gc_paused():
             running = list(s.running)
-            waiting = [*s.waiting, *(getattr(s, "kv_holding_waiting", ()) or ())]
+            waiting = self.waiting()
             tables = {r.request_id: list(kv.get_block_ids(r.request_id)[0]) for r in running}
             queues = {"waiting": [request_dict(self, self.requests[r.request_id], []) for r in waiting
                                   if r.request_id in self.requests],
                       "running": [request_dict(self, self.requests[r.request_id], tables[r.request_id])
                                   for r in running if r.request_id in self.requests],
                       "finished": [finished_dict(self, e) for e in finished]}
-            pool = pool_dict(self, running, tables)
-            for b, blk in zip(pool["blocks"], self.pool.blocks):  # the hash as vLLM's KV events name it
-                h = blk.block_hash
-                b["event_key"] = None if h is None else protocol.event_key(maybe_convert_block_hash(get_block_hash(h)))
+            pool = self.tracker.whole_pool(running, tables)
             return EngineSnapshot(step=self.step_count, config=self.config_dict, model_info=self._model_info,
                                   metrics=self.metrics, queues=queues, block_pool=pool).to_dict()
 
@@ -366,9 +417,10 @@ class _Publisher:
         self.seq += 1
         listening = self.subscribers > 0
         if listening:
-            snap = view.snapshot(finished)
+            # What the step changed, not the whole state: O(what it did), not O(pool + tokens in flight).
+            changes = view.tracker.step_changes([finished_dict(view, e) for e in finished])
             msg = {"schema": protocol.SCHEMA_VERSION, "kind": "step", "run_id": self.run_id, "seq": self.seq,
-                   "record": record or _empty_record(view), "snapshot": snap, "counters": dict(self.counters)}
+                   "record": record or _empty_record(view), "changes": changes, "counters": dict(self.counters)}
             if not self.tokens:
                 protocol.strip_tokens(msg)
             try:  # never blocks: at a subscriber's HWM, ZMQ drops the message for that subscriber only
@@ -379,6 +431,7 @@ class _Publisher:
                 log.exception("kvscope recorder: publishing failed")
         else:
             self.counters["unobserved"] += 1
+        view.tracker.forget_requests(e.request_id for e in finished)
         with self._lock:
             self._stale = True
         if self._want.is_set() or view.is_idle():

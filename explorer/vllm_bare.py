@@ -1,0 +1,88 @@
+"""vLLM 0.32's own v1 Scheduler, KVCacheManager and BlockPool, built the way EngineCore builds
+them but without weights or workers (as vLLM's tests/v1/core/utils.py does). The scheduler
+oracle steps it against kvscope's; the recorder's scale benchmark steps it with and without
+kvscope's recorder. The caller feeds it ModelRunnerOutputs with the tokens it wants sampled."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+_MODEL_DIR: Path | None = None
+
+
+def _model_dir() -> Path:
+    """ModelConfig reads a model's config.json (never its weights): a tiny Llama config."""
+    global _MODEL_DIR
+    if _MODEL_DIR is None:
+        _MODEL_DIR = Path(tempfile.mkdtemp(prefix="kvscope-bare-vllm-"))
+        (_MODEL_DIR / "config.json").write_text(json.dumps({
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 1024,
+            "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "max_position_embeddings": 8192, "torch_dtype": "float32"}))
+    return _MODEL_DIR
+
+
+def bare_scheduler(*, block_size: int, num_blocks: int, max_model_len: int, max_num_batched_tokens: int,
+                   max_num_seqs: int, enable_chunked_prefill: bool = True, enable_prefix_caching: bool = True,
+                   scheduler_reserve_full_isl: bool = True, scheduler_cls: type | None = None) -> Any:
+    """A vLLM Scheduler (or `scheduler_cls`, a subclass of it) over a pool of `num_blocks`
+    blocks (the null block included), synchronous scheduling."""
+    import torch
+    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    model = ModelConfig(model=str(_model_dir()), dtype="float32", skip_tokenizer_init=True,
+                        max_model_len=max_model_len)
+    sched = SchedulerConfig(max_model_len=max_model_len, is_encoder_decoder=False,
+                            max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+                            enable_chunked_prefill=enable_chunked_prefill, async_scheduling=False,
+                            scheduler_reserve_full_isl=scheduler_reserve_full_isl)
+    cache = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching)
+    cache.num_gpu_blocks = num_blocks
+    vllm_config = VllmConfig(model_config=model, scheduler_config=sched, cache_config=cache)
+    spec = FullAttentionSpec(block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    kv_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
+                              kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
+    return (scheduler_cls or Scheduler)(vllm_config=vllm_config, kv_cache_config=kv_config, block_size=block_size,
+                                        structured_output_manager=StructuredOutputManager(vllm_config),
+                                        log_stats=True)
+
+
+_HASHERS: dict[int, Any] = {}
+
+
+def bare_request(request_id: str, prompt: list[int], params: Any, block_size: int) -> Any:
+    """A vLLM Request with the block hasher its engine would give it (sha256, vLLM's
+    prefix-caching hash), for `bare_scheduler(...).add_request`."""
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.request import Request
+
+    if block_size not in _HASHERS:
+        hash_fn = get_hash_fn_by_name("sha256")
+        init_none_hash(hash_fn)
+        _HASHERS[block_size] = get_request_block_hasher(block_size, hash_fn)
+    return Request(request_id, list(prompt), params, None, block_hasher=_HASHERS[block_size])
+
+
+def sampled_output(scheduler: Any, out: Any, token_of: Any) -> Any:
+    """The ModelRunnerOutput for `out` (a SchedulerOutput): `token_of(request_id, index)` for each
+    request whose known tokens are all computed after this step (a prefill chunk samples none)."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    ids = list(out.num_scheduled_tokens)
+    sampled = {}
+    for rid in ids:
+        req = scheduler.requests[rid]
+        # schedule() already advanced num_computed_tokens.
+        if req.num_computed_tokens >= req.num_tokens:
+            sampled[rid] = token_of(rid, len(req.output_token_ids))
+    return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                             sampled_token_ids=[[sampled[r]] if r in sampled else [] for r in ids]), sampled

@@ -24,6 +24,7 @@ from widgets import Panel
 from widgets.attention import prepare_probe
 
 from . import captions, presets, tp_view, views
+from .engine_protocol import read_only_reason
 
 _log = logging.getLogger(__name__)
 
@@ -192,6 +193,7 @@ class SessionBinder:
             "budget": budget, "pool": {k: getattr(config, k) for k in POOL_KEYS},
             "caption": self._captions.caption(history, index),
             "chat_template_available": presets.has_chat_template(getattr(self.session.engine, "tokenizer", None)),
+            "read_only": read_only_reason(self.session.engine),
         })
 
     def _render_sampler(self, snapshot: dict) -> None:
@@ -225,6 +227,15 @@ class SessionBinder:
         if not rid:
             selected = self.panels["queues"].selected if "queues" in self.panels else ""
             rid = selected if selected in targets else (targets[0] if targets else "")
+        if read_only_reason(self.session.engine):
+            # A watched server's weights live on its devices: its probe's refusal says so, rather
+            # than "not captured, probe now" or "nothing holds KV".
+            try:
+                self.session.engine.attention_probe(rid, att.layer)
+            except ValueError as exc:
+                att.request_id = rid
+                att.clear(str(exc))
+                return
         if not rid:
             att.clear(views.attention_note(snapshot))
             return

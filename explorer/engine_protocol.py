@@ -51,6 +51,14 @@ class Engine(Protocol):
     def has_unfinished_requests(self) -> bool: ...
 
 
+# An engine the Session only watches (a live server's feed) says why in a `read_only` string;
+# the Dashboard then hides Step, the add-request form and the pool, and shows the budgets
+# read-only. Engines the Session drives have none (or "").
+def read_only_reason(engine: Any) -> str:
+    """Why the Session cannot drive `engine` ("" when it can)."""
+    return str(getattr(engine, "read_only", "") or "")
+
+
 class EngineDriver(Protocol):
     """Owns one engine for a Session. `name` is what the panels call it ("kvscope",
     "vLLM 0.32.0"); `llm` is the object a user would hold (kvscope's LLM, vLLM's LLM)."""

@@ -205,6 +205,14 @@ def _entry_parts(entry: Any) -> tuple[dict, dict]:
     return getattr(entry, "record", None) or EMPTY_RECORD, getattr(entry, "snapshot", None) or {}
 
 
+# A record can name the sampled token without its candidates: a live vLLM server's feed carries
+# none (the logprobs stay with the client that asked), and in-process vLLM records none with
+# logprobs_top=0. With KVSCOPE_FEED_TOKENS=0 the feed leaves out the token too.
+_NO_CANDIDATES = ("no candidates recorded for this step, only the chosen token: a live server's feed carries "
+                  "none (its logprobs go to the client that asked for them)")
+_NO_TOKEN_IDS = "the feed leaves token ids out (KVSCOPE_FEED_TOKENS=0): neither the token nor its candidates"
+
+
 def sampler_state(entries: Sequence[Any], snapshot: dict, request_id: str, token_text: TokenText) -> dict:
     """SamplerPanel traits: the latest sample of `request_id` in `entries` (newest last)."""
     record = _entry_parts(entries[-1])[0] if entries else EMPTY_RECORD
@@ -222,10 +230,12 @@ def sampler_state(entries: Sequence[Any], snapshot: dict, request_id: str, token
             continue
         top = [[int(t), p] for t, p in s.get(SAMPLE.TOP, [])]
         texts = token_text([t for t, _ in top])
-        return {"requests": requests, "request_id": rid,
-                "sample": {"request_id": rid, "step": rec.get(REC.STEP, 0), "token_id": s.get(SAMPLE.TOKEN_ID),
-                           "text": s.get(SAMPLE.TEXT), "top": [[t, x, float(p)] for (t, p), x in zip(top, texts)],
-                           "params": params}}
+        sample = {"request_id": rid, "step": rec.get(REC.STEP, 0), "token_id": s.get(SAMPLE.TOKEN_ID),
+                  "text": s.get(SAMPLE.TEXT), "top": [[t, x, float(p)] for (t, p), x in zip(top, texts)],
+                  "params": params}
+        if not top:  # say what is missing rather than draw an empty chart
+            sample["note"] = _NO_CANDIDATES if s.get(SAMPLE.TOKEN_ID) is not None else _NO_TOKEN_IDS
+        return {"requests": requests, "request_id": rid, "sample": sample}
     note = f"#{rid} has not been sampled yet" if rid else "no request sampled yet"
     return {"requests": requests, "request_id": rid, "sample": {"note": note, "params": params}}
 

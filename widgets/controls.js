@@ -121,19 +121,21 @@ function buildKnobs() {
   const applyBtn = kvsEl("button", { class: "kvs-pool-apply", "data-testid": "kvs-pool-apply", text: APPLY_TEXT,
     title: "Build a new engine with this pool (same model): the history and every request start again" });
   const poolNote = kvsEl("span", { class: "kvs-pool-note", "data-testid": "kvs-pool-note" });
+  const scope = kvsEl("span", { class: "kvs-muted", "data-testid": "kvs-budget-scope" });
+  const poolRow = kvsEl("div", { class: "kvs-row kvs-pool", "data-testid": "kvs-pool" }, [
+    kvsEl("span", { class: "kvs-muted", text: "Pool (new engine):" }),
+    labelled("KV blocks ", pool.num_kv_blocks), labelled("block size ", pool.block_size), applyBtn, poolNote,
+  ]);
   const el = kvsEl("div", { class: "kvs-knobs" }, [
     kvsEl("div", { class: "kvs-row kvs-budget", "data-testid": "kvs-budget" }, [
-      kvsEl("span", { class: "kvs-muted", text: "Scheduler (live):", title: "applied from the next step on" }),
+      scope,
       labelled("token budget ", b.max_num_batched_tokens), labelled("max seqs ", b.max_num_seqs),
       labelled("chunked prefill ", b.enable_chunked_prefill), labelled("prefix caching ", b.enable_prefix_caching),
       labelled("reserve whole sequence ", b.scheduler_reserve_full_isl), labelled("policy ", b.scheduling_policy), budgetNote,
     ]),
-    kvsEl("div", { class: "kvs-row kvs-pool", "data-testid": "kvs-pool" }, [
-      kvsEl("span", { class: "kvs-muted", text: "Pool (new engine):" }),
-      labelled("KV blocks ", pool.num_kv_blocks), labelled("block size ", pool.block_size), applyBtn, poolNote,
-    ]),
+    poolRow,
   ]);
-  return { b, pool, budgetNote, applyBtn, poolNote, el };
+  return { b, pool, budgetNote, applyBtn, poolNote, scope, poolRow, el };
 }
 
 /** State -> DOM: one function per part of the panel. */
@@ -217,9 +219,12 @@ function makeKnobViews(model, form, knobs, views) {
     const bud = model.get("budget") || {};
     const idx = model.get("view_index");
     const scrubbed = idx !== LIVE;
-    knobs.budgetNote.textContent = scrubbed ? `(step ${model.get("history_first") + idx} ran under these; Live to change them)` : "";
+    const watching = !!model.get("read_only");  // a live server's budgets: its command line's
+    knobs.scope.textContent = watching ? "Server's budgets (read-only):" : "Scheduler (live):";
+    knobs.scope.title = watching ? model.get("read_only") : "applied from the next step on";
+    knobs.budgetNote.textContent = scrubbed ? `(step ${model.get("history_first") + idx} ran under these${watching ? "" : "; Live to change them"})` : "";
     for (const [k, input] of Object.entries(knobs.b)) {
-      input.disabled = scrubbed;
+      input.disabled = scrubbed || watching;
       if (!(k in bud) || (input === document.activeElement && force !== true && !scrubbed)) continue;
       if (input.type === "checkbox") input.checked = !!bud[k];
       else input.value = String(bud[k]);
@@ -344,7 +349,19 @@ function render({ model, el }) {
     drawer.hidden = !open;
     root.dataset.drawer = open ? "open" : "closed";
     ui.drawerBtn.setAttribute("aria-expanded", open ? "true" : "false");
-    ui.drawerBtn.textContent = open ? "\u25be requests & knobs" : "\u25b8 add request \u00b7 presets \u00b7 knobs";
+    const watching = !!model.get("read_only");
+    ui.drawerBtn.textContent = watching ? `${open ? "\u25be" : "\u25b8"} the server's budgets`
+      : open ? "\u25be requests & knobs" : "\u25b8 add request \u00b7 presets \u00b7 knobs";
+  };
+  // A Session that only watches (a live server): whatever would drive the engine is hidden.
+  const drivers = [ui.stepBtn, ui.runN, ui.runBtn, ui.playBtn, ui.speed, ui.resetBtn, form.el, knobs.poolRow];
+  views.readOnly = () => {
+    const why = model.get("read_only") || "";
+    root.dataset.readOnly = why ? "true" : "false";
+    for (const e of drivers) e.hidden = !!why;
+    if (why) views.stopPlay();
+    views.setDrawer(!drawer.hidden);
+    views.knobs();
   };
   ui.drawerBtn.addEventListener("click", () => views.setDrawer(drawer.hidden));
   views.setDrawer(window.innerHeight >= DRAWER_OPEN_MIN_HEIGHT);
@@ -359,7 +376,8 @@ function render({ model, el }) {
   model.on("change:chat_template_available", views.chatTemplate);
   for (const k of ["view_index", "budget", "pool"]) model.on(`change:${k}`, () => views.knobs());
   model.on("change:play_interval_ms", () => { ui.speed.value = String(model.get("play_interval_ms")); });
-  views.status(); views.history(); views.error(); views.knobs(); views.play(); views.caption(); views.chatTemplate();
+  model.on("change:read_only", views.readOnly);
+  views.status(); views.history(); views.error(); views.knobs(); views.play(); views.caption(); views.chatTemplate(); views.readOnly();
   return () => { views.stopPlay(); sender.dispose(); };
 }
 

@@ -52,6 +52,10 @@ class ControlsPanel(Panel):
                             "top_k": 0, "top_p": 1.0, "ignore_eos": False, "seed": None}).tag(sync=True)
     presets = t.List(DEFAULT_PRESETS).tag(sync=True)
     play_interval_ms = t.Int(250).tag(sync=True)
+    # Why the Session only watches its engine ("" when it drives it): a live server's clients
+    # send the requests and its command line sets the budgets, so Step, the form and the pool
+    # are hidden and the budgets are shown read-only.
+    read_only = t.Unicode("").tag(sync=True)
 
     def handle_action(self, content: dict) -> bool:
         if content.get("action") == "clear_error":

@@ -34,7 +34,14 @@ function render({ model, el }) {
         chosen ? kvsEl("span", { class: "kvs-chip kvs-chosen-chip", text: "chosen" }) : null,
       ]);
     }));
-    if (!s.top.some((t) => t[0] === s.token_id)) {
+    if (s.note) {  // the record has no candidates: the chosen token (when known) and why
+      if (s.token_id !== null) {
+        bars.append(kvsEl("div", { class: "kvs-bar-row kvs-chosen", "data-testid": "kvs-sampler-chosen" }, [
+          kvsEl("span", { class: "kvs-cand kvs-mono", title: `token id ${s.token_id}`, text: kvsTok(s.text) || `<${s.token_id}>` }),
+          kvsEl("span"), kvsEl("span"), kvsEl("span", { class: "kvs-chip kvs-chosen-chip", text: "chosen" })]));
+      }
+      bars.append(kvsEl("div", { class: "kvs-muted kvs-sampler-note", "data-testid": "kvs-sampler-note", text: s.note }));
+    } else if (!s.top.some((t) => t[0] === s.token_id)) {
       bars.append(kvsEl("div", { class: "kvs-bar-row kvs-chosen", "data-testid": "kvs-sampler-chosen" }, [
         kvsEl("span", { class: "kvs-cand kvs-mono", text: kvsTok(s.text) }), kvsEl("span", { class: "kvs-muted", text: "chosen (outside the top list)" })]));
     }

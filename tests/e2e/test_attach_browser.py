@@ -79,6 +79,21 @@ def test_dashboard_follows_a_live_server_and_pause_holds_it(tmp_path, vllm_serve
         assert data_step(dash, testid) == data_step(dash, "kvs-queues")
     save_screenshot(page, "attach-1-following")
 
+    # -- What the Session cannot drive is hidden; what the feed does not carry is said ----------
+    controls = dash.get_by_test_id("kvs-controls").first
+    assert controls.get_attribute("data-read-only") == "true"
+    for testid in ("kvs-step-btn", "kvs-run-btn", "kvs-play-btn", "kvs-reset-btn", "kvs-add-btn", "kvs-pool"):
+        assert controls.get_by_test_id(testid).count() == 1 and not controls.get_by_test_id(testid).is_visible(), testid
+    if controls.get_attribute("data-drawer") != "open":
+        controls.get_by_test_id("kvs-drawer-toggle").click()
+    assert "read-only" in controls.get_by_test_id("kvs-budget-scope").inner_text()
+    tokens = controls.get_by_test_id("kvs-budget-tokens")
+    assert tokens.is_disabled() and tokens.input_value() == "128"
+    note = dash.get_by_test_id("kvs-sampler-note")
+    note.wait_for(timeout=TIMEOUT_MS)
+    assert "feed carries none" in note.inner_text()
+    assert "not in the live feed" in dash.get_by_test_id("kvs-attn-message").first.inner_text()
+
     # -- Pause: the server goes on, the panels hold --------------------------------------------
     toggle.click()
     page.wait_for_function("""() => document.querySelector('[data-testid="kvs-follow-toggle"]')?.textContent === 'Follow'""",

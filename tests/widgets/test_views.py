@@ -226,6 +226,14 @@ def test_sampler_state_finds_the_latest_sample_and_params(fresh_session) -> None
     # Scrubbed back to step 0 (nothing sampled yet): a note instead of candidates.
     early = views.sampler_state(s.history[:1], s.history[0].snapshot, "0", texts)
     assert "top" not in early["sample"] and "not been sampled" in early["sample"]["note"]
+    # A record with the chosen token only (a live server's feed), or without token ids at all
+    # (KVSCOPE_FEED_TOKENS=0): the panel is told why there are no candidates.
+    bare = {"record": {**rec, "sampled": {"0": {**rec["sampled"]["0"], "top": []}}}, "snapshot": s.current.snapshot}
+    no_top = views.sampler_state([bare], s.current.snapshot, "0", texts)["sample"]
+    assert no_top["token_id"] == rec["sampled"]["0"]["token_id"] and no_top["top"] == []
+    assert "only the chosen token" in no_top["note"]
+    bare["record"]["sampled"]["0"]["token_id"] = None
+    assert "KVSCOPE_FEED_TOKENS=0" in views.sampler_state([bare], s.current.snapshot, "0", texts)["sample"]["note"]
 
 
 def test_latency_rows_are_on_the_engine_clock(fresh_session) -> None:

@@ -48,7 +48,7 @@ STAGE = REPO / "build" / "docs_src"
 SITE = REPO / "docs" / "site"
 CONFIG = REPO / "mkdocs.yml"
 # Pages shared with readers of the repository (README links them) and site-only pages.
-SHARED_PAGES = ("panels.md", "vllm.md", "fidelity.md", "performance.md", "architecture.md", "install.md",
+SHARED_PAGES = ("panels.md", "vllm.md", "attach.md", "fidelity.md", "performance.md", "architecture.md", "install.md",
                 "testing.md")
 SITE_SRC = REPO / "docs" / "site_src"
 REPLAY_BUDGET = 1_000_000

@@ -160,7 +160,10 @@ def bench(reps: int = 3, scale: float = 1.0, dtype: str = "float32", model: str 
     # (AVX2 / AVX-512 / AVX512_BF16 / AMX) and the kernels torch picked for them.
     info = llm.engine.model_info
     out(f"CPU {cpu_summary()}; torch CPU kernels: {torch.backends.cpu.get_cpu_capability()}")
-    out(f"model {info['name']} ({dtype}; arithmetic in {info['compute_dtype']}), torch {torch.__version__}, "
+    # A bf16 CPU engine: bf16 values in and out of every linear, sums and activations in fp32.
+    arithmetic = (f"activations in {info['compute_dtype']}, linears rounding to {dtype}"
+                  if info["compute_dtype"] != dtype else f"arithmetic in {dtype}")
+    out(f"model {info['name']} ({dtype}; {arithmetic}), torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads, {reps} repetitions, scale {scale}; engine: "
         f"KV pool {BENCH_KV_BYTES / 2**30:.0f} GiB ({llm.engine.runner.num_blocks} blocks), loaded in {load_s:.1f} s, "
         f"attention backend {info['attention_backend']}, native CPU kernels {_on_off(unavailable_reason())}, "

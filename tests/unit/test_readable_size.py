@@ -43,3 +43,11 @@ def test_every_public_class_says_what_it_is():
                 if isinstance(node, ast.ClassDef) and not node.name.startswith("_") and not ast.get_docstring(node):
                     missing.append(f"{path.relative_to(ROOT)}: {node.name}")
     assert not missing, "public classes without a docstring:\n" + "\n".join(missing)
+
+
+README_MAX_BYTES = 12_000  # what it is, the picture, the two commands, the tour; the detail lives in docs/
+
+
+def test_the_readme_reads_in_five_minutes():
+    size = len((ROOT / "README.md").read_bytes())
+    assert size <= README_MAX_BYTES, f"README.md is {size} bytes (limit {README_MAX_BYTES}): move detail to docs/"

@@ -8,18 +8,18 @@ import time
 from .config import SCHEDULER_KNOBS, EngineConfig
 from .core.kv_cache_manager import KVCacheManager
 from .core.scheduler import Scheduler
-from .distributed import check_tensor_parallel
-from .distributed.executor import WorkerGroup
-from .forward_timer import ForwardTimer
+from .parallel import check_tensor_parallel
+from .executor.executor import WorkerGroup
+from .runner.forward_timer import ForwardTimer
 from .input_processor import InputProcessor
 from .model import ModelSpec
-from .model_runner import ModelRunner, resolve_device
+from .runner.model_runner import ModelRunner, resolve_device
 from .report.invariants import check_invariants
 from .report.model_info import model_info, tensor_parallel_facts
 from .report.probe import AttentionProbe, probe_attention
 from .report.records import EngineSnapshot, StepRecord, engine_snapshot, step_record
 from .request import Request
-from .sampler import Sampler
+from .runner.sampler import Sampler
 from .sampling_params import SamplingParams
 from .tokenizer import fast_decoder, load_tokenizer
 

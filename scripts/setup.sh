@@ -85,10 +85,14 @@ else
 fi
 
 if [[ "${1:-}" == "--with-browser" ]]; then
-  if [[ ! -x /usr/lib/chromium/chromium && ! -x /usr/bin/chromium ]]; then
-    echo "[setup] installing Debian chromium for the browser tests"
+  # Debian chromium for the browser tests; node for the panels' JS tests without a browser.
+  missing=()
+  [[ -x /usr/lib/chromium/chromium || -x /usr/bin/chromium ]] || missing+=(chromium)
+  command -v node >/dev/null || missing+=(nodejs)
+  if (( ${#missing[@]} )); then
+    echo "[setup] installing Debian ${missing[*]} for the tests"
     if [[ $(id -u) -eq 0 ]]; then SUDO=""; else SUDO="sudo"; fi
-    $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
+    $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
   fi
 fi
 # Convert the default model once (cached under ~/.cache/kvscope; a second run is instant).

@@ -168,7 +168,7 @@ class NativeCpuKernels:
         return [ids[r * k:(r + 1) * k] for r in range(rows)], [probs[r * k:(r + 1) * k] for r in range(rows)]
 
     def decode_forward(self, decoder: DecoderPointers, batch: DecodeBatchPointers) -> None:
-        """The whole forward of a batch of decodes, to the logits (engine/native_decode.py fills both)."""
+        """The whole forward of a batch of decodes, to the logits (engine/runner/native_decode.py fills both)."""
         self.lib.kv_decode_forward(ctypes.byref(decoder), ctypes.byref(batch))
 
     def read_streams(self, buf: torch.Tensor) -> float:

@@ -10,8 +10,8 @@ from torch import nn
 
 from ..attention import AttentionBackend, AttentionMetadata
 from ..cpu_kernels import native
-from ..distributed.layers import RowParallelLinear, VocabParallelEmbedding
-from ..distributed.parallel_state import SINGLE, TensorParallel
+from ..parallel.layers import RowParallelLinear, VocabParallelEmbedding
+from ..parallel.parallel_state import SINGLE, TensorParallel
 from .cpu_linear import (PackedLinear, gemm_dtype_for, pack_linear_layers, place_panels_on_huge_pages,
                          rounding_for)
 from .layers import RMSNorm, RotaryEmbedding, SwiGLU

@@ -10,8 +10,8 @@ from torch import nn
 import torch.nn.functional as F
 
 from ..cpu_kernels import NativeCpuKernels
-from ..distributed.layers import RowParallelLinear
-from ..distributed.parallel_state import SINGLE, TensorParallel
+from ..parallel.layers import RowParallelLinear
+from ..parallel.parallel_state import SINGLE, TensorParallel
 
 
 class RMSNorm(nn.Module):

@@ -11,7 +11,7 @@ import torch
 from safetensors import safe_open
 from tqdm.auto import tqdm
 
-from ..distributed.sharding import shard_bounds, split_dim
+from ..parallel.sharding import shard_bounds, split_dim
 from .decoder import CausalLM
 
 # HF name fragment -> (our packed parameter, shard index). Shard offsets come from the shapes.

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..distributed.sharding import rank_ranges, sharding_layout
+from ..parallel.sharding import rank_ranges, sharding_layout
 from ..dtypes import dtype_name
 
 if TYPE_CHECKING:
     from ..config import EngineConfig
     from ..model import ModelSpec
-    from ..model_runner import ModelRunner
+    from ..runner.model_runner import ModelRunner
 
 
 def model_info(config: "EngineConfig", spec: "ModelSpec", runner: "ModelRunner", tp_facts: dict) -> dict:

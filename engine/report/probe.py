@@ -7,7 +7,7 @@ from typing import Callable
 import torch
 
 from ..model import ModelSpec
-from ..model_runner import ModelRunner
+from ..runner.model_runner import ModelRunner
 from ..request import Request, RequestStatus
 
 

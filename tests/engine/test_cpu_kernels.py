@@ -297,7 +297,7 @@ def test_sampler_gives_torchs_tokens_and_candidates_with_the_native_pass():
     """The engine's sampler both ways on the same logits: greedy rows with 0, 3 and 10
     candidates shown, and a random row between them (drawn with the same seed)."""
     from engine.request import Request
-    from engine.sampler import Sampler
+    from engine.runner.sampler import Sampler
 
     logits = torch.randn(4, 5000, generator=torch.Generator().manual_seed(0)) * 3
     params = [SamplingParams(temperature=0.0, logprobs_top=10), SamplingParams(temperature=0.0, logprobs_top=0),

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine import LLM
-from engine.cuda_graphs import DecodeGraphs, graph_batch_sizes, why_no_graphs
+from engine.runner.cuda_graphs import DecodeGraphs, graph_batch_sizes, why_no_graphs
 
 from .helpers import greedy, run_all
 

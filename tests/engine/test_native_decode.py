@@ -1,4 +1,4 @@
-"""Decode steps as one native call (engine/native_decode.py) against the layer-by-layer forward
+"""Decode steps as one native call (engine/runner/native_decode.py) against the layer-by-layer forward
 it replaces: the same logits bit for bit on every architecture, the path named in each
 StepRecord, and the reasons it is off where it cannot run."""
 import pytest

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.distributed import TensorParallelError, check_tensor_parallel
+from engine.parallel import TensorParallelError, check_tensor_parallel
 from engine.model import ModelSpec
 
 # A small pool and budget: mixed batches chunk long prompts, hit the prefix cache and preempt.
@@ -242,9 +242,9 @@ def test_workers_exit_with_the_context_manager_and_at_interpreter_exit(tiny_qwen
     # the workers and the runner that drives them without an LLM: no tokenizer, a faster test.)
     code = textwrap.dedent(f"""
         from engine import EngineConfig
-        from engine.distributed.executor import WorkerGroup
+        from engine.executor.executor import WorkerGroup
         from engine.model import ModelSpec
-        from engine.model_runner import ModelRunner, resolve_device
+        from engine.runner.model_runner import ModelRunner, resolve_device
         if __name__ == "__main__":
             path = {str(tiny_qwen3_path)!r}
             config = EngineConfig(model=path, tensor_parallel_size=2, num_kv_blocks=8)

@@ -1,5 +1,5 @@
 """Paged KV cases shared by the kernel and backend tests: random block tables and caches,
-AttentionMetadata built as engine.model_runner builds it, and one step's attention run
+AttentionMetadata built as engine.runner.model_runner builds it, and one step's attention run
 through several backends on the same inputs."""
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def caches(gen: torch.Generator, num_blocks: int, block_size: int, kvh: int, d: 
 
 def metadata(seqs: list[tuple[int, int]], tables: torch.Tensor, block_size: int,
               write: bool = True) -> AttentionMetadata:
-    """AttentionMetadata as engine.model_runner builds it for sequences (context_len, num_queries)."""
+    """AttentionMetadata as engine.runner.model_runner builds it for sequences (context_len, num_queries)."""
     qsl, seq_lens, slots, decode_ids = [0], [], [], []
     for i, (c, n) in enumerate(seqs):
         qsl.append(qsl[-1] + n)

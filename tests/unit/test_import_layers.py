@@ -14,6 +14,17 @@ PACKAGES = ("engine", "explorer", "widgets")
 ALLOWED = {"engine": {"engine"}, "widgets": {"widgets"}, "explorer": {"engine", "explorer", "widgets"}}
 # engine/core decides what the vLLM differential tests compare: plain Python, no torch.
 TORCH_FREE = ("engine.core",)
+# Inside the engine, arrows that must never exist (docs/architecture.md's layers): the decisions
+# reach nothing with tensors; the runner never drives the tensor-parallel processes (they drive
+# it); the tensor-parallel primitives never import the model (the model imports them).
+TENSOR_FOLDERS = ("engine.runner", "engine.model", "engine.attention", "engine.parallel", "engine.executor",
+                  "engine.cpu_kernels")
+FORBIDDEN = [("engine.core", f) for f in TENSOR_FOLDERS] + [
+    ("engine.runner", "engine.executor"),
+    ("engine.parallel", "engine.model"),
+    ("engine.parallel", "engine.runner"),
+    ("engine.parallel", "engine.executor"),
+]
 
 
 def _modules() -> dict[str, Path]:
@@ -117,3 +128,26 @@ def test_engine_core_imports_no_torch():
 
 def test_the_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def _wrong_arrows(graph: dict[str, set[str]]) -> list[str]:
+    def inside(name: str, folder: str) -> bool:
+        return name == folder or name.startswith(folder + ".")
+
+    return sorted(f"{name} imports {dep}" for name, deps in graph.items() for dep in deps
+                  for src, dst in FORBIDDEN if inside(name, src) and inside(dep, dst))
+
+
+def test_the_engine_folders_point_one_way():
+    for folder in {f for pair in FORBIDDEN for f in pair}:
+        assert (ROOT / folder.replace(".", "/")).is_dir(), f"{folder} is missing"
+    bad = _wrong_arrows(_graph())
+    assert not bad, "\n".join(bad)
+
+
+def test_a_planted_wrong_arrow_is_found():
+    graph = _graph()
+    graph["engine.runner.model_runner"] = graph["engine.runner.model_runner"] | {"engine.executor.executor"}
+    graph["engine.parallel.sharding"] = graph["engine.parallel.sharding"] | {"engine.model.spec"}
+    assert _wrong_arrows(graph) == ["engine.parallel.sharding imports engine.model.spec",
+                                    "engine.runner.model_runner imports engine.executor.executor"]

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from engine.distributed.sharding import rank_ranges, sharding_layout
+from engine.parallel.sharding import rank_ranges, sharding_layout
 from engine.model import ModelSpec
 from explorer.tp_view import tensor_parallel_panel, tensor_parallel_state
 from widgets import Panel

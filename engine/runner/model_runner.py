@@ -2,7 +2,7 @@
 the per-layer KV pools, and runs the forward pass.
 
 With tensor_parallel_size > 1 the runner in the caller's process is rank 0: it starts the
-worker processes (`distributed.executor.WorkerGroup`), sends each step's inputs to them,
+worker processes (`engine.executor.WorkerGroup`), sends each step's inputs to them,
 and runs its own shard; each worker runs the same runner class on its shard."""
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ from typing import Any
 
 import torch
 
-from .attention import AttentionMetadata, get_attention_backend
-from .config import EngineConfig
+from ..attention import AttentionMetadata, get_attention_backend
+from ..config import EngineConfig
 from .cuda_graphs import DecodeGraphs, why_no_graphs
-from .distributed.parallel_state import SINGLE, TensorParallel
-from .dtypes import compute_dtype, resolve_dtype
-from .model import CausalLM, ModelSpec, load_weights
-from .model.cpu_linear import cpu_packing_available
+from ..parallel.parallel_state import SINGLE, TensorParallel
+from ..dtypes import compute_dtype, resolve_dtype
+from ..model import CausalLM, ModelSpec, load_weights
+from ..model.cpu_linear import cpu_packing_available
 from .native_decode import NativeDecode, why_no_native_decode
-from .core.scheduler import SchedulerOutput
+from ..core.scheduler import SchedulerOutput
 
 @dataclass
 class ModelRunnerOutput:

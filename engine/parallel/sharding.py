@@ -7,10 +7,18 @@ this table to take only its slice from the safetensors file; `sharding_layout` r
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from ..model.spec import ModelSpec
+
+class ShardedShape(Protocol):
+    """The sizes tensor parallelism splits across ranks (engine.model.ModelSpec has them: the
+    model imports this package, never the reverse)."""
+
+    num_heads: int
+    num_kv_heads: int
+    vocab_size: int
+    intermediate_size: int
+
 
 # HF module name -> the dimension of its weight split across ranks (0: rows, 1: columns).
 SPLIT_DIM = {"embed_tokens": 0, "lm_head": 0, "q_proj": 0, "k_proj": 0, "v_proj": 0,
@@ -33,7 +41,7 @@ def shard_bounds(length: int, rank: int, size: int) -> tuple[int, int]:
     return rank * part, (rank + 1) * part
 
 
-def rank_ranges(spec: "ModelSpec", size: int) -> list[dict]:
+def rank_ranges(spec: ShardedShape, size: int) -> list[dict]:
     """Per rank: its [lo, hi) of query heads, KV heads, vocabulary rows and MLP rows."""
     return [{"rank": r, "heads": list(shard_bounds(spec.num_heads, r, size)),
              "kv_heads": list(shard_bounds(spec.num_kv_heads, r, size)),
@@ -42,7 +50,7 @@ def rank_ranges(spec: "ModelSpec", size: int) -> list[dict]:
             for r in range(size)]
 
 
-def sharding_layout(spec: "ModelSpec", size: int) -> list[dict]:
+def sharding_layout(spec: ShardedShape, size: int) -> list[dict]:
     """One entry per weight of a decoder layer (plus embedding, final norm, LM head), in
     forward order: HF name, full [out, in] shape, how it is split, what it is packed into,
     and the collective that follows it."""

@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from ..config import EngineConfig
 from ..model import ModelSpec
-from .parallel_state import TensorParallel, TensorParallelError, check_tensor_parallel, new_group
+from ..parallel.parallel_state import TensorParallel, TensorParallelError, check_tensor_parallel, new_group
 from .worker import ForwardInputs, WorkerArgs
 
 HOST = "127.0.0.1"
@@ -48,7 +48,7 @@ ENGINE_ROOT = str(Path(__file__).resolve().parents[2])
 # workers if one lands mid-step), so a worker ignores SIGINT from its first line on.
 WORKER_PROGRAM = ("import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
                   "sys.path.insert(0, sys.argv[1]); "
-                  "from engine.distributed.worker import main; main(int(sys.argv[2]))")
+                  "from engine.executor.worker import main; main(int(sys.argv[2]))")
 
 
 class WorkerGroup:

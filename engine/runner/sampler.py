@@ -5,8 +5,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .cpu_kernels import native
-from .request import Request
+from ..cpu_kernels import native
+from ..request import Request
 
 
 @dataclass

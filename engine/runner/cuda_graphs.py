@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .attention import AttentionMetadata
+from ..attention import AttentionMetadata
 
 MAX_GRAPH_BATCH = 512
 GRAPH_BACKENDS = ("triton", "flash_attn")

@@ -21,10 +21,10 @@ import ctypes
 
 import torch
 
-from .cpu_kernels import DecodeBatchPointers, DecoderLayerPointers, DecoderPointers, NativeCpuKernels, native
-from .dtypes import dtype_name
-from .model import CausalLM
-from .model.cpu_linear import NATIVE_MAX_ROWS, PackedLinear, rounding_for
+from ..cpu_kernels import DecodeBatchPointers, DecoderLayerPointers, DecoderPointers, NativeCpuKernels, native
+from ..dtypes import dtype_name
+from ..model import CausalLM
+from ..model.cpu_linear import NATIVE_MAX_ROWS, PackedLinear, rounding_for
 
 BACKEND = "cpu"  # the attention backend whose decodes (and K/V layout) the native call reproduces
 

@@ -10,13 +10,12 @@ from __future__ import annotations
 import datetime
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-if TYPE_CHECKING:  # the model package imports this module
-    from ..model.spec import ModelSpec
+from .sharding import ShardedShape
 
 # Generous: a collective waits for the slowest rank's whole layer (a long prefill on a
 # loaded CPU). A crashed peer is reported at once (gloo sees the socket close); this only
@@ -119,7 +118,7 @@ def new_group(store: dist.Store, rank: int, size: int, backend: str,
     raise ValueError(f"tensor-parallel backend must be 'gloo' or 'nccl', got {backend!r}")
 
 
-def check_tensor_parallel(spec: "ModelSpec", size: int) -> None:
+def check_tensor_parallel(spec: ShardedShape, size: int) -> None:
     """ValueError (naming the model field) unless every sharded dimension splits evenly."""
     if size == 1:
         return

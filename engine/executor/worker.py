@@ -63,7 +63,7 @@ class ForwardInputs:
                    list(meta.decode_seq_ids), list(logits_indices))
 
     def run(self, runner: Any) -> None:
-        from ..model_runner import Batch
+        from ..runner.model_runner import Batch
 
         batch = Batch(self.input_ids, self.positions, self.query_start_loc, self.seq_lens, self.slot_mapping,
                       self.block_tables, self.logits_indices)
@@ -104,8 +104,8 @@ def _serve(args: WorkerArgs, conn: Any) -> None:
     from tqdm import tqdm
 
     from ..dtypes import resolve_dtype
-    from ..model_runner import ModelRunner, build_model
-    from .parallel_state import COLLECTIVE_TIMEOUT, TensorParallel, new_group
+    from ..runner.model_runner import ModelRunner, build_model
+    from ..parallel.parallel_state import COLLECTIVE_TIMEOUT, TensorParallel, new_group
 
     # tqdm (the weight loader's progress bar, disabled here but still made) would otherwise
     # create a multiprocessing RLock: a named semaphore wherever multiprocessing's start method

@@ -30,7 +30,9 @@ function render({ model, el }) {
     stats.replaceChildren(
       kvsEl("span", { text: `${s.engine || "vLLM"} at ${s.address || "?"} · run ${(s.run_id || "").slice(0, 8)} · applied ${s.applied || 0}` }),
       kvsEl("span", { class: lost ? "kvs-follow-warn" : "", "data-testid": "kvs-follow-lost",
-                      text: ` · missed ${s.missed || 0}, dropped here ${s.dropped_here || 0}` }),
+                      text: ` · missed ${s.missed || 0}, dropped here ${s.dropped_here || 0}`
+                        + (s.rebased ? ` (state retaken from ${s.rebased} snapshot${s.rebased > 1 ? "s" : ""})` : ""),
+                      title: "a missed step is never patched over: the state comes from a fresh snapshot" }),
       kvsEl("span", { class: s.rejected ? "kvs-follow-warn" : "", text: ` · rejected ${s.rejected || 0}` }),
       kvsEl("span", { text: ` · recorder: sent ${sv.published || 0}, unobserved ${sv.unobserved || 0}, errors ${sv.errors || 0}` }));
     notes.replaceChildren(...(s.notes || []).slice(-3).map((n) => kvsEl("div", { text: n })));

@@ -8,11 +8,12 @@ only what the step touched, and costs O(what the step did):
 - `blocks`: the block dicts (explorer.vllm_records.block_dict) of every block the step
   allocated, hit, freed or dropped a reference to, cached, evicted, or wrote tokens into.
   `owners` is left out: the client derives it from the running requests' block tables.
-- `requests`: each request the step scheduled, preempted or finished, and each one added
-  since the previous step, as its request dict without the growing lists; those come as
-  tails: `output_from` / `output_tail` (the output token ids from index `output_from` on)
-  and `table_from` / `table_tail` (the block table likewise). A request new to the feed
-  also carries its `prompt_token_ids`.
+- `requests`: each request the step scheduled or preempted, and each one added since the
+  previous step, as its request dict without the growing lists; those come as tails:
+  `output_from` / `output_tail` (the output token ids from index `output_from` on),
+  `table_from` / `table_tail` (the block table likewise) and `clocks` (its metrics' times,
+  `token_times` as a tail). A request new to the feed also carries its prompt, its text,
+  `max_tokens` and sampling parameters, which never change.
 - `queues`: the waiting and running request ids in order; `finished`: the finished request
   dicts of this step (each sent once); `num_free_blocks` and `metrics`.
 
@@ -112,13 +113,10 @@ def _clock(old: dict | None, change: dict, rid: str) -> dict:
 
 def _owners(running: list[dict], wanted: set[int]) -> dict[int, list[str]]:
     """For the blocks in `wanted`: the running requests whose block table holds them, in queue
-    order (how the recorder's full snapshot lists them)."""
+    order (as the recorder's whole snapshot lists them)."""
     owners: dict[int, list[str]] = {}
     for r in running:
-        rid = r[REQ.REQUEST_ID]
         for b in r[REQ.BLOCK_TABLE]:
             if b in wanted:
-                holders = owners.setdefault(b, [])
-                if not holders or holders[-1] != rid:
-                    holders.append(rid)
+                owners.setdefault(b, []).append(r[REQ.REQUEST_ID])
     return owners

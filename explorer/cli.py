@@ -6,8 +6,10 @@ file only parses arguments, and imports those modules lazily so `--help` stays f
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
-from typing import Sequence
+from pathlib import Path
+from typing import Any, Sequence
 
 
 def _positive_int(text: str) -> int:
@@ -139,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     attach = sub.add_parser("attach", help="follow a running vLLM server's steps (its kvscope recorder feed)",
                             description="Print each step of a vLLM server started with --scheduler-cls "
-                                        "explorer.vllm_live.RecordingScheduler, as it runs (Ctrl-C stops).")
+                                        "explorer.drivers.vllm_live.RecordingScheduler, as it runs (Ctrl-C stops).")
     attach.add_argument("address", help="the server's KVSCOPE_FEED, e.g. tcp://127.0.0.1:5590")
     attach.add_argument("--model", default=None, help="local model folder, for text (default: the server's, if here)")
     attach.add_argument("--kv-events", default=None, help="the server's --kv-events-config endpoint, for the prefix tree")
@@ -174,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     if args.command == "bench":
-        from .bench.offline import bench
+        bench = _benchmark("offline", "bench")
 
         if not 0 < args.scale <= 1:
             print(f"error: --scale must be in (0, 1], got {args.scale}", file=sys.stderr)
@@ -184,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _write_json(args.json, results)
         return 0
     if args.command == "bench-linears":
-        from .bench.linears import bench_linears
+        bench_linears = _benchmark("linears", "bench_linears")
 
         try:
             _write_json(args.json, bench_linears(dtype=args.dtype, model=args.model, reps=args.reps))
@@ -193,7 +195,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         return 0
     if args.command == "bench-ui":
-        from .bench.ui import BenchUnavailable, bench_ui
+        bench_ui = _benchmark("ui", "bench_ui")
+        BenchUnavailable = _benchmark("ui_common", "BenchUnavailable")
 
         try:
             results = bench_ui(steps=args.steps, browser=args.browser, model=args.model,
@@ -225,7 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   "max_num_batched_tokens": args.max_num_batched_tokens, "max_num_seqs": args.max_num_seqs}
         return run_app(port=args.port, open_browser=not args.no_browser, model=args.model, config=config)
     if args.command == "attach":
-        from .vllm_live.cli import run_attach
+        from .drivers.vllm_live.cli import run_attach
 
         return run_attach(args.address, model=args.model, kv_events=args.kv_events, seconds=args.seconds,
                           export=args.export, timeout=args.timeout)
@@ -235,6 +238,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_doctor()
     parser.print_help(sys.stderr)
     return 2
+
+
+def _benchmark(module: str, name: str) -> Any:
+    """`name` from the checkout's benchmarks/`module`.py. The benchmarks are not shipped in the
+    wheel (they need the checkout's tests' checkpoints, a browser, vLLM): `kvscope bench` works
+    from a checkout, and says so elsewhere."""
+    checkout = Path(__file__).resolve().parents[1]
+    if not (checkout / "benchmarks" / "__init__.py").is_file():
+        raise SystemExit("error: the benchmarks live in a kvscope checkout (benchmarks/), which this "
+                         f"install ({checkout}) is not: clone the repository and run `make setup` there")
+    if str(checkout) not in sys.path:
+        sys.path.insert(0, str(checkout))
+    return getattr(importlib.import_module(f"benchmarks.{module}"), name)
 
 
 def _write_json(path: str | None, results: dict) -> None:

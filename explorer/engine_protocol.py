@@ -1,5 +1,5 @@
 """What a Session needs from an engine, spelled once: kvscope's `LLMEngine` and the vLLM
-adapter (`explorer.vllm_engine.VllmEngine`) are its two implementations.
+adapter (`explorer.drivers.vllm_engine.VllmEngine`) are its two implementations.
 
 `Engine` is the engine-facing side (add a request, step, snapshot, abort, probe, change the
 scheduler's budget); every dict it hands out has the shapes of docs/architecture.md, so the
@@ -7,12 +7,11 @@ panels cannot tell the engines apart except by `model_info["engine"]`, which the
 
 `EngineDriver` is the construction side: it owns an engine, builds the next one for
 `Session.reset` (validated before the old one is let go) and stops it. Drivers are looked up
-by name in `ENGINES`, imported only when asked for (vLLM is optional and slow to import).
+by name in `ENGINES` (explorer/drivers/), imported only when asked for (vLLM is optional and slow to import).
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 from engine import SamplingParams
 
@@ -76,10 +75,22 @@ class EngineDriver(Protocol):
     def shutdown(self) -> None: ...
 
 
-# name -> "module:factory"; a factory is called as factory(llm_or_config, config_fields).
-ENGINES: dict[str, str] = {
-    "kvscope": "explorer.kvscope_driver:KvscopeDriver.create",
-    "vllm": "explorer.vllm_engine:VllmDriver.create",
+def _kvscope_driver(llm_or_config: Any, config_fields: dict[str, Any]) -> EngineDriver:
+    from .drivers.kvscope import KvscopeDriver
+
+    return KvscopeDriver.create(llm_or_config, config_fields)
+
+
+def _vllm_driver(llm_or_config: Any, config_fields: dict[str, Any]) -> EngineDriver:
+    from .drivers.vllm_engine import VllmDriver  # imports vLLM: only when asked for
+
+    return VllmDriver.create(llm_or_config, config_fields)
+
+
+# Session(engine=name) -> the driver's factory (explorer/drivers/).
+ENGINES: dict[str, Callable[[Any, dict[str, Any]], EngineDriver]] = {
+    "kvscope": _kvscope_driver,
+    "vllm": _vllm_driver,
 }
 
 
@@ -92,8 +103,4 @@ def make_driver(engine: str | EngineDriver, llm_or_config: Any, config_fields: d
     key = engine.lower()
     if key not in ENGINES:
         raise ValueError(f"engine must be one of {sorted(ENGINES)}, got {engine!r}")
-    module, attr = ENGINES[key].split(":")
-    factory: Any = importlib.import_module(module)
-    for part in attr.split("."):
-        factory = getattr(factory, part)
-    return factory(llm_or_config, config_fields)
+    return ENGINES[key](llm_or_config, config_fields)

@@ -32,7 +32,7 @@ class Session:
     `Session(llm_or_config=None, *, engine="kvscope", debug_invariants=False, **config_fields)`
     accepts an `LLM`, an `EngineConfig`, a model folder (str / path) or None (the default
     model, with `config_fields` as EngineConfig overrides). `engine="vllm"` steps vLLM itself
-    (explorer.vllm_engine: `config_fields` are VllmConfig fields or vLLM engine arguments);
+    (explorer.drivers.vllm_engine: `config_fields` are VllmConfig fields or vLLM engine arguments);
     any engine of explorer.engine_protocol.ENGINES, or a ready EngineDriver, works the same.
     `engine_name` says which engine the panels show.
 
@@ -68,14 +68,14 @@ class Session:
     @classmethod
     def attach(cls, address: str, model: str | None = None, **options: Any) -> "Session":
         """Follow a running vLLM server whose scheduler is kvscope's recorder
-        (`--scheduler-cls explorer.vllm_live.RecordingScheduler`, feed at `address`, e.g.
+        (`--scheduler-cls explorer.drivers.vllm_live.RecordingScheduler`, feed at `address`, e.g.
         "tcp://127.0.0.1:5590"): a read-only Session that applies the server's steps
-        (explorer.vllm_live.client.LiveSession: `follow()`, `pause()`, `feed_status()`)."""
-        import importlib
+        (explorer.drivers.vllm_live.client.LiveSession: `follow()`, `pause()`, `feed_status()`)."""
+        # LiveSession subclasses Session, so it is imported here (tests/unit/test_import_layers.py
+        # names this one cycle).
+        from .drivers.vllm_live.client import LiveSession
 
-        # Looked up by name, as engine_protocol.ENGINES' drivers: LiveSession subclasses Session.
-        live = importlib.import_module("explorer.vllm_live.client").LiveSession
-        return live(address, model, **options)
+        return LiveSession(address, model, **options)
 
     # -- read-only views ------------------------------------------------------------------
     @property
@@ -85,7 +85,7 @@ class Session:
 
     @property
     def engine(self) -> Engine:
-        """The engine being driven (kvscope's LLMEngine, or explorer.vllm_engine.VllmEngine)."""
+        """The engine being driven (kvscope's LLMEngine, or explorer.drivers.vllm_engine.VllmEngine)."""
         return self._driver.engine
 
     @property

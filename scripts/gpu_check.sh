@@ -4,7 +4,7 @@
 #   1. the GPU tests: tests/kernels (compiled Triton kernels vs the torch reference; not the
 #      compile-only check, which a GPU makes redundant) and
 #      tests/gpu (Triton backend, CUDA graphs, pool sizing, parity with transformers);
-#   2. the GPU benchmark (python -m explorer.bench.gpu).
+#   2. the GPU benchmark (python -m benchmarks.gpu).
 # Packages that machine lacks travel as wheels in .whl/ (scripts/gpu_wheels.sh fetches them
 # and says how to carry them: the default model's wheel comes in two halves).
 # Logs and the benchmark's JSON go to $OUT (default /tmp/kvscope-gpu). Exit status: the tests'.
@@ -38,7 +38,7 @@ start=$(date +%s)
 timeout "${TEST_TIMEOUT:-300}" $PY -m pytest -m "gpu or not gpu" tests/kernels tests/gpu -q -p no:cacheprovider --maxfail=10 -rfEs --ignore=tests/kernels/test_triton_aot.py \
   -o addopts="" -W ignore::DeprecationWarning 2>&1 | tee "$OUT/gpu_tests.log"
 tests_rc=${PIPESTATUS[0]}
-timeout "${BENCH_TIMEOUT:-240}" $PY -m explorer.bench.gpu --json "$OUT/gpu_bench.json" ${BENCH_ARGS:-} 2>&1 \
+timeout "${BENCH_TIMEOUT:-240}" $PY -m benchmarks.gpu --json "$OUT/gpu_bench.json" ${BENCH_ARGS:-} 2>&1 \
   | tee "$OUT/gpu_bench.log"
 bench_rc=${PIPESTATUS[0]}
 echo "== summary ($(( $(date +%s) - start )) s) =="

@@ -22,9 +22,9 @@ import pytest
 
 # ---------------------------------------------------------------------------
 # Model checkpoints: the default model and tiny random Qwen3 / Qwen2 / Llama
-# checkpoints with Qwen's real tokenizer (explorer/bench/checkpoints.py).
+# checkpoints with Qwen's real tokenizer (benchmarks/checkpoints.py).
 # ---------------------------------------------------------------------------
-from explorer.bench import checkpoints
+from benchmarks import checkpoints
 
 # tests/ is on sys.path when it has no __init__.py (pytest's rootdir-less
 # "prepend" import); the repository root is, when it has one.
@@ -148,7 +148,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # e2e tests and the panel tests share this one.
 @pytest.fixture(scope="session")
 def chromium_path() -> str:
-    from explorer.lab_harness import find_chromium
+    from benchmarks.lab_harness import find_chromium
 
     path = find_chromium()
     if path is None:
@@ -158,7 +158,7 @@ def chromium_path() -> str:
 
 @pytest.fixture(scope="session")
 def browser(chromium_path: str):
-    from explorer.lab_harness import CHROMIUM_ARGS
+    from benchmarks.lab_harness import CHROMIUM_ARGS
 
     sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
     with sync_api.sync_playwright() as pw:

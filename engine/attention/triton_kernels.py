@@ -301,7 +301,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
 
 def _prefill_tiles(block_d: int, dtype: torch.dtype) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps) of the prefill kernel: the largest tiles that ptxas fits
-    in registers without spilling, for sm_90 (python -m explorer.bench.triton_aot prints the
+    in registers without spilling, for sm_90 (python -m benchmarks.triton_aot prints the
     registers and spills of each). fp32 operands take twice the registers of bf16 ones (and
     its exact 'ieee' dot runs on the FMA units, not tensor cores): at 4 warps, 64 x 64 tiles
     spilled 1.2 KB per thread at head dim 64 and 64 x 32 tiles 7 KB at 128; 8 warps spread

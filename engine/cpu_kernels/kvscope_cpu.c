@@ -674,7 +674,7 @@ static inline void add_vectors(const float *p, int64_t from, int64_t to, __m256 
 /* Reads floats [0, n) as one_row_body reads panels (each thread an even contiguous share of
  * the first vectors, cut into FP32_STREAMS runs read side by side; the last 1/DYNAMIC_TAIL to
  * whichever thread is free, FP32_STREAMS runs of a fp32 panel's size at a time) and returns
- * their sum, so that no read is skipped. The bench's bandwidth floor (explorer/bench/bandwidth.py)
+ * their sum, so that no read is skipped. The bench's bandwidth floor (benchmarks/bandwidth.py)
  * takes the faster of this and torch's sum: a floor that the engine's own reads beat would
  * flatter it. */
 #define TAIL_RUN 1152  /* vectors: a fp32 panel of the default model's hidden size (16 x 576 floats) */

@@ -1,4 +1,4 @@
-"""Fixtures of the browser tests (the machinery is in lab_harness.py)."""
+"""Fixtures of the browser tests (the machinery is in benchmarks/lab_harness.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,7 +6,7 @@ from typing import Callable, Iterator
 
 import pytest
 
-from explorer.lab_harness import TEST_OUTPUT, LabServer, LabUI, start_lab_server
+from benchmarks.lab_harness import TEST_OUTPUT, LabServer, LabUI, start_lab_server
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,7 @@ import pytest
 
 from explorer.lab import free_port
 
-from explorer.lab_harness import REPO, focus_pixels_js, isolated_jupyter_env
+from benchmarks.lab_harness import REPO, focus_pixels_js, isolated_jupyter_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

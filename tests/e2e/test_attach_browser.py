@@ -20,7 +20,7 @@ TIMEOUT_MS = 120_000
 def vllm_server(default_model_path):
     require_vllm()
     pytest.importorskip("openai")
-    from explorer.vllm_live.server import VllmServer
+    from explorer.drivers.vllm_live.server import VllmServer
 
     srv = VllmServer(default_model_path, num_gpu_blocks=40, max_num_batched_tokens=128, max_num_seqs=8,
                      kv_events=False)

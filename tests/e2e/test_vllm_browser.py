@@ -21,7 +21,7 @@ import time
 import nbformat
 import pytest
 
-from explorer.lab_harness import REPO, screenshot_whole
+from benchmarks.lab_harness import REPO, screenshot_whole
 from tests.oracle.vllm_available import require_vllm
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from explorer.lab_harness import REPO, focus_pixels_js, screenshot_whole
+from benchmarks.lab_harness import REPO, focus_pixels_js, screenshot_whole
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

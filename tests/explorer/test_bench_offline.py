@@ -6,8 +6,8 @@ import pytest
 
 from engine import LLM
 from engine.cpu_kernels import native
-from explorer.bench.bandwidth import read_bandwidth_gb_s, read_buffer, stream_steps_against_reads
-from explorer.bench.offline import bench
+from benchmarks.bandwidth import read_bandwidth_gb_s, read_buffer, stream_steps_against_reads
+from benchmarks.offline import bench
 from tests.oracle.vllm_available import require_vllm
 
 pytestmark = pytest.mark.slow
@@ -34,7 +34,7 @@ def test_bench_linears_times_both_paths_of_every_layer_linear(tiny_llama_path, t
     over every layer's linears (the LM head left out), and where oneDNN first wins."""
     import json
 
-    from explorer.bench.linears import bench_linears, layer_linears
+    from benchmarks.linears import bench_linears, layer_linears
     from explorer.cli import main
 
     if native() is None:

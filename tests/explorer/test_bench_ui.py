@@ -8,8 +8,8 @@ import json
 import ipywidgets
 import pytest
 
-from explorer.bench import ui as bench_ui
-from explorer.bench.ui import StepTimer, bench_python, prepare_session
+from benchmarks import ui as bench_ui
+from benchmarks.ui import StepTimer, bench_python, prepare_session
 from explorer.cli import main
 
 WATCHED = ("QueuesPanel", "BlockPoolPanel", "SlotMappingPanel")
@@ -118,7 +118,7 @@ def test_a_pool_too_small_for_the_requests_is_refused_naming_the_knob(tiny_qwen3
 
 
 def test_browser_part_without_chromium_says_how_to_skip_it(monkeypatch):
-    from explorer.bench import ui_page as ui_bench_page
+    from benchmarks import ui_page as ui_bench_page
 
     monkeypatch.setattr(ui_bench_page, "find_chromium", lambda: None)
     with pytest.raises(bench_ui.BenchUnavailable, match="--no-browser"):

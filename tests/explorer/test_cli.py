@@ -19,7 +19,7 @@ import pytest
 
 from explorer import doctor, lab
 from explorer.cli import main
-from explorer.lab_harness import isolated_jupyter_env
+from benchmarks.lab_harness import isolated_jupyter_env
 
 REPO = Path(__file__).resolve().parents[2]
 

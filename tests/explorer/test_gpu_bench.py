@@ -1,4 +1,4 @@
-"""explorer.bench.gpu runs end to end on a CPU with a tiny model (`--device cpu --shape tiny`):
+"""benchmarks.gpu runs end to end on a CPU with a tiny model (`--device cpu --shape tiny`):
 not a measurement, but every line of the GPU benchmark runs, so it cannot first fail on a
 GPU machine's scarce time."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from engine.cpu_kernels import native
-from explorer.bench.gpu import main, workload
+from benchmarks.gpu import main, workload
 
 
 def test_gpu_bench_runs_on_cpu_with_a_tiny_model(tmp_path, capsys):

@@ -312,7 +312,7 @@ def test_the_explorers_own_cost_per_vllm_step_is_small_next_to_vllms_step(sessio
 
 
 def test_vllms_pydantic_refusals_read_as_one_line():
-    from explorer.vllm_engine import _message
+    from explorer.drivers.vllm_engine import _message
 
     raw = ValueError("1 validation error for VllmConfig\n  Value error, Total number of attention heads (9) must be "
                      "divisible by tensor parallel size (2). [type=value_error, input_value=ArgsKwargs((), {'a': 1}), "

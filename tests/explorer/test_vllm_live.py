@@ -22,7 +22,7 @@ SYSTEM = "You are kvscope's test assistant. Answer briefly and plainly. " * 10  
 
 
 def _free_port() -> int:
-    from explorer.vllm_live.server import free_port
+    from explorer.drivers.vllm_live.server import free_port
 
     return free_port()
 
@@ -31,8 +31,8 @@ def _free_port() -> int:
 def server(default_model_path):  # only the tests marked slow below use it
     require_vllm()
     pytest.importorskip("openai")
-    from explorer.vllm_live.kv_events import KvEventSubscriber
-    from explorer.vllm_live.server import VllmServer
+    from explorer.drivers.vllm_live.kv_events import KvEventSubscriber
+    from explorer.drivers.vllm_live.server import VllmServer
 
     srv = VllmServer(default_model_path, num_gpu_blocks=NUM_BLOCKS, block_size=BLOCK, max_model_len=1024,
                      max_num_batched_tokens=BUDGET, max_num_seqs=8, log=os.environ.get("KVSCOPE_LIVE_TEST_LOG"),
@@ -210,7 +210,7 @@ def test_export_html_of_what_was_seen(live, tmp_path):
 def test_a_stalled_subscriber_never_stalls_the_server_or_the_others_and_its_drops_show(server, client, live):
     import zmq
 
-    from explorer.vllm_live import protocol
+    from explorer.drivers.vllm_live import protocol
 
     before = live.feed_status()
     ctx = zmq.Context()
@@ -257,7 +257,7 @@ class StubFeed:
 
         import zmq
 
-        from explorer.vllm_live import protocol
+        from explorer.drivers.vllm_live import protocol
 
         self.protocol = protocol
         self.ctx = zmq.Context()
@@ -439,7 +439,7 @@ def test_the_dashboard_of_a_live_session_has_follow_and_pause(stub):
 
 
 def test_the_prefix_tree_follows_stored_removed_and_cleared_events():
-    from explorer.vllm_live.kv_events import PrefixTree
+    from explorer.drivers.vllm_live.kv_events import PrefixTree
 
     tree = PrefixTree()
     tree.apply({"type": "BlockStored", "block_hashes": [1, 2, 3], "parent_block_hash": None,
@@ -463,7 +463,7 @@ def test_the_prefix_tree_follows_stored_removed_and_cleared_events():
 
 def test_without_token_ids_the_feed_keeps_counts_and_block_ids_only():
     from engine.report.records import StepRecord
-    from explorer.vllm_live import protocol
+    from explorer.drivers.vllm_live import protocol
 
     rec = StepRecord(step=1, sampled={"r": {"token_id": 42, "text": None, "top": [[42, 0.9]]}},
                      blocks={"allocated": [1], "freed": [], "cached": [1], "hits": [], "evicted": [], "same_step_hits": []})
@@ -481,7 +481,7 @@ def test_without_token_ids_the_feed_keeps_counts_and_block_ids_only():
 
     # A step's changes: the tails go, the counts stay, and the dicts the recorder keeps for its
     # next snapshot (blocks, finished requests) are copied, never emptied in place.
-    from explorer.vllm_live import changes
+    from explorer.drivers.vllm_live import changes
 
     clock = {"arrival_time": 1.0, "first_scheduled_time": 1.0, "first_token_time": 2.0, "finished_time": None,
              "preempted_times": [], "token_times_from": 0, "token_times_tail": [2.0]}
@@ -532,7 +532,7 @@ def test_vllm_clearing_its_prefix_cache_resynchronises_the_session(stub):
     import zmq
 
     from explorer import Session
-    from explorer.vllm_live.kv_events import KvEventSubscriber
+    from explorer.drivers.vllm_live.kv_events import KvEventSubscriber
 
     kv = KvEventSubscriber(f"tcp://127.0.0.1:{_free_port()}")   # binds, as for vLLM's loopback endpoint
     ctx = zmq.Context()
@@ -575,7 +575,7 @@ def test_one_feed_covers_a_tensor_parallel_gpu_server(default_model_path):
         pytest.skip("needs two NVIDIA GPUs")
     require_vllm()
     from explorer import Session
-    from explorer.vllm_live.server import VllmServer
+    from explorer.drivers.vllm_live.server import VllmServer
 
     srv = VllmServer(default_model_path, kv_events=False, extra_args=("--tensor-parallel-size", "2"))
     try:

@@ -1,6 +1,6 @@
 """The live feed sends each step's changes, not the whole state: rebuilt on the client from
 them, the state must equal a whole snapshot built from vLLM's objects by the full builders
-(explorer.vllm_records.pool_dict / request_dict), at every step of random workloads with
+(explorer.drivers.vllm_records.pool_dict / request_dict), at every step of random workloads with
 prefix hits, chunked prefills and preemptions. vLLM's own Scheduler runs them without a
 model (tests/oracle/vllm_side.py), with kvscope's recorder as its scheduler class."""
 from __future__ import annotations
@@ -26,8 +26,8 @@ def vllm_side():
 def whole_state(view, finished: list) -> dict:
     """What the recorder's snapshot held before the feed sent changes: every block and request
     dict built from scratch (its token memo copied, so building this changes nothing)."""
-    from explorer.vllm_live import protocol
-    from explorer.vllm_records import finished_dict, pool_dict, request_dict
+    from explorer.drivers.vllm_live import protocol
+    from explorer.drivers.vllm_records import finished_dict, pool_dict, request_dict
     from vllm.v1.core.kv_cache_utils import get_block_hash, maybe_convert_block_hash
 
     s, kv = view.scheduler, view.scheduler.kv_cache_manager
@@ -64,9 +64,9 @@ def first_difference(a, b, path="") -> str | None:
 def run(vllm_side, seed: int) -> dict:
     import zmq
 
-    from explorer.vllm_live import changes, protocol
-    from explorer.vllm_live.recorder import RecordingScheduler
-    from explorer.vllm_live.server import free_port
+    from explorer.drivers.vllm_live import changes, protocol
+    from explorer.drivers.vllm_live.recorder import RecordingScheduler
+    from explorer.drivers.vllm_live.server import free_port
     from tests.oracle.workloads import random_workload
 
     w = random_workload(seed)

@@ -28,7 +28,7 @@ def gpu_llm(path, **kw) -> LLM:
 def qwen3_0_6b_shaped(tmp_path_factory):
     """Random weights in Qwen3-0.6B's shape (28 layers, 16 heads / 8 KV heads of 128, hidden
     1024, MLP 3072, tied 151,936-row vocabulary) at the usual init scale."""
-    from explorer.bench.gpu import random_checkpoint
+    from benchmarks.gpu import random_checkpoint
 
     return random_checkpoint(tmp_path_factory.mktemp("qwen3-0.6b-shaped"), "qwen3-0.6b")
 

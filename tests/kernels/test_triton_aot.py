@@ -2,7 +2,7 @@
 
 The interpreter tests next door check what the kernels compute; these check what only the
 compiler sees (lowering errors, shared memory over the device's limit, spilled registers),
-through explorer.bench.triton_aot. It needs triton imported without TRITON_INTERPRET,
+through benchmarks.triton_aot. It needs triton imported without TRITON_INTERPRET,
 which tests/conftest.py sets for this process, so each check runs in a subprocess.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("triton", reason="the triton package is not installed (pip install -e '.[dev]')")
 
-from explorer.bench.triton_aot import DEFAULT_SHAPES, CompiledKernelReport, KernelShape, problems  # noqa: E402
+from benchmarks.triton_aot import DEFAULT_SHAPES, CompiledKernelReport, KernelShape, problems  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 KERNELS = {"_store_kvcache_kernel", "_paged_decode_kernel", "_paged_prefill_kernel"}
@@ -32,7 +32,7 @@ def _compiling_python(args: list[str], timeout: int = 600) -> subprocess.Complet
 
 def test_every_kernel_compiles_for_sm90_without_spills_or_shared_memory_overflow(tmp_path):
     out = tmp_path / "reports.json"
-    run = _compiling_python(["-m", "explorer.bench.triton_aot", "--arch", "90", "--json", str(out)])
+    run = _compiling_python(["-m", "benchmarks.triton_aot", "--arch", "90", "--json", str(out)])
     assert run.returncode == 0, run.stdout + run.stderr
     reports = json.loads(out.read_text())
     assert len(reports) == 3 * len(DEFAULT_SHAPES)
@@ -50,7 +50,7 @@ def test_the_check_reports_a_tiling_that_spills():
     script = textwrap.dedent("""
         import torch
         from engine.attention import triton_kernels
-        from explorer.bench import triton_aot
+        from benchmarks import triton_aot
         triton_kernels._prefill_tiles = lambda block_d, dtype: (64, 64, 4)
         shape = triton_aot.KernelShape("SmolLM2-135M", 9, 3, 64, "float32")
         for line in triton_aot.problems(triton_aot.compile_matrix(90, [shape]), 90):
@@ -77,7 +77,7 @@ def test_problems_names_the_kernel_the_shape_and_the_limit():
 
 
 def test_refuses_to_run_interpreted():
-    run = subprocess.run([sys.executable, "-m", "explorer.bench.triton_aot"], cwd=ROOT, capture_output=True,
+    run = subprocess.run([sys.executable, "-m", "benchmarks.triton_aot"], cwd=ROOT, capture_output=True,
                          text=True, env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=120)
     assert run.returncode == 2
     assert "TRITON_INTERPRET is set" in run.stderr

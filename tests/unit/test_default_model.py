@@ -13,7 +13,7 @@ from safetensors import safe_open
 
 from engine import default_model as dm
 
-from explorer.bench import checkpoints
+from benchmarks import checkpoints
 
 QWEN_PROMPT_IDS = [785, 6722, 315, 9625, 374]  # "The capital of France is" in Qwen3's tokenizer
 

@@ -1,14 +1,14 @@
 """The recorder: a subclass of vLLM 0.32's own v1 Scheduler that publishes every step.
 
     KVSCOPE_FEED=tcp://127.0.0.1:5590 python -m vllm.entrypoints.openai.api_server \\
-        --model DIR --scheduler-cls explorer.vllm_live.RecordingScheduler
+        --model DIR --scheduler-cls explorer.drivers.vllm_live.RecordingScheduler
 
 It runs in vLLM's engine-core process, next to the KV cache manager and its block pool.
-What one step did is observed on vLLM's own objects (explorer.vllm_capture's block-pool
+What one step did is observed on vLLM's own objects (explorer.drivers.vllm_capture's block-pool
 hooks, the SchedulerOutput, the EngineCoreOutputs its update returns, the scheduler's block
 tables) and turned into kvscope's StepRecord /
 EngineSnapshot dicts by the same functions the in-process adapter uses
-(explorer.vllm_records). Then it is published without blocking (explorer.vllm_live.protocol):
+(explorer.drivers.vllm_records). Then it is published without blocking (explorer.drivers.vllm_live.protocol):
 no subscriber, or one that does not read, costs a counter, never a wait.
 
 Each step is keyed by its SchedulerOutput, so vLLM's async scheduling (schedule N+1 before

@@ -5,12 +5,12 @@ every panel works unchanged; `VllmDriver` builds and rebuilds it for a Session.
     from explorer import Session
     s = Session(engine="vllm", block_size=32, num_kv_blocks=24, max_model_len=512)
 
-Every number comes from vLLM's objects for that step (explorer.vllm_capture says how they are
-observed, explorer.vllm_records how they become kvscope's dicts):
+Every number comes from vLLM's objects for that step (explorer.drivers.vllm_capture says how they are
+observed, explorer.drivers.vllm_records how they become kvscope's dicts):
 schedule and computed counts from its SchedulerOutput, block tables / refcounts / hashes
 from its KV cache manager and block pool, the packed batch and slot mapping from its model
 runner's buffers, sampler candidates from its logprobs of the sampled row, attention from
-the queries its watched layer computed and the keys in its paged cache (explorer.vllm_probe).
+the queries its watched layer computed and the keys in its paged cache (explorer.drivers.vllm_probe).
 What the adapter adds is bookkeeping vLLM does not keep: the engine clock (time inside
 vLLM's step), per-request event times, the prefill chunk index, the finished queue.
 Block hashes are shown as the first 8 bytes (16 hex digits) of vLLM's sha256 block hash.

@@ -10,7 +10,7 @@ requests and 4,096 KV blocks. Two parts:
      view update     SessionBinder.render(): explorer.views, the attention probe, and the
                      widgets' traitlet sync (get_state, buffers, the JSON a kernel would pack)
    and the bytes every widget message would carry to the browser.
-2. Browser side (explorer/bench/ui_page.py, needs playwright and Debian's
+2. Browser side (benchmarks/ui_page.py, needs playwright and Debian's
    chromium): JupyterLab runs a scratch notebook with the same Session and a Dashboard;
    Step is clicked N times and the page itself times click -> queues, block pool and slot
    mapping showing the new step, next to the kernel's own split of the same step.
@@ -29,7 +29,7 @@ from pathlib import Path
 from time import perf_counter
 from typing import Any, Callable, Iterable
 
-from .. import session as session_module
+from explorer import session as session_module
 from .ui_common import WATCHED_PANELS, BenchUnavailable  # noqa: F401 (BenchUnavailable: raised by both parts)
 
 DEFAULT_REQUESTS = 64
@@ -70,7 +70,7 @@ def prepare_session(model: str | None = None, *, num_requests: int = DEFAULT_REQ
     decode of `num_requests` sequences. ValueError if the pool cannot hold them all.
     `progress` gets one line per warm-up step (the default model's prefill takes minutes).
     """
-    from ..session import Session
+    from explorer.session import Session
 
     config.setdefault("max_num_seqs", max(256, num_requests))
     session = Session(model, num_kv_blocks=num_kv_blocks, block_size=block_size, **config)
@@ -245,7 +245,7 @@ class ViewProfiler:
     def __enter__(self) -> "ViewProfiler":
         import ipywidgets
 
-        from .. import views
+        from explorer import views
         for name in VIEW_FUNCS:
             self._patches.attribute(views, name, lambda f, name=name: self._timed(f, "views", name))
         self._patches.instance(self.session, "probe", lambda f: self._timed(f, "probe", "probe"))
@@ -329,7 +329,7 @@ def bench_python(model: str | None = None, *, num_requests: int = DEFAULT_REQUES
     of a new one; its `num_requests` running requests are the ones measured."""
     import torch
 
-    from ..dashboard import Dashboard
+    from explorer.dashboard import Dashboard
 
     pack = _packer()
     built = session is None
@@ -424,7 +424,7 @@ def format_python(res: dict) -> list[str]:
 
 # -- part 2: the browser ----------------------------------------------------------------------
 def _browser_driver():
-    """explorer/bench/ui_page.py, imported only when the browser part runs (playwright)."""
+    """benchmarks/ui_page.py, imported only when the browser part runs (playwright)."""
     from . import ui_page
     return ui_page
 

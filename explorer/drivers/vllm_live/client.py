@@ -13,7 +13,7 @@ Dashboard and export_html work as for an engine stepped here.
 - a malformed, foreign or other-schema message: counted in `feed_status()["rejected"]`, skipped;
 - a slow notebook: the queue keeps the newest `max_queue` messages, older ones are dropped and
   counted; the recorder counts what it could not send (its counters travel with every message).
-  Each step carries only its changes (explorer.vllm_live.changes), so after a missed step the
+  Each step carries only its changes (explorer.drivers.vllm_live.changes), so after a missed step the
   state comes from a fresh snapshot (`feed_status()["rebased"]`), never from a guess.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 
 from engine.report.records import StepRecord
 
-from ..session import Session
+from ...session import Session
 from . import changes, protocol
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ class LiveEngine:
         except zmq.Again:
             raise TimeoutError(
                 f"no kvscope recorder answered at {self.snapshot_address} within {timeout:g} s (feed "
-                f"{self.address}): start the vLLM server with --scheduler-cls explorer.vllm_live.RecordingScheduler "
+                f"{self.address}): start the vLLM server with --scheduler-cls explorer.drivers.vllm_live.RecordingScheduler "
                 f"and {protocol.ENV_FEED}={self.address}, or tunnel its port (README: Attach to a running vLLM server)"
             ) from None
         finally:

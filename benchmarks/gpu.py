@@ -1,4 +1,4 @@
-"""`python -m explorer.bench.gpu`: the engine on an NVIDIA GPU with nano-vLLM's throughput
+"""`python -m benchmarks.gpu`: the engine on an NVIDIA GPU with nano-vLLM's throughput
 workload, eager against CUDA graphs, against transformers' generate, and against the GPU's
 memory-bandwidth bound for decode.
 
@@ -118,7 +118,7 @@ def engine_llm(path: Path, enforce_eager: bool, device: str) -> LLM:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(prog="python -m explorer.bench.gpu", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.gpu", description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--min-len", type=int, default=100)
     ap.add_argument("--max-len", type=int, default=1024)
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-0.6b")
     args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("explorer.bench.gpu needs a CUDA GPU (torch sees none); on a CPU use `python -m explorer bench`")
+        raise SystemExit("benchmarks.gpu needs a CUDA GPU (torch sees none); on a CPU use `python -m explorer bench`")
     name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
     peak = next((v for k, v in PEAK_BANDWIDTH.items() if k in name), None)
     prompts, max_tokens = workload(args.requests, args.min_len, args.max_len)

@@ -1,7 +1,7 @@
-"""The browser half of `python -m explorer bench-ui` (explorer/bench/ui.py).
+"""The browser half of `python -m explorer bench-ui` (benchmarks/ui.py).
 
 A scratch notebook builds the benchmark's Session (every request decoding) and a
-Dashboard, with explorer.bench.ui.StepTimer logging the kernel's split of each step
+Dashboard, with benchmarks.ui.StepTimer logging the kernel's split of each step
 to a JSON-lines file. JupyterLab (lab_harness: private Jupyter folders, 127.0.0.1,
 stopped by PID) runs it in headless Debian chromium; the page itself clicks Step and
 times, with performance.now() and a MutationObserver, when the watched panels show the
@@ -20,7 +20,7 @@ import nbformat
 
 from .ui_common import WATCHED_PANELS, BenchUnavailable
 
-from ..lab_harness import CHROMIUM_ARGS, LabUI, find_chromium, start_lab_server
+from .lab_harness import CHROMIUM_ARGS, LabUI, find_chromium, start_lab_server
 
 NOTEBOOK = "bench_ui.ipynb"
 KERNEL_LOG = "kernel_steps.jsonl"
@@ -92,7 +92,7 @@ def build_notebook(path: Path, *, model: str | None, num_requests: int, num_kv_b
     setup = (
         "import os\n"
         "from explorer import Dashboard\n"
-        "from explorer.bench.ui import StepTimer, prepare_session, all_decoding\n"
+        "from benchmarks.ui import StepTimer, prepare_session, all_decoding\n"
         f"session = prepare_session({model!r}, num_requests={num_requests}, num_kv_blocks={num_kv_blocks},\n"
         f"                          block_size={block_size}, steps={steps + 4}, prompt_len={tuple(prompt_len)!r})\n"
         f"assert all_decoding(session.current.snapshot, {num_requests})\n"

@@ -48,7 +48,7 @@ class VllmServer:
             if value is not None:
                 args += [flag, str(value)]
         if recorder:
-            args += ["--scheduler-cls", "explorer.vllm_live.RecordingScheduler"]
+            args += ["--scheduler-cls", "explorer.drivers.vllm_live.RecordingScheduler"]
         if kv_events:
             args += ["--kv-events-config",
                      f'{{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "{self.kv_events}"}}']

@@ -1,5 +1,5 @@
 """vLLM's step and state in kvscope's shapes: `step_record` turns one observed vLLM step
-(explorer.vllm_capture) and its RequestOutputs into a StepRecord; `request_dict` and
+(explorer.drivers.vllm_capture) and its RequestOutputs into a StepRecord; `request_dict` and
 `pool_dict` give the snapshot's queues and block pool from vLLM's Request objects, KV cache
 manager and block pool. Functions of a VllmEngine (`eng`), whose state they read and keep."""
 from __future__ import annotations

@@ -21,7 +21,7 @@ from engine import LLM
 from engine.cpu_kernels import native, unavailable_reason, variants
 from engine.model.cpu_linear import NATIVE_MAX_ROWS, PackedLinear
 
-from ..machine import cpu_summary
+from explorer.machine import cpu_summary
 
 ROWS = (1, 4, 16, 32, 64, 128, 256, 1024)
 

@@ -1,11 +1,11 @@
 """Memory per step of the Session history at a bench-ui scale (64 requests, 4,096 blocks):
-snapshots kept whole vs sharing what did not change (`python -m explorer.bench.history_cost`)."""
+snapshots kept whole vs sharing what did not change (`python -m benchmarks.history_cost`)."""
 from __future__ import annotations
 
 import sys
 from typing import Any, Sequence
 
-from ..history import history_bytes, pack_history, share_unchanged
+from explorer.history import history_bytes, pack_history, share_unchanged
 
 
 def measure(model: str | None = None, *, num_requests: int = 64, num_kv_blocks: int = 4096, steps: int = 10,
@@ -53,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import argparse
     import json
 
-    p = argparse.ArgumentParser(prog="python -m explorer.bench.history_cost",
+    p = argparse.ArgumentParser(prog="python -m benchmarks.history_cost",
                                 description="Memory per step of the Session history, plain vs shared snapshots.")
     p.add_argument("--model", default=None, help="local HF folder (default: SmolLM2-135M-Instruct)")
     p.add_argument("--requests", type=int, default=64)

@@ -3,7 +3,7 @@
 Every step notes what it touched (O(what it did), with or without subscribers): the blocks of
 its events, every block that lost a reference, the requests it scheduled, preempted or that
 arrived, and from which block of each request's table tokens may have been written. A
-*refresh* turns those notes into the step's changes (explorer.vllm_live.changes) or into a
+*refresh* turns those notes into the step's changes (explorer.drivers.vllm_live.changes) or into a
 whole snapshot, and clears them: a step message and a snapshot are both refresh points, so a
 client that joined with a snapshot and one that followed every message hold the same state.
 

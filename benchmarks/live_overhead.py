@@ -1,7 +1,7 @@
-"""What kvscope's recorder costs a vLLM server (`python -m explorer.bench.live_overhead`).
+"""What kvscope's recorder costs a vLLM server (`python -m benchmarks.live_overhead`).
 
 Two servers with the same model and pool, one with vLLM's own scheduler and one with
-explorer.vllm_live.RecordingScheduler. The same OpenAI traffic (concurrent completions,
+explorer.drivers.vllm_live.RecordingScheduler. The same OpenAI traffic (concurrent completions,
 greedy, fixed lengths) goes to one server at a time, alternating, for `rounds` rounds each:
 plain, recorder with a subscriber draining its feed (the realistic cost: every step is
 built and sent), recorder with nobody listening. Prints tokens/s per round and the median
@@ -19,7 +19,7 @@ import time
 import urllib.request
 from typing import Sequence
 
-from ..vllm_live.server import VllmServer
+from explorer.drivers.vllm_live.server import VllmServer
 
 
 def _itl(server: VllmServer) -> tuple[float, float]:
@@ -53,7 +53,7 @@ class Drain:
     def __init__(self, address: str) -> None:
         import zmq
 
-        from ..vllm_live import protocol
+        from explorer.drivers.vllm_live import protocol
 
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.SUB)
@@ -64,7 +64,7 @@ class Drain:
         self.thread.start()
 
     def run(self) -> None:
-        from ..vllm_live import protocol
+        from explorer.drivers.vllm_live import protocol
 
         while self.running:
             if self.sock.poll(100):

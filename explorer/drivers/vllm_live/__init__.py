@@ -1,8 +1,8 @@
 """Attach kvscope to a running vLLM server.
 
-In the server: `--scheduler-cls explorer.vllm_live.RecordingScheduler` (explorer.vllm_live.recorder)
+In the server: `--scheduler-cls explorer.drivers.vllm_live.RecordingScheduler` (explorer.drivers.vllm_live.recorder)
 publishes each step over ZMQ. In the notebook: `Session.attach("tcp://127.0.0.1:5590")`
-(explorer.vllm_live.client) follows it; explorer.vllm_live.kv_events reads vLLM's own KV events
+(explorer.drivers.vllm_live.client) follows it; explorer.drivers.vllm_live.kv_events reads vLLM's own KV events
 into a prefix-cache tree. Importing this package imports neither vLLM nor zmq.
 """
 from __future__ import annotations

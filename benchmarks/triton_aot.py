@@ -11,8 +11,8 @@ Each launch compiles down to a cubin (with the ptxas that ships inside the trito
 stops there; cuobjdump, also in the wheel, reads each cubin's registers, shared memory and
 spill (stack and local memory) bytes.
 
-    python -m explorer.bench.triton_aot              # sm_90 (H100/H200), the default matrix
-    python -m explorer.bench.triton_aot --arch 80    # A100
+    python -m benchmarks.triton_aot              # sm_90 (H100/H200), the default matrix
+    python -m benchmarks.triton_aot --arch 80    # A100
 
 It must run in a process where triton was imported without TRITON_INTERPRET (the tests
 start it as a subprocess for that reason), and it compiles only: nothing is executed.
@@ -202,7 +202,7 @@ def problems(reports: list[CompiledKernelReport], arch: int) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m explorer.bench.triton_aot", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.triton_aot", description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: H100/H200)")
     parser.add_argument("--json", type=Path, help="also write the reports here")
     args = parser.parse_args(argv)

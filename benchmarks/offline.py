@@ -205,7 +205,7 @@ def bench(reps: int = 3, scale: float = 1.0, dtype: str = "float32", model: str 
 
 def _start_vllm(folder: str, dtype: str, eager: bool, out):
     """vLLM's CPU build in its own process, or None (with the reason printed) where it is absent."""
-    from ..vllm_config import VllmUnavailable
+    from explorer.drivers.vllm_config import VllmUnavailable
     from .vllm_side import VllmBenchSide
 
     try:

@@ -5,7 +5,7 @@ Two sockets, both bound by the recorder:
 - the feed (`KVSCOPE_FEED`, default tcp://127.0.0.1:5590): an XPUB socket. Each message is
   two frames, TOPIC and a msgpack map {schema, kind: "step", run_id, seq, record, changes,
   counters}. `record` is a StepRecord dict, `changes` what the step changed in the state of
-  the message before it (explorer.vllm_live.changes): a step costs the server what it did,
+  the message before it (explorer.drivers.vllm_live.changes): a step costs the server what it did,
   not the size of its pool.
 - the snapshot endpoint (the feed's port + 1, or `KVSCOPE_FEED_SNAPSHOT`): a REP socket. A
   client sends {schema, want: "snapshot"} and gets {schema, kind: "snapshot", run_id, seq,

@@ -32,15 +32,15 @@ class VllmBenchSide:
     """The parent's handle: start the child, `run(prompts, max_tokens)`, `close()`."""
 
     def __init__(self, model: str, dtype: str, kv_gib: int, eager: bool) -> None:
-        from ..vllm_config import require_vllm
+        from explorer.drivers.vllm_config import require_vllm
 
         self.version = require_vllm()
         env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(kv_gib))
         self._log = tempfile.NamedTemporaryFile("w+", prefix="vllm-bench-", suffix=".log", delete=False)
-        cmd = [sys.executable, "-m", "explorer.bench.vllm_side", "--model", model, "--dtype", dtype]
+        cmd = [sys.executable, "-m", "benchmarks.vllm_side", "--model", model, "--dtype", dtype]
         self.proc = subprocess.Popen(cmd + (["--eager"] if eager else []), stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self._log, text=True, env=env,
-                                     cwd=Path(__file__).resolve().parents[2], start_new_session=True)
+                                     cwd=Path(__file__).resolve().parents[1], start_new_session=True)
         self.load_s = self._read()["load_s"]
         self._signal(signal.SIGSTOP)
 
@@ -81,7 +81,7 @@ class VllmBenchSide:
 
 
 def _serve(model: str, dtype: str, eager: bool) -> None:
-    from ..vllm_config import prepare_environment
+    from explorer.drivers.vllm_config import prepare_environment
 
     prepare_environment()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"  # vLLM's own default: the fastest it runs

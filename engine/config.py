@@ -21,6 +21,22 @@ SCHEDULER_KNOBS = (
 )
 
 
+def with_live_knobs(config: Any, knobs: dict[str, Any], live: tuple[str, ...] = SCHEDULER_KNOBS,
+                    engine: str = "engine") -> Any:
+    """`config` (any config with `replace`) with scheduler `knobs` changed, after the checks every
+    engine makes the same way on a running engine: only SCHEDULER_KNOBS may change, and of those
+    only the ones this engine reads at every step (`live`); the others need a new engine."""
+    bad = set(knobs) - set(SCHEDULER_KNOBS)
+    if bad:
+        raise ValueError(f"{sorted(bad)} cannot change on a live engine; live knobs: {list(live)}")
+    new = config.replace(**knobs)
+    fixed = [k for k in knobs if k not in live and getattr(new, k) != getattr(config, k)]
+    if fixed:
+        raise ValueError(f"{fixed} cannot change on a live {engine} (it reads it only at start-up): "
+                         f"Session.reset({fixed[0]}=...) builds a new one; live knobs: {list(live)}")
+    return new
+
+
 def _positive_int(name: str, value: Any, minimum: int = 1) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from .config import SCHEDULER_KNOBS, EngineConfig
+from .config import EngineConfig, with_live_knobs
 from .core.kv_cache_manager import KVCacheManager
 from .core.scheduler import Scheduler
 from .parallel import check_tensor_parallel
@@ -18,7 +18,7 @@ from .report.invariants import check_invariants
 from .report.model_info import model_info, tensor_parallel_facts
 from .report.probe import AttentionProbe, probe_attention
 from .report.records import EngineSnapshot, StepRecord, engine_snapshot, step_record
-from .request import Request
+from .request import Request, abortable
 from .runner.sampler import Sampler
 from .sampling_params import SamplingParams
 from .tokenizer import fast_decoder, load_tokenizer
@@ -113,20 +113,13 @@ class LLMEngine:
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request wherever it is; its blocks are freed at once (finish_reason 'abort')."""
-        req = self.requests.get(request_id)
-        if req is None:
-            raise ValueError(f"request_id {request_id!r} does not exist")
-        if req.is_finished:
-            raise ValueError(f"request_id {request_id!r} already finished ({req.finish_reason})")
+        req = abortable(self.requests, request_id)
         self.scheduler.finish(req, "abort")
         req.metrics.record("finished_time", time.time(), self.engine_time)
 
     def update_scheduler_config(self, **knobs) -> EngineConfig:
         """Change scheduler knobs between steps (validated; pool and model knobs need a new engine)."""
-        bad = set(knobs) - set(SCHEDULER_KNOBS)
-        if bad:
-            raise ValueError(f"{sorted(bad)} cannot change on a live engine; live knobs: {list(SCHEDULER_KNOBS)}")
-        new = self.config.replace(**knobs)
+        new = with_live_knobs(self.config, knobs)  # every scheduler knob is live here
         if not new.enable_chunked_prefill:
             for req in [*self.scheduler.waiting, *self.scheduler.running]:
                 if req.num_prompt_tokens > new.max_num_batched_tokens:

@@ -170,6 +170,17 @@ def checked_request_args(params: SamplingParams | None, request_id: str | None, 
     return params
 
 
+def abortable(requests: Any, request_id: str) -> Any:
+    """The request `request_id` of `requests` (id -> anything with a `finish_reason`), after the
+    checks every engine makes the same way before an abort: it exists and has not finished."""
+    entry = requests.get(request_id)
+    if entry is None:
+        raise ValueError(f"request_id {request_id!r} does not exist")
+    if entry.finish_reason is not None:
+        raise ValueError(f"request_id {request_id!r} already finished ({entry.finish_reason})")
+    return entry
+
+
 def token_id_list(prompt: Any) -> list[int]:
     """A prompt given as token ids, as a non-empty list of ints (ValueError otherwise)."""
     try:

@@ -29,17 +29,17 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from engine.config import SCHEDULER_KNOBS
+from engine.config import with_live_knobs
 from engine.dtypes import dtype_name
 from engine.report.records import EngineSnapshot, StepRecord, gc_paused
-from engine.request import checked_request_args, token_id_list
+from engine.request import abortable, checked_request_args, token_id_list
 from engine.sampling_params import SamplingParams
 
 from .vllm_capture import StepCapture
 from .vllm_config import (CONFIG_FIELDS, LIVE_KNOBS, VllmConfig, VllmUnavailable, fit_max_num_seqs,
                           prepare_environment, require_vllm, split_fields)
 from .vllm_probe import QueryCapture, VllmAttentionProbe, attention_weights
-from .vllm_records import RequestState, finished_dict, pool_dict, request_dict, step_record
+from .vllm_records import RecordBuilder, RequestState
 from .vllm_startup import StartupLog
 
 __all__ = ["VllmConfig", "VllmDriver", "VllmEngine", "VllmUnavailable"]
@@ -159,25 +159,31 @@ class VllmEngine:
                                      num_kv_blocks=int(self.pool.num_gpu_blocks))
         self._built_budget = (config.max_num_batched_tokens, config.max_num_seqs)
         self._max_logprobs = int(getattr(self.vllm.model_config, "max_logprobs", 20))
-        self.requests: dict[str, RequestState] = {}
-        self._external: dict[str, str] = {}  # vLLM's internal id ('<id>-<8 hex>') -> ours
         self.finished: list[RequestState] = []
-        self.step_count = 0
-        self.engine_time = 0.0
         self._ids = itertools.count()
-        self._last_rows: dict[str, tuple[int, int, list[int]]] = {}  # internal id -> rows of the latest batch
-        self._block_tokens: dict[int, tuple[bytes, list[int]]] = {}  # hashed block -> what it holds
-        self._texts: dict[int, str] = {}
-        self.counters = dict.fromkeys(("prefix_cache_hits", "prefix_cache_queries", "num_preemptions",
-                                       "num_generated_tokens", "num_prompt_tokens_computed"), 0)
         # The explorer's own cost next to vLLM's: seconds summed over steps / snapshots.
         self.overhead = {"steps": 0, "vllm_step_s": 0.0, "record_s": 0.0, "snapshots": 0, "snapshot_s": 0.0}
-        self._model_info = self._read_model_info(folder)
+        self.records = RecordBuilder(self.scheduler, model_info=self._read_model_info(folder),
+                                     tokenizer=self.tokenizer, max_logprobs=self._max_logprobs,
+                                     runner_in_process=self.runner is not None,
+                                     reserve_full_isl=config.scheduler_reserve_full_isl)
 
     # -- facts ----------------------------------------------------------------------------
     @property
     def model_info(self) -> dict:
-        return self._model_info
+        return self.records.model_info
+
+    @property
+    def requests(self) -> dict[str, RequestState]:
+        return self.records.requests
+
+    @property
+    def step_count(self) -> int:
+        return self.records.step_count
+
+    @property
+    def engine_time(self) -> float:
+        return self.records.engine_time
 
     def _read_model_info(self, folder: Path) -> dict:
         mc = self.vllm.model_config
@@ -244,10 +250,8 @@ class VllmEngine:
         except (ValueError, TypeError) as exc:
             raise ValueError(str(exc)) from exc
         entry = RequestState(request_id, internal, self.scheduler.requests[internal], params,
-                     prompt if isinstance(prompt, str) else None)
-        entry.metrics.record("arrival_time", time.time(), self.engine_time)
-        self.requests[request_id] = entry
-        self._external[internal] = request_id
+                             prompt if isinstance(prompt, str) else None)
+        self.records.track(entry, time.time())
         return request_id
 
     def _sampling_params(self, p: SamplingParams) -> Any:
@@ -261,32 +265,17 @@ class VllmEngine:
                                   output_kind=RequestOutputKind.DELTA)
 
     def abort_request(self, request_id: str) -> None:
-        entry = self.requests.get(request_id)
-        if entry is None:
-            raise ValueError(f"request_id {request_id!r} does not exist")
-        if entry.finish_reason is not None:
-            raise ValueError(f"request_id {request_id!r} already finished ({entry.finish_reason})")
+        entry = abortable(self.requests, request_id)
         self.vllm.abort_request([request_id])
-        self._finish(entry, "abort", time.time())
-
-    def _finish(self, entry: RequestState, reason: str, wall: float) -> None:
-        entry.finish_reason = reason
-        entry.metrics.record("finished_time", wall, self.engine_time)
-        self.finished.append(entry)
+        self.records.finish(entry, "abort", time.time())
+        self.finished.extend(self.records.take_finished())
 
     # -- budget ---------------------------------------------------------------------------
     def update_scheduler_config(self, **knobs: Any) -> VllmConfig:
         """Change the knobs vLLM's scheduler reads at every step. max_num_batched_tokens and
         max_num_seqs may go down to what vLLM sized its buffers for at start-up; the others
         need a new engine (Session.reset), as in vLLM."""
-        bad = set(knobs) - set(SCHEDULER_KNOBS)
-        if bad:
-            raise ValueError(f"{sorted(bad)} cannot change on a live engine; live knobs: {list(LIVE_KNOBS)}")
-        new = self.config.replace(**knobs)
-        fixed = [k for k in knobs if k not in LIVE_KNOBS and getattr(new, k) != getattr(self.config, k)]
-        if fixed:
-            raise ValueError(f"{fixed} cannot change on a live vLLM engine (vLLM reads it only at start-up): "
-                             f"Session.reset({fixed[0]}=...) builds a new one; live knobs: {list(LIVE_KNOBS)}")
+        new = with_live_knobs(self.config, knobs, LIVE_KNOBS, engine="vLLM engine")
         for name, built in zip(("max_num_batched_tokens", "max_num_seqs"), self._built_budget):
             if getattr(new, name) > built:
                 raise ValueError(f"{name}={getattr(new, name)} is more than the {built} vLLM sized its buffers for "
@@ -318,15 +307,13 @@ class VllmEngine:
         self.capture.begin()
         if self.queries is not None:
             self.queries.begin(self.step_count + 1)
-        engine_start = self.engine_time
         t0 = time.perf_counter()
         outputs = self.vllm.step()
         vllm_s = time.perf_counter() - t0
         self.capture.end()
-        self.step_count += 1
-        self.engine_time += vllm_s
         t1 = time.perf_counter()
-        rec = step_record(self, outputs, vllm_s, engine_start)
+        rec = self.records.step_record(self.capture.now, outputs, vllm_s)
+        self.finished.extend(self.records.take_finished())
         record_s = time.perf_counter() - t1
         rec.timings_ms["explorer_record"] = record_s * 1e3
         self.overhead["steps"] += 1
@@ -334,37 +321,21 @@ class VllmEngine:
         self.overhead["record_s"] += record_s
         return rec
 
-    def _text(self, token: int) -> str:
-        if token not in self._texts:
-            self._texts[token] = self.tokenizer.decode([token])
-        return self._texts[token]
-
-    def _num_waiting(self) -> int:
-        s = self.scheduler
-        return len(s.waiting) + len(getattr(s, "kv_holding_waiting", ()) or ())
-
     # -- inspection -----------------------------------------------------------------------
     @property
     def metrics(self) -> dict:
-        return {"num_steps": self.step_count, "engine_time_s": self.engine_time,
-                "kv_cache_usage": float(self.pool.get_usage()), **self.counters}
+        return self.records.metrics
 
     def snapshot(self) -> EngineSnapshot:
         """vLLM's queues and every block of its pool, now."""
         t0 = time.perf_counter()
-        s = self.scheduler
-        kv = s.kv_cache_manager
-        ext = self._external
+        kv, records = self.scheduler.kv_cache_manager, self.records
         with gc_paused():
-            running = list(s.running)
-            waiting = [*s.waiting, *(getattr(s, "kv_holding_waiting", ()) or ())]
+            running = list(self.scheduler.running)
             tables = {r.request_id: list(kv.get_block_ids(r.request_id)[0]) for r in running}
-            queues = {"waiting": [request_dict(self, self.requests[ext[r.request_id]], []) for r in waiting],
-                      "running": [request_dict(self, self.requests[ext[r.request_id]], tables[r.request_id])
-                                  for r in running],
-                      "finished": [finished_dict(self, e) for e in self.finished]}
-            snap = EngineSnapshot(step=self.step_count, config=self.config.to_dict(), model_info=self._model_info,
-                                  metrics=self.metrics, queues=queues, block_pool=pool_dict(self, running, tables))
+            snap = EngineSnapshot(step=self.step_count, config=self.config.to_dict(), model_info=self.model_info,
+                                  metrics=self.metrics, queues=records.queues(running, tables, self.finished),
+                                  block_pool=records.pool_dict(running, tables))
         self.overhead["snapshots"] += 1
         self.overhead["snapshot_s"] += time.perf_counter() - t0
         return snap
@@ -376,7 +347,7 @@ class VllmEngine:
         e = self.requests.get(request_id)
         if e is None:
             raise ValueError(f"request_id {request_id!r} does not exist")
-        info = self._model_info
+        info = self.model_info
         if not isinstance(layer, int) or not 0 <= layer < info["num_layers"]:
             raise ValueError(f"layer must be in [0, {info['num_layers']}), got {layer!r}")
         if head is not None and (not isinstance(head, int) or not 0 <= head < info["num_heads"]):
@@ -392,7 +363,7 @@ class VllmEngine:
             self.queries.watch(layer)
             raise ValueError(f"vLLM computes layer {layer}'s queries inside its step and the explorer was watching "
                              f"layer {old}: it captures layer {layer} from the next step on; step once and probe again")
-        rows = self._last_rows.get(e.internal_id)
+        rows = self.records.last_rows.get(e.internal_id)
         if rows is None or self.queries.queries is None or self.queries.step != self.step_count:
             raise ValueError(f"request_id {request_id!r} was not in vLLM's latest step (step {self.step_count}): "
                              "vLLM computed no queries for it; step and probe again")
@@ -408,7 +379,7 @@ class VllmEngine:
         return VllmAttentionProbe(
             request_id=request_id, layer=layer, heads=heads, kv_head_of_head=[h // group for h in heads],
             query_positions=list(positions), context_len=context, block_size=self.block_size, block_table=table,
-            token_ids=token_ids, tokens=[self._text(t) for t in token_ids], probs=probs[heads],
+            token_ids=token_ids, tokens=[self.records.text(t) for t in token_ids], probs=probs[heads],
             source=(f"{self.name}: layer {layer}'s queries as vLLM computed them in step {self.step_count}, keys from "
                     f"vLLM's paged KV cache (blocks {table}), softmax at vLLM's scale {float(module.impl.scale):g}"))
 

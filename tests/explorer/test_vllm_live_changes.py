@@ -1,6 +1,6 @@
 """The live feed sends each step's changes, not the whole state: rebuilt on the client from
 them, the state must equal a whole snapshot built from vLLM's objects by the full builders
-(explorer.drivers.vllm_records.pool_dict / request_dict), at every step of random workloads with
+(explorer.drivers.vllm_records.RecordBuilder's pool_dict / queues), at every step of random workloads with
 prefix hits, chunked prefills and preemptions. vLLM's own Scheduler runs them without a
 model (tests/oracle/vllm_side.py), with kvscope's recorder as its scheduler class."""
 from __future__ import annotations
@@ -27,24 +27,21 @@ def whole_state(view, finished: list) -> dict:
     """What the recorder's snapshot held before the feed sent changes: every block and request
     dict built from scratch (its token memo copied, so building this changes nothing)."""
     from explorer.drivers.vllm_live import protocol
-    from explorer.drivers.vllm_records import finished_dict, pool_dict, request_dict
     from vllm.v1.core.kv_cache_utils import get_block_hash, maybe_convert_block_hash
 
-    s, kv = view.scheduler, view.scheduler.kv_cache_manager
-    memo, view._block_tokens = view._block_tokens, dict(view._block_tokens)
+    records = view.records
+    s, kv = records.scheduler, records.scheduler.kv_cache_manager
+    memo, records._block_tokens = records._block_tokens, dict(records._block_tokens)
     try:
         running = list(s.running)
         tables = {r.request_id: list(kv.get_block_ids(r.request_id)[0]) for r in running}
-        pool = pool_dict(view, running, tables)
+        pool = records.pool_dict(running, tables)
     finally:
-        view._block_tokens = memo
-    for b, blk in zip(pool["blocks"], view.pool.blocks):
+        records._block_tokens = memo
+    for b, blk in zip(pool["blocks"], records.pool.blocks):
         h = blk.block_hash
         b["event_key"] = None if h is None else protocol.event_key(maybe_convert_block_hash(get_block_hash(h)))
-    queues = {"waiting": [request_dict(view, view.requests[r.request_id], []) for r in view.waiting()],
-              "running": [request_dict(view, view.requests[r.request_id], tables[r.request_id]) for r in running],
-              "finished": [finished_dict(view, e) for e in finished]}
-    return {"block_pool": pool, "queues": queues, "metrics": view.metrics}
+    return {"block_pool": pool, "queues": records.queues(running, tables, finished), "metrics": records.metrics}
 
 
 def first_difference(a, b, path="") -> str | None:

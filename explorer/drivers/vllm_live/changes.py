@@ -23,8 +23,6 @@ fresh snapshot instead of guessing.
 """
 from __future__ import annotations
 
-from typing import Any
-
 from engine.report.schema import BLOCK, POOL, QUEUE, REQ, RMETRICS, SNAP
 from engine.request import ClockEvents
 

@@ -30,7 +30,7 @@ from engine.sampling_params import SamplingParams
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from ..vllm_capture import BLOCK_EVENTS, Capture, StepCapture
-from ..vllm_records import RequestState, finished_dict, request_dict, step_record
+from ..vllm_records import RecordBuilder, RequestState
 from . import protocol
 from .tracker import ChangeTracker
 
@@ -63,15 +63,8 @@ class _PoolCapture(StepCapture):
         return original(blocks, *args, **kwargs)
 
 
-class _NoTokenizer:
-    """The engine core has no tokenizer to spare: text is decoded on the notebook side."""
-
-    def decode(self, ids: Any) -> str:
-        return ""
-
-
 class _Out:
-    """vLLM's EngineCoreOutput seen as the RequestOutput vllm_records.step_record reads."""
+    """vLLM's EngineCoreOutput seen as the RequestOutput RecordBuilder.step_record reads."""
 
     def __init__(self, o: Any) -> None:
         self.request_id = o.request_id
@@ -146,36 +139,22 @@ class RecordingScheduler(Scheduler):
 
 
 class _ServerView:
-    """What vllm_records' functions read from an engine (the attributes of VllmEngine they
-    use), kept by the recorder for the server's scheduler: per-request state, counters,
-    the engine clock, the current step's capture."""
+    """The recorder's state for the server's scheduler: its RecordBuilder (per-request state,
+    counters, the engine clock), the block tables it keeps, the captures of the steps in
+    flight, and the tracker of what changed since the subscribers' state."""
 
     def __init__(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
-        self.pool = scheduler.kv_cache_manager.block_pool
-        self.block_size = int(scheduler.cache_config.block_size)
         self.capture = _PoolCapture(scheduler, None)
         self.between = self.capture.now  # events outside any step (an abort's frees) join the next step
         self.pending: dict[int, Capture] = {}
-        self.runner: Any = None  # vllm_records reads it: the model runner is never in this view
-        self.tokenizer = _NoTokenizer()
-        self.requests: dict[str, RequestState] = {}
-        self._external = _Identity()
-        self.finished: deque[RequestState] = deque(maxlen=protocol.feed_settings()["finished"])
-        self.finished_now: list[RequestState] = []
-        self.step_count = 0
-        self.engine_time = 0.0
-        self._last_rows: dict = {}
-        self._block_tokens: dict = {}
-        self._max_logprobs = 0
-        self.counters = dict.fromkeys(("prefix_cache_hits", "prefix_cache_queries", "num_preemptions",
-                                       "num_generated_tokens", "num_prompt_tokens_computed"), 0)
         vc = scheduler.vllm_config
-        self.config = SimpleNamespace(scheduler_reserve_full_isl=bool(getattr(scheduler, "scheduler_reserve_full_isl",
-                                                                              True)))
-        self._model_info = _model_info(vc)
+        # No tokenizer: the feed carries token ids, the client spells them.
+        self.records = RecordBuilder(scheduler, model_info=_model_info(vc),
+                                     reserve_full_isl=bool(getattr(scheduler, "scheduler_reserve_full_isl", True)))
+        self.finished: deque[RequestState] = deque(maxlen=protocol.feed_settings()["finished"])
         self.config_dict = _config_dict(vc, scheduler)
-        self.tracker = ChangeTracker(self)
+        self.tracker = ChangeTracker(self.records, self.table)
         # Block ids per running request, extended as vLLM appends blocks: vLLM's get_block_ids
         # rebuilds the whole list each call (O(context) per request per step). Only where every
         # KV cache group is full attention, whose tables only grow while a request runs.
@@ -186,26 +165,16 @@ class _ServerView:
     # -- requests ------------------------------------------------------------------------------
     def track(self, request: Any) -> None:
         rid = request.request_id
-        entry = RequestState(rid, rid, request, _params(request), None)
-        entry.metrics.record("arrival_time", float(request.arrival_time), self.engine_time)
-        self.requests[rid] = entry
+        self.records.track(RequestState(rid, rid, request, _params(request), None), float(request.arrival_time))
         self.tracker.note_arrival(rid)
-
-    def _finish(self, entry: RequestState, reason: str, wall: float) -> None:
-        entry.finish_reason = reason
-        entry.metrics.record("finished_time", wall, self.engine_time)
-        self.finished_now.append(entry)
 
     def finished_outside_step(self, request_ids: Any, status: Any) -> None:
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids or ())
         reason = "abort" if "ABORT" in getattr(status, "name", str(status)) else "stop"
         for rid in ids:
-            entry = self.requests.get(rid)
+            entry = self.records.requests.get(rid)
             if entry is not None and entry.finish_reason is None:
-                self._finish(entry, reason, time.time())
-
-    def _text(self, token: int) -> None:
-        return None
+                self.records.finish(entry, reason, time.time())
 
     def table(self, rid: str) -> list[int]:
         """`rid`'s block ids (KV cache group 0) now. The list is kept for the next step: copy it
@@ -226,15 +195,6 @@ class _ServerView:
             for rid in rids:
                 self._tables.pop(rid, None)
 
-    def _num_waiting(self) -> int:
-        s = self.scheduler
-        return len(s.waiting) + len(getattr(s, "kv_holding_waiting", ()) or ())
-
-    def waiting(self) -> list:
-        """vLLM's waiting requests in queue order (those holding KV while they wait last)."""
-        s = self.scheduler
-        return [*s.waiting, *(getattr(s, "kv_holding_waiting", ()) or ())]
-
     # -- the packed batch ----------------------------------------------------------------------
     def scheduler_batch(self, out: Any) -> tuple[list[str], dict]:
         """The packed batch as the scheduler hands it to the workers: positions, block tables and
@@ -243,7 +203,7 @@ class _ServerView:
         runner applies in the worker), rows in scheduling order. The runner's own buffers live
         in worker processes (vLLM's default, on CPU too) or on a GPU, where reading them would
         stall async scheduling; `batch_source: "scheduler"` in the record says which it is."""
-        s, bs = self.scheduler, self.block_size
+        s, bs = self.scheduler, self.records.block_size
         new = {d.req_id: d.num_computed_tokens for d in out.scheduled_new_reqs}
         cached = out.scheduled_cached_reqs
         before = new | dict(zip(cached.req_ids, cached.num_computed_tokens))
@@ -276,24 +236,22 @@ class _ServerView:
         return cap
 
     def record_step(self, cap: Capture, result: dict) -> dict | None:
-        """The step's StepRecord dict (vllm_records.step_record), or None when nothing ran."""
+        """The step's StepRecord dict (RecordBuilder.step_record), or None when nothing ran."""
         out = cap.out
         self.tracker.note_step(cap)
         if out is not None:
             self.forget_tables(out.preempted_req_ids or ())
         outputs = [_Out(o) for eco in (result or {}).values() for o in (eco.outputs or ())]
-        if out is None or (not out.num_scheduled_tokens and not outputs and not self.finished_now):
+        finished_now = self.records.finished_now
+        if out is None or (not out.num_scheduled_tokens and not outputs and not finished_now):
             return None
         total = time.perf_counter() - getattr(cap, "started", time.perf_counter())
         self.capture.now = cap
-        self.step_count += 1
-        engine_start = self.engine_time
-        self.engine_time += total
         try:
-            rec = step_record(self, outputs, total, engine_start)
+            rec = self.records.step_record(cap, outputs, total)
         finally:
             self.capture.now = self.between
-        rec.finished = list(dict.fromkeys(rec.finished + [e.request_id for e in self.finished_now]))
+        rec.finished = list(dict.fromkeys(rec.finished + [e.request_id for e in self.records.finished_now]))
         d = rec.to_dict()
         d["timings_ms"]["backend"] = "vLLM server"
         # The batch is the scheduler's view of it (see scheduler_batch); None: nobody listened when it was scheduled.
@@ -301,45 +259,27 @@ class _ServerView:
         return d
 
     def take_finished(self) -> list[RequestState]:
-        done, self.finished_now = self.finished_now, []
+        done = self.records.take_finished()
         self.forget_tables(e.request_id for e in done)
         for e in done:
             self.finished.append(e)
-            self.requests.pop(e.request_id, None)
+            self.records.requests.pop(e.request_id, None)
         return done
 
     def snapshot(self, finished: list[RequestState]) -> dict:
         """The EngineSnapshot dict now, with `finished` as its finished queue."""
-        s = self.scheduler
-        kv = s.kv_cache_manager
+        kv, records = self.scheduler.kv_cache_manager, self.records
         with gc_paused():
-            running = list(s.running)
-            waiting = self.waiting()
+            running = list(self.scheduler.running)
             tables = {r.request_id: list(kv.get_block_ids(r.request_id)[0]) for r in running}
-            queues = {"waiting": [request_dict(self, self.requests[r.request_id], []) for r in waiting
-                                  if r.request_id in self.requests],
-                      "running": [request_dict(self, self.requests[r.request_id], tables[r.request_id])
-                                  for r in running if r.request_id in self.requests],
-                      "finished": [finished_dict(self, e) for e in finished]}
+            queues = records.queues(running, tables, finished)
             pool = self.tracker.whole_pool(running, tables)
-            return EngineSnapshot(step=self.step_count, config=self.config_dict, model_info=self._model_info,
-                                  metrics=self.metrics, queues=queues, block_pool=pool).to_dict()
-
-    @property
-    def metrics(self) -> dict:
-        return {"num_steps": self.step_count, "engine_time_s": self.engine_time,
-                "kv_cache_usage": float(self.pool.get_usage()), **self.counters}
+            return EngineSnapshot(step=records.step_count, config=self.config_dict, model_info=records.model_info,
+                                  metrics=records.metrics, queues=queues, block_pool=pool).to_dict()
 
     def is_idle(self) -> bool:
         s = self.scheduler
         return not s.running and not s.waiting
-
-
-class _Identity(dict):
-    """The server's request ids are shown as they are (no external/internal split)."""
-
-    def __missing__(self, key: str) -> str:
-        return key
 
 
 class _Publisher:
@@ -418,7 +358,7 @@ class _Publisher:
         listening = self.subscribers > 0
         if listening:
             # What the step changed, not the whole state: O(what it did), not O(pool + tokens in flight).
-            changes = view.tracker.step_changes([finished_dict(view, e) for e in finished])
+            changes = view.tracker.step_changes([view.records.finished_dict(e) for e in finished])
             msg = {"schema": protocol.SCHEMA_VERSION, "kind": "step", "run_id": self.run_id, "seq": self.seq,
                    "record": record or _empty_record(view), "changes": changes, "counters": dict(self.counters)}
             if not self.tokens:
@@ -491,8 +431,9 @@ class _Publisher:
 def _empty_record(view: _ServerView) -> dict:
     from engine.report.records import StepRecord
 
-    view.step_count += 1
-    rec = StepRecord(step=view.step_count, wall_time_s=time.time(), engine_time_s=view.engine_time)
+    records = view.records
+    records.step_count += 1
+    rec = StepRecord(step=records.step_count, wall_time_s=time.time(), engine_time_s=records.engine_time)
     return rec.to_dict()
 
 

@@ -12,12 +12,12 @@ O(pool) pointers and O(tokens in flight) for the queues, not a dict per block pe
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from engine.report.schema import BLOCK, POOL, REQ
 from vllm.v1.core.kv_cache_utils import get_block_hash, maybe_convert_block_hash
 
-from ..vllm_records import block_dict, request_dict, status_name
+from ..vllm_records import RecordBuilder, status_name
 from . import protocol
 from .changes import CLOCKS, clock_change
 
@@ -25,8 +25,9 @@ from .changes import CLOCKS, clock_change
 class ChangeTracker:
     """Dirty blocks and requests of one server's scheduler since the last refresh."""
 
-    def __init__(self, view: Any) -> None:
-        self.view = view  # the recorder's _ServerView: scheduler, pool, requests, block size
+    def __init__(self, records: RecordBuilder, table: Callable[[str], list[int]]) -> None:
+        self.records = records  # the recorder's: scheduler, pool, requests, block size, the dicts
+        self.table = table      # a running request's block ids now
         self.blocks: list[dict] | None = None   # every block's dict as last refreshed (owners left empty)
         self.dirty_blocks: set[int] = set()
         self.dirty_from: dict[str, int] = {}    # request -> first table index whose block may hold new tokens
@@ -41,7 +42,7 @@ class ChangeTracker:
         out = cap.out
         if out is None:
             return
-        bs = self.view.block_size
+        bs = self.records.block_size
         new = {d.req_id: d.num_computed_tokens for d in out.scheduled_new_reqs}
         cached = out.scheduled_cached_reqs
         admitted = set(new) | set(getattr(cached, "resumed_req_ids", None) or ())
@@ -67,7 +68,7 @@ class ChangeTracker:
     # -- refresh points --------------------------------------------------------------------------
     def step_changes(self, finished: list[dict]) -> dict:
         """The changes since the last refresh (the step message's `changes`), then forget them."""
-        view = self.view
+        view = self.records
         s = view.scheduler
         running = {r.request_id for r in s.running}
         held: dict[int, list[int]] = {}
@@ -76,7 +77,7 @@ class ChangeTracker:
             e = view.requests.get(rid)
             if e is None or e.finish_reason is not None:
                 continue  # finished: its whole dict travels in `finished`
-            table = view.table(rid) if rid in running else []
+            table = self.table(rid) if rid in running else []
             first = self.dirty_from.get(rid, 0)
             self._hold(e.req, table, first, held)
             requests[rid] = self._request_change(e, table, first)
@@ -92,7 +93,7 @@ class ChangeTracker:
     def whole_pool(self, running: list, tables: dict[str, list[int]]) -> dict:
         """The whole pool (for a snapshot, a refresh point): the kept block dicts with the dirty
         ones rebuilt, owners from the running requests' tables."""
-        view = self.view
+        view = self.records
         held: dict[int, list[int]] = {}
         owners: dict[int, list[str]] = {}
         for r in running:
@@ -115,14 +116,14 @@ class ChangeTracker:
     # -- parts -----------------------------------------------------------------------------------
     def _hold(self, req: Any, table: list[int], first: int, held: dict[int, list[int]]) -> None:
         """The tokens `req` keeps in its blocks from table index `first` on (computed ones only)."""
-        bs, ids, n = self.view.block_size, req.all_token_ids, req.num_computed_tokens
+        bs, ids, n = self.records.block_size, req.all_token_ids, req.num_computed_tokens
         for i in range(first, len(table)):
             if table[i] not in held:
                 held[table[i]] = list(ids[i * bs:min((i + 1) * bs, n)])
 
     def _refresh_blocks(self, held: dict[int, list[int]]) -> list[dict]:
         """Rebuild the dirty blocks (and those `held` names) from the pool as it is now."""
-        view = self.view
+        view = self.records
         dirty = self.dirty_blocks | held.keys()
         pool = view.pool.blocks
         fresh = [_block(view, pool[b], held.get(b)) for b in sorted(dirty)]
@@ -144,7 +145,7 @@ class ChangeTracker:
                   "table_from": table_from, "table_tail": table[table_from:],
                   "clocks": {c: clock_change(getattr(e.metrics, c), len(output) - start) for c in CLOCKS}}
         if sent is None:  # new to the subscribers: what never changes, once
-            full = request_dict(self.view, e, [])
+            full = self.records.request_dict(e, [])
             for key in (REQ.PROMPT_TOKEN_IDS, REQ.PROMPT_TEXT, REQ.MAX_TOKENS, REQ.SAMPLING_PARAMS):
                 change[key] = full[key]
         self.sent[e.request_id] = len(output)
@@ -156,9 +157,9 @@ class ChangeTracker:
         self.dirty_requests = set()
 
 
-def _block(view: Any, blk: Any, held: list[int] | None) -> dict:
-    """vllm_records.block_dict, with the hash as vLLM's KV events name it (the prefix tree's key)."""
-    d = block_dict(view, blk, held, [])
+def _block(records: RecordBuilder, blk: Any, held: list[int] | None) -> dict:
+    """RecordBuilder.block_dict, with the hash as vLLM's KV events name it (the prefix tree's key)."""
+    d = records.block_dict(blk, held, [])
     h = blk.block_hash
     d["event_key"] = None if h is None else protocol.event_key(maybe_convert_block_hash(get_block_hash(h)))
     return d

@@ -14,7 +14,7 @@ def measure(model: str | None = None, *, num_requests: int = 64, num_kv_blocks: 
     requests over `num_kv_blocks` blocks (the bench-ui workload). The same engine steps
     feed both: each step's snapshot is kept once as `to_dict()` gave it and once shared
     with the previous one. Returns bytes per step (sys.getsizeof, each object once) and
-    the JSON bytes per step an export carries (snapshot delta, record)."""
+    the JSON bytes per step of the packed history (pack_history: snapshot delta, record)."""
     from .ui import prepare_session
 
     session = prepare_session(model, num_requests=num_requests, num_kv_blocks=num_kv_blocks, steps=steps,

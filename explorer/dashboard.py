@@ -139,14 +139,12 @@ class SessionBinder:
         step = int(getattr(entry, "step", 0) or snapshot.get("step", 0) or 0)
         live = self.view_index is None
         p = self.panels
-        block_size = int((snapshot.get("block_pool") or {}).get("block_size", 16))
         # In this order: the attention panel reads the queues' selection.
         draws = {
             "controls": lambda: self._render_controls(record, snapshot),
             "queues": lambda: p["queues"].show(views.queues_state(record, snapshot)),
             "blocks": lambda: p["blocks"].show(views.block_pool_state(record, snapshot)),
-            "slots": lambda: p["slots"].show(views.slot_mapping_state(record, self.token_text, block_size=block_size,
-                                                                      snapshot=snapshot)),
+            "slots": lambda: p["slots"].show(views.shown_slot_mapping(record, snapshot, self.token_text)),
             "sampler": lambda: self._render_sampler(snapshot),
             "timeline": lambda: p["timeline"].show(self._timeline()),
             "latency": lambda: p["latency"].show(views.latency_rows(snapshot), step=step, live=live),
@@ -177,19 +175,14 @@ class SessionBinder:
         # Live: the knobs in force (editable). Scrubbed back: the budgets the shown step ran under.
         budget = {k: getattr(config, k) for k in SCHEDULER_KNOBS}
         if self.view_index is not None:
-            ran_under = record.get("budgets") or snapshot.get("config") or {}
-            budget = {k: ran_under.get(k, v) for k, v in budget.items()}
+            budget = views.budgets_ran_under(record, snapshot, budget)
         index = len(history) - 1 if self.view_index is None else self.view_index
-        # Which engine the panels show (a vLLM session says "vLLM 0.32.0").
-        engine_name = (snapshot.get("model_info") or {}).get("engine") or "kvscope"
-        info = f"{engine_name} \u00b7 " + views.summary_line(record, snapshot)
-        m = snapshot.get("metrics") or {}
-        if m.get("prefix_cache_queries"):
-            info += f" \u00b7 prefix hits {m.get('prefix_cache_hits', 0)}/{m['prefix_cache_queries']}"
         self.panels["controls"].show({
             "history_len": len(history), "history_first": int(history[0].step) if history else 1,
             "view_index": -1 if self.view_index is None else self.view_index,
-            "has_work": bool(self.session.engine.has_unfinished_requests()), "info": info, "engine": engine_name,
+            "has_work": bool(self.session.engine.has_unfinished_requests()),
+            # Which engine the panels show (a vLLM session says "vLLM 0.32.0").
+            "info": views.controls_info(record, snapshot), "engine": views.engine_label(snapshot),
             "budget": budget, "pool": {k: getattr(config, k) for k in POOL_KEYS},
             "caption": self._captions.caption(history, index),
             "chat_template_available": presets.has_chat_template(getattr(self.session.engine, "tokenizer", None)),
@@ -214,15 +207,15 @@ class SessionBinder:
 
     def _render_attention(self, snapshot: dict, step: int, *, probe: bool) -> None:
         att = self.panels["attention"]
-        info = snapshot.get("model_info") or {}
-        heads, kv_heads = int(info.get("num_heads") or 0), int(info.get("num_kv_heads") or 0)
+        heads = int((snapshot.get("model_info") or {}).get("num_heads") or 0)
+        shape = views.attention_shape(snapshot)
         targets = views.probe_targets(snapshot)
         with att.hold_sync():
             att.requests = targets
-            att.num_layers = int(info.get("num_layers") or 0)
-            if heads and kv_heads and att.num_heads != heads:
-                att.num_heads = heads
-                att.kv_head_of_head = [h // (heads // kv_heads) for h in range(heads)]
+            att.num_layers = shape["num_layers"]
+            if "num_heads" in shape and att.num_heads != shape["num_heads"]:
+                att.num_heads = shape["num_heads"]
+                att.kv_head_of_head = shape["kv_head_of_head"]
         rid = att.request_id if self._attention_pinned else ""
         if not rid:
             selected = self.panels["queues"].selected if "queues" in self.panels else ""

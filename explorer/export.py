@@ -1,20 +1,22 @@
 """One-file HTML export of a recorded Session: the panels, their history, no kernel.
 
 `export_html(session, "run.html")` (also `Session.export_html`) writes one self-contained
-HTML file: the panels' own ESM and CSS inlined, the history embedded compactly (the first
-snapshot whole, then per step the StepRecord plus the snapshot's delta, explorer/history.py),
-the token texts it shows, and a small host (explorer/export_host.js) that plays the part of
-the kernel. Opened from file:// with no network, it scrubs the history, shows block details
-on hover and pin, links the panels (select a request, click a timeline bar), draws the
-timeline and TTFT/ITL charts, and shows captions; engine actions are disabled with one line
-on how to run live. A Content-Security-Policy in the page forbids every fetch.
+HTML file: the panels' own ESM and CSS inlined, every panel state of every kept step computed
+here in Python by the Dashboard's own view code (explorer/export_views.py: the first step
+whole, then each step's delta), and a small host (explorer/export_host.js) that plays the
+part of the kernel: it hands those states to the panels and has no view code of its own.
+Opened from file:// with no network, it scrubs the history, shows block details on hover and
+pin, links the panels (select a request, click a timeline bar), draws the timeline and
+TTFT/ITL charts, and shows captions; engine actions are disabled with one line on how to run
+live. A Content-Security-Policy in the page forbids every fetch.
 
 `python -m explorer export OUT.html [--workload FILE|walkthrough]` records a workload first
 (explorer/recording.py).
 
-Size: each step costs its StepRecord (the packed batch: a few numbers per token) plus what
-changed in the snapshot. Long runs are bounded by `max_steps` (default 400 steps; `keep`
-says which: the last ones, the first ones, or evenly spaced ones), and the page says so.
+Size: each step costs what changed in its panels' states (the packed batch and its token
+texts, the requests and blocks the step touched, the samples it drew). Long runs are bounded
+by `max_steps` (default 400 steps; `keep` says which: the last ones, the first ones, or evenly
+spaced ones), and the page says so.
 """
 from __future__ import annotations
 
@@ -27,17 +29,14 @@ import math
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from engine.config import SCHEDULER_KNOBS
-
-from . import history as _history
-from . import views
+from . import export_views, views
 
 HOST_JS = Path(__file__).with_name("export_host.js")
 HOST_CSS = Path(__file__).with_name("export_host.css")
 
 DEFAULT_MAX_STEPS = 400
-# A page larger than this keeps fewer steps (64 requests on 4,096 blocks cost ~70 KB a step;
-# the walkthrough's ~60 steps on 64 blocks, ~0.45 MB in all).
+# A page larger than this keeps fewer steps (64 decoding requests on 4,096 blocks cost ~90 KB
+# a step; the walkthrough's ~60 steps on 64 blocks, ~0.6 MB in all).
 DEFAULT_MAX_BYTES = 16_000_000
 KEEP_CHOICES = ("last", "first", "even")
 RUN_LIVE = "run `make lab` in a kvscope checkout (or `python -m explorer app` for the dashboard alone)"
@@ -48,7 +47,7 @@ _PANEL_CLASSES = {"controls": "ControlsPanel", "queues": "QueuesPanel", "sampler
                   "blocks": "BlockPoolPanel", "slots": "SlotMappingPanel", "attention": "AttentionPanel",
                   "timeline": "TimelinePanel"}
 _WIDGET_TRAITS = frozenset({"layout", "tabbable", "tooltip", "comm", "keys", "log"})
-_SLOT_ROWS = 1024  # views.slot_mapping_state's max_rows: the token texts the slot panel shows
+FORMAT, VERSION = "kvscope-export", 2  # 1 embedded the history itself; 2, its panel states
 CSP = ("default-src 'none'; script-src 'unsafe-inline' blob: data:; style-src 'unsafe-inline'; "
        "img-src data: blob:; font-src data:; connect-src 'none'; form-action 'none'; base-uri 'none'")
 
@@ -107,26 +106,6 @@ def _parts(entry: Any) -> tuple[int, dict | None, dict]:
 
 
 # -- building the data ------------------------------------------------------------------------
-def token_table(entries: Sequence[Any], token_text: Callable[[Sequence[int]], list[str]]) -> dict:
-    """Texts of every token id the panels may show: batch rows (as the slot panel cuts
-    them), sampler candidates, and the tokens of every block (hover details)."""
-    ids: set[int] = set()
-    seen_blocks: set[int] = set()
-    for entry in entries:
-        _, record, snapshot = _parts(entry)
-        if record:
-            ids.update((record.get("batch") or {}).get("input_ids", [])[:_SLOT_ROWS])
-            for s in (record.get("sampled") or {}).values():
-                ids.update(int(t) for t, _ in s.get("top", []))
-        for b in (snapshot.get("block_pool") or {}).get("blocks", []):
-            if id(b) in seen_blocks:  # shared with an earlier entry (explorer/history.py)
-                continue
-            seen_blocks.add(id(b))
-            ids.update(b.get("token_ids") or ())
-    order = sorted(int(i) for i in ids)
-    return {"ids": order, "texts": token_text(order)}
-
-
 def panel_defaults(names: Iterable[str]) -> dict[str, dict]:
     """Each panel's synced traits as a fresh Python panel has them (bytes as base64)."""
     import widgets
@@ -159,47 +138,31 @@ def panel_sources(names: Iterable[str]) -> dict[str, tuple[str, str]]:
             for name in names if name in _PANEL_CLASSES}
 
 
-def _with_sampled_order(record: dict | None) -> dict | None:
-    # JSON.parse orders integer-like keys ("2" before "10") whatever the file says; the
-    # sampler's default request is the first sampled one, so the order travels beside it.
-    if not record or not record.get("sampled"):
-        return record
-    order = list(record["sampled"])
-    if all(not k.isdigit() for k in order):
-        return record
-    return {**record, "_sampled_order": order}
-
-
 def build_export_data(entries: Sequence[Any], *, token_text: Callable[[Sequence[int]], list[str]] | None = None,
                       title: str = "kvscope recording", captions: dict[int, str] | None = None,
                       notice: str = "", steps_total: int | None = None, engine_name: str = "kvscope",
                       start: str = "last", panels: Sequence[str] = PANELS) -> dict:
-    """The JSON-able document the page embeds (`load_export` reads it back)."""
-    from widgets.block_pool import EVENT_BITS, FREE, FREE_CACHED, IN_USE, IN_USE_HASHED, NULL
-
-
+    """The JSON-able document the page embeds (`load_export` reads it back): the panels'
+    states of every entry, packed (explorer/export_views.py), the timeline, the captions."""
     if start not in ("last", "first"):
         raise ValueError(f"start must be 'last' or 'first', got {start!r}")
     token_text = token_text or views.token_texts(None)
-    steps = _history.pack_history(entries)
-    for item in steps:
-        item["record"] = _with_sampled_order(item.get("record"))
+    entries = list(entries)
+    per_step = export_views.step_views(entries, token_text)
     last_snapshot = _parts(entries[-1])[2]
     info = last_snapshot.get("model_info") or {}
     created = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
     return {
-        "format": _history.FORMAT, "version": _history.VERSION,
+        "format": FORMAT, "version": VERSION,
         "meta": {"title": title, "created": created, "engine": engine_name,
                  "model": info.get("name"), "device": info.get("device"), "dtype": info.get("dtype"),
                  "steps_total": steps_total if steps_total is not None else _step(entries[-1]),
                  "first_step": _step(entries[0]), "last_step": _step(entries[-1]), "notice": notice,
-                 "run_live": RUN_LIVE, "panels": list(panels), "budget_keys": list(SCHEDULER_KNOBS), "start": start},
-        "codes": {"NULL": NULL, "FREE": FREE, "FREE_CACHED": FREE_CACHED, "IN_USE": IN_USE,
-                  "IN_USE_HASHED": IN_USE_HASHED, "EVENT_BITS": dict(EVENT_BITS)},
-        "token_text": token_table(entries, token_text),
-        "timeline": views.timeline_state(entries),
+                 "run_live": RUN_LIVE, "panels": list(panels), "start": start},
+        # Sent once, as the binder does: the whole run, with the shown step as a cursor.
+        "timeline": views.timeline_state(entries, [v["controls"]["caption"] for v in per_step]),
         "captions": sorted([[int(k), str(v)] for k, v in (captions or {}).items()]),
-        "steps": steps,
+        "views": export_views.pack_views(per_step),
     }
 
 
@@ -351,17 +314,12 @@ def export_html(source: Any, path: str | Path, *, title: str | None = None, capt
 
 
 def load_export(path: str | Path) -> dict:
-    """The document embedded in an exported page, with `entries` (HistoryEntry list) added."""
+    """The document embedded in an exported page, with `views` added: each kept step's panel
+    states, unpacked (explorer/export_views.py; byte columns as bytes again)."""
     text = Path(path).read_text(encoding="utf-8")
     marker = '<script type="application/json" id="kvs-history">'
     start = text.index(marker) + len(marker)
     end = text.index("</script>", start)
     data = json.loads(text[start:end])
-    entries = []
-    for e in _history.unpack_history(data["steps"]):
-        if e.record and "_sampled_order" in e.record:
-            record = {k: v for k, v in e.record.items() if k != "_sampled_order"}
-            e = dataclasses.replace(e, record=record)
-        entries.append(e)
-    data["entries"] = entries
+    data["views"] = export_views.unpack_views(data["views"])
     return data

@@ -1,22 +1,42 @@
 // kvscope export host: the panels' own ESM, run over a recorded history, with no kernel.
 //
-// explorer/export.py inlines this file in a one-file HTML export, next to the history
-// (explorer/history.py's packed format: the first snapshot whole, then per step the
-// StepRecord and the snapshot's delta) and each panel's ESM and CSS. It stands in for
-// anywidget's model (get / set / on / off / send / save_changes) and for the Python side
-// of the Dashboard (explorer/dashboard.py's SessionBinder): it turns the scrubbed step's
-// record + snapshot into each panel's traits with the same functions as explorer/views.py
-// (ported below, checked against Python on every step by tests/explorer/test_export.py),
-// answers the panels' actions (scrub, select, block details) from the embedded data, and
-// turns engine actions (Step, add request, ...) down with one line on how to run live.
+// explorer/export.py inlines this file in a one-file HTML export, next to each panel's ESM
+// and CSS and every panel state of every kept step, computed at export time in Python by the
+// Dashboard's own view code (explorer/export_views.py: the first step whole, then each step's
+// delta, explorer/history.py's format). This host has no view code: it patches the steps back,
+// stands in for anywidget's model (get / set / on / off / send / save_changes) and for the
+// Python side of the Dashboard (explorer/dashboard.py's SessionBinder) by handing the shown
+// step's states to the panels, answers the panels' actions (scrub, select, block details)
+// from the embedded states, draws the TTFT/ITL charts (plotly needs a kernel), and turns
+// engine actions (Step, add request, ...) down with one line on how to run live.
 // Nothing is fetched: the page's CSP forbids it, and everything it needs is inline.
 
+/**
+ * The embedded document (explorer/export.py build_export_data).
+ * @typedef {{format: string, version: number, meta: Meta, timeline: Object, captions: Array<[number, string]>,
+ *   views: Array<Object>}} ExportData  views: StepViews whole, then one Delta per step
+ * @typedef {{title: string, panels: string[], start: ("first"|"last"), run_live: string, notice: string,
+ *   first_step: number, last_step: number}} Meta
+ * A delta (explorer/history.py diff): {"=": value} | {"+": appended} | {"i": {index: Delta}} |
+ * {"d": {key: Delta}, "x": [removed keys]}; no delta: unchanged.
+ * @typedef {Object} Delta
+ * One kept step's panel states (explorer/export_views.py _entry_views), each as the binder sends it:
+ * @typedef {{step: number, controls: Object, queues: Object, blocks: Object, block_details: Array<Object>,
+ *   slots: Object, sampler: SamplerChoices, attention: Object, latency: Array<LatencyRow>}} StepViews
+ *   blocks: BlockPoolPanel traits, its byte columns as PackedColumn; block_details: per block id,
+ *   BlockPoolPanel.block_detail without `step` (the shown step is added here)
+ * @typedef {{__array__: ("B"|"H"|"h"), values: number[]}} PackedColumn  a bytes trait (Python array typecode)
+ * @typedef {{requests: string[], default: string, samples: Object<string, Object>}} SamplerChoices
+ *   the SamplerPanel's `sample` for each request the user could select; `default`: what "" selects
+ * @typedef {{request_id: string, time_to_first_token: ?number, inter_token_latency: number[]}} LatencyRow
+ */
+
+/** @type {ExportData} */
 const DATA = JSON.parse(document.getElementById("kvs-history").textContent);
 const DEFAULTS = JSON.parse(document.getElementById("kvs-panel-defaults").textContent);
-const CODES = DATA.codes;            // widgets/block_pool.py's status codes and event bits
 const RUN_LIVE = DATA.meta.run_live;  // "make lab" / "python -m explorer app": one line
 
-// ---- 1. the history: the packed steps back to {step, record, snapshot} --------------------
+// ---- 1. the embedded steps: deltas back to whole states -----------------------------------
 function patch(old, d) {
   if (d === null || d === undefined) return old;
   if ("=" in d) return d["="];
@@ -31,252 +51,38 @@ function patch(old, d) {
   for (const [k, sub] of Object.entries(d.d || {})) out[k] = patch(out[k], sub);
   return out;
 }
-function unkeyed(s) {
-  const out = { ...s };
-  const reqs = out._requests;
-  delete out._requests;
-  if (reqs) {
-    const q = {};
-    for (const [name, ids] of Object.entries(out.queues)) q[name] = ids.map((rid) => reqs[rid]);
-    out.queues = q;
-  }
-  return out;
-}
-function decodeSteps(steps) {
-  const entries = [];
-  let cur = null;
-  for (const item of steps) {
-    cur = cur === null || item.snapshot ? item.snapshot : patch(cur, item.delta);
-    entries.push({ step: item.step, record: item.record, snapshot: unkeyed(cur) });
-  }
-  return entries;
-}
-const ENTRIES = decodeSteps(DATA.steps);
-
-const TOKEN_TEXT = new Map(DATA.token_text.ids.map((id, i) => [id, DATA.token_text.texts[i]]));
-const tokenText = (ids) => ids.map((i) => (TOKEN_TEXT.has(Number(i)) ? TOKEN_TEXT.get(Number(i)) : String(i)));
-
-// ---- 2. explorer/views.py, in JavaScript (same names, same results) ------------------------
-const EMPTY_RECORD = { step: 0, scheduled: [], batch: {}, sampled: {}, preempted: [], finished: [],
-  new_requests: [], blocks: {}, timings_ms: {} };
-const PARAM_KEYS = ["temperature", "top_k", "top_p", "max_tokens", "ignore_eos", "seed"];
-const get = (obj, key, dflt) => (obj && Object.prototype.hasOwnProperty.call(obj, key) ? obj[key] : dflt);
-const nz = (v) => (v === undefined ? null : v);
-
-function allRequests(snapshot) {
-  const q = snapshot.queues || {};
-  return [...(q.waiting || []), ...(q.running || []), ...(q.finished || [])];
-}
-function clip(text, limit) {
-  const cps = Array.from(text || "");  // Python slices by code point
-  if (cps.length <= limit) return cps.join("");
-  const tail = Math.floor(limit / 4);
-  return cps.slice(0, limit - tail).join("") + " \u2026 " + cps.slice(cps.length - tail).join("");
-}
-function queuesState(record, snapshot, maxFinished = 50, maxText = 400) {
-  record = record || EMPTY_RECORD;
-  const scheduled = new Map((record.scheduled || []).map((s) => [s.request_id, s]));
-  const sampled = record.sampled || {};
-  const row = (req) => {
-    const rid = req.request_id;
-    const s = scheduled.get(rid);
-    return {
-      request_id: rid, status: get(req, "status", ""),
-      prompt_text: clip(req.prompt_text, maxText), output_text: clip(req.output_text, maxText),
-      num_prompt_tokens: (req.prompt_token_ids || []).length, num_output_tokens: (req.output_token_ids || []).length,
-      max_tokens: nz(req.max_tokens), num_computed_tokens: get(req, "num_computed_tokens", 0),
-      num_cached_tokens: get(req, "num_cached_tokens", 0), num_preemptions: get(req, "num_preemptions", 0),
-      finish_reason: nz(req.finish_reason), num_blocks: (req.block_table || []).length,
-      scheduled: s === undefined ? null : Object.fromEntries(
-        ["num_tokens", "num_computed_before", "is_prefill", "num_cached_tokens", "chunk_index"].map((k) => [k, nz(s[k])])),
-      sampled_text: nz((sampled[rid] || {}).text),
-    };
-  };
-  const q = snapshot.queues || {};
-  const finished = q.finished || [];
-  return {
-    queues: { waiting: (q.waiting || []).map(row), running: (q.running || []).map(row),
-      finished: finished.slice(Math.max(0, finished.length - maxFinished)).map(row).reverse() },
-    finished_total: finished.length,
-  };
-}
-function blockPoolState(record, snapshot) {
-  record = record || EMPTY_RECORD;
-  const pool = snapshot.block_pool || {};
-  const blocks = pool.blocks || [];
-  const n = blocks.length;
-  const status = new Uint8Array(n), events = new Uint8Array(n), ref = new Uint16Array(n), owner = new Int16Array(n).fill(-1);
-  const owners = [];
-  const ownerIndex = new Map();
-  const shared = [];
-  blocks.forEach((b, i) => {
-    if (get(b, "is_null", i === 0)) status[i] = CODES.NULL;
-    else if (b.is_free) status[i] = b.hash ? CODES.FREE_CACHED : CODES.FREE;
-    else status[i] = b.hash ? CODES.IN_USE_HASHED : CODES.IN_USE;
-    ref[i] = Math.min(Number(get(b, "ref_count", 0)), 0xffff);
-    const idx = [];
-    for (const rid of b.owners || []) {
-      if (!ownerIndex.has(rid)) { ownerIndex.set(rid, ownerIndex.size); owners.push(rid); }
-      idx.push(ownerIndex.get(rid));
-    }
-    if (idx.length) owner[i] = idx[0];
-    if (idx.length > 1) shared.push([i, idx]);
-  });
-  const recordBlocks = record.blocks || {};
-  const counts = {};
-  for (const [key, bit] of Object.entries(CODES.EVENT_BITS)) {
-    counts[key] = 0;
-    for (const bid of recordBlocks[key] || []) {
-      if (bid >= 0 && bid < n) { events[bid] |= bit; counts[key] += 1; }
-    }
-  }
-  let free = 0, freeCached = 0, inUse = 0;
-  for (const s of status) { if (s === CODES.FREE) free++; else if (s === CODES.FREE_CACHED) freeCached++; if (s >= CODES.IN_USE) inUse++; }
-  Object.assign(counts, { free, free_cached: freeCached, in_use: inUse, num_free_blocks: get(pool, "num_free_blocks", 0) });
-  const blockSize = Number(get(pool, "block_size", 16));
-  const admitted = new Set(record.new_requests || []);
-  const hitBlocks = new Map();
-  for (const s of record.scheduled || []) {
-    if (admitted.has(s.request_id)) hitBlocks.set(s.request_id, Math.floor(get(s, "num_cached_tokens", 0) / blockSize));
-  }
-  const sameStep = new Set(recordBlocks.same_step_hits || []);
-  const tables = [];
-  for (const r of (snapshot.queues || {}).running || []) {
-    const table = (r.block_table || []).slice();
-    if (!table.length) continue;
-    const hits = [];
-    for (let i = 0; i < Math.min(hitBlocks.get(r.request_id) || 0, table.length); i++) hits.push(i);
-    const cached = [];
-    for (let i = 0; i < Math.min(Math.floor(Number(r.num_cached_tokens || 0) / blockSize), table.length); i++) cached.push(i);
-    tables.push({ request_id: r.request_id, block_table: table, num_computed_tokens: get(r, "num_computed_tokens", 0),
-      hits, same_step_hits: hits.filter((i) => sameStep.has(table[i])), cached });
-  }
-  return { num_blocks: n, block_size: blockSize, status, ref_count: ref, owner, events, owners, shared,
-    block_tables: tables, counts, blocks };
-}
-function cachedBlocks(numCached, table, blockSize, req) {
-  const tokens = [...((req || {}).prompt_token_ids || []), ...((req || {}).output_token_ids || [])];
+/** @returns {StepViews[]} (consecutive steps share what did not change) */
+function decodeViews(packed) {
   const out = [];
-  for (let i = 0; i < Math.min(Math.floor(Number(numCached || 0) / blockSize), table.length); i++) {
-    const lo = i * blockSize, hi = (i + 1) * blockSize;
-    out.push({ block: table[i], start: lo, end: hi, text: tokens.length >= hi ? tokenText(tokens.slice(lo, hi)).join("") : "" });
-  }
+  for (const item of packed) out.push(out.length ? patch(out[out.length - 1], item) : item);
   return out;
 }
-function slotMappingState(record, blockSize = 16, maxRows = 1024, snapshot = null) {
-  record = record || EMPTY_RECORD;
-  const batch = record.batch || {};
-  const ids = batch.input_ids || [], qsl = batch.query_start_loc || [], seqLens = batch.seq_lens || [];
-  const tables = batch.block_tables || [];
-  const sampled = record.sampled || {};
-  const known = new Map(allRequests(snapshot || {}).map((r) => [r.request_id, r]));
-  const segments = (record.scheduled || []).map((s, k) => {
-    const start = k < qsl.length ? qsl[k] : 0;
-    const end = k + 1 < qsl.length ? qsl[k + 1] : start + s.num_tokens;
-    const rid = s.request_id;
-    const table = k < tables.length ? tables[k].slice() : [];
-    return { request_id: rid, start, end, is_prefill: get(s, "is_prefill", false), chunk_index: nz(s.chunk_index),
-      num_computed_before: get(s, "num_computed_before", 0), num_cached_tokens: get(s, "num_cached_tokens", 0),
-      seq_len: k < seqLens.length ? seqLens[k] : null, block_table: table,
-      sampled_text: nz((sampled[rid] || {}).text),
-      cached_blocks: cachedBlocks(get(s, "num_cached_tokens", 0), table, blockSize, known.get(rid)) };
-  });
-  const shown = ids.slice(0, maxRows);
-  return { input_ids: shown, tokens: tokenText(shown), positions: (batch.positions || []).slice(0, maxRows),
-    slot_mapping: (batch.slot_mapping || []).slice(0, maxRows), segments, query_start_loc: qsl.slice(),
-    logits_indices: (batch.logits_indices || []).slice(), block_size: blockSize, num_rows: ids.length,
-    truncated: Math.max(0, ids.length - maxRows) };
-}
-// A JavaScript object lists integer-like keys first, in numeric order ("2", "10", then
-// "r1"), whatever the file says; the export keeps the engine's order of each record's
-// sampled requests beside them (`_sampled_order`) where that would differ.
-const sampledIds = (record) => record._sampled_order || Object.keys(record.sampled || {});
-function samplerState(entries, snapshot, requestId) {
-  const record = entries.length ? (entries[entries.length - 1].record || EMPTY_RECORD) : EMPTY_RECORD;
-  const requests = sampledIds(record);
-  const rid = requestId ? requestId : (requests.length ? requests[0] : "");
-  let params = {};
-  for (const req of allRequests(snapshot)) {
-    if (req.request_id === rid) {
-      const sp = req.sampling_params || { max_tokens: nz(req.max_tokens) };
-      params = Object.fromEntries(PARAM_KEYS.filter((k) => k in sp).map((k) => [k, sp[k]]));
-    }
-  }
-  for (let i = entries.length - 1; i >= 0; i--) {
-    const rec = entries[i].record || EMPTY_RECORD;
-    const s = (rec.sampled || {})[rid];
-    if (s === undefined) continue;
-    const top = (s.top || []).map(([t, p]) => [Number(t), p]);
-    const texts = tokenText(top.map(([t]) => t));
-    return { requests, request_id: rid, sample: { request_id: rid, step: get(rec, "step", 0), token_id: nz(s.token_id),
-      text: nz(s.text), top: top.map(([t, p], k) => [t, texts[k], Number(p)]), params } };
-  }
-  const note = rid ? `#${rid} has not been sampled yet` : "no request sampled yet";
-  return { requests, request_id: rid, sample: { note, params } };
-}
-function latencyRows(snapshot) {
-  const rows = allRequests(snapshot).map((req) => {
-    const m = (req.metrics || {}).engine || {};
-    return { request_id: req.request_id, time_to_first_token: nz(m.time_to_first_token), inter_token_latency: (m.inter_token_latency || []).slice() };
-  });
-  const cmp = (a, b) => (a < b ? -1 : a > b ? 1 : 0);
-  rows.sort((a, b) => cmp(a.request_id.length, b.request_id.length) || cmp(a.request_id, b.request_id));
-  return rows;
-}
-function probeTargets(snapshot) {
-  return ((snapshot.queues || {}).running || []).filter((r) => get(r, "num_computed_tokens", 0) > 0).map((r) => r.request_id);
-}
-function pyFixed1(x) {
-  // Python's f"{x:.1f}" rounds an exact tie to even; toFixed rounds it up. At one decimal
-  // the only exact ties are n.25 and n.75.
-  if (Number.isInteger(x * 4) && !Number.isInteger(x * 2)) {
-    const lo = Math.floor(x * 10) / 10, hi = Math.ceil(x * 10) / 10;
-    return (Math.round(lo * 10) % 2 === 0 ? lo : hi).toFixed(1);
-  }
-  return x.toFixed(1);
-}
-function summaryLine(record, snapshot) {
-  const q = snapshot.queues || {};
-  const pool = snapshot.block_pool || {};
-  const parts = [`step ${get(snapshot, "step", 0)}`,
-    ["waiting", "running", "finished"].map((k) => `${(q[k] || []).length} ${k}`).join(" \u00b7 "),
-    `${get(pool, "num_free_blocks", 0)}/${Math.max(0, get(pool, "num_blocks", 1) - 1)} blocks free`];
-  const total = record && record.timings_ms ? record.timings_ms.total : undefined;
-  if (total !== undefined && total !== null) parts.push(`last step ${pyFixed1(total)} ms`);
-  return parts.join(" \u00b7 ");
-}
-function blockDetail(blocks, blockId, step) {
-  if (!(blockId >= 0 && blockId < blocks.length)) return {};
-  const b = blocks[blockId];
-  const ids = (b.token_ids || []).slice();
-  return { block_id: blockId, ref_count: get(b, "ref_count", 0), hash: nz(b.hash), owners: (b.owners || []).slice(),
-    token_ids: ids, tokens: ids.length ? tokenText(ids) : [], is_null: !!get(b, "is_null", blockId === 0),
-    is_free: !!get(b, "is_free", false), step };
-}
-// For tests and the curious: every view state of history index i, as explorer/views.py builds it.
-function viewStates(i) {
-  const e = ENTRIES[i];
-  const record = e.record || EMPTY_RECORD, snapshot = e.snapshot || {};
-  const bs = Number(get(snapshot.block_pool || {}, "block_size", 16));
-  const pool = blockPoolState(record, snapshot);
-  return { queues: queuesState(record, snapshot), blocks: pool, slots: slotMappingState(record, bs, 1024, snapshot),
-    sampler: samplerState(ENTRIES.slice(0, i + 1), snapshot, ""), latency: latencyRows(snapshot),
-    summary: summaryLine(record, snapshot), targets: probeTargets(snapshot) };
-}
+const VIEWS = decodeViews(DATA.views);
+const get = (obj, key, dflt) => (obj && Object.prototype.hasOwnProperty.call(obj, key) ? obj[key] : dflt);
 
-// ---- 3. anywidget's model, over plain values ----------------------------------------------
-function decodeDefault(v) {
-  if (v && typeof v === "object" && v.__b64__ !== undefined) {
+// ---- 2. anywidget's model, over plain values ----------------------------------------------
+// Bytes traits arrive in a live notebook as DataView (ipywidgets 8); here they come as base64
+// (the panels' defaults) or as a PackedColumn. A column a step left alone is the same object
+// as the step before's, so it keeps its DataView and the panel sees no change.
+const TYPED = { B: Uint8Array, H: Uint16Array, h: Int16Array };
+const columns = new WeakMap();
+function decodeTrait(v) {
+  if (!v || typeof v !== "object") return v;
+  if (v.__b64__ !== undefined) {
     const bin = atob(v.__b64__);
     const u = new Uint8Array(bin.length);
     for (let i = 0; i < bin.length; i++) u[i] = bin.charCodeAt(i);
     return new DataView(u.buffer);
   }
+  if (v.__array__ !== undefined) {
+    if (!columns.has(v)) columns.set(v, new DataView(TYPED[v.__array__].from(v.values).buffer));
+    return columns.get(v);
+  }
   return v;
 }
+const traits = (state) => Object.fromEntries(Object.entries(state).map(([k, v]) => [k, decodeTrait(v)]));
 function makeModel(name) {
-  const values = {};
-  for (const [k, v] of Object.entries(DEFAULTS[name] || {})) values[k] = decodeDefault(v);
+  const values = traits(DEFAULTS[name] || {});
   const handlers = new Map();
   const emit = (ev, ...args) => (handlers.get(ev) || []).slice().forEach((h) => h(...args));
   return {
@@ -299,71 +105,58 @@ function makeModel(name) {
   };
 }
 
-// ---- 4. the Dashboard's binder, for a recording ------------------------------------------
+// ---- 3. the Dashboard's binder, for a recording ------------------------------------------
 const ENGINE_ACTIONS = new Set(["step", "add", "preset", "set_budget", "reset", "abort"]);
 const ENGINE_OFF = `This page is a recording: the engine is not running here. To step it live: ${RUN_LIVE}.`;
 const ATTENTION_OFF = `Attention weights are read from the live KV cache, and a recording keeps no KV. To see them: ${RUN_LIVE}.`;
 
 const HOST = {
   models: {},
-  viewIndex: ENTRIES.length - 1,
-  samplerPinned: false,
-  blocks: [],          // the shown snapshot's blocks, for hover details
+  viewIndex: VIEWS.length - 1,
+  samplerPinned: false,  // the user chose the sampler's request (else: the step's default)
   timelineSet: false,
 
+  /** Every panel from VIEWS[viewIndex], as SessionBinder.render sends it. */
   render() {
     const i = this.viewIndex;
-    const e = ENTRIES[i];
-    const record = e.record || EMPTY_RECORD, snapshot = e.snapshot || {};
-    const step = Number(e.step || snapshot.step || 0);
-    const live = i === ENTRIES.length - 1;
+    const v = VIEWS[i];
+    const live = i === VIEWS.length - 1;
     const m = this.models;
-    for (const model of Object.values(m)) model.update({ step, live });
+    for (const model of Object.values(m)) model.update({ step: v.step, live });
     if (m.controls) {
-      const engineName = (snapshot.model_info || {}).engine || "kvscope";  // as the live binder says it
-      let info = `${engineName} \u00b7 ${summaryLine(record, snapshot)}`;
-      const metrics = snapshot.metrics || {};
-      if (metrics.prefix_cache_queries) info += ` \u00b7 prefix hits ${metrics.prefix_cache_hits || 0}/${metrics.prefix_cache_queries}`;
-      // The budgets the shown step ran under, and the step in words (the timeline carries both).
-      const config = { ...(snapshot.config || {}), ...(record.budgets || {}) };
-      const tl = (DATA.timeline || {}).steps || {};
-      const at = (tl.step || []).indexOf(step);
-      m.controls.update({ history_len: ENTRIES.length, history_first: Number(ENTRIES[0].step), view_index: live ? -1 : i,
-        has_work: false, info, engine: engineName, caption: at >= 0 && tl.caption ? String(tl.caption[at]) : "",
-        budget: Object.fromEntries(DATA.meta.budget_keys.filter((k) => k in config).map((k) => [k, config[k]])),
-        pool: Object.fromEntries(["num_kv_blocks", "block_size"].filter((k) => k in config).map((k) => [k, config[k]])) });
+      m.controls.update({ ...v.controls, history_len: VIEWS.length, history_first: VIEWS[0].step,
+        view_index: live ? -1 : i, has_work: false });
     }
-    if (m.queues) m.queues.update(queuesState(record, snapshot));
+    if (m.queues) m.queues.update(v.queues);
     if (m.blocks) {
-      const state = blockPoolState(record, snapshot);
-      this.blocks = state.blocks;
-      delete state.blocks;
+      m.blocks.update(traits(v.blocks));
       const sel = m.blocks.get("selected");
-      if (sel >= 0) state.detail = blockDetail(this.blocks, sel, step);
-      m.blocks.update(state);
+      if (sel >= 0) m.blocks.update({ detail: this.blockDetail(sel) });
     }
-    if (m.slots) m.slots.update(slotMappingState(record, Number(get(snapshot.block_pool || {}, "block_size", 16)), 1024, snapshot));
-    if (m.sampler) {
-      const rid = this.samplerPinned ? m.sampler.get("request_id") : "";
-      m.sampler.update(samplerState(ENTRIES.slice(0, i + 1), snapshot, rid));
-    }
+    if (m.slots) m.slots.update(v.slots);
+    if (m.sampler) m.sampler.update(this.samplerState());
     if (m.timeline && !this.timelineSet) { m.timeline.update(DATA.timeline); this.timelineSet = true; }
-    if (m.attention) {
-      const info = snapshot.model_info || {};
-      const heads = Number(info.num_heads || 0), kv = Number(info.num_kv_heads || 0);
-      const state = { requests: probeTargets(snapshot), num_layers: Number(info.num_layers || 0), message: ATTENTION_OFF };
-      if (heads && kv && m.attention.get("num_heads") !== heads) {
-        state.num_heads = heads;
-        state.kv_head_of_head = Array.from({ length: heads }, (_, h) => Math.floor(h / Math.floor(heads / kv)));
-      }
-      m.attention.update(state);
-    }
-    drawLatency(latencyRows(snapshot), step, live);
-    drawCaption(step);
+    if (m.attention) m.attention.update({ ...v.attention, message: ATTENTION_OFF });
+    drawLatency(v.latency, v.step, live);
+    drawCaption(v.step);
+  },
+
+  /** The SamplerPanel's traits for the selected request (views.sampler_state, from Python). */
+  samplerState() {
+    const s = VIEWS[this.viewIndex].sampler;
+    const picked = this.samplerPinned ? this.models.sampler.get("request_id") : "";
+    const rid = get(s.samples, picked, undefined) !== undefined ? picked : s.default;
+    return { requests: s.requests, request_id: rid, sample: s.samples[rid] };
+  },
+
+  /** BlockPoolPanel.block_detail of the shown step ({} for no such block). */
+  blockDetail(id) {
+    const d = VIEWS[this.viewIndex].block_details[id];
+    return d ? { ...d, step: Number(this.models.blocks.get("step")) } : {};
   },
 
   scrub(index) {
-    const n = ENTRIES.length;
+    const n = VIEWS.length;
     this.viewIndex = index === null || index < 0 || index >= n ? n - 1 : index;
     this.render();
   },
@@ -391,9 +184,8 @@ const HOST = {
     if (name === "controls" && action === "clear_error") { m.controls.update({ error: "" }); return; }
     if (name === "blocks" && (action === "block_detail" || action === "select_block")) {
       const id = Number(get(c, "block_id", -1));
-      const shown = Number(m.blocks.get("step"));
       if (action === "select_block") m.blocks.update({ selected: id });
-      m.blocks.update({ detail: blockDetail(this.blocks, id, shown) });
+      m.blocks.update({ detail: this.blockDetail(id) });
       return;
     }
     if (name === "queues" && action === "select") m.queues.update({ selected: String(c.request_id || "") });
@@ -408,7 +200,7 @@ const HOST = {
     // What the binder does with them.
     if (action === "scrub") this.scrub(Number(get(c, "index", -1)));
     else if (action === "scrub_step") {
-      const k = ENTRIES.findIndex((e) => Number(e.step) === Number(c.step));
+      const k = VIEWS.findIndex((v) => v.step === Number(c.step));
       if (k >= 0) this.scrub(k);
     } else if (action === "live") this.scrub(null);
     else if (action === "select") {
@@ -423,7 +215,7 @@ const HOST = {
   },
 };
 
-// ---- 5. TTFT / ITL: small SVG charts (plotly's FigureWidget needs a kernel) ---------------
+// ---- 4. TTFT / ITL: small SVG charts (plotly's FigureWidget needs a kernel) ---------------
 const SVG_NS = "http://www.w3.org/2000/svg";
 function svgEl(tag, attrs = {}, text = null) {
   const n = document.createElementNS(SVG_NS, tag);
@@ -495,7 +287,7 @@ function drawLatency(rows, step, live) {
   );
 }
 
-// ---- 6. captions and page --------------------------------------------------------------
+// ---- 5. captions and page --------------------------------------------------------------
 function drawCaption(step) {
   const box = document.querySelector('[data-testid="kvs-export-caption"]');
   if (!box) return;
@@ -560,12 +352,13 @@ async function main() {
   }
   latencyRoot = slot("latency");
   if (HOST.models.controls) disableEngineControls(slot("controls"));
-  const start = DATA.meta.start === "first" ? 0 : ENTRIES.length - 1;
+  const start = DATA.meta.start === "first" ? 0 : VIEWS.length - 1;
   HOST.scrub(start);
   document.body.dataset.ready = "true";
 }
 
-window.kvsExport = { entries: ENTRIES, viewStates, host: HOST, patch };
+// For tests and the curious: the decoded steps, the host (its panel models), the decoder.
+window.kvsExport = { views: VIEWS, host: HOST, patch };
 main().catch((exc) => {
   console.error(exc);
   const box = document.getElementById("kvs-export-error");

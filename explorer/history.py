@@ -22,7 +22,8 @@ Two tools, both over the documented dict shapes (docs/architecture.md):
    whole, then per step its StepRecord plus the delta of its snapshot against the
    previous one (`diff`), with requests keyed by id and token lists sent as their new
    tail. `unpack_history(packed)` gives the entries back (equal to the originals after a
-   JSON round trip). explorer/export_host.js decodes the same format in the browser.
+   JSON round trip). explorer/export_host.js applies the same deltas in the browser
+   (explorer/export_views.py packs an export's panel states with `diff`).
 
 `history_bytes(entries)` measures what a history holds (each object counted once,
 however many entries point at it); `python -m explorer.history` compares a plain and a
@@ -225,7 +226,9 @@ def diff(old: Any, new: Any) -> dict | None:
                 d = diff(a, b)
                 if d is not None:
                     changes[str(i)] = d
-            if len(changes) <= n // 2:
+            # A list of dicts (requests, rows) whose every element changed a little (each
+            # running request advanced) still costs least as each element's own delta.
+            if len(changes) <= n // 2 or type(new[0]) is dict:
                 return {"i": changes}
         return {"=": new}
     if to is tn and (old == new or (tn is float and math.isnan(old) and math.isnan(new))):

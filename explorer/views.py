@@ -9,8 +9,8 @@ from __future__ import annotations
 from array import array
 from typing import Any, Callable, Iterable, Sequence
 
-from engine.report.schema import (BATCH, BLOCK, BUDGET, CLOCK, EV, POOL, QUEUE, REC, REQ, RMETRICS, SAMPLE, SCHED,
-                                  SNAP, TIME)
+from engine.report.schema import (BATCH, BLOCK, BUDGET, CLOCK, EV, INFO, METRICS, POOL, QUEUE, REC, REQ, RMETRICS,
+                                  SAMPLE, SCHED, SNAP, TIME)
 from engine.tokenizer import fast_decoder
 # The block-pool panel's status codes and event bits: spelled once, by the panel.
 from widgets.block_pool import EVENT_BITS, FREE, FREE_CACHED, IN_USE, IN_USE_HASHED, NULL
@@ -88,14 +88,19 @@ def queues_state(record: dict | None, snapshot: dict, *, max_finished: int = 50,
             "finished_total": len(finished)}
 
 
+# The block pool's byte columns, one element per block, as `array` typecodes: uint8 status,
+# uint16 ref_count, int16 owner (an index into owners, -1 none), uint8 events.
+BLOCK_COLUMNS = {"status": "B", "ref_count": "H", "owner": "h", "events": "B"}
+
+
 def block_pool_state(record: dict | None, snapshot: dict) -> dict:
     """BlockPoolPanel traits as compact byte columns (+ "blocks", kept Python-side)."""
     record = record or EMPTY_RECORD
     pool = snapshot.get(SNAP.BLOCK_POOL) or {}
     blocks = pool.get(POOL.BLOCKS, [])
     n = len(blocks)
-    status, events = array("B", bytes(n)), array("B", bytes(n))
-    ref, owner = array("H", bytes(2 * n)), array("h", [-1] * n)
+    status, events = array(BLOCK_COLUMNS["status"], bytes(n)), array(BLOCK_COLUMNS["events"], bytes(n))
+    ref, owner = array(BLOCK_COLUMNS["ref_count"], bytes(2 * n)), array(BLOCK_COLUMNS["owner"], [-1] * n)
     owners: list[str] = []
     owner_index: dict[str, int] = {}
     shared: list[list] = []  # [block_id, [owner indices]] of blocks with several owners
@@ -184,6 +189,12 @@ def slot_mapping_state(record: dict | None, token_text: TokenText, *, block_size
             "slot_mapping": list(batch.get(BATCH.SLOT_MAPPING, []))[:max_rows], "segments": segments,
             "query_start_loc": qsl, "logits_indices": list(batch.get(BATCH.LOGITS_INDICES, [])),
             "block_size": block_size, "num_rows": len(ids), "truncated": max(0, len(ids) - max_rows)}
+
+
+def shown_slot_mapping(record: dict | None, snapshot: dict, token_text: TokenText) -> dict:
+    """The SlotMappingPanel's state as the Dashboard shows an entry: at its pool's block size."""
+    block_size = int((snapshot.get(SNAP.BLOCK_POOL) or {}).get(POOL.BLOCK_SIZE, 16))
+    return slot_mapping_state(record, token_text, block_size=block_size, snapshot=snapshot)
 
 
 def _cached_blocks(num_cached: int, table: list, block_size: int, req: dict | None,
@@ -356,3 +367,35 @@ def summary_line(record: dict | None, snapshot: dict) -> str:
     if total is not None:
         parts.append(f"last step {total:.1f} ms")
     return " \u00b7 ".join(parts)
+
+
+def engine_label(snapshot: dict) -> str:
+    """Which engine a snapshot is of ("kvscope", or what another engine calls itself: "vLLM 0.32.0")."""
+    return (snapshot.get(SNAP.MODEL_INFO) or {}).get(INFO.ENGINE) or "kvscope"
+
+
+def controls_info(record: dict | None, snapshot: dict) -> str:
+    """The Controls panel's info line: the engine, `summary_line`, and the prefix-cache hit rate."""
+    info = f"{engine_label(snapshot)} \u00b7 " + summary_line(record, snapshot)
+    m = snapshot.get(SNAP.METRICS) or {}
+    if m.get(METRICS.PREFIX_CACHE_QUERIES):
+        info += f" \u00b7 prefix hits {m.get(METRICS.PREFIX_CACHE_HITS, 0)}/{m[METRICS.PREFIX_CACHE_QUERIES]}"
+    return info
+
+
+def budgets_ran_under(record: dict | None, snapshot: dict, in_force: dict) -> dict:
+    """The scheduler knobs of `in_force` as the shown step ran under them: the record's budgets
+    (else the snapshot's config), each knob they do not name keeping its `in_force` value."""
+    ran_under = (record or {}).get(REC.BUDGETS) or snapshot.get(SNAP.CONFIG) or {}
+    return {k: ran_under.get(k, v) for k, v in in_force.items()}
+
+
+def attention_shape(snapshot: dict) -> dict:
+    """The AttentionPanel's model traits: `num_layers`, and `num_heads` with each head's KV
+    head (`kv_head_of_head`, GQA) when the model info names both head counts."""
+    info = snapshot.get(SNAP.MODEL_INFO) or {}
+    heads, kv_heads = int(info.get(INFO.NUM_HEADS) or 0), int(info.get(INFO.NUM_KV_HEADS) or 0)
+    out: dict = {"num_layers": int(info.get(INFO.NUM_LAYERS) or 0)}
+    if heads and kv_heads:
+        out.update(num_heads=heads, kv_head_of_head=[h // (heads // kv_heads) for h in range(heads)])
+    return out

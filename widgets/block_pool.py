@@ -74,15 +74,7 @@ class BlockPoolPanel(Panel):
 
     def block_detail(self, block_id: int) -> dict:
         """Everything about one block of the displayed snapshot, token texts included."""
-        if not 0 <= block_id < len(self._blocks):
-            return {}
-        b = self._blocks[block_id]
-        ids = list(b.get("token_ids") or [])
-        texts = self.token_text(ids) if (self.token_text and ids) else []
-        return {"block_id": block_id, "ref_count": b.get("ref_count", 0), "hash": b.get("hash"),
-                "owners": list(b.get("owners") or []), "token_ids": ids, "tokens": texts,
-                "is_null": bool(b.get("is_null", block_id == 0)), "is_free": bool(b.get("is_free", False)),
-                "step": self.step}
+        return block_detail(self._blocks, block_id, self.step, self.token_text)
 
     def handle_action(self, content: dict) -> bool:
         action = content.get("action")
@@ -94,3 +86,17 @@ class BlockPoolPanel(Panel):
             self.detail = self.block_detail(self.selected)
             return True
         return False
+
+
+def block_detail(blocks: Sequence[dict], block_id: int, step: int, token_text: TokenText | None = None) -> dict:
+    """The `detail` trait for block `block_id` of a snapshot's `blocks`, shown at `step`
+    ({} when there is no such block). Also what an exported page shows on hover."""
+    if not 0 <= block_id < len(blocks):
+        return {}
+    b = blocks[block_id]
+    ids = list(b.get("token_ids") or [])
+    texts = token_text(ids) if (token_text and ids) else []
+    return {"block_id": block_id, "ref_count": b.get("ref_count", 0), "hash": b.get("hash"),
+            "owners": list(b.get("owners") or []), "token_ids": ids, "tokens": texts,
+            "is_null": bool(b.get("is_null", block_id == 0)), "is_free": bool(b.get("is_free", False)),
+            "step": step}

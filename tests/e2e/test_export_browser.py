@@ -1,17 +1,18 @@
 """An exported recording in Debian chromium, opened from file:// with the network blocked:
 scrubbing shows an earlier step in the queues, the block pool and the slot mapping, a
-hovered block shows its tooltip, the host's views equal explorer/views.py on every step,
-and not one request leaves the file."""
+hovered block shows its tooltip, the panels' models hold what explorer/views.py gives for
+the shown step (the page computes no view of its own), and not one request leaves the file."""
 from __future__ import annotations
 
 import json
-from array import array
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from explorer import export, recording, views
+from explorer.captions import history_captions
+from widgets.block_pool import block_detail
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -145,37 +146,76 @@ def test_scrub_back_hover_a_block_and_nothing_leaves_the_file(page, recorded) ->
     assert page.console_errors == []
 
 
-def _python_views(s, i: int, texts) -> dict:
-    history = s.history
-    e = history[i]
-    record, snapshot = e.record or views.EMPTY_RECORD, e.snapshot
-    pool = dict(views.block_pool_state(record, snapshot))
+# What each panel's model holds, read in the page: {panel: [trait, ...]} -> {panel: {trait: value}}
+# (bytes traits as lists of their bytes).
+READ_MODELS = """(want) => {
+    const models = window.kvsExport.host.models;
+    const plain = (v) => v instanceof DataView ? Array.from(new Uint8Array(v.buffer, v.byteOffset, v.byteLength)) : v;
+    return Object.fromEntries(Object.entries(want).map(([name, keys]) =>
+        [name, Object.fromEntries(keys.map((k) => [k, plain(models[name].get(k))]))]));
+}"""
+
+
+def _python_panels(s, i: int, texts) -> dict:
+    """What explorer/views.py gives each panel for history[i] (bytes as lists), JSON-shaped."""
+    e = s.history[i]
+    pool = views.block_pool_state(e.record, e.snapshot)
     pool.pop("blocks")
-    for key, code in (("status", "B"), ("ref_count", "H"), ("owner", "h"), ("events", "B")):
-        pool[key] = array(code, pool[key]).tolist()
-    bs = int(snapshot["block_pool"]["block_size"])
-    out = {"queues": views.queues_state(record, snapshot), "blocks": pool,
-           "slots": views.slot_mapping_state(record, texts, block_size=bs, snapshot=snapshot),
-           "sampler": views.sampler_state(history[: i + 1], snapshot, "", texts),
-           "latency": views.latency_rows(snapshot), "summary": views.summary_line(record, snapshot),
-           "targets": views.probe_targets(snapshot)}
+    pool = {k: list(v) if isinstance(v, bytes) else v for k, v in pool.items()}
+    out = {"queues": views.queues_state(e.record, e.snapshot), "blocks": pool,
+           "slots": views.shown_slot_mapping(e.record, e.snapshot, texts),
+           "controls": {"info": views.controls_info(e.record, e.snapshot),
+                        "caption": history_captions(s.history)[i]},
+           "attention": {"requests": views.probe_targets(e.snapshot), **views.attention_shape(e.snapshot)},
+           "sampler": views.sampler_state(s.history[: i + 1], e.snapshot, "", texts)}
     return json.loads(json.dumps(out))
 
 
-def test_the_host_builds_every_step_exactly_as_explorer_views(page, recorded) -> None:
-    s = recorded["session"]
+def show(page, index: int) -> None:
+    scrub(page, index)
+    page.wait_for_function("(k) => [...document.querySelectorAll('.kvs-panel')].every(p => p.dataset.step === String(k))",
+                           arg=index, timeout=READY_MS)
+
+
+def test_the_panels_hold_explorer_views_states_at_scrubbed_steps(page, recorded) -> None:
+    """The page computes no view: each panel's model holds what explorer/views.py gives for the
+    shown step, a selected request's sampler state too, and a hovered block's detail."""
+    s, texts = recorded["session"], recorded["texts"]
+    history = s.history
     open_export(page, recorded["path"])
-    got = page.evaluate("""() => window.kvsExport.entries.map((_, i) => {
-        const v = window.kvsExport.viewStates(i);
-        delete v.blocks.blocks;
-        for (const k of ["status", "ref_count", "owner", "events"]) v.blocks[k] = Array.from(v.blocks[k]);
-        return v;
-    })""")
-    assert len(got) == len(s.history)
-    for i, js in enumerate(got):
-        py = _python_views(s, i, recorded["texts"])
-        for key in py:
-            assert js[key] == py[key], (i, key)
+    preempting = next(i for i, e in enumerate(history) if e.record and e.record["preempted"])
+    for i in sorted({0, 1, preempting, len(history) // 2, len(history) - 1}):
+        show(page, i)
+        want = _python_panels(s, i, texts)
+        got = page.evaluate(READ_MODELS, {name: list(state) for name, state in want.items()})
+        for name in want:
+            assert got[name] == want[name], (i, name)
+        rows = views.latency_rows(history[i].snapshot)
+        assert page.inner_text('[data-testid="kvs-latency"] .kvs-lat-head').startswith(f"{len(rows)} requests \u00b7 ")
+
+    # Pick a request in the sampler that is not its default: its own sample, at this step and
+    # (still picked) at the first step, before anything was sampled.
+    k = next(i for i, e in enumerate(history) if e.record and len(e.record["sampled"]) >= 2)
+    rid = list(history[k].record["sampled"])[-1]
+    show(page, k)
+    page.select_option('[data-testid="kvs-sampler-request"]', rid)
+    for i in (k, 0):
+        show(page, i)
+        page.wait_for_function("(rid) => window.kvsExport.host.models.sampler.get('request_id') === rid", arg=rid)
+        want = json.loads(json.dumps(views.sampler_state(history[: i + 1], history[i].snapshot, rid, texts)))
+        got = page.evaluate(READ_MODELS, {"sampler": ["requests", "request_id", "sample"]})["sampler"]
+        assert got == want, i
+
+    # A block's hover detail: BlockPoolPanel.block_detail's, for the shown step.
+    show(page, preempting)
+    entry = history[preempting]
+    blocks = entry.snapshot["block_pool"]["blocks"]
+    held = next(b["block_id"] for b in blocks if b["owners"] and b["token_ids"])
+    page.evaluate("(id) => window.kvsExport.host.models.blocks.send({action: 'block_detail', block_id: id})", held)
+    page.wait_for_function("(id) => window.kvsExport.host.models.blocks.get('detail').block_id === id", arg=held)
+    got = page.evaluate(READ_MODELS, {"blocks": ["detail"]})["blocks"]["detail"]
+    assert got == json.loads(json.dumps(block_detail(blocks, held, entry.step, texts)))
+    assert got["tokens"] and got["step"] == entry.step
     assert page.console_errors == []
 
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from explorer import app, cli, export, history, recording
+from explorer import Dashboard, app, cli, export, history, recording, views
 
 SHARED = list(range(1000, 1032))  # two full blocks both prompts start with: prefix hits
 CONFIG = {"num_kv_blocks": 24, "block_size": 16, "max_num_batched_tokens": 32}
@@ -164,11 +164,57 @@ def test_export_is_one_self_contained_file_that_loads_back(recorded, tmp_path: P
         assert f'data-kvs-esm="{name}"' in page and f'data-panel="{name}"' in page
     assert "make lab" in page  # how to run it live
     data = export.load_export(result.path)
-    assert plain(data["entries"]) == plain(s.history)
+    assert [v["step"] for v in data["views"]] == [e.step for e in s.history]
     assert data["captions"] == [[0, "a arrives alone"], [2, "b arrives and shares a's first two blocks"],
                                 [6, "a bigger budget"]]
-    tok = dict(zip(data["token_text"]["ids"], data["token_text"]["texts"]))
-    assert tok[SHARED[0]] == s.engine.tokenizer.decode([SHARED[0]])
+    # Panel states, not the history: no record or snapshot, no view code in the host.
+    assert set(data) == {"format", "version", "meta", "timeline", "captions", "views"}
+    assert "function queuesState" not in page and "function blockPoolState" not in page
+    shared = next(d for d in data["views"][-1]["block_details"] if d["token_ids"][:1] == SHARED[:1])
+    assert shared["tokens"][0] == s.engine.tokenizer.decode([SHARED[0]])
+
+
+def _shown(panel: Any, state: dict) -> dict:
+    """`panel`'s traits named by `state`."""
+    return {k: getattr(panel, k) for k in state}
+
+
+def test_the_page_embeds_what_the_dashboard_shows_at_every_step(recorded, tmp_path: Path) -> None:
+    """Decoded, the page's states of every step are what the live Dashboard's panels hold with
+    that step on display; the sampler's for every request, and every block's hover detail."""
+    s, captions = recorded
+    data = export.load_export(export.export_html(s, tmp_path / "run.html", captions=captions).path)
+    texts = views.token_texts(s.engine.tokenizer)
+    dash = Dashboard(s)
+    dash.binder.auto_probe = False  # a probe reads the engine's KV: not what is compared here
+    try:
+        assert len(data["views"]) == len(s.history)
+        for i, (got, entry) in enumerate(zip(data["views"], s.history)):
+            # Every step of a recording is history (its controls show the budgets it ran under), as
+            # a step scrubbed to in the Dashboard is: the last one too, not live.
+            dash.binder.view_index = i
+            dash.binder.render()
+            assert got["step"] == entry.step == dash.queues.step, i
+            assert got["queues"] == _shown(dash.queues, got["queues"]), i
+            assert got["blocks"] == _shown(dash.blocks, got["blocks"]), i
+            assert got["slots"] == _shown(dash.slots, got["slots"]), i
+            assert got["attention"] == _shown(dash.attention, got["attention"]), i
+            assert got["controls"] == _shown(dash.controls, got["controls"]), i
+            assert got["latency"] == views.latency_rows(entry.snapshot), i
+            details = [dash.blocks.block_detail(b) for b in range(dash.blocks.num_blocks)]
+            assert [{**d, "step": got["step"]} for d in got["block_details"]] == details, i
+            sampler = got["sampler"]
+            assert {"requests": sampler["requests"], "request_id": sampler["default"],
+                    "sample": sampler["samples"][sampler["default"]]} == _shown(dash.sampler, {
+                        "requests": 0, "request_id": 0, "sample": 0}), i
+            every = {r["request_id"] for e in s.history for r in views.all_requests(e.snapshot)}
+            assert set(sampler["samples"]) >= every
+            for rid in every:
+                want = views.sampler_state(s.history[: i + 1], entry.snapshot, rid, texts)
+                assert sampler["samples"][rid] == want["sample"] and sampler["requests"] == want["requests"], (i, rid)
+        assert data["timeline"] == _shown(dash.timeline, data["timeline"])
+    finally:
+        dash.close_binding()
 
 
 def test_export_bounds_a_long_history_and_says_so(recorded, tmp_path: Path) -> None:
@@ -177,12 +223,12 @@ def test_export_bounds_a_long_history_and_says_so(recorded, tmp_path: Path) -> N
     for keep, steps in (("last", list(range(n - 3, n + 1))), ("first", [0, 1, 2, 3])):
         result = export.export_html(s, tmp_path / f"{keep}.html", max_steps=3, keep=keep)
         data = export.load_export(result.path)
-        assert [e.step for e in data["entries"]] == steps
+        assert [v["step"] for v in data["views"]] == steps
         assert f"the {keep} 3 steps" in result.notice and f"of the recorded 0\u2013{n}" in result.notice
         assert result.notice in result.path.read_text(encoding="utf-8")
         assert data["timeline"]["steps"]["step"] == [x for x in steps if x > 0]
     even = export.export_html(s, tmp_path / "even.html", max_steps=4, keep="even")
-    steps = [e.step for e in export.load_export(even.path)["entries"]]
+    steps = [v["step"] for v in export.load_export(even.path)["views"]]
     assert steps[0] == 0 and steps[-1] == n and len(steps) == 5 and "evenly spaced" in even.notice
     whole = export.export_html(s, tmp_path / "whole.html").bytes
     small = export.export_html(s, tmp_path / "small.html", max_bytes=whole - 1)
@@ -216,7 +262,7 @@ def test_cli_export_records_a_python_workload(tiny_qwen3_path: Path, tmp_path: P
     assert re.search(r"wrote .*out\.html \(\d+\.\d\d MB, 3 steps\)", printed), printed
     data = export.load_export(out)
     assert data["meta"]["title"] == "from a Python file" and data["captions"] == [[0, "one request"]]
-    assert data["entries"][0].snapshot["config"]["num_kv_blocks"] == 16
+    assert data["views"][0]["controls"]["pool"]["num_kv_blocks"] == 16 == data["views"][0]["blocks"]["num_blocks"]
 
 
 @pytest.mark.parametrize(("argv", "needle"), [

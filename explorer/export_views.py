@@ -1,0 +1,160 @@
+"""The panel states of a recorded history, computed in Python for the one-file export.
+
+An exported page (explorer/export.py) runs no Python, so it cannot turn a history entry into
+panel states the way the live Dashboard does. Instead, every state the page can show is
+computed here, at export time, by the very functions the Dashboard's binder calls
+(explorer/views.py, widgets/block_pool.block_detail): per kept entry, what
+`SessionBinder.render` sends each panel with that entry on display, plus the answers the
+page gives later without Python: the sampler's state for every request the user could
+select, and every block's hover detail. The page's host (explorer/export_host.js) only
+decodes them and hands them to the panels; it has no view code of its own.
+
+`pack_views` delta-encodes each step against the one before with explorer/history.py's
+`diff` (a step costs what it changed), and turns the block pool's byte columns into JSON
+lists; `unpack_views` gives back exactly the states `step_views` made.
+"""
+from __future__ import annotations
+
+from array import array
+from typing import Any, Sequence
+
+from engine.config import SCHEDULER_KNOBS
+from widgets.block_pool import block_detail
+
+from . import captions as _captions
+from . import history, views
+from .dashboard import POOL_KEYS
+
+#: The key a byte column is replaced by in a packed view: {ARRAY_KEY: typecode, "values": [...]}.
+ARRAY_KEY = "__array__"
+
+
+# -- what each panel shows, per entry ---------------------------------------------------------------
+def step_views(entries: Sequence[Any], token_text: views.TokenText) -> list[dict]:
+    """One dict per entry: each panel's state with that entry on display (see `_entry_views`)."""
+    entries = list(entries)
+    captions = _captions.CaptionCache().captions(entries)  # the binder's captions, entry by entry
+    samplers = sampler_views(entries, token_text)
+    details = _DetailCache(token_text)
+    return [_entry_views(entry, caption, sampler, details)
+            for entry, caption, sampler in zip(entries, captions, samplers)]
+
+
+def _entry_views(entry: Any, caption: str, sampler: dict, details: "_DetailCache") -> dict:
+    """What the binder sends each panel with `entry` on display (a recording's controls show
+    the budgets the step ran under and the pool it ran on), and each block's hover detail
+    without its `step`: the page adds the shown step, so a block that did not change costs
+    nothing in the next step's delta."""
+    step, record, snapshot = _parts(entry)
+    config = snapshot.get("config") or {}
+    pool = views.block_pool_state(record, snapshot)
+    blocks = pool.pop("blocks")
+    return {
+        "step": step,
+        "controls": {"info": views.controls_info(record, snapshot), "engine": views.engine_label(snapshot),
+                     "budget": views.budgets_ran_under(record, snapshot,
+                                                       {k: config[k] for k in SCHEDULER_KNOBS if k in config}),
+                     "pool": {k: config[k] for k in POOL_KEYS if k in config}, "caption": caption},
+        "queues": views.queues_state(record, snapshot),
+        "blocks": pool,
+        "block_details": [details.detail(blocks, i) for i in range(len(blocks))],
+        "slots": views.shown_slot_mapping(record, snapshot, details.token_text),
+        "sampler": sampler,
+        "attention": {"requests": views.probe_targets(snapshot), **views.attention_shape(snapshot)},
+        "latency": views.latency_rows(snapshot),
+    }
+
+
+def sampler_views(entries: Sequence[Any], token_text: views.TokenText) -> list[dict]:
+    """Per entry, the sampler's state for each request the user could select there.
+
+    `{"requests", "default", "samples": {request_id: sample}}`: the panel shows
+    `views.sampler_state(entries[:i + 1], snapshot, rid)` = {requests, request_id: rid,
+    sample: samples[rid]}, with rid the selected request, else `default` (what "" selects).
+    Every request of every kept snapshot is selectable everywhere (a request pinned at a later
+    step, shown before it arrived, says it has not been sampled yet)."""
+    rids = list(dict.fromkeys(r["request_id"] for e in entries for r in views.all_requests(_parts(e)[2])))
+    last_sampled: dict[str, int] = {}  # request -> index of the latest entry that sampled it
+    out = []
+    for i, entry in enumerate(entries):
+        _, record, snapshot = _parts(entry)
+        for rid in record.get("sampled") or {}:
+            last_sampled[rid] = i
+        # sampler_state reads the last entry's record and the latest one that sampled the
+        # request: the entries from that one on give the same state as the whole prefix.
+        default = views.sampler_state(entries[i:i + 1], snapshot, "", token_text)
+        samples = {rid: views.sampler_state(entries[last_sampled.get(rid, i):i + 1], snapshot, rid,
+                                            token_text)["sample"] for rid in rids}
+        samples.setdefault(default["request_id"], default["sample"])
+        out.append({"requests": default["requests"], "default": default["request_id"], "samples": samples})
+    return out
+
+
+class _DetailCache:
+    """Block hover details of consecutive snapshots: a block the history shares with the
+    previous snapshot (explorer/history.py) keeps its detail object, so it is built once
+    and `diff` skips it at once."""
+
+    def __init__(self, token_text: views.TokenText) -> None:
+        self.token_text = token_text
+        self._last: dict[int, tuple[dict, dict]] = {}  # id(block) -> (block, its detail)
+        self._now: dict[int, tuple[dict, dict]] = {}
+        self._blocks: Sequence[dict] | None = None
+
+    def detail(self, blocks: Sequence[dict], block_id: int) -> dict:
+        if blocks is not self._blocks:  # a new snapshot: keep only the previous one's details
+            self._last, self._now, self._blocks = self._now, {}, blocks
+        block = blocks[block_id]
+        kept = self._last.get(id(block))
+        if kept is None or kept[0] is not block:
+            detail = block_detail(blocks, block_id, 0, self.token_text)
+            del detail["step"]
+            kept = (block, detail)
+        self._now[id(block)] = kept
+        return kept[1]
+
+
+def _parts(entry: Any) -> tuple[int, dict, dict]:
+    """(step, record, snapshot) of an entry as the binder reads it (no record: EMPTY_RECORD)."""
+    if isinstance(entry, dict):
+        step, record, snapshot = entry.get("step"), entry.get("record"), entry.get("snapshot")
+    else:
+        step, record, snapshot = entry.step, entry.record, entry.snapshot
+    snapshot = snapshot or {}
+    return int(step or snapshot.get("step", 0) or 0), record or views.EMPTY_RECORD, snapshot
+
+
+# -- on the wire ------------------------------------------------------------------------------------
+def pack_views(per_step: Sequence[dict]) -> list:
+    """The first step's views whole, then each step's delta against the one before (byte
+    columns as lists of numbers, so a delta names the blocks that changed)."""
+    out: list = []
+    prev = None
+    for state in per_step:
+        cur = _encode_columns(state)
+        out.append(cur if prev is None else history.diff(prev, cur))
+        prev = cur
+    return out
+
+
+def unpack_views(packed: Sequence[Any]) -> list[dict]:
+    """The inverse of `pack_views` (consecutive steps share what did not change)."""
+    out: list[dict] = []
+    cur = None
+    for i, item in enumerate(packed):
+        cur = item if i == 0 else history.patch(cur, item)
+        out.append({**cur, "blocks": _decode_columns(cur["blocks"])})
+    return out
+
+
+def _encode_columns(state: dict) -> dict:
+    blocks = dict(state["blocks"])
+    for key, code in views.BLOCK_COLUMNS.items():
+        if key in blocks:
+            blocks[key] = {ARRAY_KEY: code, "values": array(code, blocks[key]).tolist()}
+    return {**state, "blocks": blocks}
+
+
+def _decode_columns(blocks: dict) -> dict:
+    return {k: array(v[ARRAY_KEY], v["values"]).tobytes() if isinstance(v, dict) and ARRAY_KEY in v else v
+            for k, v in blocks.items()}

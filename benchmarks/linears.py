@@ -1,7 +1,12 @@
-"""Where the native panels stop being the faster linear on this machine: the model's layer
-linears at each row count, through both of a PackedLinear's paths (engine/model/cpu_linear.py).
+"""Where the native panels stop being the faster path on this machine: the model's layer
+linears at each row count, through both of a PackedLinear's paths (engine/model/cpu_linear.py),
+then whole decode steps at each batch size, as one native call and layer by layer on oneDNN.
 
-A PackedLinear multiplies up to NATIVE_MAX_ROWS rows with kvscope's panels and more with oneDNN.
+A PackedLinear multiplies up to its CPU kind's limit of rows (cpu_linear.NATIVE_MAX_ROWS, per
+kernel build and dtype) with kvscope's panels and more with oneDNN; a pure-decode step of that
+many rows runs as one native call (engine/runner/native_decode.py). The step is what the limit
+is set by: the layer-by-layer step also pays Python and oneDNN's per-call costs, so the whole
+step crosses later than the linears alone.
 Where the two cross depends on the CPU: the panels stream the weights at the read bandwidth and
 do fp32 FMAs on AVX2, oneDNN's blocked GEMM uses whatever the CPU has (AVX-512, and AMX tiles
 for a bf16 engine's bf16 copy). `python -m explorer bench-linears` prints both for one model
@@ -17,13 +22,15 @@ import time
 
 import torch
 
-from engine import LLM
+from engine import LLM, SamplingParams
 from engine.cpu_kernels import native, unavailable_reason, variants
-from engine.model.cpu_linear import NATIVE_MAX_ROWS, PackedLinear
+from engine.model.cpu_linear import PackedLinear
+from engine.runner.native_decode import NativeDecode
 
 from explorer.machine import cpu_summary
 
 ROWS = (1, 4, 16, 32, 64, 128, 256, 1024)
+STEP_ROWS = (16, 32, 64, 96, 128)
 
 
 def kernel_variants_line() -> str:
@@ -56,10 +63,11 @@ def pass_seconds(linears: list[PackedLinear], rows: int, path: str, reps: int) -
 
 
 def bench_linears(dtype: str = "float32", model: str | None = None, rows: tuple[int, ...] = ROWS,
-                  reps: int = 5, out=print) -> dict:
-    """Both paths at each row count, in ms per pass over the model's layer linears; returns the
-    table and the first row count at which oneDNN was faster (None: never)."""
-    llm = LLM(model=model, dtype=dtype)
+                  reps: int = 5, step_rows: tuple[int, ...] = STEP_ROWS, out=print) -> dict:
+    """Both paths at each row count, in ms per pass over the model's layer linears, then whole
+    decode steps both ways at each of `step_rows` (none: skipped); returns both tables and the
+    first row count at which oneDNN was faster in each (None: never)."""
+    llm = LLM(model=model, dtype=dtype, num_kv_blocks=max((*step_rows, 1)) * 4 + 8)
     linears = layer_linears(llm)
     if not linears or linears[0].panels is None:
         raise RuntimeError("the native panels are off here (no native CPU kernels): nothing to compare")
@@ -69,7 +77,7 @@ def bench_linears(dtype: str = "float32", model: str | None = None, rows: tuple[
         f"{torch.get_num_threads()} threads; {kernel_variants_line()}")
     out(f"model {info['name']} ({dtype}): {len(linears)} layer linears, native {dtype} panels {weight_mb:.0f} MB, "
         f"oneDNN in {info['cpu_gemm_dtype']}; median of {reps} passes; the engine uses the panels up to "
-        f"NATIVE_MAX_ROWS={NATIVE_MAX_ROWS} rows")
+        f"{linears[0].native_max_rows} rows here (NATIVE_MAX_ROWS[{native().variant!r}, {dtype!r}])")
     out(f"{'rows':>6} {'panels ms':>10} {'oneDNN ms':>10}  faster")
     table = []
     for n in rows:
@@ -78,5 +86,59 @@ def bench_linears(dtype: str = "float32", model: str | None = None, rows: tuple[
         out(f"{n:>6} {panels:>10.1f} {onednn:>10.1f}  {'panels' if panels < onednn else 'oneDNN'}")
     onednn_from = next((r["rows"] for r in table if r["onednn_ms"] < r["panels_ms"]), None)
     out(f"oneDNN faster from {onednn_from} rows" if onednn_from else "the panels faster at every row count measured")
-    return {"rows": table, "onednn_faster_from": onednn_from, "native_max_rows": NATIVE_MAX_ROWS,
+    steps = step_crossover(llm, step_rows, reps, out) if step_rows else []
+    step_from = next((r["rows"] for r in steps if r["layer_by_layer_ms"] < r["native_ms"]), None)
+    return {"rows": table, "onednn_faster_from": onednn_from, "native_max_rows": linears[0].native_max_rows,
+            "steps": steps, "layer_by_layer_faster_from": step_from,
             "cpu_gemm_dtype": info["cpu_gemm_dtype"], "dtype": dtype}
+
+
+def step_crossover(llm: LLM, step_rows: tuple[int, ...], reps: int, out=print) -> list[dict]:
+    """Whole pure-decode steps of each batch size in `step_rows`: as one native call (the panels)
+    and layer by layer with every linear on oneDNN, alternated, best of `reps` rounds of each
+    (each round: the median of its steps). The engine's own limit is set back afterwards."""
+    eng = llm.engine
+    runner = eng.runner
+    linears = [m for m in runner.model.modules() if isinstance(m, PackedLinear)]
+    if runner.native_decode is None:
+        out(f"whole steps: no native decode here ({runner.native_decode_off_reason})")
+        return []
+    own_limit, own_decode = linears[0].native_max_rows, runner.native_decode
+    for lin in linears:  # a native call as large as the largest batch measured
+        lin.native_max_rows = max(step_rows)
+    big = NativeDecode(runner.model, runner.kv_caches, runner.block_size, own_decode.max_blocks * runner.block_size)
+    out(f"whole decode steps, best of {reps} rounds (each the median of its steps):")
+    out(f"{'rows':>6} {'native ms':>10} {'layer-by-layer oneDNN ms':>25}  faster")
+    table = []
+    try:
+        for n in step_rows:
+            best = {True: float("inf"), False: float("inf")}
+            for _ in range(reps):
+                for native_step in (True, False):
+                    runner.native_decode = big if native_step else None
+                    for lin in linears:
+                        lin.native_max_rows = max(step_rows) if native_step else 0
+                    best[native_step] = min(best[native_step], _decode_step_ms(eng, n))
+            table.append({"rows": n, "native_ms": best[True], "layer_by_layer_ms": best[False]})
+            out(f"{n:>6} {best[True]:>10.1f} {best[False]:>25.1f}  "
+                f"{'native' if best[True] <= best[False] else 'layer by layer'}")
+    finally:
+        runner.native_decode = own_decode
+        for lin in linears:
+            lin.native_max_rows = own_limit
+    return table
+
+
+def _decode_step_ms(eng, rows: int, steps: int = 4) -> float:
+    """Median ms of the pure-decode steps of `rows` short greedy requests (their prefills untimed)."""
+    for i in range(rows):
+        eng.add_request([100 + i, 200, 300, 400 + i], SamplingParams(max_tokens=steps + 1, ignore_eos=True,
+                                                                     temperature=0.0))
+    times = []
+    while eng.has_unfinished_requests():
+        t0 = time.perf_counter()
+        rec = eng.step()
+        ms = (time.perf_counter() - t0) * 1e3
+        if len(rec.scheduled) == rows and not any(s["is_prefill"] for s in rec.scheduled):
+            times.append(ms)
+    return statistics.median(times)

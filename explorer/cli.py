@@ -22,6 +22,15 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _add_engine_knobs(parser: argparse.ArgumentParser, max_num_seqs: bool = False) -> None:
+    """The engine's pool and budget options (default: the engine's own defaults)."""
+    parser.add_argument("--num-kv-blocks", type=_positive_int, default=None, help="KV pool size in blocks")
+    parser.add_argument("--block-size", type=_positive_int, default=None, help="KV block size")
+    parser.add_argument("--max-num-batched-tokens", type=_positive_int, default=None, help="token budget per step")
+    if max_num_seqs:
+        parser.add_argument("--max-num-seqs", type=_positive_int, default=None, help="requests per step")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m explorer",
@@ -80,8 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench_linears = sub.add_parser(
         "bench-linears", help="native panels vs oneDNN for the model's linears at each row count, on this CPU",
         description="Time the model's layer linears (weights from DRAM, as a step reads them) through kvscope's "
-                    "native panels and through oneDNN's GEMM at 1 to 1024 rows and print where oneDNN becomes the "
-                    "faster one: the crossover behind NATIVE_MAX_ROWS, measured on this CPU kind.")
+                    "native panels and through oneDNN's GEMM at 1 to 1024 rows, then whole decode steps of 16 to "
+                    "128 requests as one native call and layer by layer on oneDNN, and print where oneDNN becomes "
+                    "the faster one: the crossover behind NATIVE_MAX_ROWS, measured on this CPU kind.")
     bench_linears.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     bench_linears.add_argument("--model", default=None, help="local HF model folder (default: SmolLM2-135M-Instruct)")
     bench_linears.add_argument("--reps", type=_positive_int, default=5, help="timed passes per row count (default 5)")
@@ -123,9 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="keep fewer steps when the file would pass this size (default 16 MB)")
     export.add_argument("--start", choices=("last", "first"), default="last", help="the step shown on opening")
     export.add_argument("--title", default=None, help="the page's title")
-    export.add_argument("--num-kv-blocks", type=_positive_int, default=None, help="KV pool size in blocks")
-    export.add_argument("--block-size", type=_positive_int, default=None, help="KV block size")
-    export.add_argument("--max-num-batched-tokens", type=_positive_int, default=None, help="token budget per step")
+    _add_engine_knobs(export)
 
     app = sub.add_parser("app", help="serve the Dashboard alone as a web app (Voila)",
                          description="Serve the Dashboard of one live Session on its own page, with Voila, on "
@@ -134,10 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     app.add_argument("--port", type=_positive_int, default=8866, help="port to try first (default 8866)")
     app.add_argument("--no-browser", action="store_true", help="do not open a web browser")
     app.add_argument("--model", default=None, help="local HF model folder (default: SmolLM2-135M-Instruct)")
-    app.add_argument("--num-kv-blocks", type=_positive_int, default=None, help="KV pool size in blocks")
-    app.add_argument("--block-size", type=_positive_int, default=None, help="KV block size")
-    app.add_argument("--max-num-batched-tokens", type=_positive_int, default=None, help="token budget per step")
-    app.add_argument("--max-num-seqs", type=_positive_int, default=None, help="requests per step")
+    _add_engine_knobs(app, max_num_seqs=True)
 
     attach = sub.add_parser("attach", help="follow a running vLLM server's steps (its kvscope recorder feed)",
                             description="Print each step of a vLLM server started with --scheduler-cls "

@@ -65,8 +65,30 @@ from torch import nn
 from ..cpu_kernels import ROUND_INPUT, ROUND_OUTPUT, native
 from ..dtypes import dtype_name
 
-# Up to this many rows the native panels are faster (table above); above it, oneDNN.
-NATIVE_MAX_ROWS = 64
+# Up to how many rows a step's linears run on the native panels (and a pure-decode step as one
+# native call, engine/runner/native_decode.py); above it, oneDNN's GEMM, layer by layer. Per build
+# of the native kernels (engine/cpu_kernels VARIANTS) and panel dtype, measured where it counts,
+# on whole decode steps: `python -m explorer bench-linears` times a pure-decode step both ways at
+# each batch size, next to the linears alone (medians, 2-core machines, 2026-12-03):
+# - avx512_bf16 (AMD EPYC Zen 4, AVX512_BF16, no AMX): the native step is the faster up to 64
+#   rows in both dtypes (fp32 91.8 against 102.6 ms, bf16 59.8 against 77.5 ms at 64 rows), the
+#   layer-by-layer one from 96 (fp32 144 against 199 ms, bf16 108 against 146 ms). The linears
+#   alone cross earlier in fp32 (oneDNN from 32 rows, by a few percent): the layer-by-layer step
+#   pays Python and oneDNN's per-call costs on top.
+# - avx2 (AMD EPYC, AVX2 only): the linears alone cross at 64 rows in both dtypes (table above,
+#   2026-12-02); whole steps not re-measured on that kind since.
+NATIVE_MAX_ROWS = {("avx2", "float32"): 64, ("avx2", "bfloat16"): 64,
+                   ("avx512_bf16", "float32"): 64, ("avx512_bf16", "bfloat16"): 64}
+DEFAULT_NATIVE_MAX_ROWS = 64  # a build or dtype not in the table
+
+
+def native_max_rows(panel_dtype: torch.dtype) -> int:
+    """The row limit of the native panels for this CPU's kernel build and `panel_dtype`
+    (NATIVE_MAX_ROWS); 0 where the native kernels do not run."""
+    kernels = native()
+    if kernels is None:
+        return 0
+    return NATIVE_MAX_ROWS.get((kernels.variant, dtype_name(panel_dtype)), DEFAULT_NATIVE_MAX_ROWS)
 
 
 def cpu_packing_available() -> bool:
@@ -97,7 +119,8 @@ def rounding_for(panel_dtype: torch.dtype, lm_head: bool = False) -> int:
 
 class PackedLinear(nn.Module):
     """y = x W^T + b with W held in oneDNN's blocked layout and, where kvscope's native CPU
-    kernels run, in 16-column panels for inputs of at most NATIVE_MAX_ROWS rows (inference only).
+    kernels run, in 16-column panels for inputs of at most `native_max_rows` rows (this CPU
+    kind's crossover, NATIVE_MAX_ROWS; inference only).
     The panels are fp32, or bf16 for a bf16 engine (its weights are bf16 values: nothing is
     lost, and a decode streams half the bytes); the panels' sums are fp32 either way.
     oneDNN's copy is in `gemm_dtype` (gemm_dtype_for): fp32, or bf16 where the CPU multiplies
@@ -120,13 +143,14 @@ class PackedLinear(nn.Module):
         self.native = kernels
         self.register_buffer("panels", None if kernels is None else kernels.pack_panels(weight, panel_dtype),
                              persistent=False)
+        self.native_max_rows = native_max_rows(panel_dtype)
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
         # oneDNN takes the bias in the weight's dtype.
         self.register_buffer("gemm_bias", None if bias is None else self.bias.to(gemm_dtype), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()
-        if self.panels is not None and x.dim() == 2 and x.shape[0] <= NATIVE_MAX_ROWS:
+        if self.panels is not None and x.dim() == 2 and x.shape[0] <= self.native_max_rows:
             return self.panels_linear(x)
         return self.onednn_linear(x)
 
@@ -149,7 +173,7 @@ class PackedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         native_note = "" if self.panels is None else \
-            f", native {dtype_name(self.panels.dtype)} panels up to {NATIVE_MAX_ROWS} rows"
+            f", native {dtype_name(self.panels.dtype)} panels up to {self.native_max_rows} rows"
         rounds = " and ".join(name for flag, name in ((ROUND_INPUT, "input"), (ROUND_OUTPUT, "output"))
                               if self.rounding & flag)
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

@@ -11,7 +11,8 @@ bits. The runner's prepare writes a step's token ids, positions, slots and block
 its lists into the call's own arrays, so nothing between two calls builds a tensor.
 
 Like CUDA graphs it covers only what it can: steps whose every row is a one-token decode, at
-most NATIVE_MAX_ROWS of them (above that, oneDNN's GEMM is the faster linear); prefills, mixed
+most this CPU kind's crossover of them (cpu_linear.NATIVE_MAX_ROWS: above it, oneDNN's GEMM layer by
+layer is the faster step); prefills, mixed
 steps, attention probes and larger batches run layer by layer. The StepRecord's
 `timings_ms.forward_path` says which ran ('native_decode' or 'eager'), and model_info's
 `native_decode_off` says why it is off where it is."""
@@ -24,7 +25,7 @@ import torch
 from ..cpu_kernels import DecodeBatchPointers, DecoderLayerPointers, DecoderPointers, NativeCpuKernels, native
 from ..dtypes import dtype_name
 from ..model import CausalLM
-from ..model.cpu_linear import NATIVE_MAX_ROWS, PackedLinear, rounding_for
+from ..model.cpu_linear import PackedLinear, rounding_for
 
 BACKEND = "cpu"  # the attention backend whose decodes (and K/V layout) the native call reproduces
 
@@ -54,14 +55,14 @@ def why_no_native_decode(enforce_eager: bool, device: torch.device, dtype: torch
 
 
 class NativeDecode:
-    """Runs a pure-decode step of up to NATIVE_MAX_ROWS rows as one kv_decode_forward call.
-    Built once per runner: the weight and KV-pool addresses are fixed, only the batch changes."""
-
-    max_rows = NATIVE_MAX_ROWS
+    """Runs a pure-decode step of up to `max_rows` rows (the panels' limit, native_max_rows) as
+    one kv_decode_forward call. Built once per runner: the weight and KV-pool addresses are
+    fixed, only the batch changes."""
 
     def __init__(self, model: CausalLM, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], block_size: int,
                  max_model_len: int) -> None:
         self.kernels: NativeCpuKernels = native()
+        self.max_rows = model.packed_lm_head.native_max_rows
         spec = model.spec
         rope = model.layers[0].self_attn.rope
         self._layers = (DecoderLayerPointers * len(model.layers))(*(

@@ -9,6 +9,8 @@ from engine import LLM, SamplingParams
 from engine.cpu_kernels import DISABLE_ENV_VAR, cache_clear
 from engine.model.cpu_linear import NATIVE_MAX_ROWS
 
+PANELS_LIMIT = max(NATIVE_MAX_ROWS.values())  # past it, every CPU kind's linears run on oneDNN
+
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ",
            "Once upon a time, in a land far away, there lived a dragon who", "1, 2, 3, 4,"]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
@@ -68,11 +70,11 @@ def assert_parts_only_at_near_ties(reference: LLM, prompts: list[str], want: lis
 
 
 def test_bf16_chunked_and_whole_prompts_part_only_at_near_ties(bf16_llm, default_model_path):
-    """Chunks of 24 against whole prompts, one of them longer than NATIVE_MAX_ROWS (oneDNN's
+    """Chunks of 24 against whole prompts, one of them longer than PANELS_LIMIT (oneDNN's
     linears): the same roundings, sums in another order."""
     whole = LLM(model=str(default_model_path), dtype="bfloat16")  # budget 2048: one chunk
     prompts = [*PROMPTS, LONG_PROMPT]
-    assert len(whole.tokenizer.encode(LONG_PROMPT)) > NATIVE_MAX_ROWS
+    assert len(whole.tokenizer.encode(LONG_PROMPT)) > PANELS_LIMIT
     want = [o.token_ids for o in bf16_llm.generate(prompts, GREEDY)]
     assert_parts_only_at_near_ties(bf16_llm, prompts, want, [o.token_ids for o in whole.generate(prompts, GREEDY)])
 
@@ -113,11 +115,11 @@ LONG_PROMPT = "The capital of France is Paris. The capital of Italy is Rome. " *
 @pytest.mark.parametrize("prompt", ["The capital of France is", LONG_PROMPT], ids=["short", "long"])
 def test_bf16_logits_stay_close_to_fp32(default_model_path, prompt):
     """Rounding the weights and the KV cache to bf16 moves the logits a little, not the argmax
-    of a clear next token: in a short prefill and in one longer than NATIVE_MAX_ROWS (where the
+    of a clear next token: in a short prefill and in one longer than PANELS_LIMIT (where the
     linears run on oneDNN, in bf16 where the CPU multiplies bf16: model_info's cpu_gemm_dtype)."""
     fp32 = LLM(model=str(default_model_path), dtype="float32")
     bf16 = LLM(model=str(default_model_path), dtype="bfloat16")  # one chunk: every row through one GEMM
-    assert (len(bf16.tokenizer.encode(prompt)) > NATIVE_MAX_ROWS) == (prompt is LONG_PROMPT)
+    assert (len(bf16.tokenizer.encode(prompt)) > PANELS_LIMIT) == (prompt is LONG_PROMPT)
     logits = {name: last_logits(llm, prompt) for name, llm in (("fp32", fp32), ("bf16", bf16))}
     assert logits["fp32"].argmax() == logits["bf16"].argmax()
     diff = (logits["fp32"] - logits["bf16"]).abs().max().item()

@@ -8,8 +8,9 @@ import torch.nn.functional as F
 from engine import SamplingParams
 from engine.attention import get_attention_backend
 from engine.attention.reference_ops import write_kv
-from engine.cpu_kernels import (DISABLE_ENV_VAR, ROUND_INPUT, ROUND_OUTPUT, cache_clear, load_variant, native,
+from engine.cpu_kernels import (DISABLE_ENV_VAR, ROUND_INPUT, ROUND_OUTPUT, VARIANTS, cache_clear, load_variant, native,
                                 unavailable_reason, variants)
+from engine.model import cpu_linear
 from engine.model.cpu_linear import NATIVE_MAX_ROWS, PackedLinear
 from engine.model.layers import RMSNorm, RotaryEmbedding, SwiGLU
 
@@ -107,15 +108,30 @@ def test_kernel_variants_agree(rows, n, k):
         torch.testing.assert_close(out, rounded[0], rtol=2 ** -7, atol=1e-6)
 
 
-@pytest.mark.parametrize("rows", [1, NATIVE_MAX_ROWS, NATIVE_MAX_ROWS + 1, 300])
+@pytest.mark.parametrize("rows", ["one", "limit", "limit+1", "300"])
 def test_packed_linear_takes_the_panels_for_few_rows_and_onednn_for_many(rows, monkeypatch):
-    g = torch.Generator().manual_seed(rows)
-    w, b, x = torch.randn(64, 48, generator=g), torch.randn(64, generator=g), torch.randn(rows, 48, generator=g)
+    limit = NATIVE_MAX_ROWS[(kernels.variant, "float32")]
+    n = {"one": 1, "limit": limit, "limit+1": limit + 1, "300": 300}[rows]
+    g = torch.Generator().manual_seed(n)
+    w, b, x = torch.randn(64, 48, generator=g), torch.randn(64, generator=g), torch.randn(n, 48, generator=g)
     layer = PackedLinear(w, b)
+    assert layer.native_max_rows == limit
     calls = []
     monkeypatch.setattr(type(kernels), "linear", lambda self, *a: calls.append(a) or F.linear(a[0], w, b))
     torch.testing.assert_close(layer(x), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
-    assert bool(calls) == (rows <= NATIVE_MAX_ROWS)
+    assert bool(calls) == (n <= limit)
+
+
+def test_the_row_limit_comes_from_this_kinds_entry_of_the_table(monkeypatch):
+    """Every build and panel dtype has its measured limit, and a layer packed here takes the
+    entry of this CPU's build and of its own panel dtype."""
+    assert set(NATIVE_MAX_ROWS) == {(v, d) for v in VARIANTS for d in ("float32", "bfloat16")}
+    variant = kernels.variant
+    monkeypatch.setitem(NATIVE_MAX_ROWS, (variant, "bfloat16"), 5)
+    w = torch.randn(32, 16)
+    assert PackedLinear(w, None, panel_dtype=torch.bfloat16).native_max_rows == 5
+    assert PackedLinear(w, None).native_max_rows == NATIVE_MAX_ROWS[(variant, "float32")]
+    assert cpu_linear.native_max_rows(torch.bfloat16) == 5
 
 
 # [1] and [250]: fewer decodes than threads, so each decode's tokens are split between the

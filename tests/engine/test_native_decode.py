@@ -6,7 +6,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.cpu_kernels import DISABLE_ENV_VAR, cache_clear, native
-from engine.model.cpu_linear import NATIVE_MAX_ROWS
+from engine.model.cpu_linear import native_max_rows
 
 pytestmark = pytest.mark.skipif(native() is None, reason="native CPU kernels need gcc and an AVX2 CPU")
 
@@ -61,28 +61,29 @@ def test_native_decode_gives_the_layer_by_layer_logits_bit_for_bit(model, dtype,
 def test_step_record_and_model_info_name_the_native_decode(default_model_path):
     llm = LLM(model=str(default_model_path))
     info = llm.engine.model_info
-    assert info["native_decode"] == NATIVE_MAX_ROWS and info["native_decode_off"] is None
+    assert info["native_decode"] == native_max_rows(torch.float32) > 0 and info["native_decode_off"] is None
     llm.engine.add_request("The capital of France is", SamplingParams(max_tokens=3, ignore_eos=True))
     records = [llm.engine.step() for _ in range(3)]
     assert [r.timings_ms["forward_path"] for r in records] == ["eager", "native_decode", "native_decode"]
 
 
 def test_batches_above_the_native_rows_run_layer_by_layer(tiny_llama_path):
-    """More decodes than NATIVE_MAX_ROWS: oneDNN's GEMM is the faster linear there, so the step
-    runs eager; once requests finish and the batch fits, it runs natively again."""
-    n = NATIVE_MAX_ROWS + 3
+    """More decodes than this CPU kind's limit: oneDNN's GEMM is the faster step there, so the
+    step runs eager; once requests finish and the batch fits, it runs natively again."""
+    limit = native_max_rows(torch.float32)
+    n = limit + 3
     llm = LLM(model=str(tiny_llama_path), max_num_seqs=n + 1)
     eng = llm.engine
     for i in range(n):
-        # The first three finish after one decode, leaving exactly NATIVE_MAX_ROWS running.
+        # The first three finish after one decode, leaving exactly `limit` running.
         eng.add_request(f"request {i}", SamplingParams(max_tokens=2 if i < 3 else 4, ignore_eos=True))
     paths = []
     while eng.has_unfinished_requests():
         rec = eng.step()
         decodes = [s for s in rec.scheduled if not s["is_prefill"]]
         paths.append((len(decodes), rec.timings_ms["forward_path"]))
-    assert (n, "eager") in paths and (NATIVE_MAX_ROWS, "native_decode") in paths
-    assert all(path == "eager" for count, path in paths if count > NATIVE_MAX_ROWS)
+    assert (n, "eager") in paths and (limit, "native_decode") in paths
+    assert all(path == "eager" for count, path in paths if count > limit)
 
 
 @pytest.mark.parametrize("fields,reason", [

@@ -6,6 +6,7 @@ import pytest
 
 from engine import LLM
 from engine.cpu_kernels import native
+from engine.model.cpu_linear import NATIVE_MAX_ROWS
 from benchmarks.bandwidth import read_bandwidth_gb_s, read_buffer, stream_steps_against_reads
 from benchmarks.offline import bench
 from tests.oracle.vllm_available import require_vllm
@@ -31,7 +32,8 @@ def test_each_decode_step_of_the_stream_is_paired_with_a_read_of_the_weights_byt
 
 def test_bench_linears_times_both_paths_of_every_layer_linear(tiny_llama_path, tmp_path, capsys):
     """`python -m explorer bench-linears`: each row count through the panels and through oneDNN,
-    over every layer's linears (the LM head left out), and where oneDNN first wins."""
+    over every layer's linears (the LM head left out), where oneDNN first wins, and whole decode
+    steps both ways (the engine's own limit put back afterwards)."""
     import json
 
     from benchmarks.linears import bench_linears, layer_linears
@@ -42,14 +44,17 @@ def test_bench_linears_times_both_paths_of_every_layer_linear(tiny_llama_path, t
     llm = LLM(model=str(tiny_llama_path))
     linears = layer_linears(llm)
     assert len(linears) == 4 * llm.engine.spec.num_layers and llm.engine.runner.model.packed_lm_head not in linears
-    res = bench_linears(model=str(tiny_llama_path), rows=(1, 80), reps=1, out=lambda line: None)
+    res = bench_linears(model=str(tiny_llama_path), rows=(1, 80), reps=1, step_rows=(2, 80), out=lambda line: None)
     assert [r["rows"] for r in res["rows"]] == [1, 80] and all(r["panels_ms"] > 0 < r["onednn_ms"] for r in res["rows"])
     wins = [r["rows"] for r in res["rows"] if r["onednn_ms"] < r["panels_ms"]]
     assert res["onednn_faster_from"] == (wins[0] if wins else None) and res["cpu_gemm_dtype"] == "float32"
+    assert [r["rows"] for r in res["steps"]] == [2, 80] and all(r["native_ms"] > 0 < r["layer_by_layer_ms"]
+                                                                for r in res["steps"])
+    assert res["native_max_rows"] == NATIVE_MAX_ROWS[(native().variant, "float32")]
     out_file = tmp_path / "linears.json"
     assert main(["bench-linears", "--model", str(tiny_llama_path), "--reps", "1", "--json", str(out_file)]) == 0
     printed = capsys.readouterr().out
-    assert printed.startswith("CPU ") and "NATIVE_MAX_ROWS" in printed
+    assert printed.startswith("CPU ") and "NATIVE_MAX_ROWS" in printed and "whole decode steps" in printed
     assert [r["rows"] for r in json.loads(out_file.read_text())["rows"]] == [1, 4, 16, 32, 64, 128, 256, 1024]
 
 

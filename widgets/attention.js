@@ -6,6 +6,16 @@
 // it reads: GQA). The title says which step the weights belong to. Linked: hovering a key
 // lights its block, request and token in the other panels (kvsLink), and back.
 
+/**
+ * The traits this panel reads (widgets/attention.py, filled from an AttentionProbe): which
+ * `request_id`, `layer` and `head` of `num_layers`; the probed context (`context_len` keys,
+ * their `tokens`, `num_prompt_tokens` of them from the prompt, `block_size`, `block_table`);
+ * `row_positions` (the query positions, one row each) and `probs`, a DataView over float32
+ * weights [rows, context_len]; per-head thumbnails (`thumbs`: uint8 [heads, ...thumb_shape],
+ * `thumb_heads`, `kv_head_of_head`); `probe_step`, the step the weights were read at; and
+ * `message`, why there is no heatmap (a recording, a finished request, a feed without weights).
+ */
+
 // A compact perceptual ramp (viridis stops), sampled linearly.
 const RAMP = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
 function ramp(v) {

@@ -1,5 +1,11 @@
 // Follow / Pause a live vLLM server, the feed's counters, and vLLM's prefix cache as a hash tree.
 
+/**
+ * The traits this panel reads (widgets/follow.py): `following` (Follow or Pause), `status`
+ * (LiveSession.feed_status(): the feed's counters, the last rejection, the rebased count) and
+ * `tree` (vLLM's prefix cache from its KV events: {roots, num_blocks, counters}).
+ */
+
 function render({ model, el }) {
   const root = kvsRoot(el, model, "kvs-follow");
   const sender = kvsSender(model);

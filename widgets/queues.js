@@ -3,6 +3,21 @@
 // lights the request's blocks, table and tokens in the other panels (kvsLink), and a card
 // lights up when another panel points at its request.
 
+/**
+ * The traits this panel reads (explorer/views.py queues_state): `queues` holds three lists of
+ * QueueRow, `finished_total` counts every finished request (the list keeps the latest), and
+ * `selected` is the linked request's id.
+ * @typedef {{num_tokens: number, num_computed_before: number, is_prefill: boolean,
+ *   num_cached_tokens: number, chunk_index: (number|null)}} Scheduled  this step's part of a request
+ * @typedef {{request_id: string, status: string, prompt_text: string, output_text: string,
+ *   num_prompt_tokens: number, num_output_tokens: number, max_tokens: (number|null),
+ *   num_computed_tokens: number, num_cached_tokens: number, num_preemptions: number,
+ *   finish_reason: (string|null), num_blocks: number, scheduled: (Scheduled|null),
+ *   sampled_text: (string|null)}} QueueRow
+ * @typedef {{waiting: QueueRow[], running: QueueRow[], finished: QueueRow[]}} Queues
+ */
+
+/** The KV progress bar of a card. @param {QueueRow} row */
 function progress(row) {
   // Known tokens = prompt + outputs; of those, how many have KV (cached hits first).
   const known = row.num_prompt_tokens + row.num_output_tokens;

@@ -1,5 +1,14 @@
 // Sampler: horizontal probability bars of the top candidates; the chosen token marked.
 
+/**
+ * The traits this panel reads (explorer/views.py sampler_state): `requests` (ids sampled in
+ * the shown step), `request_id` (the one shown) and `sample`: a Sample, or {note, params}
+ * before the request's first token.
+ * @typedef {{request_id: string, step: number, token_id: number, text: (string|null),
+ *   top: [number, string, number][], params: Object<string, (number|boolean|null)>}} Sample
+ *   `top`: [token id, text, probability] of the candidates, the highest first
+ */
+
 function render({ model, el }) {
   const root = kvsRoot(el, model, "kvs-sampler");
   const sender = kvsSender(model);

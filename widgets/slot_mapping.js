@@ -4,6 +4,18 @@
 // "from cache" cells (one per block). A decode is one compact row. Linked: hovering a
 // cell lights its block, request and token in the other panels (kvsLink).
 
+/**
+ * The traits this panel reads (explorer/views.py slot_mapping_state): the packed batch's
+ * per-row lists (`input_ids`, `tokens`, `positions`, `slot_mapping`, cut to the rows sent),
+ * `query_start_loc`, `logits_indices`, `block_size`, `num_rows`, `truncated`, and `segments`.
+ * @typedef {{block: number, start: number, end: number, text: string}} CachedBlock
+ *   a prefix hit's block: token positions [start, end) whose KV came from the cache
+ * @typedef {{request_id: string, start: number, end: number, is_prefill: boolean,
+ *   chunk_index: (number|null), num_computed_before: number, num_cached_tokens: number,
+ *   seq_len: (number|null), block_table: number[], sampled_text: (string|null),
+ *   cached_blocks: CachedBlock[]}} Segment  one scheduled request's rows [start, end)
+ */
+
 /** What a cell's tint, marks and text mean. */
 function slotLegend() {
 return kvsEl("div", { class: "kvs-legend", "data-testid": "kvs-slot-legend" }, [
@@ -22,7 +34,7 @@ function chip(rid) {
   return kvsEl("span", { class: "kvs-chip", style: { background: kvsColor(rid, true), borderColor: kvsColor(rid) }, text: `#${rid}` });
 }
 
-/** The overview strip: one segment per request, as wide as its rows. */
+/** The overview strip: one segment per request, as wide as its rows. @param {Segment} s */
 function stripSegment(s) {
   return kvsEl("div", {
     class: `kvs-strip-seg ${s.is_prefill ? "kvs-prefill" : "kvs-decode"}`,

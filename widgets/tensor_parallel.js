@@ -1,6 +1,16 @@
 // Tensor parallel: per-rank shares, each weight drawn as a matrix striped by rank, the
 // collectives between them, and the last step's collective time.
 
+/**
+ * The traits this panel reads (explorer/tp_view.py): `info` (the group: size, backend),
+ * `ranks` (Rank[]), `weights` (Weight[]), `last_step` and `recent` (collective times per
+ * step), and `note`.
+ * @typedef {{rank: number, device: string, heads: [number, number], kv_heads: [number, number],
+ *   vocab: ([number, number]|null), intermediate: ([number, number]|null), kv_bytes: number}} Rank
+ *   a rank's share; [lo, hi) ranges, null where it holds all
+ * @typedef {{split: (string|null), per_rank: [number, number][], unit: (string|undefined)}} Weight
+ */
+
 const KVS_RANK_COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#9c755f"];
 const kvsRankColor = (r) => KVS_RANK_COLORS[r % KVS_RANK_COLORS.length];
 
@@ -16,6 +26,7 @@ const kvsRange = (r) => (r ? (r[1] - r[0] === 1 ? `${r[0]}` : `${r[0]}\u2013${r[
 
 // One weight as a small matrix: stripes across rows (output features) or columns (input
 // features), one colour per rank; a replicated weight is grey with "every rank".
+/** @param {Weight} w @param {number} size */
 function kvsMatrix(w, size) {
   const box = kvsEl("div", { class: `kvs-tp-matrix kvs-tp-${w.split || "replicated"}`, "data-testid": "kvs-tp-matrix" });
   if (!w.split || size <= 1) {

@@ -22,6 +22,12 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _add_server_options(parser: argparse.ArgumentParser, port: int) -> None:
+    """A local web server's options: the port it tries first, and whether to open a browser."""
+    parser.add_argument("--port", type=_positive_int, default=port, help=f"port to try first (default {port})")
+    parser.add_argument("--no-browser", action="store_true", help="do not open a web browser")
+
+
 def _add_engine_knobs(parser: argparse.ArgumentParser, max_num_seqs: bool = False) -> None:
     """The engine's pool and budget options (default: the engine's own defaults)."""
     parser.add_argument("--num-kv-blocks", type=_positive_int, default=None, help="KV pool size in blocks")
@@ -41,8 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Start JupyterLab on 127.0.0.1 (token auth on) serving the repository's "
                                      "notebooks/ folder and open walkthrough.ipynb. A busy port is replaced "
                                      "by a free one.")
-    lab.add_argument("--port", type=_positive_int, default=8888, help="port to try first (default 8888)")
-    lab.add_argument("--no-browser", action="store_true", help="do not open a web browser")
+    _add_server_options(lab, port=8888)
     lab.add_argument("--notebook-dir", default=None, help="serve this folder instead of the repository's notebooks/")
 
     trace = sub.add_parser("trace", help="print each engine step's batch tables for a prompt",
@@ -139,8 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Serve the Dashboard of one live Session on its own page, with Voila, on "
                                      "127.0.0.1 (token auth on). A busy port is replaced by a free one. The page "
                                      "shows progress while the model loads.")
-    app.add_argument("--port", type=_positive_int, default=8866, help="port to try first (default 8866)")
-    app.add_argument("--no-browser", action="store_true", help="do not open a web browser")
+    _add_server_options(app, port=8866)
     app.add_argument("--model", default=None, help="local HF model folder (default: SmolLM2-135M-Instruct)")
     _add_engine_knobs(app, max_num_seqs=True)
 

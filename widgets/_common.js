@@ -93,6 +93,15 @@ function kvsChunkTitle(chunkIndex) {
   return `chunk ${kvsChunkNumber(chunkIndex)} of this prompt (the StepRecord's chunk_index ${Number(chunkIndex) || 0} counts from 0)`;
 }
 
+// The SVG builder: kvsSvg("rect", {x: 1, width: 4}, "title text"); null or undefined attributes are left out.
+const KVS_SVG_NS = "http://www.w3.org/2000/svg";
+function kvsSvg(tag, attrs = {}, text = null) {
+  const n = document.createElementNS(KVS_SVG_NS, tag);
+  for (const [k, v] of Object.entries(attrs)) if (v !== null && v !== undefined) n.setAttribute(k, String(v));
+  if (text !== null) n.textContent = text;
+  return n;
+}
+
 // Small DOM builder: kvsEl("div", {class: "x", "data-testid": "y"}, [children or text]).
 function kvsEl(tag, attrs = {}, children = []) {
   const node = document.createElement(tag);

@@ -27,13 +27,6 @@ const RAMP_CSS = `linear-gradient(90deg, ${[0, 0.25, 0.5, 0.75, 1].map((v) => `r
 const MASKED = [235, 235, 235];
 const MIN_CELL = 12, MAX_CELL = 28, MAX_CANVAS = 16000;  // px: readable cells; a canvas stays drawable
 const PROMPT_BAR = "#78909c";
-const SVG_NS = "http://www.w3.org/2000/svg";
-function svgEl(tag, attrs = {}, text = null) {
-  const n = document.createElementNS(SVG_NS, tag);
-  for (const [k, v] of Object.entries(attrs)) if (v !== null && v !== undefined) n.setAttribute(k, String(v));
-  if (text !== null) n.textContent = text;
-  return n;
-}
 const short = (t, k = 10) => { const s = kvsTok(t); return s.length > k ? s.slice(0, k - 1) + "\u2026" : s; };
 const fmt = (p) => (p >= 0.01 ? p.toFixed(3) : p.toExponential(1));
 
@@ -127,38 +120,38 @@ function barsSvg(model, data, n, q, gmax, width, onCol) {
   const left = 34, top = 16, H = 110, labelH = 64, kindH = 16;
   const bw = Math.max(n * MIN_CELL > MAX_CANVAS ? MAX_CANVAS / n : MIN_CELL, Math.min(MAX_CELL, (width - left) / n));
   const W = Math.ceil(n * bw);
-  const svg = svgEl("svg", { width: left + W + 4, height: top + H + labelH + kindH + 4, class: "kvs-attn-bars", "data-testid": "kvs-attn-bars" });
+  const svg = kvsSvg("svg", { width: left + W + 4, height: top + H + labelH + kindH + 4, class: "kvs-attn-bars", "data-testid": "kvs-attn-bars" });
   // KV blocks: alternating bands with their physical ids.
   for (let b = 0; b * bs < n; b++) {
     const x = left + b * bs * bw, w = Math.min(bs, n - b * bs) * bw;
-    svg.append(svgEl("rect", { x, y: top, width: w, height: H, fill: kvsBlockTint(table[b] ?? -1), class: "kvs-attn-band", "data-block": table[b] }));
-    svg.append(svgEl("text", { x: x + 2, y: top - 4, class: "kvs-attn-blabel" }, `b${table[b] ?? "?"}`));
-    if (b > 0) svg.append(svgEl("line", { x1: x, x2: x, y1: top - 12, y2: top + H, stroke: "#90a4ae", "stroke-dasharray": "2 2" }));
+    svg.append(kvsSvg("rect", { x, y: top, width: w, height: H, fill: kvsBlockTint(table[b] ?? -1), class: "kvs-attn-band", "data-block": table[b] }));
+    svg.append(kvsSvg("text", { x: x + 2, y: top - 4, class: "kvs-attn-blabel" }, `b${table[b] ?? "?"}`));
+    if (b > 0) svg.append(kvsSvg("line", { x1: x, x2: x, y1: top - 12, y2: top + H, stroke: "#90a4ae", "stroke-dasharray": "2 2" }));
   }
-  svg.append(svgEl("text", { x: left - 4, y: top + 8, "text-anchor": "end", class: "kvs-attn-axis" }, fmt(gmax)));
-  svg.append(svgEl("text", { x: left - 4, y: top + H, "text-anchor": "end", class: "kvs-attn-axis" }, "0"));
+  svg.append(kvsSvg("text", { x: left - 4, y: top + 8, "text-anchor": "end", class: "kvs-attn-axis" }, fmt(gmax)));
+  svg.append(kvsSvg("text", { x: left - 4, y: top + H, "text-anchor": "end", class: "kvs-attn-axis" }, "0"));
   const every = Math.max(1, Math.ceil(11 / bw));
   for (let c = 0; c < n; c++) {
     const v = data[c], x = left + c * bw, h = gmax > 0 ? (H - 2) * v / gmax : 0;
-    const g = svgEl("g", { class: "kvs-attn-col", "data-pos": c });
-    g.append(svgEl("rect", { x, y: top, width: bw, height: H + labelH, class: "kvs-attn-hit", fill: "transparent" }));
-    g.append(svgEl("rect", { x: x + 1, y: top + H - h, width: Math.max(1, bw - 2), height: h, fill: c < npt ? PROMPT_BAR : KVS_MARKS.sampled, class: "kvs-attn-bar" }));
+    const g = kvsSvg("g", { class: "kvs-attn-col", "data-pos": c });
+    g.append(kvsSvg("rect", { x, y: top, width: bw, height: H + labelH, class: "kvs-attn-hit", fill: "transparent" }));
+    g.append(kvsSvg("rect", { x: x + 1, y: top + H - h, width: Math.max(1, bw - 2), height: h, fill: c < npt ? PROMPT_BAR : KVS_MARKS.sampled, class: "kvs-attn-bar" }));
     if (c % every === 0) {
       const lx = x + bw / 2 + 3, ly = top + H + 6;
-      g.append(svgEl("text", { x: lx, y: ly, transform: `rotate(-60 ${lx} ${ly})`, "text-anchor": "end", class: `kvs-attn-xlabel${c === q ? " kvs-attn-q" : ""}`, "data-pos": c }, short(toks[c])));
+      g.append(kvsSvg("text", { x: lx, y: ly, transform: `rotate(-60 ${lx} ${ly})`, "text-anchor": "end", class: `kvs-attn-xlabel${c === q ? " kvs-attn-q" : ""}`, "data-pos": c }, short(toks[c])));
     }
-    g.append(svgEl("title", {}, `key position ${c} ${JSON.stringify(kvsTok(toks[c] ?? ""))} (${c < npt ? "prompt" : "generated"}) \u00b7 block ${table[Math.floor(c / bs)] ?? "?"} offset ${c % bs}\nweight ${data[c].toFixed(4)}${c === q ? "\nthe query's own token" : ""}`));
+    g.append(kvsSvg("title", {}, `key position ${c} ${JSON.stringify(kvsTok(toks[c] ?? ""))} (${c < npt ? "prompt" : "generated"}) \u00b7 block ${table[Math.floor(c / bs)] ?? "?"} offset ${c % bs}\nweight ${data[c].toFixed(4)}${c === q ? "\nthe query's own token" : ""}`));
     onCol(g, c);
     svg.append(g);
   }
   // Prompt vs generated, under the labels.
   const ky = top + H + labelH;
-  const kinds = svgEl("g", { "data-testid": "kvs-attn-kinds" });
-  kinds.append(svgEl("rect", { x: left, y: ky, width: npt * bw, height: kindH - 4, fill: PROMPT_BAR }));
-  kinds.append(svgEl("text", { x: left + 3, y: ky + kindH - 7, class: "kvs-attn-kind" }, `prompt (${npt})`));
+  const kinds = kvsSvg("g", { "data-testid": "kvs-attn-kinds" });
+  kinds.append(kvsSvg("rect", { x: left, y: ky, width: npt * bw, height: kindH - 4, fill: PROMPT_BAR }));
+  kinds.append(kvsSvg("text", { x: left + 3, y: ky + kindH - 7, class: "kvs-attn-kind" }, `prompt (${npt})`));
   if (n > npt) {
-    kinds.append(svgEl("rect", { x: left + npt * bw, y: ky, width: (n - npt) * bw, height: kindH - 4, fill: KVS_MARKS.sampled }));
-    kinds.append(svgEl("text", { x: left + npt * bw + 3, y: ky + kindH - 7, class: "kvs-attn-kind" }, (n - npt) * bw > 70 ? `generated (${n - npt})` : `gen ${n - npt}`));
+    kinds.append(kvsSvg("rect", { x: left + npt * bw, y: ky, width: (n - npt) * bw, height: kindH - 4, fill: KVS_MARKS.sampled }));
+    kinds.append(kvsSvg("text", { x: left + npt * bw + 3, y: ky + kindH - 7, class: "kvs-attn-kind" }, (n - npt) * bw > 70 ? `generated (${n - npt})` : `gen ${n - npt}`));
   }
   svg.append(kinds);
   return svg;

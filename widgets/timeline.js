@@ -8,13 +8,6 @@
 // marked as an outlier instead of flattening every other bar. Scrubbing never hides the run:
 // the whole run stays drawn (up to `window` steps) with a cursor on the shown step.
 
-const NS = "http://www.w3.org/2000/svg";
-function svg(tag, attrs = {}, text = null) {
-  const n = document.createElementNS(NS, tag);
-  for (const [k, v] of Object.entries(attrs)) n.setAttribute(k, String(v));
-  if (text !== null) n.textContent = text;
-  return n;
-}
 const BUDGET_COLOR = "#d32f2f";
 const KIND_COLORS = { queued: "#e0e0e0", prefill: "#fb8c00", decode: "#1e88e5", preempted: "#e53935", stalled: "#bdbdbd" };
 const TIME_PARTS = [["schedule", "#8e24aa"], ["prepare", "#43a047"], ["forward", "#1e88e5"], ["sample", "#fdd835"], ["update", "#6d4c41"]];
@@ -154,22 +147,22 @@ function drawTokens(out, S, span, L, ctx) {
   const sc = tokenScale(maxBudget > 0 && maxBudget <= maxTot * 1.25 ? Math.max(maxTot, maxBudget) : maxTot, TOK_H);
   const yTok = (v) => L.tokBottom - sc.y(v);
   const mid = Math.round(sc.top / 4);  // half the height on a square-root axis
-  out.append(svg("text", { x: 2, y: MARK_LANE - 3, class: "kvs-axis" }, "tokens (\u221a scale)"),
-    svg("text", { x: L.left - 4, y: L.tokTop + 7, class: "kvs-axis kvs-tok-max", "text-anchor": "end" }, sc.top),
-    svg("line", { x1: L.left, x2: L.width - RIGHT, y1: yTok(mid), y2: yTok(mid), class: "kvs-gridline" }),
-    svg("text", { x: L.left - 4, y: yTok(mid) + 3, class: "kvs-axis kvs-tok-mid", "text-anchor": "end" }, mid),
-    svg("text", { x: L.left - 4, y: L.tokBottom, class: "kvs-axis", "text-anchor": "end" }, 0),
-    svg("line", { x1: L.left, x2: L.width - RIGHT, y1: L.tokBottom + 0.5, y2: L.tokBottom + 0.5, class: "kvs-baseline" }));
+  out.append(kvsSvg("text", { x: 2, y: MARK_LANE - 3, class: "kvs-axis" }, "tokens (\u221a scale)"),
+    kvsSvg("text", { x: L.left - 4, y: L.tokTop + 7, class: "kvs-axis kvs-tok-max", "text-anchor": "end" }, sc.top),
+    kvsSvg("line", { x1: L.left, x2: L.width - RIGHT, y1: yTok(mid), y2: yTok(mid), class: "kvs-gridline" }),
+    kvsSvg("text", { x: L.left - 4, y: yTok(mid) + 3, class: "kvs-axis kvs-tok-mid", "text-anchor": "end" }, mid),
+    kvsSvg("text", { x: L.left - 4, y: L.tokBottom, class: "kvs-axis", "text-anchor": "end" }, 0),
+    kvsSvg("line", { x1: L.left, x2: L.width - RIGHT, y1: L.tokBottom + 0.5, y2: L.tokBottom + 0.5, class: "kvs-baseline" }));
   const budgetOn = [], budgetOff = [];
   for (const i of idx) {
     const x = L.xOf(i), p = S.prefill[i] || 0, d = S.decode[i] || 0, bw = Math.max(1, L.bw - 1);
-    const grp = svg("g", { class: `kvs-step-bar${i === span.curIdx ? " kvs-current" : ""}`, "data-step": S.step[i] });
-    grp.append(svg("rect", { x, y: 0, width: Math.max(1, L.bw), height: L.tokBottom, fill: "transparent" }));
+    const grp = kvsSvg("g", { class: `kvs-step-bar${i === span.curIdx ? " kvs-current" : ""}`, "data-step": S.step[i] });
+    grp.append(kvsSvg("rect", { x, y: 0, width: Math.max(1, L.bw), height: L.tokBottom, fill: "transparent" }));
     const hd = sc.height(d), hp = p ? Math.max(MIN_PART_PX, sc.height(p + d) - hd) : 0;
-    if (d) grp.append(svg("rect", { x: x + 0.5, y: L.tokBottom - hd, width: bw, height: hd, fill: KIND_COLORS.decode, class: "kvs-bar-decode" }));
-    if (p) grp.append(svg("rect", { x: x + 0.5, y: L.tokBottom - hd - hp, width: bw, height: hp, fill: KIND_COLORS.prefill, class: "kvs-bar-prefill" }));
+    if (d) grp.append(kvsSvg("rect", { x: x + 0.5, y: L.tokBottom - hd, width: bw, height: hd, fill: KIND_COLORS.decode, class: "kvs-bar-decode" }));
+    if (p) grp.append(kvsSvg("rect", { x: x + 0.5, y: L.tokBottom - hd - hp, width: bw, height: hp, fill: KIND_COLORS.prefill, class: "kvs-bar-prefill" }));
     if (S.preempted && S.preempted[i]) {
-      grp.append(svg("text", { x: x + L.bw / 2, y: MARK_LANE - 2, "text-anchor": "middle", class: "kvs-preempt-mark", "data-step": S.step[i] },
+      grp.append(kvsSvg("text", { x: x + L.bw / 2, y: MARK_LANE - 2, "text-anchor": "middle", class: "kvs-preempt-mark", "data-step": S.step[i] },
         S.preempted[i] > 1 ? `\u25bc${S.preempted[i]}` : "\u25bc"));
     }
     ctx.tipOn(grp, () => stepText(S, i));
@@ -179,11 +172,11 @@ function drawTokens(out, S, span, L, ctx) {
     if (b > sc.top) budgetOff.push(`${x},${L.tokTop}`, `${x + L.bw},${L.tokTop}`);
     else budgetOn.push(`${x},${yTok(b)}`, `${x + L.bw},${yTok(b)}`);
   }
-  if (budgetOn.length) out.append(svg("polyline", { points: budgetOn.join(" "), fill: "none", stroke: BUDGET_COLOR, "stroke-width": 1.5, "stroke-dasharray": "4 2", class: "kvs-budget-line" }));
+  if (budgetOn.length) out.append(kvsSvg("polyline", { points: budgetOn.join(" "), fill: "none", stroke: BUDGET_COLOR, "stroke-width": 1.5, "stroke-dasharray": "4 2", class: "kvs-budget-line" }));
   if (budgetOff.length) {
     // Off scale: a faint line at the top edge, and the budget named at the right end.
-    out.append(svg("polyline", { points: budgetOff.join(" "), fill: "none", stroke: BUDGET_COLOR, "stroke-width": 1, "stroke-dasharray": "1 3", class: "kvs-budget-offscale" }));
-    const label = svg("text", { x: L.width - RIGHT - 2, y: L.tokTop + 10, "text-anchor": "end", class: "kvs-budget-label", "data-testid": "kvs-budget-offscale" },
+    out.append(kvsSvg("polyline", { points: budgetOff.join(" "), fill: "none", stroke: BUDGET_COLOR, "stroke-width": 1, "stroke-dasharray": "1 3", class: "kvs-budget-offscale" }));
+    const label = kvsSvg("text", { x: L.width - RIGHT - 2, y: L.tokTop + 10, "text-anchor": "end", class: "kvs-budget-label", "data-testid": "kvs-budget-offscale" },
       `budget ${maxBudget} \u2191 (off scale)`);
     ctx.tipOn(label, `token budget ${maxBudget} per step: above this chart's scale, which fits the largest batch in view (${maxTot} tokens)`);
     out.append(label);
@@ -199,8 +192,8 @@ function drawTimes(out, S, span, L, ctx) {
   for (let i = span.startIdx; i <= span.endIdx; i++) idx.push(i);
   const { cap, cut } = msScale(idx.map(total));
   const fmt = (v) => v.toFixed(v < 10 ? 1 : 0);
-  out.append(svg("text", { x: 2, y: y0 - 4, class: "kvs-axis" }, "ms"),
-    svg("text", { x: L.left - 4, y: y0 + 8, class: "kvs-axis kvs-ms-max", "text-anchor": "end", "data-cut": cut ? "true" : "false" }, `${fmt(cap)}${cut ? "\u2191" : ""}`));
+  out.append(kvsSvg("text", { x: 2, y: y0 - 4, class: "kvs-axis" }, "ms"),
+    kvsSvg("text", { x: L.left - 4, y: y0 + 8, class: "kvs-axis kvs-ms-max", "text-anchor": "end", "data-cut": cut ? "true" : "false" }, `${fmt(cap)}${cut ? "\u2191" : ""}`));
   for (const i of idx) {
     const x = L.xOf(i), t = total(i), scale = t > cap ? cap / t : 1;
     const text = `step ${S.step[i]}: ${TIME_PARTS.map(([k]) => `${k} ${partMs(k, i).toFixed(2)}`).join(", ")} ms \u00b7 ${pathText(S, i)}`
@@ -210,13 +203,13 @@ function drawTimes(out, S, span, L, ctx) {
       const v = partMs(k, i);
       if (!v) continue;
       const h = (v * scale / cap) * TIME_H;
-      const r = svg("rect", { x: x + 0.5, y: y0 + TIME_H - acc - h, width: Math.max(1, L.bw - 1), height: h, fill: color, class: "kvs-time-part", "data-step": S.step[i] });
+      const r = kvsSvg("rect", { x: x + 0.5, y: y0 + TIME_H - acc - h, width: Math.max(1, L.bw - 1), height: h, fill: color, class: "kvs-time-part", "data-step": S.step[i] });
       ctx.tipOn(r, text);
       out.append(r);
       acc += h;
     }
     if (t > cap) {  // the slow step: a break mark at the top and its real time
-      const mark = svg("text", { x: x + L.bw / 2, y: y0 - 2, "text-anchor": "middle", class: "kvs-ms-outlier", "data-step": S.step[i], "data-ms": t.toFixed(1) },
+      const mark = kvsSvg("text", { x: x + L.bw / 2, y: y0 - 2, "text-anchor": "middle", class: "kvs-ms-outlier", "data-step": S.step[i], "data-ms": t.toFixed(1) },
         L.bw >= 26 ? `\u2191${fmt(t)}` : "\u2191");
       ctx.tipOn(mark, text);
       out.append(mark);
@@ -224,7 +217,7 @@ function drawTimes(out, S, span, L, ctx) {
     // A decode step that replayed a CUDA graph: "G" over its time bar.
     const bucket = S.graph_bucket ? S.graph_bucket[i] : null;
     if (bucket !== null && bucket !== undefined) {
-      const mark = svg("text", { x: x + L.bw / 2, y: y0 + TIME_H - acc - 2, "text-anchor": "middle", class: "kvs-graph-mark", "data-step": S.step[i] }, "G");
+      const mark = kvsSvg("text", { x: x + L.bw / 2, y: y0 + TIME_H - acc - 2, "text-anchor": "middle", class: "kvs-graph-mark", "data-step": S.step[i] }, "G");
       ctx.tipOn(mark, `step ${S.step[i]}: ${pathText(S, i)}`);
       out.append(mark);
     }
@@ -234,20 +227,20 @@ function drawTimes(out, S, span, L, ctx) {
 /** 3. Gantt: one row per request seen in the steps drawn. */
 function drawGantt(out, g, L, ctx) {
   const gy = L.ganttTop;
-  out.append(svg("text", { x: 2, y: gy - 4, class: "kvs-axis" }, "requests"));
+  out.append(kvsSvg("text", { x: 2, y: gy - 4, class: "kvs-axis" }, "requests"));
   for (const [ri, a, b, kind, label] of L.segs) {
     const rid = g.requests[ri];
     const x = L.stepX(Math.max(a, L.firstStep)), x2 = L.stepX(Math.min(b, L.lastStep) + 1);
     const y = gy + L.rowOf.get(ri) * ROW_H;
-    const r = svg("rect", { x: x + 0.5, y: y + 1, width: Math.max(1, x2 - x - 1), height: ROW_H - 2, fill: KIND_COLORS[kind] || "#999", class: `kvs-gantt-${kind}`, "data-request-id": rid });
+    const r = kvsSvg("rect", { x: x + 0.5, y: y + 1, width: Math.max(1, x2 - x - 1), height: ROW_H - 2, fill: KIND_COLORS[kind] || "#999", class: `kvs-gantt-${kind}`, "data-request-id": rid });
     ctx.tipOn(r, `#${rid}: ${label || kind}, step${a === b ? ` ${a}` : `s ${a}\u2013${b}`}`);
     out.append(r);
   }
   for (const [ri, k] of L.rowOf) {
     const rid = g.requests[ri];
     // The label may be cut; its native title and the tooltip name the request whole.
-    const name = svg("g", { class: "kvs-gantt-name" }, null);
-    name.append(svg("title", {}, `#${rid}`), svg("text", { x: L.left - 4, y: gy + k * ROW_H + ROW_H - 3, class: "kvs-axis kvs-gantt-label", "text-anchor": "end", fill: kvsColor(rid) }, rowLabel(rid)));
+    const name = kvsSvg("g", { class: "kvs-gantt-name" }, null);
+    name.append(kvsSvg("title", {}, `#${rid}`), kvsSvg("text", { x: L.left - 4, y: gy + k * ROW_H + ROW_H - 3, class: "kvs-axis kvs-gantt-label", "text-anchor": "end", fill: kvsColor(rid) }, rowLabel(rid)));
     ctx.tipOn(name, `#${rid}`);
     out.append(name);
   }
@@ -257,14 +250,14 @@ function drawGantt(out, g, L, ctx) {
 function drawAxisAndCursor(out, S, span, L) {
   const every = Math.max(1, Math.ceil(TICK_SPACING_PX / L.bw));
   for (let i = span.startIdx; i <= span.endIdx; i += every) {
-    out.append(svg("text", { x: L.xOf(i) + L.bw / 2, y: L.height - 4, class: "kvs-axis", "text-anchor": "middle" }, S.step[i]));
+    out.append(kvsSvg("text", { x: L.xOf(i) + L.bw / 2, y: L.height - 4, class: "kvs-axis", "text-anchor": "middle" }, S.step[i]));
   }
   if (span.curIdx < span.startIdx || span.curIdx > span.endIdx) return;
   const x = L.xOf(span.curIdx);
-  out.append(svg("rect", { x, y: 0, width: Math.max(1, L.bw), height: L.height - 14, class: "kvs-cursor",
+  out.append(kvsSvg("rect", { x, y: 0, width: Math.max(1, L.bw), height: L.height - 14, class: "kvs-cursor",
     "data-testid": "kvs-timeline-cursor", "data-step": S.step[span.curIdx], "pointer-events": "none" }));
   // The shown step's number under the cursor, even where the axis skips it.
-  out.append(svg("text", { x: x + L.bw / 2, y: L.height - 4, class: "kvs-axis kvs-cursor-label", "text-anchor": "middle", "pointer-events": "none" }, S.step[span.curIdx]));
+  out.append(kvsSvg("text", { x: x + L.bw / 2, y: L.height - 4, class: "kvs-axis kvs-cursor-label", "text-anchor": "middle", "pointer-events": "none" }, S.step[span.curIdx]));
 }
 
 function render({ model, el }) {
@@ -295,7 +288,7 @@ function render({ model, el }) {
     sub.textContent = `${range} \u00b7 ${latest ? "showing the latest step" : `cursor on step ${all[span.curIdx]}`} \u00b7 click a bar to show that step`;
     // As wide as the panel (it follows the window and the notebook: see the ResizeObserver).
     const L = layout(S, model.get("gantt") || { requests: [], segments: [] }, span, Math.max(MIN_WIDTH, drawnWidth || FALLBACK_WIDTH));
-    const out = svg("svg", { width: L.width, height: L.height, "data-testid": "kvs-timeline-chart",
+    const out = kvsSvg("svg", { width: L.width, height: L.height, "data-testid": "kvs-timeline-chart",
       "data-first-step": all[span.startIdx], "data-last-step": all[span.endIdx] });
     drawTokens(out, S, span, L, ctx);
     drawTimes(out, S, span, L, ctx);

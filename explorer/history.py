@@ -240,8 +240,20 @@ def diff(old: Any, new: Any) -> dict | None:
 
 def _same(a: list, b: list) -> bool:
     """Equal lists whose elements also have the same types (1 == True == 1.0 in Python,
-    but a shared or delta'd value must keep its type). Both comparisons run in C."""
-    return a == b and list(map(type, a)) == list(map(type, b))
+    but a shared or delta'd value must keep its type), at every depth: [[False]] == [[0]]
+    too. The comparisons run in C; only lists that hold lists or dicts are walked."""
+    if a != b or list(map(type, a)) != list(map(type, b)):
+        return False
+    if not {list, dict} & set(map(type, a)):
+        return True  # flat (token ids, numbers): the element types above are all there is
+    return all(_same_value(x, y) for x, y in zip(a, b) if type(x) is list or type(x) is dict)
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """`_same` for a nested list, or for a dict's values (equal keys and values already known)."""
+    if type(a) is list:
+        return _same(a, b)
+    return _same(list(a.values()), [b[k] for k in a])
 
 
 def patch(old: Any, delta: dict | None) -> Any:

@@ -99,12 +99,6 @@ def _step(entry: Any) -> int:
     return int(entry["step"] if isinstance(entry, dict) else entry.step)
 
 
-def _parts(entry: Any) -> tuple[int, dict | None, dict]:
-    if isinstance(entry, dict):
-        return int(entry["step"]), entry.get("record"), entry["snapshot"]
-    return int(entry.step), entry.record, entry.snapshot
-
-
 # -- building the data ------------------------------------------------------------------------
 def panel_defaults(names: Iterable[str]) -> dict[str, dict]:
     """Each panel's synced traits as a fresh Python panel has them (bytes as base64)."""
@@ -149,7 +143,7 @@ def build_export_data(entries: Sequence[Any], *, token_text: Callable[[Sequence[
     token_text = token_text or views.token_texts(None)
     entries = list(entries)
     per_step = export_views.step_views(entries, token_text)
-    last_snapshot = _parts(entries[-1])[2]
+    last_snapshot = views.entry_parts(entries[-1])[2]
     info = last_snapshot.get("model_info") or {}
     created = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
     return {
@@ -290,7 +284,7 @@ def export_html(source: Any, path: str | Path, *, title: str | None = None, capt
     def page_for(kept: list, notice: str) -> str:
         name = title
         if name is None:
-            info = (_parts(kept[-1])[2].get("model_info") or {})
+            info = (views.entry_parts(kept[-1])[2].get("model_info") or {})
             name = f"kvscope recording: {info.get('name') or 'engine'}, {len(kept) - 1} steps"
         data = build_export_data(kept, token_text=token_text, title=name, captions=captions, notice=notice,
                                  steps_total=_step(entries[-1]), engine_name=engine_name, start=start)

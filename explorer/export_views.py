@@ -45,7 +45,7 @@ def _entry_views(entry: Any, caption: str, sampler: dict, details: "_DetailCache
     the budgets the step ran under and the pool it ran on), and each block's hover detail
     without its `step`: the page adds the shown step, so a block that did not change costs
     nothing in the next step's delta."""
-    step, record, snapshot = _parts(entry)
+    step, record, snapshot = views.entry_parts(entry)
     config = snapshot.get("config") or {}
     pool = views.block_pool_state(record, snapshot)
     blocks = pool.pop("blocks")
@@ -73,11 +73,12 @@ def sampler_views(entries: Sequence[Any], token_text: views.TokenText) -> list[d
     sample: samples[rid]}, with rid the selected request, else `default` (what "" selects).
     Every request of every kept snapshot is selectable everywhere (a request pinned at a later
     step, shown before it arrived, says it has not been sampled yet)."""
-    rids = list(dict.fromkeys(r["request_id"] for e in entries for r in views.all_requests(_parts(e)[2])))
+    rids = list(dict.fromkeys(r["request_id"] for e in entries
+                              for r in views.all_requests(views.entry_parts(e)[2])))
     last_sampled: dict[str, int] = {}  # request -> index of the latest entry that sampled it
     out = []
     for i, entry in enumerate(entries):
-        _, record, snapshot = _parts(entry)
+        _, record, snapshot = views.entry_parts(entry)
         for rid in record.get("sampled") or {}:
             last_sampled[rid] = i
         # sampler_state reads the last entry's record and the latest one that sampled the
@@ -112,16 +113,6 @@ class _DetailCache:
             kept = (block, detail)
         self._now[id(block)] = kept
         return kept[1]
-
-
-def _parts(entry: Any) -> tuple[int, dict, dict]:
-    """(step, record, snapshot) of an entry as the binder reads it (no record: EMPTY_RECORD)."""
-    if isinstance(entry, dict):
-        step, record, snapshot = entry.get("step"), entry.get("record"), entry.get("snapshot")
-    else:
-        step, record, snapshot = entry.step, entry.record, entry.snapshot
-    snapshot = snapshot or {}
-    return int(step or snapshot.get("step", 0) or 0), record or views.EMPTY_RECORD, snapshot
 
 
 # -- on the wire ------------------------------------------------------------------------------------

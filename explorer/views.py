@@ -209,11 +209,15 @@ def _cached_blocks(num_cached: int, table: list, block_size: int, req: dict | No
     return out
 
 
-def _entry_parts(entry: Any) -> tuple[dict, dict]:
-    """(record, snapshot) of a history entry (an object with attributes, or a dict)."""
+def entry_parts(entry: Any) -> tuple[int, dict, dict]:
+    """(step, record, snapshot) of a history entry (an object with attributes, or a dict), as
+    the panels read it: no record is EMPTY_RECORD, no step the snapshot's."""
     if isinstance(entry, dict):
-        return entry.get("record") or EMPTY_RECORD, entry.get("snapshot") or {}
-    return getattr(entry, "record", None) or EMPTY_RECORD, getattr(entry, "snapshot", None) or {}
+        step, record, snapshot = entry.get("step"), entry.get("record"), entry.get("snapshot")
+    else:
+        step, record, snapshot = (getattr(entry, k, None) for k in ("step", "record", "snapshot"))
+    snapshot = snapshot or {}
+    return int(step or snapshot.get(SNAP.STEP, 0) or 0), record or EMPTY_RECORD, snapshot
 
 
 # A record can name the sampled token without its candidates: a live vLLM server's feed carries
@@ -226,7 +230,7 @@ _NO_TOKEN_IDS = "the feed leaves token ids out (KVSCOPE_FEED_TOKENS=0): neither 
 
 def sampler_state(entries: Sequence[Any], snapshot: dict, request_id: str, token_text: TokenText) -> dict:
     """SamplerPanel traits: the latest sample of `request_id` in `entries` (newest last)."""
-    record = _entry_parts(entries[-1])[0] if entries else EMPTY_RECORD
+    record = entry_parts(entries[-1])[1] if entries else EMPTY_RECORD
     requests = list(record.get(REC.SAMPLED, {}))
     rid = request_id if request_id else (requests[0] if requests else "")
     params = {}
@@ -235,7 +239,7 @@ def sampler_state(entries: Sequence[Any], snapshot: dict, request_id: str, token
             sp = req.get(REQ.SAMPLING_PARAMS) or {"max_tokens": req.get(REQ.MAX_TOKENS)}
             params = {k: sp.get(k) for k in _PARAM_KEYS if k in sp}
     for entry in reversed(entries):
-        rec = _entry_parts(entry)[0]
+        rec = entry_parts(entry)[1]
         s = rec.get(REC.SAMPLED, {}).get(rid)
         if s is None:
             continue
@@ -282,7 +286,7 @@ def timeline_state(entries: Iterable[Any], captions: Sequence[str] | None = None
         open_seg[rid] = seg
 
     for entry, caption in zip(entries, captions):
-        record, snapshot = _entry_parts(entry)
+        _, record, snapshot = entry_parts(entry)
         step = int(record.get(REC.STEP, 0))
         if step <= 0:
             continue

@@ -130,10 +130,7 @@ class RecordBuilder:
 
     def _scheduled(self, rec: StepRecord, cap: Any, now_wall: float, engine_start: float) -> None:
         out, ext = cap.out, self.external
-        new = {d.req_id: d.num_computed_tokens for d in out.scheduled_new_reqs}
-        cached = out.scheduled_cached_reqs
-        before = new | dict(zip(cached.req_ids, cached.num_computed_tokens))
-        admitted = set(new) | set(getattr(cached, "resumed_req_ids", None) or ())
+        before, admitted = computed_before(out)
         order = list(cap.batch_req_ids) if cap.batch is not None else []
         order += [i for i in out.num_scheduled_tokens if i not in order]  # the batch's row order first
         for iid in out.num_scheduled_tokens:  # vLLM's scheduling order: running, then admitted
@@ -298,6 +295,16 @@ class RecordBuilder:
         return {BLOCK.BLOCK_ID: b, BLOCK.REF_COUNT: int(blk.ref_cnt),
                 BLOCK.HASH: None if h is None else bytes(h)[:8].hex(), BLOCK.TOKEN_IDS: held, BLOCK.OWNERS: owners,
                 BLOCK.IS_NULL: bool(blk.is_null), BLOCK.IS_FREE: blk.ref_cnt == 0 and not blk.is_null}
+
+
+def computed_before(out: Any) -> tuple[dict[str, int], set[str]]:
+    """From vLLM's SchedulerOutput: each scheduled request's computed tokens before this step
+    (its first scheduled position), and the requests admitted in it (new, or resumed after a
+    preemption)."""
+    new = {d.req_id: d.num_computed_tokens for d in out.scheduled_new_reqs}
+    cached = out.scheduled_cached_reqs
+    before = new | dict(zip(cached.req_ids, cached.num_computed_tokens))
+    return before, set(new) | set(getattr(cached, "resumed_req_ids", None) or ())
 
 
 def status_name(status: Any) -> str:

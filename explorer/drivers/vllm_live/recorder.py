@@ -30,7 +30,7 @@ from engine.sampling_params import SamplingParams
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from ..vllm_capture import BLOCK_EVENTS, Capture, StepCapture
-from ..vllm_records import RecordBuilder, RequestState
+from ..vllm_records import RecordBuilder, RequestState, computed_before
 from . import protocol
 from .tracker import ChangeTracker
 
@@ -204,9 +204,7 @@ class _ServerView:
         in worker processes (vLLM's default, on CPU too) or on a GPU, where reading them would
         stall async scheduling; `batch_source: "scheduler"` in the record says which it is."""
         s, bs = self.scheduler, self.records.block_size
-        new = {d.req_id: d.num_computed_tokens for d in out.scheduled_new_reqs}
-        cached = out.scheduled_cached_reqs
-        before = new | dict(zip(cached.req_ids, cached.num_computed_tokens))
+        before = computed_before(out)[0]
         ids, positions, slots, qsl, seq_lens, tables, logits = [], [], [], [0], [], [], []
         rids = list(out.num_scheduled_tokens)
         for rid in rids:
@@ -251,7 +249,7 @@ class _ServerView:
             rec = self.records.step_record(cap, outputs, total)
         finally:
             self.capture.now = self.between
-        rec.finished = list(dict.fromkeys(rec.finished + [e.request_id for e in self.records.finished_now]))
+        rec.finished = list(dict.fromkeys(rec.finished + [e.request_id for e in finished_now]))
         d = rec.to_dict()
         d["timings_ms"]["backend"] = "vLLM server"
         # The batch is the scheduler's view of it (see scheduler_batch); None: nobody listened when it was scheduled.

@@ -17,7 +17,7 @@ from typing import Any, Callable
 from engine.report.schema import BLOCK, POOL, REQ
 from vllm.v1.core.kv_cache_utils import get_block_hash, maybe_convert_block_hash
 
-from ..vllm_records import RecordBuilder, status_name
+from ..vllm_records import RecordBuilder, computed_before, status_name
 from . import protocol
 from .changes import CLOCKS, clock_change
 
@@ -43,10 +43,8 @@ class ChangeTracker:
         if out is None:
             return
         bs = self.records.block_size
-        new = {d.req_id: d.num_computed_tokens for d in out.scheduled_new_reqs}
-        cached = out.scheduled_cached_reqs
-        admitted = set(new) | set(getattr(cached, "resumed_req_ids", None) or ())
-        for rid, before in (new | dict(zip(cached.req_ids, cached.num_computed_tokens))).items():
+        computed, admitted = computed_before(out)
+        for rid, before in computed.items():
             # An admitted request's whole table is new to the subscribers; a running one's
             # blocks before the one its first scheduled token lands in are unchanged.
             first = 0 if rid in admitted else int(before) // bs

@@ -968,6 +968,184 @@ void kv_paged_decode_attention(const float *q, int64_t q_stride, const void *k_c
     free(parts);
 }
 
+/* ---- paged prefill attention ----------------------------------------------------------
+ * The causal attention of a step's prompt rows (fresh prompts, chunks, prefix hits alike),
+ * every key and value read from the paged cache through the block table after this step's
+ * stores: a fresh prompt attends to its K/V as the cache holds them, as a prefix hit does.
+ *
+ * A task is one KV head's query heads over TILE_ROWS (query, head) pairs of one sequence, one
+ * pair per vector lane: the tile's queries are transposed once, and each step of the walk
+ * scores CHUNK_KEYS keys against all of them with broadcast-and-FMA (four keys by three
+ * vectors of lanes, twelve accumulators), then adds the weighted values the same way. The
+ * softmax is online (FlashAttention's running maximum and sum), per lane.
+ *
+ * Every lane is computed alone, in a fixed order: its dot products over d in order, its keys
+ * in position order, in chunks of CHUNK_KEYS at positions aligned to CHUNK_KEYS, keys past its
+ * own position weighted exactly 0 (a max with -inf, an FMA with 0, a rescale by e^0 = 1 leave
+ * its sums as they were). So a query row gets the same bits whichever tile, step or chunk of
+ * the prompt it is computed in, and whether its context came fresh or from a prefix hit. */
+#define TILE_ROWS 24   /* (query, head) pairs per task: three vectors of 8 lanes */
+#define TILE_VECS 3
+#define CHUNK_KEYS 16  /* keys per step of the walk */
+
+static inline int64_t prefill_scratch_floats(int64_t d) { return 2 * d * TILE_ROWS + 2 * CHUNK_KEYS * d + CHUNK_KEYS * TILE_ROWS; }
+
+/* dst[0:d] = the d values (fp32 or bf16) at src, in fp32. */
+static inline __attribute__((always_inline)) void widen_row(const int bf16, const char *src, int64_t d, float *dst) {
+    for (int64_t e = 0; e < d; e += 8) _mm256_storeu_ps(dst + e, load8(src, e, bf16));
+}
+
+/* One tile: pairs [pair0, pair0 + npairs) of the sequence whose queries are rows q_start.. of
+ * q, at positions ctx.., for KV head c (pair p: query p / g, query head c * g + p % g). */
+static inline __attribute__((always_inline)) void prefill_tile(
+        const int bf16, const float *q, int64_t q_stride, const void *k_cache, const void *v_cache,
+        const int64_t *table, int64_t q_start, int64_t ctx, int64_t pair0, int64_t npairs, int64_t c, int64_t g,
+        int64_t h, int64_t kvh, int64_t d, int64_t block_size, float scale, float *out, float *w) {
+    float *qt = w, *ot = qt + d * TILE_ROWS, *kc = ot + d * TILE_ROWS, *vc = kc + CHUNK_KEYS * d;
+    float *p = vc + CHUNK_KEYS * d;
+    const int64_t value_bytes = bf16 ? 2 : 4, row_bytes = kvh * d * value_bytes, at = c * d * value_bytes;
+    int32_t pos[TILE_ROWS];
+    for (int r = 0; r < TILE_ROWS; r++) {
+        const int64_t pair = pair0 + (r < npairs ? r : 0);  /* spare lanes repeat the first pair, unwritten */
+        const int64_t qi = pair / g;
+        pos[r] = (int32_t)(ctx + qi);
+        const float *src = q + (q_start + qi) * q_stride + (c * g + pair % g) * d;
+        for (int64_t e = 0; e < d; e++) qt[e * TILE_ROWS + r] = src[e];
+    }
+    memset(ot, 0, (size_t)(d * TILE_ROWS) * sizeof(float));
+    __m256 m[TILE_VECS], l[TILE_VECS];
+    __m256i lane_pos[TILE_VECS];
+    for (int v = 0; v < TILE_VECS; v++) {
+        m[v] = _mm256_set1_ps(-INFINITY);
+        l[v] = _mm256_setzero_ps();
+        lane_pos[v] = _mm256_loadu_si256((const __m256i *)(pos + 8 * v));
+    }
+    const __m256 vscale = _mm256_set1_ps(scale);
+    const int64_t end = ctx + (pair0 + npairs - 1) / g + 1;  /* past the tile's last query position */
+    for (int64_t t0 = 0; t0 < end; t0 += CHUNK_KEYS) {
+        const int64_t nk = min64(CHUNK_KEYS, end - t0);
+        for (int64_t k = 0; k < nk; k++) {
+            const int64_t t = t0 + k, slot = table[t / block_size] * block_size + t % block_size;
+            widen_row(bf16, (const char *)k_cache + slot * row_bytes + at, d, kc + k * d);
+            widen_row(bf16, (const char *)v_cache + slot * row_bytes + at, d, vc + k * d);
+        }
+        /* scores: p[k][lane] = (q_lane . key k) * scale */
+        for (int64_t k = 0; k < nk; k += 4) {
+            __m256 acc[4][TILE_VECS];
+            for (int kk = 0; kk < 4; kk++)
+                for (int v = 0; v < TILE_VECS; v++) acc[kk][v] = _mm256_setzero_ps();
+            const int keys = (int)min64(4, nk - k);
+            for (int64_t e = 0; e < d; e++) {
+                __m256 qv[TILE_VECS];
+                for (int v = 0; v < TILE_VECS; v++) qv[v] = _mm256_loadu_ps(qt + e * TILE_ROWS + 8 * v);
+                #pragma GCC unroll 4
+                for (int kk = 0; kk < 4; kk++) {
+                    const __m256 b = _mm256_broadcast_ss(kc + (k + (kk < keys ? kk : 0)) * d + e);
+                    for (int v = 0; v < TILE_VECS; v++) acc[kk][v] = _mm256_fmadd_ps(qv[v], b, acc[kk][v]);
+                }
+            }
+            for (int kk = 0; kk < 4; kk++)  /* rows past nk hold a repeat of key k, never read */
+                for (int v = 0; v < TILE_VECS; v++)
+                    _mm256_storeu_ps(p + (k + kk) * TILE_ROWS + 8 * v, _mm256_mul_ps(acc[kk][v], vscale));
+        }
+        /* the online softmax: a key past a lane's position is masked out of its max and weighs 0 */
+        __m256 corr[TILE_VECS];
+        for (int v = 0; v < TILE_VECS; v++) {
+            __m256 mx = m[v];
+            for (int64_t k = 0; k < nk; k++) {
+                const __m256 seen = _mm256_castsi256_ps(
+                    _mm256_cmpgt_epi32(lane_pos[v], _mm256_set1_epi32((int32_t)(t0 + k - 1))));
+                const __m256 s = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_loadu_ps(p + k * TILE_ROWS + 8 * v), seen);
+                mx = _mm256_max_ps(mx, s);
+            }
+            corr[v] = exp256(_mm256_sub_ps(m[v], mx));
+            m[v] = mx;
+            l[v] = _mm256_mul_ps(l[v], corr[v]);
+            for (int64_t k = 0; k < nk; k++) {
+                const __m256 seen = _mm256_castsi256_ps(
+                    _mm256_cmpgt_epi32(lane_pos[v], _mm256_set1_epi32((int32_t)(t0 + k - 1))));
+                float *pk = p + k * TILE_ROWS + 8 * v;
+                const __m256 e = _mm256_and_ps(exp256(_mm256_sub_ps(_mm256_loadu_ps(pk), mx)), seen);
+                _mm256_storeu_ps(pk, e);
+                l[v] = _mm256_add_ps(l[v], e);
+            }
+        }
+        /* values: ot[e][lane] = ot[e][lane] * corr + sum over keys in order of p[k][lane] * v_k[e] */
+        for (int64_t e = 0; e < d; e += 4) {
+            __m256 acc[4][TILE_VECS];
+            for (int ee = 0; ee < 4; ee++)
+                for (int v = 0; v < TILE_VECS; v++)
+                    acc[ee][v] = _mm256_mul_ps(_mm256_loadu_ps(ot + (e + ee) * TILE_ROWS + 8 * v), corr[v]);
+            for (int64_t k = 0; k < nk; k++) {
+                __m256 pv[TILE_VECS];
+                for (int v = 0; v < TILE_VECS; v++) pv[v] = _mm256_loadu_ps(p + k * TILE_ROWS + 8 * v);
+                #pragma GCC unroll 4
+                for (int ee = 0; ee < 4; ee++) {
+                    const __m256 b = _mm256_broadcast_ss(vc + k * d + e + ee);
+                    for (int v = 0; v < TILE_VECS; v++) acc[ee][v] = _mm256_fmadd_ps(pv[v], b, acc[ee][v]);
+                }
+            }
+            for (int ee = 0; ee < 4; ee++)
+                for (int v = 0; v < TILE_VECS; v++) _mm256_storeu_ps(ot + (e + ee) * TILE_ROWS + 8 * v, acc[ee][v]);
+        }
+    }
+    float inv[TILE_ROWS];
+    for (int v = 0; v < TILE_VECS; v++) _mm256_storeu_ps(inv + 8 * v, _mm256_div_ps(_mm256_set1_ps(1.0f), l[v]));
+    for (int r = 0; r < npairs; r++) {
+        const int64_t pair = pair0 + r;
+        float *dst = out + ((q_start + pair / g) * h + c * g + pair % g) * d;
+        for (int64_t e = 0; e < d; e++) dst[e] = ot[e * TILE_ROWS + r] * inv[r];
+    }
+}
+
+static void prefill_tile_any(const int bf16, const float *q, int64_t q_stride, const void *k_cache,
+                             const void *v_cache, const int64_t *table, int64_t q_start, int64_t ctx, int64_t pair0,
+                             int64_t npairs, int64_t c, int64_t g, int64_t h, int64_t kvh, int64_t d,
+                             int64_t block_size, float scale, float *out, float *w) {
+    if (bf16)
+        prefill_tile(1, q, q_stride, k_cache, v_cache, table, q_start, ctx, pair0, npairs, c, g, h, kvh, d,
+                     block_size, scale, out, w);
+    else
+        prefill_tile(0, q, q_stride, k_cache, v_cache, table, q_start, ctx, pair0, npairs, c, g, h, kvh, d,
+                     block_size, scale, out, w);
+}
+
+/* Sequence i's queries are rows q_starts[i] .. + q_lens[i] of q ([T, h, d], rows q_stride floats
+ * apart, each row contiguous), at positions ctx_lens[i] ..; its context, these rows' K/V
+ * included, is in the caches ([blocks, block_size, kvh, d], fp32 or bf16) through row i of
+ * tables ([n, table_stride]). Writes their rows of out ([T, h, d], contiguous); d a multiple
+ * of 8. Tasks go to the threads as they free up, the costliest (a sequence's last tiles, which
+ * read its longest context) first. */
+void kv_paged_prefill_attention(const float *q, int64_t q_stride, const void *k_cache, const void *v_cache,
+                                int64_t bf16, const int64_t *q_starts, const int64_t *q_lens, const int64_t *ctx_lens,
+                                const int64_t *tables, int64_t table_stride, int64_t n, int64_t h, int64_t kvh,
+                                int64_t d, int64_t block_size, float scale, float *out) {
+    const int64_t g = h / kvh;
+    int64_t *first = malloc((size_t)(n + 1) * sizeof(int64_t));  /* sequence i's tasks start at first[i] */
+    first[0] = 0;
+    for (int64_t i = 0; i < n; i++) first[i + 1] = first[i] + kvh * ((q_lens[i] * g + TILE_ROWS - 1) / TILE_ROWS);
+    const int64_t tasks = first[n];
+    #pragma omp parallel
+    {
+        float *w = malloc((size_t)prefill_scratch_floats(d) * sizeof(float));
+        const unsigned int csr = _mm_getcsr();
+        _mm_setcsr(csr | 0x8040);  /* FTZ | DAZ, as in decode_attention */
+        #pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < tasks; task++) {
+            int64_t i = 0;
+            while (first[i + 1] <= task) i++;
+            const int64_t tiles = (first[i + 1] - first[i]) / kvh, local = task - first[i];
+            const int64_t c = local % kvh, pair0 = (tiles - 1 - local / kvh) * TILE_ROWS;
+            prefill_tile_any((int)bf16, q, q_stride, k_cache, v_cache, tables + i * table_stride, q_starts[i],
+                             ctx_lens[i], pair0, min64(TILE_ROWS, q_lens[i] * g - pair0), c, g, h, kvh, d,
+                             block_size, scale, out, w);
+        }
+        _mm_setcsr(csr);
+        free(w);
+    }
+    free(first);
+}
+
 /* ---- a whole decode forward in one call ------------------------------------------------
  * A decode step of a few rows runs ten small operations per layer. From Python each is a call
  * with its own dispatch, allocation and thread wake-up, which on a CPU costs as much as the

@@ -230,6 +230,79 @@ def test_paged_decode_attention_at_real_head_shapes(h, kvh, d, dtype):
             torch.testing.assert_close(out[i], torch.einsum("hn,nhd->hd", probs, values), rtol=1e-5, atol=1e-5)
 
 
+def _prompts_in_cache(lengths, h, kvh, d, dtype, seed, bs=16):
+    """Random K/V for sequences of `lengths` tokens on shuffled blocks of a paged cache: the
+    caches, each sequence's block table row (padded with block 0) and the slots of its tokens."""
+    g = torch.Generator().manual_seed(seed)
+    counts = [-(-n // bs) for n in lengths]
+    blocks = torch.randperm(sum(counts) + 2, generator=g).tolist()
+    tables, slots, at = [], [], 0
+    for n, c in zip(lengths, counts):
+        row = blocks[at:at + c]
+        tables.append(row + [0] * (max(counts) - c))
+        slots.append(torch.tensor([row[t // bs] * bs + t % bs for t in range(n)]))
+        at += c
+    shape = (len(blocks), bs, kvh, d)
+    k_cache, v_cache = torch.randn(shape, generator=g).to(dtype), torch.randn(shape, generator=g).to(dtype)
+    return k_cache, v_cache, torch.tensor(tables), slots
+
+
+def _prefill(kern, q, k_cache, v_cache, tables, q_lens, ctx_lens, threads=None):
+    """The prefill kernel over sequences whose query rows follow each other in q."""
+    starts = [0]
+    for n in q_lens[:-1]:
+        starts.append(starts[-1] + n)
+    out, before = torch.full(q.shape, float("nan")), torch.get_num_threads()
+    torch.set_num_threads(threads or before)
+    try:
+        kern.paged_prefill_attention(q, k_cache, v_cache, torch.tensor(starts), torch.tensor(q_lens),
+                                     torch.tensor(ctx_lens), tables, out)
+    finally:
+        torch.set_num_threads(before)
+    return out
+
+
+# (9, 3, 64): the default model (8 queries x 3 heads per tile); (8, 8, 80): no grouping and a
+# head_dim past 64; (12, 2, 32): six heads a group, a tile's lanes straddling queries unevenly.
+@pytest.mark.parametrize("h,kvh,d", [(9, 3, 64), (8, 8, 80), (12, 2, 32)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paged_prefill_attention_matches_causal_attention_over_the_context(h, kvh, d, dtype, each):
+    """Fresh prompts (context 0), a chunk after 37 cached tokens, a 1-row tail and a prompt of
+    300: each query row attends to its own position and everything before it, through the block
+    table, in fp32 over the cache's values."""
+    q_lens, ctx_lens = [5, 40, 1, 300], [0, 37, 16, 0]
+    lengths = [c + n for c, n in zip(ctx_lens, q_lens)]
+    k_cache, v_cache, tables, slots = _prompts_in_cache(lengths, h, kvh, d, dtype, seed=h + d)
+    q = torch.randn(sum(q_lens), h, d, generator=torch.Generator().manual_seed(d))
+    out = _prefill(each, q, k_cache, v_cache, tables, q_lens, ctx_lens)
+    at = 0
+    for n, ctx, sl in zip(q_lens, ctx_lens, slots):
+        keys = k_cache.flatten(0, 1)[sl].double().repeat_interleave(h // kvh, dim=1)
+        values = v_cache.flatten(0, 1)[sl].double().repeat_interleave(h // kvh, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", q[at:at + n].double(), keys) * d ** -0.5
+        seen = torch.arange(ctx + n)[None, :] <= torch.arange(ctx, ctx + n)[:, None]
+        want = torch.einsum("hqk,khd->qhd", scores.masked_fill(~seen, float("-inf")).softmax(-1), values)
+        torch.testing.assert_close(out[at:at + n], want.float(), rtol=1e-5, atol=1e-5)
+        at += n
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paged_prefill_attention_gives_a_row_the_same_bits_in_any_chunk_or_batch(dtype, each):
+    """The engine's promise that chunking and prefix hits compute the same thing, kept to the
+    bit: a 200-token prompt whole, in chunks cut anywhere (tiles then hold other queries), next
+    to another prompt, and on 1 or 3 threads, gives every row the same output."""
+    h, kvh, d = 9, 3, 64
+    k_cache, v_cache, tables, _ = _prompts_in_cache([200, 90], h, kvh, d, dtype, seed=5)
+    q = torch.randn(290, h, d, generator=torch.Generator().manual_seed(6))
+    whole = _prefill(each, q[:200], k_cache, v_cache, tables[:1], [200], [0])
+    for cuts in ([0, 24, 77, 200], [0, 1, 17, 199, 200], [0, 160, 200]):
+        chunks = [_prefill(each, q[a:b], k_cache, v_cache, tables[:1], [b - a], [a], threads=3)
+                  for a, b in zip(cuts, cuts[1:])]
+        assert torch.equal(torch.cat(chunks), whole), cuts
+    both = _prefill(each, torch.cat([q[200:], q[:200]]), k_cache, v_cache, tables.flip(0), [90, 200], [0, 0], threads=1)
+    assert torch.equal(both[90:], whole)
+
+
 def test_cpu_backend_is_auto_in_fp32_and_bf16_and_names_why_not():
     cpu = torch.device("cpu")
     assert get_attention_backend("auto", cpu, 16, torch.float32).name == "cpu"

@@ -5,8 +5,9 @@ KV cache stored in fp32 or bf16.
 The C file is compiled with the system's gcc the first time it is needed (about a second) into
 kvscope's cache folder, keyed by its source and the compiler flags, and loaded with ctypes. It
 builds once per CPU kind (VARIANTS): 'avx2' needs an x86-64 CPU with AVX2 and FMA (every CPU
-kind this project runs on); 'avx512_bf16' also needs AVX-512 (F, BW, VL, DQ) and AVX512_BF16,
-whose dot product multiplies a bf16 engine's panels (kvscope_cpu.c's micro_pairs). `native()`
+kind this project runs on); 'avx512' also needs AVX-512 (F, BW, VL, DQ), whose 16-float
+registers multiply a whole fp32 panel per FMA (kvscope_cpu.c's micro_wide); 'avx512_bf16' also
+needs AVX512_BF16, whose dot product multiplies a bf16 engine's panels (micro_pairs). `native()`
 loads the best variant this CPU runs (`KVSCOPE_CPU_VARIANT=avx2` picks another), `variants()`
 says which run here and why not. AMX tiles are not used by any variant (oneDNN uses them where
 the CPU has them). Where the CPU, the compiler or the build is missing, `native()` is None and
@@ -34,6 +35,8 @@ VARIANT_ENV_VAR = "KVSCOPE_CPU_VARIANT"
 # best last (native() takes the last one this CPU runs).
 VARIANTS = {
     "avx2": (["-mavx2", "-mfma"], ("avx2", "fma")),
+    "avx512": (["-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"],
+               ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq")),
     "avx512_bf16": (["-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16"],
                     ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16")),
 }

@@ -39,14 +39,26 @@
 _Static_assert(BF16_STREAMS <= FP32_STREAMS, "one_row_body's arrays hold FP32_STREAMS runs");
 
 /* This file builds once per CPU kind (engine/cpu_kernels/__init__.py picks the build): 'avx2'
- * (AVX2 + FMA) everywhere, and 'avx512_bf16' where the CPU has AVX-512 with AVX512_BF16's dot
- * product (vdpbf16ps): there a bf16 engine's panels hold their weights in pairs of k steps, which
- * that instruction multiplies by a pair of bf16 inputs, twice the multiply-adds of an fp32 FMA
- * per instruction (see micro_pairs). Everything else is the same code in both builds. */
+ * (AVX2 + FMA) everywhere; 'avx512' where the CPU has AVX-512 (F, BW, VL, DQ): fp32 panels are
+ * multiplied a whole 16-column panel per zmm FMA, 12 rows per call in 12 of its 32 registers
+ * (micro_wide), where AVX2 needs two FMAs and has room for 6 rows; and 'avx512_bf16', which adds
+ * AVX512_BF16's dot product (vdpbf16ps): there a bf16 engine's panels hold their weights in
+ * pairs of k steps, which that instruction multiplies by a pair of bf16 inputs, twice the
+ * multiply-adds of an fp32 FMA per instruction (see micro_pairs). Each output column is the same
+ * chain of FMAs over k in every build, so fp32 gives the same bits in all three. Everything
+ * else is the same code in every build. */
+#define WIDE_MR 12  /* rows per wide or pair micro-kernel call: 12 zmm accumulators of the 32 */
+#if defined(__AVX512F__)
+#define WIDE_FP32 1
+#else
+#define WIDE_FP32 0
+#endif
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 #define PAIR_PANELS 1
 #define KV_VARIANT "avx512_bf16"
-#define PAIR_MR 12  /* rows per pair micro-kernel call: 12 zmm accumulators of the 32 */
+#elif WIDE_FP32
+#define PAIR_PANELS 0
+#define KV_VARIANT "avx512"
 #else
 #define PAIR_PANELS 0
 #define KV_VARIANT "avx2"
@@ -201,6 +213,47 @@ static inline __attribute__((always_inline)) void micro(
     }
 }
 
+#if WIDE_FP32
+/* y[r, 0:cols] = bias16 + x[r, :] . panel over an fp32 panel, for R rows (R constant where
+ * inlined): the panel's 16 columns in one zmm, one FMA per k step and row, in k order (micro's
+ * two half-panel FMAs, lane for lane: the same bits). */
+static inline __attribute__((always_inline)) void micro_wide(
+        const int R, const float *restrict panel, const float *restrict x, int64_t ldx, int64_t k,
+        const float *bias16, float *restrict y, int64_t ldy, int cols) {
+    __m512 acc[WIDE_MR];
+    const __m512 b = _mm512_loadu_ps(bias16);
+    #pragma GCC unroll 12
+    for (int r = 0; r < R; r++) acc[r] = b;
+    for (int64_t kk = 0; kk < k; kk++) {
+        const __m512 w = _mm512_loadu_ps(panel + kk * NR);
+        #pragma GCC unroll 12
+        for (int r = 0; r < R; r++) acc[r] = _mm512_fmadd_ps(w, _mm512_set1_ps(x[r * ldx + kk]), acc[r]);
+    }
+    const __mmask16 keep = (__mmask16)(cols == NR ? 0xffffu : (1u << cols) - 1u);
+    #pragma GCC unroll 12
+    for (int r = 0; r < R; r++) _mm512_mask_storeu_ps(y + r * ldy, keep, acc[r]);
+}
+
+static void micro_rows_wide(int rows, const void *panel, const float *x, int64_t ldx, int64_t k,
+                            const float *bias16, float *y, int64_t ldy, int cols) {
+    const float *w = (const float *)panel;
+    switch (rows) {
+    case 1: micro_wide(1, w, x, ldx, k, bias16, y, ldy, cols); break;
+    case 2: micro_wide(2, w, x, ldx, k, bias16, y, ldy, cols); break;
+    case 3: micro_wide(3, w, x, ldx, k, bias16, y, ldy, cols); break;
+    case 4: micro_wide(4, w, x, ldx, k, bias16, y, ldy, cols); break;
+    case 5: micro_wide(5, w, x, ldx, k, bias16, y, ldy, cols); break;
+    case 6: micro_wide(6, w, x, ldx, k, bias16, y, ldy, cols); break;
+    case 7: micro_wide(7, w, x, ldx, k, bias16, y, ldy, cols); break;
+    case 8: micro_wide(8, w, x, ldx, k, bias16, y, ldy, cols); break;
+    case 9: micro_wide(9, w, x, ldx, k, bias16, y, ldy, cols); break;
+    case 10: micro_wide(10, w, x, ldx, k, bias16, y, ldy, cols); break;
+    case 11: micro_wide(11, w, x, ldx, k, bias16, y, ldy, cols); break;
+    default: micro_wide(12, w, x, ldx, k, bias16, y, ldy, cols); break;
+    }
+}
+#endif
+
 #if PAIR_PANELS
 /* y[r, 0:cols] = bias16 + x[r, :] . panel over a pair panel, for R rows (R constant where inlined).
  * With xb (x's rows as bf16 pairs: a linear whose inputs round to bf16), one vdpbf16ps per pair of
@@ -209,7 +262,7 @@ static inline __attribute__((always_inline)) void micro(
 static inline __attribute__((always_inline)) void micro_pairs(
         const int R, const uint16_t *restrict panel, const float *restrict x, int64_t ldx,
         const uint16_t *restrict xb, int64_t k, const float *bias16, float *restrict y, int64_t ldy, int cols) {
-    __m512 acc[PAIR_MR];
+    __m512 acc[WIDE_MR];
     const __m512 b = _mm512_loadu_ps(bias16);
     #pragma GCC unroll 12
     for (int r = 0; r < R; r++) acc[r] = b;
@@ -389,8 +442,7 @@ static inline void panels_side_by_side(const float *x, const uint16_t *xb, int64
         micro_streams(FP32_STREAMS, 0, panel, x, k, (const float (*)[NR])bias16, out, cols);
 }
 
-/* Rows [0, rows) of x (xb: as bf16 pairs, or NULL) against panel p: rows <= MR (PAIR_MR for
- * pair panels). */
+/* Rows [0, rows) of x (xb: as bf16 pairs, or NULL) against panel p: rows <= rows_per_call. */
 static inline void panel_rows(int rows, const float *x, const uint16_t *xb, int64_t k, const void *panels, int bf16,
                               int64_t n, const float *bias16, int cols, float *y, int64_t p) {
     const void *panel = panel_at(panels, p, k, bf16);
@@ -402,7 +454,19 @@ static inline void panel_rows(int rows, const float *x, const uint16_t *xb, int6
 #else
     (void)xb;
 #endif
+#if WIDE_FP32
+    if (!bf16) {
+        micro_rows_wide(rows, panel, x, k, k, bias16, y + p * NR, n, cols);
+        return;
+    }
+#endif
     (bf16 ? micro_rows_bf16 : micro_rows_fp32)(rows, panel, x, k, k, bias16, y + p * NR, n, cols);
+}
+
+/* How many rows one micro-kernel call of this build takes for fp32 or bf16 panels. */
+static inline int rows_per_call(int bf16) {
+    if (bf16) return PAIR_PANELS ? WIDE_MR : MR;
+    return WIDE_FP32 ? WIDE_MR : MR;
 }
 
 static inline void one_panel(const float *x, const uint16_t *xb, int64_t k, const void *panels, int bf16, int64_t n,
@@ -422,7 +486,7 @@ static inline void one_panel(const float *x, const uint16_t *xb, int64_t k, cons
  * with even shares alone the faster waited at every linear's barrier (~0.9-1.7 ms of a 15 ms
  * one-stream bf16 step). */
 #define DYNAMIC_TAIL 8
-#define PAIR_ROWS_LCM 12  /* a row block holds whole micro-kernel calls of MR (6) or PAIR_MR (12) rows */
+#define PAIR_ROWS_LCM 12  /* a row block holds whole micro-kernel calls of MR (6) or WIDE_MR (12) rows */
 static void one_row_body(const float *x, const uint16_t *xb, int64_t k, const void *panels, int bf16, int64_t n,
                          const float *bias, float *y) {
     const int64_t np = (n + NR - 1) / NR, head = np - np / DYNAMIC_TAIL;
@@ -457,11 +521,7 @@ static void linear_body(const float *x, const uint16_t *xb, int64_t m, int64_t k
         return;
     }
     const int64_t np = (n + NR - 1) / NR, depth = (k + 1) / 2 * 2;
-#if PAIR_PANELS
-    const int mr = bf16 ? PAIR_MR : MR;
-#else
-    const int mr = MR;
-#endif
+    const int mr = rows_per_call(bf16);
     int64_t mb = (192 * 1024 / 4) / k / PAIR_ROWS_LCM * PAIR_ROWS_LCM;
     if (mb < PAIR_ROWS_LCM) mb = PAIR_ROWS_LCM;
     const int64_t nmb = (m + mb - 1) / mb;

@@ -77,7 +77,11 @@ from ..dtypes import dtype_name
 #   pays Python and oneDNN's per-call costs on top.
 # - avx2 (AMD EPYC, AVX2 only): the linears alone cross at 64 rows in both dtypes (table above,
 #   2026-12-02); whole steps not re-measured on that kind since.
+# - avx512 (AVX-512 without AVX512_BF16, e.g. Intel Xeons before Cooper Lake): no such CPU has
+#   been lent; its fp32 panels are avx512_bf16's (micro_wide), its bf16 ones avx2's, so it takes
+#   their 64 until measured there.
 NATIVE_MAX_ROWS = {("avx2", "float32"): 64, ("avx2", "bfloat16"): 64,
+                   ("avx512", "float32"): 64, ("avx512", "bfloat16"): 64,
                    ("avx512_bf16", "float32"): 64, ("avx512_bf16", "bfloat16"): 64}
 DEFAULT_NATIVE_MAX_ROWS = 64  # a build or dtype not in the table
 

@@ -23,7 +23,7 @@ import time
 import torch
 
 from engine import LLM, SamplingParams
-from engine.cpu_kernels import native, unavailable_reason, variants
+from engine.cpu_kernels import native, unavailable_reason, variants_not_running
 from engine.model.cpu_linear import PackedLinear
 from engine.runner.native_decode import NativeDecode
 
@@ -37,8 +37,7 @@ def kernel_variants_line() -> str:
     """Which build of kvscope's native kernels runs, and every build this CPU cannot run, with why."""
     kernels = native()
     running = f"kvscope kernels: {kernels.variant}" if kernels else f"kvscope kernels off ({unavailable_reason()})"
-    missing = [f"{name} not here ({reason})" for name, reason in variants().items() if reason]
-    return "; ".join([running, *missing])
+    return "; ".join([running, *variants_not_running()])
 
 
 def layer_linears(llm: LLM) -> list[PackedLinear]:

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 import torch
 
 from engine import LLM, SamplingParams
-from engine.cpu_kernels import unavailable_reason
 from explorer.machine import cpu_summary
 
 
@@ -147,6 +146,7 @@ def bench(reps: int = 3, scale: float = 1.0, dtype: str = "float32", model: str 
     from transformers import AutoModelForCausalLM
 
     from .bandwidth import read_bandwidth_gb_s, read_buffer, stream_steps_against_reads
+    from .linears import kernel_variants_line
 
     # The KV pool holds the whole workload at once (HF's cache grows as it needs); the
     # default 256 MiB pool is sized for watching blocks in the explorer, not for throughput.
@@ -166,7 +166,7 @@ def bench(reps: int = 3, scale: float = 1.0, dtype: str = "float32", model: str 
     out(f"model {info['name']} ({dtype}; {arithmetic}), torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads, {reps} repetitions, scale {scale}; engine: "
         f"KV pool {BENCH_KV_BYTES / 2**30:.0f} GiB ({llm.engine.runner.num_blocks} blocks), loaded in {load_s:.1f} s, "
-        f"attention backend {info['attention_backend']}, native CPU kernels {_on_off(unavailable_reason())}, "
+        f"attention backend {info['attention_backend']}, {kernel_variants_line()}, "
         f"native decode {_on_off(info['native_decode_off'])}, prefill linears in oneDNN {info['cpu_gemm_dtype']}")
     # One stream reads every weight once per token: weight bytes / read bandwidth is its floor.
     weight_bytes = hf.num_parameters() * getattr(torch, dtype).itemsize

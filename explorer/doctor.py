@@ -60,13 +60,13 @@ def check_native_cpu_kernels() -> Check:
     """kvscope's CPU kernels (one build per CPU kind, built by gcc on first use); without them the CPU engine
     runs torch's kernels, correct but slower."""
     try:
-        from engine.cpu_kernels import native, unavailable_reason, variants
+        from engine.cpu_kernels import native, unavailable_reason, variants_not_running
     except Exception as exc:  # noqa: BLE001
         return Check("native CPU kernels", "missing", f"engine not importable: {exc}", f"{PIP} -e .")
     kernels = native()
     if kernels is not None:
         # Every build this CPU cannot run is named, never skipped silently.
-        missing = "".join(f"; {name} not here ({reason})" for name, reason in variants().items() if reason)
+        missing = "".join(f"; {note}" for note in variants_not_running())
         return Check("native CPU kernels", "ok", f"{kernels.variant} build: {kernels.path}{missing}")
     return Check("native CPU kernels", "optional", f"not used ({unavailable_reason()}): the CPU engine runs "
                  "torch's kernels instead, slower", "apt-get install gcc")

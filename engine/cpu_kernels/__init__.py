@@ -9,8 +9,8 @@ kind this project runs on); 'avx512' also needs AVX-512 (F, BW, VL, DQ), whose 1
 registers multiply a whole fp32 panel per FMA (kvscope_cpu.c's micro_wide); 'avx512_bf16' also
 needs AVX512_BF16, whose dot product multiplies a bf16 engine's panels (micro_pairs). `native()`
 loads the best variant this CPU runs (`KVSCOPE_CPU_VARIANT=avx2` picks another), `variants()`
-says which run here and why not. AMX tiles are not used by any variant (oneDNN uses them where
-the CPU has them). Where the CPU, the compiler or the build is missing, `native()` is None and
+says which run here and why not. AMX tiles are not used by any variant (UNBUILT; oneDNN uses
+them where the CPU has them). Where the CPU, the compiler or the build is missing, `native()` is None and
 the engine keeps torch's kernels (`KVSCOPE_NATIVE_CPU=0` chooses that too). Its OpenMP is the
 libgomp torch already loaded, so both share one pool of threads."""
 from __future__ import annotations
@@ -228,6 +228,18 @@ def variants() -> dict[str, str | None]:
     return {name: None if all(f in flags for f in needs) else
             "this CPU lacks " + ", ".join(f for f in needs if f not in flags)
             for name, (_, needs) in VARIANTS.items()}
+
+
+# Instruction sets that no build of the kernels uses, and what runs on such a CPU instead.
+UNBUILT = {"amx": "no build multiplies with AMX tiles: an AMX CPU runs the avx512_bf16 build for decodes, "
+                  "and oneDNN's prefill GEMM uses the tiles"}
+
+
+def variants_not_running() -> list[str]:
+    """Every build this CPU cannot run, with why, and every instruction set no build uses: what
+    doctor and the benches name next to the build that runs, so nothing is skipped silently."""
+    return ([f"{name} not here ({reason})" for name, reason in variants().items() if reason]
+            + [f"{name} not built ({why})" for name, why in UNBUILT.items()])
 
 
 def load_variant(name: str) -> NativeCpuKernels:

@@ -1,5 +1,5 @@
 """kvscope's native CPU kernels (kvscope_cpu.c): skinny linears over weights packed in panels,
-and paged decode attention straight from the block tables. Arithmetic in fp32; weights and the
+and paged prefill and decode attention straight from the block tables. Arithmetic in fp32; weights and the
 KV cache stored in fp32 or bf16.
 
 The C file is compiled with the system's gcc the first time it is needed (about a second) into

@@ -1,12 +1,13 @@
-/* kvscope's native CPU kernels (fp32 arithmetic, AVX2 + FMA, OpenMP): where a decode step on a
+/* kvscope's native CPU kernels (fp32 arithmetic, AVX2 + FMA or AVX-512, OpenMP): where a decode step on a
  * CPU spent its time on something other than the arithmetic and memory traffic it must do.
  *
  * 1. Skinny linears. A decode step multiplies a few rows by every weight of the model, so it is
  *    bound by how fast the weights stream from memory. Weights are packed once into panels of 16
  *    output columns ([ceil(N/16)][K][16]): a panel is one sequential stream, and each weight
  *    loaded is used by every row of the step before it leaves the registers.
- * 2. Paged decode attention. Each decode reads its keys and values straight from the paged
- *    cache through its block table: no gathered copy, no padding to the longest sequence.
+ * 2. Paged attention. Each decode, and each prompt's tile of query rows, reads its keys and
+ *    values straight from the paged cache through its block table: no gathered copy, no
+ *    padding to the longest sequence.
  * 3. The small ops between them (RMSNorm, RoPE, SiLU-and-mul): one call each instead of five to
  *    ten torch ops, whose dispatch costs more than their arithmetic at a few rows.
  * 4. Greedy sampling with the candidates the explorer shows, in one pass over the logits.

@@ -96,7 +96,7 @@ def select_entries(entries: Sequence[Any], max_steps: int = DEFAULT_MAX_STEPS,
 
 
 def _step(entry: Any) -> int:
-    return int(entry["step"] if isinstance(entry, dict) else entry.step)
+    return views.entry_parts(entry)[0]
 
 
 # -- building the data ------------------------------------------------------------------------

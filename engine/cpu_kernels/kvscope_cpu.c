@@ -951,6 +951,15 @@ static void combine_parts(const float *parts, int64_t nparts, int64_t stride, in
     for (int64_t e = 0; e < d; e++) out[e] *= inv;
 }
 
+/* Flushes denormals to zero on the calling thread (FTZ | DAZ) and returns the MXCSR to restore
+ * after: softmax weights of far-off keys fall below FLT_MIN, and x86 takes ~100 cycles per
+ * denormal operand. Such weights are ~1e-38 against a sum >= 1: nothing is lost. */
+static inline unsigned int flush_denormals(void) {
+    const unsigned int csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8040);
+    return csr;
+}
+
 /* Single-query attention of each decode over its own context, read through its block table.
  * q: [T, h, d] with rows q_stride floats apart (a view into the packed qkv projection);
  * out: [T, h, d] contiguous; rows[i] is decode i's query row; caches: [blocks, block_size, kvh, d]
@@ -969,11 +978,7 @@ static inline __attribute__((always_inline)) void decode_attention(
         int64_t h, int64_t kvh, int64_t d, int64_t block_size, float scale, float *out, float *scores, float *parts) {
     const int64_t threads = omp_get_num_threads(), stride = part_floats(h, d);
     float *mine = parts + omp_get_thread_num() * stride;
-    /* Flush denormals to zero on this thread while it runs: softmax weights of far-off keys
-     * fall below FLT_MIN, and x86 takes ~100 cycles per denormal operand. Such weights are
-     * ~1e-38 against a sum >= 1: nothing is lost. */
-    const unsigned int csr = _mm_getcsr();
-    _mm_setcsr(csr | 0x8040);  /* FTZ | DAZ */
+    const unsigned int csr = flush_denormals();
     if (n >= threads) {
         #pragma omp for schedule(dynamic, 1)
         for (int64_t i = 0; i < n; i++) {
@@ -1049,7 +1054,16 @@ void kv_paged_decode_attention(const float *q, int64_t q_stride, const void *k_c
 #define TILE_VECS 3
 #define CHUNK_KEYS 16  /* keys per step of the walk */
 
-static inline int64_t prefill_scratch_floats(int64_t d) { return 2 * d * TILE_ROWS + 2 * CHUNK_KEYS * d + CHUNK_KEYS * TILE_ROWS; }
+/* A thread's scratch for one tile: queries and output transposed, a chunk's keys and values, its weights. */
+static inline int64_t prefill_scratch_floats(int64_t d) {
+    return 2 * d * TILE_ROWS + 2 * CHUNK_KEYS * d + CHUNK_KEYS * TILE_ROWS;
+}
+
+/* All ones in the lanes whose query position (lane_pos) is at or past key position t: the
+ * lanes that see that key. */
+static inline __m256 lanes_seeing(__m256i lane_pos, int64_t t) {
+    return _mm256_castsi256_ps(_mm256_cmpgt_epi32(lane_pos, _mm256_set1_epi32((int32_t)(t - 1))));
+}
 
 /* dst[0:d] = the d values (fp32 or bf16) at src, in fp32. */
 static inline __attribute__((always_inline)) void widen_row(const int bf16, const char *src, int64_t d, float *dst) {
@@ -1114,19 +1128,17 @@ static inline __attribute__((always_inline)) void prefill_tile(
         for (int v = 0; v < TILE_VECS; v++) {
             __m256 mx = m[v];
             for (int64_t k = 0; k < nk; k++) {
-                const __m256 seen = _mm256_castsi256_ps(
-                    _mm256_cmpgt_epi32(lane_pos[v], _mm256_set1_epi32((int32_t)(t0 + k - 1))));
-                const __m256 s = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_loadu_ps(p + k * TILE_ROWS + 8 * v), seen);
+                const __m256 s = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_loadu_ps(p + k * TILE_ROWS + 8 * v),
+                                                  lanes_seeing(lane_pos[v], t0 + k));
                 mx = _mm256_max_ps(mx, s);
             }
             corr[v] = exp256(_mm256_sub_ps(m[v], mx));
             m[v] = mx;
             l[v] = _mm256_mul_ps(l[v], corr[v]);
             for (int64_t k = 0; k < nk; k++) {
-                const __m256 seen = _mm256_castsi256_ps(
-                    _mm256_cmpgt_epi32(lane_pos[v], _mm256_set1_epi32((int32_t)(t0 + k - 1))));
                 float *pk = p + k * TILE_ROWS + 8 * v;
-                const __m256 e = _mm256_and_ps(exp256(_mm256_sub_ps(_mm256_loadu_ps(pk), mx)), seen);
+                const __m256 e = _mm256_and_ps(exp256(_mm256_sub_ps(_mm256_loadu_ps(pk), mx)),
+                                               lanes_seeing(lane_pos[v], t0 + k));
                 _mm256_storeu_ps(pk, e);
                 l[v] = _mm256_add_ps(l[v], e);
             }
@@ -1189,8 +1201,7 @@ void kv_paged_prefill_attention(const float *q, int64_t q_stride, const void *k_
     #pragma omp parallel
     {
         float *w = malloc((size_t)prefill_scratch_floats(d) * sizeof(float));
-        const unsigned int csr = _mm_getcsr();
-        _mm_setcsr(csr | 0x8040);  /* FTZ | DAZ, as in decode_attention */
+        const unsigned int csr = flush_denormals();
         #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < tasks; task++) {
             int64_t i = 0;

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from engine import LLM, SamplingParams
-from explorer.machine import cpu_summary
+from explorer.apps.machine import cpu_summary
 
 PEAK_BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12}  # bytes/s, datasheet values
 

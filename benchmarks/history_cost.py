@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Sequence
 
-from explorer.history import history_bytes, pack_history, share_unchanged
+from explorer.core.history import history_bytes, pack_history, share_unchanged
 
 
 def measure(model: str | None = None, *, num_requests: int = 64, num_kv_blocks: int = 4096, steps: int = 10,

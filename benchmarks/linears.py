@@ -27,7 +27,7 @@ from engine.cpu_kernels import native, unavailable_reason, variants_not_running
 from engine.model.cpu_linear import PackedLinear
 from engine.runner.native_decode import NativeDecode
 
-from explorer.machine import cpu_summary
+from explorer.apps.machine import cpu_summary
 
 ROWS = (1, 4, 16, 32, 64, 128, 256, 1024)
 STEP_ROWS = (16, 32, 64, 96, 128)

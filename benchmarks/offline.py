@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine import LLM, SamplingParams
-from explorer.machine import cpu_summary
+from explorer.apps.machine import cpu_summary
 
 
 BENCH_KV_BYTES = 2 * 2**30
@@ -205,7 +205,7 @@ def bench(reps: int = 3, scale: float = 1.0, dtype: str = "float32", model: str 
 
 def _start_vllm(folder: str, dtype: str, eager: bool, out):
     """vLLM's CPU build in its own process, or None (with the reason printed) where it is absent."""
-    from explorer.drivers.vllm_config import VllmUnavailable
+    from explorer.drivers.vllm.config import VllmUnavailable
     from .vllm_side import VllmBenchSide
 
     try:
@@ -285,7 +285,7 @@ def format_row(r: dict) -> str:
 
 def observation_overhead(model: str | None, dtype: str, reps: int, scale: float, out=print) -> dict:
     """The offline workload with StepRecords off, on, and inside an explorer Session."""
-    from explorer.session import Session
+    from explorer.core.session import Session
 
     wl = make_workloads(scale=scale * 0.5)[0]
     lean = LLM(model=model, dtype=dtype, record_steps=False, kv_cache_memory_bytes=BENCH_KV_BYTES)

@@ -1,7 +1,7 @@
 """How the recorder's cost grows with a server's size (`python -m benchmarks.recorder_scale`).
 
 A GPU server holds tens of thousands of KV blocks and hundreds of running requests; this CPU
-cannot run such a model, but vLLM's scheduler runs without one (explorer.drivers.vllm_bare). For each
+cannot run such a model, but vLLM's scheduler runs without one (explorer.drivers.vllm.bare). For each
 size, the same decode steps run on vLLM's own Scheduler and on kvscope's RecordingScheduler
 with a subscriber draining its feed, alternated over rounds; printed: vLLM's scheduler step
 (schedule + update, no forward), the recorder's extra wall time and CPU time per step, and the
@@ -15,8 +15,8 @@ import os
 import statistics
 import time
 
-from explorer.machine import cpu_summary
-from explorer.drivers.vllm_bare import bare_request, bare_scheduler, sampled_output
+from explorer.apps.machine import cpu_summary
+from explorer.drivers.vllm.bare import bare_request, bare_scheduler, sampled_output
 
 SIZES = ((2_000, 16, 512), (20_000, 128, 1024), (60_000, 256, 2048))  # blocks, running requests, prompt tokens
 BLOCK_SIZE = 16

@@ -7,7 +7,7 @@ requests and 4,096 KV blocks. Two parts:
    each of N steps, the time goes into
      engine step     the StepRecord's own timings_ms["total"] (and engine.step()'s wall time)
      history         the Session's bookkeeping: snapshot + to_dict of record and snapshot
-     view update     SessionBinder.render(): explorer.views, the attention probe, and the
+     view update     SessionBinder.render(): explorer.ui.views, the attention probe, and the
                      widgets' traitlet sync (get_state, buffers, the JSON a kernel would pack)
    and the bytes every widget message would carry to the browser.
 2. Browser side (benchmarks/ui_page.py, needs playwright and Debian's
@@ -29,7 +29,7 @@ from pathlib import Path
 from time import perf_counter
 from typing import Any, Callable, Iterable
 
-from explorer import session as session_module
+from explorer.core import session as session_module
 from .ui_common import WATCHED_PANELS, BenchUnavailable  # noqa: F401 (BenchUnavailable: raised by both parts)
 
 DEFAULT_REQUESTS = 64
@@ -39,7 +39,7 @@ PROMPT_LEN = (64, 448)   # prompt lengths drawn uniformly from this range (mean 
 
 # The panels whose new step the browser waits for (their root's data-testid).
 
-# explorer.views functions SessionBinder.render calls (looked up on the module at call time).
+# explorer.ui.views functions SessionBinder.render calls (looked up on the module at call time).
 VIEW_FUNCS = ("summary_line", "queues_state", "block_pool_state", "slot_mapping_state", "sampler_state",
               "timeline_state", "latency_rows", "probe_targets")
 
@@ -70,7 +70,7 @@ def prepare_session(model: str | None = None, *, num_requests: int = DEFAULT_REQ
     decode of `num_requests` sequences. ValueError if the pool cannot hold them all.
     `progress` gets one line per warm-up step (the default model's prefill takes minutes).
     """
-    from explorer.session import Session
+    from explorer.core.session import Session
 
     config.setdefault("max_num_seqs", max(256, num_requests))
     session = Session(model, num_kv_blocks=num_kv_blocks, block_size=block_size, **config)
@@ -134,7 +134,7 @@ class StepTimer:
       engine_wall_ms  engine.step() as the Session called it
       history_ms      engine.step() returning -> the view starting: the Session's
                       to_dict() of record and snapshot and its HistoryEntry
-      snapshot_ms     of which the snapshot after the step (explorer.session's
+      snapshot_ms     of which the snapshot after the step (explorer.core.session's
                       snapshot_after_step: only what the record says changed)
       view_ms         SessionBinder.render() after the step, every panel
     `before_view` / `after_view` hooks get the step's dict; `log_path` appends it as a
@@ -228,7 +228,7 @@ def _packer() -> Callable[[Any], bytes]:
 
 
 class ViewProfiler:
-    """Splits a view update into explorer.views computations, the attention probe and the
+    """Splits a view update into explorer.ui.views computations, the attention probe and the
     widget sync (the rest: traitlets, get_state, buffers, plotly's figure update), and
     records every widget message: its JSON bytes as a kernel packs them (`pack_ms` is that
     packing, done here because no kernel does it outside Jupyter) and its binary buffers.
@@ -245,7 +245,7 @@ class ViewProfiler:
     def __enter__(self) -> "ViewProfiler":
         import ipywidgets
 
-        from explorer import views
+        from explorer.ui import views
         for name in VIEW_FUNCS:
             self._patches.attribute(views, name, lambda f, name=name: self._timed(f, "views", name))
         self._patches.instance(self.session, "probe", lambda f: self._timed(f, "probe", "probe"))
@@ -329,7 +329,7 @@ def bench_python(model: str | None = None, *, num_requests: int = DEFAULT_REQUES
     of a new one; its `num_requests` running requests are the ones measured."""
     import torch
 
-    from explorer.dashboard import Dashboard
+    from explorer.ui.dashboard import Dashboard
 
     pack = _packer()
     built = session is None
@@ -402,7 +402,7 @@ def format_python(res: dict) -> list[str]:
              stats_row("  of which the snapshot after the step (ms)", su["snapshot_ms"]),
              stats_row("  of which to_dict of record + snapshot (ms)", su["to_dict_ms"]),
              stats_row("view update: SessionBinder.render, all panels (ms)", su["view_ms"]),
-             stats_row("  explorer.views computations (ms)", su["views_ms"]),
+             stats_row("  explorer.ui.views computations (ms)", su["views_ms"]),
              stats_row("  attention probe (Session.probe) (ms)", su["probe_ms"]),
              stats_row("  widget sync: traitlets, get_state, plotly, send (ms)", su["sync_ms"]),
              stats_row("    of which JSON packing as a kernel does it (ms)", su["pack_ms"]),
@@ -412,7 +412,7 @@ def format_python(res: dict) -> list[str]:
              stats_row("payload per step: binary buffers (KiB)", kib(su["buffer_bytes"])),
              stats_row("history growth per step: record JSON (KiB)", kib(su["record_bytes"])),
              stats_row("history growth per step: snapshot JSON (KiB)", kib(su["snapshot_bytes"])),
-             "  explorer.views functions and the attention probe, per step (ms):"]
+             "  explorer.ui.views functions and the attention probe, per step (ms):"]
     for name, st in res["views"].items():
         lines.append(stats_row(f"  {name}", st, 2))
     lines.append(f"  payload per widget per step (median):  {'messages':>8} {'JSON KiB':>10} {'binary KiB':>11}")

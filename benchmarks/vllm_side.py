@@ -32,7 +32,7 @@ class VllmBenchSide:
     """The parent's handle: start the child, `run(prompts, max_tokens)`, `close()`."""
 
     def __init__(self, model: str, dtype: str, kv_gib: int, eager: bool) -> None:
-        from explorer.drivers.vllm_config import require_vllm
+        from explorer.drivers.vllm.config import require_vllm
 
         self.version = require_vllm()
         env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(kv_gib))
@@ -81,7 +81,7 @@ class VllmBenchSide:
 
 
 def _serve(model: str, dtype: str, eager: bool) -> None:
-    from explorer.drivers.vllm_config import prepare_environment
+    from explorer.drivers.vllm.config import prepare_environment
 
     prepare_environment()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"  # vLLM's own default: the fastest it runs

@@ -1,6 +1,6 @@
-"""`python -m explorer ...`: see explorer/cli.py."""
+"""`python -m explorer ...`: see explorer/apps/cli.py."""
 import sys
 
-from .cli import main
+from .apps.cli import main
 
 sys.exit(main())

@@ -15,7 +15,7 @@ What it does:
    its code and what the code printed, each check marked as passed at build time (a failing
    check fails the build), and its replay in an iframe.
 3. In a full build (or with `--vllm on`), records one small workload on vLLM 0.32 and on
-   kvscope, stepped together (explorer.side_by_side.compare, in a process of its own), and
+   kvscope, stepped together (explorer.apps.side_by_side.compare, in a process of its own), and
    adds both replays and the step-by-step comparison to the vLLM page. Without vLLM
    installed, the page says why it has none.
 4. Runs mkdocs (mkdocs.yml, strict: a broken link or a missing page fails) into docs/site/,
@@ -92,7 +92,8 @@ class _KvsDocsRecorder:
         self.mark = (len(self.closed), s.current.step if s is not None else None)
 
     def end(self, number, title, slug):
-        from explorer import export, views
+        from explorer.export import page as export
+from explorer.ui import views
         s = self._attach()
         first_segment, start = self.mark
         parts = []
@@ -370,9 +371,9 @@ SIDE_BY_SIDE_CONFIG = {"block_size": 32, "num_kv_blocks": 14, "max_num_batched_t
 
 def record_side_by_side(out: Path) -> None:
     """(In a process of its own: vLLM sets its threads and environment.) SIDE_BY_SIDE on vLLM
-    and on kvscope, stepped together (explorer.side_by_side.compare); one replay per engine."""
-    from explorer import export
-    from explorer.side_by_side import compare
+    and on kvscope, stepped together (explorer.apps.side_by_side.compare); one replay per engine."""
+    from explorer.export import page as export
+    from explorer.apps.side_by_side import compare
 
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -429,7 +430,7 @@ def vllm_section(stage: Path, record: bool) -> list[tuple[str, int]]:
     diff = data["differing_steps"]
     lines.append(f"Recorded when this site was built: three greedy requests (two share a system prompt of "
                  f"several full blocks, the third arrives at step 2) run on vLLM 0.32 in-process and on kvscope "
-                 f"with the same settings ({cfg}), stepped together by `explorer.side_by_side.compare` in "
+                 f"with the same settings ({cfg}), stepped together by `explorer.apps.side_by_side.compare` in "
                  f"{data['seconds']:.0f} s. Over {data['num_steps']} steps "
                  + (f"**steps {diff} differ**." if diff else "**no step differs**: the same schedule, the same "
                     "block ids and the same tokens.") + " Scrub either replay; the block ids agree step by step.")

@@ -1,7 +1,7 @@
 """kvscope panels: anywidget views over plain dicts, lists and bytes.
 
-Nothing here imports torch or the engine; ``explorer.dashboard`` feeds the panels
-from a Session. Each panel is usable alone (see ``explorer.dashboard``).
+Nothing here imports torch or the engine; ``explorer.ui.dashboard`` feeds the panels
+from a Session. Each panel is usable alone (see ``explorer.ui.dashboard``).
 """
 from __future__ import annotations
 

@@ -72,7 +72,7 @@ class Panel(anywidget.AnyWidget):
         return lambda: self._action_handlers.remove(handler)
 
     def show(self, state: dict) -> None:
-        """Set several traits at once (one comm message): a view state from explorer.views."""
+        """Set several traits at once (one comm message): a view state from explorer.ui.views."""
         with self.hold_sync():
             for key, value in state.items():
                 setattr(self, key, value)

@@ -63,7 +63,7 @@ class BlockPoolPanel(Panel):
         self._blocks: list[dict] = []  # the displayed snapshot's blocks, kept off the wire
 
     def show(self, state: dict) -> None:
-        """Apply a state from ``explorer.views.block_pool_state`` (its "blocks" stay here)."""
+        """Apply a state from ``explorer.ui.views.block_pool_state`` (its "blocks" stay here)."""
         state = dict(state)
         self._blocks = state.pop("blocks", [])
         with self.hold_sync():

@@ -42,7 +42,7 @@ class ControlsPanel(Panel):
     error = t.Unicode("").tag(sync=True)         # the engine's last error message, inline
     error_field = t.Unicode("").tag(sync=True)   # the form input that message is about (outlined)
     notice = t.Unicode("").tag(sync=True)        # a hint that is not an error ("nothing to step ...")
-    caption = t.Unicode("").tag(sync=True)       # the shown step in words (explorer.captions)
+    caption = t.Unicode("").tag(sync=True)       # the shown step in words (explorer.ui.captions)
     chat_template_available = t.Bool(False).tag(sync=True)  # the tokenizer has a chat template
     info = t.Unicode("").tag(sync=True)          # one-line summary of the engine state
     engine = t.Unicode("").tag(sync=True)        # which engine the panels show ("kvscope", "vLLM 0.32.0"): a badge

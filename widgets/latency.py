@@ -33,7 +33,7 @@ class LatencyPanel(W.VBox):
     """Per-request TTFT and ITL, and their distributions, updating live.
 
     Feed it rows ``{"request_id", "time_to_first_token": seconds | None, "inter_token_latency": [seconds]}`` (from
-    ``explorer.views.latency_rows``) with :meth:`show`. All times are on the engine
+    ``explorer.ui.views.latency_rows``) with :meth:`show`. All times are on the engine
     clock, which advances only while a step executes, so manual stepping and pauses
     do not inflate them. `figure` is the plotly ``FigureWidget``.
     """

@@ -4,7 +4,7 @@
 // lights up when another panel points at its request.
 
 /**
- * The traits this panel reads (explorer/views.py queues_state): `queues` holds three lists of
+ * The traits this panel reads (explorer/ui/views.py queues_state): `queues` holds three lists of
  * QueueRow, `finished_total` counts every finished request (the list keeps the latest), and
  * `selected` is the linked request's id.
  * @typedef {{num_tokens: number, num_computed_before: number, is_prefill: boolean,

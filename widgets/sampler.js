@@ -1,7 +1,7 @@
 // Sampler: horizontal probability bars of the top candidates; the chosen token marked.
 
 /**
- * The traits this panel reads (explorer/views.py sampler_state): `requests` (ids sampled in
+ * The traits this panel reads (explorer/ui/views.py sampler_state): `requests` (ids sampled in
  * the shown step), `request_id` (the one shown) and `sample`: a Sample, or {note, params}
  * before the request's first token.
  * @typedef {{request_id: string, step: number, token_id: number, text: (string|null),

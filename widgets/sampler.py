@@ -11,7 +11,7 @@ class SamplerPanel(Panel):
 
     `sample` is ``{request_id, step, token_id, text, top: [[token_id, text, prob]],
     params: {temperature, top_k, top_p, seed, ...}}`` (built by
-    ``explorer.views.sampler_state``); `step` is the displayed step, `sample["step"]`
+    ``explorer.ui.views.sampler_state``); `step` is the displayed step, `sample["step"]`
     the step that sampled it (the latest at or before the displayed one).
     `requests` lists the ids sampled in the displayed step.
     Browser action: ``select {request_id}``.

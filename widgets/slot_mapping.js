@@ -5,7 +5,7 @@
 // cell lights its block, request and token in the other panels (kvsLink).
 
 /**
- * The traits this panel reads (explorer/views.py slot_mapping_state): the packed batch's
+ * The traits this panel reads (explorer/ui/views.py slot_mapping_state): the packed batch's
  * per-row lists (`input_ids`, `tokens`, `positions`, `slot_mapping`, cut to the rows sent),
  * `query_start_loc`, `logits_indices`, `block_size`, `num_rows`, `truncated`, and `segments`.
  * @typedef {{block: number, start: number, end: number, text: string}} CachedBlock

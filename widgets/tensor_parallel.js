@@ -2,7 +2,7 @@
 // collectives between them, and the last step's collective time.
 
 /**
- * The traits this panel reads (explorer/tp_view.py): `info` (the group: size, backend),
+ * The traits this panel reads (explorer/ui/tp_view.py): `info` (the group: size, backend),
  * `ranks` (Rank[]), `weights` (Weight[]), `last_step` and `recent` (collective times per
  * step), and `note`.
  * @typedef {{rank: number, device: string, heads: [number, number], kv_heads: [number, number],

@@ -9,7 +9,7 @@ from ._base import Panel, bundle_css, bundle_esm
 
 class TensorParallelPanel(Panel):
     """How the running engine is split across ranks (built by
-    ``explorer.tp_view.tensor_parallel_state``).
+    ``explorer.ui.tp_view.tensor_parallel_state``).
 
     `info`: ``{size, backend, name, num_layers, hidden_size, num_heads, num_kv_heads,
     head_dim, vocab_size, intermediate_size, dtype, num_blocks, kv_bytes_per_rank,

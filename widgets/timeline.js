@@ -84,7 +84,7 @@ function rowLabel(rid) {
   return `${name.slice(0, Math.ceil(keep))}\u2026${name.slice(-Math.floor(keep))}`;
 }
 
-// The step's bar tooltip: its numbers, then the step in words (explorer/captions.py).
+// The step's bar tooltip: its numbers, then the step in words (explorer/ui/captions.py).
 function stepText(S, i) {
   const p = S.prefill[i] || 0, d = S.decode[i] || 0;
   const head = `step ${S.step[i]}: ${p} prefill + ${d} decode tokens (budget ${S.budget[i]})`

@@ -9,11 +9,11 @@ from ._base import Panel, bundle_css, bundle_esm
 class TimelinePanel(Panel):
     """Steps along x, drawn as SVG.
 
-    `steps` is columnar (one entry per step, built by ``explorer.views.timeline_state``):
+    `steps` is columnar (one entry per step, built by ``explorer.ui.views.timeline_state``):
     step, prefill, decode (batch tokens), budget (max_num_batched_tokens), schedule,
     prepare, forward, sample (ms), preempted (count), backend (attention backend name) and
     graph_bucket (the CUDA graph batch size a decode step replayed; None when it ran eager),
-    forward_path ('eager', 'cuda_graph' or 'native_decode': how the forward ran) and caption (the step in words, explorer.captions; shown in the bar's tooltip). The token
+    forward_path ('eager', 'cuda_graph' or 'native_decode': how the forward ran) and caption (the step in words, explorer.ui.captions; shown in the bar's tooltip). The token
     chart's y axis is a square-root scale that fits the largest batch in view (a decode-only
     bar is never under 6 px); a budget far above it is marked at the top edge. The ms chart is
     cut at the 95th percentile when a step is far slower than the rest (that step is marked

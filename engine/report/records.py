@@ -207,7 +207,7 @@ def snapshot_after_step(before: dict, record: dict, step: int, config, model_inf
     dicts, and only the blocks it touched: those of its block events, those its scheduled
     requests computed tokens into, and those a finished or preempted request let go. Every
     other part is `before`'s own object, so a history of these snapshots shares what did not
-    change (as explorer.history.share_unchanged does for whole snapshots) without building
+    change (as explorer.core.history.share_unchanged does for whole snapshots) without building
     and comparing every block and request again. Valid only when nothing but this step changed
     the engine since `before` (a caller snapshots anew after adding, aborting or reconfiguring)."""
     with gc_paused():

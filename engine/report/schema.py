@@ -1,7 +1,7 @@
 """The StepRecord / EngineSnapshot dict schema: the one definition of their keys.
 
 Every producer (kvscope's engine in engine/report/records.py, the vLLM drivers in
-explorer/) emits these shapes, and every consumer (explorer.views, explorer.history,
+explorer/) emits these shapes, and every consumer (explorer.ui.views, explorer.core.history,
 export, the panels' JavaScript) reads them. Each shape is a TypedDict: its annotations
 are the keys, written here and nowhere else; the block events' keys are the fields of
 engine.core.block_pool.BlockEvents, which the pool fills.

@@ -14,7 +14,7 @@ CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(EngineConfig))
 
 
 class KvscopeDriver:
-    """kvscope's LLMEngine behind a Session (see explorer.engine_protocol.EngineDriver)."""
+    """kvscope's LLMEngine behind a Session (see explorer.core.engine_protocol.EngineDriver)."""
 
     name = "kvscope"
     config_fields = CONFIG_FIELDS

@@ -228,12 +228,12 @@ def test_vllm_page_shows_both_engines_or_says_why_not(page, site) -> None:
 
 def test_api_reference_lists_generate_step_and_export_html_with_their_docstrings(page, site) -> None:
     from engine import LLM
-    from explorer.session import Session
+    from explorer.core.session import Session
 
     net = Recorder(page, site["site"])
     page.goto((site["site"] / "api.html").resolve().as_uri())
-    for anchor, method in (("engine.LLM.generate", LLM.generate), ("explorer.session.Session.step", Session.step),
-                           ("explorer.session.Session.export_html", Session.export_html)):
+    for anchor, method in (("engine.LLM.generate", LLM.generate), ("explorer.core.session.Session.step", Session.step),
+                           ("explorer.core.session.Session.export_html", Session.export_html)):
         heading = page.locator(f'[id="{anchor}"]')
         assert heading.count() == 1, anchor
         assert method.__name__ in heading.inner_text()

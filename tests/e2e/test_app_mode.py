@@ -17,7 +17,7 @@ from typing import Iterator
 
 import pytest
 
-from explorer.lab import free_port
+from explorer.apps.lab import free_port
 
 from benchmarks.lab_harness import REPO, focus_pixels_js, isolated_jupyter_env
 

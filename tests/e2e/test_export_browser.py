@@ -1,6 +1,6 @@
 """An exported recording in Debian chromium, opened from file:// with the network blocked:
 scrubbing shows an earlier step in the queues, the block pool and the slot mapping, a
-hovered block shows its tooltip, the panels' models hold what explorer/views.py gives for
+hovered block shows its tooltip, the panels' models hold what explorer/ui/views.py gives for
 the shown step (the page computes no view of its own), and not one request leaves the file."""
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from explorer import export, recording, views
-from explorer.captions import history_captions
+from explorer.export import page as export, workloads as recording
+from explorer.ui import views
+from explorer.ui.captions import history_captions
 from widgets.block_pool import block_detail
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -157,7 +158,7 @@ READ_MODELS = """(want) => {
 
 
 def _python_panels(s, i: int, texts) -> dict:
-    """What explorer/views.py gives each panel for history[i] (bytes as lists), JSON-shaped."""
+    """What explorer/ui/views.py gives each panel for history[i] (bytes as lists), JSON-shaped."""
     e = s.history[i]
     pool = views.block_pool_state(e.record, e.snapshot)
     pool.pop("blocks")
@@ -178,7 +179,7 @@ def show(page, index: int) -> None:
 
 
 def test_the_panels_hold_explorer_views_states_at_scrubbed_steps(page, recorded) -> None:
-    """The page computes no view: each panel's model holds what explorer/views.py gives for the
+    """The page computes no view: each panel's model holds what explorer/ui/views.py gives for the
     shown step, a selected request's sampler state too, and a hovered block's detail."""
     s, texts = recorded["session"], recorded["texts"]
     history = s.history

@@ -20,7 +20,7 @@ CELLS = [
     ("markdown", "## A few steps"),
     ("code", """\
         from explorer import Session
-        from explorer.dashboard import controls_panel, latency_panel, timeline_panel
+        from explorer.ui.dashboard import controls_panel, latency_panel, timeline_panel
         import ipywidgets as W
 
         s = Session(r"{model}", num_kv_blocks=16, max_num_batched_tokens=16)

@@ -37,7 +37,7 @@ def test_bench_linears_times_both_paths_of_every_layer_linear(tiny_llama_path, t
     import json
 
     from benchmarks.linears import bench_linears, layer_linears
-    from explorer.cli import main
+    from explorer.apps.cli import main
 
     if native() is None:
         pytest.skip("kvscope's native CPU kernels are off here")

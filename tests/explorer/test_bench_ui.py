@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks import ui as bench_ui
 from benchmarks.ui import StepTimer, bench_python, prepare_session
-from explorer.cli import main
+from explorer.apps.cli import main
 
 WATCHED = ("QueuesPanel", "BlockPoolPanel", "SlotMappingPanel")
 

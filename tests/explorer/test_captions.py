@@ -1,11 +1,11 @@
-"""Step captions (explorer/captions.py) over real engine runs: each says what was scheduled
+"""Step captions (explorer/ui/captions.py) over real engine runs: each says what was scheduled
 and why, and what happened to the blocks, in words a learner can check against the record."""
 from __future__ import annotations
 
 import pytest
 
 from explorer import Session
-from explorer.captions import EMPTY_HINT, CaptionCache, history_captions, ids_text, step_caption
+from explorer.ui.captions import EMPTY_HINT, CaptionCache, history_captions, ids_text, step_caption
 
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from explorer import doctor, lab
-from explorer.cli import main
+from explorer.apps import doctor, lab
+from explorer.apps.cli import main
 from benchmarks.lab_harness import isolated_jupyter_env
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,7 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from explorer import Dashboard, app, cli, export, history, recording, views
+from explorer import Dashboard
+from explorer.apps import app, cli
+from explorer.export import page as export, workloads as recording
+from explorer.core import history
+from explorer.ui import views
 
 SHARED = list(range(1000, 1032))  # two full blocks both prompts start with: prefix hits
 CONFIG = {"num_kv_blocks": 24, "block_size": 16, "max_num_batched_tokens": 32}

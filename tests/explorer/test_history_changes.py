@@ -1,4 +1,4 @@
-"""The Session's history is built from what each step changed (explorer.history.snapshot_after_step):
+"""The Session's history is built from what each step changed (explorer.core.history.snapshot_after_step):
 every entry must equal the engine's full snapshot at that step, through chunked prefills,
 prefix hits (same-step ones too), preemption, aborts, budget changes and finished requests;
 and every record and snapshot kvscope's engine emits must fit the record schema."""
@@ -102,7 +102,7 @@ def test_debug_invariants_compares_each_built_snapshot_with_a_full_one(default_m
     blocks = before["block_pool"]["blocks"]
     wrong = {**before, "block_pool": {**before["block_pool"], "blocks": [{**blocks[0], "ref_count": 99}, *blocks[1:]]}}
     rec = s.engine.step().to_dict()
-    from explorer.history import snapshot_after_step
+    from explorer.core.history import snapshot_after_step
 
     with pytest.raises(AssertionError, match="differs from the engine's full snapshot"):
         snapshot_after_step(s.engine, wrong, rec)

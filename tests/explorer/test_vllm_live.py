@@ -507,7 +507,7 @@ def test_without_token_ids_the_feed_keeps_counts_and_block_ids_only():
 def test_the_attach_command_prints_each_step_and_fails_clearly_without_a_recorder(stub, capsys):
     import threading
 
-    from explorer.cli import main
+    from explorer.apps.cli import main
 
     def traffic() -> None:
         stub.wait_subscriber()

@@ -1,6 +1,6 @@
 """The live feed sends each step's changes, not the whole state: rebuilt on the client from
 them, the state must equal a whole snapshot built from vLLM's objects by the full builders
-(explorer.drivers.vllm_records.RecordBuilder's pool_dict / queues), at every step of random workloads with
+(explorer.drivers.vllm.records.RecordBuilder's pool_dict / queues), at every step of random workloads with
 prefix hits, chunked prefills and preemptions. vLLM's own Scheduler runs them without a
 model (tests/oracle/vllm_side.py), with kvscope's recorder as its scheduler class."""
 from __future__ import annotations

@@ -10,8 +10,8 @@ import textwrap
 
 import pytest
 
-from explorer.drivers.vllm_config import VllmConfig, fit_max_num_seqs
-from explorer.drivers.vllm_startup import last_line
+from explorer.drivers.vllm.config import VllmConfig, fit_max_num_seqs
+from explorer.drivers.vllm.startup import last_line
 
 
 def test_readmes_budget_lowers_the_default_max_num_seqs_with_a_notice() -> None:
@@ -39,7 +39,7 @@ def test_startup_output_folds_into_one_line_and_keeps_the_whole_log() -> None:
     # A fresh interpreter: its file descriptors 1 and 2 are pipes this test reads.
     script = textwrap.dedent("""
         import logging, os, sys, time, warnings
-        from explorer.drivers.vllm_startup import StartupLog
+        from explorer.drivers.vllm.startup import StartupLog
         logging.basicConfig(level=logging.INFO)
         with StartupLog("vLLM 0.32.0") as s:
             s.note = "max_num_seqs lowered from 256 to 96"

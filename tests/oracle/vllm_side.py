@@ -1,5 +1,5 @@
 """vLLM 0.32's own v1 Scheduler + KVCacheManager + BlockPool without weights or workers
-(explorer.drivers.vllm_bare), stepped with ModelRunnerOutputs that carry the workload's tokens."""
+(explorer.drivers.vllm.bare), stepped with ModelRunnerOutputs that carry the workload's tokens."""
 from __future__ import annotations
 
 import os
@@ -10,7 +10,7 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 
-from explorer.drivers.vllm_bare import bare_request, bare_scheduler, sampled_output  # noqa: E402
+from explorer.drivers.vllm.bare import bare_request, bare_scheduler, sampled_output  # noqa: E402
 
 from .workloads import OracleRequest, Workload  # noqa: E402
 

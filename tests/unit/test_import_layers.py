@@ -27,13 +27,11 @@ FORBIDDEN = [("engine.core", f) for f in TENSOR_FOLDERS] + [
     ("engine.parallel", "engine.model"),
     ("engine.parallel", "engine.runner"),
     ("engine.parallel", "engine.executor"),
-    # The explorer's engine drivers hand the app records and snapshots; they never reach into
-    # what the app draws from them.
-    ("explorer.drivers", "explorer.dashboard"),
-    ("explorer.drivers", "explorer.views"),
-    ("explorer.drivers", "explorer.history"),
-    ("explorer.drivers", "explorer.export"),
 ]
+# explorer/'s layers, bottom to top (docs/architecture.md): a module imports its own layer and
+# the ones below, never one above. The package's own __init__ and __main__ are the top: they
+# name what a user imports.
+EXPLORER_LAYERS = ("explorer.drivers", "explorer.core", "explorer.ui", "explorer.export", "explorer.apps")
 
 
 def _modules() -> dict[str, Path]:
@@ -111,9 +109,9 @@ def _without_package_inits(graph: dict[str, set[str]]) -> dict[str, set[str]]:
     return {n: {d for d in deps if d not in packages or d == n.split(".")[0]} for n, deps in graph.items()}
 
 
-# The one cycle on purpose: Session.attach (explorer/session.py) returns a LiveSession, the
+# The one cycle on purpose: Session.attach (explorer/core/session.py) returns a LiveSession, the
 # Session subclass that follows a vLLM server; session.py imports it inside attach.
-KNOWN_CYCLES = [["explorer.drivers.vllm_live.client", "explorer.session"]]
+KNOWN_CYCLES = [["explorer.core.session", "explorer.drivers.vllm_live.client"]]
 
 
 def test_no_import_cycles_between_modules():
@@ -168,18 +166,63 @@ def test_the_engine_folders_point_one_way():
 
 def test_a_planted_wrong_arrow_is_found():
     graph = _graph()
-    graph["explorer.drivers.vllm_records"] = graph["explorer.drivers.vllm_records"] | {"explorer.views"}
     graph["engine.runner.model_runner"] = graph["engine.runner.model_runner"] | {"engine.executor.executor"}
     graph["engine.parallel.sharding"] = graph["engine.parallel.sharding"] | {"engine.model.spec"}
     assert _wrong_arrows(graph) == ["engine.parallel.sharding imports engine.model.spec",
-                                    "engine.runner.model_runner imports engine.executor.executor",
-                                    "explorer.drivers.vllm_records imports explorer.views"]
+                                    "engine.runner.model_runner imports engine.executor.executor"]
+
+
+def _explorer_layer(name: str) -> int | None:
+    for rank, folder in enumerate(EXPLORER_LAYERS):
+        if name == folder or name.startswith(folder + "."):
+            return rank
+    return len(EXPLORER_LAYERS) if name.split(".")[0] == "explorer" else None
+
+
+def _upward_arrows(graph: dict[str, set[str]]) -> list[str]:
+    out = []
+    for name, deps in graph.items():
+        rank = _explorer_layer(name)
+        if rank is None:
+            continue
+        for dep in deps:
+            dep_rank = _explorer_layer(dep)
+            if dep_rank is not None and dep_rank > rank and dep != "explorer":
+                out.append(f"{name} ({EXPLORER_LAYERS[rank]}) imports {dep}")
+    return sorted(out)
+
+
+# Left by the folder move, removed by the Source/Controls split (a live server becomes a Session
+# without controls, no LiveSession subclass) and export_html leaving the Session.
+KNOWN_UPWARD = ["explorer.core.session (explorer.core) imports explorer.export.page",
+                "explorer.drivers.vllm_live.client (explorer.drivers) imports explorer.core.session",
+                "explorer.drivers.vllm_live.client (explorer.drivers) imports explorer.ui.follow_view"]
+
+
+def test_explorer_layers_point_down_and_explorer_has_no_cycle():
+    for folder in EXPLORER_LAYERS:
+        assert (ROOT / folder.replace(".", "/") / "__init__.py").is_file(), f"{folder} is missing"
+    graph = _graph()
+    upward = [a for a in _upward_arrows(graph) if a not in KNOWN_UPWARD]
+    assert not upward, "upward imports in explorer/:\n" + "\n".join(upward)
+    explorer_cycles = [c for c in _cycles(_without_package_inits(graph))
+                       if c[0].startswith("explorer") and c not in KNOWN_CYCLES]
+    assert not explorer_cycles, explorer_cycles
+
+
+def test_a_planted_upward_import_is_found():
+    graph = _graph()
+    graph["explorer.drivers.vllm.records"] = graph["explorer.drivers.vllm.records"] | {"explorer.ui.views"}
+    graph["explorer.core.history"] = graph["explorer.core.history"] | {"explorer.export.page"}
+    assert [a for a in _upward_arrows(graph) if a not in KNOWN_UPWARD] == [
+        "explorer.core.history (explorer.core) imports explorer.export.page",
+        "explorer.drivers.vllm.records (explorer.drivers) imports explorer.ui.views"]
 
 
 def test_a_shipped_module_importing_the_benchmarks_is_found():
     graph = _graph()
-    graph["explorer.cli"] = graph["explorer.cli"] | {"benchmarks.offline"}
-    assert _layer_violations(graph) == ["explorer.cli imports benchmarks.offline"]
+    graph["explorer.apps.cli"] = graph["explorer.apps.cli"] | {"benchmarks.offline"}
+    assert _layer_violations(graph) == ["explorer.apps.cli imports benchmarks.offline"]
 
 
 def test_the_wheel_ships_the_drivers_and_not_the_benchmarks():

@@ -1,4 +1,4 @@
-"""explorer.machine: the CPU model and vector extensions printed in the benchmarks' headers,
+"""explorer.apps.machine: the CPU model and vector extensions printed in the benchmarks' headers,
 parsed from /proc/cpuinfo."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from explorer import machine
-from explorer.machine import CpuInfo, cpu_info, parse_cpuinfo, vector_extensions
+from explorer.apps import machine
+from explorer.apps.machine import CpuInfo, cpu_info, parse_cpuinfo, vector_extensions
 
 # /proc/cpuinfo verbatim from the project's CPU machine (2-core AMD EPYC VM, AVX2, no
 # AVX-512), where the README's CPU figures were measured.

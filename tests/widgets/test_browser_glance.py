@@ -10,7 +10,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from explorer.dashboard import SessionBinder
+from explorer.ui.dashboard import SessionBinder
 
 from .minifrontend import MiniFrontend
 

@@ -8,8 +8,9 @@ import ipywidgets as W
 import pytest
 
 from engine.config import SCHEDULER_KNOBS
-from explorer import Dashboard, views
-from explorer import dashboard as dash_mod
+from explorer import Dashboard
+from explorer.ui import views
+from explorer.ui import dashboard as dash_mod
 from widgets import (AttentionPanel, BlockPoolPanel, ControlsPanel, Panel, QueuesPanel, SamplerPanel,
                      SlotMappingPanel, TimelinePanel)
 
@@ -381,7 +382,7 @@ def test_scrubbed_knobs_show_the_budgets_the_shown_step_ran_under(dash: Dashboar
 
 
 def test_every_step_has_its_caption_in_the_controls_and_the_timeline(dash: Dashboard) -> None:
-    from explorer.captions import history_captions
+    from explorer.ui.captions import history_captions
 
     assert dash.controls.caption == "no steps yet: add a request and press Step"
     s = dash.session

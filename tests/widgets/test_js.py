@@ -107,7 +107,7 @@ def test_the_panels_schema_module_is_generated_from_the_engines_record_schema() 
 
 
 def test_block_pool_js_spells_the_same_codes_as_python() -> None:
-    # One definition: engine/report/schema.py. widgets/block_pool.py (which explorer.views
+    # One definition: engine/report/schema.py. widgets/block_pool.py (which explorer.ui.views
     # imports) and the browser (KVS_SCHEMA) read its generated copy; block_pool.js names the statuses.
     from engine.report import schema
     from widgets import block_pool

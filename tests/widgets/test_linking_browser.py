@@ -8,8 +8,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from explorer import views
-from explorer.dashboard import SessionBinder
+from explorer.ui import views
+from explorer.ui.dashboard import SessionBinder
 
 from .minifrontend import MiniFrontend
 

@@ -6,7 +6,7 @@ from array import array
 import pytest
 
 import widgets
-from explorer import views
+from explorer.ui import views
 from widgets.attention import _thin
 
 from .conftest import send

@@ -13,7 +13,7 @@ import pytest
 
 from engine.parallel.sharding import rank_ranges, sharding_layout
 from engine.model import ModelSpec
-from explorer.tp_view import tensor_parallel_panel, tensor_parallel_state
+from explorer.ui.tp_view import tensor_parallel_panel, tensor_parallel_state
 from widgets import Panel
 from widgets.tensor_parallel import TensorParallelPanel
 

@@ -1,9 +1,9 @@
-"""explorer.views: history entries of a real Session -> panel states."""
+"""explorer.ui.views: history entries of a real Session -> panel states."""
 from __future__ import annotations
 
 from array import array
 
-from explorer import views
+from explorer.ui import views
 
 PREFIX = "You are a concise assistant for a geography quiz. Answer with the city only, nothing else."
 
@@ -312,7 +312,7 @@ def test_attention_note_says_why_nothing_can_be_probed(fresh_session) -> None:
 
 
 def test_timeline_carries_each_steps_caption_and_the_budget_it_ran_under(fresh_session) -> None:
-    from explorer.captions import history_captions
+    from explorer.ui.captions import history_captions
 
     s = fresh_session
     s.add_request(list(range(2000, 2040)), max_tokens=2, temperature=0.0)

@@ -5,7 +5,7 @@ server (tens of thousands of blocks, hundreds of requests of thousands of tokens
 hundreds of milliseconds on vLLM's scheduler thread, every step. So a step message carries
 only what the step touched, and costs O(what the step did):
 
-- `blocks`: the block dicts (explorer.drivers.vllm_records.block_dict) of every block the step
+- `blocks`: the block dicts (explorer.drivers.vllm.records.block_dict) of every block the step
   allocated, hit, freed or dropped a reference to, cached, evicted, or wrote tokens into.
   `owners` is left out: the client derives it from the running requests' block tables.
 - `requests`: each request the step scheduled or preempted, and each one added since the

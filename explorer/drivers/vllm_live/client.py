@@ -28,7 +28,7 @@ from typing import Any
 
 from engine.report.records import StepRecord
 
-from ...session import Session
+from ...core.session import Session
 from . import changes, protocol
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ class _Dict:
 
 
 class LiveEngine:
-    """The engine protocol (explorer.engine_protocol.Engine) over a recorder's feed."""
+    """The engine protocol (explorer.core.engine_protocol.Engine) over a recorder's feed."""
 
     read_only = READ_ONLY + "; the budgets are the server's command line"
 
@@ -419,7 +419,7 @@ class LiveSession(Session):
 
     def follow_panel(self) -> Any:
         """The Follow / Pause panel for this session (widgets.follow; the Dashboard shows it)."""
-        from .follow_view import follow_panel
+        from ...ui.follow_view import follow_panel
 
         return follow_panel(self)
 

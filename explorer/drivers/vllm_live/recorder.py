@@ -4,11 +4,11 @@
         --model DIR --scheduler-cls explorer.drivers.vllm_live.RecordingScheduler
 
 It runs in vLLM's engine-core process, next to the KV cache manager and its block pool.
-What one step did is observed on vLLM's own objects (explorer.drivers.vllm_capture's block-pool
+What one step did is observed on vLLM's own objects (explorer.drivers.vllm.capture's block-pool
 hooks, the SchedulerOutput, the EngineCoreOutputs its update returns, the scheduler's block
 tables) and turned into kvscope's StepRecord /
 EngineSnapshot dicts by the same functions the in-process adapter uses
-(explorer.drivers.vllm_records). Then it is published without blocking (explorer.drivers.vllm_live.protocol):
+(explorer.drivers.vllm.records). Then it is published without blocking (explorer.drivers.vllm_live.protocol):
 no subscriber, or one that does not read, costs a counter, never a wait.
 
 Each step is keyed by its SchedulerOutput, so vLLM's async scheduling (schedule N+1 before
@@ -29,8 +29,8 @@ from engine.report.records import EngineSnapshot, gc_paused
 from engine.sampling_params import SamplingParams
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from ..vllm_capture import BLOCK_EVENTS, Capture, StepCapture
-from ..vllm_records import RecordBuilder, RequestState, computed_before
+from ..vllm.capture import BLOCK_EVENTS, Capture, StepCapture
+from ..vllm.records import RecordBuilder, RequestState, computed_before
 from . import protocol
 from .tracker import ChangeTracker
 

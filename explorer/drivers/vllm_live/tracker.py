@@ -17,7 +17,7 @@ from typing import Any, Callable
 from engine.report.schema import BLOCK, POOL, REQ
 from vllm.v1.core.kv_cache_utils import get_block_hash, maybe_convert_block_hash
 
-from ..vllm_records import RecordBuilder, computed_before, status_name
+from ..vllm.records import RecordBuilder, computed_before, status_name
 from . import protocol
 from .changes import CLOCKS, clock_change
 

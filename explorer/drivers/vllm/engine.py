@@ -5,12 +5,12 @@ every panel works unchanged; `VllmDriver` builds and rebuilds it for a Session.
     from explorer import Session
     s = Session(engine="vllm", block_size=32, num_kv_blocks=24, max_model_len=512)
 
-Every number comes from vLLM's objects for that step (explorer.drivers.vllm_capture says how they are
-observed, explorer.drivers.vllm_records how they become kvscope's dicts):
+Every number comes from vLLM's objects for that step (explorer.drivers.vllm.capture says how they are
+observed, explorer.drivers.vllm.records how they become kvscope's dicts):
 schedule and computed counts from its SchedulerOutput, block tables / refcounts / hashes
 from its KV cache manager and block pool, the packed batch and slot mapping from its model
 runner's buffers, sampler candidates from its logprobs of the sampled row, attention from
-the queries its watched layer computed and the keys in its paged cache (explorer.drivers.vllm_probe).
+the queries its watched layer computed and the keys in its paged cache (explorer.drivers.vllm.probe).
 What the adapter adds is bookkeeping vLLM does not keep: the engine clock (time inside
 vLLM's step), per-request event times, the prefill chunk index, the finished queue.
 Block hashes are shown as the first 8 bytes (16 hex digits) of vLLM's sha256 block hash.
@@ -35,12 +35,12 @@ from engine.report.records import EngineSnapshot, StepRecord, gc_paused
 from engine.request import abortable, checked_request_args, token_id_list
 from engine.sampling_params import SamplingParams
 
-from .vllm_capture import StepCapture
-from .vllm_config import (CONFIG_FIELDS, LIVE_KNOBS, VllmConfig, VllmUnavailable, fit_max_num_seqs,
+from .capture import StepCapture
+from .config import (CONFIG_FIELDS, LIVE_KNOBS, VllmConfig, VllmUnavailable, fit_max_num_seqs,
                           prepare_environment, require_vllm, split_fields)
-from .vllm_probe import QueryCapture, VllmAttentionProbe, attention_weights
-from .vllm_records import RecordBuilder, RequestState
-from .vllm_startup import StartupLog
+from .probe import QueryCapture, VllmAttentionProbe, attention_weights
+from .records import RecordBuilder, RequestState
+from .startup import StartupLog
 
 __all__ = ["VllmConfig", "VllmDriver", "VllmEngine", "VllmUnavailable"]
 
@@ -53,7 +53,7 @@ _POOL_SHAPE = {"block_size", "model", "dtype", "kv_cache_memory_bytes", "tensor_
 
 
 class VllmDriver:
-    """Owns one VllmEngine for a Session (explorer.engine_protocol.EngineDriver)."""
+    """Owns one VllmEngine for a Session (explorer.core.engine_protocol.EngineDriver)."""
 
     config_fields = CONFIG_FIELDS
 
@@ -103,7 +103,7 @@ class VllmDriver:
 
 class VllmEngine:
     """vLLM's LLMEngine stepped one scheduler step at a time, seen through kvscope's records
-    (explorer.engine_protocol.Engine). `name` ("vLLM 0.32.0") is shown by every panel."""
+    (explorer.core.engine_protocol.Engine). `name` ("vLLM 0.32.0") is shown by every panel."""
 
     def __init__(self, config: VllmConfig, notice: str = "") -> None:
         self.version = require_vllm()
@@ -218,7 +218,7 @@ class VllmEngine:
         """With tensor parallelism: each rank's share, as its worker reports it (collective_rpc)."""
         if tp == 1:
             return {}
-        from .vllm_capture import rank_facts
+        from .capture import rank_facts
 
         ranks = self.vllm.engine_core.engine_core.model_executor.collective_rpc(rank_facts)
         first = ranks[0]

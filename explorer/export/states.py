@@ -1,15 +1,15 @@
 """The panel states of a recorded history, computed in Python for the one-file export.
 
-An exported page (explorer/export.py) runs no Python, so it cannot turn a history entry into
+An exported page (explorer/export/page.py) runs no Python, so it cannot turn a history entry into
 panel states the way the live Dashboard does. Instead, every state the page can show is
 computed here, at export time, by the very functions the Dashboard's binder calls
-(explorer/views.py, widgets/block_pool.block_detail): per kept entry, what
+(explorer/ui/views.py, widgets/block_pool.block_detail): per kept entry, what
 `SessionBinder.render` sends each panel with that entry on display, plus the answers the
 page gives later without Python: the sampler's state for every request the user could
-select, and every block's hover detail. The page's host (explorer/export_host.js) only
+select, and every block's hover detail. The page's host (explorer/export/host.js) only
 decodes them and hands them to the panels; it has no view code of its own.
 
-`pack_views` delta-encodes each step against the one before with explorer/history.py's
+`pack_views` delta-encodes each step against the one before with explorer/core/history.py's
 `diff` (a step costs what it changed), and turns the block pool's byte columns into JSON
 lists; `unpack_views` gives back exactly the states `step_views` made.
 """
@@ -21,9 +21,10 @@ from typing import Any, Sequence
 from engine.config import SCHEDULER_KNOBS
 from widgets.block_pool import block_detail
 
-from . import captions as _captions
-from . import history, views
-from .dashboard import POOL_KEYS
+from ..ui import captions as _captions
+from ..core import history
+from ..ui import views
+from ..ui.dashboard import POOL_KEYS
 
 #: The key a byte column is replaced by in a packed view: {ARRAY_KEY: typecode, "values": [...]}.
 ARRAY_KEY = "__array__"
@@ -93,7 +94,7 @@ def sampler_views(entries: Sequence[Any], token_text: views.TokenText) -> list[d
 
 class _DetailCache:
     """Block hover details of consecutive snapshots: a block the history shares with the
-    previous snapshot (explorer/history.py) keeps its detail object, so it is built once
+    previous snapshot (explorer/core/history.py) keeps its detail object, so it is built once
     and `diff` skips it at once."""
 
     def __init__(self, token_text: views.TokenText) -> None:

@@ -1,7 +1,7 @@
 """vLLM's step and state in kvscope's shapes. `RecordBuilder` keeps what kvscope shows of one
 vLLM scheduler and vLLM does not keep itself: per-request state (`RequestState`), the counters,
 the engine clock, the tokens each hashed block was cached with. From one observed step
-(explorer.drivers.vllm_capture) and its outputs it builds the StepRecord; from vLLM's Request
+(explorer.drivers.vllm.capture) and its outputs it builds the StepRecord; from vLLM's Request
 objects, KV cache manager and block pool it builds the snapshot's request and block dicts.
 The in-process adapter (vllm_engine.VllmEngine) and the live server's recorder
 (vllm_live/recorder.py) each own one."""

@@ -22,11 +22,11 @@ Two tools, both over the documented dict shapes (docs/architecture.md):
    whole, then per step its StepRecord plus the delta of its snapshot against the
    previous one (`diff`), with requests keyed by id and token lists sent as their new
    tail. `unpack_history(packed)` gives the entries back (equal to the originals after a
-   JSON round trip). explorer/export_host.js applies the same deltas in the browser
-   (explorer/export_views.py packs an export's panel states with `diff`).
+   JSON round trip). explorer/export/host.js applies the same deltas in the browser
+   (explorer/export/states.py packs an export's panel states with `diff`).
 
 `history_bytes(entries)` measures what a history holds (each object counted once,
-however many entries point at it); `python -m explorer.history` compares a plain and a
+however many entries point at it); `python -m explorer.core.history` compares a plain and a
 shared history at 64 requests / 4,096 blocks.
 """
 from __future__ import annotations

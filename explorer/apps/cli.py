@@ -216,7 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _write_json(args.json, results)
         return 0
     if args.command == "export":
-        from .recording import run_export
+        from ..export.workloads import run_export
 
         if not args.max_mb > 0:
             print(f"error: --max-mb must be > 0, got {args.max_mb}", file=sys.stderr)
@@ -237,7 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   "max_num_batched_tokens": args.max_num_batched_tokens, "max_num_seqs": args.max_num_seqs}
         return run_app(port=args.port, open_browser=not args.no_browser, model=args.model, config=config)
     if args.command == "attach":
-        from .drivers.vllm_live.cli import run_attach
+        from .attach import run_attach
 
         return run_attach(args.address, model=args.model, kv_events=args.kv_events, seconds=args.seconds,
                           export=args.export, timeout=args.timeout)
@@ -253,7 +253,7 @@ def _benchmark(module: str, name: str) -> Any:
     """`name` from the checkout's benchmarks/`module`.py. The benchmarks are not shipped in the
     wheel (they need the checkout's tests' checkpoints, a browser, vLLM): `kvscope bench` works
     from a checkout, and says so elsewhere."""
-    checkout = Path(__file__).resolve().parents[1]
+    checkout = Path(__file__).resolve().parents[2]
     if not (checkout / "benchmarks" / "__init__.py").is_file():
         raise SystemExit("error: the benchmarks live in a kvscope checkout (benchmarks/), which this "
                          f"install ({checkout}) is not: clone the repository and run `make setup` there")

@@ -260,7 +260,7 @@ _TIMING_KEYS = (TIME.SCHEDULE, TIME.PREPARE, TIME.FORWARD, TIME.SAMPLE, TIME.UPD
 
 def timeline_state(entries: Iterable[Any], captions: Sequence[str] | None = None) -> dict:
     """TimelinePanel traits: per-step columns and run-length Gantt segments per request.
-    `captions` (one per entry, explorer.captions.history_captions) are computed when not given."""
+    `captions` (one per entry, explorer.ui.captions.history_captions) are computed when not given."""
     entries = list(entries)
     if captions is None:
         captions = history_captions(entries)

@@ -1,7 +1,7 @@
 """Dashboard: the kvscope panels wired to one explorer Session.
 
 `SessionBinder` keeps any set of panels in step with a Session (it listens to the
-Session's events, turns history entries into panel states with `explorer.views`,
+Session's events, turns history entries into panel states with `explorer.ui.views`,
 and routes browser actions to Session methods). `Dashboard` lays every panel out
 in one VBox; `panel(session, name)` and the `*_panel(session)` helpers give one
 panel alone for a notebook cell.
@@ -24,7 +24,7 @@ from widgets import Panel
 from widgets.attention import prepare_probe
 
 from . import captions, presets, tp_view, views
-from .engine_protocol import read_only_reason
+from ..core.engine_protocol import read_only_reason
 
 _log = logging.getLogger(__name__)
 

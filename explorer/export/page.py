@@ -2,8 +2,8 @@
 
 `export_html(session, "run.html")` (also `Session.export_html`) writes one self-contained
 HTML file: the panels' own ESM and CSS inlined, every panel state of every kept step computed
-here in Python by the Dashboard's own view code (explorer/export_views.py: the first step
-whole, then each step's delta), and a small host (explorer/export_host.js) that plays the
+here in Python by the Dashboard's own view code (explorer/export/states.py: the first step
+whole, then each step's delta), and a small host (explorer/export/host.js) that plays the
 part of the kernel: it hands those states to the panels and has no view code of its own.
 Opened from file:// with no network, it scrubs the history, shows block details on hover and
 pin, links the panels (select a request, click a timeline bar), draws the timeline and
@@ -11,7 +11,7 @@ TTFT/ITL charts, and shows captions; engine actions are disabled with one line o
 live. A Content-Security-Policy in the page forbids every fetch.
 
 `python -m explorer export OUT.html [--workload FILE|walkthrough]` records a workload first
-(explorer/recording.py).
+(explorer/export/workloads.py).
 
 Size: each step costs what changed in its panels' states (the packed batch and its token
 texts, the requests and blocks the step touched, the samples it drew). Long runs are bounded
@@ -29,10 +29,12 @@ import math
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from . import export_views, views
+from . import states
 
-HOST_JS = Path(__file__).with_name("export_host.js")
-HOST_CSS = Path(__file__).with_name("export_host.css")
+from ..ui import views
+
+HOST_JS = Path(__file__).with_name("host.js")
+HOST_CSS = Path(__file__).with_name("host.css")
 
 DEFAULT_MAX_STEPS = 400
 # A page larger than this keeps fewer steps (64 decoding requests on 4,096 blocks cost ~90 KB
@@ -137,12 +139,12 @@ def build_export_data(entries: Sequence[Any], *, token_text: Callable[[Sequence[
                       notice: str = "", steps_total: int | None = None, engine_name: str = "kvscope",
                       start: str = "last", panels: Sequence[str] = PANELS) -> dict:
     """The JSON-able document the page embeds (`load_export` reads it back): the panels'
-    states of every entry, packed (explorer/export_views.py), the timeline, the captions."""
+    states of every entry, packed (explorer/export/states.py), the timeline, the captions."""
     if start not in ("last", "first"):
         raise ValueError(f"start must be 'last' or 'first', got {start!r}")
     token_text = token_text or views.token_texts(None)
     entries = list(entries)
-    per_step = export_views.step_views(entries, token_text)
+    per_step = states.step_views(entries, token_text)
     last_snapshot = views.entry_parts(entries[-1])[2]
     info = last_snapshot.get("model_info") or {}
     created = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
@@ -156,7 +158,7 @@ def build_export_data(entries: Sequence[Any], *, token_text: Callable[[Sequence[
         # Sent once, as the binder does: the whole run, with the shown step as a cursor.
         "timeline": views.timeline_state(entries, [v["controls"]["caption"] for v in per_step]),
         "captions": sorted([[int(k), str(v)] for k, v in (captions or {}).items()]),
-        "views": export_views.pack_views(per_step),
+        "views": states.pack_views(per_step),
     }
 
 
@@ -229,7 +231,7 @@ def render_html(data: dict, *, defaults: dict | None = None, sources: dict | Non
 <meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy" content="{html.escape(CSP, quote=False)}">
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<meta name="generator" content="kvscope export (explorer/export.py)">
+<meta name="generator" content="kvscope export (explorer/export/page.py)">
 <title>{esc(meta["title"])}</title>
 <style>
 {HOST_CSS.read_text()}
@@ -309,11 +311,11 @@ def export_html(source: Any, path: str | Path, *, title: str | None = None, capt
 
 def load_export(path: str | Path) -> dict:
     """The document embedded in an exported page, with `views` added: each kept step's panel
-    states, unpacked (explorer/export_views.py; byte columns as bytes again)."""
+    states, unpacked (explorer/export/states.py; byte columns as bytes again)."""
     text = Path(path).read_text(encoding="utf-8")
     marker = '<script type="application/json" id="kvs-history">'
     start = text.index(marker) + len(marker)
     end = text.index("</script>", start)
     data = json.loads(text[start:end])
-    data["views"] = export_views.unpack_views(data["views"])
+    data["views"] = states.unpack_views(data["views"])
     return data

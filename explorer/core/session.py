@@ -32,8 +32,8 @@ class Session:
     `Session(llm_or_config=None, *, engine="kvscope", debug_invariants=False, **config_fields)`
     accepts an `LLM`, an `EngineConfig`, a model folder (str / path) or None (the default
     model, with `config_fields` as EngineConfig overrides). `engine="vllm"` steps vLLM itself
-    (explorer.drivers.vllm_engine: `config_fields` are VllmConfig fields or vLLM engine arguments);
-    any engine of explorer.engine_protocol.ENGINES, or a ready EngineDriver, works the same.
+    (explorer.drivers.vllm.engine: `config_fields` are VllmConfig fields or vLLM engine arguments);
+    any engine of explorer.core.engine_protocol.ENGINES, or a ready EngineDriver, works the same.
     `engine_name` says which engine the panels show.
 
     History holds one `HistoryEntry` per engine step plus the step-0 entry. Entries
@@ -73,7 +73,7 @@ class Session:
         (explorer.drivers.vllm_live.client.LiveSession: `follow()`, `pause()`, `feed_status()`)."""
         # LiveSession subclasses Session, so it is imported here (tests/unit/test_import_layers.py
         # names this one cycle).
-        from .drivers.vllm_live.client import LiveSession
+        from ..drivers.vllm_live.client import LiveSession
 
         return LiveSession(address, model, **options)
 
@@ -85,7 +85,7 @@ class Session:
 
     @property
     def engine(self) -> Engine:
-        """The engine being driven (kvscope's LLMEngine, or explorer.drivers.vllm_engine.VllmEngine)."""
+        """The engine being driven (kvscope's LLMEngine, or explorer.drivers.vllm.engine.VllmEngine)."""
         return self._driver.engine
 
     @property
@@ -152,7 +152,7 @@ class Session:
                 record = rec.to_dict()
                 # Built from what the step changed: unchanged blocks and requests point at the
                 # previous step's objects, so a history costs a fraction of full copies, and
-                # watching little more than not watching (explorer/history.py).
+                # watching little more than not watching (explorer/core/history.py).
                 snapshot = snapshot_after_step(self.engine, self._history[-1].snapshot, record)
                 self._history.append(HistoryEntry(step=rec.step, record=record, snapshot=snapshot))
             records.append(rec)
@@ -238,8 +238,8 @@ class Session:
 
     def export_html(self, path, **options) -> Any:
         """One self-contained HTML file of this session's history, to open offline
-        (explorer/export.py: scrubbing, hovering and the charts work; no engine actions)."""
-        from .export import export_html
+        (explorer/export/page.py: scrubbing, hovering and the charts work; no engine actions)."""
+        from ..export.page import export_html
         return export_html(self, path, **options)
 
     # -- internals ------------------------------------------------------------------------

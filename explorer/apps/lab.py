@@ -21,7 +21,7 @@ NOTEBOOK = "walkthrough.ipynb"
 
 def repo_notebooks_dir() -> Path:
     """The repository's notebooks/ folder (the explorer package sits beside it)."""
-    return Path(__file__).resolve().parent.parent / "notebooks"
+    return Path(__file__).resolve().parents[2] / "notebooks"
 
 
 def port_is_free(port: int, host: str = HOST) -> bool:

@@ -8,7 +8,7 @@ import json
 import sys
 from typing import Any, Sequence, TextIO
 
-from .session import Session
+from ..core.session import Session
 
 # The rows of one step's table, in the order the articles present them.
 BATCH_ROWS = ("input_ids", "positions", "query_start_loc", "seq_lens", "logits_indices")

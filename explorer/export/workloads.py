@@ -9,7 +9,7 @@ import runpy
 from pathlib import Path
 from typing import Any, Callable
 
-from .export import DEFAULT_MAX_BYTES, DEFAULT_MAX_STEPS, ExportResult, export_html
+from .page import DEFAULT_MAX_BYTES, DEFAULT_MAX_STEPS, ExportResult, export_html
 
 
 # -- recording workloads ----------------------------------------------------------------------
@@ -178,7 +178,7 @@ def record_workload(workload: str | Path = "walkthrough", *, model: str | None =
 
     `workload`: "walkthrough" (the notebook's story), a .json file (`run_json_workload`)
     or a .py file defining `run(session, caption)` (optionally `CONFIG`, `MODEL`, `TITLE`)."""
-    from .session import Session
+    from ..core.session import Session
 
     say = progress or (lambda _line: None)
     if str(workload) == "walkthrough":

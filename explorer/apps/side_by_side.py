@@ -1,6 +1,6 @@
 """One workload on kvscope's engine and on vLLM, stepped together and aligned step by step.
 
-    from explorer.side_by_side import compare
+    from explorer.apps.side_by_side import compare
     cmp = compare([{"id": "a", "prompt": "The capital of France is", "max_tokens": 4}],
                   block_size=32, num_kv_blocks=14, max_num_batched_tokens=96)
     cmp                    # an HTML table: both schedules and block tables, differing steps marked
@@ -79,7 +79,7 @@ class Comparison:
     def rerun_kvscope(self, **config_changes: Any) -> "Comparison":
         """The same workload on a fresh kvscope engine with `config_changes`, against this
         comparison's vLLM steps (vLLM is not run again)."""
-        from .session import Session
+        from ..core.session import Session
 
         old = self.sessions["kvscope"]
         fields = {k: getattr(old.config, k) for k in _SHARED} | config_changes
@@ -94,7 +94,7 @@ class Comparison:
 
         import widgets
 
-        from . import views
+        from ..ui import views
 
         boxes = []
         for key in ("kvscope", "vllm"):
@@ -137,7 +137,7 @@ def compare(workload: list[dict], vllm: Any = None, *, kvscope: dict | None = No
     is built from `config` (VllmConfig fields). kvscope's engine gets the same settings and
     vLLM's block count; `kvscope` holds changes for kvscope's side only (a switch that should
     make differences appear, e.g. {"scheduler_reserve_full_isl": False})."""
-    from .session import Session
+    from ..core.session import Session
 
     _check_workload(workload)
     if vllm is None:

@@ -5,7 +5,7 @@ Session. Voila runs a generated one-cell notebook (`app_notebook`) whose cell ca
 `loading_dashboard(...)`: the page shows at once with a progress line while the model
 loads in a worker thread, and the Dashboard replaces it when the Session is ready.
 
-As `make lab` (explorer/lab.py): the server binds 127.0.0.1 only, keeps token
+As `make lab` (explorer/apps/lab.py): the server binds 127.0.0.1 only, keeps token
 authentication on (the token goes to Voila through JUPYTER_TOKEN, not the command line,
 where `ps` would show it), and a busy port is replaced by a free one, said on stdout.
 """
@@ -81,7 +81,7 @@ def loading_dashboard(model: str | None = None, config: dict | None = None, *,
     def build() -> Any:
         if session_factory is not None:
             return session_factory()
-        from .session import Session
+        from ..core.session import Session
 
         return Session(model, **config)
 
@@ -94,7 +94,7 @@ def loading_dashboard(model: str | None = None, config: dict | None = None, *,
                             "color:#a31515'>kvscope could not start the engine: "
                             f"{html.escape(f'{type(error).__name__}: {error}')}</div>")
             return
-        from .dashboard import Dashboard
+        from ..ui.dashboard import Dashboard
 
         dash = Dashboard(session)
         box.children = [dash]
@@ -154,7 +154,7 @@ def _kernel_loop() -> Any:
 # -- the notebook Voila runs --------------------------------------------------------------------
 def app_notebook(model: str | None = None, config: dict | None = None) -> dict:
     """A one-cell notebook (nbformat 4) that shows `loading_dashboard(model, config)`."""
-    code = ("from explorer.app import loading_dashboard\n"
+    code = ("from explorer.apps.app import loading_dashboard\n"
             f"loading_dashboard(model={model!r}, config={json.loads(json.dumps(config or {}))!r})")
     return {
         "nbformat": 4, "nbformat_minor": 5,
@@ -207,7 +207,7 @@ def app_launch(notebook: Path, port: int, *, open_browser: bool = False, token: 
     argv += list(extra_args or [])
     full_env = dict(os.environ if env is None else env)
     full_env["JUPYTER_TOKEN"] = token
-    # Voila finds the kvscope page template (explorer/app_templates) on the Jupyter path.
+    # Voila finds the kvscope page template (explorer/apps/app_templates) on the Jupyter path.
     paths = [str(TEMPLATES), *(p for p in full_env.get("JUPYTER_PATH", "").split(os.pathsep) if p)]
     full_env["JUPYTER_PATH"] = os.pathsep.join(dict.fromkeys(paths))
     url = f"http://{HOST}:{port}/?token={token}"

@@ -1,26 +1,26 @@
 // kvscope export host: the panels' own ESM, run over a recorded history, with no kernel.
 //
-// explorer/export.py inlines this file in a one-file HTML export, next to each panel's ESM
+// explorer/export/page.py inlines this file in a one-file HTML export, next to each panel's ESM
 // and CSS and every panel state of every kept step, computed at export time in Python by the
-// Dashboard's own view code (explorer/export_views.py: the first step whole, then each step's
-// delta, explorer/history.py's format). This host has no view code: it patches the steps back,
+// Dashboard's own view code (explorer/export/states.py: the first step whole, then each step's
+// delta, explorer/core/history.py's format). This host has no view code: it patches the steps back,
 // stands in for anywidget's model (get / set / on / off / send / save_changes) and for the
-// Python side of the Dashboard (explorer/dashboard.py's SessionBinder) by handing the shown
+// Python side of the Dashboard (explorer/ui/dashboard.py's SessionBinder) by handing the shown
 // step's states to the panels, answers the panels' actions (scrub, select, block details)
 // from the embedded states, draws the TTFT/ITL charts (plotly needs a kernel), and turns
 // engine actions (Step, add request, ...) down with one line on how to run live.
 // Nothing is fetched: the page's CSP forbids it, and everything it needs is inline.
 
 /**
- * The embedded document (explorer/export.py build_export_data).
+ * The embedded document (explorer/export/page.py build_export_data).
  * @typedef {{format: string, version: number, meta: Meta, timeline: Object, captions: Array<[number, string]>,
  *   views: Array<Object>}} ExportData  views: StepViews whole, then one Delta per step
  * @typedef {{title: string, panels: string[], start: ("first"|"last"), run_live: string, notice: string,
  *   first_step: number, last_step: number}} Meta
- * A delta (explorer/history.py diff): {"=": value} | {"+": appended} | {"i": {index: Delta}} |
+ * A delta (explorer/core/history.py diff): {"=": value} | {"+": appended} | {"i": {index: Delta}} |
  * {"d": {key: Delta}, "x": [removed keys]}; no delta: unchanged.
  * @typedef {Object} Delta
- * One kept step's panel states (explorer/export_views.py _entry_views), each as the binder sends it:
+ * One kept step's panel states (explorer/export/states.py _entry_views), each as the binder sends it:
  * @typedef {{step: number, controls: Object, queues: Object, blocks: Object, block_details: Array<Object>,
  *   slots: Object, sampler: SamplerChoices, attention: Object, latency: Array<LatencyRow>}} StepViews
  *   blocks: BlockPoolPanel traits, its byte columns as PackedColumn; block_details: per block id,

@@ -1,5 +1,5 @@
 """What a Session needs from an engine, spelled once: kvscope's `LLMEngine` and the vLLM
-adapter (`explorer.drivers.vllm_engine.VllmEngine`) are its two implementations.
+adapter (`explorer.drivers.vllm.engine.VllmEngine`) are its two implementations.
 
 `Engine` is the engine-facing side (add a request, step, snapshot, abort, probe, change the
 scheduler's budget); every dict it hands out has the shapes of docs/architecture.md, so the
@@ -76,13 +76,13 @@ class EngineDriver(Protocol):
 
 
 def _kvscope_driver(llm_or_config: Any, config_fields: dict[str, Any]) -> EngineDriver:
-    from .drivers.kvscope import KvscopeDriver
+    from ..drivers.kvscope import KvscopeDriver
 
     return KvscopeDriver.create(llm_or_config, config_fields)
 
 
 def _vllm_driver(llm_or_config: Any, config_fields: dict[str, Any]) -> EngineDriver:
-    from .drivers.vllm_engine import VllmDriver  # imports vLLM: only when asked for
+    from ..drivers.vllm.engine import VllmDriver  # imports vLLM: only when asked for
 
     return VllmDriver.create(llm_or_config, config_fields)
 

@@ -24,7 +24,7 @@ def step_line(rec: dict, snap: dict) -> str:
 
 def run_attach(address: str, *, model: str | None = None, kv_events: str | None = None, seconds: float | None = None,
                export: str | None = None, timeout: float = 10.0) -> int:
-    from ...session import Session
+    from ..core.session import Session
 
     try:
         s = Session.attach(address, model, timeout=timeout, kv_events=kv_events)

@@ -24,7 +24,8 @@ from explorer.apps.lab import free_port, lab_launch
 REPO = Path(__file__).resolve().parents[1]
 TEST_OUTPUT = REPO / "test-output"
 
-# Chromium flags measured to work headless in containers (FACTS.md).
+# Chromium flags that work headless in a container: no sandbox (no user namespaces there), no
+# GPU, nothing fetched in the background, and no /dev/shm (often 64 MiB in a container).
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",

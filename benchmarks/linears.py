@@ -2,8 +2,8 @@
 linears at each row count, through both of a PackedLinear's paths (engine/model/cpu_linear.py),
 then whole decode steps at each batch size, as one native call and layer by layer on oneDNN.
 
-A PackedLinear multiplies up to its CPU kind's limit of rows (cpu_linear.NATIVE_MAX_ROWS, per
-kernel build and dtype) with kvscope's panels and more with oneDNN; a pure-decode step of that
+A PackedLinear multiplies up to the measured limit of rows (cpu_linear.NATIVE_MAX_ROWS) with
+kvscope's panels and more with oneDNN; a pure-decode step of that
 many rows runs as one native call (engine/runner/native_decode.py). The step is what the limit
 is set by: the layer-by-layer step also pays Python and oneDNN's per-call costs, so the whole
 step crosses later than the linears alone.
@@ -76,7 +76,7 @@ def bench_linears(dtype: str = "float32", model: str | None = None, rows: tuple[
         f"{torch.get_num_threads()} threads; {kernel_variants_line()}")
     out(f"model {info['name']} ({dtype}): {len(linears)} layer linears, native {dtype} panels {weight_mb:.0f} MB, "
         f"oneDNN in {info['cpu_gemm_dtype']}; median of {reps} passes; the engine uses the panels up to "
-        f"{linears[0].native_max_rows} rows here (NATIVE_MAX_ROWS[{native().variant!r}, {dtype!r}])")
+        f"{linears[0].native_max_rows} rows here (NATIVE_MAX_ROWS)")
     out(f"{'rows':>6} {'panels ms':>10} {'oneDNN ms':>10}  faster")
     table = []
     for n in rows:

@@ -135,7 +135,7 @@ class StepTimer:
       history_ms      engine.step() returning -> the view starting: the Session's
                       to_dict() of record and snapshot and its HistoryEntry
       snapshot_ms     of which the snapshot after the step (explorer.core.session's
-                      snapshot_after_step: only what the record says changed)
+                      apply of the record's changes: only what the step changed)
       view_ms         SessionBinder.render() after the step, every panel
     `before_view` / `after_view` hooks get the step's dict; `log_path` appends it as a
     JSON line (the browser benchmark reads the kernel's file).
@@ -151,7 +151,7 @@ class StepTimer:
         self._patches = _Patches()
         self._patches.instance(session.engine, "step", self._wrap_step)
         # The Session builds each step's snapshot from the step's changes, not with engine.snapshot().
-        self._patches.attribute(session_module, "snapshot_after_step", self._wrap_snapshot)
+        self._patches.attribute(session_module, "apply", self._wrap_snapshot)
 
     def watch(self, binder: Any) -> "StepTimer":
         """Time `binder.render` after each step (the Dashboard's view update)."""

@@ -14,6 +14,7 @@ from .runner.forward_timer import ForwardTimer
 from .input_processor import InputProcessor
 from .model import ModelSpec
 from .runner.model_runner import ModelRunner, resolve_device
+from .report.change_notes import ChangeNotes
 from .report.invariants import check_invariants
 from .report.model_info import model_info, tensor_parallel_facts
 from .report.probe import AttentionProbe, probe_attention
@@ -65,6 +66,7 @@ class LLMEngine:
         self.step_count = 0
         self.engine_time = 0.0
         self._tp_facts = tensor_parallel_facts(spec, self.runner)
+        self.notes = ChangeNotes()  # what changed since the last step / take_changes()
 
     def _can_share(self, config: EngineConfig) -> bool:
         mine = self.config
@@ -100,6 +102,10 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def pending(self) -> int:
+        """Steps ready to run now: 1 while a request is unfinished (a Session's Source protocol)."""
+        return int(self.scheduler.has_unfinished())
+
     # -- requests -----------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None) -> str:
@@ -109,6 +115,7 @@ class LLMEngine:
         req.metrics.record("arrival_time", time.time(), self.engine_time)
         self.requests[req.request_id] = req
         self.scheduler.add(req)
+        self.notes.requests.add(req.request_id)
         return req.request_id
 
     def abort_request(self, request_id: str) -> None:
@@ -116,6 +123,7 @@ class LLMEngine:
         req = abortable(self.requests, request_id)
         self.scheduler.finish(req, "abort")
         req.metrics.record("finished_time", time.time(), self.engine_time)
+        self.notes.requests.add(request_id)
 
     def update_scheduler_config(self, **knobs) -> EngineConfig:
         """Change scheduler knobs between steps (validated; pool and model knobs need a new engine)."""
@@ -128,6 +136,7 @@ class LLMEngine:
         self.kv.set_prefix_caching(new.enable_prefix_caching)
         self.config = new
         self.scheduler.config = new
+        self.notes.config_changed = True
         return new
 
     # -- the step -----------------------------------------------------------------------
@@ -164,9 +173,20 @@ class LLMEngine:
                    "sample": max(0.0, t3 - t2 - forward_s), "update": t4 - t3, "total": t4 - t0,
                    # Part of 'forward': rank 0's wait in all-reduce / gather (0 at TP=1).
                    "collectives": ran.collective_ms / 1e3 if ran else 0.0}
-        return step_record(self.step_count, out, batch, ran, rows, results, finished, seconds,
-                           scheduler=self.scheduler, config=self.config, backend=self.runner.backend.name,
-                           engine_time=self.engine_time, decode=self.decode)
+        rec = step_record(self.step_count, out, batch, ran, rows, results, finished, seconds,
+                          scheduler=self.scheduler, config=self.config, backend=self.runner.backend.name,
+                          engine_time=self.engine_time, decode=self.decode)
+        rec.changes = self._take_changes(out)
+        return rec
+
+    def take_changes(self) -> dict:
+        """What actions changed since the last step or call (engine/report/changes.py): a
+        Session applies it to its latest snapshot after adding, aborting or re-budgeting."""
+        return self._take_changes(None)
+
+    def _take_changes(self, out) -> dict:
+        return self.notes.take(self.step_count, out, requests=self.requests, scheduler=self.scheduler,
+                               config=self.config, metrics=self.metrics, decode=self.decode)
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel worker processes (a no-op for a single-process engine)."""

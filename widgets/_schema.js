@@ -62,7 +62,9 @@ const KVS_SCHEMA = {
   "token_budget",
   "num_running",
   "num_waiting",
-  "budgets"
+  "budgets",
+  "batch_source",
+  "changes"
  ],
  "snapshot": [
   "step",
@@ -86,7 +88,9 @@ const KVS_SCHEMA = {
   "finish_reason",
   "max_tokens",
   "sampling_params",
-  "metrics"
+  "metrics",
+  "num_prompt_tokens",
+  "num_output_tokens"
  ],
  "block": [
   "block_id",

@@ -58,6 +58,9 @@ class BlockPool:
         # hash -> the blocks registered under it, in registration order (an ordered set).
         self.cached_blocks_of_hash: dict[int, dict[int, None]] = {}
         self._events = BlockEvents()  # since the last take_events()
+        # Every block whose refcount, hash or place changed since the last take_touched(): what
+        # a step's changes must resend (a shared block that lost one reference has no event).
+        self._touched: set[int] = set()
 
     # -- queries ------------------------------------------------------------------------
     @property
@@ -85,6 +88,10 @@ class BlockPool:
         events, self._events = self._events, BlockEvents()
         return events
 
+    def take_touched(self) -> set[int]:
+        """The blocks touched since the last call (engine/report/change_notes.py takes them)."""
+        touched, self._touched = self._touched, set()
+        return touched
 
     def touch(self, block_ids: list[int]) -> None:
         """Take prefix-cache hits: bump refcounts, pulling free cached blocks out of the queue."""
@@ -93,6 +100,7 @@ class BlockPool:
             if block.ref_count == 0:
                 del self.free_queue[b]
             block.ref_count += 1
+            self._touched.add(b)
             self._events.hits.append(b)
             if b in self._events.cached:
                 self._events.same_step_hits.append(b)
@@ -110,6 +118,7 @@ class BlockPool:
             block.ref_count = 1
             out.append(b)
         self._events.allocated.extend(out)
+        self._touched.update(out)
         return out
 
     def free(self, block_ids_in_free_order: list[int]) -> None:
@@ -120,6 +129,7 @@ class BlockPool:
         for b in block_ids_in_free_order:
             block = self.blocks[b]
             block.ref_count -= 1
+            self._touched.add(b)
             if block.ref_count < 0:
                 raise RuntimeError(f"block {b} freed more often than it was referenced")
             if block.ref_count == 0:
@@ -139,6 +149,7 @@ class BlockPool:
         block.block_hash, block.token_ids = block_hash, tuple(token_ids)
         self.cached_blocks_of_hash.setdefault(block_hash, {})[block_id] = None
         self._events.cached.append(block_id)
+        self._touched.add(block_id)
 
     def _unregister(self, block: KVBlock) -> None:
         blocks = self.cached_blocks_of_hash[block.block_hash]
@@ -150,5 +161,7 @@ class BlockPool:
     def reset_prefix_cache(self) -> None:
         """Forget every cached hash (used when prefix caching is switched off)."""
         for block in self.blocks:
+            if block.block_hash is not None:
+                self._touched.add(block.block_id)
             block.block_hash, block.token_ids = None, ()
         self.cached_blocks_of_hash.clear()

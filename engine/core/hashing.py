@@ -1,4 +1,5 @@
-"""Chained block hashes for the prefix cache (DESIGN.md: xxhash64 over parent + token ids)."""
+"""Chained block hashes for the prefix cache: xxhash64 over the parent block's hash and the block's
+token ids (docs/architecture.md)."""
 from __future__ import annotations
 
 import struct

@@ -1,6 +1,6 @@
 """Decides, each step, which requests run and with how many tokens.
 
-Two policies (DESIGN.md):
+Two policies:
 - 'unified' (vLLM v1): one token budget; running requests first (a decode takes 1 token,
   an unfinished prefill continues with a chunk), then waiting requests first come first
   served. Prefill and decode mix in one step.

@@ -4,30 +4,16 @@ native kernel for the few rows of a decode step, oneDNN for prefill-sized inputs
 A decode step multiplies a few rows by every weight matrix of the model, so it is bound by
 how fast the weights stream from memory. MKL's sgemm, behind F.linear, re-blocks the weight on
 every call and streams it at a fraction of the memory bandwidth for such skinny inputs. Two
-packed layouts do better, each where it is best (`python -m explorer bench-linears`, 2-core AMD
-EPYC, AVX2, 2026-12-02: the default model's 120 layer linears back to back, weights read from
-DRAM, ms per pass, medians of 5; the oneDNN copy is fp32 on this CPU in both engines):
-
-    rows                    1      4      16     64     256    1024
-    fp32: native panels     23     29     47     110    437    1878
-    fp32: oneDNN packed     38     47     59     134    464    1680
-    bf16: native panels     12     19     38     142    511    1861
-    bf16: oneDNN packed     44     53     73     160    488    1516
-
-The native kernel (engine/cpu_kernels) reads each weight panel once per step at the machine's
-full read bandwidth (at one row, several panel runs side by side per thread: faster than
-torch's own sum of the same bytes); oneDNN's blocked GEMM catches up once there are enough rows
-to be bound by arithmetic: from 64 rows on this CPU, where both do fp32 FMAs on AVX2 (bf16 panels
-pay for their widening there). A CPU that does more arithmetic per cycle in oneDNN (AVX-512, AMX
-for a bf16 copy) moves that crossover down, so measure it on each CPU kind: `python -m explorer
-bench-linears` prints this table for the machine it runs on (`python -m explorer bench` measures
-the whole engine). A PackedLinear keeps both copies (twice the weight memory of the packed
-layers: 0.5 GB more for the default model in fp32) and picks by row count.
+packed layouts do better, each where it is best: the native kernel (engine/cpu_kernels) reads
+each weight panel once per step at the machine's full read bandwidth, and oneDNN's blocked GEMM
+catches up once there are enough rows to be bound by arithmetic. A CPU that does more
+arithmetic per cycle in oneDNN (AVX-512, AMX for a bf16 copy) moves that crossover, so it is
+measured per CPU kind (`python -m explorer bench-linears`; the tables per kind, dated, are in
+docs/performance.md) and kept in NATIVE_MAX_ROWS. A PackedLinear keeps both copies (twice the
+weight memory of the packed layers) and picks by row count.
 
 A bf16 engine's panels are bf16 (engine/dtypes.py): the same values in half the bytes, widened
-to fp32 in registers. One stream's whole decode step (30 layers and the LM head at one row,
-panels on 2 MiB pages; medians of one process per dtype, 2-core AMD EPYC): 14.7 ms with bf16
-panels, 18.9 ms with fp32 ones.
+to fp32 in registers, so a decode streams half the bytes.
 
 A bf16 engine's linears take and give bf16 values, as vLLM's bf16 GEMMs do: the rows are
 rounded to bf16 on the way in and the outputs on the way out (after the bias); the LM head
@@ -37,23 +23,18 @@ linear is bf16 where the CPU multiplies bf16 in hardware (AMX or AVX512_BF16:
 `onednn_runs_bf16`; bf16 rows in, bf16 out) and elsewhere fp32 with the rounding done around
 it. The products of bf16 values are exact in fp32, so two paths differ only in the order of
 their fp32 sums (as in an fp32 engine); but a rounding can turn a difference in the last fp32
-bit into one in the last bf16 bit, and over 30 layers that grows. Measured on the default model
-(2-core AMD EPYC with AVX512_BF16, 2026-12-03): kvscope's panels against the torch fallback
-(oneDNN's bf16 GEMM, torch's SDPA) moved the logits by up to 0.26, as much as bf16 against fp32
-does, and parted 2 of 12 greedy 32-token continuations, each where the top two logits nearly
-tied. So in bf16 the same kernels on the same rows give the same bits (the native decode and
-the layer-by-layer path; a prefix hit and a fresh prompt), and paths that order their sums
-differently (a chunk against a whole prompt, oneDNN against the panels) give the same tokens
-except at near-ties (tests/engine/test_cpu_bf16.py measures the gap where they part). fp32
-engines keep the same tokens on every path.
+bit into one in the last bf16 bit, and over 30 layers that grows (docs/performance.md has the
+measured gap). So in bf16 the same kernels on the same rows give the same bits (the native
+decode and the layer-by-layer path; a prefix hit and a fresh prompt), and paths that order their
+sums differently (a chunk against a whole prompt, oneDNN against the panels) give the same
+tokens except at near-ties (tests/engine/test_cpu_bf16.py measures the gap where they part).
+fp32 engines keep the same tokens on every path.
 
 Packing replaces the weight: a PackedLinear keeps only its packed copies (the tied LM head
 also keeps the embedding table it shares).
 
 Once a model is packed, `place_panels_on_huge_pages` moves every panel into one buffer backed
-by 2 MiB pages: streaming the weights then takes a TLB miss every 2 MiB instead of every 4 KiB,
-and reads faster (2-core AMD EPYC, 425 MB in the default model's layer shapes, alternated in one
-process: 19.6 GB/s best, 16.6 median, on 2 MiB pages; 17.1 and 13.4 on 4 KiB pages)."""
+by 2 MiB pages: streaming the weights then takes a TLB miss every 2 MiB instead of every 4 KiB."""
 from __future__ import annotations
 
 import ctypes
@@ -65,34 +46,17 @@ from torch import nn
 from ..cpu_kernels import ROUND_INPUT, ROUND_OUTPUT, native
 from ..dtypes import dtype_name
 
-# Up to how many rows a step's linears run on the native panels (and a pure-decode step as one
-# native call, engine/runner/native_decode.py); above it, oneDNN's GEMM, layer by layer. Per build
-# of the native kernels (engine/cpu_kernels VARIANTS) and panel dtype, measured where it counts,
-# on whole decode steps: `python -m explorer bench-linears` times a pure-decode step both ways at
-# each batch size, next to the linears alone (medians, 2-core machines, 2026-12-03):
-# - avx512_bf16 (AMD EPYC Zen 4, AVX512_BF16, no AMX): the native step is the faster up to 64
-#   rows in both dtypes (fp32 91.8 against 102.6 ms, bf16 59.8 against 77.5 ms at 64 rows), the
-#   layer-by-layer one from 96 (fp32 144 against 199 ms, bf16 108 against 146 ms). The linears
-#   alone cross earlier in fp32 (oneDNN from 32 rows, by a few percent): the layer-by-layer step
-#   pays Python and oneDNN's per-call costs on top.
-# - avx2 (AMD EPYC, AVX2 only): the linears alone cross at 64 rows in both dtypes (table above,
-#   2026-12-02); whole steps not re-measured on that kind since.
-# - avx512 (AVX-512 without AVX512_BF16, e.g. Intel Xeons before Cooper Lake): no such CPU has
-#   been lent; its fp32 panels are avx512_bf16's (micro_wide), its bf16 ones avx2's, so it takes
-#   their 64 until measured there.
-NATIVE_MAX_ROWS = {("avx2", "float32"): 64, ("avx2", "bfloat16"): 64,
-                   ("avx512", "float32"): 64, ("avx512", "bfloat16"): 64,
-                   ("avx512_bf16", "float32"): 64, ("avx512_bf16", "bfloat16"): 64}
-DEFAULT_NATIVE_MAX_ROWS = 64  # a build or dtype not in the table
+# Up to this many rows a linear (and a whole pure-decode step) runs on the native panels, above
+# it on oneDNN. The crossover of whole decode steps, measured on every CPU kind and kernel build
+# so far in both dtypes (docs/performance.md; `python -m explorer bench-linears` measures it):
+# the panels win at 64 rows and lose from 96. A kind that measures otherwise makes this a table.
+NATIVE_MAX_ROWS = 64
 
 
 def native_max_rows(panel_dtype: torch.dtype) -> int:
-    """The row limit of the native panels for this CPU's kernel build and `panel_dtype`
-    (NATIVE_MAX_ROWS); 0 where the native kernels do not run."""
-    kernels = native()
-    if kernels is None:
-        return 0
-    return NATIVE_MAX_ROWS.get((kernels.variant, dtype_name(panel_dtype)), DEFAULT_NATIVE_MAX_ROWS)
+    """The row limit of the native panels (NATIVE_MAX_ROWS, the same for either panel dtype);
+    0 where the native kernels do not run."""
+    return 0 if native() is None else NATIVE_MAX_ROWS
 
 
 def cpu_packing_available() -> bool:

@@ -39,6 +39,16 @@ class StepRecord:
     # The scheduler knobs this step ran under (keys: engine.config.SCHEDULER_KNOBS); they
     # may change between steps, so a view of an old step shows the budgets it had.
     budgets: dict = field(default_factory=dict)
+    # Where `batch` comes from: "runner" (the runner's own inputs), "scheduler" (derived from
+    # the scheduler's block tables), None (no batch recorded).
+    batch_source: str | None = None
+    # What the step changed in the engine's state (engine/report/changes.py: apply).
+    changes: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "StepRecord":
+        """A StepRecord around a record dict (a live feed's): its parts are used as they are."""
+        return cls(**{k: d[k] for k in REC.ALL if k in d})
 
     @staticmethod
     def budgets_of(config: Any) -> dict:
@@ -63,24 +73,18 @@ class StepRecord:
             REC.NUM_FREE_BLOCKS: self.num_free_blocks, REC.TIMINGS_MS: dict(self.timings_ms),
             REC.ENGINE_TIME_S: self.engine_time_s, REC.WALL_TIME_S: self.wall_time_s,
             REC.TOKEN_BUDGET: self.token_budget, REC.NUM_RUNNING: self.num_running, REC.NUM_WAITING: self.num_waiting,
-            REC.BUDGETS: dict(self.budgets),
+            REC.BUDGETS: dict(self.budgets), REC.BATCH_SOURCE: self.batch_source,
+            REC.CHANGES: self.changes,  # built for this record alone: not copied
         }
 
 
-def request_dict(req: Request, decode, before: dict | None = None) -> dict:
-    """One request as the snapshot shows it; `decode` turns token ids into text. `before`: this
-    request's dict in an earlier snapshot, whose never-changing parts (prompt, sampling
-    parameters) the new dict shares instead of copying."""
-    if before is None:
-        prompt_ids = list(req.prompt_token_ids)
-        prompt_text = req.prompt_text if req.prompt_text is not None else req.cached_text("prompt", decode)
-        params = req.params.to_dict()
-    else:
-        prompt_ids, prompt_text, params = before[REQ.PROMPT_TOKEN_IDS], before[REQ.PROMPT_TEXT], before[REQ.SAMPLING_PARAMS]
+def request_dict(req: Request, decode) -> dict:
+    """One request as the snapshot shows it; `decode` turns token ids into text."""
+    prompt_text = req.prompt_text if req.prompt_text is not None else req.cached_text("prompt", decode)
     return {
         REQ.REQUEST_ID: req.request_id,
         REQ.STATUS: req.status.value,
-        REQ.PROMPT_TOKEN_IDS: prompt_ids,
+        REQ.PROMPT_TOKEN_IDS: list(req.prompt_token_ids),
         REQ.OUTPUT_TOKEN_IDS: list(req.output_token_ids),
         REQ.PROMPT_TEXT: prompt_text,
         REQ.OUTPUT_TEXT: req.cached_text("output", decode),
@@ -90,7 +94,7 @@ def request_dict(req: Request, decode, before: dict | None = None) -> dict:
         REQ.NUM_PREEMPTIONS: req.num_preemptions,
         REQ.FINISH_REASON: req.finish_reason,
         REQ.MAX_TOKENS: req.params.max_tokens,
-        REQ.SAMPLING_PARAMS: params,
+        REQ.SAMPLING_PARAMS: req.params.to_dict(),
         REQ.METRICS: req.metrics.to_dict(),
     }
 
@@ -109,6 +113,11 @@ class EngineSnapshot:
     def to_dict(self) -> dict:
         return {SNAP.STEP: self.step, SNAP.CONFIG: dict(self.config), SNAP.MODEL_INFO: dict(self.model_info),
                 SNAP.METRICS: dict(self.metrics), SNAP.QUEUES: self.queues, SNAP.BLOCK_POOL: self.block_pool}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "EngineSnapshot":
+        """An EngineSnapshot around a snapshot dict (a live feed's): its parts are used as they are."""
+        return cls(**{k: d[k] for k in SNAP.ALL})
 
 
 @contextmanager
@@ -170,6 +179,7 @@ def step_record(step: int, out: SchedulerOutput, batch, ran, sampled_rows: list[
                      for s in out.scheduled]
     if batch is not None and not lean:
         rec.batch = batch.to_dict()
+        rec.batch_source = "runner"
     rec.sampled = {r.request_id: {SAMPLE.TOKEN_ID: res.token_id, SAMPLE.TEXT: None if lean else decode([res.token_id]),
                                   SAMPLE.TOP: [[t, p] for t, p in res.top]}
                    for r, res in zip(sampled_rows, results)}
@@ -196,78 +206,3 @@ def engine_snapshot(step: int, config, model_info: dict, metrics: dict, schedule
                     QUEUE.RUNNING: [request_dict(r, decode) for r in scheduler.running],
                     QUEUE.FINISHED: [request_dict(r, decode) for r in scheduler.finished]},
             block_pool=block_pool_dict(scheduler.kv.pool, config.block_size, list(scheduler.running)))
-
-
-def snapshot_after_step(before: dict, record: dict, step: int, config, model_info: dict, metrics: dict,
-                        scheduler: Scheduler, decode) -> dict:
-    """`engine_snapshot(...).to_dict()` after a step, built from `before` (the snapshot dict
-    before the step) and what the step's `record` (a StepRecord dict) says it changed.
-
-    Only the requests the step touched (scheduled, preempted, finished, admitted) get new
-    dicts, and only the blocks it touched: those of its block events, those its scheduled
-    requests computed tokens into, and those a finished or preempted request let go. Every
-    other part is `before`'s own object, so a history of these snapshots shares what did not
-    change (as explorer.core.history.share_unchanged does for whole snapshots) without building
-    and comparing every block and request again. Valid only when nothing but this step changed
-    the engine since `before` (a caller snapshots anew after adding, aborting or reconfiguring)."""
-    with gc_paused():
-        old_queues = before[SNAP.QUEUES]
-        old_finished = old_queues[QUEUE.FINISHED]
-        if len(scheduler.finished) < len(old_finished) or before[SNAP.STEP] != record[REC.STEP] - 1:
-            # Not this engine's state one step earlier (another engine's, or a step went unrecorded).
-            return engine_snapshot(step, config, model_info, metrics, scheduler, decode).to_dict()
-        scheduled = record[REC.SCHEDULED]
-        touched = {s[SCHED.REQUEST_ID] for s in scheduled}
-        touched.update(record[REC.PREEMPTED], record[REC.FINISHED], record[REC.NEW_REQUESTS])
-        old = {r[REQ.REQUEST_ID]: r for name in (QUEUE.WAITING, QUEUE.RUNNING) for r in old_queues[name]}
-
-        def rows(requests, old_rows: list[dict]) -> list[dict]:
-            out = [old[r.request_id] if r.request_id in old and r.request_id not in touched
-                   else request_dict(r, decode, old.get(r.request_id)) for r in requests]
-            same = len(out) == len(old_rows) and all(a is b for a, b in zip(out, old_rows))
-            return old_rows if same else out
-
-        finished = old_finished
-        if len(scheduler.finished) > len(old_finished):
-            finished = old_finished + [request_dict(r, decode, old.get(r.request_id))
-                                       for r in scheduler.finished[len(old_finished):]]
-        queues = {QUEUE.WAITING: rows(scheduler.waiting, old_queues[QUEUE.WAITING]),
-                  QUEUE.RUNNING: rows(scheduler.running, old_queues[QUEUE.RUNNING]),
-                  QUEUE.FINISHED: finished}
-        if all(queues[k] is old_queues[k] for k in QUEUE.ALL):
-            queues = old_queues
-
-        # The blocks this step changed: its events; the blocks its scheduled requests wrote
-        # tokens into; every block of a request that finished or was preempted (a shared block
-        # it let go loses an owner without an event).
-        block_size = config.block_size
-        changed: set[int] = set()
-        for ids in record[REC.BLOCKS].values():
-            changed.update(ids)
-        table_of = {r.request_id: r.block_table for r in scheduler.running}
-        for s in scheduled:
-            table = table_of.get(s[SCHED.REQUEST_ID], ())
-            lo = s[SCHED.NUM_COMPUTED_BEFORE] // block_size
-            hi = (s[SCHED.NUM_COMPUTED_BEFORE] + s[SCHED.NUM_TOKENS] - 1) // block_size
-            changed.update(table[lo:hi + 1])
-        newly_finished = [r.request_id for r in scheduler.finished[len(old_finished):]]  # aborts included
-        for rid in (*record[REC.PREEMPTED], *record[REC.FINISHED], *newly_finished):
-            if rid in old:
-                changed.update(old[rid][REQ.BLOCK_TABLE])
-        pool = scheduler.kv.pool
-        old_pool = before[SNAP.BLOCK_POOL]
-        blocks = old_pool[POOL.BLOCKS]
-        if changed:
-            blocks = list(blocks)
-            for d in block_dicts(pool, block_size, list(scheduler.running), changed):
-                blocks[d[BLOCK.BLOCK_ID]] = d
-        block_pool = {POOL.NUM_BLOCKS: pool.num_blocks, POOL.BLOCK_SIZE: block_size,
-                      POOL.NUM_FREE_BLOCKS: pool.num_free_blocks, POOL.BLOCKS: blocks}
-        if not changed and all(block_pool[k] == old_pool[k] for k in POOL.ALL):
-            block_pool = old_pool
-        config_dict = config.to_dict()
-        return {SNAP.STEP: step,
-                SNAP.CONFIG: before[SNAP.CONFIG] if config_dict == before[SNAP.CONFIG] else config_dict,
-                SNAP.MODEL_INFO: before[SNAP.MODEL_INFO] if model_info == before[SNAP.MODEL_INFO] else dict(model_info),
-                SNAP.METRICS: dict(metrics), SNAP.QUEUES: queues,
-                SNAP.BLOCK_POOL: block_pool}

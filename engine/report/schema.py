@@ -108,6 +108,11 @@ class StepRecordDict(TypedDict):
     num_running: int
     num_waiting: int
     budgets: BudgetsDict
+    # Where `batch` comes from: "runner" (the model runner's own inputs), "scheduler" (derived
+    # from the scheduler's block tables: a live server's runner is in other processes or on a
+    # GPU), None (no batch recorded).
+    batch_source: str | None
+    changes: "ChangesDict"   # what the step changed in the engine's state (apply() below)
 
 
 # -- EngineSnapshot --------------------------------------------------------------------------------
@@ -134,8 +139,8 @@ class RequestMetricsDict(TypedDict):
     wall: ClockDict
 
 
-class RequestDict(TypedDict):
-    """One request in a snapshot's queues."""
+class _RequestFields(TypedDict):
+    """One request in a snapshot's queues (every key but the optional ones of RequestDict)."""
     request_id: str
     status: str          # engine.request.RequestStatus' values
     prompt_token_ids: list[int]
@@ -150,6 +155,13 @@ class RequestDict(TypedDict):
     max_tokens: int
     sampling_params: dict[str, Any]   # SamplingParams' fields
     metrics: RequestMetricsDict
+
+
+class RequestDict(_RequestFields, total=False):
+    """One request in a snapshot's queues; the two counts only where its token ids are left
+    out (a live feed with KVSCOPE_FEED_TOKENS=0)."""
+    num_prompt_tokens: int
+    num_output_tokens: int
 
 
 class QueuesDict(TypedDict):
@@ -216,6 +228,11 @@ class ModelInfoDict(TypedDict, total=False):
     intermediate_size: int | None
     tie_word_embeddings: bool | None
     tensor_parallel_size: int
+    pipeline_parallel_size: int
+    data_parallel_size: int
+    data_parallel_rank: int
+    async_scheduling: bool
+    model_path: str
     tp_backend: str | None
     num_heads_per_rank: int
     num_kv_heads_per_rank: int
@@ -232,6 +249,76 @@ class EngineSnapshotDict(TypedDict):
     metrics: EngineMetricsDict
     queues: QueuesDict
     block_pool: BlockPoolDict
+
+
+# -- a step's changes (engine/report/changes.py applies them) --------------------------------------
+
+
+class ClockChangeDict(TypedDict):
+    """One clock of a request's metrics as a change: its event times, `token_times` as a tail
+    (from index `token_times_from` on); the consumer derives the latencies (ClockEvents)."""
+    arrival_time: float | None
+    first_scheduled_time: float | None
+    first_token_time: float | None
+    finished_time: float | None
+    preempted_times: list[float]
+    token_times_from: int
+    token_times_tail: list[float]
+
+
+class _RequestChangeFields(TypedDict):
+    """The keys every request change has (RequestChangeDict adds the optional ones)."""
+    request_id: str
+    status: str
+    num_computed_tokens: int
+    num_cached_tokens: int
+    num_preemptions: int
+    finish_reason: str | None
+    output_from: int
+    output_tail: list[int]
+    table_from: int
+    table_tail: list[int]
+    clocks: dict[str, ClockChangeDict]   # RMETRICS.ENGINE, RMETRICS.WALL
+
+
+class RequestChangeDict(_RequestChangeFields, total=False):
+    """A request the step touched (not finished: those travel whole in `finished`). Its growing
+    lists travel as tails: the output token ids from `output_from` on, the block table from
+    `table_from` on. What never changes comes once, when the request is new to the consumer."""
+    output_text: str              # where the producer spells tokens (not a live feed)
+    prompt_token_ids: list[int]   # the first time only, with the three below
+    prompt_text: str | None
+    max_tokens: int
+    sampling_params: dict[str, Any]
+    num_prompt_tokens: int        # token ids left out (KVSCOPE_FEED_TOKENS=0)
+    num_output_tokens: int
+
+
+class QueueOrderDict(TypedDict):
+    """The waiting and running queues as request ids, in order."""
+    waiting: list[str]
+    running: list[str]
+
+
+class _ChangesFields(TypedDict):
+    """The keys every ChangesDict has."""
+    step: int
+    requests: dict[str, RequestChangeDict]
+    queues: QueueOrderDict
+    finished: list[RequestDict]        # requests that finished since, whole (each sent once)
+    blocks: list[BlockDict]            # every block whose dict changed; `owners` is derived by apply
+    num_free_blocks: int
+    metrics: EngineMetricsDict
+
+
+class ChangesDict(_ChangesFields, total=False):
+    """What changed in the engine's state since the previous refresh point (the previous step's
+    changes, or the snapshot the consumer started from): apply(snapshot, changes) is the state
+    after it, for every engine."""
+    config: dict[str, Any]          # when the config changed (live knobs)
+    model_info: ModelInfoDict       # when the model facts changed
+    snapshot: EngineSnapshotDict    # the whole state instead (steps were missed, or a restart)
+    restart: str                    # why the history starts again (a new server run)
 
 
 # -- key constants ---------------------------------------------------------------------------------
@@ -258,6 +345,9 @@ BLOCK = keys_of(BlockDict)
 METRICS = keys_of(EngineMetricsDict)
 INFO = keys_of(ModelInfoDict)
 BUDGET = keys_of(BudgetsDict)
+CHANGES = keys_of(ChangesDict)
+RCHANGE = keys_of(RequestChangeDict)
+CCHANGE = keys_of(ClockChangeDict)
 
 # -- the block pool panel's byte columns -----------------------------------------------------------
 # Status codes of its `status` column (one uint8 per block), and the bit of each block event in

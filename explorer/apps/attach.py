@@ -55,6 +55,8 @@ def run_attach(address: str, *, model: str | None = None, kv_events: str | None 
         print(f"feed: {st['applied']} steps applied, {st['missed']} missed, {st['dropped_here']} dropped here, "
               f"{st['rejected']} rejected; recorder: {st['server']}")
         if export:
-            print(s.export_html(export))
+            from ..export import export_html
+
+            print(export_html(s, export))
         s.close()
     return 0

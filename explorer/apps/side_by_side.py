@@ -175,7 +175,7 @@ def _run(workload: list[dict], sessions: dict[str, Any], max_steps: int = 10_000
                                         ignore_eos=bool(r.get("ignore_eos", True)))
                 for s in sessions.values():
                     s.add_request(r["prompt"], params, request_id=r["id"])
-        busy = {k: s.engine.has_unfinished_requests() for k, s in sessions.items()}
+        busy = {k: bool(s.source.pending()) for k, s in sessions.items()}
         if not any(busy.values()) and step >= last_arrival:
             break
         for key, s in sessions.items():

@@ -83,7 +83,7 @@ def run_trace(prompts: Sequence[str], max_tokens: int, *, model: str | None = No
     out = out or sys.stdout
     config_fields = {k: v for k, v in config_fields.items() if v is not None}
     session = Session(model, **config_fields)
-    tok = session.engine.tokenizer
+    tok = session.source.tokenizer
     ids = []
     for prompt in prompts:
         if chat:

@@ -1,13 +1,21 @@
-"""What a Session needs from an engine, spelled once: kvscope's `LLMEngine` and the vLLM
-adapter (`explorer.drivers.vllm.engine.VllmEngine`) are its two implementations.
+"""What a Session needs from an engine, spelled once, in two parts:
 
-`Engine` is the engine-facing side (add a request, step, snapshot, abort, probe, change the
-scheduler's budget); every dict it hands out has the shapes of docs/architecture.md, so the
-panels cannot tell the engines apart except by `model_info["engine"]`, which they show.
+- `Source`: what every engine gives, including one the Session only watches (a live vLLM
+  server's feed): its model facts, the next step's record (with the step's `changes`, which
+  the Session applies to its history: engine/report/changes.py), a whole snapshot, and how
+  many steps are ready.
+- `Controls`: what only an engine the Session drives gives: add and abort requests, change
+  the scheduler's budgets between steps, probe attention, and the changes those actions made.
+
+kvscope's `LLMEngine` and vLLM in process (explorer.drivers.vllm.engine.VllmEngine) are both;
+a live server's feed (explorer.drivers.vllm_live.client.LiveSource) is a Source only, and the
+Session of it has no controls (`session.controls is None`): the Dashboard then hides Step,
+the add-request form and the pool, and shows the budgets read-only.
 
 `EngineDriver` is the construction side: it owns an engine, builds the next one for
 `Session.reset` (validated before the old one is let go) and stops it. Drivers are looked up
-by name in `ENGINES` (explorer/drivers/), imported only when asked for (vLLM is optional and slow to import).
+by name in `ENGINES` (explorer/drivers/), imported only when asked for (vLLM is optional and
+slow to import).
 """
 from __future__ import annotations
 
@@ -24,9 +32,9 @@ class Record(Protocol):
 
 
 @runtime_checkable
-class Engine(Protocol):
-    """One steppable engine. `config` has at least the fields the Dashboard edits
-    (engine.config.SCHEDULER_KNOBS, num_kv_blocks, block_size, tensor_parallel_size)."""
+class Source(Protocol):
+    """An engine a Session can show. `config` has at least block_size and the scheduler knobs
+    (engine.config.SCHEDULER_KNOBS); `tokenizer` spells token ids (None: ids only)."""
 
     config: Any
     tokenizer: Any
@@ -34,37 +42,41 @@ class Engine(Protocol):
     @property
     def model_info(self) -> dict: ...
 
-    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
-                    request_id: str | None = None) -> str: ...
-
-    def step(self) -> Any: ...  # a StepRecord: `.step` and `.to_dict()`
+    def step(self) -> Any: ...  # a StepRecord: `.step`, `.changes` and `.to_dict()`
 
     def snapshot(self) -> Record: ...
 
-    def abort_request(self, request_id: str) -> None: ...
+    def pending(self) -> int: ...  # steps ready to take now (0: step() would have nothing to do)
 
-    def attention_probe(self, request_id: str, layer: int = 0, head: int | None = None) -> Record: ...
+
+@runtime_checkable
+class Controls(Protocol):
+    """What a Session can do to an engine it drives, between steps."""
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
+                    request_id: str | None = None) -> str: ...
+
+    def abort_request(self, request_id: str) -> None: ...
 
     def update_scheduler_config(self, **knobs: Any) -> Any: ...
 
-    def has_unfinished_requests(self) -> bool: ...
+    def attention_probe(self, request_id: str, layer: int = 0, head: int | None = None) -> Record: ...
 
-
-# An engine the Session only watches (a live server's feed) says why in a `read_only` string;
-# the Dashboard then hides Step, the add-request form and the pool, and shows the budgets
-# read-only. Engines the Session drives have none (or "").
-def read_only_reason(engine: Any) -> str:
-    """Why the Session cannot drive `engine` ("" when it can)."""
-    return str(getattr(engine, "read_only", "") or "")
+    def take_changes(self) -> dict: ...  # what the actions changed since the last step (a ChangesDict)
 
 
 class EngineDriver(Protocol):
     """Owns one engine for a Session. `name` is what the panels call it ("kvscope",
-    "vLLM 0.32.0"); `llm` is the object a user would hold (kvscope's LLM, vLLM's LLM)."""
+    "vLLM 0.32.0"); `llm` is the object a user would hold (kvscope's LLM, vLLM's LLM, None
+    for a server); `source` and `controls` are the engine seen through the two protocols
+    (`controls` None: the Session only watches, and `watch_only` says why, in words)."""
 
     name: str
-    engine: Engine
+    engine: Any
     llm: Any
+    source: Source
+    controls: Controls | None
+    watch_only: str
     config_fields: frozenset[str]
 
     def rebuild(self, **config_fields: Any) -> "EngineDriver":

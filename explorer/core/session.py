@@ -1,27 +1,36 @@
-"""Session: drives one engine step by step, keeps every step's record and snapshot, and
-tells its views what changed.
+"""Session: drives one engine step by step (or follows one it cannot drive), keeps every
+step's record and snapshot, and tells its views what changed.
 
 The engine knows nothing of Jupyter; the Session is what a notebook (or the Dashboard)
 holds. Everything it hands out is plain JSON-able data: `StepRecord.to_dict()`,
-`EngineSnapshot.to_dict()` and the metrics dict below.
+`EngineSnapshot.to_dict()` and the metrics dict (explorer/core/metrics.py).
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
-import statistics
 import threading
-from typing import Any, Callable, Iterable
+import time
+from typing import Any, Callable
 
 from engine import LLM, EngineConfig, SamplingParams, StepRecord
+from engine.report.changes import apply
+from engine.report.schema import CHANGES, REC
 
-from .engine_protocol import Engine, EngineDriver, make_driver
-from .history import HistoryEntry, share_unchanged, snapshot_after_step
+from .engine_protocol import Controls, EngineDriver, Source, make_driver
+from .follow import Follower
+from .history import History, HistoryEntry
+from .metrics import session_metrics
 
 log = logging.getLogger(__name__)
 
-EVENTS = ("step", "add", "reset", "budget", "abort", "error")
+# 'follow' / 'pause': following started or stopped; 'reset': the history starts again (a new
+# engine, or a server that restarted).
+EVENTS = ("step", "add", "reset", "budget", "abort", "error", "follow", "pause")
 Observer = Callable[[str, "Session"], None]
+# A Session that follows a live server keeps this many steps unless told otherwise: at a GPU
+# server's 50-100 steps a second, an unbounded history fills the notebook's memory.
+LIVE_HISTORY = 2000
 
 _SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
 
@@ -29,96 +38,132 @@ _SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
 class Session:
     """Drives an engine one step at a time and keeps its history for scrubbing back.
 
-    `Session(llm_or_config=None, *, engine="kvscope", debug_invariants=False, **config_fields)`
-    accepts an `LLM`, an `EngineConfig`, a model folder (str / path) or None (the default
-    model, with `config_fields` as EngineConfig overrides). `engine="vllm"` steps vLLM itself
-    (explorer.drivers.vllm.engine: `config_fields` are VllmConfig fields or vLLM engine arguments);
-    any engine of explorer.core.engine_protocol.ENGINES, or a ready EngineDriver, works the same.
+    `Session(llm_or_config=None, *, engine="kvscope", debug_invariants=False, max_history=None,
+    **config_fields)` accepts an `LLM`, an `EngineConfig`, a model folder (str / path) or None
+    (the default model, with `config_fields` as EngineConfig overrides). `engine="vllm"` steps
+    vLLM itself (explorer.drivers.vllm.engine: `config_fields` are VllmConfig fields or vLLM
+    engine arguments); any engine of explorer.core.engine_protocol.ENGINES, or a ready
+    EngineDriver, works the same. `Session.attach(address)` follows a live vLLM server.
     `engine_name` says which engine the panels show.
 
-    History holds one `HistoryEntry` per engine step plus the step-0 entry. Entries
-    are frozen once the next step runs; the latest entry's snapshot is refreshed after
-    `add_request`, `abort` and `set_budget`, so it always shows the engine as it is now
-    (requests added before step k+1 appear in entry k, in the waiting queue).
+    History holds one `HistoryEntry` per engine step plus the entry it started from; each
+    snapshot is the previous one with the step's `changes` applied (engine/report/changes.py).
+    `max_history` keeps only the latest that many steps (None: all). The latest entry's
+    snapshot is updated after `add_request`, `abort` and `set_budget`, so it always shows the
+    engine as it is now (requests added before step k+1 appear in entry k, in the waiting queue).
 
-    Observers (`subscribe`) are called with (event, session) after each change, one
-    'step' event per engine step. An observer that raises is logged and skipped: a
-    broken view must not break the engine. Bad input raises ValueError to the caller,
-    and is also kept in `last_error` and announced as 'error'; the session and its
-    history are unchanged by a failed call. `last_error` is cleared by the next action
-    that succeeds. Queries (`probe`, `entry`, `metrics`) neither set nor clear it.
+    `controls` is None for an engine the Session only watches (a live server): the actions
+    then raise ValueError saying so, and the Dashboard shows no Step. `follow()` applies
+    steps in a thread as they become ready; `pause()` stops it.
+
+    Observers (`subscribe`) are called with (event, session) after each change (EVENTS). An
+    observer that raises is logged and skipped: a broken view must not break the engine. Bad
+    input raises ValueError to the caller, and is also kept in `last_error` and announced as
+    'error'; the session and its history are unchanged by a failed call. `last_error` is
+    cleared by the next action that succeeds. Queries (`probe`, `entry`, `metrics`) neither set
+    nor clear it.
     """
 
     def __init__(self, llm_or_config: LLM | EngineConfig | str | Any | None = None, *,
                  engine: str | EngineDriver = "kvscope", debug_invariants: bool = False,
-                 **config_fields: Any) -> None:
-        self._lock = threading.RLock()  # a Play loop in a thread and a click must not interleave
+                 max_history: int | None = None, **config_fields: Any) -> None:
+        self._lock = threading.RLock()  # a follow thread and a click must not interleave
         self._observers: list[Observer] = []
         self.last_error: str | None = None
         if debug_invariants:
             config_fields["check_invariants"] = True
+        self.check_changes = debug_invariants  # each step: the applied snapshot equals a whole one
+        self._max_history = max_history
         self._driver: EngineDriver = make_driver(engine, llm_or_config, config_fields)
-        self._history: list[HistoryEntry] = []
+        self._follower = Follower(self.poll)
+        self._held: list[str] | None = None  # events held back while a poll applies several steps
+        self._poll_lock = threading.Lock()   # the follow thread and a caller's wait_for take turns
         self._start_history()
 
     def _start_history(self) -> None:
-        snap = self.engine.snapshot().to_dict()
-        self._history = [HistoryEntry(step=snap["step"], record=None, snapshot=snap)]
+        snap = self.source.snapshot().to_dict()
+        if self.controls is not None:
+            self.controls.take_changes()  # the snapshot is the refresh point: what came before is in it
+        self._history = History(HistoryEntry(step=snap["step"], record=None, snapshot=snap), self._max_history)
 
     @classmethod
-    def attach(cls, address: str, model: str | None = None, **options: Any) -> "Session":
+    def attach(cls, address: str, model: str | None = None, *, max_history: int | None = LIVE_HISTORY,
+               **options: Any) -> "Session":
         """Follow a running vLLM server whose scheduler is kvscope's recorder
         (`--scheduler-cls explorer.drivers.vllm_live.RecordingScheduler`, feed at `address`, e.g.
-        "tcp://127.0.0.1:5590"): a read-only Session that applies the server's steps
-        (explorer.drivers.vllm_live.client.LiveSession: `follow()`, `pause()`, `feed_status()`)."""
-        # LiveSession subclasses Session, so it is imported here (tests/unit/test_import_layers.py
-        # names this one cycle).
-        from ..drivers.vllm_live.client import LiveSession
+        "tcp://127.0.0.1:5590"): a Session without controls that applies the server's steps
+        (`follow()`, `pause()`, `feed_status()`). `model`: the model folder, for token texts;
+        `options`: explorer.drivers.vllm_live.client.LiveSource's (timeout, max_queue,
+        kv_events, snapshot_address). It keeps the latest `max_history` steps."""
+        from ..drivers.vllm_live.client import LiveDriver
 
-        return LiveSession(address, model, **options)
+        return cls(engine=LiveDriver.connect(address, model, **options), max_history=max_history)
 
     # -- read-only views ------------------------------------------------------------------
     @property
     def llm(self) -> Any:
-        """The LLM object behind the engine (kvscope's `LLM`, or vLLM's `LLM`)."""
+        """The LLM object behind the engine (kvscope's `LLM`, or vLLM's `LLM`; None for a server)."""
         return self._driver.llm
 
     @property
-    def engine(self) -> Engine:
-        """The engine being driven (kvscope's LLMEngine, or explorer.drivers.vllm.engine.VllmEngine)."""
+    def engine(self) -> Any:
+        """The engine object (kvscope's LLMEngine, explorer.drivers.vllm.engine.VllmEngine, or a
+        live server's LiveSource)."""
         return self._driver.engine
 
     @property
+    def source(self) -> Source:
+        """The engine as something to show (explorer/core/engine_protocol.py)."""
+        return self._driver.source
+
+    @property
+    def controls(self) -> Controls | None:
+        """The engine as something to drive; None when this session only watches it."""
+        return self._driver.controls
+
+    @property
+    def watch_only(self) -> str:
+        """Why this session cannot drive its engine ("" when it can)."""
+        return self._driver.watch_only if self.controls is None else ""
+
+    @property
     def engine_name(self) -> str:
-        """Which engine this session steps, as the panels name it ("kvscope", "vLLM 0.32.0")."""
+        """Which engine this session shows, as the panels name it ("kvscope", "vLLM 0.32.0")."""
         return self._driver.name
 
     @property
     def config(self) -> EngineConfig | Any:
-        return self.engine.config
+        return self.source.config
 
     @property
     def history(self) -> list[HistoryEntry]:
-        """Every step so far, oldest first (a copy: appending to it changes nothing)."""
-        return list(self._history)
+        """Every step kept, oldest first (a copy: appending to it changes nothing)."""
+        return list(self._history.entries)
 
     @property
-    def current(self) -> HistoryEntry | None:
-        """The latest entry (the step-0 entry before any step)."""
-        return self._history[-1] if self._history else None
+    def history_window(self) -> dict:
+        """Where the kept history starts: its first step, the steps dropped before it, the bound."""
+        h = self._history
+        return {"first_step": h.first_step, "dropped": h.dropped, "max_steps": h.max_steps, "entries": len(h)}
+
+    @property
+    def current(self) -> HistoryEntry:
+        """The latest entry (the one the history started from before any step)."""
+        return self._history.entries[-1]
 
     def entry(self, step: int) -> HistoryEntry:
         """The history entry of engine step `step` (for scrubbing)."""
-        for e in reversed(self._history):
+        entries = self._history.entries
+        for e in reversed(entries):
             if e.step == step:
                 return e
-        raise ValueError(f"step {step!r} is not in the history "
-                         f"(it holds steps {self._history[0].step}..{self._history[-1].step})")
+        raise ValueError(f"step {step!r} is not in the history (it holds steps {entries[0].step}..{entries[-1].step}"
+                         + (f"; {self._history.dropped} earlier steps were dropped)" if self._history.dropped else ")"))
 
     @property
     def records(self) -> list[dict]:
         """The StepRecord dicts of the history, oldest first."""
-        return [e.record for e in self._history if e.record is not None]
+        return [e.record for e in self._history.entries if e.record is not None]
 
     # -- actions --------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None, *,
@@ -126,6 +171,7 @@ class Session:
         """Queue a request; returns its id. `sampling_fields` build SamplingParams (or
         override fields of `params`). Bad input raises ValueError naming the field."""
         with self._action():
+            controls = self._need_controls("add_request")
             unknown = set(sampling_fields) - _SAMPLING_FIELDS
             if unknown:
                 raise ValueError(f"unknown sampling field(s) {sorted(unknown)}; known: {sorted(_SAMPLING_FIELDS)}")
@@ -133,31 +179,47 @@ class Session:
                 params = SamplingParams(**sampling_fields)
             elif sampling_fields:
                 params = dataclasses.replace(params, **sampling_fields)
-            rid = self.engine.add_request(prompt, params, request_id=request_id)
-            self._refresh_current()
+            rid = controls.add_request(prompt, params, request_id=request_id)
+            self._apply_actions(controls)
         self._notify("add")
         return rid
 
     def step(self, n: int = 1) -> list[StepRecord]:
-        """Advance up to `n` engine steps, stopping early once no request is left.
-        With nothing to do it steps nothing and returns []."""
+        """Apply up to `n` engine steps, stopping early once none is ready (an engine with
+        nothing to do, a feed with nothing received). With none ready it returns []."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             self._fail(ValueError(f"n must be an integer >= 1, got {n!r}"))
         records: list[StepRecord] = []
         for _ in range(n):
             with self._action():
-                if not self.engine.has_unfinished_requests():
+                if not self.source.pending():
                     break
-                rec = self.engine.step()
-                record = rec.to_dict()
-                # Built from what the step changed: unchanged blocks and requests point at the
-                # previous step's objects, so a history costs a fraction of full copies, and
-                # watching little more than not watching (explorer/core/history.py).
-                snapshot = snapshot_after_step(self.engine, self._history[-1].snapshot, record)
-                self._history.append(HistoryEntry(step=rec.step, record=record, snapshot=snapshot))
+                rec = self.source.step()
+                event = self._append(rec)
             records.append(rec)
-            self._notify("step")
+            self._notify(event)
         return records
+
+    def _append(self, rec: StepRecord) -> str:
+        """Add a step's entry: the previous snapshot with its changes applied ('step'), or, for
+        changes that restart the history (a new server run), a history that starts again ('reset')."""
+        record = rec.to_dict()
+        changes = record[REC.CHANGES]
+        if CHANGES.RESTART in changes:
+            snapshot = changes[CHANGES.SNAPSHOT]
+            self._history = History(HistoryEntry(step=snapshot["step"], record=None, snapshot=snapshot),
+                                    self._max_history)
+            return "reset"  # why: the source's notes
+        if CHANGES.SNAPSHOT not in changes and rec.step != self.current.step + 1:
+            # A step this history never saw (taken on the engine directly): its changes went with
+            # it, so the state comes whole, never from a guess.
+            snapshot = self.source.snapshot().to_dict()
+        else:
+            snapshot = apply(self.current.snapshot, changes)
+        if self.check_changes:
+            self._check_against_whole(snapshot, f"step {rec.step}")
+        self._history.append(HistoryEntry(step=rec.step, record=record, snapshot=snapshot))
+        return "step"
 
     def run_until_idle(self, max_steps: int = 10_000) -> list[StepRecord]:
         """Step until every request has finished (at most `max_steps` steps)."""
@@ -168,13 +230,13 @@ class Session:
     def set_budget(self, **knobs: Any) -> dict[str, Any]:
         """Change scheduler knobs (max_num_batched_tokens, max_num_seqs,
         enable_chunked_prefill, enable_prefix_caching, scheduler_reserve_full_isl, scheduling_policy)
-        between steps.
-        Validated by the engine; returns the knobs now in force."""
+        between steps. Validated by the engine; returns the knobs now in force."""
         with self._action():
+            controls = self._need_controls("set_budget")
             if not knobs:
                 raise ValueError("set_budget needs at least one knob, e.g. max_num_batched_tokens=64")
-            config = self.engine.update_scheduler_config(**knobs)
-            self._refresh_current()
+            config = controls.update_scheduler_config(**knobs)
+            self._apply_actions(controls)
             in_force = {k: getattr(config, k) for k in knobs}
         self._notify("budget")
         return in_force
@@ -194,8 +256,9 @@ class Session:
     def abort(self, request_id: str) -> None:
         """Abort a waiting or running request; its blocks are freed at once."""
         with self._action():
-            self.engine.abort_request(request_id)
-            self._refresh_current()
+            controls = self._need_controls("abort")
+            controls.abort_request(request_id)
+            self._apply_actions(controls)
         self._notify("abort")
 
     def probe(self, request_id: str, layer: int = 0, head: int | None = None) -> dict:
@@ -205,7 +268,65 @@ class Session:
         blocks are gone) goes to the caller only; `last_error` and observers are left
         alone, so a view probing after each step does not raise an error banner."""
         with self._lock:
-            return self.engine.attention_probe(request_id, layer=layer, head=head).to_dict()
+            return self._need_controls("probe").attention_probe(request_id, layer=layer, head=head).to_dict()
+
+    # -- following ------------------------------------------------------------------------
+    def poll(self, max_steps: int = 10_000) -> list[StepRecord]:
+        """Apply every step ready now (at most `max_steps`); observers hear each kind of event
+        once, so a view redraws once per poll, however many steps came."""
+        with self._poll_lock:
+            self._held = []
+            try:
+                records = self.step(max(1, min(max_steps, self.source.pending() or 1)))
+            finally:
+                held, self._held = self._held, None
+            for event in dict.fromkeys(held):
+                self._notify(event)
+        return records
+
+    def follow(self, interval: float = 0.1) -> None:
+        """Apply steps in a thread as they become ready, until `pause()` (the Dashboard's Follow)."""
+        if self._follower.start(interval):
+            self._notify("follow")
+
+    def pause(self) -> None:
+        """Stop following; steps wait in the source (a live feed's bounded queue) until the next poll."""
+        if self._follower.stop():
+            self._notify("pause")
+
+    @property
+    def following(self) -> bool:
+        return self._follower.running
+
+    def wait_for(self, predicate: Callable[["Session"], bool], timeout: float = 30.0,
+                 interval: float = 0.05) -> bool:
+        """Apply steps as they come until `predicate(session)` holds or `timeout` passes."""
+        end = time.monotonic() + timeout
+        while True:
+            if not self.following:
+                self.poll()
+            if predicate(self):
+                return True
+            if time.monotonic() >= end:
+                return False
+            time.sleep(interval)
+
+    def feed_status(self) -> dict:
+        """What the source did (a live feed's counters, the recorder's, notes) and whether this
+        session follows it; an engine stepped here has only the latter."""
+        status = getattr(self.source, "status", None)
+        return {**(status() if callable(status) else {}), "following": self.following,
+                "history": self.history_window}
+
+    @property
+    def notes(self) -> list[str]:
+        """What the source had to say (a live feed's resynchronisations, missed steps)."""
+        return list(getattr(self.source, "notes", ()))
+
+    def close(self) -> None:
+        """Stop following and let the engine go (a live feed's sockets; an engine's workers)."""
+        self.pause()
+        self._driver.shutdown()
 
     # -- observers ------------------------------------------------------------------------
     def subscribe(self, callback: Observer) -> Callable[[], None]:
@@ -223,6 +344,10 @@ class Session:
         return unsubscribe
 
     def _notify(self, event: str) -> None:
+        held = self._held
+        if held is not None:
+            held.append(event)
+            return
         for cb in list(self._observers):
             try:
                 cb(event, self)
@@ -236,17 +361,24 @@ class Session:
         a step executes, so manual stepping does not inflate latencies)."""
         return session_metrics(self.current.snapshot, self.records)
 
-    def export_html(self, path, **options) -> Any:
-        """One self-contained HTML file of this session's history, to open offline
-        (explorer/export/page.py: scrubbing, hovering and the charts work; no engine actions)."""
-        from ..export.page import export_html
-        return export_html(self, path, **options)
-
     # -- internals ------------------------------------------------------------------------
-    def _refresh_current(self) -> None:
-        cur = self._history[-1]
-        self._history[-1] = dataclasses.replace(
-            cur, snapshot=share_unchanged(self.engine.snapshot().to_dict(), cur.snapshot))
+    def _need_controls(self, action: str) -> Controls:
+        if self.controls is None:
+            raise ValueError(f"{action}: {self._driver.watch_only}")
+        return self.controls
+
+    def _apply_actions(self, controls: Controls) -> None:
+        """The latest entry shows what an action changed (its changes applied)."""
+        snapshot = apply(self.current.snapshot, controls.take_changes())  # type: ignore[arg-type]
+        if self.check_changes:
+            self._check_against_whole(snapshot, "after an action")
+        self._history.replace_last(snapshot)
+
+    def _check_against_whole(self, snapshot: dict, when: str) -> None:
+        whole = self.source.snapshot().to_dict()
+        if whole != snapshot:
+            raise AssertionError(f"{when}: the snapshot built from the changes differs from the engine's whole "
+                                 f"snapshot ({_first_difference(whole, snapshot)})")
 
     def _action(self) -> "_Action":
         return _Action(self)
@@ -257,11 +389,24 @@ class Session:
         raise exc
 
     def __repr__(self) -> str:
-        cur = self.current.snapshot if self.current else {}
+        cur = self.current.snapshot
         q = cur.get("queues", {})
         return (f"Session(step={cur.get('step')}, waiting={len(q.get('waiting', []))}, "
                 f"running={len(q.get('running', []))}, finished={len(q.get('finished', []))}, "
                 f"history={len(self._history)})")
+
+
+def _first_difference(a: Any, b: Any, path: str = "snapshot") -> str:
+    """Where two JSON-like values first differ, as 'path: a != b'."""
+    if type(a) is dict and type(b) is dict:
+        for key in [*a, *(k for k in b if k not in a)]:
+            if a.get(key, "<missing>") != b.get(key, "<missing>"):
+                return _first_difference(a.get(key, "<missing>"), b.get(key, "<missing>"), f"{path}.{key}")
+    if type(a) is list and type(b) is list and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b)):
+            if x != y:
+                return _first_difference(x, y, f"{path}[{i}]")
+    return f"{path}: {a!r:.200} != {b!r:.200}"
 
 
 class _Action:
@@ -286,75 +431,3 @@ class _Action:
         if isinstance(exc, Exception):
             self.s._notify("error")
         return False  # never swallow
-
-
-# -- helpers ------------------------------------------------------------------------------
-def _mean(xs: Iterable[float]) -> float | None:
-    xs = list(xs)
-    return statistics.fmean(xs) if xs else None
-
-
-def _median(xs: Iterable[float]) -> float | None:
-    xs = list(xs)
-    return statistics.median(xs) if xs else None
-
-
-def request_row(req: dict) -> dict:
-    """One request's metrics on the engine clock (seconds; None where not known yet)."""
-    m = req["metrics"]["engine"]
-    itl = list(m.get("inter_token_latency") or [])
-    return {
-        "request_id": req["request_id"],
-        "status": req["status"],
-        "finish_reason": req.get("finish_reason"),
-        "num_prompt_tokens": len(req["prompt_token_ids"]),
-        "num_output_tokens": len(req["output_token_ids"]),
-        "num_cached_tokens": req.get("num_cached_tokens", 0),
-        "num_preemptions": req.get("num_preemptions", 0),
-        "arrival_time": m.get("arrival_time"),
-        "first_token_time": m.get("first_token_time"),
-        "token_times": list(m.get("token_times") or []),
-        # vLLM's per-request metric names (RequestMetrics / its Prometheus histograms).
-        "time_to_first_token": m.get("time_to_first_token"),
-        "inter_token_latency": itl,
-        "mean_inter_token_latency": _mean(itl),
-        "time_per_output_token": m.get("time_per_output_token"),
-        "e2e_request_latency": m.get("e2e_request_latency"),
-        "request_queue_time": m.get("request_queue_time"),
-    }
-
-
-def session_metrics(snapshot: dict, records: list[dict]) -> dict:
-    """Per-request rows and a summary from the latest snapshot and the step records."""
-    queues = snapshot["queues"]
-    reqs = [*queues["finished"], *queues["running"], *queues["waiting"]]
-    rows = sorted((request_row(r) for r in reqs), key=lambda r: (r["arrival_time"] is None, r["arrival_time"] or 0))
-    em = snapshot.get("metrics", {})
-    engine_time = records[-1]["engine_time_s"] if records else em.get("engine_time_s", 0.0)
-    generated = sum(len(r["sampled"]) for r in records)
-    processed = sum(s["num_tokens"] for r in records for s in r["scheduled"])
-    ttfts = [r["time_to_first_token"] for r in rows if r["time_to_first_token"] is not None]
-    itls = [x for r in rows for x in r["inter_token_latency"]]
-    e2es = [r["e2e_request_latency"] for r in rows if r["e2e_request_latency"] is not None]
-    hits, queries = em.get("prefix_cache_hits", 0), em.get("prefix_cache_queries", 0)
-    summary = {
-        "clock": "engine",
-        "num_steps": len(records),
-        "engine_time_s": engine_time,
-        "num_requests": len(rows),
-        "num_waiting": len(queues["waiting"]),
-        "num_running": len(queues["running"]),
-        "num_finished": len(queues["finished"]),
-        "num_generated_tokens": generated,
-        "num_processed_tokens": processed,
-        "output_throughput_tok_s": generated / engine_time if engine_time > 0 else None,
-        "total_throughput_tok_s": processed / engine_time if engine_time > 0 else None,
-        "mean_ttft_s": _mean(ttfts), "median_ttft_s": _median(ttfts),
-        "mean_itl_s": _mean(itls), "median_itl_s": _median(itls),
-        "mean_e2e_s": _mean(e2es),
-        "kv_cache_usage": em.get("kv_cache_usage"),
-        "prefix_cache_hits": hits, "prefix_cache_queries": queries,
-        "prefix_cache_hit_rate": hits / queries if queries else None,
-        "num_preemptions": em.get("num_preemptions", 0),
-    }
-    return {"requests": rows, "summary": summary}

@@ -18,10 +18,12 @@ class KvscopeDriver:
 
     name = "kvscope"
     config_fields = CONFIG_FIELDS
+    watch_only = ""
 
     def __init__(self, llm: LLM) -> None:
         self.llm = llm
         self.engine = llm.engine
+        self.source = self.controls = llm.engine  # LLMEngine is both a Source and its Controls
 
     @classmethod
     def create(cls, llm_or_config: Any, config_fields: dict[str, Any]) -> "KvscopeDriver":

@@ -9,7 +9,7 @@ page gives later without Python: the sampler's state for every request the user 
 select, and every block's hover detail. The page's host (explorer/export/host.js) only
 decodes them and hands them to the panels; it has no view code of its own.
 
-`pack_views` delta-encodes each step against the one before with explorer/core/history.py's
+`pack_views` delta-encodes each step against the one before with explorer/export/delta.py's
 `diff` (a step costs what it changed), and turns the block pool's byte columns into JSON
 lists; `unpack_views` gives back exactly the states `step_views` made.
 """
@@ -22,7 +22,7 @@ from engine.config import SCHEDULER_KNOBS
 from widgets.block_pool import block_detail
 
 from ..ui import captions as _captions
-from ..core import history
+from . import delta
 from ..ui import views
 from ..ui.dashboard import POOL_KEYS
 
@@ -124,7 +124,7 @@ def pack_views(per_step: Sequence[dict]) -> list:
     prev = None
     for state in per_step:
         cur = _encode_columns(state)
-        out.append(cur if prev is None else history.diff(prev, cur))
+        out.append(cur if prev is None else delta.diff(prev, cur))
         prev = cur
     return out
 
@@ -134,7 +134,7 @@ def unpack_views(packed: Sequence[Any]) -> list[dict]:
     out: list[dict] = []
     cur = None
     for i, item in enumerate(packed):
-        cur = item if i == 0 else history.patch(cur, item)
+        cur = item if i == 0 else delta.patch(cur, item)
         out.append({**cur, "blocks": _decode_columns(cur["blocks"])})
     return out
 

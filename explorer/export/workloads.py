@@ -81,7 +81,7 @@ def run_json_workload(session: Any, spec: dict, caption: Callable[[str], None], 
                 knobs = {k: v for k, v in item.items() if k not in ("at_step", "caption")}
                 if knobs:
                     session.set_budget(**knobs)
-        if not session.engine.has_unfinished_requests():
+        if not session.source.pending():
             if done >= last_arrival:
                 break
             done += 1  # idle until the next arrival: nothing to step
@@ -97,7 +97,7 @@ def walkthrough_story(s: Any, caption: Callable[[str], None]) -> None:
     The notebook resets to a 6-block pool for preemption; here the 64-block pool runs out
     instead, so the whole story is one history. Chapter 14 (two budget runs) is left out:
     the latency charts show every request's TTFT and ITL anyway."""
-    tok = s.engine.tokenizer
+    tok = s.source.tokenizer
     bs = s.config.block_size
     greedy = {"temperature": 0.0}
 

@@ -24,7 +24,6 @@ from widgets import Panel
 from widgets.attention import prepare_probe
 
 from . import captions, presets, tp_view, views
-from ..core.engine_protocol import read_only_reason
 
 _log = logging.getLogger(__name__)
 
@@ -77,7 +76,7 @@ class SessionBinder:
         self._probes: OrderedDict[tuple, dict] = OrderedDict()
         # The browser channel these panels light each other up on (_common.js, kvsLink).
         self.link_group = f"kvs-{secrets.token_hex(4)}"
-        self.token_text = views.token_texts(getattr(session.engine, "tokenizer", None))
+        self.token_text = views.token_texts(session.source.tokenizer)
         self._detach: list = []  # unsubscribe functions of the panels' action handlers
         for name in panels:
             self.add(name)
@@ -171,7 +170,7 @@ class SessionBinder:
 
     def _render_controls(self, record: dict, snapshot: dict) -> None:
         history = self.session.history
-        config = self.session.engine.config
+        config = self.session.config
         # Live: the knobs in force (editable). Scrubbed back: the budgets the shown step ran under.
         budget = {k: getattr(config, k) for k in SCHEDULER_KNOBS}
         if self.view_index is not None:
@@ -180,13 +179,14 @@ class SessionBinder:
         self.panels["controls"].show({
             "history_len": len(history), "history_first": int(history[0].step) if history else 1,
             "view_index": -1 if self.view_index is None else self.view_index,
-            "has_work": bool(self.session.engine.has_unfinished_requests()),
+            "has_work": bool(self.session.source.pending()),
             # Which engine the panels show (a vLLM session says "vLLM 0.32.0").
             "info": views.controls_info(record, snapshot), "engine": views.engine_label(snapshot),
             "budget": budget, "pool": {k: getattr(config, k) for k in POOL_KEYS},
             "caption": self._captions.caption(history, index),
-            "chat_template_available": presets.has_chat_template(getattr(self.session.engine, "tokenizer", None)),
-            "read_only": read_only_reason(self.session.engine),
+            "chat_template_available": presets.has_chat_template(self.session.source.tokenizer),
+            # No controls (a live server's Session): Step, the form and the pool are hidden.
+            "read_only": self.session.watch_only,
         })
 
     def _render_sampler(self, snapshot: dict) -> None:
@@ -220,15 +220,13 @@ class SessionBinder:
         if not rid:
             selected = self.panels["queues"].selected if "queues" in self.panels else ""
             rid = selected if selected in targets else (targets[0] if targets else "")
-        if read_only_reason(self.session.engine):
-            # A watched server's weights live on its devices: its probe's refusal says so, rather
-            # than "not captured, probe now" or "nothing holds KV".
-            try:
-                self.session.engine.attention_probe(rid, att.layer)
-            except ValueError as exc:
-                att.request_id = rid
-                att.clear(str(exc))
-                return
+        if self.session.controls is None:
+            # A watched server's weights live on its devices: say so, rather than "not
+            # captured, probe now" or "nothing holds KV".
+            att.request_id = rid
+            att.clear("attention weights are not in the live feed: the server's queries and KV live on its "
+                      "devices. Step vLLM in this process (Session(engine='vllm')) to see them")
+            return
         if not rid:
             att.clear(views.attention_note(snapshot))
             return
@@ -289,7 +287,7 @@ class SessionBinder:
             if event == "reset":
                 self.view_index = None
                 self._probes.clear()  # a new engine counts its steps from 0 again
-                self.token_text = views.token_texts(getattr(self.session.engine, "tokenizer", None))
+                self.token_text = views.token_texts(self.session.source.tokenizer)
                 if "blocks" in self.panels:
                     self.panels["blocks"].token_text = self.token_text
                 self._timeline_key = None
@@ -345,7 +343,7 @@ class SessionBinder:
         if action == "step":
             self.view_index = None
             n = c.get("n", 1)  # the Session validates it (and names it in its error)
-            if not s.engine.has_unfinished_requests():  # say so, rather than do nothing silently
+            if not s.source.pending():  # say so, rather than do nothing silently
                 if isinstance(n, int) and not isinstance(n, bool) and n >= 1 and "controls" in self.panels:
                     self.panels["controls"].notice = NOTHING_TO_STEP
                     self.render(probe=False)  # a scrubbed view returns to live, as any Step does
@@ -365,7 +363,7 @@ class SessionBinder:
             fields = {k: c[k] for k in SAMPLING_KEYS if c.get(k) is not None}
             prompt = c.get("prompt", "")
             if c.get("chat_template") and isinstance(prompt, str):
-                prompt = presets.chat_prompt(s.engine.tokenizer, prompt)
+                prompt = presets.chat_prompt(s.source.tokenizer, prompt)
             s.add_request(prompt, **fields)
         elif action == "preset":
             self.view_index = None
@@ -459,16 +457,17 @@ class Dashboard(W.VBox):
     def __init__(self, session: Any, *, panels: Iterable[str] | None = None) -> None:
         self.session = session
         if panels is None:  # the sharding view only when there is sharding to see
-            tp = getattr(session.engine.config, "tensor_parallel_size", 1)
+            tp = getattr(session.config, "tensor_parallel_size", 1)
             panels = PANEL_NAMES + (("tensor_parallel",) if tp > 1 else ())
         self.binder = SessionBinder(session, panels)
         for name, panel in self.binder.panels.items():
             setattr(self, name, panel)
         p = self.binder.panels
         rows: list[W.Widget] = []
-        follow = getattr(session, "follow_panel", None)  # a live vLLM server's Session: Follow / Pause
-        if callable(follow):
-            self.follow = follow()
+        if session.controls is None:  # a Session that only watches (a live server): Follow / Pause
+            from .follow_view import follow_panel
+
+            self.follow = follow_panel(session)
             rows.append(self.follow)
         if "controls" in p:
             rows.append(p["controls"])

@@ -1,5 +1,6 @@
-"""The Follow panel (widgets.follow) bound to a LiveSession: Follow / Pause, the feed's
-counters, and vLLM's prefix cache from its KV events (a tree of hashes with hit counts)."""
+"""The Follow panel (widgets.follow) bound to a Session that only watches its engine (a live
+vLLM server): Follow / Pause, the feed's counters, and vLLM's prefix cache from its KV events
+(a tree of hashes with hit counts)."""
 from __future__ import annotations
 
 import threading
@@ -11,10 +12,10 @@ MAX_TREE_NODES = 400  # the panel draws at most this many blocks of the tree (th
 
 def tree_state(session: Any, max_nodes: int = MAX_TREE_NODES) -> dict:
     """The KV-event tree as the panel reads it, block text decoded with the session's tokenizer."""
-    kv = getattr(session, "kv_events", None)
+    kv = getattr(session.source, "kv_events", None)
     if kv is None:
         return {}
-    tok = getattr(session.engine, "tokenizer", None)
+    tok = getattr(session.source, "tokenizer", None)
     budget = [max_nodes]
 
     def trim(n: dict) -> dict:
@@ -31,7 +32,7 @@ def tree_state(session: Any, max_nodes: int = MAX_TREE_NODES) -> dict:
 
 
 def follow_panel(session: Any) -> Any:
-    """A FollowPanel wired to `session` (a LiveSession): its buttons call follow() / pause(),
+    """A FollowPanel wired to `session`: its buttons call follow() / pause(),
     and it redraws after the session's events (at most every 0.2 s while steps stream in)."""
     from widgets.follow import FollowPanel
 

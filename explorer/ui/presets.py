@@ -29,7 +29,7 @@ def add_preset(session: Any, name: str, fields: dict) -> str:
     """
     s = session
     common = {"max_tokens": int(fields.get("max_tokens") or 16), "temperature": fields.get("temperature") or 0.0}
-    tok = s.engine.tokenizer
+    tok = s.source.tokenizer
     chat = bool(fields.get("chat_template")) and has_chat_template(tok)
     wrap = (lambda text, system=None: chat_prompt(tok, text, system=system)) if chat else (lambda text, system=None: text)
     how = " in the chat template" if chat else ""
@@ -50,7 +50,7 @@ def add_preset(session: Any, name: str, fields: dict) -> str:
                 f"until its prompt was computed (its full blocks are now in the prefix cache), then added #{second} "
                 f"with the same prefix: press Step to see its prefix-cache hits")
     if name == "long_prompt":
-        cfg = s.engine.config
+        cfg = s.config
         target = min(int(cfg.max_num_batched_tokens * 2.5), cfg.max_model_len - common["max_tokens"] - 1)
         if chat:
             prompt: Any = long_chat_prompt(tok, target)

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from explorer.export import page as export, workloads as recording
+from explorer.export import page as export
+from explorer.export import workloads as recording
 from explorer.ui import views
 from explorer.ui.captions import history_captions
 from widgets.block_pool import block_detail

@@ -9,7 +9,7 @@ from engine import LLM, SamplingParams
 from engine.cpu_kernels import DISABLE_ENV_VAR, cache_clear
 from engine.model.cpu_linear import NATIVE_MAX_ROWS
 
-PANELS_LIMIT = max(NATIVE_MAX_ROWS.values())  # past it, every CPU kind's linears run on oneDNN
+PANELS_LIMIT = NATIVE_MAX_ROWS  # past it, every CPU kind's linears run on oneDNN
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ",
            "Once upon a time, in a land far away, there lived a dragon who", "1, 2, 3, 4,"]

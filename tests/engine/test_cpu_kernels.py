@@ -110,7 +110,7 @@ def test_kernel_variants_agree(rows, n, k):
 
 @pytest.mark.parametrize("rows", ["one", "limit", "limit+1", "300"])
 def test_packed_linear_takes_the_panels_for_few_rows_and_onednn_for_many(rows, monkeypatch):
-    limit = NATIVE_MAX_ROWS[(kernels.variant, "float32")]
+    limit = NATIVE_MAX_ROWS
     n = {"one": 1, "limit": limit, "limit+1": limit + 1, "300": 300}[rows]
     g = torch.Generator().manual_seed(n)
     w, b, x = torch.randn(64, 48, generator=g), torch.randn(64, generator=g), torch.randn(n, 48, generator=g)
@@ -122,16 +122,14 @@ def test_packed_linear_takes_the_panels_for_few_rows_and_onednn_for_many(rows, m
     assert bool(calls) == (n <= limit)
 
 
-def test_the_row_limit_comes_from_this_kinds_entry_of_the_table(monkeypatch):
-    """Every build and panel dtype has its measured limit, and a layer packed here takes the
-    entry of this CPU's build and of its own panel dtype."""
-    assert set(NATIVE_MAX_ROWS) == {(v, d) for v in VARIANTS for d in ("float32", "bfloat16")}
-    variant = kernels.variant
-    monkeypatch.setitem(NATIVE_MAX_ROWS, (variant, "bfloat16"), 5)
+def test_a_layer_packed_here_takes_the_measured_row_limit(monkeypatch):
+    """The limit is read when a layer is packed, for either panel dtype (a changed limit is
+    taken by layers packed after the change)."""
     w = torch.randn(32, 16)
+    assert PackedLinear(w, None).native_max_rows == NATIVE_MAX_ROWS == 64
+    monkeypatch.setattr(cpu_linear, "NATIVE_MAX_ROWS", 5)
     assert PackedLinear(w, None, panel_dtype=torch.bfloat16).native_max_rows == 5
-    assert PackedLinear(w, None).native_max_rows == NATIVE_MAX_ROWS[(variant, "float32")]
-    assert cpu_linear.native_max_rows(torch.bfloat16) == 5
+    assert cpu_linear.native_max_rows(torch.float32) == 5
 
 
 # [1] and [250]: fewer decodes than threads, so each decode's tokens are split between the

@@ -50,7 +50,7 @@ def test_bench_linears_times_both_paths_of_every_layer_linear(tiny_llama_path, t
     assert res["onednn_faster_from"] == (wins[0] if wins else None) and res["cpu_gemm_dtype"] == "float32"
     assert [r["rows"] for r in res["steps"]] == [2, 80] and all(r["native_ms"] > 0 < r["layer_by_layer_ms"]
                                                                 for r in res["steps"])
-    assert res["native_max_rows"] == NATIVE_MAX_ROWS[(native().variant, "float32")]
+    assert res["native_max_rows"] == NATIVE_MAX_ROWS
     out_file = tmp_path / "linears.json"
     assert main(["bench-linears", "--model", str(tiny_llama_path), "--reps", "1", "--json", str(out_file)]) == 0
     printed = capsys.readouterr().out

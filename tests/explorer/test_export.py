@@ -14,8 +14,10 @@ from hypothesis import strategies as st
 
 from explorer import Dashboard
 from explorer.apps import app, cli
-from explorer.export import page as export, workloads as recording
 from explorer.core import history
+from explorer.export import delta
+from explorer.export import page as export
+from explorer.export import workloads as recording
 from explorer.ui import views
 
 SHARED = list(range(1000, 1032))  # two full blocks both prompts start with: prefix hits
@@ -82,41 +84,25 @@ def test_json_workload_bad_fields_are_named(recorded, spec: dict, needle: str) -
 
 
 # -- 1. the compact history in memory -------------------------------------------------------------
-def test_shared_snapshots_equal_the_originals_and_share_what_did_not_change(recorded) -> None:
+def test_history_snapshots_share_what_their_step_did_not_change(recorded) -> None:
+    # Each entry is the one before with the step's changes applied (engine.report.changes.apply):
+    # what a step left alone is the same object, so the history costs what the steps changed.
     s, _ = recorded
-    original = plain(s.history)
-    fresh = plain(s.history)  # new objects, as engine.snapshot().to_dict() gives each step
-    shared = [fresh[0]["snapshot"]]
-    for item in fresh[1:]:
-        shared.append(history.share_unchanged(item["snapshot"], shared[-1]))
-    assert shared == [e["snapshot"] for e in original]
-    for prev, cur in zip(shared, shared[1:]):
+    entries = s.history
+    for prev, cur in zip((e.snapshot for e in entries), (e.snapshot for e in entries[1:])):
         assert cur["model_info"] is prev["model_info"]
+        assert cur["config"] is prev["config"] or cur["config"] != prev["config"]  # new only when a knob moved
         old_reqs = {r["request_id"]: r for q in prev["queues"].values() for r in q}
         for q in cur["queues"].values():
             for r in q:
                 if r["request_id"] in old_reqs:  # a prompt is never copied again
                     assert r["prompt_token_ids"] is old_reqs[r["request_id"]]["prompt_token_ids"]
-                    if r == old_reqs[r["request_id"]]:
-                        assert r is old_reqs[r["request_id"]]
         untouched = [i for i, (a, b) in enumerate(zip(prev["block_pool"]["blocks"], cur["block_pool"]["blocks"]))
                      if a == b]
         assert untouched and all(cur["block_pool"]["blocks"][i] is prev["block_pool"]["blocks"][i] for i in untouched)
-    as_entries = [{"step": e["step"], "record": None, "snapshot": sn} for e, sn in zip(original, shared)]
-    plain_entries = [{"step": e["step"], "record": None, "snapshot": e["snapshot"]} for e in original]
-    assert history.history_bytes(as_entries) < history.history_bytes(plain_entries) / 2
-
-
-def test_share_unchanged_keeps_types_and_follows_ids_not_positions() -> None:
-    old = {"a": 1, "b": [1, 2], "q": [{"request_id": "x", "v": [1]}, {"request_id": "y", "v": [2]}]}
-    new = {"a": True, "b": [1, 2], "q": [{"request_id": "y", "v": [2]}, {"request_id": "x", "v": [1]}]}
-    out = history.share_unchanged(new, old)
-    assert out["a"] is True  # 1 == True, but the type is kept
-    assert out["b"] is old["b"]
-    assert out["q"][0] is old["q"][1] and out["q"][1] is old["q"][0]  # matched by request_id
-    assert out["q"] is not old["q"]  # the order changed: a new list of the old elements
-    same = json.loads(json.dumps(old))
-    assert history.share_unchanged(same, old) is old
+    copies = plain(entries)  # the same history with every snapshot its own copy
+    assert (history.history_bytes({"snapshot": e.snapshot} for e in entries)
+            < history.history_bytes({"snapshot": e["snapshot"]} for e in copies) / 2)
 
 
 # -- 2. deltas on the wire -----------------------------------------------------------------------
@@ -130,27 +116,13 @@ _json = st.recursive(_scalars, lambda kids: st.lists(kids, max_size=5) | st.dict
 @settings(max_examples=300, deadline=None)
 @given(_json, _json)
 def test_patch_of_diff_gives_the_new_value_with_its_types(old: Any, new: Any) -> None:
-    delta = history.diff(old, new)
-    out = history.patch(old, delta)
+    d = delta.diff(old, new)
+    out = delta.patch(old, d)
     assert json.dumps(out, sort_keys=True) == json.dumps(new, sort_keys=True)  # 1 and True differ here
     if json.dumps(old, sort_keys=True) == json.dumps(new, sort_keys=True):
-        assert delta is None
+        assert d is None
     # and the delta survives JSON
-    assert json.dumps(history.patch(old, json.loads(json.dumps(delta))), sort_keys=True) == json.dumps(new, sort_keys=True)
-
-
-def test_pack_then_unpack_gives_the_history_back(recorded) -> None:
-    s, _ = recorded
-    packed = json.loads(json.dumps(history.pack_history(s.history)))
-    back = history.unpack_history(packed)
-    assert plain(back) == plain(s.history)
-    assert "snapshot" in packed[0] and all("delta" in p and "snapshot" not in p for p in packed[1:])
-    # Deltas, not copies: no later step carries request a's prompt token ids again.
-    prompt = json.dumps(SPEC["requests"][0]["prompt"])
-    assert prompt in json.dumps(packed[0]["snapshot"])
-    assert all(prompt not in json.dumps(p["delta"]) for p in packed[1:])
-    whole = len(json.dumps([e.snapshot for e in s.history]))
-    assert len(json.dumps([p.get("snapshot") or p["delta"] for p in packed])) < whole / 3
+    assert json.dumps(delta.patch(old, json.loads(json.dumps(d))), sort_keys=True) == json.dumps(new, sort_keys=True)
 
 
 # -- the page ------------------------------------------------------------------------------------

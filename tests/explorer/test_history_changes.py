@@ -1,4 +1,4 @@
-"""The Session's history is built from what each step changed (explorer.core.history.snapshot_after_step):
+"""The Session's history is built from each record's changes (engine.report.changes.apply):
 every entry must equal the engine's full snapshot at that step, through chunked prefills,
 prefix hits (same-step ones too), preemption, aborts, budget changes and finished requests;
 and every record and snapshot kvscope's engine emits must fit the record schema."""
@@ -96,16 +96,28 @@ def test_debug_invariants_compares_each_built_snapshot_with_a_full_one(default_m
     s.add_request(common + tokens(2, 8), max_tokens=3, **GREEDY)
     s.add_request(common + tokens(3, 8), max_tokens=3, **GREEDY)
     assert len(s.step(10)) == 3  # each step's built snapshot was compared with a full one
-    # The comparison can fail: a snapshot built on a `before` that was not the engine's state.
+    # The comparison can fail: changes applied to a snapshot that was not the engine's state.
     s.add_request(tokens(4, 20), max_tokens=2, **GREEDY)
     before = s.current.snapshot
     blocks = before["block_pool"]["blocks"]
-    wrong = {**before, "block_pool": {**before["block_pool"], "blocks": [{**blocks[0], "ref_count": 99}, *blocks[1:]]}}
-    rec = s.engine.step().to_dict()
-    from explorer.core.history import snapshot_after_step
+    s._history.replace_last({**before, "block_pool": {**before["block_pool"],
+                                                       "blocks": [{**blocks[0], "ref_count": 99}, *blocks[1:]]}})
+    with pytest.raises(AssertionError, match=r"differs from the engine's whole snapshot \(snapshot\.block_pool"):
+        s.step()
 
-    with pytest.raises(AssertionError, match="differs from the engine's full snapshot"):
-        snapshot_after_step(s.engine, wrong, rec)
+
+def test_a_producer_that_leaves_a_touched_block_out_is_caught(llm, monkeypatch):
+    # A planted fault in kvscope's producer: the pool forgets the blocks it touched, so the
+    # blocks a finished request let go are not resent. The history built from the changes then
+    # parts from the engine at that step, and the check names where.
+    from engine.core.block_pool import BlockPool
+
+    s = Session(llm)
+    s.check_changes = True
+    s.add_request(tokens(20, 40), max_tokens=3, **GREEDY)
+    monkeypatch.setattr(BlockPool, "take_touched", lambda pool: set())
+    with pytest.raises(AssertionError, match=r"differs from the engine's whole snapshot \(snapshot\.block_pool"):
+        s.step(10)
 
 
 def test_kvscope_emits_only_keys_the_record_schema_defines(llm):

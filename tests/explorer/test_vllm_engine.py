@@ -61,7 +61,7 @@ def test_side_by_side_agrees_by_default_and_the_old_admission_rule_makes_steps_d
 def check_step(s, rec) -> None:
     """One StepRecord against the SchedulerOutput and the block pool it came from."""
     eng = s.engine
-    out = eng.capture.now.out
+    out = eng.last_capture.out
     ext = eng.records.external
     assert {ext[i]: n for i, n in out.num_scheduled_tokens.items()} == {x["request_id"]: x["num_tokens"]
                                                                         for x in rec.scheduled}
@@ -101,7 +101,9 @@ def check_step(s, rec) -> None:
     for d, blk in zip(blocks, pool.blocks):
         assert d["block_id"] == blk.block_id and d["ref_count"] == blk.ref_cnt
         assert d["is_free"] == (blk.block_id in free)
-        assert d["hash"] == (None if blk.block_hash is None else bytes(blk.block_hash)[:8].hex())
+        # The hash as vLLM's KV events name the block: the low 64 bits of its block hash (the
+        # hash, then 4 bytes of KV cache group id).
+        assert d["hash"] == (None if blk.block_hash is None else bytes(blk.block_hash)[:-4][-8:].hex())
         owners = [ext[r.request_id] for r in eng.scheduler.running if blk.block_id in kv.get_block_ids(r.request_id)[0]]
         assert d["owners"] == owners and (d["ref_count"] >= len(owners))
 
@@ -294,19 +296,20 @@ def test_dashboard_steps_vllm_and_shows_a_refused_config_inline_keeping_the_sess
     s.run_until_idle()
 
 
-def test_both_engines_implement_the_engine_protocol(session, tiny_qwen3_path):
+def test_both_engines_are_a_source_with_controls(session, tiny_qwen3_path):
     from explorer import Session
-    from explorer.core.engine_protocol import Engine
+    from explorer.core.engine_protocol import Controls, Source
 
-    assert isinstance(session.engine, Engine) and session.engine_name == "vLLM 0.32.0"
+    assert isinstance(session.source, Source) and isinstance(session.controls, Controls)
+    assert session.engine_name == "vLLM 0.32.0" and session.watch_only == ""
     ours = Session(str(tiny_qwen3_path), num_kv_blocks=16)
-    assert isinstance(ours.engine, Engine) and ours.engine_name == "kvscope"
+    assert isinstance(ours.source, Source) and isinstance(ours.controls, Controls) and ours.engine_name == "kvscope"
 
 
 def test_the_explorers_own_cost_per_vllm_step_is_small_next_to_vllms_step(session, capsys):
+    # A figure printed beside vLLM's own step (docs/vllm.md), not a timed assertion.
     o = session.engine.explorer_overhead()
-    assert o["steps"] > 20
-    assert o["record_ms"] + o["snapshot_ms"] < 0.1 * o["vllm_step_ms"]
+    assert o["steps"] > 20 and o["record_ms"] > 0
     with capsys.disabled():
         print(f"\nexplorer cost per vLLM step over {o['steps']} steps: record {o['record_ms']:.2f} ms + snapshot "
               f"{o['snapshot_ms']:.2f} ms, vLLM's step {o['vllm_step_ms']:.1f} ms")
@@ -357,3 +360,42 @@ def test_tensor_parallel_reads_rank0s_batch_and_each_ranks_share(default_model_p
         dash.close_binding()
     finally:
         s._driver.shutdown()
+
+
+def test_each_steps_changes_rebuild_vllms_whole_state_over_random_workloads(session):
+    # The change contract on vLLM in process: every history entry is the previous one with the
+    # record's changes applied (engine.report.changes.apply), and must equal a whole snapshot
+    # built from vLLM's objects, at every step and after every add and abort, through random
+    # arrivals, shared prefixes, chunks, preemption and aborts. Every record fits the schema.
+    from engine.report import schema
+    from tests.oracle.workloads import random_workload
+
+    s = session
+    s.check_changes = True
+    seen = {"steps": 0, "preempted": 0, "hits": 0, "aborted": 0}
+    try:
+        for seed in range(6):
+            w = random_workload(seed)
+            rng = random.Random(seed)
+            reqs = [(r.arrival_step // 3, f"w{seed}-{r.request_id}",
+                     [200 + t for t in r.prompt][:CONFIG["max_model_len"] - 48], min(r.max_tokens, 40))
+                    for r in w.requests[:6]]
+            abort_at = rng.randint(2, 8)
+            for step in range(400):
+                for at, rid, prompt, n in reqs:
+                    if at == step:
+                        s.add_request(prompt, request_id=rid, max_tokens=n, **GREEDY)
+                running = s.current.snapshot["queues"]["running"]
+                if step == abort_at and running:
+                    s.abort(running[0]["request_id"])
+                    seen["aborted"] += 1
+                if not s.step() and step > max(r[0] for r in reqs):
+                    break
+                rec = s.current.record
+                assert schema.record_problems(rec) == [] and schema.snapshot_problems(s.current.snapshot) == []
+                seen["steps"] += 1
+                seen["preempted"] += len(rec["preempted"])
+                seen["hits"] += len(rec["blocks"]["hits"])
+    finally:
+        s.check_changes = False
+    assert seen["steps"] > 50 and seen["preempted"] and seen["hits"] and seen["aborted"] >= 3, seen

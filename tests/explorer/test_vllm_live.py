@@ -100,7 +100,7 @@ def live(server):
                        kv_events=server.kv_events)
     yield s
     s.pause()
-    s.engine.close()
+    s.close()
 
 
 @pytest.mark.slow
@@ -189,7 +189,8 @@ def test_a_burst_runs_out_of_blocks_and_preempts(server, client, live, tokenizer
 
 @pytest.mark.slow
 def test_the_kv_event_tree_holds_exactly_the_pools_hashed_blocks(server, live):
-    pool = {b["event_key"] for b in live.current.snapshot["block_pool"]["blocks"] if b["event_key"]}
+    # One id for a block everywhere: the pool's hash is the key vLLM's KV events give it.
+    pool = {b["hash"] for b in live.current.snapshot["block_pool"]["blocks"] if b["hash"]}
     assert len(pool) >= 3
     assert server.kv_events.wait_for(lambda t: t.keys() == pool, timeout=5), (
         sorted(pool ^ server.kv_events.tree.keys()))
@@ -201,7 +202,9 @@ def test_the_kv_event_tree_holds_exactly_the_pools_hashed_blocks(server, live):
 
 @pytest.mark.slow
 def test_export_html_of_what_was_seen(live, tmp_path):
-    out = live.export_html(tmp_path / "live.html")
+    from explorer import export_html
+
+    out = export_html(live, tmp_path / "live.html")
     assert out.path.exists() and out.steps_included == len(live.history) and out.steps_total == live.current.step
 
 
@@ -283,7 +286,7 @@ class StubFeed:
 
     def snapshot(self) -> dict:
         blocks = [{"block_id": i, "ref_count": 0, "hash": None, "token_ids": [], "owners": [], "is_null": i == 0,
-                   "is_free": i > 0, "event_key": None} for i in range(4)]
+                   "is_free": i > 0} for i in range(4)]
         return {"step": self.seq, "config": {"block_size": 32, "num_kv_blocks": 4, "model": "/nonexistent",
                                             "max_num_batched_tokens": 64, "max_num_seqs": 4,
                                             "enable_chunked_prefill": True, "enable_prefix_caching": True,
@@ -315,10 +318,11 @@ class StubFeed:
         from engine.report.records import StepRecord
 
         self.seq += 1
-        changes = {"requests": {}, "queues": {"waiting": [], "running": []}, "finished": [], "blocks": [],
-                   "num_free_blocks": 3, "metrics": {}}
+        changes = {"step": self.seq, "requests": {}, "queues": {"waiting": [], "running": []}, "finished": [],
+                   "blocks": [], "num_free_blocks": 3, "metrics": {}}
+        record = StepRecord(step=self.seq, changes=changes).to_dict()
         msg = {"schema": self.protocol.SCHEMA_VERSION, "kind": "step", "run_id": self.run_id, "seq": self.seq,
-               "record": StepRecord(step=self.seq).to_dict(), "changes": changes, "counters": {}} | override
+               "record": record, "counters": {}} | override
         self.pub.send_multipart([self.protocol.TOPIC, self.protocol.encode(msg)])
 
     def close(self) -> None:
@@ -379,7 +383,7 @@ def test_a_server_restart_resynchronises_and_says_so(stub):
         assert s.wait_for(lambda s: s.current.step == 2, timeout=5)
         stub.run_id, stub.seq = "run-b", 0
         stub.send_step()
-        assert s.wait_for(lambda s: s.engine.run_id == "run-b", timeout=5)
+        assert s.wait_for(lambda s: s.source.run_id == "run-b", timeout=5)
         assert len(s.history) == 1 and s.feed_status()["resyncs"] == 1
         assert "the server restarted" in s.notes[-1] and "resynchronised" in s.notes[-1]
         stub.send_step()
@@ -399,7 +403,7 @@ def test_a_slow_notebook_keeps_a_bounded_queue_and_counts_what_it_dropped(stub):
         end = time.monotonic() + 5
         while s.feed_status()["received"] < 10 and time.monotonic() < end:
             time.sleep(0.02)
-        assert s.engine.pending() == 3 and s.feed_status()["dropped_here"] == 7
+        assert s.source.pending() == 3 and s.feed_status()["dropped_here"] == 7
         # Step 8 follows a gap: the state comes from a fresh snapshot, taken at step 10, shown with
         # step 10's own record; 8 and 9, which it already holds, are dropped as stale.
         assert [r.step for r in s.step(10)] == [10]
@@ -431,7 +435,7 @@ def test_the_dashboard_of_a_live_session_has_follow_and_pause(stub):
         assert dash.controls.step == 3   # the other panels followed the same steps
         stub.send_step()
         time.sleep(0.3)
-        assert s.current.step == 3 and s.engine.pending() == 1   # paused: it waits in the queue
+        assert s.current.step == 3 and s.source.pending() == 1   # paused: it waits in the queue
         with pytest.raises(ValueError, match="follows a live vLLM server"):
             s.add_request("Hello")
     finally:
@@ -481,7 +485,7 @@ def test_without_token_ids_the_feed_keeps_counts_and_block_ids_only():
 
     # A step's changes: the tails go, the counts stay, and the dicts the recorder keeps for its
     # next snapshot (blocks, finished requests) are copied, never emptied in place.
-    from explorer.drivers.vllm_live import changes
+    from engine.report.changes import apply
 
     clock = {"arrival_time": 1.0, "first_scheduled_time": 1.0, "first_token_time": 2.0, "finished_time": None,
              "preempted_times": [], "token_times_from": 0, "token_times_tail": [2.0]}
@@ -490,14 +494,14 @@ def test_without_token_ids_the_feed_keeps_counts_and_block_ids_only():
            "max_tokens": 4, "sampling_params": {}, "output_from": 0, "output_tail": [42], "table_from": 0,
            "table_tail": [1], "clocks": {"engine": clock, "wall": clock}}
     kept_block, kept_done = {"block_id": 1, "token_ids": [5, 6, 7]}, dict(req, request_id="done")
-    step = {"record": StepRecord(step=2).to_dict(),
-            "changes": {"requests": {"q": new}, "queues": {"waiting": [], "running": ["q"]}, "finished": [kept_done],
-                        "blocks": [kept_block], "num_free_blocks": 0, "metrics": {}}}
+    step = {"record": StepRecord(step=2, changes={
+        "step": 2, "requests": {"q": new}, "queues": {"waiting": [], "running": ["q"]}, "finished": [kept_done],
+        "blocks": [kept_block], "num_free_blocks": 0, "metrics": {}}).to_dict()}
     protocol.strip_tokens(step)
     assert kept_block["token_ids"] == [5, 6, 7] and kept_done["prompt_token_ids"] == [5, 6, 7]
-    base = {"queues": {"waiting": [], "running": [], "finished": []},
+    base = {"step": 1, "config": {}, "model_info": {}, "metrics": {}, "queues": {"waiting": [], "running": [], "finished": []},
             "block_pool": {"blocks": [{"block_id": 0}, {"block_id": 1}], "num_free_blocks": 1}}
-    after = changes.apply(base, step["changes"], 2)
+    after = apply(base, step["record"]["changes"])
     (q,) = after["queues"]["running"]
     assert (q["prompt_token_ids"], q["output_token_ids"], q["num_prompt_tokens"], q["num_output_tokens"]) == ([], [], 3, 1)
     assert q["block_table"] == [1] and after["block_pool"]["blocks"][1] == {"block_id": 1, "token_ids": [], "owners": ["q"]}

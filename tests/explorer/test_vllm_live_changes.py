@@ -1,8 +1,9 @@
 """The live feed sends each step's changes, not the whole state: rebuilt on the client from
-them, the state must equal a whole snapshot built from vLLM's objects by the full builders
-(explorer.drivers.vllm.records.RecordBuilder's pool_dict / queues), at every step of random workloads with
-prefix hits, chunked prefills and preemptions. vLLM's own Scheduler runs them without a
-model (tests/oracle/vllm_side.py), with kvscope's recorder as its scheduler class."""
+them (engine.report.changes.apply), the state must equal a whole snapshot built from vLLM's
+objects by the full builders (explorer.drivers.vllm.records.RecordBuilder's pool_dict /
+queues), at every step of random workloads with prefix hits, chunked prefills and
+preemptions; every record the feed carries fits the record schema. vLLM's own Scheduler runs
+them without a model (tests/oracle/vllm_side.py), with kvscope's recorder as its scheduler class."""
 from __future__ import annotations
 
 import os
@@ -26,9 +27,6 @@ def vllm_side():
 def whole_state(view, finished: list) -> dict:
     """What the recorder's snapshot held before the feed sent changes: every block and request
     dict built from scratch (its token memo copied, so building this changes nothing)."""
-    from explorer.drivers.vllm_live import protocol
-    from vllm.v1.core.kv_cache_utils import get_block_hash, maybe_convert_block_hash
-
     records = view.records
     s, kv = records.scheduler, records.scheduler.kv_cache_manager
     memo, records._block_tokens = records._block_tokens, dict(records._block_tokens)
@@ -38,9 +36,6 @@ def whole_state(view, finished: list) -> dict:
         pool = records.pool_dict(running, tables)
     finally:
         records._block_tokens = memo
-    for b, blk in zip(pool["blocks"], records.pool.blocks):
-        h = blk.block_hash
-        b["event_key"] = None if h is None else protocol.event_key(maybe_convert_block_hash(get_block_hash(h)))
     return {"block_pool": pool, "queues": records.queues(running, tables, finished), "metrics": records.metrics}
 
 
@@ -61,7 +56,9 @@ def first_difference(a, b, path="") -> str | None:
 def run(vllm_side, seed: int) -> dict:
     import zmq
 
-    from explorer.drivers.vllm_live import changes, protocol
+    from engine.report import schema
+    from engine.report.changes import apply
+    from explorer.drivers.vllm_live import protocol
     from explorer.drivers.vllm_live.recorder import RecordingScheduler
     from explorer.drivers.vllm_live.server import free_port
     from tests.oracle.workloads import random_workload
@@ -78,7 +75,7 @@ def run(vllm_side, seed: int) -> dict:
     counts = {"steps": 0, "preempted": 0, "hits": 0, "chunks": 0}
     try:
         while not sched._feed.subscribers:  # XPUB hears the subscription on its next look
-            sched._feed._count_subscribers()
+            sched._feed.count_subscribers()
             sub.poll(10)
         state = protocol.decode([sched._feed._latest], "snapshot")["snapshot"]
         last_arrival = max(r.arrival_step for r in w.requests)
@@ -91,9 +88,9 @@ def run(vllm_side, seed: int) -> dict:
             for _ in range(sched._feed.counters["published"] - published):  # every message, in order
                 assert sub.poll(5000), f"seed {seed}: a published step did not arrive"
                 msg = protocol.decode(sub.recv_multipart())
-                finished = [sched._kv.finished[-1 - i] for i in range(len(msg["changes"]["finished"]))][::-1]
-                state = changes.apply(state, msg["changes"], msg["record"]["step"])
-                truth = whole_state(sched._kv, finished)
+                assert schema.record_problems(msg["record"]) == [], f"seed {seed}"
+                state = apply(state, msg["record"]["changes"])
+                truth = whole_state(sched._kv, list(sched._kv.finished))
                 for key in truth:
                     diff = first_difference(truth[key], state[key], key)
                     assert diff is None, f"seed {seed}, step {msg['record']['step']}: {diff}"

@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("engine", "explorer", "widgets", "benchmarks")
 SHIPPED = ("engine", "explorer", "widgets")
-# engine <- explorer -> widgets (DESIGN.md): who may import whom; the benchmarks use them all.
+# engine <- explorer -> widgets (docs/architecture.md): who may import whom; the benchmarks use them all.
 ALLOWED = {"engine": {"engine"}, "widgets": {"widgets"}, "explorer": {"engine", "explorer", "widgets"},
            "benchmarks": {"engine", "explorer", "widgets", "benchmarks"}}
 # engine/core decides what the vLLM differential tests compare: plain Python, no torch.
@@ -109,9 +109,7 @@ def _without_package_inits(graph: dict[str, set[str]]) -> dict[str, set[str]]:
     return {n: {d for d in deps if d not in packages or d == n.split(".")[0]} for n, deps in graph.items()}
 
 
-# The one cycle on purpose: Session.attach (explorer/core/session.py) returns a LiveSession, the
-# Session subclass that follows a vLLM server; session.py imports it inside attach.
-KNOWN_CYCLES = [["explorer.core.session", "explorer.drivers.vllm_live.client"]]
+KNOWN_CYCLES: list[list[str]] = []
 
 
 def test_no_import_cycles_between_modules():
@@ -192,21 +190,13 @@ def _upward_arrows(graph: dict[str, set[str]]) -> list[str]:
     return sorted(out)
 
 
-# Left by the folder move, removed by the Source/Controls split (a live server becomes a Session
-# without controls, no LiveSession subclass) and export_html leaving the Session.
-KNOWN_UPWARD = ["explorer.core.session (explorer.core) imports explorer.export.page",
-                "explorer.drivers.vllm_live.client (explorer.drivers) imports explorer.core.session",
-                "explorer.drivers.vllm_live.client (explorer.drivers) imports explorer.ui.follow_view"]
-
-
 def test_explorer_layers_point_down_and_explorer_has_no_cycle():
     for folder in EXPLORER_LAYERS:
         assert (ROOT / folder.replace(".", "/") / "__init__.py").is_file(), f"{folder} is missing"
     graph = _graph()
-    upward = [a for a in _upward_arrows(graph) if a not in KNOWN_UPWARD]
+    upward = _upward_arrows(graph)
     assert not upward, "upward imports in explorer/:\n" + "\n".join(upward)
-    explorer_cycles = [c for c in _cycles(_without_package_inits(graph))
-                       if c[0].startswith("explorer") and c not in KNOWN_CYCLES]
+    explorer_cycles = [c for c in _cycles(_without_package_inits(graph)) if c[0].startswith("explorer")]
     assert not explorer_cycles, explorer_cycles
 
 
@@ -214,7 +204,7 @@ def test_a_planted_upward_import_is_found():
     graph = _graph()
     graph["explorer.drivers.vllm.records"] = graph["explorer.drivers.vllm.records"] | {"explorer.ui.views"}
     graph["explorer.core.history"] = graph["explorer.core.history"] | {"explorer.export.page"}
-    assert [a for a in _upward_arrows(graph) if a not in KNOWN_UPWARD] == [
+    assert _upward_arrows(graph) == [
         "explorer.core.history (explorer.core) imports explorer.export.page",
         "explorer.drivers.vllm.records (explorer.drivers) imports explorer.ui.views"]
 

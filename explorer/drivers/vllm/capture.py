@@ -35,17 +35,23 @@ class Capture:
     batch_req_ids: list[str] = field(default_factory=list)  # internal ids in the batch's row order
     blocks: dict = field(default_factory=lambda: {k: [] for k in BLOCK_EVENTS})
     cached_tokens: dict = field(default_factory=dict)  # block id -> the token ids vLLM hashed into it
-    # Every block that lost a reference, freed or still shared (the live feed resends these;
-    # only the live recorder's hooks fill it).
+    # Every block that lost a reference, freed or still shared: its dict changed (owners,
+    # refcount) without a "freed" event when another request still holds it.
     ref_dropped: set = field(default_factory=set)
     seconds: dict = field(default_factory=lambda: dict.fromkeys(("schedule", "prepare", "execute", "sample", "update"),
                                                                 0.0))
 
 
 class StepCapture:
-    """Hooks on one vLLM engine core's scheduler, block pool and model runner."""
+    """Hooks on one vLLM engine core's scheduler, block pool and model runner.
 
-    def __init__(self, scheduler: Any, runner: Any | None, executor: Any = None) -> None:
+    `now` is the capture events go to. Between `end()` and the next `begin()` it collects
+    what happens outside a step (an abort's frees), which the next step then reports: blocks
+    that change between steps show in the next record rather than vanish. `hook_scheduler`
+    False: the scheduler is the recorder's own subclass, which routes its calls itself."""
+
+    def __init__(self, scheduler: Any, runner: Any | None, executor: Any = None, *,
+                 hook_scheduler: bool = True) -> None:
         self.scheduler = scheduler
         self.pool = scheduler.kv_cache_manager.block_pool
         self.runner = runner  # None where the model runs in worker processes (tensor parallel)
@@ -53,29 +59,36 @@ class StepCapture:
         self.now = Capture()
         self._cached_now: set[int] = set()
         self._originals: list[tuple[Any, str]] = []
-        self._wrap(scheduler, "schedule", self._schedule)
-        self._wrap(scheduler, "update_from_output", self._update_from_output)
+        if hook_scheduler:
+            self._wrap(scheduler, "schedule", self._schedule)
+            self._wrap(scheduler, "update_from_output", self._update_from_output)
         for name, hook in (("get_new_blocks", self._get_new_blocks), ("touch", self._touch),
                            ("cache_full_blocks", self._cache_full_blocks),
                            ("free_blocks", self._free_blocks), ("_insert_block_hash", self._insert_block_hash),
                            ("_maybe_evict_cached_block", self._maybe_evict)):
             self._wrap(self.pool, name, hook)
+        if hasattr(self.pool, "unpin_blocks"):  # another way vLLM drops references
+            self._wrap(self.pool, "unpin_blocks", self._unpin_blocks)
         if runner is not None:
             for name, hook in (("_prepare_inputs", self._prepare_inputs), ("execute_model", self._execute_model),
                                ("sample_tokens", self._sample_tokens)):
                 self._wrap(runner, name, hook)
 
-    def begin(self) -> None:
-        """Forget the previous step (call right before vLLM's step)."""
-        self.now = Capture()
+    def begin(self) -> Capture:
+        """Right before vLLM's step: the step's capture, holding what happened since the last one."""
         self._cached_now = set()
+        return self.now
 
-    def end(self) -> None:
-        """After vLLM's step: with the model in worker processes, ask rank 0 for its batch."""
-        out = self.now.out
+    def end(self) -> Capture:
+        """After vLLM's step: its capture (with the model in worker processes, rank 0's batch
+        asked for); events from now on go to the next step's."""
+        done = self.now
+        out = done.out
         if self.runner is None and self.executor is not None and out is not None and out.total_num_scheduled_tokens:
-            self.now.batch_req_ids, self.now.batch = self.executor.collective_rpc(
+            done.batch_req_ids, done.batch = self.executor.collective_rpc(
                 rank0_batch, args=(out.total_num_scheduled_tokens,), unique_reply_rank=0)
+        self.now = Capture()
+        return done
 
     def close(self) -> None:
         """Put vLLM's own methods back."""
@@ -130,10 +143,16 @@ class StepCapture:
 
     def _free_blocks(self, original, ordered_blocks) -> Any:
         blocks = list(ordered_blocks)  # vLLM passes a reversed() iterator: read it once
+        self.now.ref_dropped.update(b.block_id for b in blocks)
         result = original(blocks)
         self.now.blocks["freed"].extend(b.block_id for b in blocks
                                         if b.ref_cnt == 0 and not b.is_null and (b.pool is None or b.pool is self.pool))
         return result
+
+    def _unpin_blocks(self, original, blocks, *args: Any, **kwargs: Any) -> Any:
+        blocks = list(blocks)
+        self.now.ref_dropped.update(b.block_id for b in blocks)
+        return original(blocks, *args, **kwargs)
 
     def _insert_block_hash(self, original, key, block, *args: Any, **kwargs: Any) -> Any:
         result = original(key, block, *args, **kwargs)

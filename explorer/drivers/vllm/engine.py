@@ -12,8 +12,9 @@ from its KV cache manager and block pool, the packed batch and slot mapping from
 runner's buffers, sampler candidates from its logprobs of the sampled row, attention from
 the queries its watched layer computed and the keys in its paged cache (explorer.drivers.vllm.probe).
 What the adapter adds is bookkeeping vLLM does not keep: the engine clock (time inside
-vLLM's step), per-request event times, the prefill chunk index, the finished queue.
-Block hashes are shown as the first 8 bytes (16 hex digits) of vLLM's sha256 block hash.
+vLLM's step), per-request event times, the prefill chunk index, the finished queue, and each
+step's changes (explorer.drivers.vllm.changes). Block hashes are shown as vLLM's KV events
+name them (16 hex digits: RecordBuilder.hash_key).
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ from engine.request import abortable, checked_request_args, token_id_list
 from engine.sampling_params import SamplingParams
 
 from .capture import StepCapture
+from .changes import BlockTables, ChangeTracker
 from .config import (CONFIG_FIELDS, LIVE_KNOBS, VllmConfig, VllmUnavailable, fit_max_num_seqs,
                           prepare_environment, require_vllm, split_fields)
 from .probe import QueryCapture, VllmAttentionProbe, attention_weights
@@ -56,9 +58,11 @@ class VllmDriver:
     """Owns one VllmEngine for a Session (explorer.core.engine_protocol.EngineDriver)."""
 
     config_fields = CONFIG_FIELDS
+    watch_only = ""
 
     def __init__(self, engine: "VllmEngine") -> None:
         self.engine = engine
+        self.source = self.controls = engine  # VllmEngine is both a Source and its Controls
         self.llm = engine.llm
         self.name = engine.name
 
@@ -167,6 +171,10 @@ class VllmEngine:
                                      tokenizer=self.tokenizer, max_logprobs=self._max_logprobs,
                                      runner_in_process=self.runner is not None,
                                      reserve_full_isl=config.scheduler_reserve_full_isl)
+        self.tracker = ChangeTracker(self.records, BlockTables(self.scheduler))
+        self.last_capture: Any = None  # the latest step's capture (explorer.drivers.vllm.capture)
+        self._finished_sent = 0         # self.finished[:n] went out in changes already
+        self._config_changed = False
 
     # -- facts ----------------------------------------------------------------------------
     @property
@@ -230,6 +238,10 @@ class VllmEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self.vllm.has_unfinished_requests())
 
+    def pending(self) -> int:
+        """Steps ready to run now: 1 while a request is unfinished (a Session's Source protocol)."""
+        return int(self.has_unfinished_requests())
+
     # -- requests -------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None) -> str:
@@ -252,6 +264,7 @@ class VllmEngine:
         entry = RequestState(request_id, internal, self.scheduler.requests[internal], params,
                              prompt if isinstance(prompt, str) else None)
         self.records.track(entry, time.time())
+        self.tracker.note_request(internal)
         return request_id
 
     def _sampling_params(self, p: SamplingParams) -> Any:
@@ -269,6 +282,7 @@ class VllmEngine:
         self.vllm.abort_request([request_id])
         self.records.finish(entry, "abort", time.time())
         self.finished.extend(self.records.take_finished())
+        self.tracker.note_blocks(self.capture.now)  # its frees: in the next step's events too
 
     # -- budget ---------------------------------------------------------------------------
     def update_scheduler_config(self, **knobs: Any) -> VllmConfig:
@@ -299,6 +313,7 @@ class VllmEngine:
             s.max_num_active_reqs = new.max_num_seqs
         s.scheduler_reserve_full_isl = new.scheduler_reserve_full_isl
         self.config = new
+        self._config_changed = True
         return new
 
     # -- the step -------------------------------------------------------------------------
@@ -310,16 +325,29 @@ class VllmEngine:
         t0 = time.perf_counter()
         outputs = self.vllm.step()
         vllm_s = time.perf_counter() - t0
-        self.capture.end()
+        cap = self.last_capture = self.capture.end()
         t1 = time.perf_counter()
-        rec = self.records.step_record(self.capture.now, outputs, vllm_s)
+        rec = self.records.step_record(cap, outputs, vllm_s)
+        rec.batch_source = "runner" if cap.batch is not None else None
         self.finished.extend(self.records.take_finished())
+        self.tracker.note_step(cap)
+        rec.changes = self.take_changes()
         record_s = time.perf_counter() - t1
         rec.timings_ms["explorer_record"] = record_s * 1e3
         self.overhead["steps"] += 1
         self.overhead["vllm_step_s"] += vllm_s
         self.overhead["record_s"] += record_s
         return rec
+
+    def take_changes(self) -> dict:
+        """What changed since the last step or call (engine/report/changes.py): a Session applies
+        it after each step, and after adding, aborting or re-budgeting between steps."""
+        changes = self.tracker.changes(self.step_count, self.finished[self._finished_sent:])
+        self._finished_sent = len(self.finished)
+        if self._config_changed:
+            changes["config"] = self.config.to_dict()
+            self._config_changed = False
+        return changes
 
     # -- inspection -----------------------------------------------------------------------
     @property

@@ -75,6 +75,14 @@ class RecordBuilder:
         self.last_rows: dict[str, tuple[int, int, list[int]]] = {}  # vLLM id -> rows of the latest batch
         self._block_tokens: dict[int, tuple[bytes, list[int]]] = {}  # hashed block -> what it holds
         self._texts: dict[int, str] = {}
+        self._int_hashes = kv_events_use_int_hashes()
+
+    def hash_key(self, block_hash: Any) -> str:
+        """A pool block's hash as vLLM's KV events name it, 16 hex digits: the low 64 bits of its
+        block hash (vLLM's default; its first 8 bytes with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0).
+        The pool, the prefix tree and the panels show this one id for a block."""
+        h = bytes(block_hash)[:-4]  # BlockHashWithGroupId: the hash, then 4 bytes of KV cache group
+        return (h[-8:] if self._int_hashes else h[:8]).hex()
 
     # -- requests --------------------------------------------------------------------------------
     def track(self, entry: RequestState, arrival_wall: float) -> None:
@@ -231,16 +239,23 @@ class RecordBuilder:
     def request_dict(self, e: RequestState, table: list[int]) -> dict:
         """One request as the snapshot shows it (kvscope's request dict), from vLLM's Request."""
         r = e.req
-        prompt = list(r.prompt_token_ids or ())
-        output = list(r.output_token_ids)
-        return {REQ.REQUEST_ID: e.request_id, REQ.STATUS: status_name(r.status), REQ.PROMPT_TOKEN_IDS: prompt,
-                REQ.OUTPUT_TOKEN_IDS: output,
-                REQ.PROMPT_TEXT: e.prompt_text if e.prompt_text is not None else self._decode(e, "prompt", prompt),
-                REQ.OUTPUT_TEXT: self._decode(e, "output", output), REQ.NUM_COMPUTED_TOKENS: int(r.num_computed_tokens),
+        return {REQ.REQUEST_ID: e.request_id, REQ.STATUS: status_name(r.status), **self.first_seen(e),
+                REQ.OUTPUT_TOKEN_IDS: list(r.output_token_ids), REQ.OUTPUT_TEXT: self.output_text(e),
+                REQ.NUM_COMPUTED_TOKENS: int(r.num_computed_tokens),
                 REQ.NUM_CACHED_TOKENS: e.num_cached_tokens, REQ.BLOCK_TABLE: table,
                 REQ.NUM_PREEMPTIONS: int(r.num_preemptions), REQ.FINISH_REASON: e.finish_reason,
-                REQ.MAX_TOKENS: e.params.max_tokens, REQ.SAMPLING_PARAMS: e.params.to_dict(),
                 REQ.METRICS: e.metrics.to_dict()}
+
+    def first_seen(self, e: RequestState) -> dict:
+        """What never changes in a request's dict: its prompt, the prompt's text, max_tokens and
+        sampling parameters (a change carries them once)."""
+        prompt = list(e.req.prompt_token_ids or ())
+        return {REQ.PROMPT_TOKEN_IDS: prompt,
+                REQ.PROMPT_TEXT: e.prompt_text if e.prompt_text is not None else self._decode(e, "prompt", prompt),
+                REQ.MAX_TOKENS: e.params.max_tokens, REQ.SAMPLING_PARAMS: e.params.to_dict()}
+
+    def output_text(self, e: RequestState) -> str:
+        return self._decode(e, "output", e.req.output_token_ids)
 
     def finished_dict(self, e: RequestState) -> dict:
         if e.frozen is None:  # a finished request no longer changes: build its dict once
@@ -293,8 +308,18 @@ class RecordBuilder:
         elif h is not None:
             self._block_tokens[b] = (h, held)
         return {BLOCK.BLOCK_ID: b, BLOCK.REF_COUNT: int(blk.ref_cnt),
-                BLOCK.HASH: None if h is None else bytes(h)[:8].hex(), BLOCK.TOKEN_IDS: held, BLOCK.OWNERS: owners,
+                BLOCK.HASH: None if h is None else self.hash_key(h), BLOCK.TOKEN_IDS: held, BLOCK.OWNERS: owners,
                 BLOCK.IS_NULL: bool(blk.is_null), BLOCK.IS_FREE: blk.ref_cnt == 0 and not blk.is_null}
+
+
+def kv_events_use_int_hashes() -> bool:
+    """Whether vLLM's KV events carry block hashes as ints (the low 64 bits), read once."""
+    try:
+        import vllm.envs as envs
+
+        return bool(envs.VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES)
+    except Exception:  # noqa: BLE001 - an older vLLM without the switch sends ints
+        return True
 
 
 def computed_before(out: Any) -> tuple[dict[str, int], set[str]]:

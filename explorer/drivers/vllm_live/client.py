@@ -1,20 +1,25 @@
-"""The notebook side of the feed: `LiveEngine` reads the recorder's messages (a bounded
-queue filled by a thread), `LiveSession` is a Session over it, so history, metrics, the
-Dashboard and export_html work as for an engine stepped here.
+"""The notebook side of the feed: `LiveSource` reads the recorder's messages (a bounded queue
+filled by a thread) and hands them to a Session as steps; `LiveDriver` is the Session's driver
+of it, without controls (the server's traffic comes from its own clients).
 
     from explorer import Session
     s = Session.attach("tcp://127.0.0.1:5590")   # the server's KVSCOPE_FEED
     s.follow()                                   # apply steps as they come (s.pause() stops)
 
-`step(n)` applies up to n received steps (none waiting: it returns []). Failure modes:
+Each step message is a StepRecord dict whose `changes` the Session applies to its history
+(engine/report/changes.py). The source applies them too, to the state it holds, so it can spell
+token ids (with the model folder's tokenizer), count prefix hits in vLLM's KV-event tree, and
+notice a step that does not fit before the Session sees it. Failure modes:
 - nothing answers at the address: TimeoutError naming the address and how to start the recorder;
-- the server restarted (a new run id) or vLLM cleared its cache (AllBlocksCleared): the
-  session resynchronises from a fresh snapshot, starts its history again and says so in `notes`;
-- a malformed, foreign or other-schema message: counted in `feed_status()["rejected"]`, skipped;
+- the server restarted (a new run id) or vLLM cleared its cache (AllBlocksCleared): the next
+  step carries a fresh snapshot and `restart`, so the Session starts its history again, and
+  `notes` says why;
+- a malformed, foreign or other-schema message: counted in `status()["rejected"]`, skipped;
 - a slow notebook: the queue keeps the newest `max_queue` messages, older ones are dropped and
   counted; the recorder counts what it could not send (its counters travel with every message).
-  Each step carries only its changes (explorer.drivers.vllm_live.changes), so after a missed step the
-  state comes from a fresh snapshot (`feed_status()["rebased"]`), never from a guess.
+  After a missed step the state comes from a fresh snapshot (`status()["rebased"]`), never
+  from a guess; requests that finished in the missed steps and that the snapshot no longer
+  holds stay in the finished queue, marked.
 """
 from __future__ import annotations
 
@@ -26,35 +31,23 @@ from collections import deque
 from types import SimpleNamespace
 from typing import Any
 
-from engine.report.records import StepRecord
+from engine.report.changes import OutOfStep, apply, whole
+from engine.report.records import EngineSnapshot, StepRecord
+from engine.report.schema import BLOCK, CHANGES, EV, POOL, QUEUE, REC, REQ, SAMPLE, SNAP
 
-from ...core.session import Session
-from . import changes, protocol
+from . import protocol
 
 log = logging.getLogger(__name__)
 
-READ_ONLY = ("this session follows a live vLLM server: its traffic comes from the server's own clients "
-             "(send requests to the server's OpenAI API)")
+WATCH_ONLY = ("this session follows a live vLLM server: its traffic comes from the server's own clients "
+              "(send requests to the server's OpenAI API), and its budgets and pool are its command line's")
 
 
-class _Dict:
-    """A dict behind the `to_dict()` the Session calls."""
+class LiveSource:
+    """A recorder's feed as a Session's Source (explorer/core/engine_protocol.py)."""
 
-    def __init__(self, d: dict) -> None:
-        self.d = d
-        self.step = d.get("step", 0)
-
-    def to_dict(self) -> dict:
-        return self.d
-
-
-class LiveEngine:
-    """The engine protocol (explorer.core.engine_protocol.Engine) over a recorder's feed."""
-
-    read_only = READ_ONLY + "; the budgets are the server's command line"
-
-    def __init__(self, address: str, model: str | None = None, *, timeout: float = 10.0,
-                 max_queue: int = 1000, snapshot_address: str | None = None) -> None:
+    def __init__(self, address: str, model: str | None = None, *, timeout: float = 10.0, max_queue: int = 1000,
+                 snapshot_address: str | None = None, kv_events: Any = None) -> None:
         import zmq
 
         self.zmq = zmq
@@ -71,7 +64,6 @@ class LiveEngine:
         self.notes: list[str] = []
         self.server_counters: dict = {}
         self.tokens_left_out = False
-        self._finished: dict[str, dict] = {}
         self._texts: dict = {}
         self._sub = self._ctx.socket(zmq.SUB)
         self._sub.setsockopt(zmq.RCVHWM, max(1, self._max_queue))
@@ -79,8 +71,16 @@ class LiveEngine:
         self._sub.setsockopt(zmq.SUBSCRIBE, protocol.TOPIC)
         self._sub.connect(address)
         self._last_message = time.monotonic()
-        self._take_snapshot(first=True)
+        self._take_snapshot()
         self.tokenizer = self._load_tokenizer(model)
+        self._add_text({}, self._snap)
+        if isinstance(kv_events, str):  # an address; or a KvEventSubscriber already listening
+            from .kv_events import KvEventSubscriber
+
+            kv_events = KvEventSubscriber(kv_events)
+        self.kv_events = kv_events
+        self._cleared_seen = 0
+        self._ahead: dict | None = None  # a snapshot ahead of the state held here (steps never came)
         self._running = True
         self._thread = threading.Thread(target=self._receive, name="kvscope-feed", daemon=True)
         self._thread.start()
@@ -109,18 +109,15 @@ class LiveEngine:
         except protocol.FeedError as exc:
             raise ValueError(f"the recorder at {self.snapshot_address} answered, but: {exc}") from None
 
-    def _take_snapshot(self, first: bool = False) -> None:
+    def _take_snapshot(self) -> None:
         msg = self._fetch_snapshot(self.timeout)
         self.run_id, self.seq = msg["run_id"], msg["seq"]
         self.server_counters = msg.get("counters") or {}
         self.tokens_left_out = bool(msg.get("tokens_left_out"))
-        snap = msg["snapshot"]
-        self._finished = {r["request_id"]: r for r in snap["queues"]["finished"]}
-        self._snap = snap
-        self.step_count = int(snap.get("step", 0))
-        self.config = SimpleNamespace(**snap.get("config", {}))
-        if not first:
-            self._texts.clear()
+        self._snap = msg["snapshot"]
+        self.step_count = int(self._snap.get(SNAP.STEP, 0))
+        self.config = SimpleNamespace(**self._snap.get(SNAP.CONFIG, {}))
+        self._texts.clear()
 
     # -- the feed thread ----------------------------------------------------------------------------
     def _receive(self) -> None:
@@ -148,75 +145,89 @@ class LiveEngine:
                     self.counters["dropped_here"] += 1
                 self._queue.append(msg)
 
-    def pending(self) -> int:
-        with self._qlock:
-            return len(self._queue)
-
-    # -- the engine protocol ----------------------------------------------------------------------
+    # -- the Source protocol ------------------------------------------------------------------------
     @property
     def model_info(self) -> dict:
-        return self._snap.get("model_info", {})
+        return self._snap.get(SNAP.MODEL_INFO, {})
 
-    def has_unfinished_requests(self) -> bool:
-        """True when a step is waiting that this session has not seen (steps already in the
-        snapshot it joined with are dropped here, counted as stale)."""
+    def snapshot(self) -> EngineSnapshot:
+        return EngineSnapshot.from_dict(self._snap)
+
+    def pending(self) -> int:
+        """Steps ready to apply: the messages received and not yet seen (those already in the
+        snapshot this source joined with are dropped, counted as stale), or 1 when vLLM cleared
+        its cache or a snapshot must fill in steps that ended requests but never arrived."""
+        if self._cleared():
+            return 1
         with self._qlock:
             while self._queue and self._queue[0]["run_id"] == self.run_id and self._queue[0]["seq"] <= self.seq:
                 self._queue.popleft()
                 self.counters["stale"] += 1
-            return bool(self._queue)
+            if self._queue:
+                return len(self._queue)
+        return int(self._needs_catch_up())
 
-    def step(self) -> _Dict:
-        """Apply the next received step; its record."""
+    def step(self) -> StepRecord:
+        """The next step: a received message's record (its changes made to fit the state held here
+        and its token ids spelled), or a record whose changes carry a whole snapshot (missed steps,
+        a restart, vLLM's cache cleared)."""
+        if self._cleared():
+            self._cleared_seen = len(self.kv_events.cleared_at)
+            return self._restart("vLLM cleared its prefix cache (AllBlocksCleared)")
         while True:
             with self._qlock:
-                if not self._queue:
-                    raise ValueError("no step from the server is waiting")
-                msg = self._queue.popleft()
+                msg = self._queue.popleft() if self._queue else None
+            if msg is None:
+                return self._catch_up()
             if msg["run_id"] != self.run_id:
-                self._restart(f"the server restarted (run {self.run_id[:8]} -> {msg['run_id'][:8]})")
-                raise _Resync()
-            if msg["seq"] <= self.seq:  # already in the snapshot we joined with
-                self.counters["stale"] += 1
-                continue
-            applied = self.seq
-            self.seq = msg["seq"]
-            break
+                return self._restart(f"the server restarted (run {self.run_id[:8]} -> {msg['run_id'][:8]})")
+            if msg["seq"] > self.seq:
+                break
+            self.counters["stale"] += 1  # already in the snapshot this source joined with
+        applied, self.seq = self.seq, msg["seq"]
+        self._ahead = None  # steps came after all
         self.server_counters = msg.get("counters") or {}
         rec = msg["record"]
         snap = None
         if msg["seq"] == applied + 1:
             try:
-                snap = changes.apply(self._snap, msg["changes"], rec["step"])
-            except changes.OutOfStep as exc:
-                self.notes.append(f"step {rec['step']} did not fit the state held here ({exc})")
+                self._add_text_to_changes(rec)
+                snap = apply(self._snap, rec[REC.CHANGES])
+            except OutOfStep as exc:
+                self.notes.append(f"step {rec[REC.STEP]} did not fit the state held here ({exc})")
         else:
             self.counters["missed"] += msg["seq"] - applied - 1
         if snap is None:  # steps were missed: the state comes from a fresh snapshot
-            rec, snap = self._rebase(msg)
-        for r in snap["queues"]["finished"]:
-            self._finished[r["request_id"]] = r
-        snap["queues"]["finished"] = list(self._finished.values())
-        self._add_text(rec, snap)
-        self._snap = snap
-        self.step_count = rec["step"]
-        self.counters["applied"] += 1
-        return _Dict(rec)
+            return self._rebase(msg)
+        self._hold(rec, snap, whole_state=False)
+        return StepRecord.from_dict(rec)
 
-    def _rebase(self, msg: dict) -> tuple[dict, dict]:
-        """After missed steps: (record, snapshot) from a fresh snapshot, taken after `msg` was
-        sent. Its step's own record goes with it when it was received (else an empty record of
-        that step); the steps it already holds are dropped as stale. The requests that finished
-        in the missed steps come from its finished queue; one it no longer holds is kept, marked."""
+    def _hold(self, rec: dict, snap: dict, whole_state: bool = True) -> None:
+        """Make `snap` the state held here, after the step whose record is `rec` (a whole state's
+        requests are spelled here; a step's changes were spelled before they were applied)."""
+        if whole_state:
+            self._add_text(rec, snap)
+        self._count_hits(rec, snap)
+        self._snap = snap
+        self.step_count = rec[REC.STEP]
+        self.counters["applied"] += 1
+
+    def _rebase(self, msg: dict) -> StepRecord:
+        """After missed steps: a record whose changes are a fresh snapshot, taken after `msg` was
+        sent. Its step's own record goes with it when it was received (else an empty record of that
+        step); the steps it already holds are dropped as stale. The requests that finished in the
+        missed steps come from its finished queue; one it no longer holds is kept, marked."""
         try:
             fresh = self._fetch_snapshot(min(self.timeout, 2.0))
         except (TimeoutError, ValueError) as exc:
             self.notes.append(f"steps were missed and no snapshot came to fill them in: {exc}; the panels keep "
                               f"the state of step {self.step_count}")
-            return msg["record"], {**self._snap, "step": msg["record"]["step"], "queues": dict(self._snap["queues"])}
+            rec = {**msg["record"], REC.CHANGES: whole({**self._snap, SNAP.STEP: msg["record"][REC.STEP]},
+                                                       msg["record"][REC.STEP])}
+            self._hold(rec, rec[REC.CHANGES][CHANGES.SNAPSHOT])
+            return StepRecord.from_dict(rec)
         if fresh["run_id"] != self.run_id:
-            self._restart("the server restarted while steps were missed")
-            raise _Resync()
+            return self._restart("the server restarted while steps were missed")
         snap = fresh["snapshot"]
         rec = msg["record"] if msg["seq"] == fresh["seq"] else None
         with self._qlock:
@@ -225,44 +236,58 @@ class LiveEngine:
                 self.counters["stale"] += 1
                 if held["seq"] == fresh["seq"]:
                     rec = held["record"]
-        if rec is None:
-            rec = StepRecord(step=int(snap.get("step", msg["record"]["step"]))).to_dict()
+        step = rec[REC.STEP] if rec is not None else int(snap.get(SNAP.STEP, msg["record"][REC.STEP]))
         self.seq = max(self.seq, fresh["seq"])
         self.counters["rebased"] += 1
-        q = snap["queues"]
-        live = {r["request_id"] for k in ("waiting", "running", "finished") for r in q[k]} | set(self._finished)
-        for r in [*self._snap["queues"]["running"], *self._snap["queues"]["waiting"]]:
-            if r["request_id"] not in live:  # it finished in a missed step the snapshot no longer holds
-                self._finished[r["request_id"]] = {**r, "status": "finished", "finish_reason": "unknown (dropped)"}
-        snap["step"] = rec["step"]
-        return rec, snap
+        snap = {**snap, SNAP.STEP: step, SNAP.QUEUES: self._with_lost_finished(snap[SNAP.QUEUES])}
+        rec = {**(rec or StepRecord(step=step).to_dict()), REC.CHANGES: whole(snap, step)}
+        self._hold(rec, snap)
+        return StepRecord.from_dict(rec)
 
-    def catch_up(self) -> bool:
-        """No step came for a while but the state shows requests in flight: the steps that ended
-        them may have been dropped. Take a fresh snapshot; True when it was ahead of us."""
-        q = self._snap["queues"]
-        if not (q["running"] or q["waiting"]) or time.monotonic() - self._last_message < 1.0:
+    def _with_lost_finished(self, queues: dict) -> dict:
+        """`queues` with every finished request held here that it lacks: those that finished in a
+        missed step it no longer holds are marked so."""
+        have = {r[REQ.REQUEST_ID] for q in QUEUE.ALL for r in queues[q]}
+        held = self._snap[SNAP.QUEUES]
+        kept = [r for r in held[QUEUE.FINISHED] if r[REQ.REQUEST_ID] not in have]
+        lost = [{**r, REQ.STATUS: "finished", REQ.FINISH_REASON: "unknown (dropped)"}
+                for r in [*held[QUEUE.RUNNING], *held[QUEUE.WAITING]] if r[REQ.REQUEST_ID] not in have]
+        return {**queues, QUEUE.FINISHED: kept + lost + list(queues[QUEUE.FINISHED])}
+
+    def _needs_catch_up(self) -> bool:
+        """No step came for a second but the state shows requests in flight: the steps that ended
+        them may have been dropped. True when a fresh snapshot is ahead of the state held here."""
+        q = self._snap[SNAP.QUEUES]
+        if self._ahead is not None:
+            return True
+        if not (q[QUEUE.RUNNING] or q[QUEUE.WAITING]) or time.monotonic() - self._last_message < 1.0:
             return False
         self._last_message = time.monotonic()
         try:
             msg = self._fetch_snapshot(min(self.timeout, 2.0))
         except (TimeoutError, ValueError):
             return False
-        if msg["run_id"] != self.run_id or msg["seq"] <= self.seq or self.pending():
-            return False
+        if msg["run_id"] == self.run_id and msg["seq"] > self.seq and not self._queue:
+            self._ahead = msg
+        return self._ahead is not None
+
+    def _catch_up(self) -> StepRecord:
+        """The snapshot `_needs_catch_up` found ahead, as a step whose changes carry it whole."""
+        msg, self._ahead = self._ahead, None
+        if msg is None:
+            raise ValueError("no step from the server is waiting")
         self.counters["missed"] += msg["seq"] - self.seq
         self.seq = msg["seq"]
         snap = msg["snapshot"]
-        for r in snap["queues"]["finished"]:
-            self._finished[r["request_id"]] = r
-        snap["queues"]["finished"] = list(self._finished.values())
-        snap["step"] = self.step_count  # the history's latest entry shows the server as it is now
-        self._add_text({}, snap)
-        self._snap = snap
+        step = max(self.step_count + 1, int(snap.get(SNAP.STEP, 0)))
+        snap = {**snap, SNAP.STEP: step, SNAP.QUEUES: self._with_lost_finished(snap[SNAP.QUEUES])}
         self.notes.append(f"caught up from a snapshot after missing steps up to seq {self.seq}")
-        return True
+        rec = {**StepRecord(step=step).to_dict(), REC.CHANGES: whole(snap, step)}
+        self._hold(rec, snap)
+        return StepRecord.from_dict(rec)
 
-    def _restart(self, why: str) -> None:
+    def _restart(self, why: str) -> StepRecord:
+        """Start again from a fresh snapshot: a record whose changes restart the history."""
         self.counters["resyncs"] += 1
         with self._qlock:
             kept = [m for m in self._queue if m["run_id"] != self.run_id]
@@ -270,33 +295,40 @@ class LiveEngine:
         self._take_snapshot()
         with self._qlock:
             self._queue.extend(m for m in kept if m["run_id"] == self.run_id)
+        self._add_text({}, self._snap)
         self.notes.append(f"{why}: resynchronised from a fresh snapshot at step {self.step_count}; "
                           "the history starts again")
         log.warning(self.notes[-1])
+        rec = StepRecord(step=self.step_count).to_dict()
+        rec[REC.CHANGES] = whole(self._snap, self.step_count, restart=self.notes[-1])
+        return StepRecord.from_dict(rec)
 
-    def resync(self, why: str) -> None:
-        """Start again from a fresh snapshot (after vLLM's AllBlocksCleared, for example)."""
-        self._restart(why)
+    def _cleared(self) -> bool:
+        kv = self.kv_events
+        return kv is not None and len(kv.cleared_at) > self._cleared_seen
 
-    def snapshot(self) -> _Dict:
-        return _Dict(self._snap)
+    def _count_hits(self, rec: dict, snap: dict) -> None:
+        kv = self.kv_events
+        hits = rec.get(REC.BLOCKS, {}).get(EV.HITS)
+        if kv is None or not hits:
+            return
+        blocks = snap[SNAP.BLOCK_POOL][POOL.BLOCKS]
+        with kv.lock:
+            for b in hits:
+                kv.tree.add_hit(blocks[b].get(BLOCK.HASH))
 
-    def add_request(self, *args: Any, **kwargs: Any) -> str:
-        raise ValueError(f"add_request: {READ_ONLY}")
-
-    def abort_request(self, request_id: str) -> None:
-        raise ValueError(f"abort: {READ_ONLY}")
-
-    def update_scheduler_config(self, **knobs: Any) -> Any:
-        raise ValueError("the budgets are the server's own (its command line); a live session shows them read-only")
-
-    def attention_probe(self, request_id: str, layer: int = 0, head: int | None = None) -> Any:
-        raise ValueError("attention weights are not in the live feed: the server's queries and KV live on its "
-                         "devices. Step vLLM in this process (Session(engine='vllm')) to see them")
+    def status(self) -> dict:
+        """What the feed did: this side's counters, the recorder's, the run, notes."""
+        status = {"address": self.address, "run_id": self.run_id, "seq": self.seq, "pending": len(self._queue),
+                  **self.counters, "last_rejection": self.last_rejection, "server": dict(self.server_counters),
+                  "tokens_left_out": self.tokens_left_out, "notes": list(self.notes)}
+        if self.kv_events is not None:
+            status["kv_events"] = dict(self.kv_events.counters)
+        return status
 
     # -- text --------------------------------------------------------------------------------------
     def _load_tokenizer(self, model: str | None) -> Any:
-        folder = model or self._snap.get("config", {}).get("model")
+        folder = model or self._snap.get(SNAP.CONFIG, {}).get("model")
         if not folder or not os.path.isdir(str(folder)):
             if model:
                 raise ValueError(f"model {model!r} is not a local folder: pass the model's folder for its tokenizer")
@@ -312,193 +344,76 @@ class LiveEngine:
             return ""
         return self.tokenizer.decode(ids)
 
-    def _add_text(self, rec: dict, snap: dict) -> None:
+    def _text(self, rid: str, which: str, ids: list[int]) -> str:
+        key = (rid, which)
+        cached = self._texts.get(key)
+        if cached is None or cached[0] != len(ids):
+            cached = self._texts[key] = (len(ids), self._decode(ids))
+        return cached[1]
+
+    def _add_text_to_changes(self, rec: dict) -> None:
+        """Spell the step's tokens in its changes (the recorder has no tokenizer), so whoever
+        applies them gets the texts: each changed request's output, a new one's prompt, the
+        finished requests' and the sampled tokens."""
         if self.tokenizer is None:
             return
-        for s in rec.get("sampled", {}).values():
-            if s.get("token_id") is not None and not s.get("text"):
-                s["text"] = self._decode([s["token_id"]])
-        for q in snap["queues"].values():
+        for s in rec.get(REC.SAMPLED, {}).values():
+            if s.get(SAMPLE.TOKEN_ID) is not None and not s.get(SAMPLE.TEXT):
+                s[SAMPLE.TEXT] = self._decode([s[SAMPLE.TOKEN_ID]])
+        changes = rec[REC.CHANGES]
+        held = {r[REQ.REQUEST_ID]: r for q in (QUEUE.WAITING, QUEUE.RUNNING) for r in self._snap[SNAP.QUEUES][q]}
+        for rid, change in changes[CHANGES.REQUESTS].items():
+            before = held.get(rid)
+            if REQ.PROMPT_TOKEN_IDS in change:
+                change[REQ.PROMPT_TEXT] = self._text(rid, "prompt", change[REQ.PROMPT_TOKEN_IDS])
+            output = (before[REQ.OUTPUT_TOKEN_IDS] if before is not None else [])[:change["output_from"]]
+            change[REQ.OUTPUT_TEXT] = self._text(rid, "output", output + list(change["output_tail"]))
+        for r in changes[CHANGES.FINISHED]:
+            self._spell(r)
+
+    def _add_text(self, rec: dict, snap: dict) -> None:
+        """Spell the tokens of a whole snapshot's requests (a join, a rebase, a restart)."""
+        if self.tokenizer is None:
+            return
+        for q in snap[SNAP.QUEUES].values():
             for r in q:
-                for which in ("prompt", "output"):
-                    ids = r.get(f"{which}_token_ids") or []
-                    key = (r["request_id"], which)
-                    cached = self._texts.get(key)
-                    if cached is None or cached[0] != len(ids):
-                        cached = self._texts[key] = (len(ids), self._decode(ids))
-                    r[f"{which}_text"] = cached[1]
+                if not r.get(REQ.OUTPUT_TEXT) and not r.get(REQ.PROMPT_TEXT):
+                    self._spell(r)
+
+    def _spell(self, r: dict) -> None:
+        rid = r[REQ.REQUEST_ID]
+        r[REQ.PROMPT_TEXT] = self._text(rid, "prompt", r.get(REQ.PROMPT_TOKEN_IDS) or [])
+        r[REQ.OUTPUT_TEXT] = self._text(rid, "output", r.get(REQ.OUTPUT_TOKEN_IDS) or [])
 
     def close(self) -> None:
         self._running = False
         self._thread.join(timeout=1.0)
         self._sub.close(0)
         self._ctx.term()
-
-
-class _Resync(Exception):
-    """Raised inside Session.step when the feed moved to a new run: LiveSession restarts."""
+        if self.kv_events is not None:
+            self.kv_events.close()
 
 
 class LiveDriver:
-    """The EngineDriver of a live feed (nothing to build: the server exists already)."""
+    """The EngineDriver of a live feed: nothing to build (the server exists already), nothing to
+    control (`controls` None, `watch_only` says why)."""
 
     config_fields = frozenset()
+    watch_only = WATCH_ONLY
+    controls = None
 
-    def __init__(self, engine: LiveEngine) -> None:
-        self.engine = engine
+    def __init__(self, source: LiveSource) -> None:
+        self.engine = self.source = source
         self.llm = None
-        self.name = engine.model_info.get("engine", "vLLM (live server)")
+        self.name = source.model_info.get("engine", "vLLM (live server)")
+
+    @classmethod
+    def connect(cls, address: str, model: str | None = None, **options: Any) -> "LiveDriver":
+        return cls(LiveSource(address, model, **options))
 
     def rebuild(self, **config_fields: Any) -> "LiveDriver":
         raise ValueError("reset: the server's pool and model are set on its command line; restart the server "
                          "and this session resynchronises by itself")
 
     def shutdown(self) -> None:
-        self.engine.close()
-
-
-class LiveSession(Session):
-    """A Session that follows a live vLLM server (see the module docstring)."""
-
-    def __init__(self, address: str, model: str | None = None, *, timeout: float = 10.0, max_queue: int = 1000,
-                 kv_events: Any = None, snapshot_address: str | None = None) -> None:
-        engine = LiveEngine(address, model, timeout=timeout, max_queue=max_queue, snapshot_address=snapshot_address)
-        super().__init__(engine=LiveDriver(engine))
-        self.address = address
-        if isinstance(kv_events, str):  # an address; or a KvEventSubscriber already listening
-            from .kv_events import KvEventSubscriber
-
-            kv_events = KvEventSubscriber(kv_events)
-        self.kv_events = kv_events
-        self._cleared_seen = 0
-        self._batched: list[str] | None = None
-        self._poll_lock = threading.Lock()
-        self._follow: threading.Thread | None = None
-        self._follow_stop = threading.Event()
-
-    @property
-    def notes(self) -> list[str]:
-        return self.engine.notes
-
-    def step(self, n: int = 1) -> list:
-        """Apply up to `n` steps received from the server (none waiting: [])."""
-        self._check_cleared()
-        try:
-            records = super().step(n)
-        except _Resync:
-            with self._lock:
-                self._start_history()
-                self.last_error = self.engine.notes[-1]
-            self._notify("reset")
-            return []
-        self._count_hits(records)
-        return records
-
-    def poll(self, max_steps: int = 10_000) -> list:
-        """Apply every step received so far (at most `max_steps`); views hear one 'step' event."""
-        with self._poll_lock:  # the Follow thread and a caller's wait_for take turns
-            self._batched = []
-            try:
-                records = self.step(max(1, min(max_steps, self.engine.pending() or 1)))
-                if not records and self.engine.catch_up():
-                    with self._lock:
-                        self._refresh_current()
-                    self._notify("feed")
-            finally:
-                held, self._batched = self._batched, None
-            for event in dict.fromkeys(held):  # each kind once, in order: a view redraws once per poll
-                super()._notify(event)
-        return records
-
-    def _notify(self, event: str) -> None:
-        held = getattr(self, "_batched", None)
-        if held is not None:
-            held.append(event)
-        else:
-            super()._notify(event)
-
-    def follow_panel(self) -> Any:
-        """The Follow / Pause panel for this session (widgets.follow; the Dashboard shows it)."""
-        from ...ui.follow_view import follow_panel
-
-        return follow_panel(self)
-
-    def wait_for(self, predicate, timeout: float = 30.0, interval: float = 0.05) -> bool:
-        """Apply steps as they come until predicate(session) holds or `timeout` passes."""
-        end = time.monotonic() + timeout
-        while True:
-            self.poll()
-            if predicate(self):
-                return True
-            if time.monotonic() >= end:
-                return False
-            time.sleep(interval)
-
-    def follow(self, interval: float = 0.1) -> None:
-        """Apply steps in a thread as they arrive (the Dashboard's Follow)."""
-        if self._follow is not None and self._follow.is_alive():
-            return
-        self._follow_stop.clear()
-
-        def run() -> None:
-            while not self._follow_stop.wait(interval):
-                try:
-                    self.poll(256)
-                except Exception:  # noqa: BLE001 - following must outlive one bad step
-                    log.exception("following the live feed failed")
-
-        self._follow = threading.Thread(target=run, name="kvscope-follow", daemon=True)
-        self._follow.start()
-
-    def pause(self) -> None:
-        """Stop applying steps; they wait in the bounded queue (the oldest dropped, counted)."""
-        self._follow_stop.set()
-        if self._follow is not None:
-            self._follow.join(timeout=2.0)
-        self._follow = None
-
-    @property
-    def following(self) -> bool:
-        return self._follow is not None and self._follow.is_alive()
-
-    def feed_status(self) -> dict:
-        """What the feed did: this side's counters, the recorder's, the run, notes."""
-        e = self.engine
-        status = {"address": self.address, "run_id": e.run_id, "seq": e.seq, "pending": e.pending(),
-                  "following": self.following, **e.counters, "last_rejection": e.last_rejection,
-                  "server": dict(e.server_counters), "tokens_left_out": e.tokens_left_out, "notes": list(e.notes)}
-        if self.kv_events is not None:
-            status["kv_events"] = dict(self.kv_events.counters)
-        return status
-
-    def _check_cleared(self) -> None:
-        kv = self.kv_events
-        if kv is not None and len(kv.cleared_at) > self._cleared_seen:
-            self._cleared_seen = len(kv.cleared_at)
-            with self._lock:
-                self.engine.resync("vLLM cleared its prefix cache (AllBlocksCleared)")
-                self._start_history()
-            self._notify("reset")
-
-    def _count_hits(self, records: list) -> None:
-        kv = self.kv_events
-        if kv is None or not records:
-            return
-        with kv.lock:
-            for entry in self._history[-len(records):]:
-                if entry.record is None:
-                    continue
-                blocks = entry.snapshot["block_pool"]["blocks"]
-                for b in entry.record["blocks"].get("hits", ()):
-                    kv.tree.add_hit(blocks[b].get("event_key"))
-
-    def close(self) -> None:
-        self.pause()
-        if self.kv_events is not None:
-            self.kv_events.close()
-        self._driver.shutdown()
-
-
-def attach(address: str, model: str | None = None, **options: Any) -> LiveSession:
-    """Follow the kvscope recorder of a running vLLM server at `address` (its KVSCOPE_FEED)."""
-    return LiveSession(address, model, **options)
+        self.source.close()

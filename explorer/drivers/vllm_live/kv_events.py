@@ -187,6 +187,9 @@ class KvEventSubscriber:
             return bool(predicate(self.tree))
 
     def close(self) -> None:
+        """Stop listening (a second call does nothing: a Session and its notebook may both close it)."""
+        if not self._running:
+            return
         self._running = False
         self._thread.join(timeout=1.0)
         self._sock.close(0)

@@ -3,10 +3,10 @@ client (in the notebook). One place, so both sides agree on it.
 
 Two sockets, both bound by the recorder:
 - the feed (`KVSCOPE_FEED`, default tcp://127.0.0.1:5590): an XPUB socket. Each message is
-  two frames, TOPIC and a msgpack map {schema, kind: "step", run_id, seq, record, changes,
-  counters}. `record` is a StepRecord dict, `changes` what the step changed in the state of
-  the message before it (explorer.drivers.vllm_live.changes): a step costs the server what it did,
-  not the size of its pool.
+  two frames, TOPIC and a msgpack map {schema, kind: "step", run_id, seq, record, counters}:
+  the framing around a StepRecord dict, whose `changes` hold what the step changed in the
+  state of the message before it (engine/report/changes.py): a step costs the server what it
+  did, not the size of its pool.
 - the snapshot endpoint (the feed's port + 1, or `KVSCOPE_FEED_SNAPSHOT`): a REP socket. A
   client sends {schema, want: "snapshot"} and gets {schema, kind: "snapshot", run_id, seq,
   snapshot, counters} with the whole state (the latest finished requests included), then
@@ -18,7 +18,7 @@ import os
 from typing import Any
 from urllib.parse import urlsplit
 
-SCHEMA_VERSION = 2   # 2: a step carries its changes, not a whole snapshot
+SCHEMA_VERSION = 3   # 3: the changes travel inside the record (engine/report/changes.py)
 TOPIC = b"kvscope.feed"
 DEFAULT_FEED = "tcp://127.0.0.1:5590"
 ENV_FEED = "KVSCOPE_FEED"                 # the feed's address (the recorder binds it)
@@ -88,8 +88,8 @@ def decode(frames: list[bytes], kind: str | None = None) -> dict:
     want = kind or "step"
     if msg.get("kind") != want or not isinstance(msg.get("run_id"), str) or not isinstance(msg.get("seq"), int):
         raise FeedError(f"a {msg.get('kind')!r} message where a {want!r} one with run_id and seq was expected")
-    if want == "step" and not (isinstance(msg.get("record"), dict) and isinstance(msg.get("changes"), dict)):
-        raise FeedError("a step message without its record and changes")
+    if want == "step" and not (isinstance(msg.get("record"), dict) and isinstance(msg["record"].get("changes"), dict)):
+        raise FeedError("a step message without its record and the record's changes")
     return msg
 
 
@@ -111,7 +111,7 @@ def strip_tokens(msg: dict) -> None:
     for q in (snap.get("queues") or {}).values():
         q[:] = [_request_without_tokens(r) for r in q]
     pool = snap.get("block_pool") or {}
-    changes = msg.get("changes") or {}
+    changes = (msg.get("record") or {}).get("changes") or {}
     for blocks in (pool.get("blocks"), changes.get("blocks")):
         if blocks:
             blocks[:] = [{**b, "token_ids": []} for b in blocks]

@@ -30,37 +30,11 @@ from engine.sampling_params import SamplingParams
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from ..vllm.capture import BLOCK_EVENTS, Capture, StepCapture
+from ..vllm.changes import BlockTables, ChangeTracker
 from ..vllm.records import RecordBuilder, RequestState, computed_before
 from . import protocol
-from .tracker import ChangeTracker
 
 log = logging.getLogger("vllm.kvscope_recorder")  # a child of vLLM's logger: its handler and format
-
-
-class _PoolCapture(StepCapture):
-    """StepCapture's block-pool hooks only: the scheduler's two calls are this
-    subclass's own methods, which route each step's events to its own Capture."""
-
-    def __init__(self, scheduler: Any, runner: Any) -> None:
-        super().__init__(scheduler, runner)
-        if hasattr(self.pool, "unpin_blocks"):  # another way vLLM drops references
-            self._wrap(self.pool, "unpin_blocks", self._unpin_blocks)
-
-    def _wrap(self, obj: Any, name: str, hook) -> None:
-        if obj is self.scheduler:
-            return
-        super()._wrap(obj, name, hook)
-
-    # A block that lost a reference but is still shared is not "freed": the feed resends it too.
-    def _free_blocks(self, original, ordered_blocks) -> Any:
-        blocks = list(ordered_blocks)
-        self.now.ref_dropped.update(b.block_id for b in blocks)
-        return super()._free_blocks(original, blocks)
-
-    def _unpin_blocks(self, original, blocks, *args: Any, **kwargs: Any) -> Any:
-        blocks = list(blocks)
-        self.now.ref_dropped.update(b.block_id for b in blocks)
-        return original(blocks, *args, **kwargs)
 
 
 class _Out:
@@ -102,6 +76,7 @@ class RecordingScheduler(Scheduler):
                       for rid in out.num_scheduled_tokens}
         cap.token_budget = int(self.max_num_scheduled_tokens)
         cap.started = t0
+        self._feed.count_subscribers()  # a client that joined since the last step gets this step's batch
         if self._feed.subscribers:
             with gc_paused():  # many small acyclic containers: no cyclic GC pass over the server's heap
                 cap.batch_req_ids, cap.batch = kv.scheduler_batch(out)
@@ -112,6 +87,7 @@ class RecordingScheduler(Scheduler):
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         kv = self._kv
         cap = kv.pending.pop(id(scheduler_output), None) or Capture(out=scheduler_output)
+        kv.join_between(cap)  # what happened since it was scheduled (an abort's frees) is this step's
         kv.capture.now = cap
         t0 = time.perf_counter()
         try:
@@ -140,13 +116,13 @@ class RecordingScheduler(Scheduler):
 
 class _ServerView:
     """The recorder's state for the server's scheduler: its RecordBuilder (per-request state,
-    counters, the engine clock), the block tables it keeps, the captures of the steps in
-    flight, and the tracker of what changed since the subscribers' state."""
+    counters, the engine clock), its block tables, the captures of the steps in flight, and
+    the tracker of what changed since the subscribers' state (explorer.drivers.vllm.changes)."""
 
     def __init__(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
-        self.capture = _PoolCapture(scheduler, None)
-        self.between = self.capture.now  # events outside any step (an abort's frees) join the next step
+        self.capture = StepCapture(scheduler, None, hook_scheduler=False)  # the block pool's hooks
+        self.between = self.capture.now  # events outside any step (an abort's frees) join a step
         self.pending: dict[int, Capture] = {}
         vc = scheduler.vllm_config
         # No tokenizer: the feed carries token ids, the client spells them.
@@ -154,19 +130,14 @@ class _ServerView:
                                      reserve_full_isl=bool(getattr(scheduler, "scheduler_reserve_full_isl", True)))
         self.finished: deque[RequestState] = deque(maxlen=protocol.feed_settings()["finished"])
         self.config_dict = _config_dict(vc, scheduler)
+        self.table = BlockTables(scheduler)
         self.tracker = ChangeTracker(self.records, self.table)
-        # Block ids per running request, extended as vLLM appends blocks: vLLM's get_block_ids
-        # rebuilds the whole list each call (O(context) per request per step). Only where every
-        # KV cache group is full attention, whose tables only grow while a request runs.
-        self._tables: dict[str, list[int]] | None = {} if all(
-            type(g.kv_cache_spec).__name__ == "FullAttentionSpec"
-            for g in scheduler.kv_cache_config.kv_cache_groups) else None
 
     # -- requests ------------------------------------------------------------------------------
     def track(self, request: Any) -> None:
         rid = request.request_id
         self.records.track(RequestState(rid, rid, request, _params(request), None), float(request.arrival_time))
-        self.tracker.note_arrival(rid)
+        self.tracker.note_request(rid)
 
     def finished_outside_step(self, request_ids: Any, status: Any) -> None:
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids or ())
@@ -176,25 +147,6 @@ class _ServerView:
             if entry is not None and entry.finish_reason is None:
                 self.records.finish(entry, reason, time.time())
 
-    def table(self, rid: str) -> list[int]:
-        """`rid`'s block ids (KV cache group 0) now. The list is kept for the next step: copy it
-        to keep it."""
-        blocks = self.scheduler.kv_cache_manager.coordinator.get_blocks(rid)[0]
-        if self._tables is None:
-            return [b.block_id for b in blocks]
-        ids = self._tables.get(rid)
-        if ids is None or len(ids) > len(blocks):
-            ids = self._tables[rid] = [b.block_id for b in blocks]
-        elif len(ids) < len(blocks):
-            ids.extend(b.block_id for b in blocks[len(ids):])
-        return ids
-
-    def forget_tables(self, rids: Any) -> None:
-        """Preempted or finished: their blocks went back, a new table starts from scratch."""
-        if self._tables is not None:
-            for rid in rids:
-                self._tables.pop(rid, None)
-
     # -- the packed batch ----------------------------------------------------------------------
     def scheduler_batch(self, out: Any) -> tuple[list[str], dict]:
         """The packed batch as the scheduler hands it to the workers: positions, block tables and
@@ -202,7 +154,7 @@ class _ServerView:
         scheduled, slot = block_id * block_size + position % block_size (the rule the model
         runner applies in the worker), rows in scheduling order. The runner's own buffers live
         in worker processes (vLLM's default, on CPU too) or on a GPU, where reading them would
-        stall async scheduling; `batch_source: "scheduler"` in the record says which it is."""
+        stall async scheduling; the record's `batch_source: "scheduler"` says so."""
         s, bs = self.scheduler, self.records.block_size
         before = computed_before(out)[0]
         ids, positions, slots, qsl, seq_lens, tables, logits = [], [], [], [0], [], [], []
@@ -225,20 +177,24 @@ class _ServerView:
     # -- one step --------------------------------------------------------------------------------
     def begin_step(self) -> Capture:
         cap = Capture()
-        for k in BLOCK_EVENTS:  # what happened between steps (an abort's frees) is told with this step
-            cap.blocks[k].extend(self.between.blocks[k])
-        cap.ref_dropped |= self.between.ref_dropped
-        self.between = Capture()
+        self.join_between(cap)  # what happened between steps (an abort's frees) is told with this step
         self.capture.now = cap
         self.capture._cached_now = set()
         return cap
 
+    def join_between(self, cap: Capture) -> None:
+        """Move the events seen outside any step into `cap`."""
+        between = self.between
+        for k in BLOCK_EVENTS:
+            cap.blocks[k].extend(between.blocks[k])
+        cap.ref_dropped |= between.ref_dropped
+        self.between = Capture()
+
     def record_step(self, cap: Capture, result: dict) -> dict | None:
-        """The step's StepRecord dict (RecordBuilder.step_record), or None when nothing ran."""
+        """The step's StepRecord dict (RecordBuilder.step_record, its `changes` not yet in), or
+        None when nothing ran."""
         out = cap.out
         self.tracker.note_step(cap)
-        if out is not None:
-            self.forget_tables(out.preempted_req_ids or ())
         outputs = [_Out(o) for eco in (result or {}).values() for o in (eco.outputs or ())]
         finished_now = self.records.finished_now
         if out is None or (not out.num_scheduled_tokens and not outputs and not finished_now):
@@ -250,22 +206,22 @@ class _ServerView:
         finally:
             self.capture.now = self.between
         rec.finished = list(dict.fromkeys(rec.finished + [e.request_id for e in finished_now]))
+        # The batch is the scheduler's view of it (see scheduler_batch); None: nobody listened when it was scheduled.
+        rec.batch_source = "scheduler" if cap.batch else None
         d = rec.to_dict()
         d["timings_ms"]["backend"] = "vLLM server"
-        # The batch is the scheduler's view of it (see scheduler_batch); None: nobody listened when it was scheduled.
-        d["batch_source"] = "scheduler" if cap.batch else None
         return d
 
     def take_finished(self) -> list[RequestState]:
         done = self.records.take_finished()
-        self.forget_tables(e.request_id for e in done)
         for e in done:
             self.finished.append(e)
             self.records.requests.pop(e.request_id, None)
         return done
 
     def snapshot(self, finished: list[RequestState]) -> dict:
-        """The EngineSnapshot dict now, with `finished` as its finished queue."""
+        """The EngineSnapshot dict now, with `finished` as its finished queue (a refresh point:
+        the tracker's notes are folded in, and a later step's changes continue from it)."""
         kv, records = self.scheduler.kv_cache_manager, self.records
         with gc_paused():
             running = list(self.scheduler.running)
@@ -332,7 +288,7 @@ class _Publisher:
         self.counters["recorder_cpu_ms"] += cpu_seconds * 1e3  # its CPU time: what other processes cannot inflate
         self.counters["steps"] += step
 
-    def _count_subscribers(self) -> None:
+    def count_subscribers(self) -> None:
         zmq = self.zmq
         while True:
             try:
@@ -347,18 +303,18 @@ class _Publisher:
     def step(self, record: dict | None) -> None:
         """After vLLM's update: publish the step (if anyone listens) and keep a fresh snapshot
         for joining clients when one asked or the server went idle."""
-        self._count_subscribers()
+        self.count_subscribers()
         view = self.view
         finished = view.take_finished()
         if record is None and not finished:
             return
         self.seq += 1
-        listening = self.subscribers > 0
-        if listening:
+        if self.subscribers > 0:
+            record = record or _empty_record(view)
             # What the step changed, not the whole state: O(what it did), not O(pool + tokens in flight).
-            changes = view.tracker.step_changes([view.records.finished_dict(e) for e in finished])
+            record["changes"] = view.tracker.changes(record["step"], finished)
             msg = {"schema": protocol.SCHEMA_VERSION, "kind": "step", "run_id": self.run_id, "seq": self.seq,
-                   "record": record or _empty_record(view), "changes": changes, "counters": dict(self.counters)}
+                   "record": record, "counters": dict(self.counters)}
             if not self.tokens:
                 protocol.strip_tokens(msg)
             try:  # never blocks: at a subscriber's HWM, ZMQ drops the message for that subscriber only
@@ -369,7 +325,7 @@ class _Publisher:
                 log.exception("kvscope recorder: publishing failed")
         else:
             self.counters["unobserved"] += 1
-        view.tracker.forget_requests(e.request_id for e in finished)
+            view.tracker.forget(finished)
         with self._lock:
             self._stale = True
         if self._want.is_set() or view.is_idle():
@@ -483,5 +439,4 @@ def _config_dict(vc: Any, s: Scheduler) -> dict:
             "enable_chunked_prefill": bool(sc.enable_chunked_prefill), "scheduling_policy": "unified",
             "scheduler_reserve_full_isl": bool(getattr(s, "scheduler_reserve_full_isl", True)),
             "tensor_parallel_size": int(vc.parallel_config.tensor_parallel_size), "dtype": dtype_name(mc.dtype),
-            "enforce_eager": bool(mc.enforce_eager), "device": str(getattr(vc.device_config, "device_type", "")),
-            "read_only": True}
+            "enforce_eager": bool(mc.enforce_eager), "device": str(getattr(vc.device_config, "device_type", ""))}

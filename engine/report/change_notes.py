@@ -1,0 +1,78 @@
+"""kvscope's engine as a producer of changes (engine/report/changes.py explains the contract).
+
+`ChangeNotes` remembers what changed since the last refresh point: the requests an action
+touched between steps (added, aborted), whether the config changed (a live knob), and what
+the consumer holds of each request (`Sent`). `take` turns that, the step's SchedulerOutput
+and the block pool's touched blocks into the step's `changes`, and makes now the refresh
+point. It costs O(what the step touched), never O(pool).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..core.scheduler import Scheduler, SchedulerOutput
+from ..request import Request
+from .changes import Sent
+from .records import block_dicts, request_dict
+from .schema import CHANGES, QUEUE, REQ, ChangesDict
+
+
+class ChangeNotes:
+    """What kvscope's engine changed since the last `take` (see the module doc)."""
+
+    def __init__(self) -> None:
+        self.sent = Sent()
+        self.requests: set[str] = set()   # touched outside a step: added, aborted
+        self.config_changed = False
+        self._finished_sent = 0           # scheduler.finished[:n] went out already
+
+    def take(self, step: int, out: SchedulerOutput | None, *, requests: dict[str, Request], scheduler: Scheduler,
+             config: Any, metrics: dict, decode: Any) -> ChangesDict:
+        """The changes since the last call; `out` is the step's SchedulerOutput (None: no step,
+        only actions since the last refresh point)."""
+        touched = self.requests
+        self.requests = set()
+        pool = scheduler.kv.pool
+        blocks = pool.take_touched()
+        if out is not None:
+            touched.update(s.request.request_id for s in out.scheduled)
+            touched.update(out.preempted)
+            touched.update(out.new_requests)
+            for rid in out.preempted:
+                self.sent.table_went_back(rid)
+            bs = config.block_size
+            for s in out.scheduled:  # the blocks its new tokens were written into
+                table = s.request.block_table
+                blocks.update(table[s.num_computed_before // bs:(s.num_computed_before + s.num_tokens - 1) // bs + 1])
+        finished = scheduler.finished[self._finished_sent:]
+        self._finished_sent = len(scheduler.finished)
+        done = {r.request_id for r in finished}
+        changed = {}
+        for rid in sorted(touched - done):
+            req = requests.get(rid)
+            if req is not None:
+                changed[rid] = self._request_change(req, decode)
+        self.sent.forget(done)
+        changes: dict[str, Any] = {
+            CHANGES.STEP: step, CHANGES.REQUESTS: changed,
+            CHANGES.QUEUES: {QUEUE.WAITING: [r.request_id for r in scheduler.waiting],
+                             QUEUE.RUNNING: [r.request_id for r in scheduler.running]},
+            CHANGES.FINISHED: [request_dict(r, decode) for r in finished],
+            CHANGES.BLOCKS: block_dicts(pool, config.block_size, list(scheduler.running), blocks) if blocks else [],
+            CHANGES.NUM_FREE_BLOCKS: pool.num_free_blocks, CHANGES.METRICS: dict(metrics)}
+        if self.config_changed:
+            changes[CHANGES.CONFIG] = config.to_dict()
+            self.config_changed = False
+        return changes  # type: ignore[return-value]
+
+    def _request_change(self, req: Request, decode: Any) -> dict:
+        fields = {REQ.REQUEST_ID: req.request_id, REQ.STATUS: req.status.value,
+                  REQ.NUM_COMPUTED_TOKENS: req.num_computed_tokens, REQ.NUM_CACHED_TOKENS: req.num_cached_tokens,
+                  REQ.NUM_PREEMPTIONS: req.num_preemptions, REQ.FINISH_REASON: req.finish_reason,
+                  REQ.OUTPUT_TEXT: req.cached_text("output", decode)}
+        if not self.sent.knows(req.request_id):
+            fields.update({REQ.PROMPT_TOKEN_IDS: list(req.prompt_token_ids),
+                           REQ.PROMPT_TEXT: req.prompt_text if req.prompt_text is not None
+                           else req.cached_text("prompt", decode),
+                           REQ.MAX_TOKENS: req.params.max_tokens, REQ.SAMPLING_PARAMS: req.params.to_dict()})
+        return self.sent.change(req.request_id, fields, req.output_token_ids, req.block_table, req.metrics)

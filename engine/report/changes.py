@@ -1,0 +1,215 @@
+"""A step's changes: the one way a history of snapshots is built, for every engine.
+
+Each StepRecord carries `changes` (schema.ChangesDict): what the step changed in the engine's
+state since the previous *refresh point* (the previous step, or the last `take_changes()`
+after a between-step action). Whoever holds the snapshot of that refresh point gets the next
+one with `apply(snapshot, changes)`:
+
+    snap[k + 1] = apply(snap[k], record_k_plus_1["changes"])
+
+The producers are kvscope's engine (engine/report/records.py's ChangeNotes), vLLM in
+process and the server's recorder (explorer/drivers/vllm/changes.py); the consumers are the
+Session (its history) and the live feed's client. A change costs O(what the step touched):
+
+- `requests`: each request the step touched that has not finished, as its small fields plus
+  its growing lists as tails (`output_from` / `output_tail`, `table_from` / `table_tail`,
+  each clock's `token_times` likewise); what never changes (the prompt, its text, max_tokens,
+  the sampling parameters) comes once, the first time the consumer sees the request.
+- `queues`: the waiting and running request ids in order; `finished`: the requests that
+  finished since, whole, once each (the consumer appends them to its finished queue).
+- `blocks`: the dict of every block whose dict changed; `owners` is derived here from the
+  running requests' block tables (in queue order, as a whole snapshot lists them).
+- `num_free_blocks`, `metrics`, and `config` / `model_info` when they changed.
+- `snapshot` (with `restart` when the history must start again): the whole state instead,
+  where the producer cannot say what changed (a live feed that missed steps, a new server run).
+
+`apply` never modifies its input: every part a step left alone is the same object in the
+snapshot before and after it, so a history of snapshots shares what did not change.
+A tail that does not fit the state held raises `OutOfStep`, never a silent guess.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+from ..request import ClockEvents, RequestMetrics
+from .schema import (BLOCK, CCHANGE, CHANGES, POOL, QUEUE, RCHANGE, REQ, RMETRICS, SNAP, ChangesDict, ClockChangeDict,
+                     EngineSnapshotDict, RequestChangeDict)
+
+CLOCKS = (RMETRICS.ENGINE, RMETRICS.WALL)
+# The request dict's growing lists and the change keys their tails travel in.
+_TAILS = {REQ.OUTPUT_TOKEN_IDS: (RCHANGE.OUTPUT_FROM, RCHANGE.OUTPUT_TAIL),
+          REQ.BLOCK_TABLE: (RCHANGE.TABLE_FROM, RCHANGE.TABLE_TAIL)}
+_NOT_COPIED = frozenset(k for pair in _TAILS.values() for k in pair) | {RCHANGE.CLOCKS}
+_CLOCK_TIMES = (CCHANGE.ARRIVAL_TIME, CCHANGE.FIRST_SCHEDULED_TIME, CCHANGE.FIRST_TOKEN_TIME, CCHANGE.FINISHED_TIME)
+# What a request change carries only the first time the consumer sees the request.
+FIRST_SEEN = (REQ.PROMPT_TOKEN_IDS, REQ.PROMPT_TEXT, REQ.MAX_TOKENS, REQ.SAMPLING_PARAMS)
+
+
+class OutOfStep(ValueError):
+    """Changes that do not fit the snapshot they are applied to (a step was missed)."""
+
+
+# -- the consumer side -------------------------------------------------------------------------
+def apply(snapshot: EngineSnapshotDict, changes: ChangesDict) -> EngineSnapshotDict:
+    """The snapshot after `changes`, from `snapshot` (the state at the previous refresh point).
+    Parts the changes leave alone are `snapshot`'s own objects; `snapshot` is not modified."""
+    whole = changes.get(CHANGES.SNAPSHOT)
+    if whole is not None:
+        return whole
+    queues = snapshot[SNAP.QUEUES]
+    known = {r[REQ.REQUEST_ID]: r for q in (QUEUE.WAITING, QUEUE.RUNNING) for r in queues[q]}
+    finished = queues[QUEUE.FINISHED]
+    if changes[CHANGES.FINISHED]:
+        finished = finished + [_keep_unchanging(r, known.get(r[REQ.REQUEST_ID])) for r in changes[CHANGES.FINISHED]]
+    for rid, change in changes[CHANGES.REQUESTS].items():
+        known[rid] = _request(known.get(rid), change, rid)
+    order = changes[CHANGES.QUEUES]
+    try:
+        waiting = [known[rid] for rid in order[QUEUE.WAITING]]
+        running = [known[rid] for rid in order[QUEUE.RUNNING]]
+    except KeyError as exc:
+        raise OutOfStep(f"request {exc.args[0]} is queued but was never announced") from None
+    pool = snapshot[SNAP.BLOCK_POOL]
+    blocks = pool[POOL.BLOCKS]
+    changed = changes[CHANGES.BLOCKS]
+    if changed:
+        blocks = list(blocks)
+        owners = _owners(running, {b[BLOCK.BLOCK_ID] for b in changed})
+        for b in changed:
+            i = b[BLOCK.BLOCK_ID]
+            if not 0 <= i < len(blocks):
+                raise OutOfStep(f"block {i} is outside the pool of {len(blocks)}")
+            blocks[i] = {**b, BLOCK.OWNERS: owners.get(i, [])}
+    new_queues = {QUEUE.WAITING: _same_or(waiting, queues[QUEUE.WAITING]),
+                  QUEUE.RUNNING: _same_or(running, queues[QUEUE.RUNNING]), QUEUE.FINISHED: finished}
+    free = changes[CHANGES.NUM_FREE_BLOCKS]
+    new_pool = pool if blocks is pool[POOL.BLOCKS] and free == pool[POOL.NUM_FREE_BLOCKS] else \
+        {**pool, POOL.NUM_FREE_BLOCKS: free, POOL.BLOCKS: blocks}
+    return {SNAP.STEP: changes[CHANGES.STEP],
+            SNAP.CONFIG: changes.get(CHANGES.CONFIG, snapshot[SNAP.CONFIG]),
+            SNAP.MODEL_INFO: changes.get(CHANGES.MODEL_INFO, snapshot[SNAP.MODEL_INFO]),
+            SNAP.METRICS: changes[CHANGES.METRICS],
+            SNAP.QUEUES: queues if all(new_queues[k] is queues[k] for k in QUEUE.ALL) else new_queues,
+            SNAP.BLOCK_POOL: new_pool}
+
+
+def _keep_unchanging(finished: dict, old: dict | None) -> dict:
+    """A finished request's dict, sharing what never changes (its prompt, the sampling
+    parameters) with its dict before it finished."""
+    if old is None:
+        return finished
+    kept = {k: old[k] for k in (REQ.PROMPT_TOKEN_IDS, REQ.SAMPLING_PARAMS)
+            if k in old and k in finished and old[k] is not finished[k] and old[k] == finished[k]}
+    return {**finished, **kept} if kept else finished
+
+
+def _same_or(new: list, old: list) -> list:
+    """`old` itself when `new` holds the same objects in the same order (nothing moved)."""
+    return old if len(new) == len(old) and all(a is b for a, b in zip(new, old)) else new
+
+
+def _request(old: dict | None, change: RequestChangeDict, rid: str) -> dict:
+    """The request dict after a change: what the change leaves out (the prompt, the sampling
+    parameters, the texts) is kept from `old`; the growing lists continue `old`'s."""
+    if old is None and REQ.PROMPT_TOKEN_IDS not in change:
+        raise OutOfStep(f"request {rid} changed, but its first appearance was missed")
+    new = dict(old) if old is not None else {REQ.OUTPUT_TEXT: ""}
+    new.update((k, v) for k, v in change.items() if k not in _NOT_COPIED)
+    for key, (at, tail) in _TAILS.items():
+        new[key] = _continued(old[key] if old is not None else [], change[at], change[tail], f"request {rid}: {key}")
+    old_metrics = (old or {}).get(REQ.METRICS) or {}
+    new[REQ.METRICS] = {c: _clock(old_metrics.get(c), change[RCHANGE.CLOCKS][c], rid) for c in CLOCKS}
+    return new
+
+
+def _continued(before: list, start: int, tail: list, what: str) -> list:
+    if len(before) < start:
+        raise OutOfStep(f"{what} continues at {start}, the state held has {len(before)}")
+    if not tail and start == len(before):
+        return before  # nothing new: keep sharing the list
+    return before[:start] + list(tail)
+
+
+def _clock(old: dict | None, change: ClockChangeDict, rid: str) -> dict:
+    """The clock's metrics dict (ClockEvents.to_dict, the latencies derived) after a change."""
+    times = _continued((old or {}).get("token_times") or [], change[CCHANGE.TOKEN_TIMES_FROM],
+                       change[CCHANGE.TOKEN_TIMES_TAIL], f"request {rid}: token_times")
+    return ClockEvents(**{k: change[k] for k in _CLOCK_TIMES}, preempted_times=list(change[CCHANGE.PREEMPTED_TIMES]),
+                       token_times=times).to_dict()
+
+
+def _owners(running: list[dict], wanted: set[int]) -> dict[int, list[str]]:
+    """For the blocks in `wanted`: the running requests whose block table holds them, in queue order."""
+    owners: dict[int, list[str]] = {}
+    for r in running:
+        for b in r[REQ.BLOCK_TABLE]:
+            if b in wanted:
+                owners.setdefault(b, []).append(r[REQ.REQUEST_ID])
+    return owners
+
+
+# -- the producer side -------------------------------------------------------------------------
+class Sent:
+    """What the consumer holds of each request's growing lists (after the last refresh point),
+    so a producer sends only their tails. A request's block table only grows while it runs;
+    `table_went_back` (preempted, or finished) makes the next change send it from the start."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, list[int]] = {}   # request id -> [outputs, table, engine times, wall times]
+
+    def knows(self, rid: str) -> bool:
+        return rid in self._held
+
+    def table_went_back(self, rid: str) -> None:
+        held = self._held.get(rid)
+        if held is not None:
+            held[1] = 0
+
+    def forget(self, rids: Iterable[str]) -> None:
+        for rid in rids:
+            self._held.pop(rid, None)
+
+    def hold(self, rid: str, output: Sequence[int], table: Sequence[int], metrics: RequestMetrics) -> None:
+        """The consumer now holds the whole request (it took a whole snapshot)."""
+        self._held[rid] = [len(output), len(table), len(metrics.engine.token_times), len(metrics.wall.token_times)]
+
+    def change(self, rid: str, fields: dict, output: Sequence[int], table: Sequence[int],
+               metrics: RequestMetrics) -> RequestChangeDict:
+        """The request change: `fields` (status, counts, finish_reason, and the FIRST_SEEN keys
+        and texts as the producer has them; FIRST_SEEN ones are dropped when the consumer has
+        seen the request) plus the tails of what the consumer does not hold yet."""
+        held = self._held.get(rid)
+        change: dict[str, Any] = dict(fields)
+        if held is None:
+            held = self._held[rid] = [0, 0, 0, 0]
+        else:
+            for key in FIRST_SEEN:
+                change.pop(key, None)
+        start, table_from = min(held[0], len(output)), min(held[1], len(table))
+        change[RCHANGE.OUTPUT_FROM], change[RCHANGE.OUTPUT_TAIL] = start, list(output[start:])
+        change[RCHANGE.TABLE_FROM], change[RCHANGE.TABLE_TAIL] = table_from, list(table[table_from:])
+        change[RCHANGE.CLOCKS] = {RMETRICS.ENGINE: clock_change(metrics.engine, held[2]),
+                                  RMETRICS.WALL: clock_change(metrics.wall, held[3])}
+        held[:] = [len(output), len(table), len(metrics.engine.token_times), len(metrics.wall.token_times)]
+        return change  # type: ignore[return-value]
+
+
+def clock_change(clock: ClockEvents, held: int) -> ClockChangeDict:
+    """One clock of a request's metrics as a change: its times, `token_times` from index `held`."""
+    times = clock.token_times
+    start = min(held, len(times))
+    return {CCHANGE.ARRIVAL_TIME: clock.arrival_time, CCHANGE.FIRST_SCHEDULED_TIME: clock.first_scheduled_time,
+            CCHANGE.FIRST_TOKEN_TIME: clock.first_token_time, CCHANGE.FINISHED_TIME: clock.finished_time,
+            CCHANGE.PREEMPTED_TIMES: list(clock.preempted_times), CCHANGE.TOKEN_TIMES_FROM: start,
+            CCHANGE.TOKEN_TIMES_TAIL: times[start:]}  # type: ignore[return-value]
+
+
+def whole(snapshot: EngineSnapshotDict, step: int, restart: str | None = None) -> ChangesDict:
+    """Changes that replace the state with `snapshot` (and, with `restart`, start the history again)."""
+    changes: dict[str, Any] = {CHANGES.STEP: step, CHANGES.REQUESTS: {}, CHANGES.QUEUES: {QUEUE.WAITING: [],
+                               QUEUE.RUNNING: []}, CHANGES.FINISHED: [], CHANGES.BLOCKS: [],
+                               CHANGES.NUM_FREE_BLOCKS: snapshot[SNAP.BLOCK_POOL][POOL.NUM_FREE_BLOCKS],
+                               CHANGES.METRICS: snapshot[SNAP.METRICS], CHANGES.SNAPSHOT: snapshot}
+    if restart is not None:
+        changes[CHANGES.RESTART] = restart
+    return changes  # type: ignore[return-value]

@@ -1,0 +1,193 @@
+"""One vLLM scheduler as a producer of changes (engine/report/changes.py explains the contract).
+
+vLLM in process (engine.py) and the server's recorder (vllm_live/recorder.py) each own a
+`ChangeTracker`. Every step notes what it touched, O(what it did), with or without anyone
+listening: the blocks of its events and every block that lost a reference, the requests it
+scheduled, preempted or that arrived or were aborted, and from which block of each request's
+table tokens may have been written. `changes()` turns the notes into the step's changes and
+makes now the refresh point. The recorder's whole snapshots are refresh points too
+(`whole_pool`): a client that joined with one and a client that followed every step hold the
+same state.
+
+Block dicts are kept between refreshes for the recorder's snapshots, so a whole snapshot
+rebuilds only the dirty ones: O(pool) pointers, not a dict per block per step.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from engine.report.changes import Sent
+from engine.report.schema import BLOCK, CHANGES, POOL, QUEUE, REQ, ChangesDict
+
+from .records import RecordBuilder, RequestState, computed_before, status_name
+
+
+class BlockTables:
+    """Each running request's block ids (KV cache group 0), extended as vLLM appends blocks:
+    vLLM's get_block_ids rebuilds the whole list each call (O(context) per request per step).
+    Only where every KV cache group is full attention, whose tables only grow while a request
+    runs; elsewhere each call asks vLLM."""
+
+    def __init__(self, scheduler: Any) -> None:
+        self.manager = scheduler.kv_cache_manager
+        self._tables: dict[str, list[int]] | None = {} if all(
+            type(g.kv_cache_spec).__name__ == "FullAttentionSpec"
+            for g in scheduler.kv_cache_config.kv_cache_groups) else None
+
+    def __call__(self, iid: str) -> list[int]:
+        """`iid`'s block ids now. The list is kept for the next step: copy it to keep it."""
+        blocks = self.manager.coordinator.get_blocks(iid)[0]
+        if self._tables is None:
+            return [b.block_id for b in blocks]
+        ids = self._tables.get(iid)
+        if ids is None or len(ids) > len(blocks):
+            ids = self._tables[iid] = [b.block_id for b in blocks]
+        elif len(ids) < len(blocks):
+            ids.extend(b.block_id for b in blocks[len(ids):])
+        return ids
+
+    def forget(self, iids: Any) -> None:
+        """Preempted or finished: their blocks went back, a new table starts from scratch."""
+        if self._tables is not None:
+            for iid in iids:
+                self._tables.pop(iid, None)
+
+
+class ChangeTracker:
+    """Dirty blocks and requests of one vLLM scheduler since the last refresh point."""
+
+    def __init__(self, records: RecordBuilder, tables: BlockTables) -> None:
+        self.records = records    # the owner's: scheduler, pool, requests, block size, block dicts
+        self.tables = tables
+        self.sent = Sent()        # what the consumer holds of each request (by the id shown)
+        self.blocks: list[dict] | None = None   # every block's dict as last refreshed (the recorder's)
+        self.dirty_blocks: set[int] = set()
+        self.dirty_from: dict[str, int] = {}    # vLLM id -> first table index whose block may hold new tokens
+        self.dirty_requests: set[str] = set()   # vLLM ids
+
+    # -- every step, and between steps -----------------------------------------------------------
+    def note_step(self, cap: Any) -> None:
+        for ids in cap.blocks.values():
+            self.dirty_blocks.update(ids)
+        self.dirty_blocks.update(cap.ref_dropped)
+        out = cap.out
+        if out is None:
+            return
+        bs = self.records.block_size
+        computed, admitted = computed_before(out)
+        for iid, before in computed.items():
+            # An admitted request's whole table is new to the consumer; a running one's blocks
+            # before the one its first scheduled token lands in are unchanged.
+            first = 0 if iid in admitted else int(before) // bs
+            self.dirty_from[iid] = min(first, self.dirty_from.get(iid, first))
+        self.dirty_requests.update(out.num_scheduled_tokens)
+        for iid in out.preempted_req_ids or ():
+            self.dirty_requests.add(iid)
+            self.sent.table_went_back(self.records.external[iid])
+        self.tables.forget(out.preempted_req_ids or ())
+
+    def note_request(self, iid: str) -> None:
+        """A request arrived (or was aborted) outside a step."""
+        self.dirty_requests.add(iid)
+        self.dirty_from[iid] = 0
+
+    def note_blocks(self, cap: Any) -> None:
+        """Block events outside a step (an abort's frees)."""
+        for ids in cap.blocks.values():
+            self.dirty_blocks.update(ids)
+        self.dirty_blocks.update(cap.ref_dropped)
+
+    # -- refresh points --------------------------------------------------------------------------
+    def changes(self, step: int, finished: list[RequestState]) -> ChangesDict:
+        """The changes since the last refresh point, `finished` being the requests that finished
+        since (each given once); then forget the notes."""
+        view = self.records
+        s = view.scheduler
+        running = {r.request_id for r in s.running}
+        held: dict[int, list[int]] = {}
+        requests = {}
+        for iid in self.dirty_requests:
+            e = view.requests.get(view.external[iid])
+            if e is None or e.finish_reason is not None:
+                continue  # finished: its whole dict travels in `finished`
+            table = self.tables(iid) if iid in running else []
+            first = self.dirty_from.get(iid, 0)
+            self._hold(e.req, table, first, held)
+            requests[e.request_id] = self._request_change(e, table)
+        blocks = self._refresh_blocks(held)
+        self._forget_notes()
+        self.forget(finished)
+        ext, known = view.external, view.requests
+        queues = {QUEUE.WAITING: [ext[r.request_id] for r in view.waiting() if ext[r.request_id] in known],
+                  QUEUE.RUNNING: [ext[r.request_id] for r in s.running if ext[r.request_id] in known]}
+        return {CHANGES.STEP: step, CHANGES.REQUESTS: requests, CHANGES.QUEUES: queues,  # type: ignore[return-value]
+                CHANGES.FINISHED: [view.finished_dict(e) for e in finished], CHANGES.BLOCKS: blocks,
+                CHANGES.NUM_FREE_BLOCKS: int(view.pool.get_num_free_blocks()), CHANGES.METRICS: view.metrics}
+
+    def whole_pool(self, running: list, tables: dict[str, list[int]]) -> dict:
+        """The whole pool, for a snapshot that is a refresh point (the recorder's): the kept block
+        dicts with the dirty ones rebuilt, owners from the running requests' tables; afterwards
+        the consumer holds every tracked request whole."""
+        view = self.records
+        held: dict[int, list[int]] = {}
+        owners: dict[int, list[str]] = {}
+        for r in running:
+            table = tables[r.request_id]
+            self._hold(r, table, 0, held)
+            for b in table:
+                owners.setdefault(b, []).append(view.external[r.request_id])
+        if self.blocks is None:
+            self.blocks = [view.block_dict(blk, held.get(blk.block_id), []) for blk in view.pool.blocks]
+        else:
+            self._refresh_blocks(held)
+        blocks = [b if b[BLOCK.BLOCK_ID] not in owners else {**b, BLOCK.OWNERS: owners[b[BLOCK.BLOCK_ID]]}
+                  for b in self.blocks]
+        for e in view.requests.values():
+            table = tables.get(e.internal_id, [])
+            self.sent.hold(e.request_id, e.req.output_token_ids, table, e.metrics)
+        self._forget_notes()
+        return {POOL.NUM_BLOCKS: int(view.pool.num_gpu_blocks), POOL.BLOCK_SIZE: view.block_size,
+                POOL.NUM_FREE_BLOCKS: int(view.pool.get_num_free_blocks()), POOL.BLOCKS: blocks}
+
+    def forget(self, finished: list[RequestState]) -> None:
+        """Finished requests leave the notes (a server with no subscriber for days keeps none)."""
+        for e in finished:
+            self.dirty_requests.discard(e.internal_id)
+            self.dirty_from.pop(e.internal_id, None)
+        self.sent.forget(e.request_id for e in finished)
+        self.tables.forget(e.internal_id for e in finished)
+
+    # -- parts -----------------------------------------------------------------------------------
+    def _hold(self, req: Any, table: list[int], first: int, held: dict[int, list[int]]) -> None:
+        """The tokens `req` keeps in its blocks from table index `first` on (computed ones only)."""
+        bs, ids, n = self.records.block_size, req.all_token_ids, req.num_computed_tokens
+        for i in range(first, len(table)):
+            if table[i] not in held:
+                held[table[i]] = list(ids[i * bs:min((i + 1) * bs, n)])
+
+    def _refresh_blocks(self, held: dict[int, list[int]]) -> list[dict]:
+        """Rebuild the dirty blocks (and those `held` names) from the pool as it is now."""
+        view = self.records
+        pool = view.pool.blocks
+        fresh = [view.block_dict(pool[b], held.get(b), []) for b in sorted(self.dirty_blocks | held.keys())]
+        if self.blocks is not None:
+            for d in fresh:
+                self.blocks[d[BLOCK.BLOCK_ID]] = d
+        return fresh
+
+    def _request_change(self, e: RequestState, table: list[int]) -> dict:
+        """A request's change: its small fields, its growing lists from what the consumer holds."""
+        r, view = e.req, self.records
+        fields = {REQ.REQUEST_ID: e.request_id, REQ.STATUS: status_name(r.status),
+                  REQ.NUM_COMPUTED_TOKENS: int(r.num_computed_tokens), REQ.NUM_CACHED_TOKENS: e.num_cached_tokens,
+                  REQ.NUM_PREEMPTIONS: int(r.num_preemptions), REQ.FINISH_REASON: e.finish_reason}
+        if view.tokenizer is not None:
+            fields[REQ.OUTPUT_TEXT] = view.output_text(e)
+        if not self.sent.knows(e.request_id):  # new to the consumer: what never changes, once
+            fields.update(view.first_seen(e))
+        return self.sent.change(e.request_id, fields, r.output_token_ids, table, e.metrics)
+
+    def _forget_notes(self) -> None:
+        self.dirty_blocks = set()
+        self.dirty_from = {}
+        self.dirty_requests = set()

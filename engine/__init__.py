@@ -2,10 +2,21 @@
 from .config import EngineConfig
 from .llm import LLM, RequestOutput
 from .llm_engine import LLMEngine
-from .report.records import EngineSnapshot, StepRecord
 from .report.probe import AttentionProbe
+from .report.records import EngineSnapshot, StepRecord
 from .request import Request, RequestMetrics, RequestStatus
 from .sampling_params import SamplingParams
 
-__all__ = ["LLM", "LLMEngine", "EngineConfig", "SamplingParams", "StepRecord", "EngineSnapshot",
-           "AttentionProbe", "Request", "RequestMetrics", "RequestStatus", "RequestOutput"]
+__all__ = [
+           "LLM",
+           "AttentionProbe",
+           "EngineConfig",
+           "EngineSnapshot",
+           "LLMEngine",
+           "Request",
+           "RequestMetrics",
+           "RequestOutput",
+           "RequestStatus",
+           "SamplingParams",
+           "StepRecord",
+]

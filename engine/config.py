@@ -114,7 +114,7 @@ class EngineConfig:
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         _positive_int("seed", self.seed, minimum=0)
 
-    def replace(self, **changes: Any) -> "EngineConfig":
+    def replace(self, **changes: Any) -> EngineConfig:
         """A validated copy with `changes` applied (unknown names raise)."""
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
         if unknown:

@@ -19,8 +19,8 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 try:  # POSIX only; elsewhere the atomic rename alone keeps the cache consistent.
     import fcntl

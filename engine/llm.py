@@ -24,7 +24,7 @@ class RequestOutput:
 class LLM:
     """`LLM(model=None, **config_fields)`; model=None loads the default SmolLM2-135M-Instruct."""
 
-    def __init__(self, model: str | None = None, *, share_model_with: "LLM | None" = None, **config_fields) -> None:
+    def __init__(self, model: str | None = None, *, share_model_with: LLM | None = None, **config_fields) -> None:
         """`share_model_with`: reuse that LLM's loaded weights and tokenizer when compatible."""
         self.engine = LLMEngine(EngineConfig(model=None if model is None else str(model), **config_fields),
                                 share_model_with=share_model_with.engine if share_model_with else None)
@@ -79,7 +79,7 @@ class LLM:
         also stop when the LLM is garbage-collected or the interpreter exits)."""
         self.engine.shutdown()
 
-    def __enter__(self) -> "LLM":
+    def __enter__(self) -> LLM:
         return self
 
     def __exit__(self, *exc) -> None:

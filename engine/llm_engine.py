@@ -8,18 +8,18 @@ import time
 from .config import EngineConfig, with_live_knobs
 from .core.kv_cache_manager import KVCacheManager
 from .core.scheduler import Scheduler
-from .parallel import check_tensor_parallel
 from .executor.executor import WorkerGroup
-from .runner.forward_timer import ForwardTimer
 from .input_processor import InputProcessor
 from .model import ModelSpec
-from .runner.model_runner import ModelRunner, resolve_device
+from .parallel import check_tensor_parallel
 from .report.change_notes import ChangeNotes
 from .report.invariants import check_invariants
 from .report.model_info import model_info, tensor_parallel_facts
 from .report.probe import AttentionProbe, probe_attention
 from .report.records import EngineSnapshot, StepRecord, engine_snapshot, step_record
 from .request import Request, abortable
+from .runner.forward_timer import ForwardTimer
+from .runner.model_runner import ModelRunner, resolve_device
 from .runner.sampler import Sampler
 from .sampling_params import SamplingParams
 from .tokenizer import fast_decoder, load_tokenizer
@@ -28,7 +28,7 @@ from .tokenizer import fast_decoder, load_tokenizer
 class LLMEngine:
     """A paged-KV inference engine that advances one scheduler step per `step()` call."""
 
-    def __init__(self, config: EngineConfig, share_model_with: "LLMEngine | None" = None) -> None:
+    def __init__(self, config: EngineConfig, share_model_with: LLMEngine | None = None) -> None:
         """`share_model_with`: an engine whose loaded weights and tokenizer this one reuses when
         the model, dtype, device and max_model_len agree (a pool-only reset then takes no reload)."""
         from .default_model import default_model_path, validate_model_folder

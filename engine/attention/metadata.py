@@ -1,8 +1,9 @@
 """Per-step attention inputs, named as in vLLM v1 (query_start_loc, seq_lens, slot_mapping)."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 import torch
 
@@ -43,7 +44,7 @@ class AttentionMetadata:
     def probing(self) -> bool:
         return self.probe_layer is not None
 
-    def derived(self, build: Callable[["AttentionMetadata"], T]) -> T:
+    def derived(self, build: Callable[[AttentionMetadata], T]) -> T:
         """`build(self)`, computed on the first layer's call and reused by the step's other
         layers (index tensors, decode plans). Keyed by the builder function itself, so two
         backends' inputs never collide; it lives and dies with this step's metadata."""

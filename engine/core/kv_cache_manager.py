@@ -2,9 +2,9 @@
 registration of full blocks (at allocation, as vLLM's KVCacheManager does), and freeing."""
 from __future__ import annotations
 
+from ..request import Request
 from .block_pool import BlockPool
 from .hashing import extend_block_hashes
-from ..request import Request
 
 
 def cdiv(a: int, b: int) -> int:

@@ -17,8 +17,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ..config import EngineConfig
-from .kv_cache_manager import KVCacheManager
 from ..request import Request, RequestStatus
+from .kv_cache_manager import KVCacheManager
 
 
 @dataclass

@@ -25,9 +25,10 @@ import subprocess
 import sys
 import time
 import weakref
+from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist

@@ -57,7 +57,7 @@ class ForwardInputs:
 
     @classmethod
     def from_step(cls, meta: AttentionMetadata, input_ids: torch.Tensor, positions: torch.Tensor,
-                  logits_indices: list[int]) -> "ForwardInputs":
+                  logits_indices: list[int]) -> ForwardInputs:
         return cls(input_ids.tolist(), positions.tolist(), list(meta.query_start_loc), list(meta.seq_lens),
                    list(meta.context_lens), meta.slot_mapping.tolist(), meta.block_tables.tolist(),
                    list(meta.decode_seq_ids), list(logits_indices))
@@ -104,8 +104,8 @@ def _serve(args: WorkerArgs, conn: Any) -> None:
     from tqdm import tqdm
 
     from ..dtypes import resolve_dtype
-    from ..runner.model_runner import ModelRunner, build_model
     from ..parallel.parallel_state import COLLECTIVE_TIMEOUT, TensorParallel, new_group
+    from ..runner.model_runner import ModelRunner, build_model
 
     # tqdm (the weight loader's progress bar, disabled here but still made) would otherwise
     # create a multiprocessing RLock: a named semaphore wherever multiprocessing's start method

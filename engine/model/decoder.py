@@ -12,8 +12,7 @@ from ..attention import AttentionBackend, AttentionMetadata
 from ..cpu_kernels import native
 from ..parallel.layers import RowParallelLinear, VocabParallelEmbedding
 from ..parallel.parallel_state import SINGLE, TensorParallel
-from .cpu_linear import (PackedLinear, gemm_dtype_for, pack_linear_layers, place_panels_on_huge_pages,
-                         rounding_for)
+from .cpu_linear import PackedLinear, gemm_dtype_for, pack_linear_layers, place_panels_on_huge_pages, rounding_for
 from .layers import RMSNorm, RotaryEmbedding, SwiGLU
 from .spec import ModelSpec
 

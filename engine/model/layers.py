@@ -6,8 +6,8 @@ On a CPU (fp32 arithmetic, in fp32 and bf16 engines alike), CausalLM.pack_for_cp
 from __future__ import annotations
 
 import torch
-from torch import nn
 import torch.nn.functional as F
+from torch import nn
 
 from ..cpu_kernels import NativeCpuKernels
 from ..parallel.layers import RowParallelLinear

@@ -31,7 +31,7 @@ class ModelSpec:
     torch_dtype: str
 
     @classmethod
-    def from_folder(cls, folder: str | Path) -> "ModelSpec":
+    def from_folder(cls, folder: str | Path) -> ModelSpec:
         cfg = json.loads((Path(folder) / "config.json").read_text())
         model_type = cfg.get("model_type")
         if model_type not in SUPPORTED_MODEL_TYPES:

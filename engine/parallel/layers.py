@@ -7,8 +7,8 @@ single-process model keeps `nn.Embedding` / `nn.Linear`.
 from __future__ import annotations
 
 import torch
-from torch import nn
 import torch.nn.functional as F
+from torch import nn
 
 from .parallel_state import TensorParallel
 from .sharding import shard_bounds

@@ -29,11 +29,25 @@ A tail that does not fit the state held raises `OutOfStep`, never a silent guess
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from ..request import ClockEvents, RequestMetrics
-from .schema import (BLOCK, CCHANGE, CHANGES, POOL, QUEUE, RCHANGE, REQ, RMETRICS, SNAP, ChangesDict, ClockChangeDict,
-                     EngineSnapshotDict, RequestChangeDict)
+from .schema import (
+    BLOCK,
+    CCHANGE,
+    CHANGES,
+    POOL,
+    QUEUE,
+    RCHANGE,
+    REQ,
+    RMETRICS,
+    SNAP,
+    ChangesDict,
+    ClockChangeDict,
+    EngineSnapshotDict,
+    RequestChangeDict,
+)
 
 CLOCKS = (RMETRICS.ENGINE, RMETRICS.WALL)
 # The request dict's growing lists and the change keys their tails travel in.

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..parallel.sharding import rank_ranges, sharding_layout
 from ..dtypes import dtype_name
+from ..parallel.sharding import rank_ranges, sharding_layout
 
 if TYPE_CHECKING:
     from ..config import EngineConfig
@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from ..runner.model_runner import ModelRunner
 
 
-def model_info(config: "EngineConfig", spec: "ModelSpec", runner: "ModelRunner", tp_facts: dict) -> dict:
+def model_info(config: EngineConfig, spec: ModelSpec, runner: ModelRunner, tp_facts: dict) -> dict:
     """What the explorer's header and panels say about the model, its dtype, device, attention
     backend, CUDA graphs and native decode; `tp_facts` from `tensor_parallel_facts` (built once)."""
     return {"name": str(config.model).rstrip("/").split("/")[-1], "architecture": spec.model_type,
@@ -30,7 +30,7 @@ def model_info(config: "EngineConfig", spec: "ModelSpec", runner: "ModelRunner",
             "kv_bytes_per_block": runner.bytes_per_block} | tp_facts
 
 
-def tensor_parallel_facts(spec: "ModelSpec", runner: "ModelRunner") -> dict:
+def tensor_parallel_facts(spec: ModelSpec, runner: ModelRunner) -> dict:
     """Per-rank facts: what each rank holds of the model and of the KV pool. Fixed for the
     engine's life, so built once and shared (read-only) by every snapshot."""
     n = runner.tp.size

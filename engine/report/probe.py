@@ -1,14 +1,14 @@
 """Attention probes: the weights a request's last step computed, re-read from the paged cache."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
 from ..model import ModelSpec
-from ..runner.model_runner import ModelRunner
 from ..request import Request, RequestStatus
+from ..runner.model_runner import ModelRunner
 
 
 @dataclass

@@ -46,7 +46,7 @@ class StepRecord:
     changes: dict = field(default_factory=dict)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "StepRecord":
+    def from_dict(cls, d: dict) -> StepRecord:
         """A StepRecord around a record dict (a live feed's): its parts are used as they are."""
         return cls(**{k: d[k] for k in REC.ALL if k in d})
 
@@ -115,7 +115,7 @@ class EngineSnapshot:
                 SNAP.METRICS: dict(self.metrics), SNAP.QUEUES: self.queues, SNAP.BLOCK_POOL: self.block_pool}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "EngineSnapshot":
+    def from_dict(cls, d: dict) -> EngineSnapshot:
         """An EngineSnapshot around a snapshot dict (a live feed's): its parts are used as they are."""
         return cls(**{k: d[k] for k in SNAP.ALL})
 

@@ -112,7 +112,7 @@ class StepRecordDict(TypedDict):
     # from the scheduler's block tables: a live server's runner is in other processes or on a
     # GPU), None (no batch recorded).
     batch_source: str | None
-    changes: "ChangesDict"   # what the step changed in the engine's state (apply() below)
+    changes: ChangesDict   # what the step changed in the engine's state (apply() below)
 
 
 # -- EngineSnapshot --------------------------------------------------------------------------------

@@ -13,13 +13,14 @@ import torch
 
 from ..attention import AttentionMetadata, get_attention_backend
 from ..config import EngineConfig
-from .cuda_graphs import DecodeGraphs, why_no_graphs
-from ..parallel.parallel_state import SINGLE, TensorParallel
+from ..core.scheduler import SchedulerOutput
 from ..dtypes import compute_dtype, resolve_dtype
 from ..model import CausalLM, ModelSpec, load_weights
 from ..model.cpu_linear import cpu_packing_available
+from ..parallel.parallel_state import SINGLE, TensorParallel
+from .cuda_graphs import DecodeGraphs, why_no_graphs
 from .native_decode import NativeDecode, why_no_native_decode
-from ..core.scheduler import SchedulerOutput
+
 
 @dataclass
 class ModelRunnerOutput:

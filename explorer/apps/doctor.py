@@ -67,7 +67,8 @@ def check_native_cpu_kernels() -> Check:
     if kernels is not None:
         # Every build this CPU cannot run is named, never skipped silently.
         missing = "".join(f"; {note}" for note in variants_not_running())
-        return Check("native CPU kernels", "ok", f"{kernels.variant} build: {kernels.path} (built from {SOURCE}){missing}")
+        return Check("native CPU kernels", "ok",
+                     f"{kernels.variant} build: {kernels.path} (built from {SOURCE}){missing}")
     reason = unavailable_reason() or ""
     if reason.startswith(SOURCE_MISSING):  # a broken install, not a machine without gcc
         return Check("native CPU kernels", "missing", f"not built ({reason}): the CPU engine runs torch's kernels "

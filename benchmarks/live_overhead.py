@@ -91,7 +91,7 @@ def measure(model: str, *, rounds: int = 3, num_requests: int = 8, prompt_words:
             s.start()
         for s in (plain, rec):
             s.wait_ready(600)
-        progress("both servers up; warming up")
+        progress(f"both servers up (logs: {plain.log_path}, {rec.log_path}); warming up")
         one_round(plain, prompts, 8)
         one_round(rec, prompts, 8)
         for r in range(rounds):

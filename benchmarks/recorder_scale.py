@@ -29,10 +29,11 @@ def _steps(num_blocks: int, num_running: int, prompt_len: int, steps: int, recor
 
     from explorer.drivers.vllm_live import protocol
     from explorer.drivers.vllm_live.recorder import RecordingScheduler
-    from explorer.drivers.vllm_live.server import free_port
+    from explorer.drivers.vllm_live.server import free_ports
 
-    os.environ[protocol.ENV_FEED] = feed = f"tcp://127.0.0.1:{free_port()}"
-    os.environ[protocol.ENV_SNAPSHOT] = f"tcp://127.0.0.1:{free_port()}"
+    feed_port, snapshot_port = free_ports(2)  # distinct
+    os.environ[protocol.ENV_FEED] = feed = f"tcp://127.0.0.1:{feed_port}"
+    os.environ[protocol.ENV_SNAPSHOT] = f"tcp://127.0.0.1:{snapshot_port}"
     sched = bare_scheduler(block_size=BLOCK_SIZE, num_blocks=num_blocks, max_model_len=prompt_len + 1024,
                            max_num_batched_tokens=8192, max_num_seqs=num_running,
                            scheduler_cls=RecordingScheduler if record else None)

@@ -186,3 +186,21 @@ def flash_attn_transcription(monkeypatch: pytest.MonkeyPatch):
     yield flash_attn_reference
     sys.modules.pop(FLASH_BACKEND_MODULE, None)
 # ------------------------------- end: flash-attn's transcription -------------------------
+
+
+# --- a vLLM server's log in a failed test's report --------------------------------------
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A test that fails with a VllmServer among its fixtures gets the server's log (path and
+    last lines) as a section of its report. A server that fails to start says the same in
+    its own error (ServerStartError)."""
+    outcome = yield
+    report = outcome.get_result()
+    if not report.failed:
+        return
+    from explorer.drivers.vllm_live.server import VllmServer
+
+    for name, value in getattr(item, "funcargs", {}).items():
+        if isinstance(value, VllmServer):
+            report.sections.append((f"vLLM server {name}: {value.log_path} (its last lines)", value.log_tail()))
+# ------------------------------- end: a vLLM server's log -------------------------------

@@ -27,7 +27,8 @@ import torch
 
 from ..default_model import cache_dir
 
-SOURCE = Path(__file__).with_name("kvscope_cpu.c")
+SOURCE = Path(__file__).with_name("kvscope_cpu.c")  # shipped as package data: each install compiles its own
+SOURCE_MISSING = "their C source is not installed"
 FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
 DISABLE_ENV_VAR = "KVSCOPE_NATIVE_CPU"
 VARIANT_ENV_VAR = "KVSCOPE_CPU_VARIANT"
@@ -281,6 +282,8 @@ def _load() -> tuple[NativeCpuKernels | None, str | None]:
         return None, f"turned off by {DISABLE_ENV_VAR}=0"
     if not cpu_supported():
         return None, f"they need an x86-64 CPU with AVX2 and FMA (torch reports {torch.backends.cpu.get_cpu_capability()})"
+    if not SOURCE.is_file():  # a kvscope installed from a package built without it (pyproject's package-data)
+        return None, f"{SOURCE_MISSING}: {SOURCE}"
     runnable = [name for name, reason in variants().items() if reason is None]
     chosen = os.environ.get(VARIANT_ENV_VAR) or (runnable[-1] if runnable else "avx2")
     try:

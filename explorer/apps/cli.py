@@ -44,11 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     lab = sub.add_parser("lab", help="start JupyterLab on the walkthrough notebook",
-                         description="Start JupyterLab on 127.0.0.1 (token auth on) serving the repository's "
-                                     "notebooks/ folder and open walkthrough.ipynb. A busy port is replaced "
-                                     "by a free one.")
+                         description="Start JupyterLab on 127.0.0.1 (token auth on) and open walkthrough.ipynb: "
+                                     "in a checkout, the repository's notebooks/ folder in place; an installed "
+                                     "kvscope copies its notebooks into ./kvscope-notebooks (a notebook already "
+                                     "there is kept) and serves that folder. A busy port is replaced by a free one.")
     _add_server_options(lab, port=8888)
-    lab.add_argument("--notebook-dir", default=None, help="serve this folder instead of the repository's notebooks/")
+    lab.add_argument("--notebook-dir", default=None, help="serve this folder as it is instead")
 
     trace = sub.add_parser("trace", help="print each engine step's batch tables for a prompt",
                            description="Run prompts through the engine and print, step by step, input_ids, "
@@ -159,8 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
     attach.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the recorder to answer")
 
     sub.add_parser("doctor", help="check the set-up and say how to fix what is missing",
-                   description="Print Python, torch build and device, triton, flash-attn, the default model "
-                               "cache, chromium for browser tests, and the command that fixes each missing piece.")
+                   description="Print Python, torch build and device, whether kvscope's native CPU kernels are "
+                               "built, triton, flash-attn, the default model cache, chromium for browser tests, "
+                               "the walkthrough lab opens, and the command that fixes each missing piece.")
     return parser
 
 

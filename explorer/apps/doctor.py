@@ -60,15 +60,20 @@ def check_native_cpu_kernels() -> Check:
     """kvscope's CPU kernels (one build per CPU kind, built by gcc on first use); without them the CPU engine
     runs torch's kernels, correct but slower."""
     try:
-        from engine.cpu_kernels import native, unavailable_reason, variants_not_running
+        from engine.cpu_kernels import SOURCE, SOURCE_MISSING, native, unavailable_reason, variants_not_running
     except Exception as exc:  # noqa: BLE001
         return Check("native CPU kernels", "missing", f"engine not importable: {exc}", f"{PIP} -e .")
     kernels = native()
     if kernels is not None:
         # Every build this CPU cannot run is named, never skipped silently.
         missing = "".join(f"; {note}" for note in variants_not_running())
-        return Check("native CPU kernels", "ok", f"{kernels.variant} build: {kernels.path}{missing}")
-    return Check("native CPU kernels", "optional", f"not used ({unavailable_reason()}): the CPU engine runs "
+        return Check("native CPU kernels", "ok",
+                     f"{kernels.variant} build: {kernels.path} (built from {SOURCE}){missing}")
+    reason = unavailable_reason() or ""
+    if reason.startswith(SOURCE_MISSING):  # a broken install, not a machine without gcc
+        return Check("native CPU kernels", "missing", f"not built ({reason}): the CPU engine runs torch's kernels "
+                     "instead, slower", f"{PIP} --force-reinstall --no-deps kvscope  (from a wheel that ships it)")
+    return Check("native CPU kernels", "optional", f"not built ({reason}): the CPU engine runs "
                  "torch's kernels instead, slower", "apt-get install gcc")
 
 
@@ -157,11 +162,16 @@ def check_test_tools() -> list[Check]:
 
 
 def check_notebook() -> Check:
-    from .lab import NOTEBOOK, repo_notebooks_dir
+    """The walkthrough `explorer lab` opens: the checkout's, else the installed package's."""
+    from .lab import NOTEBOOK, WORKING_FOLDER, in_checkout, packaged_notebooks_dir, repo_notebooks_dir
 
-    nb = repo_notebooks_dir() / NOTEBOOK
-    return (Check("walkthrough", "ok", str(nb)) if nb.is_file() else
-            Check("walkthrough", "optional", f"{nb} not found (the lab command needs a repository checkout)"))
+    if in_checkout():
+        return Check("walkthrough", "ok", str(repo_notebooks_dir() / NOTEBOOK))
+    nb = packaged_notebooks_dir() / NOTEBOOK
+    if nb.is_file():
+        return Check("walkthrough", "ok", f"{nb} (installed; `explorer lab` copies it into ./{WORKING_FOLDER})")
+    return Check("walkthrough", "missing", f"{nb} is not installed (a package built without its notebooks)",
+                 f"{PIP} --force-reinstall --no-deps kvscope  (from a wheel that ships it)")
 
 
 CHECKS: list[Callable[[], Check | list[Check]]] = [

@@ -1,5 +1,10 @@
 """`python -m explorer lab`: start JupyterLab on the walkthrough notebook.
 
+In a checkout it serves the repository's notebooks/ in place. An installed kvscope (pip
+install) carries the same notebooks as package data (explorer/apps/notebooks, a symlink to
+notebooks/ in the repository): they are copied into a working folder, ./kvscope-notebooks,
+where the user's edits stay theirs (a notebook already there is never overwritten).
+
 The server binds 127.0.0.1 only and keeps Jupyter's token authentication on. The
 token is generated here and handed to Jupyter through the JUPYTER_TOKEN environment
 variable (not the command line, where `ps` would show it), so the URL printed below
@@ -9,6 +14,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import socket
 import sys
 from dataclasses import dataclass
@@ -17,11 +23,60 @@ from pathlib import Path
 HOST = "127.0.0.1"
 DEFAULT_PORT = 8888
 NOTEBOOK = "walkthrough.ipynb"
+WORKING_FOLDER = "kvscope-notebooks"
 
 
 def repo_notebooks_dir() -> Path:
     """The repository's notebooks/ folder (the explorer package sits beside it)."""
     return Path(__file__).resolve().parents[2] / "notebooks"
+
+
+def packaged_notebooks_dir() -> Path:
+    """The notebooks the package carries (in a checkout, the symlink to notebooks/)."""
+    return Path(__file__).resolve().parent / "notebooks"
+
+
+def in_checkout() -> bool:
+    """True when this explorer package is the one of a repository checkout (editable install
+    or PYTHONPATH), not a copy installed into site-packages."""
+    root = Path(__file__).resolve().parents[2]
+    return (root / "pyproject.toml").is_file() and (root / "notebooks" / NOTEBOOK).is_file()
+
+
+def copy_notebooks(dest: Path) -> tuple[list[str], list[str]]:
+    """Copy the packaged notebooks into `dest` (created), leaving any already there as they
+    are: returns (the names copied, the names kept)."""
+    source = packaged_notebooks_dir()
+    names = sorted(p.name for p in source.glob("*.ipynb"))
+    if NOTEBOOK not in names:
+        raise FileNotFoundError(f"{source / NOTEBOOK} is not installed (a kvscope package built without its "
+                                "notebooks): reinstall kvscope")
+    dest.mkdir(parents=True, exist_ok=True)
+    copied, kept = [], []
+    for name in names:
+        if (dest / name).exists():
+            kept.append(name)
+        else:
+            shutil.copyfile(source / name, dest / name)
+            copied.append(name)
+    return copied, kept
+
+
+def notebooks_root(notebooks_dir: Path | None) -> Path:
+    """The folder lab serves: `notebooks_dir` as it is, else the checkout's notebooks/, else
+    the working folder the packaged notebooks are copied into (named on the console)."""
+    if notebooks_dir:
+        return Path(notebooks_dir)
+    if in_checkout():
+        return repo_notebooks_dir()
+    dest = Path.cwd() / WORKING_FOLDER
+    copied, kept = copy_notebooks(dest)
+    print(f"[kvscope] working folder: {dest.resolve()}", flush=True)
+    if copied:
+        print(f"[kvscope]   copied from the installed package: {', '.join(copied)}", flush=True)
+    if kept:
+        print(f"[kvscope]   already there, kept as they are (yours): {', '.join(kept)}", flush=True)
+    return dest
 
 
 def port_is_free(port: int, host: str = HOST) -> bool:
@@ -103,7 +158,11 @@ def lab_launch(root_dir: Path, port: int, *, notebook: str | None = NOTEBOOK, op
 
 def run_lab(port: int = DEFAULT_PORT, open_browser: bool = True, notebooks_dir: Path | None = None) -> int:
     """Print the URL and replace this process by the JupyterLab server (exec_server)."""
-    root = Path(notebooks_dir) if notebooks_dir else repo_notebooks_dir()
+    try:
+        root = notebooks_root(notebooks_dir)
+    except OSError as exc:  # the package lacks its notebooks, or the working folder cannot be written
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if not root.is_dir():
         print(f"error: notebooks folder not found: {root}\n"
               "  run from a checkout of the repository, or pass --notebook-dir PATH", file=sys.stderr)

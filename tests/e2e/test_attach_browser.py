@@ -17,13 +17,13 @@ TIMEOUT_MS = 120_000
 
 
 @pytest.fixture(scope="module")
-def vllm_server(default_model_path):
+def vllm_server(default_model_path, tmp_path_factory):
     require_vllm()
     pytest.importorskip("openai")
     from explorer.drivers.vllm_live.server import VllmServer
 
     srv = VllmServer(default_model_path, num_gpu_blocks=40, max_num_batched_tokens=128, max_num_seqs=8,
-                     kv_events=False)
+                     kv_events=False, log=tmp_path_factory.mktemp("vllm-server") / "server.log")
     try:
         srv.start().wait_ready(300)
         yield srv

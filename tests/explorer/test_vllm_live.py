@@ -8,7 +8,6 @@ chunked prompt, a preempting burst), then a subscriber that stops reading.
 from __future__ import annotations
 
 import concurrent.futures
-import os
 import time
 
 import pytest
@@ -28,14 +27,15 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server(default_model_path):  # only the tests marked slow below use it
+def server(default_model_path, tmp_path_factory):  # only the tests marked slow below use it
     require_vllm()
     pytest.importorskip("openai")
     from explorer.drivers.vllm_live.kv_events import KvEventSubscriber
     from explorer.drivers.vllm_live.server import VllmServer
 
     srv = VllmServer(default_model_path, num_gpu_blocks=NUM_BLOCKS, block_size=BLOCK, max_model_len=1024,
-                     max_num_batched_tokens=BUDGET, max_num_seqs=8, log=os.environ.get("KVSCOPE_LIVE_TEST_LOG"),
+                     max_num_batched_tokens=BUDGET, max_num_seqs=8,
+                     log=tmp_path_factory.mktemp("vllm-server") / "server.log",
                      env={"KVSCOPE_FEED_HWM": "4", "KVSCOPE_FEED_SNDBUF": "65536", "OMP_NUM_THREADS": "2"})
     # vLLM connects to a loopback KV-events endpoint: this side binds it, before the server starts.
     kv = KvEventSubscriber(srv.kv_events)
@@ -570,7 +570,7 @@ def test_vllm_clearing_its_prefix_cache_resynchronises_the_session(stub):
 
 @pytest.mark.gpu
 @pytest.mark.slow
-def test_one_feed_covers_a_tensor_parallel_gpu_server(default_model_path):
+def test_one_feed_covers_a_tensor_parallel_gpu_server(default_model_path, tmp_path):
     """A vLLM server on 2 GPUs (TP=2) with the recorder: the scheduler above both workers
     publishes one feed. Needs a CUDA build of vLLM 0.32 and two GPUs (on CPU, TP=3 was run by
     hand: README)."""
@@ -581,7 +581,8 @@ def test_one_feed_covers_a_tensor_parallel_gpu_server(default_model_path):
     from explorer import Session
     from explorer.drivers.vllm_live.server import VllmServer
 
-    srv = VllmServer(default_model_path, kv_events=False, extra_args=("--tensor-parallel-size", "2"))
+    srv = VllmServer(default_model_path, kv_events=False, extra_args=("--tensor-parallel-size", "2"),
+                     log=tmp_path / "server.log")
     try:
         srv.start().wait_ready(600)
         live = Session.attach(srv.feed, snapshot_address=srv.snapshots)

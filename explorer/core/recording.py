@@ -20,7 +20,9 @@ Which step first saw a request: its arrival on the engine clock (which advances 
 steps) equals the clock after the step before, on every engine (kvscope's, vLLM in process, a
 live server's recorder), so `arrival_step` is the step after the last one that ended at or
 before it; a request that waited several steps still arrives where it was added. An abort
-(finish reason 'abort', or any end outside a step) is timed the same way.
+(finish reason 'abort', or any end outside a step) is timed the same way; one that finds the
+request scheduled in that step came while the step's model ran (a server takes aborts then,
+between schedule() and update), which `aborted_during_step` says.
 
 The file is JSON lines (gzip when the name ends in .gz): a header line (format, schema version,
 settings, source), then request lines and step chunks in the order they were written, then an
@@ -161,7 +163,8 @@ class RecordedRequest:
     stop_token_ids: list[int] = field(default_factory=list)
     priority: int = 0
     finish_reason: str | None = None   # 'stop' | 'length' | 'abort' | ...; None: unfinished when recording ended
-    aborted_before_step: int | None = None   # ended outside a step: before this step's schedule()
+    aborted_before_step: int | None = None   # ended outside a step: before this step's update ...
+    aborted_during_step: bool = False        # ... and after its schedule() (vLLM takes aborts while the model runs)
     aborted_time: float | None = None
     # What the run measured (None where not known: a trace).
     num_cached_tokens: int | None = None
@@ -219,6 +222,15 @@ class Recording:
     @property
     def last_step(self) -> int:
         return self.steps.step[-1] if self.steps.step else self.source.first_step
+
+    def aborted_before(self) -> dict[int, set[str]]:
+        """Step -> the requests aborted just before its schedule() (step_decisions leaves them out
+        of the block tables of the step before)."""
+        out: dict[int, set[str]] = {}
+        for r in self.requests:
+            if r.aborted_before_step is not None and not r.aborted_during_step:
+                out.setdefault(r.aborted_before_step, set()).add(r.request_id)
+        return out
 
     def request(self, request_id: str) -> RecordedRequest:
         for r in self.requests:
@@ -316,6 +328,7 @@ class RecordingWriter:
         self._written: set[str] = set()
         self._open: dict[str, dict] = {}       # request id -> its latest request dict
         self._in_step_finish: set[str] = set()
+        self._last_scheduled: dict[str, int] = {}  # request id -> the latest step that scheduled it
         self._seq: dict[str, int] = {}         # request id -> the order the scheduler got it in
         self._finished_len = -1
         self._held: list[tuple[int, dict, list]] = []   # steps whose digest waits for the next entry's aborts
@@ -392,6 +405,8 @@ class RecordingWriter:
         self._clock_times.append(engine_end)
         sampled = record.get("sampled") or {}
         self._in_step_finish.update(r for r in record.get("finished") or () if r in sampled)
+        for x in record["scheduled"]:
+            self._last_scheduled[x["request_id"]] = int(step)
         self._num_steps += 1
 
     def _settle_held(self, before: int | None = None) -> None:
@@ -431,7 +446,8 @@ class RecordingWriter:
         self._open.pop(rid, None)
         self._written.add(rid)
         req = self._request(r)
-        if req.aborted_before_step is not None:
+        self._last_scheduled.pop(rid, None)
+        if req.aborted_before_step is not None and not req.aborted_during_step:
             self._aborted_before.setdefault(req.aborted_before_step, set()).add(rid)
         self._f.write(_line({"kind": "request", **req.to_dict()}))
         self._num_requests += 1
@@ -451,6 +467,7 @@ class RecordingWriter:
         params = r.get("sampling_params") or {}
         reason = r.get("finish_reason")
         outside = reason is not None and (reason == "abort" or r["request_id"] not in self._in_step_finish)
+        abort_step = self._step_after(m_engine.get("finished_time")) if outside else None
         return RecordedRequest(
             request_id=r["request_id"], prompt_token_ids=[int(t) for t in r["prompt_token_ids"]],
             output_token_ids=[int(t) for t in r["output_token_ids"]],
@@ -459,7 +476,9 @@ class RecordingWriter:
             ignore_eos=bool(params.get("ignore_eos", False)),
             stop_token_ids=[int(t) for t in params.get("stop_token_ids") or ()],
             finish_reason=reason,
-            aborted_before_step=self._step_after(m_engine.get("finished_time")) if outside else None,
+            aborted_before_step=abort_step,
+            # Scheduled in the step the abort came before: it came while that step's model ran.
+            aborted_during_step=abort_step is not None and self._last_scheduled.get(r["request_id"]) == abort_step,
             aborted_time=m.get("finished_time") if outside else None,
             num_cached_tokens=int(r.get("num_cached_tokens") or 0), num_preemptions=int(r.get("num_preemptions") or 0),
             first_token_time=m.get("first_token_time"), finished_time=m.get("finished_time"),
@@ -497,6 +516,10 @@ class RecordingWriter:
         self._f.close()
         self._closed = True
         return self.path
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def __enter__(self) -> "RecordingWriter":
         return self

@@ -65,7 +65,8 @@ def identity(rec: Recording, entries: Iterable[Any] | None = None, *, limit: int
     report = IdentityReport(num_steps=len(rec.steps), replay=res, notes=list(rec.source.notes))
     got = dict(zip(res.steps, res.details if entries is not None else res.digests))
     if entries is not None:
-        want = {e.step: step_decisions(e.record, e.snapshot["queues"]["running"])
+        gone = rec.aborted_before()
+        want = {e.step: step_decisions(e.record, e.snapshot["queues"]["running"], gone.get(e.step + 1, ()))
                 for e in entries if e.record is not None}
     else:
         want = dict(zip(rec.steps.step, rec.steps.digest))

@@ -141,11 +141,23 @@ def _scheduler_class() -> type:
 _CLASS: list[type] = []
 
 
+def load_vllm() -> type:
+    """Import what a replay uses of vLLM (seconds, once per process: a sweep does it before it
+    forks its workers, so they share it) and return the replay's Scheduler class."""
+    if not _CLASS:
+        from ..drivers.vllm import bare  # noqa: F401 - first: it sets vLLM's environment before vLLM reads it
+
+        import vllm.v1.outputs  # noqa: F401
+        from vllm import SamplingParams  # noqa: F401
+
+        _CLASS.append(_scheduler_class())
+    return _CLASS[0]
+
+
 def build_scheduler(rec: Recording, v: Variant) -> Any:
     from ..drivers.vllm.bare import bare_scheduler
 
-    if not _CLASS:
-        _CLASS.append(_scheduler_class())
+    load_vllm()
     s = v.settings
     try:
         return bare_scheduler(block_size=s.block_size, num_blocks=s.num_blocks, max_model_len=s.max_model_len,
@@ -207,6 +219,7 @@ class _Replay:
                        else (lambda r: (r.arrival_time, r.arrival_seq)))
         self.pending: list[tuple[float, Any, Any]] = []   # (when, request id, vLLM Request)
         self.aborts: list[tuple[float, str]] = []
+        self.aborts_during: dict[int, list[str]] = {}     # step -> aborted after its schedule(), before its update
         delay = model.admission_delay if model is not None else 0.0
         for r in order:
             by_itself = r.ends_by_itself or r.finish_reason is None
@@ -216,7 +229,9 @@ class _Replay:
                                arrival_time=r.arrival_time, priority=r.priority)
             if arrivals == "step":
                 when = float(r.arrival_step)
-                if not by_itself:
+                if not by_itself and r.aborted_during_step:
+                    self.aborts_during.setdefault(r.aborted_before_step, []).append(r.request_id)
+                elif not by_itself:
                     self.aborts.append((float(r.aborted_before_step), r.request_id))
             else:
                 when = r.arrival_time - origin + delay
@@ -297,6 +312,11 @@ class _Replay:
                 out_ids = self.outputs[rid]
                 sampled[rid] = out_ids[i] if i < len(out_ids) else self.filler[rid]
         mro = _runner_output(out, sampled)
+        during = self.aborts_during.get(step)
+        if during:  # a server takes aborts while the model runs: after schedule(), before the update
+            from vllm.v1.request import RequestStatus
+
+            s.finish_requests(during, RequestStatus.FINISHED_ABORTED)
         t2 = time.perf_counter()
         eco = s.update_from_output(out, mro)
         t3 = time.perf_counter()

@@ -25,7 +25,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..core.recording import Recording
-from .replay import ReplayError, ReplayResult, replay
+from .replay import ReplayError, ReplayResult, load_vllm, replay
 from .settings import KNOBS, MEMORY_KNOBS, SettingRejected, Variant, label_of, variant
 from .step_model import StepTimeModel, fit
 
@@ -252,7 +252,10 @@ def sweep(rec: Recording, *, arrivals: str = "timed", step_model: StepTimeModel 
             done += 1
             report(done, rows[-1])
     else:
-        ctx = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+        fork = sys.platform.startswith("linux")
+        if fork:
+            load_vllm()  # imported once here, shared by the forked workers
+        ctx = multiprocessing.get_context("fork" if fork else "spawn")
         with ctx.Pool(processes, initializer=_init, initargs=(rec, step_model, arrivals)) as pool:
             for row in pool.imap_unordered(run_one, runs):
                 rows.append(row)

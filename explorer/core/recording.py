@@ -532,10 +532,10 @@ class RecordingWriter:
 def save_recording(entries_or_session: Any, path: str | Path, *, notes: Iterable[str] = ()) -> Path:
     """Write a Session's history (or any history entries, step-0 entry first) as a recording."""
     entries = getattr(entries_or_session, "history", entries_or_session)
-    with RecordingWriter(path, notes=notes) as writer:
-        for entry in entries:
-            writer.add(entry)
-    return writer.path
+    writer = RecordingWriter(path, notes=notes)
+    for entry in entries:
+        writer.add(entry)
+    return writer.close()
 
 
 # -- the file --------------------------------------------------------------------------------------

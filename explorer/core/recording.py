@@ -517,6 +517,24 @@ class RecordingWriter:
         self._closed = True
         return self.path
 
+    def follow(self, session: Any) -> Any:
+        """Write `session`'s entries as they come: its history so far now, then every new entry
+        after each of its 'step' events (a live session announces one per poll, however many
+        steps it applied). Returns the unsubscribe function."""
+        def catch_up(event: str = "step", s: Any = session) -> None:
+            if event != "step" or self._closed:
+                return
+            history = s.history
+            i = len(history)
+            while i > 0 and (self._last_step is None or history[i - 1].step > self._last_step):
+                i -= 1
+            for entry in history[i:]:
+                if entry.record is not None or self._f is None:
+                    self.add(entry)
+
+        catch_up()
+        return session.subscribe(catch_up)
+
     @property
     def closed(self) -> bool:
         return self._closed

@@ -62,6 +62,7 @@ class StepDetail:
 class RequestResult:
     request_id: str
     arrival: float | None = None
+    seen_step: int | None = None    # the step whose schedule() first saw it
     first_scheduled_step: int | None = None
     first_token_step: int | None = None
     finished_step: int | None = None
@@ -270,6 +271,7 @@ class _Replay:
                 now = clock
             while p < len(pending) and pending[p][0] <= now + 1e-9:
                 s.add_request(pending[p][2])
+                res.requests[pending[p][1]].seen_step = step
                 p += 1
             while a < len(aborts) and aborts[a][0] <= now + 1e-9:
                 s.finish_requests(aborts[a][1], RequestStatus.FINISHED_ABORTED)

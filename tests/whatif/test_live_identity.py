@@ -37,8 +37,7 @@ def recorded(default_model_path, tmp_path_factory):
         srv.start().wait_ready(600)
         live = Session.attach(srv.feed, snapshot_address=srv.snapshots)
         writer = RecordingWriter(path)
-        writer.add(live.history[0])
-        live.subscribe(lambda event, s: event == "step" and writer.add(s.history[-1]))
+        writer.follow(live)
         client = srv.client(timeout=300)
 
         def complete(prompt: str, n: int) -> None:

@@ -73,8 +73,12 @@ def test_the_writer_is_incremental_and_bounded(kvscope_run, tmp_path):
             assert set(writer._open) == {r["request_id"] for r in q["running"] + q["waiting"]}
             assert writer._written == {r["request_id"] for r in q["finished"]}
     writer.close()
-    assert Recording.load(path) == dataclasses.replace(rec, source=dataclasses.replace(
-        rec.source, created=Recording.load(path).source.created))
+    same = lambda p: dataclasses.replace(rec, source=dataclasses.replace(rec.source, created=Recording.load(p).source.created))  # noqa: E731
+    assert Recording.load(path) == same(path)
+    followed = RecordingWriter(tmp_path / "followed.kvrec")   # what a live session's follower writes
+    unsubscribe = followed.follow(s)
+    unsubscribe()
+    assert Recording.load(followed.close()) == same(followed.path)
 
 
 @pytest.mark.parametrize("damage, says", [

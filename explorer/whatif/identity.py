@@ -78,6 +78,8 @@ def identity(rec: Recording, entries: Iterable[Any] | None = None, *, limit: int
             diffs.append(Difference(step, "step", "a step", "no step (the replay ran out of work, or skipped it)"))
             continue
         if step not in want:
+            if step > rec.last_step:  # past the recording's end (requests still in flight then): not recorded
+                continue
             diffs.append(Difference(step, "step", "no step", f"a step ({_brief(got[step])})"))
             continue
         if entries is None:

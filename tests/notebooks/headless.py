@@ -75,3 +75,20 @@ def output_text(cell) -> str:
 def widget_views(cell) -> int:
     return sum(WIDGET_VIEW in out.get("data", {}) for out in cell.get("outputs", [])
                if out.get("output_type") in ("display_data", "execute_result"))
+
+
+def assert_stored_clean_with_checks(nb, chapters: list[str]) -> None:
+    """The notebook is stored without outputs, has exactly these numbered chapters, and each
+    chapter's last code cell asserts something."""
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code and all(not c.get("outputs") and c.get("execution_count") is None for c in code)
+    cells = chapter_cells(nb)
+    assert [t for t in cells if re.match(r"\d+\. ", t)] == chapters
+    for title in chapters:
+        last_code = [c for c in cells[title] if c.cell_type == "code"][-1]
+        assert re.search(r"^\s*assert ", last_code.source, flags=re.M), title
+
+
+def chapter_texts(nb) -> dict[str, str]:
+    """What each chapter's code cells printed or displayed, as text."""
+    return {t: "\n".join(output_text(c) for c in cells if c.cell_type == "code") for t, cells in chapter_cells(nb).items()}

@@ -3,12 +3,11 @@ default model), records its traffic, replays it (identity, one what-if in the vi
 reads the charts. Every chapter ends with a check. Skipped where vLLM is not installed."""
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 
-from .headless import chapter_cells, execute_headless, output_text, widget_views
+from .headless import assert_stored_clean_with_checks, chapter_cells, chapter_texts, execute_headless, widget_views
 from tests.oracle.vllm_available import require_vllm
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,14 +23,7 @@ def read_notebook():
 
 
 def test_whatif_notebook_is_stored_without_outputs_and_each_chapter_ends_with_a_check():
-    nb = read_notebook()
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    assert code and all(not c.get("outputs") and c.get("execution_count") is None for c in code)
-    chapters = chapter_cells(nb)
-    assert [t for t in chapters if re.match(r"\d+\. ", t)] == CHAPTERS
-    for title in CHAPTERS:
-        last_code = [c for c in chapters[title] if c.cell_type == "code"][-1]
-        assert re.search(r"^\s*assert ", last_code.source, flags=re.M), title
+    assert_stored_clean_with_checks(read_notebook(), CHAPTERS)
 
 
 @pytest.mark.slow
@@ -41,7 +33,7 @@ def test_whatif_notebook_runs_against_a_real_server(tmp_path_factory, default_mo
     nb, _, errors = execute_headless(read_notebook(), NOTEBOOK, tmp_path_factory.mktemp("jupyter"),
                                      kernel_name="kvscope-whatif-notebook-test", cell_timeout_s=900)
     assert errors == [], "whatif.ipynb cells failed:\n\n" + "\n\n".join(errors)
-    text = {t: "\n".join(output_text(c) for c in cells if c.cell_type == "code") for t, cells in chapter_cells(nb).items()}
+    text = chapter_texts(nb)
     assert "0 differences" in text["2. Identity: the same settings, the same steps"]
     assert "held-out error" in text["4. A sweep"]
     assert sum(widget_views(c) for c in chapter_cells(nb)["3. One what-if, step by step"] if c.cell_type == "code") >= 1

@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--processes", type=int, default=2)
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
-    n = max(20, args.steps // 12)
+    n = max(20, int(args.steps / 5.5))   # about 5.5 steps a request at these settings
     rec = synthetic(n, rate=6.0)
     made = time.perf_counter() - t0
     print(f"recording: {len(rec.requests)} requests, {len(rec.steps)} steps (made in {made:.1f} s)")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Any
 
 
 def step_line(rec: dict, snap: dict) -> str:
@@ -23,7 +24,9 @@ def step_line(rec: dict, snap: dict) -> str:
 
 
 def run_attach(address: str, *, model: str | None = None, kv_events: str | None = None, seconds: float | None = None,
-               export: str | None = None, timeout: float = 10.0, record: str | None = None) -> int:
+               export: str | None = None, timeout: float = 10.0, record: str | None = None,
+               stop: Any = None) -> int:
+    """Follow the feed until `seconds` pass, Ctrl-C, or `stop` (a threading.Event) is set."""
     from ..core.recording import RecordingWriter
     from ..core.session import Session
 
@@ -46,7 +49,7 @@ def run_attach(address: str, *, model: str | None = None, kv_events: str | None 
         s.subscribe(lambda event, _s: event == "reset" and _stop_recording(writer, s))
     end = None if seconds is None else time.monotonic() + seconds
     try:
-        while end is None or time.monotonic() < end:
+        while (end is None or time.monotonic() < end) and not (stop is not None and stop.is_set()):
             applied = s.poll()
             for e in (s.history[-len(applied):] if applied else ()):
                 print(step_line(e.record, e.snapshot), flush=True)

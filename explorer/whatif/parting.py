@@ -86,10 +86,10 @@ def explain(rec: Recording, a: ReplayResult, b: ReplayResult, i: int) -> tuple[s
             return (f"{head}, req {rid} finds {sb[rid][2]} of its tokens in the prefix cache instead of {sa[rid][2]} "
                     f"({_hit_cause(a, b, rid)})", [rid])
     for rid in sorted(set(sa) - set(sb)):
-        return f"{head}, req {rid} is not scheduled (as recorded it was): {_held_back(rec, b, i, rid)}", [rid]
+        return f"{head}, req {rid} is not scheduled (as recorded it was): {_held_back(b, i, rid)}", [rid]
     for rid in sorted(set(sb) - set(sa)):
         return (f"{head}, req {rid} is scheduled ({sb[rid][0]} tokens), one step before the recorded run could: "
-                f"{_held_back(rec, a, i, rid)} there", [rid])
+                f"{_held_back(a, i, rid)} there", [rid])
     for rid in sorted(set(sa) & set(sb)):
         if sa[rid][:2] != sb[rid][:2]:
             return (f"{head}, req {rid} computes {sb[rid][0]} tokens from position {sb[rid][1]} instead of {sa[rid][0]} "
@@ -117,7 +117,7 @@ def _budget_cause(r: ReplayResult, d: StepDetail) -> str:
     return "an earlier step of its differs"
 
 
-def _held_back(rec: Recording, r: ReplayResult, i: int, rid: str) -> str:
+def _held_back(r: ReplayResult, i: int, rid: str) -> str:
     """Why `r` did not schedule `rid` at its step `i`."""
     d = r.details[i]
     s = r.variant.settings
@@ -130,8 +130,7 @@ def _held_back(rec: Recording, r: ReplayResult, i: int, rid: str) -> str:
         return f"it arrives at step {int(req.arrival)}"
     if d.preemptions:
         return "the step preempted a request, and vLLM admits none in such a step"
-    running = len([t for t in d.decisions["tables"]])
-    if rid in d.waiting and running >= s.max_num_seqs:
+    if rid in d.waiting and len(d.decisions["tables"]) >= s.max_num_seqs:
         return f"max_num_seqs={s.max_num_seqs} requests are running"
     if d.budget_left == 0:
         return f"the token budget of {s.max_num_batched_tokens} is used up by the requests ahead of it"

@@ -260,13 +260,14 @@ class _Replay:
         clock = 0.0 if self.arrivals == "timed" else float(self.rec.source.first_step)
         step = self.rec.source.first_step
         while p < len(pending) or s.has_unfinished_requests():
+            step += 1
+            idle = not s.has_unfinished_requests()
             if self.arrivals == "step":
-                step = max(step + 1, int(pending[p][0]) if p < len(pending) and not s.has_unfinished_requests()
-                           else step + 1)
+                if idle:  # after an idle gap the recording's step numbers jump to the next arrival
+                    step = max(step, int(pending[p][0]))
                 now = clock = float(step)
             else:
-                step += 1
-                if not s.has_unfinished_requests():
+                if idle:  # the clock jumps to the next arrival
                     clock = max(clock, pending[p][0])
                 now = clock
             while p < len(pending) and pending[p][0] <= now + 1e-9:
@@ -282,8 +283,6 @@ class _Replay:
                 raise ReplayError(f"{self.v.label}: no end after {self.limit} steps ({s.get_num_unfinished_requests()} "
                                   "requests unfinished): a request may never fit this pool")
             clock = self._step(step, clock)
-        while a < len(aborts):  # aborts after the last step: nothing left to abort
-            a += 1
         res.seconds = time.perf_counter() - t0
         return res
 

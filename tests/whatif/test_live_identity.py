@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import threading
 import time
 
 import pytest
@@ -38,6 +39,13 @@ def recorded(default_model_path, tmp_path_factory):
         live = Session.attach(srv.feed, snapshot_address=srv.snapshots)
         writer = RecordingWriter(path)
         writer.follow(live)
+        # Beside it, `python -m explorer attach FEED --record FILE` (its function, stopped by an event).
+        from explorer.apps.attach import run_attach
+
+        stop, by_cli = threading.Event(), path.with_name("attach-cli.kvrec.gz")
+        cli = threading.Thread(target=run_attach, args=(srv.feed,), kwargs={"record": str(by_cli), "stop": stop})
+        cli.start()
+        time.sleep(3.0)   # it joins before any traffic
         client = srv.client(timeout=300)
 
         def complete(prompt: str, n: int) -> None:
@@ -67,15 +75,18 @@ def recorded(default_model_path, tmp_path_factory):
         live.poll()
         history = live.history
         writer.close()
+        time.sleep(1.0)
+        stop.set()
+        cli.join(timeout=60)
         assert live.feed_status()["missed"] == 0
         live.close()
     finally:
         srv.stop()
-    return Recording.load(path), history
+    return Recording.load(path), history, Recording.load(by_cli)
 
 
 def test_the_traffic_has_a_prefix_hit_chunks_preemptions_and_an_abort(recorded):
-    rec, history = recorded
+    rec, history, _ = recorded
     assert rec.source.clock == "wall" and rec.source.pristine and rec.source.engine.endswith("(live server)")
     assert rec.settings.num_blocks == NUM_BLOCKS and rec.settings.max_num_batched_tokens == BUDGET
     records = [e.record for e in history if e.record]
@@ -87,16 +98,19 @@ def test_the_traffic_has_a_prefix_hit_chunks_preemptions_and_an_abort(recorded):
 
 
 def test_a_real_servers_recording_replays_with_0_differences(recorded):
-    rec, history = recorded
+    rec, history, by_cli = recorded
     report = identity(rec, history)
     assert report.ok and report.num_steps == len(history) - 1, report.text()
     assert identity(rec).ok
+    # The attach command's recording of the same feed: the same steps, the same requests.
+    assert by_cli.steps.digest == rec.steps.digest and len(by_cli.requests) == len(rec.requests)
+    assert identity(by_cli).ok
 
 
 def test_planted_faults_break_it(recorded):
     import dataclasses
 
-    rec, history = recorded
+    rec, history, _ = recorded
     # A request the server admitted in the very step that first saw it: one step late, it cannot be.
     prompt = next(rec.request(rid) for e in history if e.record for rid in e.record["new_requests"]
                   if rec.request(rid).arrival_step == e.step)

@@ -455,7 +455,7 @@ def vllm_section(stage: Path, record: bool) -> list[tuple[str, int]]:
 # -- what-if: a recorded run replayed at other settings ------------------------------------------
 WHATIF_CONFIG = {"block_size": 32, "num_kv_blocks": 24, "max_num_batched_tokens": 96, "max_num_seqs": 6,
                  "max_model_len": 512}
-WHATIF_VARIANT = {"num_blocks": 18}
+WHATIF_VARIANT = {"num_blocks": 17}
 
 
 def record_whatif(out: Path) -> None:
@@ -470,19 +470,20 @@ def record_whatif(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     s = Session(**WHATIF_CONFIG)
-    ids = []
-    for i, (q, n) in enumerate([("What is the capital of France?", 40), ("What is the capital of Italy?", 60),
-                                ("What is the capital of Spain?", 50), ("Name three rivers in Europe.", 80)]):
-        ids.append(s.add_request(SIDE_BY_SIDE_SYSTEM + " " + q, max_tokens=n, ignore_eos=True))
-        s.step(2 + i)
-    s.add_request("Tell me a long story about a lighthouse keeper and the sea. " * 3, max_tokens=90, ignore_eos=True)
+    # Four questions under one system prompt at once (prefix hits; together they fill the pool), a
+    # story that arrives while they decode.
+    for q, n in [("What is the capital of France?", 70), ("What is the capital of Italy?", 90),
+                 ("What is the capital of Spain?", 80), ("Name three rivers in Europe.", 100)]:
+        s.add_request(SIDE_BY_SIDE_SYSTEM + " " + q, max_tokens=n, ignore_eos=True)
+    s.step(4)
+    s.add_request("Tell me a long story about a lighthouse keeper and the sea. " * 3, max_tokens=60, ignore_eos=True)
     s.run_until_idle()
     rec = Recording.load(save_recording(s, out / "run.kvrec.gz"))
     report = identity(rec, s.history)
     a, b, parting = compare(rec, **WHATIF_VARIANT)
     (out / "whatif.html").write_text(whatif_html(whatif_state(rec, a, b, parting),
                                                  title="What-if: the recorded run and a smaller pool"))
-    res = sweep(rec, num_blocks=[14, 18, 24, 48], max_num_batched_tokens=[32, 96, 256], processes=2, progress=False)
+    res = sweep(rec, num_blocks=[14, 17, 20, 24, 48], max_num_batched_tokens=[32, 96, 256], processes=2, progress=False)
     (out / "sweep.svg").write_text(sweep_svg(res))
     (out / "manifest.json").write_text(json.dumps({
         "identity": report.text(), "parting": parting.to_dict() if parting else None, "table": res.table(),
@@ -512,7 +513,7 @@ def whatif_section(stage: Path, record: bool) -> list[tuple[str, int]]:
     data = json.loads((out / "manifest.json").read_text())
     cfg = ", ".join(f"{k}={v}" for k, v in data["config"].items())
     lines += [f"Recorded when this site was built: five greedy requests on kvscope's engine (the default model; "
-              f"{cfg}), four sharing a long system prompt, added while others run ({data['summary']}; the recording "
+              f"{cfg}), four sharing a long system prompt, one added while they decode ({data['summary']}; the recording "
               f"is {data['file_bytes'] / 1e3:.0f} kB). Replayed through vLLM 0.32's own scheduler at its own settings:",
               "", f"    {data['identity'].splitlines()[0]}", "",
               f"Then with {', '.join(f'{k}={v}' for k, v in data['variant'].items())}: "

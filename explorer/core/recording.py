@@ -333,6 +333,7 @@ class RecordingWriter:
         self._finished_len = -1
         self._held: list[tuple[int, dict, list]] = []   # steps whose digest waits for the next entry's aborts
         self._aborted_before: dict[int, set[str]] = {}     # step -> requests aborted just before it
+        self._gaps: list[list[int]] = []
         self._closed = False
 
     # -- entries ---------------------------------------------------------------------------------
@@ -384,6 +385,8 @@ class RecordingWriter:
             self._add_step(entry.step, entry.record, snap)
 
     def _add_step(self, step: int, record: dict, snap: dict) -> None:
+        if self._last_step is not None and step != self._last_step + 1:
+            self._gaps.append([self._last_step + 1, step - 1])   # steps the history does not hold (a feed's drops)
         engine_end = float(record["engine_time_s"])
         own = max(0.0, engine_end - self._engine_time)
         self._engine_time = engine_end
@@ -512,7 +515,7 @@ class RecordingWriter:
             self._write_request(r | {"finish_reason": None})
         self._settle_held()
         self._flush_steps()
-        self._f.write(_line(_end(self._num_requests, self._num_steps)))
+        self._f.write(_line(_end(self._num_requests, self._num_steps, self._gaps)))
         self._f.close()
         self._closed = True
         return self.path
@@ -571,8 +574,11 @@ def _header(settings: Settings, source: Source) -> dict:
     return {"format": FORMAT, "schema": SCHEMA_VERSION, "settings": settings.to_dict(), "source": source.to_dict()}
 
 
-def _end(num_requests: int, num_steps: int) -> dict:
-    return {"kind": "end", "num_requests": num_requests, "num_steps": num_steps}
+def _end(num_requests: int, num_steps: int, missing: list | None = None) -> dict:
+    end = {"kind": "end", "num_requests": num_requests, "num_steps": num_steps}
+    if missing:
+        end["missing_steps"] = missing
+    return end
 
 
 def _lines(path: Path) -> Iterator[tuple[int, str]]:
@@ -629,6 +635,10 @@ def _read(path: Path, partial: bool) -> Recording:
         raise RecordingError(f"{path}: the end line counts {end.get('num_requests')} requests and "
                              f"{end.get('num_steps')} steps, the file holds {len(rec.requests)} and {len(rec.steps)}: "
                              "lines are missing")
+    if end is not None and end.get("missing_steps"):
+        spans = ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in end["missing_steps"])
+        rec.source.notes.append(f"steps {spans} are missing (the feed dropped them while recording): a replay is "
+                                "not claimed to reproduce the steps after them")
     ids = [r.request_id for r in rec.requests]
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)

@@ -129,3 +129,12 @@ def test_a_partial_file_reads_with_partial_true(kvscope_run, tmp_path):
 def test_save_recording_needs_entries(tmp_path):
     with pytest.raises(ValueError, match="nothing was added"):
         save_recording([], tmp_path / "empty.kvrec")
+
+
+def test_steps_a_feed_dropped_are_named(kvscope_run, tmp_path):
+    s, _, _ = kvscope_run
+    history = s.history
+    dropped = history[:10] + history[13:]   # steps 10-12 never reached the writer
+    got = Recording.load(save_recording(dropped, tmp_path / "gap.kvrec"))
+    assert any("steps 10-12 are missing" in n for n in got.source.notes)
+    assert len(got.steps) == len(history) - 4

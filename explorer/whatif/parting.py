@@ -72,9 +72,11 @@ def explain(rec: Recording, a: ReplayResult, b: ReplayResult, i: int) -> tuple[s
     pa = {p.victim: p for p in da.preemptions}
     for p in db.preemptions:
         if p.victim not in pa:
+            if p.for_request == p.victim:  # vLLM preempts the request itself when it is the last one running
+                return (f"{head}, req {p.victim} finds no free block for its {_kind(sb, p.victim, prompt)} and, the last "
+                        f"request running, is preempted itself (as recorded it kept its blocks)", [p.victim])
             why = f" for req {p.for_request}'s {_kind(sb, p.for_request, prompt)}" if p.for_request else ""
-            room = "itself: no request is left to preempt" if p.for_request == p.victim else "to make room" + why
-            return f"{head}, req {p.victim} is preempted {room} (as recorded it kept its blocks)", [p.victim]
+            return f"{head}, req {p.victim} is preempted to make room{why} (as recorded it kept its blocks)", [p.victim]
     pb = {p.victim: p for p in db.preemptions}
     for p in da.preemptions:
         if p.victim not in pb:

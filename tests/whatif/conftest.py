@@ -27,7 +27,7 @@ def drive(session) -> None:
     session.run_until_idle()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def kvscope_run(tiny_qwen3_path, tmp_path_factory):
     """(session, recording, path) of the workload on kvscope's engine."""
     from explorer import Session

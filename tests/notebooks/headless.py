@@ -92,3 +92,15 @@ def assert_stored_clean_with_checks(nb, chapters: list[str]) -> None:
 def chapter_texts(nb) -> dict[str, str]:
     """What each chapter's code cells printed or displayed, as text."""
     return {t: "\n".join(output_text(c) for c in cells if c.cell_type == "code") for t, cells in chapter_cells(nb).items()}
+
+
+def execute_against_a_server(nb, path: Path, home: Path, kernel_name: str):
+    """Run a notebook that starts a real vLLM server (skipped where vLLM or openai is missing);
+    every cell must pass. Returns the executed notebook."""
+    from tests.oracle.vllm_available import require_vllm
+
+    require_vllm()
+    pytest.importorskip("openai")
+    nb, _, errors = execute_headless(nb, path, home, kernel_name=kernel_name, cell_timeout_s=900)
+    assert errors == [], f"{path.name} cells failed:\n\n" + "\n\n".join(errors)
+    return nb

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from .headless import assert_stored_clean_with_checks, chapter_cells, chapter_texts, execute_headless, widget_views
-from tests.oracle.vllm_available import require_vllm
+from .headless import assert_stored_clean_with_checks, chapter_cells, chapter_texts, execute_against_a_server, widget_views
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOK = REPO / "notebooks" / "attach.ipynb"
@@ -37,11 +36,8 @@ def test_attach_notebook_is_stored_without_outputs_and_each_chapter_ends_with_a_
 
 @pytest.mark.slow
 def test_attach_notebook_runs_against_a_real_server(tmp_path_factory, default_model_path):
-    require_vllm()
-    pytest.importorskip("openai")
-    nb, _, errors = execute_headless(read_notebook(), NOTEBOOK, tmp_path_factory.mktemp("jupyter"),
-                                     kernel_name="kvscope-attach-notebook-test", cell_timeout_s=900)
-    assert errors == [], "attach.ipynb cells failed:\n\n" + "\n\n".join(errors)
+    nb = execute_against_a_server(read_notebook(), NOTEBOOK, tmp_path_factory.mktemp("jupyter"),
+                                  "kvscope-attach-notebook-test")
     text = chapter_texts(nb)
     assert "from the prefix cache" in text["3. A shared system prompt: one prefix, two requests, refcount 2"]
     assert "requests generated the same tokens" in text["7. The same traffic on kvscope's own engine"]

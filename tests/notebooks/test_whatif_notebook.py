@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from .headless import assert_stored_clean_with_checks, chapter_cells, chapter_texts, execute_headless, widget_views
-from tests.oracle.vllm_available import require_vllm
+from .headless import assert_stored_clean_with_checks, chapter_cells, chapter_texts, execute_against_a_server, widget_views
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOK = REPO / "notebooks" / "whatif.ipynb"
@@ -28,11 +27,8 @@ def test_whatif_notebook_is_stored_without_outputs_and_each_chapter_ends_with_a_
 
 @pytest.mark.slow
 def test_whatif_notebook_runs_against_a_real_server(tmp_path_factory, default_model_path):
-    require_vllm()
-    pytest.importorskip("openai")
-    nb, _, errors = execute_headless(read_notebook(), NOTEBOOK, tmp_path_factory.mktemp("jupyter"),
-                                     kernel_name="kvscope-whatif-notebook-test", cell_timeout_s=900)
-    assert errors == [], "whatif.ipynb cells failed:\n\n" + "\n\n".join(errors)
+    nb = execute_against_a_server(read_notebook(), NOTEBOOK, tmp_path_factory.mktemp("jupyter"),
+                                  "kvscope-whatif-notebook-test")
     text = chapter_texts(nb)
     assert "0 differences" in text["2. Identity: the same settings, the same steps"]
     assert "held-out error" in text["4. A sweep"]

@@ -65,6 +65,7 @@ def run_server(model: str, setting: dict, plan: list, folder: Path, name: str):
         live.wait_for(lambda s: not s.current.snapshot["queues"]["running"]
                       and not s.current.snapshot["queues"]["waiting"], timeout=120)
         time.sleep(0.5)
+        counters = server_counters(srv.http)
         live.pause()
         live.poll()
         history = live.history
@@ -74,18 +75,38 @@ def run_server(model: str, setting: dict, plan: list, folder: Path, name: str):
     finally:
         srv.stop()
     if missed:
-        print(f"  ({name}: the feed missed {missed} steps)")
-    return Recording.load(folder / f"{name}.kvrec.gz"), history
+        print(f"  ({name}: the feed missed {missed} steps under load; vLLM's own counters: {counters})")
+    return Recording.load(folder / f"{name}.kvrec.gz"), history, counters
 
 
-def measured(rec, history) -> dict:
+def server_counters(http: str) -> dict:
+    """vLLM's own Prometheus counters: prefix-cache hit tokens and preemptions (they count every
+    step, also those a slow feed dropped)."""
+    import re
+    import urllib.request
+
+    with urllib.request.urlopen(f"{http}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for key, name in (("hit_tokens", "vllm:prefix_cache_hits_total"), ("preemptions", "vllm:num_preemptions_total")):
+        values = [float(m.group(1)) for m in re.finditer(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M)]
+        out[key] = int(sum(values)) if values else None
+    return out
+
+
+def measured(rec, history, counters: dict) -> dict:
+    """What the run did: prefix-hit tokens of every admission from the recorded steps, and of new
+    requests (not re-admitted after a preemption) and preemptions from vLLM's own counters (they
+    count the steps a slow feed dropped too); TTFT from the recorder's per-request times."""
     from explorer.whatif.sweep import recorded_latencies
 
     records = [e.record for e in history if e.record]
     lat = recorded_latencies(rec)
-    return {"hit_tokens": sum(x["num_cached_tokens"] for r in records for x in r["scheduled"]),
-            "preemptions": sum(len(r["preempted"]) for r in records), "ttft_p50": lat["ttft_p50"],
-            "ttft_p90": lat["ttft_p90"]}
+    hits = sum(x["num_cached_tokens"] for r in records for x in r["scheduled"])
+    preempted = sum(len(r["preempted"]) for r in records)
+    return {"hit_tokens": hits, "new_request_hit_tokens": counters.get("hit_tokens"),
+            "preemptions": counters.get("preemptions") if counters.get("preemptions") is not None else preempted,
+            "ttft_p50": lat["ttft_p50"], "ttft_p90": lat["ttft_p90"]}
 
 
 def predicted(rec) -> dict:
@@ -94,10 +115,16 @@ def predicted(rec) -> dict:
 
     model = fit(rec)
     v = variant(rec, num_blocks=B["num_gpu_blocks"], max_num_batched_tokens=B["max_num_batched_tokens"])
-    row = summarize(replay(rec, v, arrivals="timed", step_model=model), rec)
+    res = replay(rec, v, arrivals="timed", step_model=model)
+    row = summarize(res, rec)
     self_row = summarize(replay(rec, arrivals="timed", step_model=model), rec)
-    return {k: row[k] for k in ("hit_tokens", "preemptions", "ttft_p50", "ttft_p90")} | {
+    new_hits = sum(r.num_cached_tokens for r in res.requests.values())   # at each request's first admission
+    return {k: row[k] for k in ("hit_tokens", "preemptions", "ttft_p50", "ttft_p90")} | {"new_request_hit_tokens": new_hits,
         "model": model.error_text(), "a_predicted_ttft_p50": self_row["ttft_p50"]}
+
+
+def _num(x) -> str:
+    return "-" if x is None else (f"{x:.3f}" if isinstance(x, float) else str(x))
 
 
 def _err(p, m):
@@ -116,26 +143,27 @@ def main(argv: list[str] | None = None) -> int:
     model = str(default_model_path())
     plan = schedule(args.requests)
     folder = Path(tempfile.mkdtemp(prefix="kvscope-whatif-reality-"))
-    errors: dict[str, list[float]] = {k: [] for k in ("hit_tokens", "preemptions", "ttft_p50", "ttft_p90")}
+    errors: dict[str, list[float]] = {k: [] for k in ("hit_tokens", "new_request_hit_tokens", "preemptions",
+                                                      "ttft_p50", "ttft_p90")}
     print(f"A: {A}, B: {B} (block {BLOCK}, max_model_len {MAX_LEN}, max_num_seqs {SEQS}); {len(plan)} requests over "
           f"{plan[-1][0]:.0f} s; recordings in {folder}")
     for rep in range(args.reps):
-        rec_a, hist_a = run_server(model, A, plan, folder, f"a{rep}")
+        rec_a, hist_a, count_a = run_server(model, A, plan, folder, f"a{rep}")
         pred = predicted(rec_a)
-        rec_b, hist_b = run_server(model, B, plan, folder, f"b{rep}")
-        real = measured(rec_b, hist_b)
-        print(f"rep {rep + 1}: A measured TTFT p50 {measured(rec_a, hist_a)['ttft_p50']:.3f} s, predicted "
+        rec_b, hist_b, count_b = run_server(model, B, plan, folder, f"b{rep}")
+        real = measured(rec_b, hist_b, count_b)
+        print(f"rep {rep + 1}: A measured TTFT p50 {measured(rec_a, hist_a, count_a)['ttft_p50']:.3f} s, predicted "
               f"{pred['a_predicted_ttft_p50']:.3f} s; {pred['model']}")
         for k in errors:
             e = _err(pred[k], real[k])
             if e is not None:
                 errors[k].append(e)
-            print(f"  B {k:<12} predicted {pred[k]!s:>22}  measured {real[k]!s:>22}  error "
+            print(f"  B {k:<22} predicted {_num(pred[k]):>10}  measured {_num(real[k]):>10}  error "
                   f"{'-' if e is None else f'{e:+.1%}'}")
     print("\nerror of the prediction for B over the repetitions (predicted / measured - 1):")
     for k, es in errors.items():
         if es:
-            print(f"  {k:<12} median {statistics.median(es):+.1%}, range {min(es):+.1%} .. {max(es):+.1%} ({len(es)} reps)")
+            print(f"  {k:<22} median {statistics.median(es):+.1%}, range {min(es):+.1%} .. {max(es):+.1%} ({len(es)} reps)")
     return 0
 
 

@@ -102,9 +102,13 @@ def test_a_real_servers_recording_replays_with_0_differences(recorded):
     report = identity(rec, history)
     assert report.ok and report.num_steps == len(history) - 1, report.text()
     assert identity(rec).ok
-    # The attach command's recording of the same feed: the same steps, the same requests.
-    assert by_cli.steps.digest == rec.steps.digest and len(by_cli.requests) == len(rec.requests)
-    assert identity(by_cli).ok
+    # The attach command's recording of the same feed: the same steps, the same requests (unless the
+    # feed dropped steps for that subscriber, a slow reader's documented fate: then its file says so).
+    assert len(by_cli.requests) == len(rec.requests)
+    if any("are missing" in n for n in by_cli.source.notes):
+        assert len(by_cli.steps) < len(rec.steps)
+    else:
+        assert by_cli.steps.digest == rec.steps.digest and identity(by_cli).ok
 
 
 def test_planted_faults_break_it(recorded):

@@ -118,8 +118,8 @@ def predicted(rec) -> dict:
     res = replay(rec, v, arrivals="timed", step_model=model)
     row = summarize(res, rec)
     self_row = summarize(replay(rec, arrivals="timed", step_model=model), rec)
-    new_hits = sum(r.num_cached_tokens for r in res.requests.values())   # at each request's first admission
-    return {k: row[k] for k in ("hit_tokens", "preemptions", "ttft_p50", "ttft_p90")} | {"new_request_hit_tokens": new_hits,
+    return {k: row[k] for k in ("preemptions", "ttft_p50", "ttft_p90")} | {
+        "hit_tokens": res.hit_tokens + res.resumed_hit_tokens, "new_request_hit_tokens": res.hit_tokens,
         "model": model.error_text(), "a_predicted_ttft_p50": self_row["ttft_p50"]}
 
 

@@ -92,8 +92,9 @@ class ReplayResult:
     digests: list[str] = field(default_factory=list)
     details: list[StepDetail] = field(default_factory=list)
     requests: dict[str, RequestResult] = field(default_factory=dict)
-    hit_tokens: int = 0
-    query_tokens: int = 0
+    hit_tokens: int = 0               # prefix hits of requests at their first admission (vLLM's own
+    query_tokens: int = 0             # prefix_cache_hits / queries count these, not re-admissions)
+    resumed_hit_tokens: int = 0       # hits of requests re-admitted after a preemption
     preemptions: int = 0
     recomputed_tokens: int = 0
     seconds: float = 0.0              # the replay's own time here
@@ -301,7 +302,7 @@ class _Replay:
             req = reqs[rid]
             b = before[rid]
             num_tokens = req.num_tokens
-            if rid in admitted:
+            if rid in admitted and res.requests[rid].first_scheduled_step is None:
                 queried += num_tokens
             if n == 1 and b == num_tokens - 1 and b >= req.num_prompt_tokens:
                 decode += 1
@@ -352,11 +353,13 @@ class _Replay:
         for rid in admitted:
             r = reqs[rid]
             b = int(before[rid])
-            res.hit_tokens += b
             if r.first_scheduled_step is None:
                 r.first_scheduled_step = step
                 r.num_cached_tokens = b
-            elif r.lost_tokens:
+                res.hit_tokens += b
+                continue
+            res.resumed_hit_tokens += b
+            if r.lost_tokens:
                 recomputed = max(0, r.lost_tokens - b)
                 r.recomputed_tokens += recomputed
                 res.recomputed_tokens += recomputed

@@ -6,7 +6,8 @@
     res.charts()              # plotly figures: hit rate against pool size, TTFT p90 against budget, preemptions
 
 Per setting, exactly (vLLM's own scheduler decided them, for these arrivals): prefix-hit tokens
-and rate, preemptions and the tokens they made vLLM compute again, steps, queue depth and KV
+and rate (of requests at their first admission, as vLLM's own prefix-cache metrics count them; a
+request re-admitted after a preemption hits its own blocks again, counted apart), preemptions and the tokens they made vLLM compute again, steps, queue depth and KV
 usage per step. Predicted (from the step-time model fitted on the recording, whose held-out
 error the table prints): TTFT, ITL and end-to-end latency per request, p50 and p90. The first
 row replays the recorded settings with timed arrivals, so its predictions sit beside what the
@@ -75,6 +76,7 @@ def summarize(res: ReplayResult, rec: Recording) -> dict:
     reqs = res.requests
     out: dict[str, Any] = {
         "steps": res.num_steps, "hit_tokens": res.hit_tokens, "query_tokens": res.query_tokens,
+        "resumed_hit_tokens": res.resumed_hit_tokens,
         "hit_rate": res.hit_rate, "preemptions": res.preemptions, "recomputed_tokens": res.recomputed_tokens,
         "max_waiting": max(res.num_waiting, default=0), "mean_waiting": float(np.mean(res.num_waiting)) if res.steps else 0,
         "max_kv_usage": max(res.kv_usage, default=0.0), "mean_kv_usage": float(np.mean(res.kv_usage)) if res.steps else 0,

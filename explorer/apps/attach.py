@@ -25,13 +25,13 @@ def step_line(rec: dict, snap: dict) -> str:
 
 def run_attach(address: str, *, model: str | None = None, kv_events: str | None = None, seconds: float | None = None,
                export: str | None = None, timeout: float = 10.0, record: str | None = None,
-               stop: Any = None) -> int:
+               stop: Any = None, snapshot_address: str | None = None) -> int:
     """Follow the feed until `seconds` pass, Ctrl-C, or `stop` (a threading.Event) is set."""
     from ..core.recording import RecordingWriter
     from ..core.session import Session
 
     try:
-        s = Session.attach(address, model, timeout=timeout, kv_events=kv_events)
+        s = Session.attach(address, model, timeout=timeout, kv_events=kv_events, snapshot_address=snapshot_address)
     except (TimeoutError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

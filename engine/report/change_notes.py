@@ -74,5 +74,6 @@ class ChangeNotes:
             fields.update({REQ.PROMPT_TOKEN_IDS: list(req.prompt_token_ids),
                            REQ.PROMPT_TEXT: req.prompt_text if req.prompt_text is not None
                            else req.cached_text("prompt", decode),
-                           REQ.MAX_TOKENS: req.params.max_tokens, REQ.SAMPLING_PARAMS: req.params.to_dict()})
+                           REQ.MAX_TOKENS: req.params.max_tokens, REQ.SAMPLING_PARAMS: req.params.to_dict(),
+                           REQ.PRIORITY: 0})
         return self.sent.change(req.request_id, fields, req.output_token_ids, req.block_table, req.metrics)

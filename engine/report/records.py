@@ -95,6 +95,7 @@ def request_dict(req: Request, decode) -> dict:
         REQ.FINISH_REASON: req.finish_reason,
         REQ.MAX_TOKENS: req.params.max_tokens,
         REQ.SAMPLING_PARAMS: req.params.to_dict(),
+        REQ.PRIORITY: 0,  # kvscope's policies order by arrival
         REQ.METRICS: req.metrics.to_dict(),
     }
 

@@ -154,6 +154,7 @@ class _RequestFields(TypedDict):
     finish_reason: str | None
     max_tokens: int
     sampling_params: dict[str, Any]   # SamplingParams' fields
+    priority: int                     # vLLM's scheduling priority (lower first); 0 in kvscope's engine
     metrics: RequestMetricsDict
 
 
@@ -290,6 +291,7 @@ class RequestChangeDict(_RequestChangeFields, total=False):
     prompt_text: str | None
     max_tokens: int
     sampling_params: dict[str, Any]
+    priority: int
     num_prompt_tokens: int        # token ids left out (KVSCOPE_FEED_TOKENS=0)
     num_output_tokens: int
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Any
 
 
 def step_line(rec: dict, snap: dict) -> str:
@@ -23,11 +24,14 @@ def step_line(rec: dict, snap: dict) -> str:
 
 
 def run_attach(address: str, *, model: str | None = None, kv_events: str | None = None, seconds: float | None = None,
-               export: str | None = None, timeout: float = 10.0) -> int:
+               export: str | None = None, timeout: float = 10.0, record: str | None = None,
+               stop: Any = None, snapshot_address: str | None = None) -> int:
+    """Follow the feed until `seconds` pass, Ctrl-C, or `stop` (a threading.Event) is set."""
+    from ..core.recording import RecordingWriter
     from ..core.session import Session
 
     try:
-        s = Session.attach(address, model, timeout=timeout, kv_events=kv_events)
+        s = Session.attach(address, model, timeout=timeout, kv_events=kv_events, snapshot_address=snapshot_address)
     except (TimeoutError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -38,12 +42,19 @@ def run_attach(address: str, *, model: str | None = None, kv_events: str | None 
     for note in s.notes:
         print(f"note: {note}")
     seen = len(s.notes)
+    writer = None
+    if record:  # a recording of every step applied from now on (explorer.whatif replays it)
+        writer = RecordingWriter(record, notes=[f"recorded by `python -m explorer attach {address}`"])
+        writer.add(s.history[0])
+        s.subscribe(lambda event, _s: event == "reset" and _stop_recording(writer, s))
     end = None if seconds is None else time.monotonic() + seconds
     try:
-        while end is None or time.monotonic() < end:
+        while (end is None or time.monotonic() < end) and not (stop is not None and stop.is_set()):
             applied = s.poll()
             for e in (s.history[-len(applied):] if applied else ()):
                 print(step_line(e.record, e.snapshot), flush=True)
+                if writer is not None and not writer.closed:
+                    writer.add(e)
             for note in s.notes[seen:]:
                 print(f"note: {note}", flush=True)
             seen = len(s.notes)
@@ -58,5 +69,14 @@ def run_attach(address: str, *, model: str | None = None, kv_events: str | None 
             from ..export import export_html
 
             print(export_html(s, export))
+        if writer is not None and not writer.closed:
+            print(f"recording: {writer.close()}")
         s.close()
     return 0
+
+
+def _stop_recording(writer, session) -> None:
+    """The server restarted (or cleared its cache): the steps after it start from another pool,
+    so the recording ends here."""
+    if not writer.closed:
+        print(f"note: the feed restarted; the recording ends before it: {writer.close()}", flush=True)

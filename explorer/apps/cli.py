@@ -158,6 +158,22 @@ def build_parser() -> argparse.ArgumentParser:
     attach.add_argument("--seconds", type=float, default=None, help="stop after this many seconds")
     attach.add_argument("--export", default=None, help="write what was seen as one HTML file at the end")
     attach.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the recorder to answer")
+    attach.add_argument("--snapshot", default=None, metavar="ADDRESS",
+                        help="the recorder's snapshot endpoint when it is not the feed's default (KVSCOPE_FEED_SNAPSHOT)")
+    attach.add_argument("--record", default=None, metavar="FILE",
+                        help="also write what is seen as a recording (FILE.kvrec.gz) for `python -m explorer whatif`")
+
+    whatif = sub.add_parser("whatif", help="replay a recording through vLLM's own scheduler at other settings",
+                            description="Replay a recording (session.save_recording, attach --record, or a Mooncake "
+                                        "trace with --trace) through vLLM 0.32's own scheduler and KV cache manager, "
+                                        "with no model, at every combination of the settings given (comma-separated "
+                                        "lists), in parallel processes; print one row per setting: exact prefix hits, "
+                                        "preemptions, steps, queue and KV usage, and TTFT / ITL / E2E predicted by a "
+                                        "step-time model fitted on the recording (its held-out error printed).")
+    whatif.add_argument("recording", help="the recording file (or a Mooncake trace with --trace)")
+    from .whatif import add_whatif_arguments  # no heavy import: the replay's are inside run_whatif
+
+    add_whatif_arguments(whatif)
 
     sub.add_parser("doctor", help="check the set-up and say how to fix what is missing",
                    description="Print Python, torch build and device, whether kvscope's native CPU kernels are "
@@ -242,7 +258,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .attach import run_attach
 
         return run_attach(args.address, model=args.model, kv_events=args.kv_events, seconds=args.seconds,
-                          export=args.export, timeout=args.timeout)
+                          export=args.export, timeout=args.timeout, record=args.record,
+                          snapshot_address=args.snapshot)
+    if args.command == "whatif":
+        from .whatif import run_whatif
+
+        return run_whatif(args)
     if args.command == "doctor":
         from .doctor import run_doctor
 

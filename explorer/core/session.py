@@ -323,6 +323,14 @@ class Session:
         """What the source had to say (a live feed's resynchronisations, missed steps)."""
         return list(getattr(self.source, "notes", ()))
 
+    def save_recording(self, path: Any, *, notes: Any = ()) -> Any:
+        """Write this session's history as a recording (explorer/core/recording.py): the
+        settings, every request (arrival, prompt, outputs, how it ended) and each step's timings,
+        for explorer.whatif to replay through vLLM's own scheduler. Returns the file's path."""
+        from .recording import save_recording
+
+        return save_recording(self, path, notes=notes)
+
     def close(self) -> None:
         """Stop following and let the engine go (a live feed's sockets; an engine's workers)."""
         self.pause()

@@ -226,6 +226,27 @@ def test_vllm_page_shows_both_engines_or_says_why_not(page, site) -> None:
     assert page.console_errors == []
 
 
+def test_whatif_page_shows_its_replay_and_sweep_or_says_why_not(page, site) -> None:
+    net = Recorder(page, site["site"])
+    page.goto((site["site"] / "whatif.html").resolve().as_uri())
+    manifest = site["site"] / "whatif-replays" / "manifest.json"
+    if not manifest.exists():  # subset builds record no what-if example: the page must say so
+        assert "holds no recorded what-if example" in page.inner_text("article")
+    else:
+        data = json.loads(manifest.read_text())
+        assert "0 differences" in data["identity"]
+        frame = page.frame_locator("iframe[data-testid=kvs-whatif-replay]")
+        frame.locator('[data-testid="kvs-whatif-slider"]').wait_for()
+        if data["parting"]:
+            assert data["parting"]["text"] in frame.locator('[data-testid="kvs-whatif-parting"]').inner_text()
+            frame.locator('[data-testid="kvs-whatif-next"]').click()
+            assert frame.locator('[data-testid="kvs-whatif"]').get_attribute("data-index") == str(
+                data["parting"]["index"] + 1)
+        assert page.locator("[data-testid=kvs-whatif-sweep-chart] svg polyline").count() >= 1
+    assert net.outside == []
+    assert page.console_errors == []
+
+
 def test_api_reference_lists_generate_step_and_export_html_with_their_docstrings(page, site) -> None:
     from engine import LLM
     from explorer.core.session import Session

@@ -75,3 +75,42 @@ def output_text(cell) -> str:
 def widget_views(cell) -> int:
     return sum(WIDGET_VIEW in out.get("data", {}) for out in cell.get("outputs", [])
                if out.get("output_type") in ("display_data", "execute_result"))
+
+
+def assert_stored_clean_with_checks(nb, chapters: list[str]) -> None:
+    """The notebook is stored without outputs, has exactly these numbered chapters, and each
+    chapter's last code cell asserts something."""
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code and all(not c.get("outputs") and c.get("execution_count") is None for c in code)
+    cells = chapter_cells(nb)
+    assert [t for t in cells if re.match(r"\d+\. ", t)] == chapters
+    for title in chapters:
+        last_code = [c for c in cells[title] if c.cell_type == "code"][-1]
+        assert re.search(r"^\s*assert ", last_code.source, flags=re.M), title
+
+
+def chapter_texts(nb) -> dict[str, str]:
+    """What each chapter's code cells printed or displayed, as text."""
+    return {t: "\n".join(output_text(c) for c in cells if c.cell_type == "code") for t, cells in chapter_cells(nb).items()}
+
+
+def execute_against_a_server(nb, path: Path, home: Path, kernel_name: str):
+    """Run a notebook that starts a real vLLM server (skipped where vLLM or openai is missing);
+    every cell must pass. Returns the executed notebook. The notebook's server logs into `home`
+    (the kernel inherits the variable), so a failed start leaves its log with the test's files."""
+    from explorer.drivers.vllm_live.server import LOG_DIR_ENV_VAR
+    from tests.oracle.vllm_available import require_vllm
+
+    require_vllm()
+    pytest.importorskip("openai")
+    before = os.environ.get(LOG_DIR_ENV_VAR)
+    os.environ[LOG_DIR_ENV_VAR] = str(home / "vllm-server-logs")
+    try:
+        nb, _, errors = execute_headless(nb, path, home, kernel_name=kernel_name, cell_timeout_s=900)
+    finally:
+        if before is None:
+            os.environ.pop(LOG_DIR_ENV_VAR, None)
+        else:
+            os.environ[LOG_DIR_ENV_VAR] = before
+    assert errors == [], f"{path.name} cells failed:\n\n" + "\n\n".join(errors)
+    return nb

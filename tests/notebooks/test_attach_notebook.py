@@ -4,13 +4,11 @@ Session, and replays the traffic on kvscope's engine. Every chapter ends with a 
 Skipped where vLLM is not installed."""
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 
-from .headless import chapter_cells, execute_headless, output_text, widget_views
-from tests.oracle.vllm_available import require_vllm
+from .headless import assert_stored_clean_with_checks, chapter_cells, chapter_texts, execute_against_a_server, widget_views
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOK = REPO / "notebooks" / "attach.ipynb"
@@ -33,28 +31,14 @@ def read_notebook():
 
 
 def test_attach_notebook_is_stored_without_outputs_and_each_chapter_ends_with_a_check():
-    nb = read_notebook()
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    assert code and all(not c.get("outputs") and c.get("execution_count") is None for c in code)
-    chapters = chapter_cells(nb)
-    assert [t for t in chapters if re.match(r"\d+\. ", t)] == CHAPTERS
-    for title in CHAPTERS:
-        last_code = [c for c in chapters[title] if c.cell_type == "code"][-1]
-        assert re.search(r"^\s*assert ", last_code.source, flags=re.M), title
+    assert_stored_clean_with_checks(read_notebook(), CHAPTERS)
 
 
 @pytest.mark.slow
-def test_attach_notebook_runs_against_a_real_server(tmp_path_factory, default_model_path, monkeypatch):
-    require_vllm()
-    pytest.importorskip("openai")
-    from explorer.drivers.vllm_live.server import LOG_DIR_ENV_VAR
-
-    # The notebook's server logs into this test's folder (the kernel inherits the variable).
-    monkeypatch.setenv(LOG_DIR_ENV_VAR, str(tmp_path_factory.mktemp("vllm-server")))
-    nb, _, errors = execute_headless(read_notebook(), NOTEBOOK, tmp_path_factory.mktemp("jupyter"),
-                                     kernel_name="kvscope-attach-notebook-test", cell_timeout_s=900)
-    assert errors == [], "attach.ipynb cells failed:\n\n" + "\n\n".join(errors)
-    text = {t: "\n".join(output_text(c) for c in cells if c.cell_type == "code") for t, cells in chapter_cells(nb).items()}
+def test_attach_notebook_runs_against_a_real_server(tmp_path_factory, default_model_path):
+    nb = execute_against_a_server(read_notebook(), NOTEBOOK, tmp_path_factory.mktemp("jupyter"),
+                                  "kvscope-attach-notebook-test")
+    text = chapter_texts(nb)
     assert "from the prefix cache" in text["3. A shared system prompt: one prefix, two requests, refcount 2"]
     assert "requests generated the same tokens" in text["7. The same traffic on kvscope's own engine"]
     assert sum(widget_views(c) for c in chapter_cells(nb)["2. Attach"] if c.cell_type == "code") >= 1

@@ -29,9 +29,14 @@ def _model_dir() -> Path:
 
 def bare_scheduler(*, block_size: int, num_blocks: int, max_model_len: int, max_num_batched_tokens: int,
                    max_num_seqs: int, enable_chunked_prefill: bool = True, enable_prefix_caching: bool = True,
-                   scheduler_reserve_full_isl: bool = True, scheduler_cls: type | None = None) -> Any:
+                   scheduler_reserve_full_isl: bool = True, long_prefill_token_threshold: int = 0,
+                   long_prefill_token_threshold_adaptive: bool = False, policy: str = "fcfs",
+                   watermark: float = 0.0, prefix_caching_hash_algo: str = "sha256",
+                   scheduler_cls: type | None = None) -> Any:
     """A vLLM Scheduler (or `scheduler_cls`, a subclass of it) over a pool of `num_blocks`
-    blocks (the null block included), synchronous scheduling."""
+    blocks (the null block included), synchronous scheduling. `long_prefill_token_threshold`
+    (0: off) and its adaptive floor, `policy` ('fcfs' | 'priority'), `watermark` and
+    `prefix_caching_hash_algo` are vLLM's own settings of those names; vLLM validates each."""
     import torch
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -43,8 +48,12 @@ def bare_scheduler(*, block_size: int, num_blocks: int, max_model_len: int, max_
     sched = SchedulerConfig(max_model_len=max_model_len, is_encoder_decoder=False,
                             max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                             enable_chunked_prefill=enable_chunked_prefill, async_scheduling=False,
-                            scheduler_reserve_full_isl=scheduler_reserve_full_isl)
-    cache = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching)
+                            scheduler_reserve_full_isl=scheduler_reserve_full_isl,
+                            long_prefill_token_threshold=long_prefill_token_threshold,
+                            long_prefill_token_threshold_adaptive=long_prefill_token_threshold_adaptive,
+                            policy=policy, watermark=watermark)
+    cache = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching,
+                        prefix_caching_hash_algo=prefix_caching_hash_algo)
     cache.num_gpu_blocks = num_blocks
     vllm_config = VllmConfig(model_config=model, scheduler_config=sched, cache_config=cache)
     spec = FullAttentionSpec(block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
@@ -55,21 +64,28 @@ def bare_scheduler(*, block_size: int, num_blocks: int, max_model_len: int, max_
                                         log_stats=True)
 
 
-_HASHERS: dict[int, Any] = {}
+_HASHERS: dict[tuple[int, str], Any] = {}
+_NONE_HASH_OF: list[str] = []  # the algorithm vLLM's process-wide NONE_HASH was last made with
 
 
-def bare_request(request_id: str, prompt: list[int], params: Any, block_size: int) -> Any:
-    """A vLLM Request with the block hasher its engine would give it (sha256, vLLM's
-    prefix-caching hash), for `bare_scheduler(...).add_request`."""
+def bare_request(request_id: str, prompt: list[int], params: Any, block_size: int, *, hash_algo: str = "sha256",
+                 arrival_time: float | None = None, priority: int = 0) -> Any:
+    """A vLLM Request with the block hasher its engine would give it (`hash_algo`: vLLM's
+    `prefix_caching_hash_algo`, sha256 by default as in vLLM's CacheConfig), for
+    `bare_scheduler(...).add_request`. `arrival_time` and `priority` order the waiting queue
+    under the 'priority' policy (vLLM stamps time.time() when none is given)."""
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
     from vllm.v1.request import Request
 
-    if block_size not in _HASHERS:
-        hash_fn = get_hash_fn_by_name("sha256")
-        init_none_hash(hash_fn)
-        _HASHERS[block_size] = get_request_block_hasher(block_size, hash_fn)
-    return Request(request_id, list(prompt), params, None, block_hasher=_HASHERS[block_size])
+    key = (block_size, hash_algo)
+    if key not in _HASHERS:
+        _HASHERS[key] = get_request_block_hasher(block_size, get_hash_fn_by_name(hash_algo))
+    if _NONE_HASH_OF[-1:] != [hash_algo]:  # the chain's root is a process-wide value in vLLM
+        init_none_hash(get_hash_fn_by_name(hash_algo))
+        _NONE_HASH_OF[:] = [hash_algo]
+    return Request(request_id, list(prompt), params, None, arrival_time=arrival_time, priority=priority,
+                   block_hasher=_HASHERS[key])
 
 
 def sampled_output(scheduler: Any, out: Any, token_of: Any) -> Any:

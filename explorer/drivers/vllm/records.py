@@ -252,7 +252,8 @@ class RecordBuilder:
         prompt = list(e.req.prompt_token_ids or ())
         return {REQ.PROMPT_TOKEN_IDS: prompt,
                 REQ.PROMPT_TEXT: e.prompt_text if e.prompt_text is not None else self._decode(e, "prompt", prompt),
-                REQ.MAX_TOKENS: e.params.max_tokens, REQ.SAMPLING_PARAMS: e.params.to_dict()}
+                REQ.MAX_TOKENS: e.params.max_tokens, REQ.SAMPLING_PARAMS: e.params.to_dict(),
+                REQ.PRIORITY: int(getattr(e.req, "priority", 0) or 0)}
 
     def output_text(self, e: RequestState) -> str:
         return self._decode(e, "output", e.req.output_token_ids)

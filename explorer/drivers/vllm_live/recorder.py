@@ -425,7 +425,20 @@ def _model_info(vc: Any) -> dict:
             "cuda_graphs_off": "enforce_eager" if mc.enforce_eager else None,
             "tensor_parallel_size": tp, "pipeline_parallel_size": int(vc.parallel_config.pipeline_parallel_size),
             "async_scheduling": bool(getattr(vc.scheduler_config, "async_scheduling", False)),
-            "live": True}
+            "kv_bytes_per_block": _kv_bytes_per_block(vc), "live": True}
+
+
+def _kv_bytes_per_block(vc: Any) -> int:
+    """K and V of one block over every layer and KV head (all tensor-parallel ranks together):
+    what one block of the pool costs in memory (a what-if turns a memory size into blocks with it)."""
+    mc, cc = vc.model_config, vc.cache_config
+    hf = mc.hf_config
+    heads = int(hf.num_attention_heads)
+    kv_heads = int(getattr(hf, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(hf, "head_dim", None) or hf.hidden_size // heads)
+    cache_dtype = str(getattr(cc, "cache_dtype", "auto"))
+    itemsize = 1 if cache_dtype.startswith("fp8") else int(mc.dtype.itemsize)
+    return 2 * int(hf.num_hidden_layers) * kv_heads * head_dim * itemsize * int(cc.block_size)
 
 
 def _config_dict(vc: Any, s: Scheduler) -> dict:
@@ -438,5 +451,12 @@ def _config_dict(vc: Any, s: Scheduler) -> dict:
             "max_model_len": int(mc.max_model_len), "enable_prefix_caching": bool(cc.enable_prefix_caching),
             "enable_chunked_prefill": bool(sc.enable_chunked_prefill), "scheduling_policy": "unified",
             "scheduler_reserve_full_isl": bool(getattr(s, "scheduler_reserve_full_isl", True)),
+            # vLLM's own knobs that change its decisions (a recording replays with them).
+            "long_prefill_token_threshold": int(sc.long_prefill_token_threshold),
+            "long_prefill_token_threshold_adaptive": bool(getattr(sc, "long_prefill_token_threshold_adaptive", False)),
+            "policy": str(sc.policy), "prefix_caching_hash_algo": str(cc.prefix_caching_hash_algo),
+            "watermark": float(getattr(sc, "watermark", 0.0) or 0.0),
+            "max_num_active_seqs": getattr(sc, "max_num_active_seqs", None),
+            "async_scheduling": bool(getattr(sc, "async_scheduling", False)),
             "tensor_parallel_size": int(vc.parallel_config.tensor_parallel_size), "dtype": dtype_name(mc.dtype),
             "enforce_eager": bool(mc.enforce_eager), "device": str(getattr(vc.device_config, "device_type", ""))}

@@ -1,0 +1,726 @@
+"""A recording: what a server did, kept as a file a user can share and replay (explorer.whatif).
+
+    save_recording(session_or_entries, "run.kvrec.gz")      # or Session.save_recording(path)
+    rec = Recording.load("run.kvrec.gz")
+
+It holds what vLLM's scheduler needs to make the same decisions again, and no step's state:
+- the server's settings (`Settings`: block size, blocks, budgets, max_num_seqs, prefix caching,
+  chunked prefill, the long-prefill threshold, policy, hash algorithm, max_model_len);
+- per request (`RecordedRequest`): the step whose `schedule()` first saw it and its arrival on
+  the recording's clock, the prompt and output token ids, the sampling settings the scheduler
+  reads, how it ended (and before which step an abort came), and what it measured (prefix
+  hits, preemptions, token times);
+- per step (`RecordedSteps`), a few numbers only: when it ended, how long it ran, the work it
+  did (prefill tokens, decode requests, context tokens: what the step-time model is fitted on)
+  and a 64-bit digest of its decisions (`step_decisions`), so an identity replay can be checked
+  from the file alone.
+So its size grows with the requests' tokens; a step adds about 60 bytes.
+
+Which step first saw a request: its arrival on the engine clock (which advances only inside
+steps) equals the clock after the step before, on every engine (kvscope's, vLLM in process, a
+live server's recorder), so `arrival_step` is the step after the last one that ended at or
+before it; a request that waited several steps still arrives where it was added. An abort
+(finish reason 'abort', or any end outside a step) is timed the same way; one that finds the
+request scheduled in that step came while the step's model ran (a server takes aborts then,
+between schedule() and update), which `aborted_during_step` says.
+
+The file is JSON lines (gzip when the name ends in .gz): a header line (format, schema version,
+settings, source), then request lines and step chunks in the order they were written, then an
+end line with the counts. `RecordingWriter.add(entry)` writes it incrementally from history
+entries as they come (a request when it ends, steps in chunks), so a Session can write its old
+steps out and keep a bounded window.
+"""
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import gzip
+import hashlib
+import io
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from .history import HistoryEntry
+
+FORMAT = "kvscope-recording"
+SCHEMA_VERSION = 1
+STEP_CHUNK = 512   # steps per step line
+CLOCKS = ("wall", "engine")
+# kvscope's scheduling policy names -> vLLM's (vLLM's v1 scheduler mixes prefill and decode
+# under one budget: kvscope's 'unified'; kvscope's 'prefill_first' has no vLLM counterpart).
+KVSCOPE_POLICIES = {"unified": "fcfs"}
+
+
+class RecordingError(ValueError):
+    """A file that is not a recording, a damaged one, or one of another schema version."""
+
+
+# -- settings --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Settings:
+    """The scheduler and pool settings a run had, with vLLM's names (kvscope's where vLLM has
+    none: `num_blocks` is vLLM's num_gpu_blocks, the null block included)."""
+
+    block_size: int
+    num_blocks: int
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    max_model_len: int
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    scheduler_reserve_full_isl: bool = True
+    long_prefill_token_threshold: int = 0
+    long_prefill_token_threshold_adaptive: bool = False
+    policy: str = "fcfs"
+    watermark: float = 0.0
+    prefix_caching_hash_algo: str = "sha256"
+
+    def replace(self, **changes: Any) -> "Settings":
+        unknown = set(changes) - SETTINGS_FIELDS
+        if unknown:
+            raise ValueError(f"unknown setting(s) {sorted(unknown)}; known: {sorted(SETTINGS_FIELDS)}")
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+SETTINGS_FIELDS = frozenset(f.name for f in dataclasses.fields(Settings))
+_SETTING_TYPES = {f.name: f.type for f in dataclasses.fields(Settings)}
+
+
+def settings_from_snapshot(snapshot: dict) -> tuple[Settings, list[str]]:
+    """The Settings of the engine a snapshot came from (kvscope's engine, vLLM in process or a
+    live server's recorder), and notes on what a vLLM replay cannot take over as it was."""
+    config, info, pool = snapshot.get("config") or {}, snapshot.get("model_info") or {}, snapshot["block_pool"]
+    extra = dict(config.get("engine_args") or {})  # vLLM in process: engine arguments passed through
+    notes = []
+    policy = config.get("policy") or extra.get("policy")
+    if policy is None:
+        kv_policy = config.get("scheduling_policy", "unified")
+        policy = KVSCOPE_POLICIES.get(kv_policy)
+        if policy is None:
+            notes.append(f"kvscope's scheduling_policy {kv_policy!r} has no vLLM counterpart: replayed as vLLM's "
+                         "'fcfs' (prefill and decode under one budget), so steps will differ")
+            policy = "fcfs"
+
+    def pick(name: str, default: Any) -> Any:
+        value = config.get(name, extra.get(name))
+        return default if value is None else value
+
+    settings = Settings(
+        block_size=int(pool["block_size"]), num_blocks=int(pool["num_blocks"]),
+        max_num_batched_tokens=int(config["max_num_batched_tokens"]), max_num_seqs=int(config["max_num_seqs"]),
+        max_model_len=int(config.get("max_model_len") or info["max_model_len"]),
+        enable_prefix_caching=bool(pick("enable_prefix_caching", True)),
+        enable_chunked_prefill=bool(pick("enable_chunked_prefill", True)),
+        scheduler_reserve_full_isl=bool(pick("scheduler_reserve_full_isl", True)),
+        long_prefill_token_threshold=int(pick("long_prefill_token_threshold", 0)),
+        long_prefill_token_threshold_adaptive=bool(pick("long_prefill_token_threshold_adaptive", False)),
+        policy=str(policy), watermark=float(pick("watermark", 0.0)),
+        prefix_caching_hash_algo=str(pick("prefix_caching_hash_algo", "sha256")))
+    if config.get("async_scheduling") or info.get("async_scheduling"):
+        notes.append("the server scheduled asynchronously (each step scheduled before the previous one's update): "
+                     "a replay schedules synchronously, so steps may differ from the recorded ones")
+    return settings, notes
+
+
+# -- what a recording holds ------------------------------------------------------------------------
+@dataclass
+class Source:
+    """Where a recording came from and what it can promise."""
+
+    engine: str                    # "kvscope", "vLLM 0.32.0", "vLLM 0.32.0 (live server)", "Mooncake trace"
+    model: str | None = None
+    device: str | None = None      # 'cpu' | 'cuda': which block sizes the server's attention can use
+    clock: str = "engine"          # the clock of every time below: 'wall' (a live server) or 'engine'
+    kv_bytes_per_block: int | None = None   # at the recorded block size (all layers, K and V)
+    first_step: int = 0            # the step before the first recorded one (0: from the engine's start)
+    pristine: bool = True          # the pool was empty and nothing ran when recording began
+    hash_unit: int | None = None   # a trace of block hashes: tokens per hashed unit
+    created: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class RecordedRequest:
+    """One request as the scheduler saw it. Times are seconds on the recording's clock."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    arrival_step: int | None        # the step whose schedule() first saw it (None: a trace has no steps)
+    arrival_time: float
+    arrival_seq: int                # the order the scheduler got requests in (ties of one step or instant)
+    max_tokens: int                 # what the request asked for
+    ignore_eos: bool = False
+    stop_token_ids: list[int] = field(default_factory=list)
+    priority: int = 0
+    finish_reason: str | None = None   # 'stop' | 'length' | 'abort' | ...; None: unfinished when recording ended
+    aborted_before_step: int | None = None   # ended outside a step: before this step's update ...
+    aborted_during_step: bool = False        # ... and after its schedule() (vLLM takes aborts while the model runs)
+    aborted_time: float | None = None
+    # What the run measured (None where not known: a trace).
+    num_cached_tokens: int | None = None
+    num_preemptions: int | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    token_times: list[float] = field(default_factory=list)
+
+    @property
+    def ends_by_itself(self) -> bool:
+        """Finished inside a step (length, a stop token, EOS): a replay fed its output tokens
+        finishes it at the same token count."""
+        return self.finish_reason is not None and self.aborted_before_step is None and self.aborted_time is None
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class RecordedSteps:
+    """Per step, columnar: the step number, the clock when it ended, its own duration (engine
+    seconds), whether the engine had work waiting when it began (`busy`: it began right after
+    the previous step), the work it did, and the digest of its decisions."""
+
+    step: list[int] = field(default_factory=list)
+    end: list[float] = field(default_factory=list)
+    own_s: list[float] = field(default_factory=list)
+    busy: list[bool] = field(default_factory=list)
+    prefill_tokens: list[int] = field(default_factory=list)
+    decode_requests: list[int] = field(default_factory=list)
+    context_tokens: list[int] = field(default_factory=list)
+    digest: list[str] = field(default_factory=list)
+
+    COLUMNS = ("step", "end", "own_s", "busy", "prefill_tokens", "decode_requests", "context_tokens", "digest")
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+    def extend(self, chunk: dict) -> None:
+        for name in self.COLUMNS:
+            getattr(self, name).extend(chunk[name])
+
+    def chunks(self, size: int = STEP_CHUNK) -> Iterator[dict]:
+        for lo in range(0, len(self.step), size):
+            yield {name: getattr(self, name)[lo:lo + size] for name in self.COLUMNS}
+
+
+@dataclass
+class Recording:
+    settings: Settings
+    source: Source
+    requests: list[RecordedRequest]
+    steps: RecordedSteps = field(default_factory=RecordedSteps)
+
+    @property
+    def last_step(self) -> int:
+        return self.steps.step[-1] if self.steps.step else self.source.first_step
+
+    def aborted_before(self) -> dict[int, set[str]]:
+        """Step -> the requests aborted just before its schedule() (step_decisions leaves them out
+        of the block tables of the step before)."""
+        out: dict[int, set[str]] = {}
+        for r in self.requests:
+            if r.aborted_before_step is not None and not r.aborted_during_step:
+                out.setdefault(r.aborted_before_step, set()).add(r.request_id)
+        return out
+
+    def request(self, request_id: str) -> RecordedRequest:
+        for r in self.requests:
+            if r.request_id == request_id:
+                return r
+        raise KeyError(request_id)
+
+    def save(self, path: str | Path) -> Path:
+        """Write the whole recording (the same file RecordingWriter writes)."""
+        with _open_write(Path(path)) as f:
+            f.write(_line(_header(self.settings, self.source)))
+            for r in self.requests:
+                f.write(_line({"kind": "request", **r.to_dict()}))
+            for chunk in self.steps.chunks():
+                f.write(_line({"kind": "steps", **chunk}))
+            f.write(_line(_end(len(self.requests), len(self.steps))))
+        return Path(path)
+
+    @classmethod
+    def load(cls, path: str | Path, *, partial: bool = False) -> "Recording":
+        """Read and check a recording; RecordingError names the file, the line and the field.
+        `partial=True` reads a file whose writer never finished (a crash, or still recording)."""
+        return _read(Path(path), partial)
+
+    def summary(self) -> str:
+        s, src = self.settings, self.source
+        tokens = sum(len(r.prompt_token_ids) + len(r.output_token_ids) for r in self.requests)
+        return (f"{src.engine} ({src.model or 'no model named'}): {len(self.requests)} requests, {tokens} tokens, "
+                f"{len(self.steps)} steps; {s.num_blocks} blocks of {s.block_size}, budget {s.max_num_batched_tokens} "
+                f"tokens, {s.max_num_seqs} seqs, prefix caching {'on' if s.enable_prefix_caching else 'off'}; "
+                f"clock: {src.clock}")
+
+
+# -- one step's decisions, and their digest --------------------------------------------------------
+def step_decisions(record: dict, running: Iterable[dict], aborted_next: Iterable[str] = ()) -> dict:
+    """What vLLM's scheduler decided in one step, in a form both a history entry and a replay
+    produce: tokens scheduled per request with the computed count each started from and its
+    prefix hits, admissions, preemptions, the requests the step itself finished (those that
+    sampled in it: an abort is not the step's decision), and every running request's block ids
+    after the step, but those aborted before the next step (a Session shows the step's entry as
+    it is after such an abort, a live server's feed as it was before it)."""
+    sampled = record.get("sampled") or {}
+    gone = set(aborted_next)
+    return {"scheduled": sorted([s["request_id"], int(s["num_tokens"]), int(s["num_computed_before"]),
+                                 int(s["num_cached_tokens"])] for s in record["scheduled"]),
+            "new": sorted(record.get("new_requests") or ()),
+            "preempted": sorted(record.get("preempted") or ()),
+            "finished": sorted(r for r in record.get("finished") or () if r in sampled),
+            "tables": sorted([r["request_id"], [int(b) for b in r["block_table"]]] for r in running
+                             if r["request_id"] not in gone)}
+
+
+def decisions_digest(decisions: dict) -> str:
+    """64 bits of blake2b over the decisions' canonical JSON."""
+    text = json.dumps(decisions, separators=(",", ":"), sort_keys=True)
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+def step_work(record: dict) -> tuple[int, int, int]:
+    """(prefill tokens, decode requests, context tokens) of a step: what its time depends on.
+    Context tokens: every scheduled request's KV after the step (what attention reads)."""
+    prefill = decode = context = 0
+    for s in record["scheduled"]:
+        n = int(s["num_tokens"])
+        if s["is_prefill"]:
+            prefill += n
+        else:
+            decode += 1
+        context += int(s["num_computed_before"]) + n
+    return prefill, decode, context
+
+
+# -- writing ---------------------------------------------------------------------------------------
+class RecordingWriter:
+    """Writes a recording from history entries as they come (`add`), oldest first. A request is
+    written once it has ended, steps in chunks of STEP_CHUNK; `close()` writes the requests still
+    in flight (finish_reason None) and the end line. Holds per request only what it has not
+    written yet, so memory stays bounded by the requests in flight, not by the steps."""
+
+    def __init__(self, path: str | Path, *, notes: Iterable[str] = ()) -> None:
+        self.path = Path(path)
+        self._f: Any = None
+        self._notes = list(notes)
+        self._source: Source | None = None
+        self._steps = RecordedSteps()
+        self._num_steps = 0
+        self._num_requests = 0
+        self._clock_steps: list[int] = []     # every step number seen (the first entry's too) ...
+        self._clock_times: list[float] = []   # ... and the engine clock after it
+        self._last_step: int | None = None
+        self._last_end: float | None = None
+        self._engine_time: float = 0.0
+        self._had_work = False
+        self._before: set[str] = set()         # finished before recording began: not ours
+        self._written: set[str] = set()
+        self._open: dict[str, dict] = {}       # request id -> its latest request dict
+        self._in_step_finish: set[str] = set()
+        self._last_scheduled: dict[str, int] = {}  # request id -> the latest step that scheduled it
+        self._seq: dict[str, int] = {}         # request id -> the order the scheduler got it in
+        self._finished_len = -1
+        self._held: list[tuple[int, dict, list]] = []   # steps whose digest waits for the next entry's aborts
+        self._aborted_before: dict[int, set[str]] = {}     # step -> requests aborted just before it
+        self._gaps: list[list[int]] = []
+        self._closed = False
+
+    # -- entries ---------------------------------------------------------------------------------
+    def add(self, entry: HistoryEntry) -> None:
+        """One history entry (the step-0 entry first, then each step's, in order)."""
+        if self._closed:
+            raise ValueError(f"the recording {self.path} is closed")
+        snap = entry.snapshot
+        if self._f is None:
+            self._start(entry)
+        elif entry.record is not None:
+            self._add_step(entry.step, entry.record, snap)
+        self._note_requests(snap, entry.record)
+        self._settle_held(before=entry.step)
+
+    def _start(self, entry: HistoryEntry) -> None:
+        snap = entry.snapshot
+        settings, notes = settings_from_snapshot(snap)
+        info = snap.get("model_info") or {}
+        queues = snap["queues"]
+        live = bool(info.get("live"))
+        blocks = snap["block_pool"]["blocks"]
+        pristine = not queues["running"] and not queues["finished"] and not any(
+            b["hash"] is not None or b["ref_count"] for b in blocks if not b["is_null"])
+        if entry.record is not None:   # a history that does not begin with its step-0 entry
+            pristine = False
+        if not pristine:
+            notes.append(f"recording began at step {entry.step}, after the engine had run: its pool held cached "
+                         "blocks or requests in flight, so a replay (which starts from an empty pool) is not "
+                         "claimed to reproduce the steps")
+        import datetime as dt
+
+        self._source = Source(
+            engine=str(info.get("engine") or "kvscope"), model=info.get("name"),
+            device=info.get("device") or (snap.get("config") or {}).get("device"),
+            clock="wall" if live else "engine", kv_bytes_per_block=info.get("kv_bytes_per_block"),
+            first_step=int(entry.step), pristine=pristine,
+            created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), notes=notes + self._notes)
+        self._before = {r["request_id"] for r in queues["finished"]}
+        self._engine_time = float((snap.get("metrics") or {}).get("engine_time_s") or 0.0)
+        self._clock_steps.append(int(entry.step))
+        self._clock_times.append(self._engine_time)
+        self._last_step = int(entry.step)
+        self._had_work = bool(queues["running"] or queues["waiting"])
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = _open_write(self.path)
+        self._f.write(_line(_header(settings, self._source)))
+        if entry.record is not None:
+            self._add_step(entry.step, entry.record, snap)
+
+    def _add_step(self, step: int, record: dict, snap: dict) -> None:
+        if self._last_step is not None and step != self._last_step + 1:
+            self._gaps.append([self._last_step + 1, step - 1])   # steps the history does not hold (a feed's drops)
+        engine_end = float(record["engine_time_s"])
+        own = max(0.0, engine_end - self._engine_time)
+        self._engine_time = engine_end
+        end = float(record["wall_time_s"]) if self._source.clock == "wall" else engine_end
+        prefill, decode, context = step_work(record)
+        s = self._steps
+        s.step.append(int(step))
+        s.end.append(end)
+        s.own_s.append(own)
+        s.busy.append(self._had_work and self._last_step == step - 1)
+        s.prefill_tokens.append(prefill)
+        s.decode_requests.append(decode)
+        s.context_tokens.append(context)
+        s.digest.append("")  # settled once the next entry shows which requests were aborted before it
+        self._held.append((len(s) - 1, record, snap["queues"]["running"]))
+        self._had_work = bool(record.get("num_running") or record.get("num_waiting"))
+        self._last_step = int(step)
+        self._clock_steps.append(int(step))
+        self._clock_times.append(engine_end)
+        sampled = record.get("sampled") or {}
+        self._in_step_finish.update(r for r in record.get("finished") or () if r in sampled)
+        for x in record["scheduled"]:
+            self._last_scheduled[x["request_id"]] = int(step)
+        self._num_steps += 1
+
+    def _settle_held(self, before: int | None = None) -> None:
+        """Digest the held steps before step `before` (all: None): the entries after them have
+        shown every request aborted right after them."""
+        st = self._steps
+        while self._held and (before is None or st.step[self._held[0][0]] < before):
+            i, record, running = self._held.pop(0)
+            gone = self._aborted_before.pop(st.step[i] + 1, ())
+            st.digest[i] = decisions_digest(step_decisions(record, running, gone))
+        if len(st) >= STEP_CHUNK:
+            self._flush_steps()
+
+    def _note_requests(self, snap: dict, record: dict | None) -> None:
+        queues = snap["queues"]
+        # The scheduler's order among requests first seen together: those a step admitted left the
+        # head of the waiting queue in that order, the rest still wait in theirs.
+        for rid in [*((record or {}).get("new_requests") or ()), *(r["request_id"] for r in queues["waiting"]),
+                    *(r["request_id"] for r in queues["running"])]:
+            if rid not in self._seq and rid not in self._before:
+                self._seq[rid] = len(self._seq)
+        for name in ("waiting", "running"):
+            for r in queues[name]:
+                if r["request_id"] not in self._before:
+                    self._open[r["request_id"]] = r
+        finished = queues["finished"]
+        if len(finished) != self._finished_len:  # the finished queue only grows
+            self._finished_len = len(finished)
+            for r in finished:
+                rid = r["request_id"]
+                if rid not in self._written and rid not in self._before:
+                    self._seq.setdefault(rid, len(self._seq))
+                    self._write_request(r)
+
+    def _write_request(self, r: dict) -> None:
+        rid = r["request_id"]
+        self._open.pop(rid, None)
+        self._written.add(rid)
+        req = self._request(r)
+        self._last_scheduled.pop(rid, None)
+        if req.aborted_before_step is not None and not req.aborted_during_step:
+            self._aborted_before.setdefault(req.aborted_before_step, set()).add(rid)
+        self._f.write(_line({"kind": "request", **req.to_dict()}))
+        self._num_requests += 1
+
+    def _step_after(self, engine_time: float | None) -> int | None:
+        """The step whose schedule() came first after the engine clock read `engine_time`."""
+        if engine_time is None:
+            return None
+        i = bisect.bisect_right(self._clock_times, float(engine_time) + 1e-12)
+        if i == 0:
+            return self._clock_steps[0] + 1
+        return self._clock_steps[i - 1] + 1
+
+    def _request(self, r: dict) -> RecordedRequest:
+        clock = self._source.clock
+        m_engine, m = r["metrics"]["engine"], r["metrics"][clock]
+        params = r.get("sampling_params") or {}
+        reason = r.get("finish_reason")
+        outside = reason is not None and (reason == "abort" or r["request_id"] not in self._in_step_finish)
+        abort_step = self._step_after(m_engine.get("finished_time")) if outside else None
+        return RecordedRequest(
+            request_id=r["request_id"], prompt_token_ids=[int(t) for t in r["prompt_token_ids"]],
+            output_token_ids=[int(t) for t in r["output_token_ids"]],
+            arrival_step=self._step_after(m_engine.get("arrival_time")),
+            arrival_time=float(m["arrival_time"]), arrival_seq=self._seq[r["request_id"]], max_tokens=int(r.get("max_tokens") or params.get("max_tokens") or 1),
+            ignore_eos=bool(params.get("ignore_eos", False)),
+            stop_token_ids=[int(t) for t in params.get("stop_token_ids") or ()],
+            finish_reason=reason,
+            aborted_before_step=abort_step,
+            # Scheduled in the step the abort came before: it came while that step's model ran.
+            aborted_during_step=abort_step is not None and self._last_scheduled.get(r["request_id"]) == abort_step,
+            aborted_time=m.get("finished_time") if outside else None,
+            num_cached_tokens=int(r.get("num_cached_tokens") or 0), num_preemptions=int(r.get("num_preemptions") or 0),
+            priority=int(r.get("priority") or 0),
+            first_token_time=m.get("first_token_time"), finished_time=m.get("finished_time"),
+            token_times=[float(t) for t in m.get("token_times") or ()])
+
+    def _flush_steps(self) -> None:
+        """Write the settled steps (a held one stays, with the ones after it)."""
+        st = self._steps
+        n = self._held[0][0] if self._held else len(st)
+        if not n:
+            return
+        done = RecordedSteps()
+        done.extend({c: getattr(st, c)[:n] for c in RecordedSteps.COLUMNS})
+        for chunk in done.chunks(STEP_CHUNK):
+            self._f.write(_line({"kind": "steps", **chunk}))
+        rest = RecordedSteps()
+        rest.extend({c: getattr(st, c)[n:] for c in RecordedSteps.COLUMNS})
+        self._steps = rest
+        self._held = [(i - n, rec, run) for i, rec, run in self._held]
+        self._f.flush()
+
+    # -- the end ---------------------------------------------------------------------------------
+    def close(self) -> Path:
+        """Write what is left (requests in flight as unfinished) and the end line."""
+        if self._closed:
+            return self.path
+        if self._f is None:
+            raise ValueError(f"nothing was added to the recording {self.path}: add the session's history entries "
+                             "(the step-0 entry first)")
+        for r in list(self._open.values()):
+            self._write_request(r | {"finish_reason": None})
+        self._settle_held()
+        self._flush_steps()
+        self._f.write(_line(_end(self._num_requests, self._num_steps, self._gaps)))
+        self._f.close()
+        self._closed = True
+        return self.path
+
+    def follow(self, session: Any) -> Any:
+        """Write `session`'s entries as they come: its history so far now, then every new entry
+        after each of its 'step' events (a live session announces one per poll, however many
+        steps it applied). Returns the unsubscribe function."""
+        def catch_up(event: str = "step", s: Any = session) -> None:
+            if event != "step" or self._closed:
+                return
+            history = s.history
+            i = len(history)
+            while i > 0 and (self._last_step is None or history[i - 1].step > self._last_step):
+                i -= 1
+            for entry in history[i:]:
+                if entry.record is not None or self._f is None:
+                    self.add(entry)
+
+        catch_up()
+        return session.subscribe(catch_up)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> "RecordingWriter":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._f is not None:
+            self.close()
+
+
+def save_recording(entries_or_session: Any, path: str | Path, *, notes: Iterable[str] = ()) -> Path:
+    """Write a Session's history (or any history entries, step-0 entry first) as a recording."""
+    entries = getattr(entries_or_session, "history", entries_or_session)
+    writer = RecordingWriter(path, notes=notes)
+    for entry in entries:
+        writer.add(entry)
+    return writer.close()
+
+
+# -- the file --------------------------------------------------------------------------------------
+def _open_write(path: Path) -> Any:
+    if path.suffix == ".gz":
+        return io.TextIOWrapper(gzip.open(path, "wb"), encoding="utf-8")
+    return open(path, "w", encoding="utf-8")
+
+
+def _line(obj: dict) -> str:
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n"
+
+
+def _header(settings: Settings, source: Source) -> dict:
+    return {"format": FORMAT, "schema": SCHEMA_VERSION, "settings": settings.to_dict(), "source": source.to_dict()}
+
+
+def _end(num_requests: int, num_steps: int, missing: list | None = None) -> dict:
+    end = {"kind": "end", "num_requests": num_requests, "num_steps": num_steps}
+    if missing:
+        end["missing_steps"] = missing
+    return end
+
+
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    try:
+        with open(path, "rb") as raw:
+            gz = raw.read(2) == b"\x1f\x8b"
+        f = io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8") if gz else open(path, encoding="utf-8")
+        with f:
+            for n, line in enumerate(f, 1):
+                yield n, line
+    except FileNotFoundError:
+        raise RecordingError(f"{path}: no such file") from None
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        raise RecordingError(f"{path}: damaged (cannot be read as text: {exc})") from None
+
+
+def _read(path: Path, partial: bool) -> Recording:
+    lines = _lines(path)
+    try:
+        n, first = next(lines)
+    except StopIteration:
+        raise RecordingError(f"{path}: empty file, not a kvscope recording") from None
+    header = _json(path, n, first)
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise RecordingError(f"{path}: not a kvscope recording (its first line has no \"format\": \"{FORMAT}\")")
+    if header.get("schema") != SCHEMA_VERSION:
+        raise RecordingError(f"{path}: a kvscope recording of schema {header.get('schema')!r}; this kvscope reads "
+                             f"schema {SCHEMA_VERSION}")
+    settings = _build(path, n, "settings", Settings, header.get("settings"))
+    source = _build(path, n, "source", Source, header.get("source"))
+    if source.clock not in CLOCKS:
+        raise RecordingError(f"{path}, line {n}: source.clock must be one of {CLOCKS}, got {source.clock!r}")
+    _check_settings(path, n, settings)
+    rec = Recording(settings=settings, source=source, requests=[])
+    end = None
+    for n, text in lines:
+        obj = _json(path, n, text)
+        kind = obj.get("kind") if isinstance(obj, dict) else None
+        if end is not None:
+            raise RecordingError(f"{path}, line {n}: data after the end line")
+        if kind == "request":
+            rec.requests.append(_request(path, n, obj))
+        elif kind == "steps":
+            _steps(path, n, obj, rec.steps)
+        elif kind == "end":
+            end = obj
+        else:
+            raise RecordingError(f"{path}, line {n}: unknown line kind {kind!r} (request, steps or end)")
+    if end is None and not partial:
+        raise RecordingError(f"{path}: ends without its end line after {len(rec.requests)} requests and "
+                             f"{len(rec.steps)} steps: the writer did not finish (it crashed, or is still "
+                             "recording); Recording.load(path, partial=True) reads what is there")
+    if end is not None and (end.get("num_requests"), end.get("num_steps")) != (len(rec.requests), len(rec.steps)):
+        raise RecordingError(f"{path}: the end line counts {end.get('num_requests')} requests and "
+                             f"{end.get('num_steps')} steps, the file holds {len(rec.requests)} and {len(rec.steps)}: "
+                             "lines are missing")
+    if end is not None and end.get("missing_steps"):
+        spans = ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in end["missing_steps"])
+        rec.source.notes.append(f"steps {spans} are missing (the feed dropped them while recording): a replay is "
+                                "not claimed to reproduce the steps after them")
+    ids = [r.request_id for r in rec.requests]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise RecordingError(f"{path}: request {dup!r} is recorded twice")
+    return rec
+
+
+def _json(path: Path, n: int, text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RecordingError(f"{path}, line {n}: damaged (not JSON: {exc.msg} at column {exc.colno})") from None
+
+
+def _build(path: Path, n: int, what: str, cls: type, data: Any) -> Any:
+    if not isinstance(data, dict):
+        raise RecordingError(f"{path}, line {n}: {what} must be an object, got {type(data).__name__}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(data) - names
+    if unknown:
+        raise RecordingError(f"{path}, line {n}: unknown {what} field(s) {sorted(unknown)}")
+    try:
+        return cls(**data)
+    except TypeError as exc:
+        raise RecordingError(f"{path}, line {n}: {what}: {exc}") from None
+
+
+def _check_settings(path: Path, n: int, s: Settings) -> None:
+    for name, kind in _SETTING_TYPES.items():
+        value = getattr(s, name)
+        ok = {"int": isinstance(value, int) and not isinstance(value, bool),
+              "bool": isinstance(value, bool), "str": isinstance(value, str),
+              "float": isinstance(value, (int, float)) and not isinstance(value, bool)}[kind]
+        if not ok:
+            raise RecordingError(f"{path}, line {n}: settings.{name} must be a {kind}, got {value!r}")
+    for name in ("block_size", "num_blocks", "max_num_batched_tokens", "max_num_seqs", "max_model_len"):
+        if getattr(s, name) < 1:
+            raise RecordingError(f"{path}, line {n}: settings.{name} must be >= 1, got {getattr(s, name)}")
+
+
+def _int_list(path: Path, n: int, rid: str, name: str, value: Any, allow_empty: bool = True) -> None:
+    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value):
+        raise RecordingError(f"{path}, line {n}: request {rid!r}: {name} must be a list of token ids (ints >= 0)")
+    if not allow_empty and not value:
+        raise RecordingError(f"{path}, line {n}: request {rid!r}: {name} is empty")
+
+
+def _request(path: Path, n: int, obj: dict) -> RecordedRequest:
+    obj = dict(obj)
+    obj.pop("kind")
+    r = _build(path, n, "request", RecordedRequest, obj)
+    rid = r.request_id
+    if not isinstance(rid, str) or not rid:
+        raise RecordingError(f"{path}, line {n}: request_id must be a non-empty string, got {rid!r}")
+    _int_list(path, n, rid, "prompt_token_ids", r.prompt_token_ids, allow_empty=False)
+    _int_list(path, n, rid, "output_token_ids", r.output_token_ids)
+    if not isinstance(r.arrival_time, (int, float)) or not math.isfinite(r.arrival_time):
+        raise RecordingError(f"{path}, line {n}: request {rid!r}: arrival_time must be a number")
+    for name in ("arrival_step", "aborted_before_step"):
+        v = getattr(r, name)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            raise RecordingError(f"{path}, line {n}: request {rid!r}: {name} must be a step number >= 1 or null")
+    if not isinstance(r.arrival_seq, int) or isinstance(r.arrival_seq, bool):
+        raise RecordingError(f"{path}, line {n}: request {rid!r}: arrival_seq must be an integer")
+    if not isinstance(r.max_tokens, int) or r.max_tokens < 1:
+        raise RecordingError(f"{path}, line {n}: request {rid!r}: max_tokens must be an integer >= 1")
+    return r
+
+
+def _steps(path: Path, n: int, obj: dict, into: RecordedSteps) -> None:
+    cols = {k: obj.get(k) for k in RecordedSteps.COLUMNS}
+    missing = [k for k, v in cols.items() if not isinstance(v, list)]
+    if missing:
+        raise RecordingError(f"{path}, line {n}: a steps line lacks the list(s) {missing}")
+    if len({len(v) for v in cols.values()}) != 1:
+        raise RecordingError(f"{path}, line {n}: a steps line's lists differ in length")
+    steps = cols["step"]
+    previous = into.step[-1] if into.step else None
+    for s in steps:
+        if not isinstance(s, int) or (previous is not None and s <= previous):
+            raise RecordingError(f"{path}, line {n}: step numbers must be increasing integers (got {s!r} after "
+                                 f"{previous!r})")
+        previous = s
+    into.extend(cols)

@@ -1,0 +1,100 @@
+"""Identity: a recording replayed at its own settings, each request arriving at its recorded
+step, must make every recorded decision again (explorer.core.recording.step_decisions: tokens
+scheduled per request, the computed count each started from, prefix hits, admissions,
+preemptions, finishes, every running request's block ids).
+
+    report = identity(rec)            # against the digests in the file
+    report = identity(rec, entries)   # field by field against a Session's history
+    assert report.ok, report.text()
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from ..core.recording import Recording, step_decisions
+from .replay import ReplayResult, replay
+
+FIELDS = ("scheduled", "new", "preempted", "finished", "tables")
+_SAY = {"scheduled": "scheduled [request, tokens, computed before, prefix hits]", "new": "admitted",
+        "preempted": "preempted", "finished": "finished in the step", "tables": "running requests' block ids"}
+
+
+@dataclass
+class Difference:
+    step: int
+    what: str
+    recorded: Any
+    replayed: Any
+
+    def text(self) -> str:
+        return f"step {self.step}: {_SAY.get(self.what, self.what)}: recorded {self.recorded}, replayed {self.replayed}"
+
+
+@dataclass
+class IdentityReport:
+    num_steps: int                      # recorded steps compared
+    differences: list[Difference] = field(default_factory=list)
+    replay: ReplayResult | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.differences
+
+    @property
+    def first_step(self) -> int | None:
+        return self.differences[0].step if self.differences else None
+
+    def text(self, limit: int = 5) -> str:
+        if self.ok:
+            head = f"identity: {self.num_steps} of {self.num_steps} recorded steps reproduced, 0 differences"
+        else:
+            steps = sorted({d.step for d in self.differences})
+            head = (f"identity: {len(self.differences)} differences in {len(steps)} of {self.num_steps} steps, "
+                    f"the first at step {steps[0]}")
+            head += "".join(f"\n  {d.text()}" for d in self.differences[:limit])
+        return head + "".join(f"\n  note: {n}" for n in self.notes)
+
+
+def identity(rec: Recording, entries: Iterable[Any] | None = None, *, limit: int = 1000) -> IdentityReport:
+    """Replay `rec` at its own settings with its recorded arrival steps and compare every step:
+    with the file's digests, or (given the history `entries` it was written from) field by field.
+    Stops collecting at `limit` differences."""
+    res = replay(rec, arrivals="step", digests=True, keep_steps=entries is not None)
+    report = IdentityReport(num_steps=len(rec.steps), replay=res, notes=list(rec.source.notes))
+    got = dict(zip(res.steps, res.details if entries is not None else res.digests))
+    if entries is not None:
+        gone = rec.aborted_before()
+        want = {e.step: step_decisions(e.record, e.snapshot["queues"]["running"], gone.get(e.step + 1, ()))
+                for e in entries if e.record is not None}
+    else:
+        want = dict(zip(rec.steps.step, rec.steps.digest))
+    diffs = report.differences
+    for step in sorted(set(want) | set(got)):
+        if len(diffs) >= limit:
+            break
+        if step not in got:
+            diffs.append(Difference(step, "step", "a step", "no step (the replay ran out of work, or skipped it)"))
+            continue
+        if step not in want:
+            if step > rec.last_step:  # past the recording's end (requests still in flight then): not recorded
+                continue
+            diffs.append(Difference(step, "step", "no step", f"a step ({_brief(got[step])})"))
+            continue
+        if entries is None:
+            if got[step] != want[step]:
+                diffs.append(Difference(step, "digest", want[step], got[step]))
+            continue
+        replayed = got[step].decisions
+        for name in FIELDS:
+            if replayed[name] != want[step][name]:
+                diffs.append(Difference(step, name, want[step][name], replayed[name]))
+    return report
+
+
+def _brief(x: Any) -> str:
+    dec = getattr(x, "decisions", None)
+    if dec is None:
+        return "digest " + str(x)
+    return ", ".join(f"{rid} {n}" for rid, n, *_ in dec["scheduled"]) or "nothing scheduled"

@@ -1,0 +1,129 @@
+"""How long a step takes, fitted on a recording's own steps:
+
+    seconds = c0 + c_prefill * prefill tokens + c_decode * decode requests + c_context * context tokens
+
+(context tokens: the KV every scheduled request attends over after the step). Least squares with
+the coefficients kept >= 0 (a feature whose weight comes out negative is dropped and the rest
+refitted), so a step never gets faster for doing more.
+
+What a step costs on the recording's clock: on the wall clock (a live server), the time from the
+end of the previous step to the end of this one when the engine went straight on (`busy`: the
+server's own overhead between steps included), else the step's own time; on the engine clock,
+the step's own time. `admission_delay` is, on the wall clock, how long after its arrival a
+request reaching an idle server is first scheduled (the API server's tokenizing and hand-off).
+
+The held-out error is measured on 5 folds (every 5th step held out in turn): `step_error` is
+the median relative error of one held-out step, `total_error` the largest relative error of a
+fold's summed time (what a TTFT, a sum of steps, inherits). Both are printed beside every
+prediction made with the model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..core.recording import Recording
+
+FEATURES = ("intercept", "prefill_tokens", "decode_requests", "context_tokens")
+FOLDS = 5
+MIN_STEPS = 10
+
+
+class NoStepTimings(ValueError):
+    """A recording without (enough) step timings to fit a model on."""
+
+
+@dataclass(frozen=True)
+class StepTimeModel:
+    coefficients: tuple[float, float, float, float]
+    step_error: float         # median |relative error| of a held-out step
+    total_error: float        # largest |relative error| of a held-out fold's total time
+    num_steps: int            # the steps it was fitted on
+    clock: str
+    admission_delay: float = 0.0
+    source: str = ""
+
+    def predict(self, prefill_tokens: int, decode_requests: int, context_tokens: int) -> float:
+        c0, cp, cd, cc = self.coefficients
+        return c0 + cp * prefill_tokens + cd * decode_requests + cc * context_tokens
+
+    def error_text(self) -> str:
+        return (f"step-time model: held-out error {self.step_error:.0%} per step, {self.total_error:.0%} on a "
+                f"fold's total ({self.num_steps} steps, {self.clock} clock)")
+
+    def to_dict(self) -> dict:
+        return {"coefficients": dict(zip(FEATURES, self.coefficients)), "step_error": self.step_error,
+                "total_error": self.total_error, "num_steps": self.num_steps, "clock": self.clock,
+                "admission_delay": self.admission_delay, "source": self.source}
+
+
+def step_costs(rec: Recording) -> tuple[np.ndarray, np.ndarray]:
+    """(features [n, 4], seconds [n]) of the recording's steps on its clock."""
+    st = rec.steps
+    n = len(st)
+    x = np.ones((n, 4))
+    x[:, 1] = st.prefill_tokens
+    x[:, 2] = st.decode_requests
+    x[:, 3] = st.context_tokens
+    end = np.asarray(st.end, dtype=float)
+    own = np.asarray(st.own_s, dtype=float)
+    y = own.copy()
+    if rec.source.clock == "wall" and n > 1:
+        steps = np.asarray(st.step)
+        gap = np.diff(end)
+        after = (np.asarray(st.busy[1:], dtype=bool)) & (np.diff(steps) == 1)
+        y[1:][after] = gap[after]
+    return x, y
+
+
+def fit(rec: Recording) -> StepTimeModel:
+    """The model of `rec`'s steps; NoStepTimings when it has fewer than MIN_STEPS timed ones."""
+    x, y = step_costs(rec)
+    keep = np.isfinite(y) & (y > 0)
+    x, y = x[keep], y[keep]
+    if len(y) < MIN_STEPS:
+        raise NoStepTimings(f"this recording ({rec.source.engine}) has {len(y)} timed steps; a step-time model needs "
+                            f"at least {MIN_STEPS}: give one fitted on another recording of the same server "
+                            "(step_model=fit(Recording.load(...)), or --step-times-from FILE)")
+    coef = _nonnegative_fit(x, y)
+    step_errors, total_errors = [], []
+    idx = np.arange(len(y))
+    for k in range(FOLDS):
+        test = idx % FOLDS == k
+        if test.all() or not test.any():
+            continue
+        c = _nonnegative_fit(x[~test], y[~test])
+        pred = x[test] @ c
+        step_errors.extend(np.abs(pred - y[test]) / y[test])
+        total_errors.append(abs(pred.sum() - y[test].sum()) / y[test].sum())
+    return StepTimeModel(coefficients=tuple(float(c) for c in coef), step_error=float(np.median(step_errors)),
+                         total_error=float(max(total_errors)), num_steps=int(len(y)), clock=rec.source.clock,
+                         admission_delay=admission_delay(rec), source=rec.source.engine)
+
+
+def _nonnegative_fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    active = list(range(x.shape[1]))
+    while True:
+        c, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
+        if (c >= 0).all() or len(active) == 1:
+            out = np.zeros(x.shape[1])
+            out[active] = np.maximum(c, 0.0)
+            return out
+        active.pop(int(np.argmin(c)))
+
+
+def admission_delay(rec: Recording) -> float:
+    """On the wall clock: the median time from a request's arrival to the start of its first
+    step, over requests that found the server idle (0 on the engine clock)."""
+    if rec.source.clock != "wall" or not len(rec.steps):
+        return 0.0
+    st = rec.steps
+    at = {s: i for i, s in enumerate(st.step)}
+    delays = []
+    for r in rec.requests:
+        i = at.get(r.arrival_step)
+        if i is not None and not st.busy[i]:
+            delays.append(st.end[i] - st.own_s[i] - r.arrival_time)
+    return max(0.0, float(np.median(delays))) if delays else 0.0
+

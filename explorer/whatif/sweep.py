@@ -197,11 +197,8 @@ class SweepResult:
 
     def to_frame(self) -> Any:
         """The rows as a pandas DataFrame (one row per setting, the settings that changed as columns)."""
-        try:
-            import pandas as pd
-        except ImportError:
-            raise ImportError("SweepResult.to_frame() needs pandas (pip install pandas); .rows holds the same "
-                              "figures as dicts") from None
+        import pandas as pd
+
         flat = []
         for r in self.rows:
             flat.append({"setting": r["label"], **r.get("changes", {}), "status": r.get("status"),

@@ -105,6 +105,10 @@ def test_a_sweep_runs_every_setting_and_refuses_the_bad_ones_alone(kvscope_run):
     figs = res.charts()
     assert set(figs) == {"hit_rate", "ttft_p90", "preemptions"}
     assert len(figs["preemptions"].data[0].x) == 4
+    frame = res.to_frame()  # the notebook's table: one row per setting, the changed knobs as columns
+    assert list(frame["setting"]) == [r["label"] for r in res.rows]
+    assert {"num_blocks", "max_num_batched_tokens", "preemptions", "ttft_p90"} <= set(frame.columns)
+    assert frame.loc[frame["setting"] == "num_blocks=17", "preemptions"].item() == by["num_blocks=17"]["preemptions"]
 
 
 def test_the_cli_prints_the_table_and_refuses_a_damaged_file(kvscope_run, tmp_path, capsys):

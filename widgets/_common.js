@@ -119,6 +119,9 @@ function kvsEl(tag, attrs = {}, children = []) {
   return node;
 }
 
+// "1 token", "3 tokens": a count with its noun in the right number.
+function kvsCount(n, noun, plural = `${noun}s`) { return `${n} ${Number(n) === 1 ? noun : plural}`; }
+
 // Tokens often are whitespace or newlines: make them visible in cells.
 function kvsTok(text) {
   if (text === null || text === undefined) return "";

@@ -21,7 +21,9 @@ class ControlsPanel(Panel):
     """Buttons and forms that drive a Session.
 
     Browser actions (custom messages, each acknowledged): ``step {n}``,
-    ``reset {num_kv_blocks?, block_size?}`` (Reset, and the pool knobs' Apply: a new engine),
+    ``reset {num_kv_blocks?, block_size?, save_run?}`` (Reset, and the pool knobs' Apply: a new
+    engine; the browser asks first when `run_summary` has a run to lose, and `save_run` writes
+    that run to an HTML file before it goes),
     ``add {prompt, max_tokens, temperature, top_k, top_p, ignore_eos, seed}`` (an empty
     required field arrives as "" and is an error naming it), ``preset {name, n?, chat_template?}``,
     ``set_budget {max_num_batched_tokens?, max_num_seqs?, enable_chunked_prefill?,
@@ -48,6 +50,8 @@ class ControlsPanel(Panel):
     engine = t.Unicode("").tag(sync=True)        # which engine the panels show ("kvscope", "vLLM 0.32.0"): a badge
     budget = t.Dict({}).tag(sync=True)           # scheduler knobs in force (scrubbed: the shown step's)
     pool = t.Dict({}).tag(sync=True)             # pool knobs (Apply / Reset: a new engine)
+    # What a new engine would discard: {"steps", "requests", "unfinished"} (the rebuild question says it).
+    run_summary = t.Dict({}).tag(sync=True)
     form_defaults = t.Dict({"prompt": "The capital of France is", "max_tokens": 16, "temperature": 0.0,
                             "top_k": 0, "top_p": 1.0, "ignore_eos": False, "seed": None}).tag(sync=True)
     presets = t.List(DEFAULT_PRESETS).tag(sync=True)

@@ -11,9 +11,11 @@ from __future__ import annotations
 import logging
 import re
 import secrets
+import time
 import weakref
 from collections import OrderedDict
 from functools import partial
+from pathlib import Path
 from typing import Any, Iterable
 
 import ipywidgets as W
@@ -23,7 +25,7 @@ from engine.config import SCHEDULER_KNOBS
 from widgets import Panel
 from widgets.attention import prepare_probe
 
-from . import captions, presets, tp_view, views
+from . import captions, fixes, presets, tp_view, views
 from ..core.engine_protocol import read_only_reason
 
 _log = logging.getLogger(__name__)
@@ -75,8 +77,11 @@ class SessionBinder:
         # ready to show (widgets.attention.prepare_probe). The history keeps no KV, so a
         # scrubbed step shows its own capture or says it has none, never another step's.
         self._probes: OrderedDict[tuple, dict] = OrderedDict()
-        # The browser channel these panels light each other up on (_common.js, kvsLink).
+        # The browser channel these panels light each other up on (_common.js, kvsLink); a new
+        # engine gets a new one, so a pin on the old engine's request "2" lights nothing of the new.
         self.link_group = f"kvs-{secrets.token_hex(4)}"
+        #: Where "save this run, then rebuild" writes the run's HTML export (a notebook's folder).
+        self.save_dir = Path.cwd()
         self.token_text = views.token_texts(getattr(session.engine, "tokenizer", None))
         self._detach: list = []  # unsubscribe functions of the panels' action handlers
         for name in panels:
@@ -187,6 +192,7 @@ class SessionBinder:
             "caption": self._captions.caption(history, index),
             "chat_template_available": presets.has_chat_template(getattr(self.session.engine, "tokenizer", None)),
             "read_only": read_only_reason(self.session.engine),
+            "run_summary": views.run_summary(history),
         })
 
     def _render_sampler(self, snapshot: dict) -> None:
@@ -241,14 +247,13 @@ class SessionBinder:
             self._probes.move_to_end(key)
             self._show_probe(kept, step)
             return
+        if rid not in targets:  # a chosen request that held no KV at this step: say why, never probe
+            att.request_id = rid
+            att.clear(views.no_kv_note(rid, step, snapshot))
+            return
         # The engine's cache holds the latest step's KV only: a probe now reads that step.
         if not (probe and self.view_index is None):
             att.request_id = rid
-            if rid not in targets:  # a chosen request that held no KV at this step
-                att.clear(f"#{rid} holds no KV at step {step}: {views.attention_note(snapshot)}"
-                          if not req or req.get("status") != "finished" else
-                          f"#{rid} had finished by step {step}: its KV blocks were freed")
-                return
             what = f"head {head} of step {step}" if kept is not None else f"step {step}"
             if self.view_index is None:
                 why = "a run of several steps reads them once, at its end: press \u21bb probe now"
@@ -289,6 +294,7 @@ class SessionBinder:
             if event == "reset":
                 self.view_index = None
                 self._probes.clear()  # a new engine counts its steps from 0 again
+                self._forget_selections()
                 self.token_text = views.token_texts(getattr(self.session.engine, "tokenizer", None))
                 if "blocks" in self.panels:
                     self.panels["blocks"].token_text = self.token_text
@@ -304,6 +310,25 @@ class SessionBinder:
             self.render(probe=not self._in_run)
         except Exception:  # a broken view must not break the Session's caller
             _log.exception("kvscope dashboard failed to render after %r", event)
+
+    def _forget_selections(self) -> None:
+        """A new engine's requests are new: every choice made on the old one goes (its ids start
+        again at 0, so a kept "2" would name a different request, and a kept name a missing one)."""
+        self._sampler_pinned = self._attention_pinned = False
+        p = self.panels
+        if "sampler" in p:
+            p["sampler"].request_id = ""
+        if "attention" in p:
+            p["attention"].request_id = ""
+        if "queues" in p:
+            p["queues"].selected = ""
+        if "blocks" in p:
+            with p["blocks"].hold_sync():
+                p["blocks"].selected, p["blocks"].detail = -1, {}
+        self.link_group = f"kvs-{secrets.token_hex(4)}"  # the browser's pins and hovers go with it
+        for panel in p.values():
+            if isinstance(panel, Panel):
+                panel.link_group = self.link_group
 
     def _render_controls_only(self) -> None:
         if "controls" in self.panels:
@@ -323,8 +348,9 @@ class SessionBinder:
             if controls is not None and mutating:
                 controls.error = ""
                 controls.error_field = ""
-        except ValueError as exc:  # the engine's own message for bad input, shown inline
-            self._show_error(str(exc), error_field(action, str(exc)))
+        except ValueError as exc:  # the engine's own message for bad input, shown inline, with the fix
+            message = fixes.with_fix(str(exc), self.session.engine.config)
+            self._show_error(message, error_field(action, str(exc)))
         except Exception as exc:  # anything else still must not leave the UI stuck
             _log.exception("kvscope action %r failed", action)
             self._show_error(f"{type(exc).__name__}: {exc}")
@@ -376,11 +402,7 @@ class SessionBinder:
         elif action == "set_budget":
             s.set_budget(**{k: c[k] for k in SCHEDULER_KNOBS if k in c and c[k] is not None})
         elif action == "reset":
-            self.view_index = None
-            if "controls" in self.panels:  # a new engine can take a while (vLLM: half a minute or more)
-                name = getattr(s, "engine_name", "kvscope")
-                self.panels["controls"].info = f"building a new {name} engine \u2026"
-            s.reset(**{k: c[k] for k in POOL_KEYS if c.get(k) is not None})
+            self._rebuild(c)
         elif action == "abort":
             self.view_index = None
             s.abort(str(c.get("request_id")))
@@ -399,6 +421,39 @@ class SessionBinder:
             entry = self.shown_entry()
             snap = entry.snapshot if entry is not None else {}
             self._render_attention(snap or {}, int(getattr(entry, "step", 0) or 0), probe=True)
+
+    def _rebuild(self, c: dict) -> None:
+        """Reset / Apply: a new engine. The browser asked first (it names what goes); `save_run`
+        writes the run to an HTML export before it goes, and the notice says where."""
+        s = self.session
+        self.view_index = None
+        lost = views.run_words(views.run_summary(s.history))
+        saved = self.save_run() if c.get("save_run") and lost else None
+        if "controls" in self.panels:  # a new engine can take a while (vLLM: half a minute or more)
+            name = getattr(s, "engine_name", "kvscope")
+            self.panels["controls"].info = f"building a new {name} engine \u2026"
+        pool = {k: c[k] for k in POOL_KEYS if c.get(k) is not None}
+        s.reset(**pool)
+        if "controls" in self.panels:
+            knobs = ", ".join(f"{k}={getattr(s.engine.config, k)}" for k in POOL_KEYS)
+            prior = self.panels["controls"].notice  # the new engine's own notice (vLLM), kept
+            note = (f"{prior} \u00b7 " if prior else "") + f"a new engine ({knobs})"
+            if saved is not None:
+                note += f": the previous run ({lost}) is saved in {saved}; open it in a browser"
+            elif lost:
+                note += f": the previous run ({lost}) was discarded"
+            self.panels["controls"].notice = note
+
+    def save_run(self) -> Path:
+        """The Session's run as one HTML export in `save_dir` (a new file name each time)."""
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        path = Path(self.save_dir) / f"kvscope-run-{stamp}.html"
+        n = 1
+        while path.exists():
+            n += 1
+            path = path.with_name(f"kvscope-run-{stamp}-{n}.html")
+        self.session.export_html(path)
+        return path
 
     def scrub(self, index: int | None) -> None:
         """Show history[index] in every panel (None or past the end: back to live)."""

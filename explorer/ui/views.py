@@ -360,6 +360,56 @@ def attention_note(snapshot: dict) -> str:
     return "no request yet: add one and step"
 
 
+def no_kv_note(rid: str, step: int, snapshot: dict) -> str:
+    """Why request `rid` has no attention to read at `step` (it is not among `probe_targets`):
+    not added yet, waiting, or finished; and which requests do hold KV then."""
+    req = next((r for r in all_requests(snapshot) if r[REQ.REQUEST_ID] == rid), None)
+    if req is None:
+        why = f"#{rid} did not exist yet at step {step} (it was added later)"
+    elif req.get(REQ.STATUS) == "finished":
+        return f"#{rid} had finished by step {step}: its KV blocks were freed"
+    else:
+        why = f"#{rid} holds no KV at step {step}: it was waiting, its prompt not computed yet"
+    held = probe_targets(snapshot)
+    if held:
+        return f"{why}; {count(len(held), 'request')} held KV then ({ids_words(held)}): choose one above"
+    return why if req is not None else f"{why}; {attention_note(snapshot)}"
+
+
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """"1 token", "3 tokens"."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
+def ids_words(rids: Sequence[str], limit: int = 6) -> str:
+    """"#0, #1 and #2" (at most `limit` named, then how many more)."""
+    names = [f"#{r}" for r in rids[:limit]]
+    if len(rids) > limit:
+        return ", ".join(names) + f" and {len(rids) - limit} more"
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def run_summary(history: Sequence[Any]) -> dict:
+    """What a new engine would discard of this run: {"steps", "requests", "unfinished"}."""
+    if not history:
+        return {"steps": 0, "requests": 0, "unfinished": 0}
+    step, _, snapshot = entry_parts(history[-1])
+    q = snapshot.get(SNAP.QUEUES) or {}
+    unfinished = len(q.get(QUEUE.WAITING, [])) + len(q.get(QUEUE.RUNNING, []))
+    return {"steps": step, "requests": unfinished + len(q.get(QUEUE.FINISHED, [])), "unfinished": unfinished}
+
+
+def run_words(summary: dict) -> str:
+    """"59 steps and 10 requests (4 unfinished)" ("" when there is nothing to lose)."""
+    parts = []
+    if summary.get("steps"):
+        parts.append(count(summary["steps"], "step"))
+    if summary.get("requests"):
+        open_ = summary.get("unfinished") or 0
+        parts.append(count(summary["requests"], "request") + (f" ({open_} unfinished)" if open_ else ""))
+    return " and ".join(parts)
+
+
 def summary_line(record: dict | None, snapshot: dict) -> str:
     """The Controls status line: step, queue sizes, free blocks, last step's time."""
     q = snapshot.get(SNAP.QUEUES) or {}

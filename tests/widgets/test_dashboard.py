@@ -321,7 +321,7 @@ def test_attention_shows_only_the_step_it_says_and_says_when_a_step_was_not_capt
     send(dash.controls, action="scrub", index=1)
     assert att.probe_step == 1 and att.head == 3 and att.thumb_heads == [0, 1, 2, 3]
     send(dash.controls, action="scrub", index=0)   # before its prefill: the chosen request had no KV
-    assert att.probs == b"" and att.message.startswith("#0 holds no KV at step 0: no running request")
+    assert att.probs == b"" and att.message == "#0 holds no KV at step 0: it was waiting, its prompt not computed yet"
     send(dash.controls, action="live")
     assert att.probe_step == 5 and att.head == 3 and att.probs != live_probs  # head 3 now
 

@@ -1,0 +1,192 @@
+"""What a real-browser review at a laptop's size (1366x768) found, each checked in headless
+chromium against the panels' real ESM and a real Session (tests/widgets/minifrontend.py):
+a rebuild that asks first, selections that do not outlive their engine, the history slider
+under fast keys, the attention panel's words at a scrubbed step, and a status line that is
+never cut. Each of these failed on the code before the fix (the test names say what)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from explorer.ui.dashboard import SessionBinder
+
+from .conftest import BASE_CONFIG
+from .minifrontend import MiniFrontend
+
+pytestmark = pytest.mark.slow
+
+PANELS = ["controls", "queues", "sampler", "blocks", "slots", "attention"]
+LAPTOP = {"width": 1366, "height": 768}
+
+
+# At 1366 px JupyterLab leaves a notebook's output about this wide (its side bar and margins).
+LAB_OUTPUT_WIDTH_AT_1366 = "1040px"
+# A kernel's answer to a browser action comes back after a round trip (JupyterLab: tens of ms).
+KERNEL_ROUND_TRIP_MS = 80
+
+
+@pytest.fixture
+def ui(browser: Any, fresh_session: Any, tmp_path: Path) -> Iterator[tuple[Any, MiniFrontend, SessionBinder]]:
+    binder = SessionBinder(fresh_session, PANELS)
+    binder.save_dir = tmp_path
+    page = browser.new_page(viewport=LAPTOP)
+    front = MiniFrontend(page, binder.panels, body_width=LAB_OUTPUT_WIDTH_AT_1366, latency_ms=KERNEL_ROUND_TRIP_MS)
+    yield page, front, binder
+    assert front.errors() == []
+    binder.close()
+    page.close()
+    fresh_session.reset(**BASE_CONFIG)
+
+
+def wait_step(page: Any, step: int) -> None:
+    page.wait_for_function(
+        "(s) => [...document.querySelectorAll('.kvs-panel')].every((p) => p.dataset.step === String(s))",
+        arg=step, timeout=30_000)
+
+
+def idle(page: Any) -> None:
+    # No action sent yet leaves data-pending unset.
+    page.wait_for_function("() => (document.querySelector('[data-testid=kvs-controls]').dataset.pending || '0') === '0'",
+                           timeout=60_000)
+
+
+def a_run(front: MiniFrontend, binder: SessionBinder, steps: int = 3) -> None:
+    s = binder.session
+    s.add_request("The capital of France is", max_tokens=12, temperature=0.0, ignore_eos=True)
+    s.add_request("Hello there, how are", max_tokens=12, temperature=0.0, ignore_eos=True)
+    s.step(steps)
+    front.sync()
+    wait_step(front.page, steps)
+
+
+def open_drawer(page: Any) -> None:
+    if page.get_attribute('[data-testid="kvs-controls"]', "data-drawer") != "open":
+        page.click('[data-testid="kvs-drawer-toggle"]')
+
+
+def test_enter_in_the_pool_field_keeps_the_run_and_apply_asks_before_it_rebuilds(ui, tmp_path: Path) -> None:
+    page, front, binder = ui
+    s = binder.session
+    a_run(front, binder)
+    open_drawer(page)
+    page.fill('[data-testid="kvs-pool-blocks"]', "40")
+    page.press('[data-testid="kvs-pool-blocks"]', "Enter")
+    page.wait_for_timeout(300)  # what Enter would have started (a reset action) has had time to land
+    idle(page)
+    # Enter moved to Apply, and nothing was rebuilt: the run and its 4 entries are still there.
+    assert s.engine.config.num_kv_blocks == 48 and len(s.history) == 4
+    assert page.evaluate("() => document.activeElement.dataset.testid") == "kvs-pool-apply"
+    assert "not applied yet" in page.inner_text('[data-testid="kvs-pool-note"]')
+    # Apply asks first and names what would go; Cancel keeps it all.
+    page.click('[data-testid="kvs-pool-apply"]')
+    page.wait_for_selector('[data-testid="kvs-rebuild-confirm"]:visible')
+    question = page.inner_text('[data-testid="kvs-rebuild-text"]')
+    assert "3 steps and 2 requests (2 unfinished)" in question, question
+    page.click('[data-testid="kvs-rebuild-cancel"]')
+    assert not page.is_visible('[data-testid="kvs-rebuild-confirm"]')
+    assert s.engine.config.num_kv_blocks == 48 and len(s.history) == 4
+    # Save, then rebuild: the run is in an HTML export that the notice names, the engine is new.
+    page.click('[data-testid="kvs-pool-apply"]')
+    page.click('[data-testid="kvs-rebuild-save"]')
+    idle(page)
+    wait_step(page, 0)
+    assert s.engine.config.num_kv_blocks == 40 and len(s.history) == 1
+    saved = list(tmp_path.glob("kvscope-run-*.html"))
+    assert len(saved) == 1 and saved[0].stat().st_size > 10_000
+    notice = page.inner_text('[data-testid="kvs-notice"]')
+    assert str(saved[0]) in notice and "3 steps and 2 requests" in notice, notice
+    # With nothing to lose, Reset asks nothing.
+    page.click('[data-testid="kvs-reset-btn"]')
+    idle(page)
+    assert not page.is_visible('[data-testid="kvs-rebuild-confirm"]')
+
+
+def test_a_rebuild_clears_every_selection_and_pin_of_the_old_engine(ui) -> None:
+    page, front, binder = ui
+    s = binder.session
+    a_run(front, binder)
+    # Pin request 1 everywhere: its queue card (sampler and attention follow).
+    page.click('[data-testid="kvs-queue-running"] .kvs-card[data-request-id="1"]')
+    idle(page)
+    assert binder.panels["attention"].request_id == "1" and binder.panels["sampler"].request_id == "1"
+    page.wait_for_selector('.kvs-card[data-request-id="1"].kvs-lit')
+    open_drawer(page)
+    page.click('[data-testid="kvs-reset-btn"]')
+    page.click('[data-testid="kvs-rebuild-discard"]')
+    idle(page)
+    wait_step(page, 0)
+    assert "3 steps and 2 requests" in page.inner_text('[data-testid="kvs-notice"]')
+    # The new engine's ids start at 0 again: two new requests take "0" and "1".
+    s.add_request("Once upon a time", max_tokens=6, temperature=0.0)
+    s.add_request("A B C D", max_tokens=6, temperature=0.0)
+    s.step(1)
+    front.sync()
+    wait_step(page, 1)
+    att, smp = binder.panels["attention"], binder.panels["sampler"]
+    assert "does not exist" not in att.message and att.request_id == "0", att.message
+    assert smp.request_id == "0" and "not sampled" not in page.inner_text('[data-testid="kvs-sampler"]')
+    assert binder.panels["queues"].selected == ""
+    # The old pin on "1" lights nothing of the new engine's request "1".
+    assert page.locator(".kvs-card.kvs-lit, .kvs-card.kvs-selected").count() == 0
+
+
+def test_attention_of_a_request_added_later_says_so_at_a_scrubbed_step(ui) -> None:
+    page, front, binder = ui
+    s = binder.session
+    s.add_request("The capital of France is", max_tokens=12, temperature=0.0, ignore_eos=True)
+    s.step(2)
+    late = s.add_request("Hello there, how are", max_tokens=12, temperature=0.0, ignore_eos=True)
+    s.step(2)
+    front.sync()
+    wait_step(page, 4)
+    page.click(f'[data-testid="kvs-queue-running"] .kvs-card[data-request-id="{late}"]')
+    idle(page)
+    binder.scrub(1)  # step 1: request 0 holds KV, the late one does not exist yet
+    front.sync()
+    wait_step(page, 1)
+    text = page.inner_text('[data-testid="kvs-attention"]')
+    assert f"#{late} did not exist yet at step 1" in text, text
+    assert "no running request has KV" not in text
+    assert "1 request held KV then (#0)" in text, text
+
+
+def test_ten_fast_arrow_presses_on_the_history_slider_move_ten_steps(ui) -> None:
+    page, front, binder = ui
+    s = binder.session
+    s.add_request("The capital of France is", max_tokens=14, temperature=0.0, ignore_eos=True)
+    s.step(12)
+    front.sync()
+    wait_step(page, 12)
+    page.focus('[data-testid="kvs-history-slider"]')
+    # Ten presses 30 ms apart, each a real key event: most land while an earlier scrub's
+    # answer is still on its way back (KERNEL_ROUND_TRIP_MS).
+    for _ in range(10):
+        page.keyboard.press("ArrowLeft")
+        page.wait_for_timeout(30)
+    wait_step(page, 2)
+    idle(page)
+    assert page.inner_text('[data-testid="kvs-history-label"]') == "step 2 of 12"
+    page.keyboard.press("ArrowRight")  # and back up, all at once
+    page.evaluate("""() => { const s = document.querySelector('[data-testid=kvs-history-slider]');
+        for (let i = 0; i < 3; i++) s.dispatchEvent(new KeyboardEvent('keydown', {key: 'ArrowRight', bubbles: true})); }""")
+    wait_step(page, 6)
+    idle(page)
+    assert binder.view_index == 6 and page.input_value('[data-testid="kvs-history-slider"]') == "6"
+
+
+def test_the_status_line_is_whole_at_a_laptops_width(ui) -> None:
+    page, front, binder = ui
+    s = binder.session
+    s.add_request("The capital of France is", max_tokens=12, temperature=0.0, ignore_eos=True,
+                  request_id="a-long-request-name-0")
+    s.add_request("The capital of France is", max_tokens=12, temperature=0.0, ignore_eos=True)
+    s.step(3)
+    front.sync()
+    wait_step(page, 3)
+    status = page.locator('[data-testid="kvs-status"]')
+    assert "prefix hits" in status.inner_text()  # the longest line the panel writes
+    assert status.evaluate("(e) => e.scrollWidth <= e.clientWidth + 1"), status.inner_text()
+    box, controls = status.bounding_box(), page.locator('[data-testid="kvs-controls"]').bounding_box()
+    assert box["x"] >= controls["x"] and box["x"] + box["width"] <= controls["x"] + controls["width"] + 1

@@ -45,7 +45,9 @@ function stripSegment(s) {
 
 function render({ model, el }) {
   const root = kvsRoot(el, model, "kvs-slot-mapping");
-  const title = kvsEl("div", { class: "kvs-title" }, ["Slot mapping", kvsEl("span", { class: "kvs-sub" })]);
+  // Where the batch came from when it is not the engine's own (a live server's feed derives it).
+  const source = kvsEl("span", { class: "kvs-batch-source", "data-testid": "kvs-batch-source" });
+  const title = kvsEl("div", { class: "kvs-title" }, ["Slot mapping", source, kvsEl("span", { class: "kvs-sub" })]);
   const legend = slotLegend();
   const strip = kvsEl("div", { class: "kvs-strip", "data-testid": "kvs-batch-strip" });
   const body = kvsEl("div", { class: "kvs-segments" });
@@ -126,8 +128,13 @@ function render({ model, el }) {
     const bs = model.get("block_size"), nrows = model.get("num_rows");
     const data = { ids, toks, pos, slots, logits, bs };
     lit = [];
+    const [badge, why] = model.get("batch_source_words") || [];
+    source.textContent = badge || "";
+    source.title = why || "";
+    source.dataset.source = model.get("batch_source") || "";
+    source.hidden = !badge;
     title.querySelector(".kvs-sub").textContent = nrows
-      ? `${nrows} tokens \u00b7 ${segs.length} requests \u00b7 query_start_loc [${qsl.join(", ")}] \u00b7 logits_indices [${[...logits].join(", ")}]`
+      ? `${kvsCount(nrows, "token")} \u00b7 ${kvsCount(segs.length, "request")} \u00b7 query_start_loc [${qsl.join(", ")}] \u00b7 logits_indices [${[...logits].join(", ")}]`
       : "no batch in this step";
     // Overview strip: widths proportional to each request's tokens.
     strip.replaceChildren(...segs.map(stripSegment));
@@ -155,7 +162,7 @@ function render({ model, el }) {
     light();
   }
   const drawSoon = kvsBatched(draw);
-  for (const k of ["input_ids", "tokens", "positions", "slot_mapping", "segments", "query_start_loc", "logits_indices", "block_size", "num_rows"]) {
+  for (const k of ["input_ids", "tokens", "positions", "slot_mapping", "segments", "query_start_loc", "logits_indices", "block_size", "num_rows", "batch_source", "batch_source_words"]) {
     model.on(`change:${k}`, drawSoon);
   }
   focus = link.current();

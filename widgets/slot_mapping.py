@@ -19,6 +19,9 @@ class SlotMappingPanel(Panel):
     tinted by the KV block they land in; hovering one lights its block, request and
     token in the other panels of the Dashboard.
     Large batches are cut to `max_rows` rows (`truncated` says how many were hidden).
+    `batch_source` says where the batch came from when it is not the engine's own ("" then):
+    "scheduler" (a live server's feed: derived from the scheduler's block tables) or "runner"
+    (the model runner's own buffers); `batch_source_words` is its badge and hover text.
     """
 
     _esm = bundle_esm("slot_mapping.js")
@@ -34,3 +37,5 @@ class SlotMappingPanel(Panel):
     block_size = t.Int(16).tag(sync=True)
     num_rows = t.Int(0).tag(sync=True)        # rows in the real batch
     truncated = t.Int(0).tag(sync=True)       # rows not sent
+    batch_source = t.Unicode("").tag(sync=True)  # "", "scheduler" (derived) or "runner" (its buffers)
+    batch_source_words = t.List([]).tag(sync=True)  # [badge, hover text] for batch_source

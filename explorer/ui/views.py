@@ -15,7 +15,7 @@ from engine.tokenizer import fast_decoder
 # The block-pool panel's status codes and event bits: spelled once, by the panel.
 from widgets.block_pool import EVENT_BITS, FREE, FREE_CACHED, IN_USE, IN_USE_HASHED, NULL
 
-from .captions import history_captions
+from .captions import BATCH_SOURCE, BATCH_SOURCE_WORDS, history_captions
 
 TokenText = Callable[[Sequence[int]], list[str]]
 
@@ -188,7 +188,15 @@ def slot_mapping_state(record: dict | None, token_text: TokenText, *, block_size
     return {"input_ids": shown, "tokens": token_text(shown), "positions": list(batch.get(BATCH.POSITIONS, []))[:max_rows],
             "slot_mapping": list(batch.get(BATCH.SLOT_MAPPING, []))[:max_rows], "segments": segments,
             "query_start_loc": qsl, "logits_indices": list(batch.get(BATCH.LOGITS_INDICES, [])),
-            "block_size": block_size, "num_rows": len(ids), "truncated": max(0, len(ids) - max_rows)}
+            "block_size": block_size, "num_rows": len(ids), "truncated": max(0, len(ids) - max_rows),
+            **batch_source_state(record)}
+
+
+def batch_source_state(record: dict) -> dict:
+    """The slot-mapping panel's `batch_source` and its [badge, hover text] (none for the engine's own)."""
+    source = str(record.get(BATCH_SOURCE) or "")
+    words = BATCH_SOURCE_WORDS.get(source, (f"batch from: {source}", "")) if source else ()
+    return {"batch_source": source, "batch_source_words": list(words)}
 
 
 def shown_slot_mapping(record: dict | None, snapshot: dict, token_text: TokenText) -> dict:

@@ -190,3 +190,75 @@ def test_the_status_line_is_whole_at_a_laptops_width(ui) -> None:
     assert status.evaluate("(e) => e.scrollWidth <= e.clientWidth + 1"), status.inner_text()
     box, controls = status.bounding_box(), page.locator('[data-testid="kvs-controls"]').bounding_box()
     assert box["x"] >= controls["x"] and box["x"] + box["width"] <= controls["x"] + controls["width"] + 1
+
+
+def test_a_feed_batch_is_marked_derived_in_the_slot_mapping_panel_and_its_caption(browser: Any, fresh_session: Any) -> None:
+    # A live server's recorder adds batch_source to the records it publishes (docs/attach.md); the
+    # rest of such a record has this shape, so a real kvscope record carries the key here.
+    from explorer.ui import captions, views
+    from widgets import SlotMappingPanel
+
+    s = fresh_session
+    s.add_request("The capital of France is", max_tokens=4, temperature=0.0)
+    s.step(2)  # step 2 decodes: one row of one request
+    panel = SlotMappingPanel()
+    text = views.token_texts(s.engine.tokenizer)
+    page = browser.new_page(viewport=LAPTOP)
+    front = MiniFrontend(page, {"slots": panel}, body_width=LAB_OUTPUT_WIDTH_AT_1366)
+    badge = page.locator('[data-testid="kvs-batch-source"]')
+    try:
+        for source, words in (("scheduler", "derived from the scheduler's block tables"),
+                              ("runner", "read from the model runner's buffers"), ("", "")):
+            record = {**s.current.record, "batch_source": source} if source else s.current.record
+            panel.show(views.shown_slot_mapping(record, s.current.snapshot, text))
+            front.sync()
+            if words:
+                page.wait_for_function("(w) => document.querySelector('[data-testid=kvs-batch-source]').textContent === w",
+                                       arg=words)
+                assert badge.is_visible() and badge.get_attribute("data-source") == source
+                caption = captions.step_caption(record, s.current.snapshot)
+                assert caption.endswith(f"; slot mapping {words}"), caption
+            else:  # kvscope's own batch: no badge, and the caption says nothing of it
+                page.wait_for_function("() => document.querySelector('[data-testid=kvs-batch-source]').hidden")
+                assert "slot mapping" not in captions.step_caption(record, s.current.snapshot)
+        assert "block_table[position // block_size]" in views.shown_slot_mapping(
+            {**s.current.record, "batch_source": "scheduler"}, s.current.snapshot, text)["batch_source_words"][1]
+        # One row, one request: counted in the singular.
+        sub = page.inner_text('[data-testid="kvs-slot-mapping"] .kvs-sub')
+        assert sub.startswith("1 token \u00b7 1 request \u00b7"), sub
+        assert front.errors() == []
+    finally:
+        page.close()
+
+
+def test_a_finished_chat_answer_reads_without_its_end_token_and_a_pool_error_says_the_fix(
+        browser: Any, default_model_path: Path) -> None:
+    from explorer import Session
+    from explorer.ui import presets
+
+    s = Session(str(default_model_path), num_kv_blocks=12, block_size=16, max_num_batched_tokens=256)
+    binder = SessionBinder(s, ["controls", "queues"])
+    page = browser.new_page(viewport=LAPTOP)
+    front = MiniFrontend(page, binder.panels, body_width=LAB_OUTPUT_WIDTH_AT_1366)
+    try:
+        rid = s.add_request(presets.chat_prompt(s.engine.tokenizer, "What is the capital of France?"),
+                            max_tokens=40, temperature=0.0)
+        s.run_until_idle()
+        front.sync()
+        (done,) = s.current.snapshot["queues"]["finished"]
+        assert done["finish_reason"] == "stop" and s.engine.tokenizer.decode(done["output_token_ids"][-1:]) == "<|im_end|>"
+        card = page.locator(f'[data-testid="kvs-req-{rid}"] .kvs-output-text')
+        card.wait_for()
+        assert "Paris" in card.inner_text() and "<|im_end|>" not in card.inner_text(), card.inner_text()
+        # A request the pool cannot hold: the error names the numbers and what to do about them.
+        open_drawer(page)
+        page.fill('[data-testid="kvs-max-tokens"]', "400")
+        page.click('[data-testid="kvs-add-btn"]')
+        page.wait_for_selector('[data-testid="kvs-error"]:visible')
+        error = page.inner_text('[data-testid="kvs-error"]')
+        assert "num_kv_blocks=12" in error and "Apply a pool of at least" in error, error
+        assert page.get_attribute('[data-testid="kvs-prompt"]', "aria-invalid") == "true"
+        assert front.errors() == []
+    finally:
+        binder.close()
+        page.close()

@@ -22,7 +22,6 @@ import ipywidgets as W
 
 import widgets
 from engine.config import SCHEDULER_KNOBS
-from widgets import Panel
 from widgets.attention import prepare_probe
 
 from . import captions, fixes, presets, tp_view, views
@@ -31,10 +30,6 @@ from ..core.engine_protocol import read_only_reason
 _log = logging.getLogger(__name__)
 
 PANEL_NAMES = ("controls", "queues", "sampler", "blocks", "slots", "attention", "timeline", "latency")
-_PANEL_CLASSES = {"controls": "ControlsPanel", "queues": "QueuesPanel", "sampler": "SamplerPanel",
-                  "blocks": "BlockPoolPanel", "slots": "SlotMappingPanel", "attention": "AttentionPanel",
-                  "timeline": "TimelinePanel", "latency": "LatencyPanel",
-                  "tensor_parallel": "TensorParallelPanel"}
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_k", "top_p", "ignore_eos", "seed")
 POOL_KEYS = ("num_kv_blocks", "block_size")
 # Form fields that must not be left empty (the form sends an emptied one as ""), and what to enter.
@@ -95,15 +90,13 @@ class SessionBinder:
         """The panel called `name` (created and bound on first use)."""
         if name in self.panels:
             return self.panels[name]
-        if name not in _PANEL_CLASSES:
+        if name not in widgets.PANELS:
             raise ValueError(f"unknown panel {name!r}; choose from {', '.join(PANEL_NAMES)}")
-        cls = getattr(widgets, _PANEL_CLASSES[name])
+        cls = widgets.PANELS[name]
         panel = cls(token_text=self.token_text) if name == "blocks" else cls()
-        if isinstance(panel, Panel):
-            self._detach.append(panel.on_action(partial(self._on_action, name)))
+        self._detach.append(panel.on_action(partial(self._on_action, name)))
         panel.binder = self  # keeps the binding alive as long as the panel is
-        if isinstance(panel, Panel):
-            panel.link_group = self.link_group
+        panel.link_group = self.link_group
         self.panels[name] = panel
         return panel
 
@@ -115,8 +108,7 @@ class SessionBinder:
             detach()
         self._detach.clear()
         for panel in self.panels.values():
-            if isinstance(panel, Panel):
-                panel.frozen = True  # the browser swallows clicks and says "frozen at step N"
+            panel.frozen = True  # the browser swallows clicks and says "frozen at step N"
 
     def _show_engine_notice(self) -> None:
         """A knob the engine's driver changed so the engine would start (vLLM: max_num_seqs
@@ -152,21 +144,18 @@ class SessionBinder:
             "slots": lambda: p["slots"].show(views.shown_slot_mapping(record, snapshot, self.token_text)),
             "sampler": lambda: self._render_sampler(snapshot),
             "timeline": lambda: p["timeline"].show(self._timeline()),
-            "latency": lambda: p["latency"].show(views.latency_rows(snapshot), step=step, live=live),
+            "latency": lambda: p["latency"].show(views.latency_state(snapshot)),
             "attention": lambda: self._render_attention(snapshot, step, probe=live and self.auto_probe and probe),
             "tensor_parallel": lambda: p["tensor_parallel"].show(
                 tp_view.tensor_parallel_state(record, snapshot, self.session.history)),
         }
         for name, panel in p.items():
-            if isinstance(panel, Panel) and name not in draws:
+            if name not in draws:
                 with panel.hold_sync():
                     panel.step, panel.live = step, live
         for name, draw in draws.items():
             panel = p.get(name)
             if panel is None:
-                continue
-            if not isinstance(panel, Panel):
-                draw()  # the latency panel (a VBox of charts) takes step and live in its show
                 continue
             # A panel's step and what it shows of that step go in one comm message, so the
             # browser never sees data-step N over step N-1's content (tests and users wait on it).
@@ -327,8 +316,7 @@ class SessionBinder:
                 p["blocks"].selected, p["blocks"].detail = -1, {}
         self.link_group = f"kvs-{secrets.token_hex(4)}"  # the browser's pins and hovers go with it
         for panel in p.values():
-            if isinstance(panel, Panel):
-                panel.link_group = self.link_group
+            panel.link_group = self.link_group
 
     def _render_controls_only(self) -> None:
         if "controls" in self.panels:
@@ -607,5 +595,5 @@ def timeline_panel(session: Any) -> Any:
 
 
 def latency_panel(session: Any) -> Any:
-    """TTFT / ITL charts on the engine clock (plotly)."""
+    """TTFT / ITL charts (engine clock; a live server's own request times)."""
     return panel(session, "latency")

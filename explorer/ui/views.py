@@ -338,11 +338,32 @@ def timeline_state(entries: Iterable[Any], captions: Sequence[str] | None = None
     return {"steps": cols, "gantt": {"requests": requests, "segments": segments}}
 
 
-def latency_rows(snapshot: dict) -> list[dict]:
-    """Per-request TTFT and ITLs (seconds, engine clock) for LatencyPanel."""
+# The clock the TTFT / ITL panel reads, and what it counts. A live server steps on its own: its
+# request times (vLLM's own, on the wall clock) are what its clients saw; kvscope's and in-process
+# vLLM's engine clock leaves out the pauses between manual steps.
+LATENCY_CLOCKS = {
+    RMETRICS.ENGINE: ("engine clock", "advances only while a step executes, so pauses and manual stepping do not count"),
+    RMETRICS.WALL: ("server clock", "the live server's own request times (wall clock, as vLLM's metrics count them)"),
+}
+
+
+def latency_clock(snapshot: dict) -> str:
+    """RMETRICS.WALL for a live server's snapshot (its model info says `live`), else RMETRICS.ENGINE."""
+    return RMETRICS.WALL if (snapshot.get(SNAP.MODEL_INFO) or {}).get("live") else RMETRICS.ENGINE
+
+
+def latency_state(snapshot: dict) -> dict:
+    """LatencyPanel traits: per-request rows on the snapshot's clock, and that clock in words."""
+    clock = latency_clock(snapshot)
+    name, note = LATENCY_CLOCKS[clock]
+    return {"rows": latency_rows(snapshot, clock), "clock": name, "clock_note": note}
+
+
+def latency_rows(snapshot: dict, clock: str = RMETRICS.ENGINE) -> list[dict]:
+    """Per-request TTFT and ITLs (seconds, on `clock`: RMETRICS.ENGINE or RMETRICS.WALL)."""
     rows = []
     for req in all_requests(snapshot):
-        m = ((req.get(REQ.METRICS) or {}).get(RMETRICS.ENGINE)) or {}
+        m = ((req.get(REQ.METRICS) or {}).get(clock)) or {}
         rows.append({"request_id": req[REQ.REQUEST_ID], "time_to_first_token": m.get(CLOCK.TIME_TO_FIRST_TOKEN),
                      "inter_token_latency": list(m.get(CLOCK.INTER_TOKEN_LATENCY) or [])})
     rows.sort(key=lambda r: (len(r[REQ.REQUEST_ID]), r[REQ.REQUEST_ID]))  # "2" before "10"

@@ -262,3 +262,69 @@ def test_a_finished_chat_answer_reads_without_its_end_token_and_a_pool_error_say
     finally:
         binder.close()
         page.close()
+
+
+# Ids as a vLLM server names its requests: long, and alike but for the middle and the end.
+VLLM_IDS = [f"cmpl-{k:02d}9f1c2e7a6b3d4c5e8f9a0b1c2d3e4f{k:02d}-0" for k in range(12)]
+OVERLAPS = """(sel) => {
+  const boxes = [...document.querySelectorAll(sel)].map((e) => e.getBoundingClientRect());
+  const hits = [];
+  boxes.forEach((a, i) => boxes.forEach((b, j) => {
+    if (i < j && a.left < b.right - 1 && b.left < a.right - 1 && a.top < b.bottom - 1 && b.top < a.bottom - 1) hits.push([i, j]);
+  }));
+  return hits; }"""
+CROSSES = """([a, b]) => {
+  const rect = (e) => e.getBoundingClientRect();
+  const over = (p, q) => p.left < q.right - 1 && q.left < p.right - 1 && p.top < q.bottom - 1 && q.top < p.bottom - 1;
+  const bs = [...document.querySelectorAll(b)].map(rect);
+  return [...document.querySelectorAll(a)].filter((e) => bs.some((q) => over(rect(e), q))).map((e) => e.textContent); }"""
+OUTSIDE_ITS_CHART = """() => [...document.querySelectorAll('.kvs-lat-chart text')].filter((t) => {
+  const r = t.getBoundingClientRect(), s = t.closest('svg').getBoundingClientRect();
+  return r.left < s.left - 1 || r.right > s.right + 1 || r.top < s.top - 1 || r.bottom > s.bottom + 1;
+}).map((t) => t.textContent)"""
+
+
+@pytest.mark.parametrize("viewport", [LAPTOP, {"width": 1920, "height": 1080}], ids=["1366x768", "1920x1080"])
+def test_ttft_itl_charts_label_every_request_and_nothing_overlaps(browser: Any, fresh_session: Any, tmp_path: Path,
+                                                                   viewport: dict) -> None:
+    from explorer.ui import views
+    from widgets import LatencyPanel
+
+    s = fresh_session
+    for k, rid in enumerate(VLLM_IDS):
+        s.add_request(f"Request {k} says", max_tokens=4, temperature=0.0, ignore_eos=True, request_id=rid)
+    s.run_until_idle()
+    panel = LatencyPanel()
+    panel.show(views.latency_state(s.current.snapshot))
+    page = browser.new_page(viewport=viewport)
+    front = MiniFrontend(page, {"latency": panel}, body_width="auto")
+    try:
+        page.wait_for_selector('[data-testid="kvs-lat-itl-dist"]')
+        for chart in ("kvs-lat-ttft", "kvs-lat-itl"):  # every request, each label its own
+            ticks = page.locator(f'[data-testid="{chart}"] .kvs-lat-tick').all_text_contents()
+            assert len(ticks) == len(set(ticks)) == 12, ticks
+        assert page.evaluate(OVERLAPS, ".kvs-lat-box") == []          # no chart over another
+        assert page.evaluate(OUTSIDE_ITS_CHART) == []                  # no label or title leaves its chart
+        for chart in ("kvs-lat-ttft", "kvs-lat-itl", "kvs-lat-ttft-dist", "kvs-lat-itl-dist"):
+            # Titles and axis titles over no other text (tilted labels' boxes overlap, their letters do not).
+            texts = f'[data-testid="{chart}"] text:not(.kvs-lat-tick)'
+            assert page.evaluate(OVERLAPS, texts) == [], chart
+            assert page.evaluate(CROSSES, [texts, f'[data-testid="{chart}"] .kvs-lat-tick']) == [], chart
+        assert "engine clock" in page.inner_text('[data-testid="kvs-latency-clock"]')
+        # A live server's snapshot: its own request times, and the words say so.
+        live = {**s.current.snapshot, "model_info": {**s.current.snapshot["model_info"], "live": True}}
+        panel.show(views.latency_state(live))
+        front.sync()
+        page.wait_for_function("() => document.querySelector('[data-testid=kvs-latency-clock]').textContent"
+                               ".startsWith('server clock')")
+        assert "engine clock" not in page.inner_text('[data-testid="kvs-latency"]')
+        assert front.errors() == []
+        # The export draws the same charts with the same module: every request labelled there too.
+        path = s.export_html(tmp_path / "run.html").path
+        page.goto(path.resolve().as_uri())
+        page.wait_for_function("() => document.body.dataset.ready === 'true'", timeout=30_000)
+        ticks = page.locator('[data-testid="kvs-lat-itl"] .kvs-lat-tick').all_text_contents()
+        assert len(ticks) == len(set(ticks)) == 12, ticks
+        assert page.evaluate(OUTSIDE_ITS_CHART) == []
+    finally:
+        page.close()

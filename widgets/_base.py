@@ -1,7 +1,6 @@
 """The base class every kvscope panel shares: a displayed step, and browser actions."""
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any, Callable
@@ -23,13 +22,6 @@ def bundle_esm(name: str) -> str:
     URL; prepending the helpers keeps every file plain and loads nothing at run time.
     """
     return "\n".join((_HERE / f).read_text() for f in ("_schema.js", "_common.js", name))
-
-
-def record_schema() -> dict:
-    """The record schema the panels read (`KVS_SCHEMA` in _schema.js, generated from
-    engine/report/schema.py: widgets never import the engine, so they read its copy)."""
-    text = (_HERE / "_schema.js").read_text()
-    return json.loads(text[text.index("=", text.index("const KVS_SCHEMA")) + 1:].strip().rstrip(";"))
 
 
 def bundle_css(name: str) -> str:

@@ -1,3 +1,4 @@
+// @ts-check
 // Attention: what one request's queries read from the paged KV cache, for one layer and
 // head. A decode step (one query) is a bar chart over the key tokens, banded by KV block,
 // prompt and generated tokens told apart; a prefill chunk is a heatmap (rows: queries,
@@ -65,7 +66,7 @@ function heatImage(data, n, rows, pos, gmax, rowNorm) {
   }
   const off = document.createElement("canvas");
   off.width = n; off.height = rows;
-  off.getContext("2d").putImageData(img, 0, 0);
+  /** @type {CanvasRenderingContext2D} */ (off.getContext("2d")).putImageData(img, 0, 0);
   return off;
 }
 
@@ -241,6 +242,7 @@ function cellText(model, data, n, r, c) {
   return `query pos ${q} (${kvsTok(toks[q] ?? "")})\nkey pos ${c} (${kvsTok(toks[c] ?? "")}) in block ${table[Math.floor(c / bs)] ?? "?"} offset ${c % bs}\np = ${c > q ? "masked" : data[r * n + c].toFixed(4)}`;
 }
 
+/** @param {KvsRenderContext} ctx */
 function render({ model, el }) {
   const root = kvsRoot(el, model, "kvs-attention");
   const sender = kvsSender(model);

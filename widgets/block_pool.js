@@ -1,17 +1,25 @@
+// @ts-check
 // KV block pool: one canvas cell per physical block (4,096 stay fluid), a legend for
 // every mark, hover tooltip with details fetched from Python, per-request block tables.
 // Linked: hovering a block or a table entry lights the same block / request / tokens in
 // the other panels (kvsLink), and what they point at lights up here.
 
-// The `status` codes, spelled once for the browser (widgets/block_pool.py spells them for
-// Python); the event bits, colours and icons are KVS_EVENTS in _common.js.
-const STATUS_NAMES = ["null", "free", "free (cached)", "in use", "in use (hashed)"];
-// The same codes by name (their index in STATUS_NAMES), and the event bits this file tests.
-const [NULL_BLOCK, FREE, FREE_CACHED, IN_USE, IN_USE_HASHED] = STATUS_NAMES.map((_, code) => code);
-const SAME_STEP = 32, EVICTED = 8;
+// The `status` codes and the event bits come from the record schema (KVS_SCHEMA, generated
+// from engine/report/schema.py); the events' colours and icons are KVS_EVENTS in _common.js.
+/** @type {{[key: string]: number}} */
+const STATUS = KVS_SCHEMA.block_status;
+const { null: NULL_BLOCK, free: FREE, free_cached: FREE_CACHED, in_use: IN_USE, in_use_hashed: IN_USE_HASHED } = STATUS;
+/** How a status reads in the hover text, by its schema key. */
+const STATUS_WORDS = { null: "null", free: "free", free_cached: "free (cached)", in_use: "in use", in_use_hashed: "in use (hashed)" };
+/** @type {{[code: number]: string}} */
+const STATUS_NAMES = Object.fromEntries(Object.entries(STATUS).map(([key, code]) => [code, STATUS_WORDS[key] ?? key]));
+/** @type {{[key: string]: number}} */
+const EVENT_BIT = Object.fromEntries(KVS_SCHEMA.block_events.map((e) => [e.key, e.bit]));
+const SAME_STEP = EVENT_BIT.same_step_hits, EVICTED = EVENT_BIT.evicted;
 // Which event outlines a cell when a block has several: a same-step hit wins (the block
 // was also allocated, hit and cached in this step), "cached" only when nothing else.
-const OUTLINE_ORDER = [SAME_STEP, 1, 2, 4, 8, 16].map((b) => KVS_EVENTS.find(([x]) => x === b));
+const OUTLINE_ORDER = ["same_step_hits", "allocated", "hits", "freed", "evicted", "cached"]
+  .map((key) => /** @type {KvsEvent} */ (KVS_EVENTS.find(([, k]) => k === key)));
 const eventNames = (ev) => KVS_EVENTS.filter(([b]) => ev & b).map(([, , name]) => name);
 
 // Block numbers at every pool size: the id and refcount in big cells, the id alone in a
@@ -121,7 +129,7 @@ function drawCell(ctx, P, i, x, y, cell, kind, selected) {
   }
   const ev = P.cols.events[i];
   if (ev) {
-    const bit = OUTLINE_ORDER.find(([b]) => ev & b);
+    const bit = /** @type {KvsEvent} */ (OUTLINE_ORDER.find(([b]) => ev & b));
     if (ev & SAME_STEP) hatch(ctx, x, y, cell, bit[3]);
     ctx.strokeStyle = bit[3];
     ctx.lineWidth = cell >= 14 ? 2.5 : 2;
@@ -257,6 +265,7 @@ function tableRow(r, bs, link, sender, tableCells) {
   return kvsEl("div", { class: "kvs-bt-row", "data-testid": `kvs-bt-${rid}`, "data-request-id": rid }, [chip, ...cells]);
 }
 
+/** @param {KvsRenderContext} ctx */
 function render({ model, el }) {
   const root = kvsRoot(el, model, "kvs-block-pool");
   const sender = kvsSender(model);

@@ -1,3 +1,4 @@
+// @ts-check
 // Controls panel. Every action goes Python-ward as {action, seq}; Python acks each seq
 // after the action ran, so we can show "running" with a pending count and Play can wait
 // for a step's result before asking for the next one.
@@ -101,7 +102,7 @@ function buildForm(model) {
   };
   f.prompt.value = d.prompt ?? "";
   for (const k of ["max_tokens", "temperature", "top_k", "top_p", "seed"]) f[k].value = d[k] ?? "";
-  f.ignore_eos.checked = !!d.ignore_eos;
+  /** @type {HTMLInputElement} */ (f.ignore_eos).checked = !!d.ignore_eos;
   const addBtn = kvsEl("button", { class: "kvs-add-btn", "data-testid": "kvs-add-btn", text: "Add request" });
   const burstN = kvsEl("input", { type: "number", min: 1, value: BURST_DEFAULT, class: "kvs-burst-n", "data-testid": "kvs-burst-n" });
   const presetBtns = model.get("presets").map((p) => kvsEl("button", {
@@ -398,6 +399,7 @@ function wireSlider(model, ui, views, act) {
   }
 }
 
+/** @param {KvsRenderContext} ctx */
 function render({ model, el }) {
   const root = kvsRoot(el, model, "kvs-controls");
   let views = null;

@@ -1,3 +1,4 @@
+// @ts-check
 // TTFT / ITL: per-request time to first token and inter-token latency, and both distributions.
 // The one renderer of these charts: the live panel runs it in a notebook, and an export
 // (explorer/export/host.js) mounts this same module over its recorded states. Each chart is
@@ -177,6 +178,7 @@ function latencyCharts(rows, width, clock) {
 
 const LAT_TWO_COLUMNS_PX = 900;  // from this panel width the charts sit two by two
 
+/** @param {KvsRenderContext} ctx */
 function render({ model, el }) {
   const root = kvsRoot(el, model, "kvs-latency");
   const sub = kvsEl("span", { class: "kvs-sub", "data-testid": "kvs-latency-clock" });

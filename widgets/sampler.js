@@ -1,3 +1,4 @@
+// @ts-check
 // Sampler: horizontal probability bars of the top candidates; the chosen token marked.
 
 /**
@@ -9,6 +10,7 @@
  *   `top`: [token id, text, probability] of the candidates, the highest first
  */
 
+/** @param {KvsRenderContext} ctx */
 function render({ model, el }) {
   const root = kvsRoot(el, model, "kvs-sampler");
   const sender = kvsSender(model);

@@ -1,3 +1,4 @@
+// @ts-check
 // Slot mapping: an overview strip of the packed batch (query_start_loc ticks, sampled
 // rows marked), then per scheduled request its token cells, grouped and tinted by the
 // KV block each lands in. Positions a prefix hit took from the cache come first, as
@@ -43,6 +44,7 @@ function stripSegment(s) {
   }, [kvsEl("span", { text: `#${s.request_id} [${s.start},${s.end})` })]);
 }
 
+/** @param {KvsRenderContext} ctx */
 function render({ model, el }) {
   const root = kvsRoot(el, model, "kvs-slot-mapping");
   // Where the batch came from when it is not the engine's own (a live server's feed derives it).

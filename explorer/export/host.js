@@ -1,3 +1,4 @@
+// @ts-check
 // kvscope export host: the panels' own ESM, run over a recorded history, with no kernel.
 //
 // explorer/export/page.py inlines this file in a one-file HTML export, next to each panel's ESM
@@ -31,9 +32,15 @@
  * @typedef {{rows: Array<Object>, clock: string, clock_note: string}} LatencyState  LatencyPanel's traits
  */
 
+/** The text of one of the page's embedded JSON scripts (explorer/export/page.py writes them). @param {string} id */
+function embedded(id) {
+  const node = document.getElementById(id);
+  if (!node || node.textContent === null) throw new Error(`this page lacks its embedded ${id}`);
+  return node.textContent;
+}
 /** @type {ExportData} */
-const DATA = JSON.parse(document.getElementById("kvs-history").textContent);
-const DEFAULTS = JSON.parse(document.getElementById("kvs-panel-defaults").textContent);
+const DATA = JSON.parse(embedded("kvs-history"));
+const DEFAULTS = JSON.parse(embedded("kvs-panel-defaults"));
 const RUN_LIVE = DATA.meta.run_live;  // "make lab" / "python -m explorer app": one line
 
 // ---- 1. the embedded steps: deltas back to whole states -----------------------------------
@@ -167,7 +174,7 @@ const HOST = {
     try {
       this.handle(name, content);
     } catch (exc) {
-      error = String(exc && exc.message ? exc.message : exc);
+      error = String(exc instanceof Error ? exc.message : exc);
       console.error("kvscope export: action failed", content, exc);
     }
     if ("seq" in content) this.models[name].custom({ type: "ack", seq: content.seq, error });
@@ -217,7 +224,7 @@ const HOST = {
 
 // ---- 4. captions and page --------------------------------------------------------------
 function drawCaption(step) {
-  const box = document.querySelector('[data-testid="kvs-export-caption"]');
+  const box = /** @type {?HTMLElement} */ (document.querySelector('[data-testid="kvs-export-caption"]'));
   if (!box) return;
   let text = "";
   for (const [s, t] of DATA.captions || []) if (s <= step) text = t;
@@ -265,7 +272,7 @@ function disableEngineControls(el) {
 }
 
 async function main() {
-  const layout = document.getElementById("kvs-export-root");
+  const layout = /** @type {HTMLElement} */ (document.getElementById("kvs-export-root"));
   const slot = (name) => layout.querySelector(`[data-panel="${name}"]`);
   for (const name of DATA.meta.panels) {
     const source = document.querySelector(`script[data-kvs-esm="${name}"]`);
@@ -288,7 +295,7 @@ async function main() {
 window.kvsExport = { views: VIEWS, host: HOST, patch };
 main().catch((exc) => {
   console.error(exc);
-  const box = document.getElementById("kvs-export-error");
+  const box = /** @type {HTMLElement} */ (document.getElementById("kvs-export-error"));
   box.textContent = `kvscope export failed to start: ${exc && exc.message ? exc.message : exc}`;
   box.style.display = "";
 });

@@ -9,11 +9,11 @@ from __future__ import annotations
 from array import array
 from typing import Any, Callable, Iterable, Sequence
 
-from engine.report.schema import (BATCH, BLOCK, BUDGET, CLOCK, EV, INFO, METRICS, POOL, QUEUE, REC, REQ, RMETRICS,
-                                  SAMPLE, SCHED, SNAP, TIME)
+# The block pool's `status` codes and `events` bits are the record schema's (the browser reads
+# them from its generated copy, widgets/_schema.js's KVS_SCHEMA).
+from engine.report.schema import (BATCH, BLOCK, BUDGET, CLOCK, EV, EVENT_BITS, FREE, FREE_CACHED, IN_USE, IN_USE_HASHED,
+                                  INFO, METRICS, NULL, POOL, QUEUE, REC, REQ, RMETRICS, SAMPLE, SCHED, SNAP, TIME)
 from engine.tokenizer import fast_decoder
-# The block-pool panel's status codes and event bits: spelled once, by the panel.
-from widgets.block_pool import EVENT_BITS, FREE, FREE_CACHED, IN_USE, IN_USE_HASHED, NULL
 
 from .captions import BATCH_SOURCE, BATCH_SOURCE_WORDS, history_captions
 

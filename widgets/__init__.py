@@ -9,6 +9,7 @@ from ._base import Panel
 from .attention import AttentionPanel
 from .block_pool import BlockPoolPanel
 from .controls import ControlsPanel
+from .follow import FollowPanel
 from .latency import LatencyPanel
 from .queues import QueuesPanel
 from .sampler import SamplerPanel
@@ -17,7 +18,7 @@ from .tensor_parallel import TensorParallelPanel
 from .timeline import TimelinePanel
 
 __all__ = ["Panel", "ControlsPanel", "QueuesPanel", "BlockPoolPanel", "SlotMappingPanel",
-           "AttentionPanel", "SamplerPanel", "TimelinePanel", "TensorParallelPanel", "LatencyPanel", "PANELS"]
+           "AttentionPanel", "SamplerPanel", "TimelinePanel", "TensorParallelPanel", "LatencyPanel", "FollowPanel", "PANELS", "STATEFUL_PANELS"]
 
 #: Each panel by the name the Dashboard (explorer.ui.dashboard) and the export use for it.
 PANELS: dict[str, type[Panel]] = {
@@ -25,4 +26,6 @@ PANELS: dict[str, type[Panel]] = {
     "slots": SlotMappingPanel, "attention": AttentionPanel, "timeline": TimelinePanel, "latency": LatencyPanel,
     "tensor_parallel": TensorParallelPanel,
 }
+#: Every panel whose state is typed (widgets/_state.py): the Dashboard's, and a live server's Follow panel.
+STATEFUL_PANELS: dict[str, type[Panel]] = {**PANELS, "follow": FollowPanel}
 

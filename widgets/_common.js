@@ -228,6 +228,13 @@ function kvsSender(model, onPendingChange = (_pending) => {}) {
   };
 }
 
+// Redraw on the fields a panel's state part sends (KVS_PANELS, generated from the panel's state
+// classes in widgets/<panel>.py), and on any further traits named here (step, frozen, ...).
+/** @param {KvsModel} model @param {readonly string[]} fields @param {() => void} handler @param {string[]} [more] */
+function kvsOnChange(model, fields, handler, more = []) {
+  for (const k of [...fields, ...more]) model.on(`change:${k}`, handler);
+}
+
 // One redraw for many trait changes: a step's message sets several traits at once, each
 // firing its own change event; batching them into a microtask draws once, with all of them.
 /** @param {() => void} fn */

@@ -353,9 +353,9 @@ function render({ model, el }) {
   canvas.addEventListener("click", () => { if (hoverCol >= 0) link.pin(colFocus(hoverCol)); });
 
   const selectorsSoon = kvsBatched(drawSelectors);
-  for (const k of ["requests", "request_id", "layer", "head", "num_layers", "kv_head_of_head", "thumbs", "thumb_heads", "thumb_shape"]) model.on(`change:${k}`, selectorsSoon);
+  kvsOnChange(model, KVS_PANELS.attention.choices, selectorsSoon);
   const drawMapSoon = kvsBatched(drawMap);
-  for (const k of ["probs", "context_len", "row_positions", "block_table", "message", "probe_step", "step", "num_prompt_tokens", "tokens"]) model.on(`change:${k}`, drawMapSoon);
+  kvsOnChange(model, KVS_PANELS.attention.weights, drawMapSoon, ["step"]);
   focus = link.current();
   drawSelectors();
   drawMap();

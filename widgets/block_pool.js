@@ -372,9 +372,9 @@ function render({ model, el }) {
   function refocus() { P.lit = litBlocks(P, focus); }
   function redrawAll() { readColumns(P, model); refocus(); draw(); drawLegend(); drawTables(); drawDetail(); }
   const poolSoon = kvsBatched(() => { readColumns(P, model); refocus(); draw(); drawLegend(); drawDetail(); });  // detail shows the events
-  for (const k of ["status", "ref_count", "owner", "events", "owners", "shared", "num_blocks", "block_size", "frozen"]) model.on(`change:${k}`, poolSoon);
-  model.on("change:counts", drawLegend);
-  model.on("change:block_tables", () => { drawTables(); refocus(); draw(); });
+  kvsOnChange(model, KVS_PANELS.blocks.pool, poolSoon, ["frozen"]);
+  kvsOnChange(model, KVS_PANELS.blocks.legend, drawLegend);
+  kvsOnChange(model, KVS_PANELS.blocks.tables, () => { drawTables(); refocus(); draw(); });
   model.on("change:selected", () => { draw(); drawDetail(); });
   model.on("change:detail", () => { drawDetail(); if (hover >= 0 && tip.style.display === "block") tip.textContent = describe(hover); });
   focus = link.current();

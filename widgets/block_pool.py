@@ -1,13 +1,40 @@
 """KV block pool panel: every physical block on one canvas, plus per-request block tables."""
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Sequence, TypedDict
 
 import traitlets as t
 
 from ._base import Panel, bundle_css, bundle_esm
 
 TokenText = Callable[[Sequence[int]], list[str]]
+
+
+class BlockPoolCells(TypedDict):
+    """The canvas: one cell per block, from the byte columns (explorer.ui.views.BLOCK_COLUMNS)."""
+    num_blocks: int
+    block_size: int
+    status: bytes
+    ref_count: bytes
+    owner: bytes
+    events: bytes
+    owners: list[str]
+    shared: list[list]
+
+
+class BlockPoolLegend(TypedDict):
+    """The legend's counts: each event of this step, and the blocks by status."""
+    counts: dict
+
+
+class BlockPoolTables(TypedDict):
+    """The per-request block tables."""
+    block_tables: list[dict]
+
+
+class BlockPoolState(BlockPoolCells, BlockPoolLegend, BlockPoolTables):
+    """What explorer.ui.views.block_pool_state returns (with `blocks`, kept Python-side)."""
+    blocks: list[dict]
 
 
 class BlockPoolPanel(Panel):
@@ -27,6 +54,7 @@ class BlockPoolPanel(Panel):
     logical indices whose KV came from the prefix cache, for as long as the request runs.
     """
 
+    PARTS = {"pool": BlockPoolCells, "legend": BlockPoolLegend, "tables": BlockPoolTables}
     _esm = bundle_esm("block_pool.js")
     _css = bundle_css("block_pool.css")
 

@@ -434,12 +434,13 @@ function render({ model, el }) {
   const act = (content) => sender.send(content).then((ack) => { views.status(); return ack; });
   wireActions(model, ui, form, knobs, views, act);
 
-  for (const k of ["info", "busy", "engine"]) model.on(`change:${k}`, views.status);
-  for (const k of ["history_len", "history_first", "view_index"]) model.on(`change:${k}`, views.history);
-  for (const k of ["error", "error_field"]) model.on(`change:${k}`, views.error);
-  for (const k of ["caption", "notice", "view_index", "history_len", "history_first"]) model.on(`change:${k}`, views.caption);
+  const P = KVS_PANELS.controls;
+  kvsOnChange(model, P.status, views.status);
+  kvsOnChange(model, P.history, views.history);
+  kvsOnChange(model, P.error, views.error);
+  kvsOnChange(model, P.caption, views.caption, P.history);  // "step N:" before the caption
   model.on("change:chat_template_available", views.chatTemplate);
-  for (const k of ["view_index", "budget", "pool"]) model.on(`change:${k}`, () => views.knobs());
+  kvsOnChange(model, P.knobs, () => views.knobs(), ["view_index"]);
   model.on("change:play_interval_ms", () => { ui.speed.value = String(model.get("play_interval_ms")); });
   model.on("change:read_only", views.readOnly);
   views.status(); views.history(); views.error(); views.knobs(); views.play(); views.caption(); views.chatTemplate(); views.readOnly();

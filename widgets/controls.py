@@ -1,6 +1,8 @@
 """Controls panel: stepping, Play, reset, the add-request form, budget knobs, history."""
 from __future__ import annotations
 
+from typing import TypedDict
+
 import traitlets as t
 
 from ._base import Panel, bundle_css, bundle_esm
@@ -15,6 +17,46 @@ DEFAULT_PRESETS: list[dict] = [
     {"name": "burst", "label": "Burst of N",
      "hint": "N requests at once; with a small pool (Reset with few KV blocks), watch preemption"},
 ]
+
+
+class ControlsStatus(TypedDict):
+    """The status line and the engine's badge."""
+    info: str
+    busy: bool
+    engine: str
+
+
+class ControlsHistory(TypedDict):
+    """The history slider."""
+    history_len: int
+    history_first: int
+    view_index: int
+
+
+class ControlsError(TypedDict):
+    """An action's error, and the input it is about."""
+    error: str
+    error_field: str
+
+
+class ControlsCaption(TypedDict):
+    """The shown step in words, and a notice."""
+    caption: str
+    notice: str
+
+
+class ControlsKnobs(TypedDict):
+    """The scheduler's and the pool's knobs."""
+    budget: dict
+    pool: dict
+
+
+class ControlsState(ControlsStatus, ControlsHistory, ControlsCaption, ControlsKnobs):
+    """What the Dashboard sets after each change (explorer.ui.dashboard._render_controls)."""
+    has_work: bool
+    chat_template_available: bool
+    read_only: str
+    run_summary: dict
 
 
 class ControlsPanel(Panel):
@@ -33,6 +75,8 @@ class ControlsPanel(Panel):
     the previous one was acknowledged, so the kernel is never flooded.
     """
 
+    PARTS = {"status": ControlsStatus, "history": ControlsHistory, "error": ControlsError,
+             "caption": ControlsCaption, "knobs": ControlsKnobs}
     _esm = bundle_esm("controls.js")
     _css = bundle_css("controls.css")
 

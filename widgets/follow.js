@@ -54,7 +54,7 @@ function render({ model, el }) {
                            kvsEl("ul", {}, t.roots.map(node)));
     }
   }
-  for (const k of ["following", "status", "tree"]) model.on(`change:${k}`, draw);
+  kvsOnChange(model, KVS_PANELS.follow.draw, draw);
   draw();
 }
 

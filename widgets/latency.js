@@ -207,7 +207,7 @@ function render({ model, el }) {
     charts.replaceChildren(...latencyCharts(rows, width, clock).map((svg) => kvsEl("div", { class: "kvs-lat-box" }, [svg])));
   }
   const drawSoon = kvsBatched(draw);
-  for (const k of ["rows", "clock", "clock_note"]) model.on(`change:${k}`, drawSoon);
+  kvsOnChange(model, KVS_PANELS.latency.draw, drawSoon);
   // Drawn for the panel's width: a resized window, a notebook narrowed by a side bar, a panel shown late.
   const sizes = new ResizeObserver(() => { if (root.clientWidth !== drawnWidth) drawSoon(); });
   sizes.observe(root);

@@ -2,11 +2,20 @@
 distributions, as SVG charts drawn by widgets/latency.js (the export draws them with it too)."""
 from __future__ import annotations
 
+from typing import TypedDict
+
 import traitlets as t
 
 from ._base import Panel, bundle_css, bundle_esm
 
 EMPTY_HINT = "no steps yet: add a request and press Step"
+
+
+class LatencyState(TypedDict):
+    """What explorer.ui.views.latency_state returns."""
+    rows: list[dict]
+    clock: str
+    clock_note: str
 
 
 class LatencyPanel(Panel):
@@ -21,6 +30,7 @@ class LatencyPanel(Panel):
     chart grows wider than its box, which then scrolls.
     """
 
+    PARTS = {"draw": LatencyState}
     _esm = bundle_esm("latency.js")
     _css = bundle_css("latency.css")
 

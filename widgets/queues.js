@@ -134,9 +134,7 @@ function render({ model, el }) {
     }
     light();
   }
-  model.on("change:queues", draw);
-  model.on("change:selected", draw);
-  model.on("change:finished_total", draw);
+  kvsOnChange(model, KVS_PANELS.queues.draw, draw, ["selected"]);
   focus = link.current();
   draw();
   return () => { sender.dispose(); link.dispose(); };

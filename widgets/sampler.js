@@ -58,7 +58,7 @@ function render({ model, el }) {
     }
   }
   const drawSoon = kvsBatched(draw);
-  for (const k of ["requests", "request_id", "sample", "step"]) model.on(`change:${k}`, drawSoon);
+  kvsOnChange(model, KVS_PANELS.sampler.draw, drawSoon, ["step"]);
   draw();
   return () => sender.dispose();
 }

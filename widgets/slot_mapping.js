@@ -164,9 +164,7 @@ function render({ model, el }) {
     light();
   }
   const drawSoon = kvsBatched(draw);
-  for (const k of ["input_ids", "tokens", "positions", "slot_mapping", "segments", "query_start_loc", "logits_indices", "block_size", "num_rows", "batch_source", "batch_source_words"]) {
-    model.on(`change:${k}`, drawSoon);
-  }
+  kvsOnChange(model, KVS_PANELS.slots.draw, drawSoon);
   focus = link.current();
   draw();
   return () => link.dispose();

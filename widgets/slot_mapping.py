@@ -1,9 +1,27 @@
 """Slot-mapping panel: this step's packed batch, token by token."""
 from __future__ import annotations
 
+from typing import TypedDict
+
 import traitlets as t
 
 from ._base import Panel, bundle_css, bundle_esm
+
+
+class SlotMappingState(TypedDict):
+    """What explorer.ui.views.slot_mapping_state returns (the traits below say each field)."""
+    input_ids: list[int]
+    tokens: list[str]
+    positions: list[int]
+    slot_mapping: list[int]
+    segments: list[dict]
+    query_start_loc: list[int]
+    logits_indices: list[int]
+    block_size: int
+    num_rows: int
+    truncated: int
+    batch_source: str
+    batch_source_words: list[str]
 
 
 class SlotMappingPanel(Panel):
@@ -24,6 +42,7 @@ class SlotMappingPanel(Panel):
     (the model runner's own buffers); `batch_source_words` is its badge and hover text.
     """
 
+    PARTS = {"draw": SlotMappingState}
     _esm = bundle_esm("slot_mapping.js")
     _css = bundle_css("slot_mapping.css")
 

@@ -133,7 +133,7 @@ function render({ model, el }) {
     drawWeights(info);
   }
   const drawSoon = kvsBatched(draw);
-  for (const k of ["info", "ranks", "weights", "last_step", "recent", "note", "step"]) model.on(`change:${k}`, drawSoon);
+  kvsOnChange(model, KVS_PANELS.tensor_parallel.draw, drawSoon, ["step"]);
   draw();
   return () => {};
 }

@@ -299,7 +299,7 @@ function render({ model, el }) {
     holder.replaceChildren(out);
   }
   const drawSoon = kvsBatched(draw);
-  for (const k of ["steps", "gantt", "window", "step"]) model.on(`change:${k}`, drawSoon);
+  kvsOnChange(model, KVS_PANELS.timeline.draw, drawSoon, ["window", "step"]);
   // Follow the panel's width: a resized window, a narrower notebook, a panel shown later.
   const resize = new ResizeObserver(() => { if (Math.abs(holder.clientWidth - drawnWidth) >= 1) drawSoon(); });
   resize.observe(holder);

@@ -14,6 +14,13 @@ from typing import Any, Callable, Iterable, Sequence
 from engine.report.schema import (BATCH, BLOCK, BUDGET, CLOCK, EV, EVENT_BITS, FREE, FREE_CACHED, IN_USE, IN_USE_HASHED,
                                   INFO, METRICS, NULL, POOL, QUEUE, REC, REQ, RMETRICS, SAMPLE, SCHED, SNAP, TIME)
 from engine.tokenizer import fast_decoder
+# Each panel's state type: what the functions below return (widgets/<panel>.py).
+from widgets.block_pool import BlockPoolState
+from widgets.latency import LatencyState
+from widgets.queues import QueuesState
+from widgets.sampler import SamplerState
+from widgets.slot_mapping import SlotMappingState
+from widgets.timeline import TimelineState
 
 from .captions import BATCH_SOURCE, BATCH_SOURCE_WORDS, history_captions
 
@@ -57,7 +64,7 @@ def _clip(text: str | None, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - limit // 4] + " \u2026 " + text[-(limit // 4):]
 
 
-def queues_state(record: dict | None, snapshot: dict, *, max_finished: int = 50, max_text: int = 400) -> dict:
+def queues_state(record: dict | None, snapshot: dict, *, max_finished: int = 50, max_text: int = 400) -> QueuesState:
     """QueuesPanel traits: one row per request, with what this step scheduled for it."""
     record = record or EMPTY_RECORD
     scheduled = {s[SCHED.REQUEST_ID]: s for s in record.get(REC.SCHEDULED, [])}
@@ -93,7 +100,7 @@ def queues_state(record: dict | None, snapshot: dict, *, max_finished: int = 50,
 BLOCK_COLUMNS = {"status": "B", "ref_count": "H", "owner": "h", "events": "B"}
 
 
-def block_pool_state(record: dict | None, snapshot: dict) -> dict:
+def block_pool_state(record: dict | None, snapshot: dict) -> BlockPoolState:
     """BlockPoolPanel traits as compact byte columns (+ "blocks", kept Python-side)."""
     record = record or EMPTY_RECORD
     pool = snapshot.get(SNAP.BLOCK_POOL) or {}
@@ -156,7 +163,7 @@ def block_pool_state(record: dict | None, snapshot: dict) -> dict:
 
 
 def slot_mapping_state(record: dict | None, token_text: TokenText, *, block_size: int = 16,
-                       max_rows: int = 1024, snapshot: dict | None = None) -> dict:
+                       max_rows: int = 1024, snapshot: dict | None = None) -> SlotMappingState:
     """SlotMappingPanel traits: the packed batch, cut to `max_rows` rows for the browser.
 
     A request admitted in this step with prefix-cache hits gets `cached_blocks`: one entry
@@ -199,7 +206,7 @@ def batch_source_state(record: dict) -> dict:
     return {"batch_source": source, "batch_source_words": list(words)}
 
 
-def shown_slot_mapping(record: dict | None, snapshot: dict, token_text: TokenText) -> dict:
+def shown_slot_mapping(record: dict | None, snapshot: dict, token_text: TokenText) -> SlotMappingState:
     """The SlotMappingPanel's state as the Dashboard shows an entry: at its pool's block size."""
     block_size = int((snapshot.get(SNAP.BLOCK_POOL) or {}).get(POOL.BLOCK_SIZE, 16))
     return slot_mapping_state(record, token_text, block_size=block_size, snapshot=snapshot)
@@ -236,7 +243,7 @@ _NO_CANDIDATES = ("no candidates recorded for this step, only the chosen token: 
 _NO_TOKEN_IDS = "the feed leaves token ids out (KVSCOPE_FEED_TOKENS=0): neither the token nor its candidates"
 
 
-def sampler_state(entries: Sequence[Any], snapshot: dict, request_id: str, token_text: TokenText) -> dict:
+def sampler_state(entries: Sequence[Any], snapshot: dict, request_id: str, token_text: TokenText) -> SamplerState:
     """SamplerPanel traits: the latest sample of `request_id` in `entries` (newest last)."""
     record = entry_parts(entries[-1])[1] if entries else EMPTY_RECORD
     requests = list(record.get(REC.SAMPLED, {}))
@@ -266,7 +273,7 @@ def sampler_state(entries: Sequence[Any], snapshot: dict, request_id: str, token
 _TIMING_KEYS = (TIME.SCHEDULE, TIME.PREPARE, TIME.FORWARD, TIME.SAMPLE, TIME.UPDATE)
 
 
-def timeline_state(entries: Iterable[Any], captions: Sequence[str] | None = None) -> dict:
+def timeline_state(entries: Iterable[Any], captions: Sequence[str] | None = None) -> TimelineState:
     """TimelinePanel traits: per-step columns and run-length Gantt segments per request.
     `captions` (one per entry, explorer.ui.captions.history_captions) are computed when not given."""
     entries = list(entries)
@@ -352,7 +359,7 @@ def latency_clock(snapshot: dict) -> str:
     return RMETRICS.WALL if (snapshot.get(SNAP.MODEL_INFO) or {}).get("live") else RMETRICS.ENGINE
 
 
-def latency_state(snapshot: dict) -> dict:
+def latency_state(snapshot: dict) -> LatencyState:
     """LatencyPanel traits: per-request rows on the snapshot's clock, and that clock in words."""
     clock = latency_clock(snapshot)
     name, note = LATENCY_CLOCKS[clock]

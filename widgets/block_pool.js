@@ -265,6 +265,58 @@ function tableRow(r, bs, link, sender, tableCells) {
   return kvsEl("div", { class: "kvs-bt-row", "data-testid": `kvs-bt-${rid}`, "data-request-id": rid }, [chip, ...cells]);
 }
 
+/**
+ * The pointer over the canvas: hovering a block publishes its focus, shows its number and a
+ * tooltip, and (once the pointer rests) asks Python for its hash and tokens; a click pins it.
+ * Returns which block is hovered (-1: none).
+ */
+function wirePointer({ P, model, canvas, tip, hoverNum, link, sender, describe, blockFocus }) {
+  let hover = -1;
+  /** @type {ReturnType<typeof setTimeout> | undefined} */
+  let detailTimer;
+  /** @param {MouseEvent} ev */
+  function blockAt(ev) {
+    const r = canvas.getBoundingClientRect();
+    const cx = Math.floor((ev.clientX - r.left) / P.geom.cell), cy = Math.floor((ev.clientY - r.top) / P.geom.cell);
+    if (cx < 0 || cx >= P.geom.ncols || cy < 0) return -1;
+    const i = cy * P.geom.ncols + cx;
+    return i < P.geom.n ? i : -1;
+  }
+  /** @param {number} i */
+  function showHoverNum(i) {
+    if (labelKind(P.geom.cell) === "full") { hoverNum.style.display = "none"; return; }
+    hoverNum.textContent = String(i);
+    hoverNum.style.display = "block";
+    hoverNum.style.left = `${canvas.offsetLeft + (i % P.geom.ncols) * P.geom.cell + P.geom.cell / 2}px`;
+    const row = Math.floor(i / P.geom.ncols);  // above the cell, or below it on the first row (never clipped)
+    hoverNum.style.top = `${canvas.offsetTop + (row === 0 ? P.geom.cell : row * P.geom.cell)}px`;
+    hoverNum.style.transform = row === 0 ? "translate(-50%, 0)" : "translate(-50%, -100%)";
+  }
+  canvas.addEventListener("mousemove", (/** @type {MouseEvent} */ ev) => {
+    const i = blockAt(ev);
+    if (i !== hover) {
+      hover = i;
+      if (i >= 0) link.hover(blockFocus(i)); else link.leave("blocks");
+      clearTimeout(detailTimer);
+      // Ask Python for hash and tokens only once the pointer rests on a block.
+      if (i >= 0) detailTimer = setTimeout(() => sender.send({ action: "block_detail", block_id: i }), 60);
+    }
+    if (i < 0) { tip.style.display = "none"; hoverNum.style.display = "none"; return; }
+    showHoverNum(i);
+    tip.textContent = describe(i);
+    tip.style.display = "block";
+    kvsPlaceTip(tip, ev);  // a long token list flips and wraps, never past the window's edge
+  });
+  canvas.addEventListener("mouseleave", () => { hover = -1; tip.style.display = "none"; hoverNum.style.display = "none"; link.leave("blocks"); });
+  canvas.addEventListener("click", (/** @type {MouseEvent} */ ev) => {
+    const i = blockAt(ev);
+    if (i < 0) return;
+    link.pin(blockFocus(i));
+    sender.send({ action: "select_block", block_id: i === model.get("selected") ? -1 : i });
+  });
+  return { hovered: () => hover };
+}
+
 /** @param {KvsRenderContext} ctx */
 function render({ model, el }) {
   const root = kvsRoot(el, model, "kvs-block-pool");
@@ -284,7 +336,6 @@ function render({ model, el }) {
   /** @type {PoolState} ownersOf: block -> [request ids] of a block with several owners; lit: blocks matching the focus */
   const P = { cols: { status: new Uint8Array(0), ref: new Uint16Array(0), owner: new Int16Array(0), events: new Uint8Array(0) },
     owners: [], ownersOf: new Map(), lit: new Set(), geom: { cell: 10, ncols: 1, n: 0 } };
-  let hover = -1;
   let focus = null;          // what another panel (or this one) points at
   const frozen = () => !!model.get("frozen");
 
@@ -329,46 +380,7 @@ function render({ model, el }) {
     lightTables();
   });
 
-  let detailTimer = null;
-  function blockAt(ev) {
-    const r = canvas.getBoundingClientRect();
-    const cx = Math.floor((ev.clientX - r.left) / P.geom.cell), cy = Math.floor((ev.clientY - r.top) / P.geom.cell);
-    if (cx < 0 || cx >= P.geom.ncols || cy < 0) return -1;
-    const i = cy * P.geom.ncols + cx;
-    return i < P.geom.n ? i : -1;
-  }
-  canvas.addEventListener("mousemove", (ev) => {
-    const i = blockAt(ev);
-    if (i !== hover) {
-      hover = i;
-      if (i >= 0) link.hover(blockFocus(i)); else link.leave("blocks");
-      clearTimeout(detailTimer);
-      // Ask Python for hash and tokens only once the pointer rests on a block.
-      if (i >= 0) detailTimer = setTimeout(() => sender.send({ action: "block_detail", block_id: i }), 60);
-    }
-    if (i < 0) { tip.style.display = "none"; hoverNum.style.display = "none"; return; }
-    showHoverNum(i);
-    tip.textContent = describe(i);
-    tip.style.display = "block";
-    kvsPlaceTip(tip, ev);  // a long token list flips and wraps, never past the window's edge
-  });
-  canvas.addEventListener("mouseleave", () => { hover = -1; tip.style.display = "none"; hoverNum.style.display = "none"; link.leave("blocks"); });
-  function showHoverNum(i) {
-    if (labelKind(P.geom.cell) === "full") { hoverNum.style.display = "none"; return; }
-    hoverNum.textContent = String(i);
-    hoverNum.style.display = "block";
-    hoverNum.style.left = `${canvas.offsetLeft + (i % P.geom.ncols) * P.geom.cell + P.geom.cell / 2}px`;
-    const row = Math.floor(i / P.geom.ncols);  // above the cell, or below it on the first row (never clipped)
-    hoverNum.style.top = `${canvas.offsetTop + (row === 0 ? P.geom.cell : row * P.geom.cell)}px`;
-    hoverNum.style.transform = row === 0 ? "translate(-50%, 0)" : "translate(-50%, -100%)";
-  }
-  canvas.addEventListener("click", (ev) => {
-    const i = blockAt(ev);
-    if (i < 0) return;
-    link.pin(blockFocus(i));
-    sender.send({ action: "select_block", block_id: i === model.get("selected") ? -1 : i });
-  });
-
+  const pointer = wirePointer({ P, model, canvas, tip, hoverNum, link, sender, describe, blockFocus });
   function refocus() { P.lit = litBlocks(P, focus); }
   function redrawAll() { readColumns(P, model); refocus(); draw(); drawLegend(); drawTables(); drawDetail(); }
   const poolSoon = kvsBatched(() => { readColumns(P, model); refocus(); draw(); drawLegend(); drawDetail(); });  // detail shows the events
@@ -376,7 +388,7 @@ function render({ model, el }) {
   kvsOnChange(model, KVS_PANELS.blocks.legend, drawLegend);
   kvsOnChange(model, KVS_PANELS.blocks.tables, () => { drawTables(); refocus(); draw(); });
   model.on("change:selected", () => { draw(); drawDetail(); });
-  model.on("change:detail", () => { drawDetail(); if (hover >= 0 && tip.style.display === "block") tip.textContent = describe(hover); });
+  model.on("change:detail", () => { drawDetail(); const i = pointer.hovered(); if (i >= 0 && tip.style.display === "block") tip.textContent = describe(i); });
   focus = link.current();
   redrawAll();
   // The first layout may have no width yet (e.g. an output area still attaching).

@@ -175,3 +175,21 @@ def test_a_frozen_panel_answers_the_same_actions_in_both_languages() -> None:
     common = (WIDGETS_DIR / "_common.js").read_text()
     js = set(re.findall(r'"(\w+)"', re.search(r"^const KVS_FROZEN_ACTIONS = new Set\(\[(.*?)\]\);", common, re.M).group(1)))
     assert js == set(Panel.FROZEN_ACTIONS) == {"block_detail"}
+
+
+FUNCTION_MAX_LINES = 100  # a render past this does several jobs: move one out (its own function, named)
+
+
+def test_no_panel_function_runs_past_the_line_limit() -> None:
+    long = []
+    for path in [*sorted(WIDGETS_DIR.glob("*.js")), WIDGETS_DIR.parent / "explorer" / "export" / "host.js"]:
+        start = name = None
+        for i, line in enumerate(path.read_text().splitlines()):
+            m = re.match(r"(?:async )?function (\w+)\(", line)
+            if m:
+                start, name = i, m.group(1)
+            elif start is not None and line == "}":
+                if i - start + 1 > FUNCTION_MAX_LINES:
+                    long.append(f"{path.name}: {name} ({i - start + 1} lines)")
+                start = None
+    assert long == []

@@ -339,6 +339,7 @@ function wireRebuild(model, ui, knobs, views, act) {
     const lost = runWords(model.get("run_summary") || {});
     if (!lost) { rebuild(false); return; }
     c.text.textContent = `A new engine starts with no history: this run's ${lost} would be discarded.`;
+    c.save.hidden = !(model.get("run_summary") || {}).can_save;  // no HTML export installed: no offer
     c.el.hidden = false;
     c.cancel.focus();
   };

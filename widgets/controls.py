@@ -94,7 +94,8 @@ class ControlsPanel(Panel):
     engine = t.Unicode("").tag(sync=True)        # which engine the panels show ("kvscope", "vLLM 0.32.0"): a badge
     budget = t.Dict({}).tag(sync=True)           # scheduler knobs in force (scrubbed: the shown step's)
     pool = t.Dict({}).tag(sync=True)             # pool knobs (Apply / Reset: a new engine)
-    # What a new engine would discard: {"steps", "requests", "unfinished"} (the rebuild question says it).
+    # What a new engine would discard: {"steps", "requests", "unfinished"} (the rebuild question says it),
+    # and "can_save": whether it can offer to save the run first (an HTML export is installed).
     run_summary = t.Dict({}).tag(sync=True)
     form_defaults = t.Dict({"prompt": "The capital of France is", "max_tokens": 16, "temperature": 0.0,
                             "top_k": 0, "top_p": 1.0, "ignore_eos": False, "seed": None}).tag(sync=True)

@@ -13,7 +13,7 @@
 
 const LAT_COLORS = { ttft: "#fb8c00", itl: "#1e88e5" };
 const LAT_MS = 1000;
-const LABEL_CHARS = 14;      // ids up to this long are drawn whole; longer ones are cut in the middle
+const LABEL_CHARS = 24;      // ids up to this long are drawn whole; longer ones (vLLM's) are cut in the middle
 const CHAR_PX = 6.2;         // width of one 10 px label character, about
 const LABEL_PX = 11;         // height of a label line
 const TILT_DEG = 40;         // long labels are drawn at this angle
@@ -51,24 +51,25 @@ const countText = (/** @type {number} */ v) => (Number.isInteger(v) ? String(v) 
  * An SVG with a title, a y axis from 0 to `vmax` with its title, and an x axis title under
  * `bottom` px of tick labels. Returns the SVG and the y scale.
  * @param {{width: number, bottom: number, title: string, yTitle: string, xTitle: string, vmax: number, testid: string,
- *   ticks?: (v: number) => string}} o
+ *   ticks?: (v: number) => string, left?: number}} o
  */
 function chartFrame(o) {
   const height = TOP + PLOT_H + o.bottom + AXIS_TITLE_H;
+  const left = o.left ?? LEFT;
   const svg = kvsSvg("svg", { width: o.width, height, class: "kvs-lat-chart", "data-testid": o.testid });
   const base = TOP + PLOT_H;
   const y = (/** @type {number} */ v) => base - (v / o.vmax) * PLOT_H;
-  svg.append(kvsSvg("text", { x: LEFT, y: 14, class: "kvs-lat-title" }, o.title));
-  svg.append(kvsSvg("line", { x1: LEFT, x2: LEFT, y1: TOP, y2: base, class: "kvs-lat-axis-line" }));
-  svg.append(kvsSvg("line", { x1: LEFT, x2: o.width - RIGHT, y1: base, y2: base, class: "kvs-lat-axis-line" }));
+  svg.append(kvsSvg("text", { x: left, y: 14, class: "kvs-lat-title" }, o.title));
+  svg.append(kvsSvg("line", { x1: left, x2: left, y1: TOP, y2: base, class: "kvs-lat-axis-line" }));
+  svg.append(kvsSvg("line", { x1: left, x2: o.width - RIGHT, y1: base, y2: base, class: "kvs-lat-axis-line" }));
   const ticks = o.ticks || tickText;
   for (const v of [0, o.vmax / 2, o.vmax]) {
     const text = ticks(v);
-    if (text) svg.append(kvsSvg("text", { x: LEFT - 4, y: y(v) + 3, "text-anchor": "end", class: "kvs-lat-axis" }, text));
+    if (text) svg.append(kvsSvg("text", { x: left - 4, y: y(v) + 3, "text-anchor": "end", class: "kvs-lat-axis" }, text));
   }
   svg.append(kvsSvg("text", { x: 12, y: TOP + PLOT_H / 2, "text-anchor": "middle", class: "kvs-lat-axis-title",
     transform: `rotate(-90 12 ${TOP + PLOT_H / 2})` }, o.yTitle));
-  svg.append(kvsSvg("text", { x: LEFT + (o.width - LEFT - RIGHT) / 2, y: height - 4, "text-anchor": "middle",
+  svg.append(kvsSvg("text", { x: left + (o.width - left - RIGHT) / 2, y: height - 4, "text-anchor": "middle",
     class: "kvs-lat-axis-title" }, o.xTitle));
   return { svg, y, base };
 }
@@ -84,13 +85,15 @@ function perRequestChart(o) {
   let slot = Math.max(MIN_SLOT_PX, (o.width - LEFT - RIGHT) / n);
   const tilt = labelPx > slot - 6;
   if (!tilt) slot = Math.max(slot, labelPx + 6);
-  const width = Math.max(o.width, LEFT + RIGHT + n * slot);
+  // A tilted first label reaches left of its column: the plot starts far enough right to hold it.
+  const left = tilt ? Math.max(LEFT, Math.ceil(labelPx * TILT_COS - slot / 2) + 24) : LEFT;
+  const width = Math.max(o.width, left + RIGHT + n * slot);
   const bottom = tilt ? Math.ceil(labelPx * TILT_SIN + LABEL_PX * TILT_COS) + 8 : LABEL_PX + 8;
   const vmax = Math.max(1e-6, ...o.columns.flatMap((c) => c.values));
   const { svg, y, base } = chartFrame({ width, bottom, title: o.title, yTitle: `ms (${o.clock})`, xTitle: "request",
-    vmax, testid: o.testid });
+    vmax, testid: o.testid, left });
   o.columns.forEach((c, k) => {
-    const x = LEFT + k * slot, mid = x + slot / 2;
+    const x = left + k * slot, mid = x + slot / 2;
     if (o.kind === "bar" && c.values.length) {
       const bar = kvsSvg("rect", { x: x + slot * 0.15, y: y(c.values[0]), width: Math.max(1, slot * 0.7),
         height: base - y(c.values[0]), fill: o.color });
@@ -109,10 +112,11 @@ function perRequestChart(o) {
       svg.append(line);
     }
     const ly = base + LABEL_PX + 2;
-    const label = kvsSvg("text", tilt
+    // The whole id on hover (a <title> beside the label: the label's own text stays the label).
+    const label = kvsSvg("g", { class: "kvs-lat-label" }, null);
+    label.append(kvsSvg("title", {}, `#${c.full}`), kvsSvg("text", tilt
       ? { x: mid, y: ly, "text-anchor": "end", class: "kvs-lat-axis kvs-lat-tick", transform: `rotate(${-TILT_DEG} ${mid} ${ly})` }
-      : { x: mid, y: ly, "text-anchor": "middle", class: "kvs-lat-axis kvs-lat-tick" }, c.label);
-    label.append(kvsSvg("title", {}, `#${c.full}`));
+      : { x: mid, y: ly, "text-anchor": "middle", class: "kvs-lat-axis kvs-lat-tick" }, c.label));
     svg.append(label);
   });
   return svg;

@@ -26,7 +26,8 @@ class LatencyPanel(Panel):
     on and `clock_note` says what it counts: kvscope's and in-process vLLM's engine clock
     advances only while a step executes (pauses and manual stepping do not count); a live
     server's times are its own request times. Every request is labelled on the per-request
-    charts (a long id cut in the middle, whole in its hover text); with many requests the
+    charts (an id over 24 characters, as vLLM names them, cut in the middle; whole in its hover
+    text); with many requests the
     chart grows wider than its box, which then scrolls.
     """
 

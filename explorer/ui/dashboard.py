@@ -24,7 +24,7 @@ import widgets
 from engine.config import SCHEDULER_KNOBS
 from widgets.attention import prepare_probe
 
-from . import captions, fixes, presets, tp_view, views
+from . import captions, fixes, presets, run_writer, tp_view, views
 from ..core.engine_protocol import read_only_reason
 
 _log = logging.getLogger(__name__)
@@ -181,7 +181,7 @@ class SessionBinder:
             "caption": self._captions.caption(history, index),
             "chat_template_available": presets.has_chat_template(getattr(self.session.engine, "tokenizer", None)),
             "read_only": read_only_reason(self.session.engine),
-            "run_summary": views.run_summary(history),
+            "run_summary": {**views.run_summary(history), "can_save": run_writer.WRITER is not None},
         })
 
     def _render_sampler(self, snapshot: dict) -> None:
@@ -433,14 +433,17 @@ class SessionBinder:
             self.panels["controls"].notice = note
 
     def save_run(self) -> Path:
-        """The Session's run as one HTML export in `save_dir` (a new file name each time)."""
+        """The Session's run as one HTML export in `save_dir` (a new file name each time), by
+        the installed writer (explorer.export's export_html; explorer.ui.run_writer)."""
+        if run_writer.WRITER is None:
+            raise ValueError("no run writer is installed: import explorer.export (explorer's Dashboard does)")
         stamp = time.strftime("%Y%m%d-%H%M%S")
         path = Path(self.save_dir) / f"kvscope-run-{stamp}.html"
         n = 1
         while path.exists():
             n += 1
             path = path.with_name(f"kvscope-run-{stamp}-{n}.html")
-        self.session.export_html(path)
+        run_writer.WRITER(self.session, path)
         return path
 
     def scrub(self, index: int | None) -> None:

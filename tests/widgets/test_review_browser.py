@@ -10,6 +10,7 @@ from typing import Any, Iterator
 
 import pytest
 
+from explorer.export import export_html  # also installs the Dashboard's run writer
 from explorer.ui.dashboard import SessionBinder
 
 from .conftest import BASE_CONFIG
@@ -320,7 +321,7 @@ def test_ttft_itl_charts_label_every_request_and_nothing_overlaps(browser: Any, 
         assert "engine clock" not in page.inner_text('[data-testid="kvs-latency"]')
         assert front.errors() == []
         # The export draws the same charts with the same module: every request labelled there too.
-        path = s.export_html(tmp_path / "run.html").path
+        path = export_html(s, tmp_path / "run.html").path
         page.goto(path.resolve().as_uri())
         page.wait_for_function("() => document.body.dataset.ready === 'true'", timeout=30_000)
         ticks = page.locator('[data-testid="kvs-lat-itl"] .kvs-lat-tick').all_text_contents()

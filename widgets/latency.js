@@ -85,8 +85,10 @@ function perRequestChart(o) {
   let slot = Math.max(MIN_SLOT_PX, (o.width - LEFT - RIGHT) / n);
   const tilt = labelPx > slot - 6;
   if (!tilt) slot = Math.max(slot, labelPx + 6);
-  // A tilted first label reaches left of its column: the plot starts far enough right to hold it.
-  const left = tilt ? Math.max(LEFT, Math.ceil(labelPx * TILT_COS - slot / 2) + 24) : LEFT;
+  // A tilted first label reaches left of its column: the plot starts far enough right to hold it,
+  // and the columns share what is left of the box.
+  const left = tilt ? Math.max(LEFT, Math.ceil(labelPx * TILT_COS - MIN_SLOT_PX / 2) + 24) : LEFT;
+  if (tilt) slot = Math.max(MIN_SLOT_PX, (o.width - left - RIGHT) / n);
   const width = Math.max(o.width, left + RIGHT + n * slot);
   const bottom = tilt ? Math.ceil(labelPx * TILT_SIN + LABEL_PX * TILT_COS) + 8 : LABEL_PX + 8;
   const vmax = Math.max(1e-6, ...o.columns.flatMap((c) => c.values));

@@ -126,13 +126,12 @@ def save_readme_picture(page, dash, step_btn) -> None:
 def start_lines(page, ready) -> list[str]:
     """Every text vLLM's start-up line showed while it ran (sampled every 200 ms until `ready`)."""
     seen: list[str] = []
-    line = page.locator('[data-testid="kvs-vllm-start"][data-running="true"]')
+    read = "() => document.querySelector('[data-testid=kvs-vllm-start][data-running=true]')?.innerText || ''"
     deadline = time.monotonic() + DASHBOARD_TIMEOUT_MS / 1000
     while time.monotonic() < deadline and not ready.is_visible():
-        if line.count():
-            text = line.first.inner_text()
-            if text and (not seen or seen[-1] != text):
-                seen.append(text)
+        text = page.evaluate(read)  # no wait: the line may finish between two looks
+        if text and (not seen or seen[-1] != text):
+            seen.append(text)
         page.wait_for_timeout(200)
     return seen
 

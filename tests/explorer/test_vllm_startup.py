@@ -78,10 +78,13 @@ def test_a_notebooks_progress_bar_is_console_text_in_the_log_while_vllm_starts()
     # In a notebook tqdm.auto is tqdm.notebook's widget bar, which IPython displays in the cell,
     # past any capture; vLLM's weight loader binds it at import (`from tqdm.auto import tqdm`).
     script = textwrap.dedent("""
-        import sys, types, tqdm.auto, tqdm.notebook, tqdm.std
-        tqdm.auto.tqdm = tqdm.notebook.tqdm                  # what tqdm.autonotebook picks in a kernel
+        import sys, types, tqdm.asyncio, tqdm.auto, tqdm.notebook, tqdm.std
+        class kernel_bar(tqdm.notebook.tqdm, tqdm.asyncio.tqdm):  # tqdm.auto's class in a kernel
+            pass
+        kernel_bar.__module__ = "tqdm.auto"
+        tqdm.auto.tqdm = kernel_bar
         early = types.ModuleType("vllm.model_executor.early")  # a vLLM module imported before
-        early.tqdm = tqdm.notebook.tqdm
+        early.tqdm = kernel_bar
         sys.modules[early.__name__] = early
         from explorer.drivers.vllm.startup import StartupLog
         with StartupLog("vLLM 0.32.0") as s:
@@ -89,7 +92,7 @@ def test_a_notebooks_progress_bar_is_console_text_in_the_log_while_vllm_starts()
             assert bar is tqdm.std.tqdm and early.tqdm is tqdm.std.tqdm
             for _ in bar(range(2), desc="Loading safetensors checkpoint shards"):
                 pass
-        assert tqdm.auto.tqdm is tqdm.notebook.tqdm and early.tqdm is tqdm.notebook.tqdm  # put back
+        assert tqdm.auto.tqdm is kernel_bar and early.tqdm is kernel_bar  # put back
         print("LOG", "Loading safetensors checkpoint shards: 100%" in s.log_text)
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)

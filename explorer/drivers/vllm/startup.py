@@ -153,7 +153,8 @@ class StartupLog:
         modules = [tqdm.auto, *(m for n, m in list(sys.modules.items()) if n.startswith("vllm.") and m is not None)]
         for module in modules:
             bar = getattr(module, "tqdm", None)
-            if isinstance(bar, type) and bar is not tqdm.std.tqdm and bar.__module__.startswith("tqdm.notebook"):
+            # In a kernel tqdm.auto's class mixes tqdm.notebook's widget bar into the asyncio one.
+            if isinstance(bar, type) and any(c.__module__ == "tqdm.notebook" for c in bar.__mro__):
                 self._bars.append((module, bar))
                 module.tqdm = tqdm.std.tqdm
 

@@ -103,7 +103,8 @@ def test_slider_keys_stay_in_the_widget_and_panels_follow_the_window(tmp_path, l
     page.set_viewport_size({"width": 1920, "height": 1080})
     page.wait_for_function(f"(w) => ({WIDTHS_JS})().holder > w + 300", arg=small["holder"], timeout=30_000)
     large = widths_follow(page)
-    assert large["chart"] > small["chart"] + 300 and large["plot"] > small["plot"] + 300, (small, large)
+    # The latency charts sit two by two: each grows with its half of the panel.
+    assert large["chart"] > small["chart"] + 300 and large["plot"] > small["plot"] * 1.4, (small, large)
     save_screenshot(page, "lab-keys-1920x1080")
     kvs_errors = [e for e in page.console_errors if "kvs" in e.lower()]
     assert kvs_errors == [], kvs_errors

@@ -169,13 +169,16 @@ function kvsRoot(el, model, testid, extraClass = "") {
   const frozen = () => !!model.get("frozen");
   const sync = () => {
     root.dataset.step = String(model.get("step"));
+    // The step the Dashboard shows (a Pause holds it there: follow.js).
+    kvsLinkBus(/** @type {string} */ (model.get("link_group")) || "kvs-default").shown = Number(model.get("step"));
     root.dataset.live = model.get("live") ? "true" : "false";
     root.dataset.frozen = frozen() ? "true" : "false";
     badge.textContent = `frozen at step ${model.get("step")}`;
     badge.title = "a still: this picture no longer follows the session, and clicks on it do nothing";
   };
   sync();
-  for (const k of ["step", "live", "frozen"]) model.on(`change:${k}`, sync);
+  const heldSync = kvsHeldOr(model, sync);
+  for (const k of ["step", "live", "frozen"]) model.on(`change:${k}`, heldSync);
   for (const type of KVS_FROZEN_EVENTS) {
     root.addEventListener(type, (e) => { if (frozen()) { e.stopImmediatePropagation(); e.preventDefault(); } }, true);
   }
@@ -229,10 +232,42 @@ function kvsSender(model, onPendingChange = (_pending) => {}) {
 }
 
 // Redraw on the fields a panel's state part sends (KVS_PANELS, generated from the panel's state
-// classes in widgets/<panel>.py), and on any further traits named here (step, frozen, ...).
-/** @param {KvsModel} model @param {readonly string[]} fields @param {() => void} handler @param {string[]} [more] */
-function kvsOnChange(model, fields, handler, more = []) {
-  for (const k of [...fields, ...more]) model.on(`change:${k}`, handler);
+// classes in widgets/<panel>.py), and on any further traits named here (step, frozen, ...). While
+// the Dashboard is held (kvsHold), a redraw waits, and runs once when the hold is released;
+// `whileHeld` redraws at once even then (the Follow panel, which says it is pausing).
+/**
+ * @param {KvsModel} model @param {readonly string[]} fields @param {() => void} handler
+ * @param {string[]} [more] @param {boolean} [whileHeld]
+ */
+function kvsOnChange(model, fields, handler, more = [], whileHeld = false) {
+  const guarded = whileHeld ? handler : kvsHeldOr(model, handler);
+  for (const k of [...fields, ...more]) model.on(`change:${k}`, guarded);
+}
+
+// ---- holding a Dashboard at the step it shows ---------------------------------------------
+// Pause on a live server's Follow panel must act at once, even while the kernel runs a cell (it
+// hears the click only when that cell ends, and steps keep arriving from its follow thread). So
+// the browser holds every panel of the Dashboard at the step shown at the click: their redraws
+// wait; the kernel then shows that step and pauses, and the hold is released (follow.js).
+/** @param {KvsModel} model @param {() => void} handler */
+function kvsHeldOr(model, handler) {
+  return () => {
+    const bus = kvsLinkBus(/** @type {string} */ (model.get("link_group")) || "kvs-default");
+    if (bus.held !== null) bus.deferred.add(handler);
+    else handler();
+  };
+}
+/** @param {KvsModel} model @param {number} step */
+function kvsHold(model, step) {
+  kvsLinkBus(/** @type {string} */ (model.get("link_group")) || "kvs-default").held = step;
+}
+/** @param {KvsModel} model */
+function kvsRelease(model) {
+  const bus = kvsLinkBus(/** @type {string} */ (model.get("link_group")) || "kvs-default");
+  bus.held = null;
+  const waiting = [...bus.deferred];
+  bus.deferred.clear();
+  for (const redraw of waiting) redraw();
 }
 
 // One redraw for many trait changes: a step's message sets several traits at once, each
@@ -258,8 +293,8 @@ function kvsBatched(fn) {
 /** @param {string} group */
 function kvsLinkBus(group) {
   const all = (window.__kvsLinks = window.__kvsLinks || new Map());
-  if (!all.has(group)) all.set(group, { hover: null, pinned: null, listeners: new Set() });
-  return /** @type {{hover: ?KvsFocus, pinned: ?KvsFocus, listeners: Set<(f: ?KvsFocus) => void>}} */ (all.get(group));
+  if (!all.has(group)) all.set(group, { hover: null, pinned: null, listeners: new Set(), held: null, deferred: new Set() });
+  return /** @type {KvsLinkBus} */ (all.get(group));
 }
 /** @param {KvsModel} model @param {(f: ?KvsFocus) => void} onFocus */
 function kvsLink(model, onFocus) {

@@ -122,7 +122,8 @@ const KVS_PANELS = {
   "draw": [
    "following",
    "status",
-   "tree"
+   "tree",
+   "parked_at"
   ]
  }
 };

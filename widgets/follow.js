@@ -3,8 +3,14 @@
 
 /**
  * The traits this panel reads (widgets/follow.py): `following` (Follow or Pause), `status`
- * (LiveSession.feed_status(): the feed's counters, the last rejection, the rebased count) and
- * `tree` (vLLM's prefix cache from its KV events: {roots, num_blocks, counters}).
+ * (Session.feed_status(): the feed's counters, the last rejection, the rebased count), `tree`
+ * (vLLM's prefix cache from its KV events: {roots, num_blocks, counters}) and `parked_at` (the
+ * step the view is scrubbed back to while following, or null).
+ *
+ * Pause holds the Dashboard's panels at the step they show at once, in the browser (kvsHold):
+ * the kernel may be running a cell and hear the click only when it ends, while its follow thread
+ * keeps applying steps. It then shows that step and pauses; `following` turning false releases
+ * the hold. Follow releases it and returns the view to the latest step.
  */
 
 /** @param {KvsRenderContext} ctx */
@@ -18,7 +24,21 @@ function render({ model, el }) {
   const tree = kvsEl("div", { class: "kvs-tree", "data-testid": "kvs-follow-tree" });
   root.append(kvsEl("div", { class: "kvs-title" }, ["Live vLLM server"]),
               kvsEl("div", { class: "kvs-follow-bar" }, [button, state, stats]), notes, tree);
-  button.addEventListener("click", () => sender.send({ action: model.get("following") ? "pause" : "follow" }));
+  /** @type {?number} */
+  let pausingAt = null;   // Pause clicked, the kernel has not answered yet: the panels are held here
+  button.addEventListener("click", () => {
+    if (model.get("following") && pausingAt === null) {
+      const shown = kvsLinkBus(/** @type {string} */ (model.get("link_group")) || "kvs-default").shown;
+      pausingAt = shown ?? Number(model.get("step"));
+      kvsHold(model, pausingAt);
+      sender.send({ action: "pause", at_step: pausingAt });
+    } else {
+      pausingAt = null;
+      kvsRelease(model);
+      sender.send({ action: "follow" });
+    }
+    draw();
+  });
 
   function node(n) {
     const label = [kvsEl("span", { text: n.key, title: `${n.num_tokens} tokens; stored ${n.stored}x` }),
@@ -32,8 +52,15 @@ function render({ model, el }) {
 
   function draw() {
     const on = model.get("following"), s = model.get("status") || {}, sv = s.server || {};
-    button.textContent = on ? "Pause" : "Follow";
-    state.textContent = on ? "following" : `paused${s.pending ? ` (${s.pending} steps waiting)` : ""}`;
+    if (!on && pausingAt !== null) {  // the kernel paused: the panels now show the held step
+      pausingAt = null;
+      kvsRelease(model);
+    }
+    const parked = model.get("parked_at");
+    button.textContent = on && pausingAt === null ? "Pause" : "Follow";
+    state.textContent = pausingAt !== null ? `pausing at step ${pausingAt}\u2026 (held here; the kernel is busy)`
+      : on ? (parked == null ? "following" : `following; the view is parked at step ${parked}: Live shows the latest`)
+        : `paused${s.pending ? ` (${s.pending} steps waiting)` : ""}`;
     const lost = (s.missed || 0) + (s.dropped_here || 0);
     stats.replaceChildren(
       kvsEl("span", { text: `${s.engine || "vLLM"} at ${s.address || "?"} · run ${(s.run_id || "").slice(0, 8)} · applied ${s.applied || 0}` }),
@@ -54,7 +81,7 @@ function render({ model, el }) {
                            kvsEl("ul", {}, t.roots.map(node)));
     }
   }
-  kvsOnChange(model, KVS_PANELS.follow.draw, draw);
+  kvsOnChange(model, KVS_PANELS.follow.draw, draw, [], true);  // redraws while held: it says it is pausing
   draw();
 }
 

@@ -11,10 +11,12 @@ from ._base import Panel, bundle_css, bundle_esm
 
 
 class FollowState(TypedDict):
-    """What explorer.ui.follow_view sets: following or paused, the feed's counters, the tree."""
+    """What explorer.ui.follow_view sets: following or paused, the feed's counters, the tree, and
+    the step the Dashboard's view is parked at while it follows (None: it shows the latest)."""
     following: bool
     status: dict
     tree: dict
+    parked_at: int | None
 
 
 class FollowPanel(Panel):
@@ -22,7 +24,9 @@ class FollowPanel(Panel):
     ``{address, engine, run_id, seq, pending, applied, missed, dropped_here, rejected,
     last_rejection, server: {published, unobserved, errors}, notes: [str]}``.
     `tree` is ``{roots: [{key, num_tokens, text, stored, hits, orphan, children}], num_blocks,
-    counters}`` or {} without KV events. Browser actions: ``follow``, ``pause``."""
+    counters}`` or {} without KV events. `parked_at`: the step the other panels show while the
+    session follows (scrubbed back), or None. Browser actions: ``follow``, and ``pause
+    {at_step}`` (the step the browser held the panels at when Pause was clicked)."""
 
     PARTS = {"draw": FollowState}
     _esm = bundle_esm("follow.js")
@@ -31,3 +35,4 @@ class FollowPanel(Panel):
     following = t.Bool(False).tag(sync=True)
     status = t.Dict({}).tag(sync=True)
     tree = t.Dict({}).tag(sync=True)
+    parked_at = t.Int(None, allow_none=True).tag(sync=True)

@@ -26,9 +26,22 @@ interface KvsFocus {
   tokens?: Array<[string, number]> | null;
 }
 
+/** One Dashboard's channel (_common.js kvsLinkBus): linked highlighting, and a hold on redraws. */
+interface KvsLinkBus {
+  hover: KvsFocus | null;
+  pinned: KvsFocus | null;
+  listeners: Set<(f: KvsFocus | null) => void>;
+  /** The step the panels are held at (the Follow panel's Pause, before the kernel heard it), or null. */
+  held: number | null;
+  /** The step the panels drew last. */
+  shown?: number;
+  /** Redraws that came while held: run once, when released. */
+  deferred: Set<() => void>;
+}
+
 interface Window {
-  /** The linked-highlighting channels of every Dashboard on the page, by link_group. */
-  __kvsLinks?: Map<string, { hover: KvsFocus | null; pinned: KvsFocus | null; listeners: Set<(f: KvsFocus | null) => void> }>;
+  /** The channels of every Dashboard on the page, by link_group. */
+  __kvsLinks?: Map<string, KvsLinkBus>;
   /** An export page's decoded steps and host, for tests (explorer/export/host.js). */
   kvsExport?: object;
 }

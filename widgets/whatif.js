@@ -1,3 +1,4 @@
+// @ts-check
 // What-if: the recorded run (a) and a variant (b) side by side, one slider for both, the first
 // step where they part marked on the strip and said in words above it. Everything is drawn from
 // the synced traits: moving the slider needs no round trip to Python.
@@ -14,6 +15,67 @@ const WHATIF_PART_COLOR = "#c62828";
  */
 
 function whatifRow(s) { return `${s[0]}|${s[1]}|${s[2]}|${s[3]}`; }
+
+/** The KV-usage strip of both runs, the parting's mark and the step shown. */
+function whatifStrip(model, strip, n) {
+  const S = model.get("steps") || {}, i = model.get("index"), p = model.get("parting") || {};
+  const w = Math.max(200, strip.clientWidth || 600);
+  const x = (k) => WHATIF_PAD + (n > 1 ? (k / (n - 1)) * (w - 2 * WHATIF_PAD) : 0);
+  const y = (u) => WHATIF_STRIP_H - WHATIF_PAD - u * (WHATIF_STRIP_H - 2 * WHATIF_PAD);
+  const svg = kvsSvg("svg", { width: w, height: WHATIF_STRIP_H, role: "img",
+                             "aria-label": "KV usage per step of both runs" });
+  for (const k of WHATIF_RUNS) {
+    const run = S[k];
+    if (!run || !run.kv_usage.length) continue;
+    svg.append(kvsSvg("polyline", { points: run.kv_usage.map((u, j) => `${x(j).toFixed(1)},${y(u).toFixed(1)}`).join(" "),
+                                    fill: "none", stroke: WHATIF_LINE[k], "stroke-width": 1.5, "data-run": k }));
+  }
+  if (p.index !== undefined) {
+    const mark = kvsSvg("line", { x1: x(p.index), x2: x(p.index), y1: 0, y2: WHATIF_STRIP_H, stroke: WHATIF_PART_COLOR,
+                                  "stroke-width": 2, "stroke-dasharray": "4 2", "data-testid": "kvs-whatif-mark" });
+    mark.append(kvsSvg("title", {}, `they part here: ${p.text}`));
+    svg.append(mark);
+  }
+  if (n) svg.append(kvsSvg("line", { x1: x(i), x2: x(i), y1: 0, y2: WHATIF_STRIP_H, stroke: "#111", "stroke-width": 1 }));
+  const legend = kvsEl("div", { class: "kvs-sub" }, ["KV usage per step: ",
+    ...WHATIF_RUNS.map((k) => kvsEl("span", { style: { color: WHATIF_LINE[k] }, text: `\u2014 ${((model.get("runs") || {})[k] || {}).label || k}  ` })),
+    p.index !== undefined ? kvsEl("span", { style: { color: WHATIF_PART_COLOR }, text: "\u2506 first parting" }) : ""]);
+  strip.replaceChildren(svg, legend);
+}
+
+/** One run's step `i`: its schedule (rows the other run lacks marked), KV usage, queues. */
+function whatifRun(model, view, k, other, i) {
+  const S = model.get("steps") || {}, run = S[k], R = (model.get("runs") || {})[k] || {};
+  if (!run || i >= run.step.length) {
+    view.replaceChildren(kvsEl("div", { class: "kvs-whatif-label", text: R.label || k }),
+                         kvsEl("div", { class: "kvs-muted", text: "no step here: this run ended earlier" }));
+    view.dataset.step = "";
+    return;
+  }
+  const mine = run.scheduled[i];
+  const theirs = new Set(other && i < other.step.length ? other.scheduled[i].map(whatifRow) : []);
+  const time = run.time[i] === null || run.time[i] === undefined ? "" : ` \u00b7 t=${run.time[i].toFixed(3)} s`;
+  const usage = run.kv_usage[i];
+  const bar = kvsEl("div", { class: "kvs-whatif-kv", title: `KV usage ${(100 * usage).toFixed(0)}%` },
+                    [kvsEl("div", { style: { width: `${(100 * usage).toFixed(1)}%`, background: WHATIF_LINE[k] } })]);
+  const rows = mine.map((s) => kvsEl("tr", { class: theirs.has(whatifRow(s)) ? "" : "kvs-whatif-diff", "data-request": s[0] }, [
+    kvsEl("td", {}, [kvsEl("span", { class: "kvs-chip", style: { background: kvsColor(s[0], true) }, text: s[0] })]),
+    kvsEl("td", { text: s[4] }), kvsEl("td", { text: s[1] }), kvsEl("td", { text: s[2] }),
+    kvsEl("td", { text: s[3] || "" })]));
+  const table = kvsEl("table", { class: "kvs-whatif-table" }, [
+    kvsEl("tr", {}, ["request", "", "tokens", "from", "prefix hit"].map((h) => kvsEl("th", { text: h }))), ...rows]);
+  const pre = run.preempted[i].map(([v, f]) => kvsEl("div", { class: "kvs-whatif-preempt", "data-testid": "kvs-whatif-preempted",
+    text: `req ${v} preempted${f && f !== v ? ` for req ${f}` : ""}` }));
+  const fin = run.finished[i].length ? kvsEl("div", { class: "kvs-sub", text: `finished: ${run.finished[i].join(", ")}` }) : "";
+  view.replaceChildren(
+    kvsEl("div", { class: "kvs-whatif-label" }, [kvsEl("span", { style: { color: WHATIF_LINE[k] }, text: "\u25a0 " }), R.label || k]),
+    kvsEl("div", { class: "kvs-sub", "data-testid": `kvs-whatif-${k}-step`, text: `step ${run.step[i]}${time}` }),
+    bar,
+    kvsEl("div", { class: "kvs-sub", text: `${run.free_blocks[i]} free blocks \u00b7 ${run.num_running[i]} running \u00b7 ${run.num_waiting[i]} waiting` }),
+    mine.length ? table : kvsEl("div", { class: "kvs-muted", text: "nothing scheduled" }), ...pre, fin,
+    run.waiting[i].length ? kvsEl("div", { class: "kvs-sub", text: `waiting: ${run.waiting[i].join(", ")}` }) : "");
+  view.dataset.step = String(run.step[i]);
+}
 
 function render({ model, el }) {
   const root = kvsRoot(el, model, "kvs-whatif");
@@ -50,66 +112,6 @@ function render({ model, el }) {
     go(Math.round(((ev.clientX - box.left - WHATIF_PAD) / Math.max(1, box.width - 2 * WHATIF_PAD)) * (count() - 1)));
   });
 
-  function drawStrip() {
-    const S = model.get("steps") || {}, n = count(), i = model.get("index"), p = model.get("parting") || {};
-    const w = Math.max(200, strip.clientWidth || 600);
-    const x = (k) => WHATIF_PAD + (n > 1 ? (k / (n - 1)) * (w - 2 * WHATIF_PAD) : 0);
-    const y = (u) => WHATIF_STRIP_H - WHATIF_PAD - u * (WHATIF_STRIP_H - 2 * WHATIF_PAD);
-    const svg = kvsSvg("svg", { width: w, height: WHATIF_STRIP_H, role: "img",
-                               "aria-label": "KV usage per step of both runs" });
-    for (const k of WHATIF_RUNS) {
-      const run = S[k];
-      if (!run || !run.kv_usage.length) continue;
-      svg.append(kvsSvg("polyline", { points: run.kv_usage.map((u, j) => `${x(j).toFixed(1)},${y(u).toFixed(1)}`).join(" "),
-                                      fill: "none", stroke: WHATIF_LINE[k], "stroke-width": 1.5, "data-run": k }));
-    }
-    if (p.index !== undefined) {
-      const mark = kvsSvg("line", { x1: x(p.index), x2: x(p.index), y1: 0, y2: WHATIF_STRIP_H, stroke: WHATIF_PART_COLOR,
-                                    "stroke-width": 2, "stroke-dasharray": "4 2", "data-testid": "kvs-whatif-mark" });
-      mark.append(kvsSvg("title", {}, `they part here: ${p.text}`));
-      svg.append(mark);
-    }
-    if (n) svg.append(kvsSvg("line", { x1: x(i), x2: x(i), y1: 0, y2: WHATIF_STRIP_H, stroke: "#111", "stroke-width": 1 }));
-    const legend = kvsEl("div", { class: "kvs-sub" }, ["KV usage per step: ",
-      ...WHATIF_RUNS.map((k) => kvsEl("span", { style: { color: WHATIF_LINE[k] }, text: `\u2014 ${((model.get("runs") || {})[k] || {}).label || k}  ` })),
-      p.index !== undefined ? kvsEl("span", { style: { color: WHATIF_PART_COLOR }, text: "\u2506 first parting" }) : ""]);
-    strip.replaceChildren(svg, legend);
-  }
-
-  function drawRun(k, other, i) {
-    const S = model.get("steps") || {}, run = S[k], R = (model.get("runs") || {})[k] || {};
-    const view = views[k];
-    if (!run || i >= run.step.length) {
-      view.replaceChildren(kvsEl("div", { class: "kvs-whatif-label", text: R.label || k }),
-                           kvsEl("div", { class: "kvs-muted", text: "no step here: this run ended earlier" }));
-      view.dataset.step = "";
-      return;
-    }
-    const mine = run.scheduled[i];
-    const theirs = new Set(other && i < other.step.length ? other.scheduled[i].map(whatifRow) : []);
-    const time = run.time[i] === null || run.time[i] === undefined ? "" : ` \u00b7 t=${run.time[i].toFixed(3)} s`;
-    const usage = run.kv_usage[i];
-    const bar = kvsEl("div", { class: "kvs-whatif-kv", title: `KV usage ${(100 * usage).toFixed(0)}%` },
-                      [kvsEl("div", { style: { width: `${(100 * usage).toFixed(1)}%`, background: WHATIF_LINE[k] } })]);
-    const rows = mine.map((s) => kvsEl("tr", { class: theirs.has(whatifRow(s)) ? "" : "kvs-whatif-diff", "data-request": s[0] }, [
-      kvsEl("td", {}, [kvsEl("span", { class: "kvs-chip", style: { background: kvsColor(s[0], true) }, text: s[0] })]),
-      kvsEl("td", { text: s[4] }), kvsEl("td", { text: s[1] }), kvsEl("td", { text: s[2] }),
-      kvsEl("td", { text: s[3] || "" })]));
-    const table = kvsEl("table", { class: "kvs-whatif-table" }, [
-      kvsEl("tr", {}, ["request", "", "tokens", "from", "prefix hit"].map((h) => kvsEl("th", { text: h }))), ...rows]);
-    const pre = run.preempted[i].map(([v, f]) => kvsEl("div", { class: "kvs-whatif-preempt", "data-testid": "kvs-whatif-preempted",
-      text: `req ${v} preempted${f && f !== v ? ` for req ${f}` : ""}` }));
-    const fin = run.finished[i].length ? kvsEl("div", { class: "kvs-sub", text: `finished: ${run.finished[i].join(", ")}` }) : "";
-    view.replaceChildren(
-      kvsEl("div", { class: "kvs-whatif-label" }, [kvsEl("span", { style: { color: WHATIF_LINE[k] }, text: "\u25a0 " }), R.label || k]),
-      kvsEl("div", { class: "kvs-sub", "data-testid": `kvs-whatif-${k}-step`, text: `step ${run.step[i]}${time}` }),
-      bar,
-      kvsEl("div", { class: "kvs-sub", text: `${run.free_blocks[i]} free blocks \u00b7 ${run.num_running[i]} running \u00b7 ${run.num_waiting[i]} waiting` }),
-      mine.length ? table : kvsEl("div", { class: "kvs-muted", text: "nothing scheduled" }), ...pre, fin,
-      run.waiting[i].length ? kvsEl("div", { class: "kvs-sub", text: `waiting: ${run.waiting[i].join(", ")}` }) : "");
-    view.dataset.step = String(run.step[i]);
-  }
-
   const draw = kvsBatched(() => {
     const R = model.get("runs") || {}, S = model.get("steps") || {}, p = model.get("parting") || {};
     const n = count(), i = Math.min(model.get("index"), Math.max(0, n - 1));
@@ -126,13 +128,13 @@ function render({ model, el }) {
       parting.replaceChildren(n ? "The two runs never part: the same schedule at every step." : "");
       jump.style.display = "none";
     }
-    drawRun("a", S.b, i);
-    drawRun("b", S.a, i);
-    drawStrip();
+    whatifRun(model, views.a, "a", S.b, i);
+    whatifRun(model, views.b, "b", S.a, i);
+    whatifStrip(model, strip, n);
     notes.replaceChildren(...(model.get("notes") || []).map((t) => kvsEl("div", { text: t })));
   });
   for (const k of ["runs", "steps", "parting", "index", "notes"]) model.on(`change:${k}`, draw);
-  if (typeof ResizeObserver !== "undefined") new ResizeObserver(() => drawStrip()).observe(strip);
+  if (typeof ResizeObserver !== "undefined") new ResizeObserver(() => whatifStrip(model, strip, count())).observe(strip);
   draw();
 }
 

@@ -214,6 +214,9 @@ class RecordedSteps:
 
 @dataclass
 class Recording:
+    """A recorded run: its scheduler settings, where it came from, its requests and its steps
+    (docs/whatif.md has the file format)."""
+
     settings: Settings
     source: Source
     requests: list[RecordedRequest]

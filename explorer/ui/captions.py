@@ -164,9 +164,10 @@ class _Step:
             return "nothing was scheduled"
         if not self.sched:
             parts.insert(0, "nothing was scheduled")
-        source = BATCH_SOURCE_WORDS.get(str(self.rec.get(REC.BATCH_SOURCE) or ""))
-        if source and self.sched:  # the feed's batch is not the runner's own: say so with it
-            parts.append(f"slot mapping {source[0]}")
+        if self.rec.get(REC.BATCH_SOURCE) == "scheduler" and self.sched:
+            # a live feed's batch is not the runner's own but derived: say so with it (an engine's own
+            # batch, read from its runner, needs no word: the panel's badge names it)
+            parts.append(f"slot mapping {BATCH_SOURCE_WORDS['scheduler'][0]}")
         return "; ".join(parts)
 
     def prefill_text(self, s: dict, left: int) -> str:

@@ -443,6 +443,14 @@ class SessionBinder:
         run_writer.WRITER(self.session, path)
         return path
 
+    def hold_at(self, step: int) -> None:
+        """Show engine step `step` in every panel and stay there as steps come (a Pause clicked
+        while the panels showed it); a step no longer in the history: the oldest kept."""
+        entries = self.session.history
+        index = next((i for i, e in enumerate(entries) if e.step >= step), len(entries) - 1)
+        self.view_index = index
+        self.render()
+
     def scrub(self, index: int | None) -> None:
         """Show history[index] in every panel (None or past the end: back to live)."""
         n = len(self.session.history)
@@ -512,7 +520,7 @@ class Dashboard(W.VBox):
         if session.controls is None:  # a Session that only watches (a live server): Follow / Pause
             from .follow_view import follow_panel
 
-            self.follow = follow_panel(session)
+            self.follow = follow_panel(session, self.binder)
             rows.append(self.follow)
         if "controls" in p:
             rows.append(p["controls"])

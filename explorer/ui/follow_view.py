@@ -31,9 +31,11 @@ def tree_state(session: Any, max_nodes: int = MAX_TREE_NODES) -> dict:
     return d
 
 
-def follow_panel(session: Any) -> Any:
-    """A FollowPanel wired to `session`: its buttons call follow() / pause(),
-    and it redraws after the session's events (at most every 0.2 s while steps stream in)."""
+def follow_panel(session: Any, binder: Any = None) -> Any:
+    """A FollowPanel wired to `session`: its buttons call follow() / pause(), and it redraws
+    after the session's events (at most every 0.2 s while steps stream in). With the
+    Dashboard's `binder`: Pause shows the step the browser held the panels at, Follow returns
+    the view to the latest step, and the panel says when the view is parked on an older one."""
     from widgets.follow import FollowPanel
 
     panel = FollowPanel()
@@ -51,14 +53,24 @@ def follow_panel(session: Any) -> Any:
             return
         last[0] = now
         status = session.feed_status() | {"engine": session.engine_name}
+        parked = None
+        if binder is not None:
+            panel.link_group = binder.link_group  # held and released with the Dashboard's panels
+            if binder.view_index is not None and session.following:
+                parked = int(binder.shown_entry().step)
         panel.show({"following": session.following, "status": status, "tree": tree_state(session),
-                    "step": int(session.current.step)})
+                    "parked_at": parked, "step": int(session.current.step)})
 
     def on_action(content: dict) -> None:
         action = content.get("action")
         if action == "follow":
+            if binder is not None:
+                binder.scrub(None)  # the view follows too: back to the latest step
             session.follow()
         elif action == "pause":
+            at = content.get("at_step")
+            if binder is not None and isinstance(at, int) and not isinstance(at, bool):
+                binder.hold_at(at)  # what the browser held the panels at, before the steps since
             session.pause()
         refresh()
 

@@ -22,6 +22,8 @@ _SAY = {"scheduled": "scheduled [request, tokens, computed before, prefix hits]"
 
 @dataclass
 class Difference:
+    """One decision of a step where the replay parted from the recording."""
+
     step: int
     what: str
     recorded: Any
@@ -33,6 +35,8 @@ class Difference:
 
 @dataclass
 class IdentityReport:
+    """An identity replay's verdict: the recorded steps compared and every difference found."""
+
     num_steps: int                      # recorded steps compared
     differences: list[Difference] = field(default_factory=list)
     replay: ReplayResult | None = None

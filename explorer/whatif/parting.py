@@ -20,6 +20,8 @@ from .replay import ReplayResult, StepDetail
 
 @dataclass
 class Parting:
+    """The first step where two runs decided differently, in one sentence naming the requests."""
+
     index: int           # the position in both runs' steps (0-based)
     step_a: int
     step_b: int

@@ -60,6 +60,8 @@ class StepDetail:
 
 @dataclass
 class RequestResult:
+    """One request in a replay: the steps and virtual times of its milestones, hits and preemptions."""
+
     request_id: str
     arrival: float | None = None
     seen_step: int | None = None    # the step whose schedule() first saw it
@@ -77,6 +79,8 @@ class RequestResult:
 
 @dataclass
 class ReplayResult:
+    """A replay's per-step series (columnar), its requests and its totals."""
+
     variant: Variant
     arrivals: str
     steps: list[int] = field(default_factory=list)

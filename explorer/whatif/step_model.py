@@ -36,6 +36,9 @@ class NoStepTimings(ValueError):
 
 @dataclass(frozen=True)
 class StepTimeModel:
+    """A step's duration as a linear function of its work, fitted on a recording's step timings,
+    with its held-out error."""
+
     coefficients: tuple[float, float, float, float]
     step_error: float         # median |relative error| of a held-out step
     total_error: float        # largest |relative error| of a held-out fold's total time

@@ -138,6 +138,9 @@ def plan(rec: Recording, jobs: list[dict]) -> tuple[list[tuple[int, Variant]], l
 # -- the sweep -------------------------------------------------------------------------------------
 @dataclass
 class SweepResult:
+    """One row per variant of a what-if sweep (its metrics, or why it failed), with the recording's
+    own figures to compare against."""
+
     rows: list[dict]
     recording: Recording
     step_model: StepTimeModel | None

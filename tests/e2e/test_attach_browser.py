@@ -116,3 +116,72 @@ def test_dashboard_follows_a_live_server_and_pause_holds_it(tmp_path, vllm_serve
     assert "missed 0" in stats and "dropped here 0" in stats, stats
     save_screenshot(page, "attach-3-caught-up")
     assert page.console_errors == [], page.console_errors
+
+
+def test_pause_holds_the_panels_at_once_while_a_cell_keeps_sending(tmp_path, vllm_server, lab_factory, page, lab_ui):
+    # The attach notebook's own pattern: a cell that sends traffic keeps the kernel busy, so the
+    # kernel hears a Pause click only when the cell ends, while its follow thread applies steps.
+    # Pause must act at once anyway (the browser holds every panel at the step it shows), the
+    # kernel then shows that step, and Follow brings the view back to the latest step.
+    srv = vllm_server
+    root = tmp_path / "notebooks"
+    root.mkdir()
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell(
+            "from explorer import Session, Dashboard\n"
+            f"live = Session.attach({srv.feed!r}, snapshot_address={srv.snapshots!r})\n"
+            "live.follow()\n"
+            "Dashboard(live)"),
+        nbformat.v4.new_code_cell(
+            "import time\n"
+            "from openai import OpenAI\n"
+            f"client = OpenAI(base_url={srv.http + '/v1'!r}, api_key='unused', max_retries=0, timeout=120)\n"
+            "end = time.monotonic() + 40\n"
+            "while time.monotonic() < end:   # a cell that keeps sending: the kernel is busy throughout\n"
+            f"    client.completions.create(model={srv.model!r}, prompt='Count slowly to twenty:', max_tokens=8,\n"
+            "                              temperature=0, extra_body={'ignore_eos': True})\n"
+            "print('sent')"),
+    ]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+    nbformat.write(nb, root / "busy.ipynb")
+    ui = lab_ui(page, lab_factory(root))
+    ui.open_notebook("busy.ipynb")
+    ui.run_all_cells()
+    dash = page.locator(".kvs-dashboard").first
+    follow = dash.get_by_test_id("kvs-follow").first
+    toggle = follow.get_by_test_id("kvs-follow-toggle")
+    toggle.wait_for(timeout=TIMEOUT_MS)
+    queues = 'document.querySelector(\'.kvs-dashboard [data-testid="kvs-queues"]\')'
+    # The second cell's traffic moves the panels (steps applied by the kernel's follow thread).
+    start = data_step(dash, "kvs-queues")
+    page.wait_for_function(f"() => Number({queues}?.dataset.step) >= {start + 10}", timeout=TIMEOUT_MS)
+    assert toggle.inner_text() == "Pause"
+
+    # -- Pause while the cell runs: held at once, in the browser ------------------------------------
+    toggle.click()
+    state = follow.get_by_test_id("kvs-follow-state")
+    page.wait_for_function("""() => document.querySelector('[data-testid="kvs-follow-state"]')
+                              ?.textContent.startsWith('pausing at step')""", timeout=2_000)
+    held = data_step(dash, "kvs-queues")
+    assert state.inner_text().startswith(f"pausing at step {held}")
+    for _ in range(6):   # the kernel's thread goes on applying steps; the panels stay
+        time.sleep(0.5)
+        assert data_step(dash, "kvs-queues") == held
+        assert data_step(dash, "kvs-block-pool") == held
+    assert "pausing at step" in state.inner_text()
+
+    # -- The cell ends, the kernel hears the click: paused, showing the held step --------------------
+    ui.wait_kernel_idle(TIMEOUT_MS)
+    page.wait_for_function("""() => document.querySelector('[data-testid="kvs-follow-state"]')
+                              ?.textContent.startsWith('paused')""", timeout=TIMEOUT_MS)
+    assert toggle.inner_text() == "Follow"
+    page.wait_for_function(f"() => Number({queues}?.dataset.step) === {held}", timeout=10_000)
+    assert data_step(dash, "kvs-slot-mapping") == held
+
+    # -- Follow: the waiting steps are applied and the view shows the latest, not the held step -----
+    toggle.click()
+    page.wait_for_function(f"() => Number({queues}?.dataset.step) > {held}", timeout=TIMEOUT_MS)
+    assert toggle.inner_text() == "Pause" and follow.get_by_test_id("kvs-follow-state").inner_text() == "following"
+    assert ui.cell_errors() == []
+    assert page.console_errors == [], page.console_errors

@@ -413,7 +413,6 @@ def test_a_slow_notebook_keeps_a_bounded_queue_and_counts_what_it_dropped(stub):
         s.close()
 
 
-@pytest.mark.slow  # the first plotly FigureWidget of a process takes seconds
 def test_the_dashboard_of_a_live_session_has_follow_and_pause(stub):
     from explorer import Dashboard, Session
 
@@ -438,6 +437,40 @@ def test_the_dashboard_of_a_live_session_has_follow_and_pause(stub):
         assert s.current.step == 3 and s.source.pending() == 1   # paused: it waits in the queue
         with pytest.raises(ValueError, match="follows a live vLLM server"):
             s.add_request("Hello")
+    finally:
+        s.close()
+
+
+def test_pause_shows_the_step_the_browser_held_and_follow_returns_to_the_latest(stub):
+    # Pause clicked while the kernel was busy: the browser held the panels at step 2 while the
+    # follow thread went on to step 5; when the kernel hears the click, the panels show step 2.
+    # Following with the view scrubbed back says it is parked; Follow shows the latest again.
+    from explorer import Dashboard, Session
+
+    s = Session.attach(stub.feed, snapshot_address=stub.snapshots)
+    try:
+        dash = Dashboard(s)
+        panel = dash.follow
+        assert panel.link_group == dash.binder.link_group   # held and released with the other panels
+        panel.dispatch({"action": "follow"})
+        stub.wait_subscriber()
+        for _ in range(5):
+            stub.send_step()
+        assert s.wait_for(lambda s: s.current.step == 5, timeout=5)
+        panel.dispatch({"action": "pause", "at_step": 2})
+        assert not s.following and dash.binder.shown_entry().step == 2 and dash.controls.step == 2
+        assert dash.queues.step == 2 and panel.following is False
+        panel.dispatch({"action": "follow"})
+        assert s.following and dash.binder.view_index is None and dash.queues.step == 5
+        dash.binder.scrub(1)   # scrubbed back while following: the view is parked, and says so
+        stub.send_step()
+        assert s.wait_for(lambda s: s.current.step == 6, timeout=5)
+        end = time.monotonic() + 3
+        while panel.parked_at is None and time.monotonic() < end:
+            time.sleep(0.05)
+        assert panel.parked_at == dash.binder.shown_entry().step and dash.queues.step != 6
+        panel.dispatch({"action": "follow"})   # already following: Follow brings the view back
+        assert dash.binder.view_index is None and dash.queues.step == 6
     finally:
         s.close()
 

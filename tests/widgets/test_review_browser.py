@@ -210,7 +210,7 @@ def test_a_feed_batch_is_marked_derived_in_the_slot_mapping_panel_and_its_captio
     try:
         for source, words in (("scheduler", "derived from the scheduler's block tables"),
                               ("runner", "read from the model runner's buffers"), ("", "")):
-            record = {**s.current.record, "batch_source": source} if source else s.current.record
+            record = {**s.current.record, "batch_source": source or None}
             panel.show(views.shown_slot_mapping(record, s.current.snapshot, text))
             front.sync()
             if words:
@@ -218,8 +218,11 @@ def test_a_feed_batch_is_marked_derived_in_the_slot_mapping_panel_and_its_captio
                                        arg=words)
                 assert badge.is_visible() and badge.get_attribute("data-source") == source
                 caption = captions.step_caption(record, s.current.snapshot)
-                assert caption.endswith(f"; slot mapping {words}"), caption
-            else:  # kvscope's own batch: no badge, and the caption says nothing of it
+                if source == "scheduler":  # derived: the caption says so too
+                    assert caption.endswith(f"; slot mapping {words}"), caption
+                else:  # the runner's own batch: the badge names it, the caption needs no word
+                    assert "slot mapping" not in caption, caption
+            else:  # no source said: no badge, and the caption says nothing of it
                 page.wait_for_function("() => document.querySelector('[data-testid=kvs-batch-source]').hidden")
                 assert "slot mapping" not in captions.step_caption(record, s.current.snapshot)
         assert "block_table[position // block_size]" in views.shown_slot_mapping(

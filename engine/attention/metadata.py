@@ -44,6 +44,14 @@ class AttentionMetadata:
     def probing(self) -> bool:
         return self.probe_layer is not None
 
+    def decode_inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(decode_block_tables, decode_seq_lens, decode_rows): the runner sets all three
+        whenever `decode_seq_ids` lists a decode; a kernel asks for them only then."""
+        tables, lens, rows = self.decode_block_tables, self.decode_seq_lens, self.decode_rows
+        if tables is None or lens is None or rows is None:
+            raise ValueError(f"decode sequences {self.decode_seq_ids} without their block tables, lengths and rows")
+        return tables, lens, rows
+
     def derived(self, build: Callable[[AttentionMetadata], T]) -> T:
         """`build(self)`, computed on the first layer's call and reused by the step's other
         layers (index tensors, decode plans). Keyed by the builder function itself, so two

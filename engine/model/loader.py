@@ -65,7 +65,8 @@ def load_weights(model: CausalLM, folder: str | Path) -> None:
                 target = name.removeprefix("model.")
                 if target == "lm_head.weight" and model.lm_head is None:
                     continue  # tied: the embedding serves as the LM head
-                tensor = f.get_tensor(name) if model.tp.size == 1 else _read_shard(f, name, model.tp.rank, model.tp.size)
+                tp = model.tp
+                tensor = f.get_tensor(name) if tp.size == 1 else _read_shard(f, name, tp.rank, tp.size)
                 for frag, (packed, shard) in PACKED_MODULES.items():
                     if f".{frag}." in target:
                         target = target.replace(frag, packed)

@@ -52,6 +52,8 @@ def probe_attention(requests: dict[str, Request], request_id: str, layer: int, h
         raise ValueError(f"request_id {request_id!r} is {state}: attention can only be probed while it runs")
     start, end = req.last_scheduled
     probs = runner.probe(req.all_token_ids, start, end, req.block_table, layer)
+    if probs is None:  # the runner gathers every rank's heads on rank 0, this engine's
+        raise RuntimeError("the runner returned no attention probabilities on rank 0")
     heads = list(range(spec.num_heads)) if head is None else [head]
     group = spec.num_heads // spec.num_kv_heads
     context = req.all_token_ids[:end]

@@ -128,7 +128,7 @@ class EngineConfig:
             raise ValueError(f"unknown EngineConfig field(s): {sorted(unknown)}")
         return dataclasses.replace(self, **changes)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["dtype"] = str(self.dtype).replace("torch.", "")
         return d

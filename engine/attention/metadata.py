@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
@@ -34,7 +34,8 @@ class AttentionMetadata:
     probe_layer: int | None = None
     probe_probs: torch.Tensor | None = None
     # What kernel backends derive from the fields above (see `derived`); per step, never shared.
-    _derived: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _derived: dict[Callable[[AttentionMetadata], Any], Any] = field(default_factory=dict, init=False, repr=False,
+                                                                    compare=False)
 
     @property
     def num_seqs(self) -> int:

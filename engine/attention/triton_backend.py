@@ -7,6 +7,8 @@ before triton is first imported): slow, but the same code path as on a GPU.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 try:
@@ -60,7 +62,7 @@ class TritonAttentionBackend(AttentionBackend):
         return out
 
 
-def _kernel_inputs(meta: AttentionMetadata) -> dict:
+def _kernel_inputs(meta: AttentionMetadata) -> dict[str, Any]:
     """The prefill kernel's index tensors for this step's non-decode sequences (all of them
     when probing); built once per step through `meta.derived`."""
     device = meta.block_tables.device

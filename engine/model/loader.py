@@ -92,7 +92,8 @@ def _read_shard(f, name: str, rank: int, size: int) -> torch.Tensor:
     return view[lo:hi] if dim == 0 else view[:, lo:hi]
 
 
-def _copy(params: dict, target: str, tensor: torch.Tensor, source: str, rows: tuple[int, int] | None = None) -> None:
+def _copy(params: dict[str, torch.nn.Parameter], target: str, tensor: torch.Tensor, source: str,
+          rows: tuple[int, int] | None = None) -> None:
     if target not in params:
         raise ValueError(f"unexpected weight {source!r} in checkpoint (no parameter {target!r})")
     dest = params[target].data if rows is None else params[target].data[rows[0]:rows[1]]

@@ -254,6 +254,7 @@ class INFO(Keys):
     KV_BYTES_PER_BLOCK_PER_RANK: Final = "kv_bytes_per_block_per_rank"
     KV_BYTES_PER_RANK: Final = "kv_bytes_per_rank"
     TENSOR_PARALLEL: Final = "tensor_parallel"
+    LIVE: Final = "live"
 
 
 class CHANGES(Keys):

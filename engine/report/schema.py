@@ -271,6 +271,7 @@ class ModelInfoDict(TypedDict, total=False):
     kv_bytes_per_block_per_rank: int
     kv_bytes_per_rank: int
     tensor_parallel: dict[str, Any]   # per-rank facts (engine/report/model_info.py)
+    live: bool              # a live server's recorder says so (its times are on the wall clock)
 
 
 class EngineSnapshotDict(TypedDict):

@@ -103,7 +103,7 @@ class Settings:
             raise ValueError(f"unknown setting(s) {sorted(unknown)}; known: {sorted(SETTINGS_FIELDS)}")
         return dataclasses.replace(self, **changes)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
@@ -165,7 +165,7 @@ class Source:
     created: str | None = None
     notes: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
@@ -200,7 +200,7 @@ class RecordedRequest:
         finishes it at the same token count."""
         return self.finish_reason is not None and self.aborted_before_step is None and self.aborted_time is None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
@@ -224,17 +224,20 @@ class RecordedSteps:
     def __len__(self) -> int:
         return len(self.step)
 
-    def extend(self, chunk: dict) -> None:
+    def extend(self, chunk: dict[str, list[Any]]) -> None:
         for name in self.COLUMNS:
             getattr(self, name).extend(chunk[name])
 
-    def chunks(self, size: int = STEP_CHUNK) -> Iterator[dict]:
+    def chunks(self, size: int = STEP_CHUNK) -> Iterator[dict[str, list[Any]]]:
         for lo in range(0, len(self.step), size):
             yield {name: getattr(self, name)[lo:lo + size] for name in self.COLUMNS}
 
 
 @dataclass
 class Recording:
+    """A recording read back (Recording.load) or built whole: the settings, where it came from,
+    every request and the steps' columns."""
+
     settings: Settings
     source: Source
     requests: list[RecordedRequest]
@@ -603,15 +606,15 @@ def _open_write(path: Path) -> Any:
     return open(path, "w", encoding="utf-8")
 
 
-def _line(obj: dict) -> str:
+def _line(obj: dict[str, Any]) -> str:
     return json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n"
 
 
-def _header(settings: Settings, source: Source) -> dict:
+def _header(settings: Settings, source: Source) -> dict[str, Any]:
     return {"format": FORMAT, "schema": SCHEMA_VERSION, "settings": settings.to_dict(), "source": source.to_dict()}
 
 
-def _end(num_requests: int, num_steps: int, missing: list | None = None) -> dict:
+def _end(num_requests: int, num_steps: int, missing: list[list[int]] | None = None) -> dict[str, Any]:
     end = {"kind": "end", "num_requests": num_requests, "num_steps": num_steps}
     if missing:
         end["missing_steps"] = missing
@@ -722,7 +725,7 @@ def _int_list(path: Path, n: int, rid: str, name: str, value: Any, allow_empty: 
         raise RecordingError(f"{path}, line {n}: request {rid!r}: {name} is empty")
 
 
-def _request(path: Path, n: int, obj: dict) -> RecordedRequest:
+def _request(path: Path, n: int, obj: dict[str, Any]) -> RecordedRequest:
     obj = dict(obj)
     obj.pop("kind")
     r = _build(path, n, "request", RecordedRequest, obj)

@@ -7,7 +7,7 @@ this table to take only its slice from the safetensors file; `sharding_layout` r
 """
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class ShardedShape(Protocol):
@@ -56,7 +56,7 @@ def shard_bounds(length: int, rank: int, size: int) -> tuple[int, int]:
     return rank * part, (rank + 1) * part
 
 
-def rank_ranges(spec: ShardedShape, size: int) -> list[dict]:
+def rank_ranges(spec: ShardedShape, size: int) -> list[dict[str, Any]]:
     """Per rank: its [lo, hi) of query heads, KV heads, vocabulary rows and MLP rows."""
     return [{"rank": r, "heads": list(shard_bounds(spec.num_heads, r, size)),
              "kv_heads": list(shard_bounds(spec.num_kv_heads, r, size)),
@@ -65,7 +65,7 @@ def rank_ranges(spec: ShardedShape, size: int) -> list[dict]:
             for r in range(size)]
 
 
-def sharding_layout(spec: ShardedShape, size: int) -> list[dict]:
+def sharding_layout(spec: ShardedShape, size: int) -> list[dict[str, Any]]:
     """One entry per weight of a decoder layer (plus embedding, final norm, LM head), in
     forward order: HF name, full [out, in] shape, how it is split, what it is packed into,
     and the collective that follows it."""

@@ -114,6 +114,13 @@ class EngineConfig:
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         _positive_int("seed", self.seed, minimum=0)
 
+    def resolved_max_model_len(self) -> int:
+        """max_model_len of an engine's own config, where LLMEngine always sets it (None is
+        only ever a request for the model's own limit, before the engine resolves it)."""
+        if self.max_model_len is None:
+            raise ValueError("max_model_len is not resolved: only a running engine's config (LLMEngine.config) has it")
+        return self.max_model_len
+
     def replace(self, **changes: Any) -> EngineConfig:
         """A validated copy with `changes` applied (unknown names raise)."""
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
@@ -121,7 +128,7 @@ class EngineConfig:
             raise ValueError(f"unknown EngineConfig field(s): {sorted(unknown)}")
         return dataclasses.replace(self, **changes)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["dtype"] = str(self.dtype).replace("torch.", "")
         return d

@@ -57,13 +57,13 @@ class InputProcessor:
 
 def check_fits(token_ids: list[int], params: SamplingParams, cfg: EngineConfig, num_blocks: int) -> None:
     """The request can run to its end alone in this engine (else a ValueError naming the limit)."""
-    n = len(token_ids)
-    if n > cfg.max_model_len:
-        raise ValueError(f"prompt has {n} tokens, more than max_model_len={cfg.max_model_len}")
+    n, max_model_len = len(token_ids), cfg.resolved_max_model_len()
+    if n > max_model_len:
+        raise ValueError(f"prompt has {n} tokens, more than max_model_len={max_model_len}")
     if not cfg.enable_chunked_prefill and n > cfg.max_num_batched_tokens:
         raise ValueError(f"prompt has {n} tokens, more than max_num_batched_tokens="
                          f"{cfg.max_num_batched_tokens} (chunked prefill is off)")
-    longest = min(n + params.max_tokens, cfg.max_model_len)
+    longest = min(n + params.max_tokens, max_model_len)
     need = cdiv(longest, cfg.block_size)
     if need > num_blocks - 1:
         raise ValueError(f"a request of {longest} tokens (prompt + max_tokens, capped at max_model_len) "

@@ -26,7 +26,7 @@ class LLM:
 
     def __init__(self, model: str | None = None, *, share_model_with: LLM | None = None, **config_fields) -> None:
         """`share_model_with`: reuse that LLM's loaded weights and tokenizer when compatible."""
-        self.engine = LLMEngine(EngineConfig(model=None if model is None else str(model), **config_fields),
+        self.engine: LLMEngine = LLMEngine(EngineConfig(model=None if model is None else str(model), **config_fields),
                                 share_model_with=share_model_with.engine if share_model_with else None)
 
     @property

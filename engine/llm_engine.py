@@ -4,10 +4,11 @@ update, and returns a StepRecord. What it reports is built in engine/report/."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from .config import EngineConfig, with_live_knobs
 from .core.kv_cache_manager import KVCacheManager
-from .core.scheduler import Scheduler
+from .core.scheduler import Scheduler, SchedulerOutput
 from .executor.executor import WorkerGroup
 from .input_processor import InputProcessor
 from .model import ModelSpec
@@ -17,6 +18,7 @@ from .report.invariants import check_invariants
 from .report.model_info import model_info, tensor_parallel_facts
 from .report.probe import AttentionProbe, probe_attention
 from .report.records import EngineSnapshot, StepRecord, engine_snapshot, step_record
+from .report.schema import METRICS, TIME, ChangesDict, EngineMetricsDict, ModelInfoDict, TimingsDict
 from .request import Request, abortable
 from .runner.forward_timer import ForwardTimer
 from .runner.model_runner import ModelRunner, resolve_device
@@ -40,22 +42,23 @@ class LLMEngine:
         check_tensor_parallel(spec, config.tensor_parallel_size)  # before any worker starts
         self.spec = spec
         donor = share_model_with if share_model_with is not None and share_model_with._can_share(config) else None
-        same_folder = share_model_with is not None and str(share_model_with.config.model) == str(folder)
+        same_folder = share_model_with if share_model_with is not None and \
+            str(share_model_with.config.model) == str(folder) else None
         # Tensor parallel: the workers start (and load their shards) while rank 0 loads its own
         # and the tokenizer; wait_ready() then joins them.
         workers = None
         if config.tensor_parallel_size > 1:
             workers = WorkerGroup(config, spec, max_model_len, resolve_device(config.device))
-        self.runner = ModelRunner(config, spec, max_model_len, model=donor.runner.model if donor else None,
-                                  workers=workers)
-        try:
-            self.tokenizer = share_model_with.tokenizer if same_folder else load_tokenizer(folder)
+        self.runner: ModelRunner = ModelRunner(config, spec, max_model_len,
+                                               model=donor.runner.model if donor else None, workers=workers)
+        try:  # a transformers tokenizer (or tokenizers' own, from a bare tokenizer.json)
+            self.tokenizer: Any = same_folder.tokenizer if same_folder else load_tokenizer(folder)
             self.runner.wait_ready()
         except BaseException:
             self.runner.shutdown()
             raise
         self.decode = fast_decoder(self.tokenizer)
-        self.config = config.replace(num_kv_blocks=self.runner.num_blocks)
+        self.config: EngineConfig = config.replace(num_kv_blocks=self.runner.num_blocks)
         self.kv = KVCacheManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching,
                                  max_model_len)
         self.scheduler = Scheduler(self.config, self.kv, max_model_len)
@@ -76,7 +79,7 @@ class LLMEngine:
 
     # -- public facts -------------------------------------------------------------------
     @property
-    def model_info(self) -> dict:
+    def model_info(self) -> ModelInfoDict:
         return model_info(self.config, self.spec, self.runner, self._tp_facts)
 
     @property
@@ -158,7 +161,7 @@ class LLMEngine:
             ran = self.runner.forward(meta, ids, pos, batch.logits_indices)
             self.forward_timer.stop()
             rows = [s.request for s in out.scheduled if s.sample]
-            results = self.sampler(ran.logits, rows, with_top=self.config.record_steps)
+            results = self.sampler(ran.rank0_logits(), rows, with_top=self.config.record_steps)
         t3 = time.perf_counter()
         self.engine_time += t3 - t0
         token_of = {r.request_id: res.token_id for r, res in zip(rows, results)}
@@ -168,23 +171,24 @@ class LLMEngine:
         if self.config.check_invariants:
             check_invariants(self, out, batch)
         forward_s = self.forward_timer.seconds() if ran else 0.0
-        seconds = {"schedule": t1 - t0, "prepare": t2 - t1, "forward": forward_s,
-                   # On a GPU the sampler's copy waits for the forward: not its own time.
-                   "sample": max(0.0, t3 - t2 - forward_s), "update": t4 - t3, "total": t4 - t0,
-                   # Part of 'forward': rank 0's wait in all-reduce / gather (0 at TP=1).
-                   "collectives": ran.collective_ms / 1e3 if ran else 0.0}
-        rec = step_record(self.step_count, out, batch, ran, rows, results, finished, seconds,
+        ms: TimingsDict = {TIME.SCHEDULE: (t1 - t0) * 1e3, TIME.PREPARE: (t2 - t1) * 1e3, TIME.FORWARD: forward_s * 1e3,
+                           # On a GPU the sampler's copy waits for the forward: not its own time.
+                           TIME.SAMPLE: max(0.0, t3 - t2 - forward_s) * 1e3, TIME.UPDATE: (t4 - t3) * 1e3,
+                           TIME.TOTAL: (t4 - t0) * 1e3,
+                           # Part of 'forward': rank 0's wait in all-reduce / gather (0 at TP=1).
+                           TIME.COLLECTIVES: ran.collective_ms if ran else 0.0}
+        rec = step_record(self.step_count, out, batch, ran, rows, results, finished, ms,
                           scheduler=self.scheduler, config=self.config, backend=self.runner.backend.name,
                           engine_time=self.engine_time, decode=self.decode)
         rec.changes = self._take_changes(out)
         return rec
 
-    def take_changes(self) -> dict:
+    def take_changes(self) -> ChangesDict:
         """What actions changed since the last step or call (engine/report/changes.py): a
         Session applies it to its latest snapshot after adding, aborting or re-budgeting."""
         return self._take_changes(None)
 
-    def _take_changes(self, out) -> dict:
+    def _take_changes(self, out: SchedulerOutput | None) -> ChangesDict:
         return self.notes.take(self.step_count, out, requests=self.requests, scheduler=self.scheduler,
                                config=self.config, metrics=self.metrics, decode=self.decode)
 
@@ -194,12 +198,13 @@ class LLMEngine:
 
     # -- inspection ---------------------------------------------------------------------
     @property
-    def metrics(self) -> dict:
-        return {"num_steps": self.step_count, "engine_time_s": self.engine_time,
-                "prefix_cache_hits": self.kv.prefix_cache_hits, "prefix_cache_queries": self.kv.prefix_cache_queries,
-                "kv_cache_usage": self.kv.pool.usage, "num_preemptions": self.scheduler.num_preemptions,
-                "num_generated_tokens": self.num_generated_tokens,
-                "num_prompt_tokens_computed": self.num_computed_prompt_tokens}
+    def metrics(self) -> EngineMetricsDict:
+        return {METRICS.NUM_STEPS: self.step_count, METRICS.ENGINE_TIME_S: self.engine_time,
+                METRICS.PREFIX_CACHE_HITS: self.kv.prefix_cache_hits,
+                METRICS.PREFIX_CACHE_QUERIES: self.kv.prefix_cache_queries,
+                METRICS.KV_CACHE_USAGE: self.kv.pool.usage, METRICS.NUM_PREEMPTIONS: self.scheduler.num_preemptions,
+                METRICS.NUM_GENERATED_TOKENS: self.num_generated_tokens,
+                METRICS.NUM_PROMPT_TOKENS_COMPUTED: self.num_computed_prompt_tokens}
 
     def snapshot(self) -> EngineSnapshot:
         return engine_snapshot(self.step_count, self.config, self.model_info, self.metrics, self.scheduler,

@@ -4,9 +4,14 @@ from __future__ import annotations
 import enum
 import statistics
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # no torch at run time: engine/core, which imports this module, stays torch-free
+    import torch
+
+    from .report.schema import ClockDict, ClockLatenciesDict, RequestMetricsDict
 
 
 class RequestStatus(str, enum.Enum):
@@ -28,7 +33,7 @@ class ClockEvents:
     preempted_times: list[float] = field(default_factory=list)
     finished_time: float | None = None
 
-    def derived(self) -> dict:
+    def derived(self) -> ClockLatenciesDict:
         """vLLM's per-request metrics, None where not yet known."""
         ttft = _diff(self.first_token_time, self.arrival_time)
         itl = [b - a for a, b in zip(self.token_times, self.token_times[1:])]
@@ -41,7 +46,7 @@ class ClockEvents:
             "request_queue_time": _diff(self.first_scheduled_time, self.arrival_time),
         }
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> ClockDict:
         return {
             "arrival_time": self.arrival_time,
             "first_scheduled_time": self.first_scheduled_time,
@@ -83,7 +88,7 @@ class RequestMetrics:
     def e2e_request_latency(self) -> float | None:
         return self.engine.derived()["e2e_request_latency"]
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> RequestMetricsDict:
         return {"engine": self.engine.to_dict(), "wall": self.wall.to_dict()}
 
 
@@ -111,7 +116,7 @@ class Request:
         self.finish_reason: str | None = None
         self.metrics = RequestMetrics()
         self.last_scheduled: tuple[int, int] | None = None  # [start, end) positions of its last step
-        self.generator = None              # torch.Generator when params.seed is set
+        self.generator: torch.Generator | None = None  # when params.seed is set
         self._text_cache: dict[str, tuple[int, str]] = {}
 
     @property

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 
 def load_tokenizer(folder: str | Path):
@@ -19,7 +21,18 @@ def load_tokenizer(folder: str | Path):
         raise ValueError(f"model folder {folder} has no usable tokenizer (tokenizer.json)") from None
 
 
-def fast_decoder(tokenizer):
+class Decoder:
+    """decode(ids) -> str spelling special tokens; `without_special(ids)` leaves them out."""
+
+    def __init__(self, spell: Callable[[Sequence[int]], str], without_special: Callable[[Sequence[int]], str]) -> None:
+        self._spell = spell
+        self.without_special = without_special
+
+    def __call__(self, ids: Sequence[int]) -> str:
+        return self._spell(ids)
+
+
+def fast_decoder(tokenizer: Any) -> Decoder:
     """A decode(ids) -> str that skips transformers' per-call input checks (they cost more than
     the decoding itself for the snapshot's many small calls); the same text as tokenizer.decode.
 
@@ -28,9 +41,6 @@ def fast_decoder(tokenizer):
     as vLLM returns it (skip_special_tokens=True, vLLM's default, and `LLM.generate`'s)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
-        decode = lambda ids: tokenizer.decode(ids)  # noqa: E731
-        decode.without_special = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
-        return decode
-    decode = lambda ids: backend.decode(list(ids), skip_special_tokens=False)  # noqa: E731
-    decode.without_special = lambda ids: backend.decode(list(ids), skip_special_tokens=True)
-    return decode
+        return Decoder(lambda ids: tokenizer.decode(ids), lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+    return Decoder(lambda ids: backend.decode(list(ids), skip_special_tokens=False),
+                   lambda ids: backend.decode(list(ids), skip_special_tokens=True))

@@ -50,8 +50,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
 
     def decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                meta: AttentionMetadata, out: torch.Tensor) -> None:
-        self.kernels.paged_decode_attention(_rows_contiguous(q), k_cache, v_cache, meta.decode_rows,
-                                            meta.decode_seq_lens, meta.decode_block_tables, out)
+        tables, lens, rows = meta.decode_inputs()
+        self.kernels.paged_decode_attention(_rows_contiguous(q), k_cache, v_cache, rows, lens, tables, out)
 
 
 def _rows_contiguous(x: torch.Tensor) -> torch.Tensor:
@@ -60,7 +60,7 @@ def _rows_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(2) == 1 and x.stride(1) == x.shape[2] else x.contiguous()
 
 
-def _prompt_plan(meta: AttentionMetadata) -> tuple[torch.Tensor, ...] | None:
+def _prompt_plan(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """The step's prompt sequences (more than one query row) as the prefill kernel takes them:
     their first query rows, query counts, cached context lengths and block tables; None when
     every sequence is a decode."""

@@ -65,15 +65,16 @@ class FlashAttentionBackend(AttentionBackend):
                                       causal=True, block_table=inputs["block_table"])
 
 
-def _kernel_inputs(meta: AttentionMetadata) -> dict:
+def _kernel_inputs(meta: AttentionMetadata) -> dict[str, torch.Tensor | int]:
     """flash-attn's index tensors (int32, as it requires) for this step, built once and reused
     by every layer. For a pure decode step they are converted from the metadata's device
     tensors (inside a CUDA-graph capture the conversion is captured too, reading the static
     buffers); otherwise they come from the host lists. Built once per step (`meta.derived`)."""
     device = meta.block_tables.device
+    inputs: dict[str, torch.Tensor | int]
     if not meta.probing and meta.decode_seq_ids and len(meta.decode_seq_ids) == meta.num_seqs:
-        inputs = {"cache_seqlens": meta.decode_seq_lens.to(torch.int32),
-                  "block_table": meta.decode_block_tables.to(torch.int32)}
+        tables, lens, _ = meta.decode_inputs()
+        inputs = {"cache_seqlens": lens.to(torch.int32), "block_table": tables.to(torch.int32)}
     else:
         cu_k = [0]
         for n in meta.seq_lens:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
@@ -34,7 +34,8 @@ class AttentionMetadata:
     probe_layer: int | None = None
     probe_probs: torch.Tensor | None = None
     # What kernel backends derive from the fields above (see `derived`); per step, never shared.
-    _derived: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _derived: dict[Callable[[AttentionMetadata], Any], Any] = field(default_factory=dict, init=False, repr=False,
+                                                                    compare=False)
 
     @property
     def num_seqs(self) -> int:
@@ -43,6 +44,14 @@ class AttentionMetadata:
     @property
     def probing(self) -> bool:
         return self.probe_layer is not None
+
+    def decode_inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(decode_block_tables, decode_seq_lens, decode_rows): the runner sets all three
+        whenever `decode_seq_ids` lists a decode; a kernel asks for them only then."""
+        tables, lens, rows = self.decode_block_tables, self.decode_seq_lens, self.decode_rows
+        if tables is None or lens is None or rows is None:
+            raise ValueError(f"decode sequences {self.decode_seq_ids} without their block tables, lengths and rows")
+        return tables, lens, rows
 
     def derived(self, build: Callable[[AttentionMetadata], T]) -> T:
         """`build(self)`, computed on the first layer's call and reused by the step's other

@@ -19,6 +19,7 @@ Both plans are built once per step from the host lists and reused by every layer
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -95,26 +96,28 @@ def _shared_block_count(tables: torch.Tensor, lengths: list[int], bs: int) -> in
 def _split_by_length(blocks: list[int], bs: int) -> list[tuple[int, int]]:
     """Cut the sorted decodes into 1..MAX_GROUPS runs of equal count, whichever pads least."""
     n = len(blocks)
-    best = None
-    for g in range(1, min(MAX_GROUPS, n) + 1):
-        cuts = [round(n * j / g) for j in range(g + 1)]
-        cost = sum((b - a) * blocks[b - 1] * bs for a, b in zip(cuts, cuts[1:])) + g * GROUP_COST_TOKENS
-        if best is None or cost < best[0]:
-            best = (cost, cuts)
-    return list(zip(best[1], best[1][1:]))
+
+    def cuts(g: int) -> list[int]:
+        return [round(n * j / g) for j in range(g + 1)]
+
+    def cost(g: int) -> int:  # padded keys, plus a fixed cost per group
+        return sum((b - a) * blocks[b - 1] * bs for a, b in itertools.pairwise(cuts(g))) + g * GROUP_COST_TOKENS
+
+    return list(itertools.pairwise(cuts(min(range(1, min(MAX_GROUPS, n) + 1), key=cost))))
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: DecodePlan,
                      out: torch.Tensor) -> None:
     """Writes the attention output of every decode row of q [T, H, D] into out."""
-    if plan.shared_blocks is None:
+    shared, rows = plan.shared_blocks, plan.rows
+    if shared is None or rows is None:  # no cascade (a plan sets both or neither)
         for g in plan.groups:
             # index_select / index_copy_, not q[rows] / out[rows] = ...: far cheaper on CPU.
             o = _padded_sdpa(q.index_select(0, g.rows), k_cache, v_cache, g)
             out.index_copy_(0, g.rows, o)
         return
-    qd = q.index_select(0, plan.rows)
-    o1, lse1 = _shared_attention(qd, k_cache, v_cache, plan.shared_blocks)
+    qd = q.index_select(0, rows)
+    o1, lse1 = _shared_attention(qd, k_cache, v_cache, shared)
     start = 0
     for g in plan.groups:
         n = g.rows.shape[0]

@@ -7,6 +7,8 @@ before triton is first imported): slow, but the same code path as on a GPU.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 try:
@@ -45,8 +47,8 @@ class TritonAttentionBackend(AttentionBackend):
         decodes = not probing and len(meta.decode_seq_ids) > 0
         if decodes and len(meta.decode_seq_ids) == q.shape[0]:
             # A pure decode step: row b is decode sequence b.
-            return paged_decode_attention(q, k_cache, v_cache, meta.decode_block_tables,
-                                          meta.decode_seq_lens, scale)
+            tables, lens, _ = meta.decode_inputs()
+            return paged_decode_attention(q, k_cache, v_cache, tables, lens, scale)
         out = q.new_empty(q.shape)
         pre = inputs["prefill"]
         if pre is not None:
@@ -54,14 +56,13 @@ class TritonAttentionBackend(AttentionBackend):
                                     pre["context_lens"], pre["block_tables"], scale,
                                     out=out, max_query_len=pre["max_query_len"])
         if decodes:
-            rows = meta.decode_rows
-            dec = paged_decode_attention(q.index_select(0, rows), k_cache, v_cache,
-                                         meta.decode_block_tables, meta.decode_seq_lens, scale)
+            tables, lens, rows = meta.decode_inputs()
+            dec = paged_decode_attention(q.index_select(0, rows), k_cache, v_cache, tables, lens, scale)
             out.index_copy_(0, rows, dec)
         return out
 
 
-def _kernel_inputs(meta: AttentionMetadata) -> dict:
+def _kernel_inputs(meta: AttentionMetadata) -> dict[str, Any]:
     """The prefill kernel's index tensors for this step's non-decode sequences (all of them
     when probing); built once per step through `meta.derived`."""
     device = meta.block_tables.device

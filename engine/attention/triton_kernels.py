@@ -18,6 +18,8 @@ cannot use a loaded scalar as a range() bound there (triton-lang/triton#9171).
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -319,7 +321,7 @@ def _prefill_tiles(block_d: int, dtype: torch.dtype) -> tuple[int, int, int]:
 INTERPRETED = not isinstance(_store_kvcache_kernel, JITFunction)
 
 
-def _dot_operands(dtype: torch.dtype) -> dict:
+def _dot_operands(dtype: torch.dtype) -> dict[str, Any]:
     """What tl.dot multiplies. fp32 inputs get exact fp32 products ('ieee'), not TF32: the
     fp32 engine must match the torch reference token for token; for fp16/bf16 'tf32' is the
     default and changes nothing. Triton's CPU interpreter multiplies bf16 wrongly (it holds

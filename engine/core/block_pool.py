@@ -10,7 +10,8 @@ registered first, and each stays findable until it is evicted itself.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
+from typing import TypedDict
 
 NULL_BLOCK_ID = 0
 
@@ -24,10 +25,22 @@ class KVBlock:
     token_ids: tuple[int, ...] = ()  # the full block's tokens, stored when its hash is registered
 
 
+class BlockEventsDict(TypedDict):
+    """BlockEvents.to_dict(), the StepRecord's `blocks` (engine/report/schema.py): what the step
+    did to blocks, block ids per event in the order it happened. Its keys are BlockEvents'
+    fields, in their order (schema.py checks it at import)."""
+    allocated: list[int]
+    freed: list[int]
+    cached: list[int]
+    hits: list[int]
+    evicted: list[int]
+    same_step_hits: list[int]
+
+
 @dataclass
 class BlockEvents:
     """What happened to blocks during one step (ids in the order it happened). The field names
-    are the StepRecord's `blocks` keys: written here once, read by engine/report/schema.py."""
+    are the StepRecord's `blocks` keys (BlockEventsDict)."""
 
     allocated: list[int] = field(default_factory=list)
     freed: list[int] = field(default_factory=list)
@@ -38,9 +51,10 @@ class BlockEvents:
     # request is admitted; the step's forward writes it before any layer reads it.
     same_step_hits: list[int] = field(default_factory=list)
 
-    def to_dict(self) -> dict:
-        """StepRecord.blocks: these fields' names are the record's block-event keys (engine/report/schema.py)."""
-        return {f.name: list(getattr(self, f.name)) for f in fields(self)}
+    def to_dict(self) -> BlockEventsDict:
+        """StepRecord.blocks (copies of the lists)."""
+        return {"allocated": list(self.allocated), "freed": list(self.freed), "cached": list(self.cached),
+                "hits": list(self.hits), "evicted": list(self.evicted), "same_step_hits": list(self.same_step_hits)}
 
 
 class BlockPool:
@@ -113,7 +127,7 @@ class BlockPool:
             b, _ = self.free_queue.popitem(last=False)
             block = self.blocks[b]
             if block.block_hash is not None:  # lazy eviction: only now does the cached content go
-                self._unregister(block)
+                self._unregister(block, block.block_hash)
                 self._events.evicted.append(b)
             block.ref_count = 1
             out.append(b)
@@ -151,11 +165,11 @@ class BlockPool:
         self._events.cached.append(block_id)
         self._touched.add(block_id)
 
-    def _unregister(self, block: KVBlock) -> None:
-        blocks = self.cached_blocks_of_hash[block.block_hash]
+    def _unregister(self, block: KVBlock, block_hash: int) -> None:
+        blocks = self.cached_blocks_of_hash[block_hash]
         del blocks[block.block_id]
         if not blocks:
-            del self.cached_blocks_of_hash[block.block_hash]
+            del self.cached_blocks_of_hash[block_hash]
         block.block_hash, block.token_ids = None, ()
 
     def reset_prefix_cache(self) -> None:

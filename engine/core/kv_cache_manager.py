@@ -2,6 +2,8 @@
 registration of full blocks (at allocation, as vLLM's KVCacheManager does), and freeing."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ..request import Request
 from .block_pool import BlockPool
 from .hashing import extend_block_hashes
@@ -49,7 +51,7 @@ class KVCacheManager:
         self.prefix_cache_queries += num_query_tokens
         self.prefix_cache_hits += num_hit_tokens
 
-    def allocate_slots(self, req: Request, num_new_tokens: int, computed_blocks: list[int] = (),
+    def allocate_slots(self, req: Request, num_new_tokens: int, computed_blocks: Sequence[int] = (),
                        full_sequence_must_fit: bool = False) -> list[int] | None:
         """Give the request room for `num_new_tokens` more tokens after its computed ones
         (plus `computed_blocks` prefix hits taken now), and register the full blocks those

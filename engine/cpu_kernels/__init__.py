@@ -155,7 +155,7 @@ class NativeCpuKernels:
         """Writes out[rows[i]] = attention of q[rows[i]] over decode i's cached context; q's
         rows may be strided (each row contiguous), out is contiguous."""
         _, h, d = q.shape
-        num_blocks, block_size, kvh, _ = k_cache.shape
+        _, block_size, kvh, _ = k_cache.shape
         self.lib.kv_paged_decode_attention(
             q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), _is_bf16(k_cache), rows.data_ptr(),
             seq_lens.data_ptr(),
@@ -281,7 +281,8 @@ def _load() -> tuple[NativeCpuKernels | None, str | None]:
     if os.environ.get(DISABLE_ENV_VAR, "1") == "0":
         return None, f"turned off by {DISABLE_ENV_VAR}=0"
     if not cpu_supported():
-        return None, f"they need an x86-64 CPU with AVX2 and FMA (torch reports {torch.backends.cpu.get_cpu_capability()})"
+        capability = torch.backends.cpu.get_cpu_capability()
+        return None, f"they need an x86-64 CPU with AVX2 and FMA (torch reports {capability})"
     if not SOURCE.is_file():  # a kvscope installed from a package built without it (pyproject's package-data)
         return None, f"{SOURCE_MISSING}: {SOURCE}"
     runnable = [name for name, reason in variants().items() if reason is None]

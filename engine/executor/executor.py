@@ -75,12 +75,13 @@ class WorkerGroup:
         self.closed: str | None = None  # why the group can no longer run steps
         # Runs at garbage collection or interpreter exit if shutdown() was never called.
         self._finalizer = weakref.finalize(self, _stop, self.procs, self.conns, True)
-        self._store = dist.TCPStore(HOST, 0, size, True, timeout=datetime.timedelta(seconds=START_TIMEOUT_S),
-                                    wait_for_workers=False)
+        store = dist.TCPStore(HOST, 0, size, True, timeout=datetime.timedelta(seconds=START_TIMEOUT_S),
+                              wait_for_workers=False)
+        self._store: dist.TCPStore | None = store  # None once shut down
         threads = max(1, (os.cpu_count() or 1) // size)
         try:
             for rank in range(1, size):
-                args = WorkerArgs(rank, size, HOST, self._store.port, self.backend, config, spec, max_model_len, threads)
+                args = WorkerArgs(rank, size, HOST, store.port, self.backend, config, spec, max_model_len, threads)
                 _start_worker(args, self.procs, self.conns)
         except BaseException:
             self.shutdown(graceful=False)
@@ -97,6 +98,8 @@ class WorkerGroup:
             self._expect("hello")
             if self.tp.device.type == "cuda":
                 torch.cuda.set_device(self.tp.device)
+            if self._store is None:
+                raise TensorParallelError(f"this engine's tensor-parallel workers are stopped ({self.closed})")
             self.tp.group = new_group(self._store, 0, self.size, self.backend)
             self.send("kv", num_blocks)
             self._expect("ready")
@@ -107,7 +110,7 @@ class WorkerGroup:
     def _expect(self, kind: str, timeout: float = START_TIMEOUT_S) -> None:
         """Wait for message `kind` from every worker; a dead or failing worker raises at once."""
         deadline = time.monotonic() + timeout
-        for rank, (proc, conn) in enumerate(zip(self.procs, self.conns), start=1):
+        for proc, conn in zip(self.procs, self.conns):
             while not conn.poll(0.05):
                 if proc.poll() is not None or time.monotonic() > deadline:
                     self._fail(f"while starting (waiting for {kind!r})")
@@ -142,7 +145,7 @@ class WorkerGroup:
         may be waiting in a collective rank 0 will never join) and say which rank failed."""
         try:
             yield
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure leaves workers waiting in a collective
             self._fail("during the step", cause=exc)
         except BaseException:  # KeyboardInterrupt: stop the workers, keep the interrupt
             self.shutdown(graceful=False, reason="interrupted during a step")

@@ -96,6 +96,11 @@ class PackedLinear(nn.Module):
     are fp32 tensors either way; `rounding` (rounding_for) says where both paths round their
     values to bf16."""
 
+    # Buffers (register_buffer: nn.Module's stubs cannot say their types).
+    packed_weight: torch.Tensor
+    panels: torch.Tensor | None     # None where the native kernels do not build
+    gemm_bias: torch.Tensor | None
+
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
                  panel_dtype: torch.dtype = torch.float32, gemm_dtype: torch.dtype = torch.float32,
                  rounding: int = 0) -> None:
@@ -114,7 +119,7 @@ class PackedLinear(nn.Module):
         self.native_max_rows = native_max_rows(panel_dtype)
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
         # oneDNN takes the bias in the weight's dtype.
-        self.register_buffer("gemm_bias", None if bias is None else self.bias.to(gemm_dtype), persistent=False)
+        self.register_buffer("gemm_bias", None if self.bias is None else self.bias.to(gemm_dtype), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()
@@ -124,6 +129,8 @@ class PackedLinear(nn.Module):
 
     def panels_linear(self, x: torch.Tensor) -> torch.Tensor:
         """The native panels' product (x: contiguous fp32 rows), rounded as `rounding` says."""
+        if self.native is None or self.panels is None:
+            raise RuntimeError("no native panels: the native kernels did not build here (onednn_linear runs instead)")
         return self.native.linear(x, self.panels, self.out_features, self.bias, self.rounding)
 
     def onednn_linear(self, x: torch.Tensor) -> torch.Tensor:
@@ -152,16 +159,16 @@ class PackedLinear(nn.Module):
 def place_panels_on_huge_pages(linears: list[PackedLinear]) -> None:
     """Moves the native panels of `linears` into one buffer, back to back in the order given
     (the order a forward reads them), backed by 2 MiB pages where Linux grants them."""
-    linears = [lin for lin in linears if lin.panels is not None]
-    if not linears:  # the native kernels are off: oneDNN's packed weights only
+    held = [(lin, lin.panels) for lin in linears if lin.panels is not None]
+    if not held:  # the native kernels are off: oneDNN's packed weights only
         return
-    sizes = [_aligned(lin.panels.nbytes) for lin in linears]
+    sizes = [_aligned(panels.nbytes) for _, panels in held]
     arena = huge_page_bytes(sum(sizes))
     offset = 0
-    for lin, size in zip(linears, sizes):
-        panels = arena[offset: offset + lin.panels.nbytes].view(lin.panels.dtype)
-        panels.copy_(lin.panels)
-        lin.panels = panels
+    for (lin, panels), size in zip(held, sizes):
+        placed = arena[offset: offset + panels.nbytes].view(panels.dtype)
+        placed.copy_(panels)
+        lin.panels = placed
         offset += size
 
 

@@ -48,7 +48,7 @@ class Attention(nn.Module):
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
         if not rotated:
-            if self.q_norm is not None:
+            if self.q_norm is not None and self.k_norm is not None:  # both or neither (spec.qk_norm)
                 q, k = self.q_norm(q), self.k_norm(k)
             q, k = self.rope(positions, q, k)
         o = backend.forward(self.layer, q, k, v, kv_cache[0], kv_cache[1], meta)
@@ -96,6 +96,11 @@ class CausalLM(nn.Module):
         self.packed_lm_head: PackedLinear | None = None  # set by pack_for_cpu()
         self.gemm_dtype: torch.dtype | None = None  # oneDNN's dtype for prefill-sized linears, set by pack_for_cpu()
 
+    def decoder_layers(self) -> list[DecoderLayer]:
+        """The layers, in order, as what they are (nn.ModuleList's items are plain Modules to a
+        type checker)."""
+        return [layer for layer in self.layers if isinstance(layer, DecoderLayer)]
+
     def pack_for_cpu(self, panel_dtype: torch.dtype = torch.float32) -> None:
         """fp32 activations on a CPU: every plain linear and the LM head with packed weights
         (cpu_linear.py says why; the native panels, in `panel_dtype`, together on huge pages;
@@ -122,8 +127,8 @@ class CausalLM(nn.Module):
                 meta: AttentionMetadata, num_layers: int | None = None) -> torch.Tensor:
         """Hidden states after the final norm, [T, hidden]. `num_layers` stops early (probe)."""
         x, residual = self.embed_tokens(input_ids), None
-        for layer in self.layers[: num_layers or len(self.layers)]:
-            x, residual = layer(x, residual, positions, kv_caches[layer.self_attn.layer], backend, meta)
+        for i, layer in enumerate(self.layers[: num_layers or len(self.layers)]):  # layer i is self.layers[i]
+            x, residual = layer(x, residual, positions, kv_caches[i], backend, meta)
         return self.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:

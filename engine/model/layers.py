@@ -1,7 +1,7 @@
 """Small building blocks, written to match Hugging Face's numerics (fp32 parity).
 
-On a CPU (fp32 arithmetic, in fp32 and bf16 engines alike), CausalLM.pack_for_cpu() gives each of them kvscope's native kernels
-(`native`): one call instead of five to ten torch ops, the same arithmetic per element
+On a CPU (fp32 arithmetic, in fp32 and bf16 engines alike), CausalLM.pack_for_cpu() gives each
+of them kvscope's native kernels (`native`): one call instead of five to ten torch ops, the same arithmetic per element
 (engine/cpu_kernels/kvscope_cpu.c)."""
 from __future__ import annotations
 
@@ -43,6 +43,9 @@ class RMSNorm(nn.Module):
 class RotaryEmbedding(nn.Module):
     """Neox-style rotary embedding with a cos/sin table indexed by absolute position."""
 
+    cos: torch.Tensor  # [max_positions, head_dim] buffers (register_buffer: nn.Module's stubs cannot say)
+    sin: torch.Tensor
+
     def __init__(self, head_dim: int, max_positions: int, theta: float) -> None:
         super().__init__()
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
@@ -62,6 +65,8 @@ class RotaryEmbedding(nn.Module):
     def rotate_packed_(self, positions: torch.Tensor, qkv: torch.Tensor, heads: int) -> None:
         """Native kernels only: rotate the first `heads` heads of each row of the packed qkv
         projection [T, (H + 2 KVH) * D] in place (q's heads, then k's)."""
+        if self.native is None:
+            raise RuntimeError("rotate_packed_ runs on kvscope's native kernels, which this model was not given")
         self.native.rope_(qkv, positions, self.cos, self.sin, heads, self.cos.shape[1])
 
     def _lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -65,7 +65,8 @@ def load_weights(model: CausalLM, folder: str | Path) -> None:
                 target = name.removeprefix("model.")
                 if target == "lm_head.weight" and model.lm_head is None:
                     continue  # tied: the embedding serves as the LM head
-                tensor = f.get_tensor(name) if model.tp.size == 1 else _read_shard(f, name, model.tp.rank, model.tp.size)
+                tp = model.tp
+                tensor = f.get_tensor(name) if tp.size == 1 else _read_shard(f, name, tp.rank, tp.size)
                 for frag, (packed, shard) in PACKED_MODULES.items():
                     if f".{frag}." in target:
                         target = target.replace(frag, packed)
@@ -91,7 +92,8 @@ def _read_shard(f, name: str, rank: int, size: int) -> torch.Tensor:
     return view[lo:hi] if dim == 0 else view[:, lo:hi]
 
 
-def _copy(params: dict, target: str, tensor: torch.Tensor, source: str, rows: tuple[int, int] | None = None) -> None:
+def _copy(params: dict[str, torch.nn.Parameter], target: str, tensor: torch.Tensor, source: str,
+          rows: tuple[int, int] | None = None) -> None:
     if target not in params:
         raise ValueError(f"unexpected weight {source!r} in checkpoint (no parameter {target!r})")
     dest = params[target].data if rows is None else params[target].data[rows[0]:rows[1]]

@@ -104,7 +104,8 @@ def new_group(store: dist.Store, rank: int, size: int, backend: str,
     prefix = dist.PrefixStore("kvscope-tp", store)
     if backend == "gloo":
         try:
-            opts = dist.ProcessGroupGloo._Options()
+            # torch's stubs leave out ProcessGroupGloo._Options (private; an older torch has none: below).
+            opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
             opts._timeout = timeout
             # Every rank is on this machine: loopback needs no hostname lookup.
             opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]

@@ -7,17 +7,32 @@ this table to take only its slice from the safetensors file; `sharding_layout` r
 """
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class ShardedShape(Protocol):
-    """The sizes tensor parallelism splits across ranks (engine.model.ModelSpec has them: the
-    model imports this package, never the reverse)."""
+    """The sizes tensor parallelism splits across ranks, and the facts the layout shows
+    (engine.model.ModelSpec, a frozen dataclass, has them: the model imports this package,
+    never the reverse). Read-only properties, so a frozen dataclass fits."""
 
-    num_heads: int
-    num_kv_heads: int
-    vocab_size: int
-    intermediate_size: int
+    @property
+    def num_heads(self) -> int: ...
+    @property
+    def num_kv_heads(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
+    @property
+    def hidden_size(self) -> int: ...
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def intermediate_size(self) -> int: ...
+    @property
+    def attention_bias(self) -> bool: ...
+    @property
+    def qk_norm(self) -> bool: ...
+    @property
+    def tie_word_embeddings(self) -> bool: ...
 
 
 # HF module name -> the dimension of its weight split across ranks (0: rows, 1: columns).
@@ -41,7 +56,7 @@ def shard_bounds(length: int, rank: int, size: int) -> tuple[int, int]:
     return rank * part, (rank + 1) * part
 
 
-def rank_ranges(spec: ShardedShape, size: int) -> list[dict]:
+def rank_ranges(spec: ShardedShape, size: int) -> list[dict[str, Any]]:
     """Per rank: its [lo, hi) of query heads, KV heads, vocabulary rows and MLP rows."""
     return [{"rank": r, "heads": list(shard_bounds(spec.num_heads, r, size)),
              "kv_heads": list(shard_bounds(spec.num_kv_heads, r, size)),
@@ -50,16 +65,18 @@ def rank_ranges(spec: ShardedShape, size: int) -> list[dict]:
             for r in range(size)]
 
 
-def sharding_layout(spec: ShardedShape, size: int) -> list[dict]:
+def sharding_layout(spec: ShardedShape, size: int) -> list[dict[str, Any]]:
     """One entry per weight of a decoder layer (plus embedding, final norm, LM head), in
     forward order: HF name, full [out, in] shape, how it is split, what it is packed into,
     and the collective that follows it."""
     s = spec
-    q, kv, h, i, v = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim, s.hidden_size, s.intermediate_size, s.vocab_size
+    q, kv = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+    h, i, v = s.hidden_size, s.intermediate_size, s.vocab_size
 
     def w(name, shape, unit=None, packed=None, after=None, bias=False):
         dim = split_dim(name + ".weight")
-        return {"name": name, "shape": list(shape), "split": {0: "rows", 1: "columns"}.get(dim), "unit": unit,
+        return {"name": name, "shape": list(shape), "split": None if dim is None else ("rows", "columns")[dim],
+                "unit": unit,
                 "per_rank": [list(shard_bounds(shape[dim], r, size)) for r in range(size)] if dim is not None else None,
                 "packed_into": packed, "after": after if size > 1 else None, "bias": bias}
 
@@ -76,4 +93,4 @@ def sharding_layout(spec: ShardedShape, size: int) -> list[dict]:
                w("norm", (h,))]
     head = w("lm_head", (v, h), "vocab", after="gather")
     head["tied_to"] = "embed_tokens" if s.tie_word_embeddings else None
-    return layout + [head]
+    return [*layout, head]

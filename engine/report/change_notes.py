@@ -8,13 +8,12 @@ point. It costs O(what the step touched), never O(pool).
 """
 from __future__ import annotations
 
-from typing import Any
-
+from ..config import EngineConfig
 from ..core.scheduler import Scheduler, SchedulerOutput
 from ..request import Request
 from .changes import Sent
-from .records import block_dicts, request_dict
-from .schema import CHANGES, QUEUE, REQ, ChangesDict
+from .records import Decode, block_dicts, request_dict
+from .schema import CHANGES, QUEUE, REQ, ChangesDict, EngineMetricsDict, RequestChangeDict, RequestFieldsDict
 
 
 class ChangeNotes:
@@ -27,7 +26,7 @@ class ChangeNotes:
         self._finished_sent = 0           # scheduler.finished[:n] went out already
 
     def take(self, step: int, out: SchedulerOutput | None, *, requests: dict[str, Request], scheduler: Scheduler,
-             config: Any, metrics: dict, decode: Any) -> ChangesDict:
+             config: EngineConfig, metrics: EngineMetricsDict, decode: Decode) -> ChangesDict:
         """The changes since the last call; `out` is the step's SchedulerOutput (None: no step,
         only actions since the last refresh point)."""
         touched = self.requests
@@ -47,26 +46,26 @@ class ChangeNotes:
         finished = scheduler.finished[self._finished_sent:]
         self._finished_sent = len(scheduler.finished)
         done = {r.request_id for r in finished}
-        changed = {}
+        changed: dict[str, RequestChangeDict] = {}
         for rid in sorted(touched - done):
             req = requests.get(rid)
             if req is not None:
                 changed[rid] = self._request_change(req, decode)
         self.sent.forget(done)
-        changes: dict[str, Any] = {
+        changes: ChangesDict = {
             CHANGES.STEP: step, CHANGES.REQUESTS: changed,
             CHANGES.QUEUES: {QUEUE.WAITING: [r.request_id for r in scheduler.waiting],
                              QUEUE.RUNNING: [r.request_id for r in scheduler.running]},
             CHANGES.FINISHED: [request_dict(r, decode) for r in finished],
             CHANGES.BLOCKS: block_dicts(pool, config.block_size, list(scheduler.running), blocks) if blocks else [],
-            CHANGES.NUM_FREE_BLOCKS: pool.num_free_blocks, CHANGES.METRICS: dict(metrics)}
+            CHANGES.NUM_FREE_BLOCKS: pool.num_free_blocks, CHANGES.METRICS: metrics.copy()}
         if self.config_changed:
             changes[CHANGES.CONFIG] = config.to_dict()
             self.config_changed = False
-        return changes  # type: ignore[return-value]
+        return changes
 
-    def _request_change(self, req: Request, decode: Any) -> dict:
-        fields = {REQ.REQUEST_ID: req.request_id, REQ.STATUS: req.status.value,
+    def _request_change(self, req: Request, decode: Decode) -> RequestChangeDict:
+        fields: RequestFieldsDict = {REQ.REQUEST_ID: req.request_id, REQ.STATUS: req.status.value,
                   REQ.NUM_COMPUTED_TOKENS: req.num_computed_tokens, REQ.NUM_CACHED_TOKENS: req.num_cached_tokens,
                   REQ.NUM_PREEMPTIONS: req.num_preemptions, REQ.FINISH_REASON: req.finish_reason,
                   REQ.OUTPUT_TEXT: req.cached_text("output", decode)}

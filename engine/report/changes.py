@@ -30,33 +30,35 @@ A tail that does not fit the state held raises `OutOfStep`, never a silent guess
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TypeVar
 
 from ..request import ClockEvents, RequestMetrics
 from .schema import (
     BLOCK,
     CCHANGE,
     CHANGES,
+    CLOCK,
     POOL,
     QUEUE,
     RCHANGE,
     REQ,
     RMETRICS,
     SNAP,
+    BlockPoolDict,
     ChangesDict,
     ClockChangeDict,
+    ClockDict,
     EngineSnapshotDict,
+    QueuesDict,
     RequestChangeDict,
+    RequestDict,
+    RequestFieldsDict,
 )
 
 CLOCKS = (RMETRICS.ENGINE, RMETRICS.WALL)
-# The request dict's growing lists and the change keys their tails travel in.
-_TAILS = {REQ.OUTPUT_TOKEN_IDS: (RCHANGE.OUTPUT_FROM, RCHANGE.OUTPUT_TAIL),
-          REQ.BLOCK_TABLE: (RCHANGE.TABLE_FROM, RCHANGE.TABLE_TAIL)}
-_NOT_COPIED = frozenset(k for pair in _TAILS.values() for k in pair) | {RCHANGE.CLOCKS}
-_CLOCK_TIMES = (CCHANGE.ARRIVAL_TIME, CCHANGE.FIRST_SCHEDULED_TIME, CCHANGE.FIRST_TOKEN_TIME, CCHANGE.FINISHED_TIME)
 # What a request change carries only the first time the consumer sees the request.
 FIRST_SEEN = (REQ.PROMPT_TOKEN_IDS, REQ.PROMPT_TEXT, REQ.MAX_TOKENS, REQ.SAMPLING_PARAMS, REQ.PRIORITY)
+T = TypeVar("T")
 
 
 class OutOfStep(ValueError):
@@ -71,7 +73,7 @@ def apply(snapshot: EngineSnapshotDict, changes: ChangesDict) -> EngineSnapshotD
     if whole is not None:
         return whole
     queues = snapshot[SNAP.QUEUES]
-    known = {r[REQ.REQUEST_ID]: r for q in (QUEUE.WAITING, QUEUE.RUNNING) for r in queues[q]}
+    known = {r[REQ.REQUEST_ID]: r for r in (*queues[QUEUE.WAITING], *queues[QUEUE.RUNNING])}
     finished = queues[QUEUE.FINISHED]
     if changes[CHANGES.FINISHED]:
         finished = finished + [_keep_unchanging(r, known.get(r[REQ.REQUEST_ID])) for r in changes[CHANGES.FINISHED]]
@@ -94,49 +96,86 @@ def apply(snapshot: EngineSnapshotDict, changes: ChangesDict) -> EngineSnapshotD
             if not 0 <= i < len(blocks):
                 raise OutOfStep(f"block {i} is outside the pool of {len(blocks)}")
             blocks[i] = {**b, BLOCK.OWNERS: owners.get(i, [])}
-    new_queues = {QUEUE.WAITING: _same_or(waiting, queues[QUEUE.WAITING]),
-                  QUEUE.RUNNING: _same_or(running, queues[QUEUE.RUNNING]), QUEUE.FINISHED: finished}
+    waiting, running = _same_or(waiting, queues[QUEUE.WAITING]), _same_or(running, queues[QUEUE.RUNNING])
+    unmoved = (waiting is queues[QUEUE.WAITING] and running is queues[QUEUE.RUNNING]
+               and finished is queues[QUEUE.FINISHED])
+    new_queues: QueuesDict = queues if unmoved else \
+        {QUEUE.WAITING: waiting, QUEUE.RUNNING: running, QUEUE.FINISHED: finished}
     free = changes[CHANGES.NUM_FREE_BLOCKS]
-    new_pool = pool if blocks is pool[POOL.BLOCKS] and free == pool[POOL.NUM_FREE_BLOCKS] else \
+    new_pool: BlockPoolDict = pool if blocks is pool[POOL.BLOCKS] and free == pool[POOL.NUM_FREE_BLOCKS] else \
         {**pool, POOL.NUM_FREE_BLOCKS: free, POOL.BLOCKS: blocks}
     return {SNAP.STEP: changes[CHANGES.STEP],
             SNAP.CONFIG: changes.get(CHANGES.CONFIG, snapshot[SNAP.CONFIG]),
             SNAP.MODEL_INFO: changes.get(CHANGES.MODEL_INFO, snapshot[SNAP.MODEL_INFO]),
-            SNAP.METRICS: changes[CHANGES.METRICS],
-            SNAP.QUEUES: queues if all(new_queues[k] is queues[k] for k in QUEUE.ALL) else new_queues,
-            SNAP.BLOCK_POOL: new_pool}
+            SNAP.METRICS: changes[CHANGES.METRICS], SNAP.QUEUES: new_queues, SNAP.BLOCK_POOL: new_pool}
 
 
-def _keep_unchanging(finished: dict, old: dict | None) -> dict:
+def _keep_unchanging(finished: RequestDict, old: RequestDict | None) -> RequestDict:
     """A finished request's dict, sharing what never changes (its prompt, the sampling
     parameters) with its dict before it finished."""
     if old is None:
         return finished
-    kept = {k: old[k] for k in (REQ.PROMPT_TOKEN_IDS, REQ.SAMPLING_PARAMS)
-            if k in old and k in finished and old[k] is not finished[k] and old[k] == finished[k]}
-    return {**finished, **kept} if kept else finished
+    shared = finished
+    if old[REQ.PROMPT_TOKEN_IDS] is not finished[REQ.PROMPT_TOKEN_IDS] and \
+            old[REQ.PROMPT_TOKEN_IDS] == finished[REQ.PROMPT_TOKEN_IDS]:
+        shared = {**shared, REQ.PROMPT_TOKEN_IDS: old[REQ.PROMPT_TOKEN_IDS]}
+    if old[REQ.SAMPLING_PARAMS] is not finished[REQ.SAMPLING_PARAMS] and \
+            old[REQ.SAMPLING_PARAMS] == finished[REQ.SAMPLING_PARAMS]:
+        shared = {**shared, REQ.SAMPLING_PARAMS: old[REQ.SAMPLING_PARAMS]}
+    return shared
 
 
-def _same_or(new: list, old: list) -> list:
+def _same_or(new: list[T], old: list[T]) -> list[T]:
     """`old` itself when `new` holds the same objects in the same order (nothing moved)."""
     return old if len(new) == len(old) and all(a is b for a, b in zip(new, old)) else new
 
 
-def _request(old: dict | None, change: RequestChangeDict, rid: str) -> dict:
+def _request(old: RequestDict | None, change: RequestChangeDict, rid: str) -> RequestDict:
     """The request dict after a change: what the change leaves out (the prompt, the sampling
     parameters, the texts) is kept from `old`; the growing lists continue `old`'s."""
-    if old is None and REQ.PROMPT_TOKEN_IDS not in change:
-        raise OutOfStep(f"request {rid} changed, but its first appearance was missed")
-    new = dict(old) if old is not None else {REQ.OUTPUT_TEXT: ""}
-    new.update((k, v) for k, v in change.items() if k not in _NOT_COPIED)
-    for key, (at, tail) in _TAILS.items():
-        new[key] = _continued(old[key] if old is not None else [], change[at], change[tail], f"request {rid}: {key}")
-    old_metrics = (old or {}).get(REQ.METRICS) or {}
-    new[REQ.METRICS] = {c: _clock(old_metrics.get(c), change[RCHANGE.CLOCKS][c], rid) for c in CLOCKS}
+    prev = old if old is not None else _first_appearance(change, rid)
+    clocks, prev_metrics = change[RCHANGE.CLOCKS], prev[REQ.METRICS]
+    new: RequestDict = {
+        **prev,
+        REQ.REQUEST_ID: change[RCHANGE.REQUEST_ID], REQ.STATUS: change[RCHANGE.STATUS],
+        REQ.NUM_COMPUTED_TOKENS: change[RCHANGE.NUM_COMPUTED_TOKENS],
+        REQ.NUM_CACHED_TOKENS: change[RCHANGE.NUM_CACHED_TOKENS],
+        REQ.NUM_PREEMPTIONS: change[RCHANGE.NUM_PREEMPTIONS], REQ.FINISH_REASON: change[RCHANGE.FINISH_REASON],
+        # Announced once, but a producer may announce a request again: the latest word counts.
+        REQ.PROMPT_TOKEN_IDS: change.get(RCHANGE.PROMPT_TOKEN_IDS, prev[REQ.PROMPT_TOKEN_IDS]),
+        REQ.PROMPT_TEXT: change.get(RCHANGE.PROMPT_TEXT, prev[REQ.PROMPT_TEXT]),
+        REQ.MAX_TOKENS: change.get(RCHANGE.MAX_TOKENS, prev[REQ.MAX_TOKENS]),
+        REQ.SAMPLING_PARAMS: change.get(RCHANGE.SAMPLING_PARAMS, prev[REQ.SAMPLING_PARAMS]),
+        REQ.PRIORITY: change.get(RCHANGE.PRIORITY, prev[REQ.PRIORITY]),
+        REQ.OUTPUT_TEXT: change.get(RCHANGE.OUTPUT_TEXT, prev[REQ.OUTPUT_TEXT]),
+        REQ.OUTPUT_TOKEN_IDS: _continued(prev[REQ.OUTPUT_TOKEN_IDS], change[RCHANGE.OUTPUT_FROM],
+                                         change[RCHANGE.OUTPUT_TAIL], f"request {rid}: {REQ.OUTPUT_TOKEN_IDS}"),
+        REQ.BLOCK_TABLE: _continued(prev[REQ.BLOCK_TABLE], change[RCHANGE.TABLE_FROM], change[RCHANGE.TABLE_TAIL],
+                                    f"request {rid}: {REQ.BLOCK_TABLE}"),
+        REQ.METRICS: {RMETRICS.ENGINE: _clock(prev_metrics[RMETRICS.ENGINE], clocks[RMETRICS.ENGINE], rid),
+                      RMETRICS.WALL: _clock(prev_metrics[RMETRICS.WALL], clocks[RMETRICS.WALL], rid)}}
+    if RCHANGE.NUM_PROMPT_TOKENS in change:  # token ids left out: the counts instead
+        new[REQ.NUM_PROMPT_TOKENS] = change[RCHANGE.NUM_PROMPT_TOKENS]
+    if RCHANGE.NUM_OUTPUT_TOKENS in change:
+        new[REQ.NUM_OUTPUT_TOKENS] = change[RCHANGE.NUM_OUTPUT_TOKENS]
     return new
 
 
-def _continued(before: list, start: int, tail: list, what: str) -> list:
+def _first_appearance(change: RequestChangeDict, rid: str) -> RequestDict:
+    """A request new to the consumer, before its first change: what that change announces
+    once (FIRST_SEEN), nothing computed, no event times."""
+    if any(key not in change for key in FIRST_SEEN):
+        raise OutOfStep(f"request {rid} changed, but its first appearance was missed")
+    return {REQ.REQUEST_ID: change[RCHANGE.REQUEST_ID], REQ.STATUS: change[RCHANGE.STATUS],
+            REQ.PROMPT_TOKEN_IDS: change[RCHANGE.PROMPT_TOKEN_IDS], REQ.OUTPUT_TOKEN_IDS: [],
+            REQ.PROMPT_TEXT: change[RCHANGE.PROMPT_TEXT], REQ.OUTPUT_TEXT: "", REQ.NUM_COMPUTED_TOKENS: 0,
+            REQ.NUM_CACHED_TOKENS: 0, REQ.BLOCK_TABLE: [], REQ.NUM_PREEMPTIONS: 0, REQ.FINISH_REASON: None,
+            REQ.MAX_TOKENS: change[RCHANGE.MAX_TOKENS], REQ.SAMPLING_PARAMS: change[RCHANGE.SAMPLING_PARAMS],
+            REQ.PRIORITY: change[RCHANGE.PRIORITY],
+            REQ.METRICS: {RMETRICS.ENGINE: ClockEvents().to_dict(), RMETRICS.WALL: ClockEvents().to_dict()}}
+
+
+def _continued(before: list[T], start: int, tail: list[T], what: str) -> list[T]:
     if len(before) < start:
         raise OutOfStep(f"{what} continues at {start}, the state held has {len(before)}")
     if not tail and start == len(before):
@@ -144,15 +183,17 @@ def _continued(before: list, start: int, tail: list, what: str) -> list:
     return before[:start] + list(tail)
 
 
-def _clock(old: dict | None, change: ClockChangeDict, rid: str) -> dict:
+def _clock(old: ClockDict, change: ClockChangeDict, rid: str) -> ClockDict:
     """The clock's metrics dict (ClockEvents.to_dict, the latencies derived) after a change."""
-    times = _continued((old or {}).get("token_times") or [], change[CCHANGE.TOKEN_TIMES_FROM],
-                       change[CCHANGE.TOKEN_TIMES_TAIL], f"request {rid}: token_times")
-    return ClockEvents(**{k: change[k] for k in _CLOCK_TIMES}, preempted_times=list(change[CCHANGE.PREEMPTED_TIMES]),
-                       token_times=times).to_dict()
+    times = _continued(old[CLOCK.TOKEN_TIMES], change[CCHANGE.TOKEN_TIMES_FROM],
+                       change[CCHANGE.TOKEN_TIMES_TAIL], f"request {rid}: {CLOCK.TOKEN_TIMES}")
+    return ClockEvents(arrival_time=change[CCHANGE.ARRIVAL_TIME],
+                       first_scheduled_time=change[CCHANGE.FIRST_SCHEDULED_TIME],
+                       first_token_time=change[CCHANGE.FIRST_TOKEN_TIME], finished_time=change[CCHANGE.FINISHED_TIME],
+                       preempted_times=list(change[CCHANGE.PREEMPTED_TIMES]), token_times=times).to_dict()
 
 
-def _owners(running: list[dict], wanted: set[int]) -> dict[int, list[str]]:
+def _owners(running: list[RequestDict], wanted: set[int]) -> dict[int, list[str]]:
     """For the blocks in `wanted`: the running requests whose block table holds them, in queue order."""
     owners: dict[int, list[str]] = {}
     for r in running:
@@ -187,25 +228,29 @@ class Sent:
         """The consumer now holds the whole request (it took a whole snapshot)."""
         self._held[rid] = [len(output), len(table), len(metrics.engine.token_times), len(metrics.wall.token_times)]
 
-    def change(self, rid: str, fields: dict, output: Sequence[int], table: Sequence[int],
+    def change(self, rid: str, fields: RequestFieldsDict, output: Sequence[int], table: Sequence[int],
                metrics: RequestMetrics) -> RequestChangeDict:
         """The request change: `fields` (status, counts, finish_reason, and the FIRST_SEEN keys
         and texts as the producer has them; FIRST_SEEN ones are dropped when the consumer has
         seen the request) plus the tails of what the consumer does not hold yet."""
         held = self._held.get(rid)
-        change: dict[str, Any] = dict(fields)
         if held is None:
             held = self._held[rid] = [0, 0, 0, 0]
         else:
-            for key in FIRST_SEEN:
-                change.pop(key, None)
+            fields = fields.copy()
+            fields.pop(RCHANGE.PROMPT_TOKEN_IDS, None)  # FIRST_SEEN
+            fields.pop(RCHANGE.PROMPT_TEXT, None)
+            fields.pop(RCHANGE.MAX_TOKENS, None)
+            fields.pop(RCHANGE.SAMPLING_PARAMS, None)
+            fields.pop(RCHANGE.PRIORITY, None)
         start, table_from = min(held[0], len(output)), min(held[1], len(table))
-        change[RCHANGE.OUTPUT_FROM], change[RCHANGE.OUTPUT_TAIL] = start, list(output[start:])
-        change[RCHANGE.TABLE_FROM], change[RCHANGE.TABLE_TAIL] = table_from, list(table[table_from:])
-        change[RCHANGE.CLOCKS] = {RMETRICS.ENGINE: clock_change(metrics.engine, held[2]),
-                                  RMETRICS.WALL: clock_change(metrics.wall, held[3])}
+        change: RequestChangeDict = {
+            **fields, RCHANGE.OUTPUT_FROM: start, RCHANGE.OUTPUT_TAIL: list(output[start:]),
+            RCHANGE.TABLE_FROM: table_from, RCHANGE.TABLE_TAIL: list(table[table_from:]),
+            RCHANGE.CLOCKS: {RMETRICS.ENGINE: clock_change(metrics.engine, held[2]),
+                             RMETRICS.WALL: clock_change(metrics.wall, held[3])}}
         held[:] = [len(output), len(table), len(metrics.engine.token_times), len(metrics.wall.token_times)]
-        return change  # type: ignore[return-value]
+        return change
 
 
 def clock_change(clock: ClockEvents, held: int) -> ClockChangeDict:
@@ -215,15 +260,15 @@ def clock_change(clock: ClockEvents, held: int) -> ClockChangeDict:
     return {CCHANGE.ARRIVAL_TIME: clock.arrival_time, CCHANGE.FIRST_SCHEDULED_TIME: clock.first_scheduled_time,
             CCHANGE.FIRST_TOKEN_TIME: clock.first_token_time, CCHANGE.FINISHED_TIME: clock.finished_time,
             CCHANGE.PREEMPTED_TIMES: list(clock.preempted_times), CCHANGE.TOKEN_TIMES_FROM: start,
-            CCHANGE.TOKEN_TIMES_TAIL: times[start:]}  # type: ignore[return-value]
+            CCHANGE.TOKEN_TIMES_TAIL: times[start:]}
 
 
 def whole(snapshot: EngineSnapshotDict, step: int, restart: str | None = None) -> ChangesDict:
     """Changes that replace the state with `snapshot` (and, with `restart`, start the history again)."""
-    changes: dict[str, Any] = {CHANGES.STEP: step, CHANGES.REQUESTS: {}, CHANGES.QUEUES: {QUEUE.WAITING: [],
-                               QUEUE.RUNNING: []}, CHANGES.FINISHED: [], CHANGES.BLOCKS: [],
-                               CHANGES.NUM_FREE_BLOCKS: snapshot[SNAP.BLOCK_POOL][POOL.NUM_FREE_BLOCKS],
-                               CHANGES.METRICS: snapshot[SNAP.METRICS], CHANGES.SNAPSHOT: snapshot}
+    changes: ChangesDict = {CHANGES.STEP: step, CHANGES.REQUESTS: {}, CHANGES.QUEUES: {QUEUE.WAITING: [],
+                            QUEUE.RUNNING: []}, CHANGES.FINISHED: [], CHANGES.BLOCKS: [],
+                            CHANGES.NUM_FREE_BLOCKS: snapshot[SNAP.BLOCK_POOL][POOL.NUM_FREE_BLOCKS],
+                            CHANGES.METRICS: snapshot[SNAP.METRICS], CHANGES.SNAPSHOT: snapshot}
     if restart is not None:
         changes[CHANGES.RESTART] = restart
-    return changes  # type: ignore[return-value]
+    return changes

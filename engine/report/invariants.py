@@ -43,12 +43,13 @@ def check_invariants(engine, out=None, batch=None) -> None:
     _require(registered == sum(blk.block_hash is not None for blk in pool.blocks),
              "a block holds a hash that the prefix cache does not list")
     for req in [*engine.scheduler.waiting, *engine.scheduler.finished]:
-        _require(not req.block_table, f"request {req.request_id} ({req.status.value}) still holds blocks {req.block_table}")
+        _require(not req.block_table,
+                 f"request {req.request_id} ({req.status.value}) still holds blocks {req.block_table}")
     for req in running:
         _require(req.status == RequestStatus.RUNNING, f"request {req.request_id} in running has status {req.status}")
         need = cdiv(req.num_computed_tokens, bs)
-        _require(need <= len(req.block_table) <= need + 1,
-                 f"request {req.request_id}: {len(req.block_table)} blocks for {req.num_computed_tokens} computed tokens")
+        _require(need <= len(req.block_table) <= need + 1, f"request {req.request_id}: {len(req.block_table)} "
+                 f"blocks for {req.num_computed_tokens} computed tokens")
         _require(len(set(req.block_table)) == len(req.block_table), f"request {req.request_id} lists a block twice")
         # Blocks are registered when allocated; after the step their KV must exist.
         _require(req.num_cached_blocks <= req.num_computed_tokens // bs,

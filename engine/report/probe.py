@@ -3,12 +3,32 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypedDict
 
 import torch
 
 from ..model import ModelSpec
 from ..request import Request, RequestStatus
 from ..runner.model_runner import ModelRunner
+
+
+class _AttentionProbeFields(TypedDict):
+    request_id: str
+    layer: int
+    heads: list[int]
+    kv_head_of_head: list[int]
+    query_positions: list[int]
+    context_len: int
+    block_size: int
+    block_table: list[int]
+    token_ids: list[int]
+    tokens: list[str]
+    probs: list[list[list[float]]]   # [head][query][context position]
+
+
+class AttentionProbeDict(_AttentionProbeFields, total=False):
+    """AttentionProbe.to_dict(): what the attention panel takes."""
+    source: str   # where the numbers came from (vLLM's probe says)
 
 
 @dataclass
@@ -28,10 +48,11 @@ class AttentionProbe:
     tokens: list[str]
     probs: torch.Tensor
 
-    def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in (
-            "request_id", "layer", "heads", "kv_head_of_head", "query_positions", "context_len",
-            "block_size", "block_table", "token_ids", "tokens")} | {"probs": self.probs.tolist()}
+    def to_dict(self) -> AttentionProbeDict:
+        return {"request_id": self.request_id, "layer": self.layer, "heads": self.heads,
+                "kv_head_of_head": self.kv_head_of_head, "query_positions": self.query_positions,
+                "context_len": self.context_len, "block_size": self.block_size, "block_table": self.block_table,
+                "token_ids": self.token_ids, "tokens": self.tokens, "probs": self.probs.tolist()}
 
 
 def probe_attention(requests: dict[str, Request], request_id: str, layer: int, head: int | None, *,
@@ -52,6 +73,8 @@ def probe_attention(requests: dict[str, Request], request_id: str, layer: int, h
         raise ValueError(f"request_id {request_id!r} is {state}: attention can only be probed while it runs")
     start, end = req.last_scheduled
     probs = runner.probe(req.all_token_ids, start, end, req.block_table, layer)
+    if probs is None:  # the runner gathers every rank's heads on rank 0, this engine's
+        raise RuntimeError("the runner returned no attention probabilities on rank 0")
     heads = list(range(spec.num_heads)) if head is None else [head]
     group = spec.num_heads // spec.num_kv_heads
     context = req.all_token_ids[:end]

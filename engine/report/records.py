@@ -5,16 +5,60 @@ from __future__ import annotations
 
 import gc
 import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from ..config import SCHEDULER_KNOBS
-from ..core.block_pool import BlockEvents
+from ..config import SCHEDULER_KNOBS, EngineConfig
+from ..core.block_pool import BlockEvents, BlockPool
 from ..core.hashing import hash_hex
 from ..core.scheduler import Scheduler, SchedulerOutput
 from ..request import Request
-from .schema import BATCH, BLOCK, POOL, QUEUE, REC, REQ, SAMPLE, SCHED, SNAP, TIME
+from ..runner.model_runner import Batch, ModelRunnerOutput
+from ..runner.sampler import SampleResult
+from .schema import (
+    BATCH,
+    BLOCK,
+    EV,
+    POOL,
+    QUEUE,
+    REC,
+    REQ,
+    SAMPLE,
+    SCHED,
+    SNAP,
+    TIME,
+    BatchDict,
+    BlockDict,
+    BlockEventsDict,
+    BlockPoolDict,
+    BudgetsDict,
+    ChangesDict,
+    EngineMetricsDict,
+    EngineSnapshotDict,
+    ModelInfoDict,
+    QueuesDict,
+    RequestDict,
+    SampledDict,
+    ScheduledDict,
+    StepRecordDict,
+    TimingsDict,
+)
+
+Decode = Callable[[Sequence[int]], str]  # token ids -> text (engine.tokenizer.fast_decoder)
+
+
+def empty_batch() -> BatchDict:
+    """The batch of a step that recorded none."""
+    return {BATCH.INPUT_IDS: [], BATCH.POSITIONS: [], BATCH.QUERY_START_LOC: [], BATCH.SEQ_LENS: [],
+            BATCH.SLOT_MAPPING: [], BATCH.BLOCK_TABLES: [], BATCH.LOGITS_INDICES: []}
+
+
+def changes_to_come() -> ChangesDict:
+    """What a StepRecord holds until its producer sets the step's changes, which every producer
+    does before the record leaves it: an empty placeholder, not yet a ChangesDict."""
+    return cast("ChangesDict", {})
 
 
 @dataclass
@@ -22,15 +66,15 @@ class StepRecord:
     """What one `step()` did: the schedule, the packed batch, sampled tokens, block events."""
 
     step: int
-    scheduled: list[dict] = field(default_factory=list)
-    batch: dict = field(default_factory=lambda: {k: [] for k in BATCH.ALL})
-    sampled: dict = field(default_factory=dict)
+    scheduled: list[ScheduledDict] = field(default_factory=list)
+    batch: BatchDict = field(default_factory=empty_batch)
+    sampled: dict[str, SampledDict] = field(default_factory=dict)
     preempted: list[str] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
     new_requests: list[str] = field(default_factory=list)
-    blocks: dict = field(default_factory=lambda: BlockEvents().to_dict())
+    blocks: BlockEventsDict = field(default_factory=lambda: BlockEvents().to_dict())
     num_free_blocks: int = 0
-    timings_ms: dict = field(default_factory=dict)
+    timings_ms: TimingsDict = field(default_factory=lambda: TimingsDict())
     engine_time_s: float = 0.0
     wall_time_s: float = 0.0
     token_budget: int = 0
@@ -38,22 +82,24 @@ class StepRecord:
     num_waiting: int = 0
     # The scheduler knobs this step ran under (keys: engine.config.SCHEDULER_KNOBS); they
     # may change between steps, so a view of an old step shows the budgets it had.
-    budgets: dict = field(default_factory=dict)
+    budgets: BudgetsDict = field(default_factory=lambda: BudgetsDict())
     # Where `batch` comes from: "runner" (the runner's own inputs), "scheduler" (derived from
     # the scheduler's block tables), None (no batch recorded).
     batch_source: str | None = None
     # What the step changed in the engine's state (engine/report/changes.py: apply).
-    changes: dict = field(default_factory=dict)
+    changes: ChangesDict = field(default_factory=changes_to_come)
 
     @classmethod
-    def from_dict(cls, d: dict) -> StepRecord:
-        """A StepRecord around a record dict (a live feed's): its parts are used as they are."""
-        return cls(**{k: d[k] for k in REC.ALL if k in d})
+    def from_dict(cls, d: Mapping[str, Any]) -> StepRecord:
+        """A StepRecord around a record dict (a live feed's): its parts are used as they are;
+        keys it lacks keep their defaults, keys that are not the record's are left out."""
+        return cls(**{k: v for k, v in d.items() if k in REC.ALL})
 
     @staticmethod
-    def budgets_of(config: Any) -> dict:
-        """The scheduler knobs of `config` (an EngineConfig, or anything with those fields)."""
-        return {k: getattr(config, k) for k in SCHEDULER_KNOBS if hasattr(config, k)}
+    def budgets_of(config: Any) -> BudgetsDict:
+        """The scheduler knobs of `config` (an EngineConfig, or anything with those fields).
+        SCHEDULER_KNOBS are BudgetsDict's keys (engine/report/schema.py checks it at import)."""
+        return cast("BudgetsDict", {k: getattr(config, k) for k in SCHEDULER_KNOBS if hasattr(config, k)})
 
     @property
     def num_batched_tokens(self) -> int:
@@ -63,22 +109,36 @@ class StepRecord:
     def is_empty(self) -> bool:
         return not self.scheduled
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> StepRecordDict:
         return {
-            REC.STEP: self.step, REC.SCHEDULED: [dict(s) for s in self.scheduled],
-            REC.BATCH: {k: [list(x) for x in v] if k == BATCH.BLOCK_TABLES else list(v) for k, v in self.batch.items()},
+            REC.STEP: self.step, REC.SCHEDULED: [s.copy() for s in self.scheduled],
+            REC.BATCH: _batch_copy(self.batch),
             REC.SAMPLED: {rid: {**s, SAMPLE.TOP: [list(t) for t in s[SAMPLE.TOP]]} for rid, s in self.sampled.items()},
             REC.PREEMPTED: list(self.preempted), REC.FINISHED: list(self.finished),
-            REC.NEW_REQUESTS: list(self.new_requests), REC.BLOCKS: {k: list(v) for k, v in self.blocks.items()},
-            REC.NUM_FREE_BLOCKS: self.num_free_blocks, REC.TIMINGS_MS: dict(self.timings_ms),
+            REC.NEW_REQUESTS: list(self.new_requests), REC.BLOCKS: _events_copy(self.blocks),
+            REC.NUM_FREE_BLOCKS: self.num_free_blocks, REC.TIMINGS_MS: self.timings_ms.copy(),
             REC.ENGINE_TIME_S: self.engine_time_s, REC.WALL_TIME_S: self.wall_time_s,
             REC.TOKEN_BUDGET: self.token_budget, REC.NUM_RUNNING: self.num_running, REC.NUM_WAITING: self.num_waiting,
-            REC.BUDGETS: dict(self.budgets), REC.BATCH_SOURCE: self.batch_source,
+            REC.BUDGETS: self.budgets.copy(), REC.BATCH_SOURCE: self.batch_source,
             REC.CHANGES: self.changes,  # built for this record alone: not copied
         }
 
 
-def request_dict(req: Request, decode) -> dict:
+def _batch_copy(b: BatchDict) -> BatchDict:
+    """A batch whose lists are the record's own (a live feed's may be tuples)."""
+    return {BATCH.INPUT_IDS: list(b[BATCH.INPUT_IDS]), BATCH.POSITIONS: list(b[BATCH.POSITIONS]),
+            BATCH.QUERY_START_LOC: list(b[BATCH.QUERY_START_LOC]), BATCH.SEQ_LENS: list(b[BATCH.SEQ_LENS]),
+            BATCH.SLOT_MAPPING: list(b[BATCH.SLOT_MAPPING]),
+            BATCH.BLOCK_TABLES: [list(t) for t in b[BATCH.BLOCK_TABLES]],
+            BATCH.LOGITS_INDICES: list(b[BATCH.LOGITS_INDICES])}
+
+
+def _events_copy(e: BlockEventsDict) -> BlockEventsDict:
+    return {EV.ALLOCATED: list(e[EV.ALLOCATED]), EV.FREED: list(e[EV.FREED]), EV.CACHED: list(e[EV.CACHED]),
+            EV.HITS: list(e[EV.HITS]), EV.EVICTED: list(e[EV.EVICTED]), EV.SAME_STEP_HITS: list(e[EV.SAME_STEP_HITS])}
+
+
+def request_dict(req: Request, decode: Decode) -> RequestDict:
     """One request as the snapshot shows it; `decode` turns token ids into text."""
     prompt_text = req.prompt_text if req.prompt_text is not None else req.cached_text("prompt", decode)
     return {
@@ -105,24 +165,25 @@ class EngineSnapshot:
     """The engine's whole state after a step: queues, every block of the pool, metrics."""
 
     step: int
-    config: dict
-    model_info: dict
-    metrics: dict
-    queues: dict
-    block_pool: dict
+    config: dict[str, Any]
+    model_info: ModelInfoDict
+    metrics: EngineMetricsDict
+    queues: QueuesDict
+    block_pool: BlockPoolDict
 
-    def to_dict(self) -> dict:
-        return {SNAP.STEP: self.step, SNAP.CONFIG: dict(self.config), SNAP.MODEL_INFO: dict(self.model_info),
-                SNAP.METRICS: dict(self.metrics), SNAP.QUEUES: self.queues, SNAP.BLOCK_POOL: self.block_pool}
+    def to_dict(self) -> EngineSnapshotDict:
+        return {SNAP.STEP: self.step, SNAP.CONFIG: dict(self.config), SNAP.MODEL_INFO: self.model_info.copy(),
+                SNAP.METRICS: self.metrics.copy(), SNAP.QUEUES: self.queues, SNAP.BLOCK_POOL: self.block_pool}
 
     @classmethod
-    def from_dict(cls, d: dict) -> EngineSnapshot:
+    def from_dict(cls, d: EngineSnapshotDict) -> EngineSnapshot:
         """An EngineSnapshot around a snapshot dict (a live feed's): its parts are used as they are."""
-        return cls(**{k: d[k] for k in SNAP.ALL})
+        return cls(step=d[SNAP.STEP], config=d[SNAP.CONFIG], model_info=d[SNAP.MODEL_INFO], metrics=d[SNAP.METRICS],
+                   queues=d[SNAP.QUEUES], block_pool=d[SNAP.BLOCK_POOL])
 
 
 @contextmanager
-def gc_paused():
+def gc_paused() -> Iterator[None]:
     """Build many small acyclic containers (a snapshot: a dict per block and per request)
     without Python's cyclic GC: its collections, triggered every few hundred allocations,
     scan every object the process holds (an explorer's whole history), and made a snapshot
@@ -136,13 +197,13 @@ def gc_paused():
             gc.enable()
 
 
-def block_pool_dict(pool, block_size: int, live: list[Request]) -> dict:
+def block_pool_dict(pool: BlockPool, block_size: int, live: list[Request]) -> BlockPoolDict:
     """Every block 0..num_blocks-1 with refcount, hash, owners and the token ids it holds."""
     return {POOL.NUM_BLOCKS: pool.num_blocks, POOL.BLOCK_SIZE: block_size,
             POOL.NUM_FREE_BLOCKS: pool.num_free_blocks, POOL.BLOCKS: block_dicts(pool, block_size, live)}
 
 
-def block_dicts(pool, block_size: int, live: list[Request], only: set[int] | None = None) -> list[dict]:
+def block_dicts(pool: BlockPool, block_size: int, live: list[Request], only: set[int] | None = None) -> list[BlockDict]:
     """The dicts of every block (or of the block ids in `only`, in id order); a block's owners
     are the `live` requests holding it, its tokens those of its first owner (else its cached ones)."""
     owners: dict[int, list[str]] = {}
@@ -155,7 +216,7 @@ def block_dicts(pool, block_size: int, live: list[Request], only: set[int] | Non
             if b not in tokens:
                 lo = i * block_size
                 tokens[b] = req.all_token_ids[lo:min(lo + block_size, req.num_computed_tokens)]
-    blocks = []
+    blocks: list[BlockDict] = []
     for blk in (pool.blocks if only is None else [pool.blocks[b] for b in sorted(only)]):
         b = blk.block_id
         blocks.append({
@@ -166,12 +227,13 @@ def block_dicts(pool, block_size: int, live: list[Request], only: set[int] | Non
     return blocks
 
 
-def step_record(step: int, out: SchedulerOutput, batch, ran, sampled_rows: list[Request], results: list,
-                finished: list[str], seconds: dict, *, scheduler: Scheduler, config, backend: str,
-                engine_time: float, decode) -> StepRecord:
+def step_record(step: int, out: SchedulerOutput, batch: Batch | None, ran: ModelRunnerOutput | None,
+                sampled_rows: list[Request], results: list[SampleResult], finished: list[str],
+                timings: TimingsDict, *, scheduler: Scheduler, config: EngineConfig, backend: str,
+                engine_time: float, decode: Decode) -> StepRecord:
     """The StepRecord of one step, from what the step's calls returned: the scheduler's output,
     the packed batch (None: nothing ran), the runner's output, the sampled rows and results,
-    the finished ids and the phase timings in seconds. It takes the pool's block events."""
+    the finished ids and the phase times (ms). It takes the pool's block events."""
     lean = not config.record_steps  # lean: no batch or token text (a benchmark's throughput)
     rec = StepRecord(step=step)
     rec.scheduled = [{SCHED.REQUEST_ID: s.request.request_id, SCHED.NUM_TOKENS: s.num_tokens,
@@ -187,9 +249,9 @@ def step_record(step: int, out: SchedulerOutput, batch, ran, sampled_rows: list[
     rec.preempted, rec.finished, rec.new_requests = list(out.preempted), finished, list(out.new_requests)
     rec.blocks = scheduler.kv.pool.take_events().to_dict()
     rec.num_free_blocks = scheduler.kv.pool.num_free_blocks
-    rec.timings_ms = {k: v * 1e3 for k, v in seconds.items()} | {
-        TIME.BACKEND: backend, TIME.CUDA_GRAPH_BUCKET: ran.cuda_graph_bucket if ran is not None else None,
-        TIME.FORWARD_PATH: ran.forward_path if ran is not None else "eager"}
+    rec.timings_ms = {**timings, TIME.BACKEND: backend,
+                      TIME.CUDA_GRAPH_BUCKET: ran.cuda_graph_bucket if ran is not None else None,
+                      TIME.FORWARD_PATH: ran.forward_path if ran is not None else "eager"}
     rec.engine_time_s = engine_time
     rec.wall_time_s = time.time()
     rec.token_budget = out.token_budget
@@ -198,7 +260,8 @@ def step_record(step: int, out: SchedulerOutput, batch, ran, sampled_rows: list[
     return rec
 
 
-def engine_snapshot(step: int, config, model_info: dict, metrics: dict, scheduler: Scheduler, decode) -> EngineSnapshot:
+def engine_snapshot(step: int, config: EngineConfig, model_info: ModelInfoDict, metrics: EngineMetricsDict,
+                    scheduler: Scheduler, decode: Decode) -> EngineSnapshot:
     """The whole state after a step: config, model facts, metrics, the three queues and every block."""
     with gc_paused():
         return EngineSnapshot(

@@ -3,15 +3,18 @@
 Every producer (kvscope's engine in engine/report/records.py, the vLLM drivers in
 explorer/) emits these shapes, and every consumer (explorer.ui.views, explorer.core.history,
 export, the panels' JavaScript) reads them. Each shape is a TypedDict: its annotations
-are the keys, written here and nowhere else; the block events' keys are the fields of
-engine.core.block_pool.BlockEvents, which the pool fills.
+are the keys, defined here (the block events' keys are engine.core.block_pool.BlockEvents'
+fields: BlockEventsDict is defined next to it, in the layer below). Producers return these
+types and consumers take them, so mypy checks every key and value that crosses.
 
-Code reads and writes keys through the constants `keys_of` derives from a shape
-(`SCHED.NUM_TOKENS == "num_tokens"`): a misspelt or renamed key then fails where it is
-used, not silently as a missing `.get()`. `problems(value, shape)` lists every key a dict
-has that its shape does not define (tests run both producers through it), and
-`widget_schema()` is what the panels' JavaScript gets: widgets/_schema.js is generated from
-it (`python -m engine.report --write`; a test checks that the file is current).
+Code reads and writes keys through the constants of engine/report/keys.py
+(`SCHED.NUM_TOKENS == "num_tokens"`, each re-exported here), or as literal keys of a value
+typed with its shape: either way a misspelt or renamed key is a type error where it is used,
+not a silent missing `.get()`; this module checks at import that the constants list exactly
+each shape's keys. `problems(value, shape)` lists every key a dict has that its shape does not
+define (tests run the producers through it), and `widget_schema()` is what the panels'
+JavaScript gets: widgets/_schema.js is generated from it (`python -m engine.report --write`; a
+test checks that the file is current).
 
 Shapes whose keys belong to another definition stay open here: `config` (the engine's
 config dataclass: EngineConfig, or explorer's VllmConfig), `sampling_params`
@@ -24,10 +27,34 @@ import json
 import sys
 import types
 import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypedDict, Union
 
-from ..core.block_pool import BlockEvents
+from ..config import SCHEDULER_KNOBS
+from ..core.block_pool import BlockEvents, BlockEventsDict
+from .keys import (
+    BATCH,
+    BLOCK,
+    BUDGET,
+    CCHANGE,
+    CHANGES,
+    CLOCK,
+    EV,
+    INFO,
+    METRICS,
+    POOL,
+    QUEUE,
+    RCHANGE,
+    REC,
+    REQ,
+    RMETRICS,
+    SAMPLE,
+    SCHED,
+    SNAP,
+    TIME,
+    Keys,
+)
 
 # -- StepRecord ------------------------------------------------------------------------------------
 
@@ -58,11 +85,6 @@ class SampledDict(TypedDict):
     token_id: int
     text: str | None
     top: list[list[Any]]
-
-
-# The block events: BlockEvents' fields, in its order (engine/core/block_pool.py spells them).
-BlockEventsDict = TypedDict("BlockEventsDict", {f.name: list[int] for f in dataclasses.fields(BlockEvents)})
-BlockEventsDict.__doc__ = "What the step did to blocks: block ids per event, in the order it happened."
 
 
 class TimingsDict(TypedDict, total=False):
@@ -116,6 +138,15 @@ class StepRecordDict(TypedDict):
 
 
 # -- EngineSnapshot --------------------------------------------------------------------------------
+
+
+class ClockLatenciesDict(TypedDict):
+    """vLLM's per-request metrics, derived from one clock's event times (ClockEvents.derived)."""
+    time_to_first_token: float | None
+    inter_token_latency: list[float]
+    time_per_output_token: float | None
+    e2e_request_latency: float | None
+    request_queue_time: float | None
 
 
 class ClockDict(TypedDict):
@@ -240,6 +271,7 @@ class ModelInfoDict(TypedDict, total=False):
     kv_bytes_per_block_per_rank: int
     kv_bytes_per_rank: int
     tensor_parallel: dict[str, Any]   # per-rank facts (engine/report/model_info.py)
+    live: bool              # a live server's recorder says so (its times are on the wall clock)
 
 
 class EngineSnapshotDict(TypedDict):
@@ -267,33 +299,37 @@ class ClockChangeDict(TypedDict):
     token_times_tail: list[float]
 
 
-class _RequestChangeFields(TypedDict):
-    """The keys every request change has (RequestChangeDict adds the optional ones)."""
+class _RequestStateFields(TypedDict):
+    """The state fields every request change has (RequestFieldsDict adds the optional ones)."""
     request_id: str
     status: str
     num_computed_tokens: int
     num_cached_tokens: int
     num_preemptions: int
     finish_reason: str | None
-    output_from: int
-    output_tail: list[int]
-    table_from: int
-    table_tail: list[int]
-    clocks: dict[str, ClockChangeDict]   # RMETRICS.ENGINE, RMETRICS.WALL
 
 
-class RequestChangeDict(_RequestChangeFields, total=False):
-    """A request the step touched (not finished: those travel whole in `finished`). Its growing
-    lists travel as tails: the output token ids from `output_from` on, the block table from
-    `table_from` on. What never changes comes once, when the request is new to the consumer."""
+class RequestFieldsDict(_RequestStateFields, total=False):
+    """A request's fields as a producer hands them to changes.Sent.change, which adds the tails."""
     output_text: str              # where the producer spells tokens (not a live feed)
-    prompt_token_ids: list[int]   # the first time only, with the three below
+    prompt_token_ids: list[int]   # the first time only, with the four below
     prompt_text: str | None
     max_tokens: int
     sampling_params: dict[str, Any]
     priority: int
     num_prompt_tokens: int        # token ids left out (KVSCOPE_FEED_TOKENS=0)
     num_output_tokens: int
+
+
+class RequestChangeDict(RequestFieldsDict):
+    """A request the step touched (not finished: those travel whole in `finished`). Its growing
+    lists travel as tails: the output token ids from `output_from` on, the block table from
+    `table_from` on. What never changes comes once, when the request is new to the consumer."""
+    output_from: int
+    output_tail: list[int]
+    table_from: int
+    table_tail: list[int]
+    clocks: dict[str, ClockChangeDict]   # RMETRICS.ENGINE, RMETRICS.WALL
 
 
 class QueueOrderDict(TypedDict):
@@ -323,33 +359,37 @@ class ChangesDict(_ChangesFields, total=False):
     restart: str                    # why the history starts again (a new server run)
 
 
-# -- key constants ---------------------------------------------------------------------------------
-def keys_of(shape: type) -> types.SimpleNamespace:
-    """The keys of a shape as constants: `keys_of(ScheduledDict).NUM_TOKENS == "num_tokens"`;
-    `.ALL` is every key in the shape's order."""
-    names = tuple(shape.__annotations__)
-    return types.SimpleNamespace(ALL=names, **{k.upper(): k for k in names})
+# -- key constants (engine/report/keys.py) --------------------------------------------------------
+# Each shape's constants, checked here: they must list exactly the shape's keys, in its order.
+KEYS_OF: dict[type[Keys], type] = {
+    REC: StepRecordDict, SCHED: ScheduledDict, BATCH: BatchDict, SAMPLE: SampledDict, EV: BlockEventsDict,
+    TIME: TimingsDict, BUDGET: BudgetsDict, SNAP: EngineSnapshotDict, QUEUE: QueuesDict, REQ: RequestDict,
+    RMETRICS: RequestMetricsDict, CLOCK: ClockDict, POOL: BlockPoolDict, BLOCK: BlockDict, METRICS: EngineMetricsDict,
+    INFO: ModelInfoDict, CHANGES: ChangesDict, RCHANGE: RequestChangeDict, CCHANGE: ClockChangeDict}
 
 
-REC = keys_of(StepRecordDict)
-SCHED = keys_of(ScheduledDict)
-BATCH = keys_of(BatchDict)
-SAMPLE = keys_of(SampledDict)
-EV = keys_of(BlockEventsDict)
-TIME = keys_of(TimingsDict)
-SNAP = keys_of(EngineSnapshotDict)
-QUEUE = keys_of(QueuesDict)
-REQ = keys_of(RequestDict)
-RMETRICS = keys_of(RequestMetricsDict)
-CLOCK = keys_of(ClockDict)
-POOL = keys_of(BlockPoolDict)
-BLOCK = keys_of(BlockDict)
-METRICS = keys_of(EngineMetricsDict)
-INFO = keys_of(ModelInfoDict)
-BUDGET = keys_of(BudgetsDict)
-CHANGES = keys_of(ChangesDict)
-RCHANGE = keys_of(RequestChangeDict)
-CCHANGE = keys_of(ClockChangeDict)
+def key_mismatches(keys: type[Keys], shape: type) -> str:
+    """How `keys`' constants differ from `shape`'s keys ("" when they list them exactly, in order)."""
+    want = tuple(shape.__annotations__)
+    if keys.ALL == want:
+        return ""
+    missing, extra = [k for k in want if k not in keys.ALL], [k for k in keys.ALL if k not in want]
+    return (f"{keys.__name__} lists {shape.__name__}'s keys " +
+            (f"without {missing} and with {extra}" if missing or extra else f"out of order (its order: {list(want)})"))
+
+
+def _check_keys() -> None:
+    wrong = [m for m in (key_mismatches(k, s) for k, s in KEYS_OF.items()) if m]
+    events = tuple(f.name for f in dataclasses.fields(BlockEvents))
+    if events != EV.ALL:
+        wrong.append(f"BlockEvents' fields {list(events)} are not BlockEventsDict's keys {list(EV.ALL)}")
+    if set(SCHEDULER_KNOBS) != set(BUDGET.ALL):
+        wrong.append(f"engine.config.SCHEDULER_KNOBS {list(SCHEDULER_KNOBS)} are not BudgetsDict's keys")
+    if wrong:
+        raise TypeError("engine/report/keys.py and the shapes disagree: " + "; ".join(wrong))
+
+
+_check_keys()
 
 # -- the block pool panel's byte columns -----------------------------------------------------------
 # Status codes of its `status` column (one uint8 per block), and the bit of each block event in
@@ -414,12 +454,12 @@ def problems(value: Any, shape: Any, path: str = "") -> list[str]:
     return out
 
 
-def record_problems(record: dict) -> list[str]:
+def record_problems(record: Mapping[str, object]) -> list[str]:
     """`problems` of a StepRecord dict."""
     return problems(record, StepRecordDict, "record")
 
 
-def snapshot_problems(snapshot: dict) -> list[str]:
+def snapshot_problems(snapshot: Mapping[str, object]) -> list[str]:
     return problems(snapshot, EngineSnapshotDict, "snapshot")
 
 
@@ -427,7 +467,7 @@ def snapshot_problems(snapshot: dict) -> list[str]:
 JS_PATH = Path(__file__).resolve().parents[2] / "widgets" / "_schema.js"
 
 
-def widget_schema() -> dict:
+def widget_schema() -> dict[str, Any]:
     """What the panels read: the record keys they use, the block status codes, and each
     block event's key, bit, label and meaning in legend order."""
     return {"block_status": dict(BLOCK_STATUS),

@@ -107,13 +107,14 @@ class DecodeGraphs:
         torch.cuda.synchronize(self.device)
 
     @torch.inference_mode()
-    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> tuple[torch.Tensor, int]:
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor,
+            meta: AttentionMetadata) -> tuple[torch.Tensor, int]:
         """Hidden states [n, hidden] of a pure-decode batch of n, and the bucket that ran it."""
         n = input_ids.shape[0]
         b = self.bucket(n)
         if b is None:
             raise ValueError(f"a decode batch of {n} exceeds the largest captured size {self.max_batch}")
-        tables = meta.decode_block_tables
+        tables, lens, _ = meta.decode_inputs()
         width = tables.shape[1]
         if width > self.block_tables.shape[1]:
             raise ValueError(f"block tables of {width} blocks exceed max_model_len's "
@@ -121,7 +122,7 @@ class DecodeGraphs:
         self.input_ids[:n].copy_(input_ids)
         self.positions[:n].copy_(positions)
         self.slot_mapping[:n].copy_(meta.slot_mapping)
-        self.seq_lens[:n].copy_(meta.decode_seq_lens)
+        self.seq_lens[:n].copy_(lens)
         self.block_tables[:n, :width].copy_(tables)
         if b > n:  # padding rows: write nothing, attend to nothing
             self.input_ids[n:b].zero_()

@@ -17,7 +17,7 @@ class ForwardTimer:
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self._t0 = self._t1 = 0.0
-        self._events: tuple | None = None
+        self._events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None  # (start, end) on a GPU
 
     def start(self) -> None:
         self._t0 = time.perf_counter()
@@ -26,13 +26,13 @@ class ForwardTimer:
             self._events[0].record()
 
     def stop(self) -> None:
-        if self.cuda:
+        if self._events is not None:
             self._events[1].record()
         self._t1 = time.perf_counter()
 
     def seconds(self) -> float:
         """The forward's duration; on a GPU call it after the step's host sync (the sampler)."""
-        if not self.cuda:
+        if self._events is None:
             return self._t1 - self._t0
         start, end = self._events
         end.synchronize()  # already complete after the sampler's copy: returns at once

@@ -7,7 +7,7 @@ and runs its own shard; each worker runs the same runner class on its shard."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -20,6 +20,9 @@ from ..model.cpu_linear import cpu_packing_available
 from ..parallel.parallel_state import SINGLE, TensorParallel
 from .cuda_graphs import DecodeGraphs, why_no_graphs
 from .native_decode import NativeDecode, why_no_native_decode
+
+if TYPE_CHECKING:
+    from ..report.schema import BatchDict
 
 
 @dataclass
@@ -34,6 +37,12 @@ class ModelRunnerOutput:
     forward_path: str = "eager"           # 'eager' (layer by layer), 'cuda_graph' or 'native_decode'
     collective_ms: float = 0.0            # rank 0's time in collectives (0 without tensor parallel)
 
+    def rank0_logits(self) -> torch.Tensor:
+        """The logits the sampler takes: rank 0 always has them (a worker rank's are None)."""
+        if self.logits is None:
+            raise RuntimeError("no logits: this forward ran on a worker rank, and only rank 0 samples")
+        return self.logits
+
 
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
@@ -46,6 +55,8 @@ def resolve_device(device: str) -> torch.device:
 def build_model(config: EngineConfig, spec: ModelSpec, max_model_len: int, device: torch.device,
                 dtype: torch.dtype, tp: TensorParallel = SINGLE) -> CausalLM:
     """The model (this rank's shard of it) with the checkpoint's weights, in eval mode."""
+    if config.model is None:
+        raise ValueError("config.model must name the model folder (LLMEngine resolves the default model's)")
     with torch.device(device):
         model = CausalLM(spec, max_positions=max(max_model_len, 1), tp=tp)
     load_weights(model, config.model)
@@ -72,9 +83,11 @@ class Batch:
     block_tables: list[list[int]]
     logits_indices: list[int]
 
-    def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in ("input_ids", "positions", "query_start_loc", "seq_lens",
-                                              "slot_mapping", "block_tables", "logits_indices")}
+    def to_dict(self) -> BatchDict:
+        """The StepRecord's `batch` (the lists themselves: the record copies them)."""
+        return {"input_ids": self.input_ids, "positions": self.positions, "query_start_loc": self.query_start_loc,
+                "seq_lens": self.seq_lens, "slot_mapping": self.slot_mapping, "block_tables": self.block_tables,
+                "logits_indices": self.logits_indices}
 
 
 class ModelRunner:
@@ -170,15 +183,16 @@ class ModelRunner:
         budget = int(total * self.config.gpu_memory_utilization) - used - (peak - current)
         if budget < 2 * self.bytes_per_block_per_rank:
             raise ValueError(f"gpu_memory_utilization={self.config.gpu_memory_utilization} leaves no room for "
-                             f"the KV pool on {self.device} (weights and activations use {(used + peak - current) / 2**30:.1f} "
-                             f"GiB of {total / 2**30:.1f} GiB); raise it or lower max_num_batched_tokens")
+                             f"the KV pool on {self.device} (weights and activations use "
+                             f"{(used + peak - current) / 2**30:.1f} GiB of {total / 2**30:.1f} GiB); raise it or "
+                             "lower max_num_batched_tokens")
         return budget
 
     @torch.inference_mode()
-    def warmup_forward(self) -> torch.Tensor:
+    def warmup_forward(self) -> torch.Tensor | None:
         """One forward of fresh prefills filling max_num_batched_tokens (the scheduler's
         largest step), with logits for up to max_num_seqs rows, through a throwaway pool of
-        just enough blocks. Returns the logits (its shapes say what ran)."""
+        just enough blocks. Returns the logits (its shapes say what ran; None on a worker rank)."""
         cfg, bs = self.config, self.block_size
         num_tokens = max(1, cfg.max_num_batched_tokens)
         seq_len = min(num_tokens, cfg.max_model_len or num_tokens)
@@ -215,8 +229,11 @@ class ModelRunner:
         """The step's packed inputs: the Batch (lists) and, unless the native decode took the
         step (then None), its attention metadata, input ids and positions as tensors."""
         bs = self.block_size
-        input_ids, positions, slots, qsl, seq_lens, ctx_lens, tables, logits_idx = [], [], [], [0], [], [], [], []
-        decode_ids = []
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        qsl, seq_lens, ctx_lens, logits_idx, decode_ids = [0], [], [], [], []
+        tables: list[list[int]] = []
         for i, s in enumerate(out.scheduled):
             req, start, n = s.request, s.num_computed_before, s.num_tokens
             end = start + n
@@ -259,7 +276,8 @@ class ModelRunner:
         if decode_ids:
             # decode_ids ascend, so all of them are 0..n-1 (a pure-decode step): no index needed.
             every = len(decode_ids) == len(batch.block_tables)
-            meta.decode_block_tables = padded if every else padded[torch.tensor(decode_ids, dtype=torch.long, device=dev)]
+            meta.decode_block_tables = padded if every else \
+                padded[torch.tensor(decode_ids, dtype=torch.long, device=dev)]
             meta.decode_seq_lens = torch.tensor([batch.seq_lens[i] for i in decode_ids], device=dev)
             meta.decode_rows = torch.tensor([batch.query_start_loc[i] for i in decode_ids], device=dev)
         return meta
@@ -270,7 +288,11 @@ class ModelRunner:
         rows (None on a worker rank: the logits are gathered on rank 0), with how it ran. With
         meta None, the pure-decode step that prepare loaded into the native decode."""
         if meta is None:  # every row of a pure-decode step samples: one call to the logits
+            if self.native_decode is None:
+                raise ValueError("a forward without attention metadata runs the native decode, which is off here")
             return ModelRunnerOutput(self.native_decode.run(), forward_path="native_decode")
+        if input_ids is None or positions is None:
+            raise ValueError("a forward with attention metadata needs the step's input ids and positions")
         return self._forward_layers(meta, input_ids, positions, logits_indices)
 
     @torch.inference_mode()
@@ -288,8 +310,9 @@ class ModelRunner:
     def _forward(self, meta: AttentionMetadata, input_ids: torch.Tensor, positions: torch.Tensor,
                  logits_indices: list[int]) -> ModelRunnerOutput:
         bucket, path = None, "eager"
-        if self._graph_can_run(meta, input_ids.shape[0]):
-            (hidden, bucket), path = self.graphs.run(input_ids, positions, meta), "cuda_graph"
+        graphs = self.graphs if self._graph_can_run(meta, input_ids.shape[0]) else None
+        if graphs is not None:
+            (hidden, bucket), path = graphs.run(input_ids, positions, meta), "cuda_graph"
         else:
             hidden = self.model(input_ids, positions, self.kv_caches, self.backend, meta)
         if not logits_indices:
@@ -329,4 +352,6 @@ class ModelRunner:
         ids = torch.tensor(batch.input_ids, dtype=torch.long, device=self.device)
         pos = torch.tensor(batch.positions, dtype=torch.long, device=self.device)
         self.model(ids, pos, self.kv_caches, self.backend, meta, num_layers=layer + 1)
+        if meta.probe_probs is None:
+            raise RuntimeError(f"attention backend {self.backend.name!r} kept no probabilities for layer {layer}")
         return self.tp.gather_to_first(meta.probe_probs, dim=0)

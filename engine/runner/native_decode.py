@@ -21,11 +21,13 @@ from __future__ import annotations
 import ctypes
 
 import torch
+from torch import nn
 
 from ..cpu_kernels import DecodeBatchPointers, DecoderLayerPointers, DecoderPointers, NativeCpuKernels, native
 from ..dtypes import dtype_name
 from ..model import CausalLM
 from ..model.cpu_linear import PackedLinear, rounding_for
+from ..model.decoder import DecoderLayer
 
 BACKEND = "cpu"  # the attention backend whose decodes (and K/V layout) the native call reproduces
 
@@ -45,11 +47,12 @@ def why_no_native_decode(enforce_eager: bool, device: torch.device, dtype: torch
         return "tensor parallel: each layer's all-reduce runs between the native calls"
     if model.spec.head_dim % 8:
         return f"head_dim {model.spec.head_dim} is not a multiple of 8 (the attention kernel's vector width)"
-    if not all(isinstance(lin, PackedLinear) and lin.panels is not None and lin.panels.dtype == dtype
-               for lin in [*_linears(model), model.packed_lm_head]):
+    head, linears = model.packed_lm_head, _linears(model)
+    if head is None or not all(isinstance(lin, PackedLinear) and lin.panels is not None and lin.panels.dtype == dtype
+                               for lin in [*linears, head]):
         return f"the linears are not packed in native {dtype_name(dtype)} panels"
-    if {lin.rounding for lin in _linears(model)} != {rounding_for(dtype)} \
-            or model.packed_lm_head.rounding != rounding_for(dtype, lm_head=True):
+    if {lin.rounding for lin in linears if isinstance(lin, PackedLinear)} != {rounding_for(dtype)} \
+            or head.rounding != rounding_for(dtype, lm_head=True):
         return f"the linears do not round as a {dtype_name(dtype)} engine's do (kv_decode_forward's round_bf16)"
     return None
 
@@ -61,21 +64,25 @@ class NativeDecode:
 
     def __init__(self, model: CausalLM, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], block_size: int,
                  max_model_len: int) -> None:
-        self.kernels: NativeCpuKernels = native()
-        self.max_rows = model.packed_lm_head.native_max_rows
+        kernels, head = native(), model.packed_lm_head
+        if kernels is None or head is None:  # why_no_native_decode says so first
+            raise RuntimeError("the native decode needs kvscope's native kernels and a packed LM head")
+        self.kernels: NativeCpuKernels = kernels
+        self.max_rows = head.native_max_rows
         spec = model.spec
-        rope = model.layers[0].self_attn.rope
-        self._layers = (DecoderLayerPointers * len(model.layers))(*(
-            _layer_pointers(layer, k, v) for layer, (k, v) in zip(model.layers, kv_caches)))
+        layers = model.decoder_layers()
+        rope = layers[0].self_attn.rope
+        self._layers = (DecoderLayerPointers * len(layers))(*(
+            _layer_pointers(layer, k, v) for layer, (k, v) in zip(layers, kv_caches)))
         self._decoder = DecoderPointers(
             num_layers=spec.num_layers, hidden=spec.hidden_size, heads=spec.num_heads, kv_heads=spec.num_kv_heads,
             head_dim=spec.head_dim, intermediate=spec.intermediate_size, block_size=block_size,
             vocab=spec.vocab_size, bf16=int(kv_caches[0][0].dtype == torch.bfloat16),  # the panels too
             # Rounds where the layer-by-layer path's PackedLinears do (the same bits).
-            round_bf16=int(model.packed_lm_head.rounding != 0),
+            round_bf16=int(head.rounding != 0),
             eps=spec.rms_norm_eps, attn_scale=spec.head_dim ** -0.5,
             embedding=_ptr(model.embed_tokens.weight), final_norm=_ptr(model.norm.weight),
-            lm_head_panels=_ptr(model.packed_lm_head.panels), cos_table=_ptr(rope.cos), sin_table=_ptr(rope.sin),
+            lm_head_panels=_panels(head), cos_table=_ptr(rope.cos), sin_table=_ptr(rope.sin),
             layers=self._layers)
         # Workspaces for the largest batch; a step uses their first rows.
         rows, q_size = self.max_rows, spec.num_heads * spec.head_dim
@@ -91,8 +98,10 @@ class NativeDecode:
             ("token_ids", rows), ("positions", rows), ("slots", rows), ("seq_lens", rows),
             ("decode_rows", rows), ("block_tables", rows * self.max_blocks))}
         self._inputs["decode_rows"].copy_(torch.arange(rows))  # a pure-decode step: row i is decode i
-        self._arrays = {name: (ctypes.c_int64 * t.numel()).from_address(t.data_ptr()) for name, t in self._inputs.items()}
-        self._batch = DecodeBatchPointers(**{name: _ptr(t) for name, t in (*self._work.items(), *self._inputs.items())})
+        self._arrays = {name: (ctypes.c_int64 * t.numel()).from_address(t.data_ptr())
+                        for name, t in self._inputs.items()}
+        self._batch = DecodeBatchPointers(**{name: _ptr(t)
+                                             for name, t in (*self._work.items(), *self._inputs.items())})
         self._logits = [self._work["logits"][:n] for n in range(rows + 1)]  # one view per row count
         self._model = model  # keeps the weights (and so the addresses above) alive
 
@@ -106,10 +115,15 @@ class NativeDecode:
              block_tables: list[list[int]]) -> None:
         """Writes a step that `takes` accepted (one entry per decode) into the call's arrays."""
         n, width, a = len(token_ids), max(map(len, block_tables)), self._arrays
-        a["token_ids"][:n], a["positions"][:n], a["slots"][:n], a["seq_lens"][:n] = token_ids, positions, slots, seq_lens
+        # mypy's ctypes plugin wants a list[c_int64 | int] in a slice of a c_int64 array; ctypes takes
+        # any iterable of ints, and a list[int] is what the Batch holds (converting would cost).
+        a["token_ids"][:n] = token_ids  # type: ignore[assignment]
+        a["positions"][:n] = positions  # type: ignore[assignment]
+        a["slots"][:n] = slots  # type: ignore[assignment]
+        a["seq_lens"][:n] = seq_lens  # type: ignore[assignment]
         tables = a["block_tables"]
         for i, table in enumerate(block_tables):
-            tables[i * width: i * width + len(table)] = table
+            tables[i * width: i * width + len(table)] = table  # type: ignore[assignment]
         self._batch.rows, self._batch.table_stride = n, width
 
     def run(self) -> torch.Tensor:
@@ -119,20 +133,28 @@ class NativeDecode:
         return self._logits[self._batch.rows]
 
 
-def _layer_pointers(layer, k_cache: torch.Tensor, v_cache: torch.Tensor) -> DecoderLayerPointers:
+def _layer_pointers(layer: DecoderLayer, k_cache: torch.Tensor, v_cache: torch.Tensor) -> DecoderLayerPointers:
     attn, mlp = layer.self_attn, layer.mlp
     return DecoderLayerPointers(
         input_norm=_ptr(layer.input_layernorm.weight), post_attention_norm=_ptr(layer.post_attention_layernorm.weight),
-        qkv_panels=_ptr(attn.qkv_proj.panels), qkv_bias=_ptr(attn.qkv_proj.bias),
+        qkv_panels=_panels(attn.qkv_proj), qkv_bias=_ptr(attn.qkv_proj.bias),
         q_norm=_ptr(attn.q_norm.weight if attn.q_norm is not None else None),
         k_norm=_ptr(attn.k_norm.weight if attn.k_norm is not None else None),
-        o_panels=_ptr(attn.o_proj.panels), gate_up_panels=_ptr(mlp.gate_up_proj.panels),
-        down_panels=_ptr(mlp.down_proj.panels), k_cache=_ptr(k_cache), v_cache=_ptr(v_cache))
+        o_panels=_panels(attn.o_proj), gate_up_panels=_panels(mlp.gate_up_proj),
+        down_panels=_panels(mlp.down_proj), k_cache=_ptr(k_cache), v_cache=_ptr(v_cache))
 
 
-def _linears(model: CausalLM) -> list:
-    return [m for layer in model.layers
+def _linears(model: CausalLM) -> list[nn.Module]:
+    """Every layer's four linears (PackedLinears once pack_for_cpu swapped them in)."""
+    return [m for layer in model.decoder_layers()
             for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)]
+
+
+def _panels(linear: nn.Module) -> int | None:
+    """The address of a packed linear's native panels (why_no_native_decode checked they exist)."""
+    if not isinstance(linear, PackedLinear) or linear.panels is None:
+        raise RuntimeError(f"{type(linear).__name__} has no native panels: the native decode cannot run this model")
+    return _ptr(linear.panels)
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:

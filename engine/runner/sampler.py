@@ -74,7 +74,8 @@ class Sampler:
             results.append(SampleResult(token, top))
         return results
 
-    def _greedy(self, logits: torch.Tensor, rows: list[int], k: int):
+    def _greedy(self, logits: torch.Tensor, rows: list[int],
+                k: int) -> tuple[list[int], list[list[int]], list[list[float]]]:
         """Every row's argmax token, and for the rows listed the ids of their k best logits and
         those candidates' probabilities (lists: item j of each is rows[j]'s)."""
         if self.native is not None:
@@ -89,5 +90,5 @@ class Sampler:
         picked = logits if len(rows) == logits.shape[0] else logits[rows]
         # The k best logits and their probabilities exp(logit - logsumexp): the same as softmax
         # then topk, without writing a probability for every vocabulary entry.
-        top_logits, ids = picked.topk(k)
-        return tokens, ids.tolist(), (top_logits - picked.logsumexp(-1, keepdim=True)).exp().tolist()
+        top_logits, top_ids = picked.topk(k)
+        return tokens, top_ids.tolist(), (top_logits - picked.logsumexp(-1, keepdim=True)).exp().tolist()

@@ -19,32 +19,33 @@ slow to import).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
 
 from engine import SamplingParams
-
-
-@runtime_checkable
-class Record(Protocol):
-    """A StepRecord or an EngineSnapshot: anything with a JSON-able `to_dict()`."""
-
-    def to_dict(self) -> dict: ...
+from engine.report.probe import AttentionProbe
+from engine.report.records import EngineSnapshot, StepRecord
+from engine.report.schema import ChangesDict, ModelInfoDict
 
 
 @runtime_checkable
 class Source(Protocol):
     """An engine a Session can show. `config` has at least block_size and the scheduler knobs
-    (engine.config.SCHEDULER_KNOBS); `tokenizer` spells token ids (None: ids only)."""
-
-    config: Any
-    tokenizer: Any
+    (engine.config.SCHEDULER_KNOBS: an EngineConfig, a VllmConfig, a live feed's namespace);
+    `tokenizer` spells token ids (None: ids only)."""
 
     @property
-    def model_info(self) -> dict: ...
+    def config(self) -> Any: ...
 
-    def step(self) -> Any: ...  # a StepRecord: `.step`, `.changes` and `.to_dict()`
+    @property
+    def tokenizer(self) -> Any: ...
 
-    def snapshot(self) -> Record: ...
+    @property
+    def model_info(self) -> ModelInfoDict: ...
+
+    def step(self) -> StepRecord: ...  # with the step's `changes`
+
+    def snapshot(self) -> EngineSnapshot: ...
 
     def pending(self) -> int: ...  # steps ready to take now (0: step() would have nothing to do)
 
@@ -58,28 +59,43 @@ class Controls(Protocol):
 
     def abort_request(self, request_id: str) -> None: ...
 
-    def update_scheduler_config(self, **knobs: Any) -> Any: ...
+    def update_scheduler_config(self, **knobs: Any) -> Any: ...  # the config now in force
 
-    def attention_probe(self, request_id: str, layer: int = 0, head: int | None = None) -> Record: ...
+    def attention_probe(self, request_id: str, layer: int = 0, head: int | None = None) -> AttentionProbe: ...
 
-    def take_changes(self) -> dict: ...  # what the actions changed since the last step (a ChangesDict)
+    def take_changes(self) -> ChangesDict: ...  # what the actions changed since the last step
 
 
 class EngineDriver(Protocol):
     """Owns one engine for a Session. `name` is what the panels call it ("kvscope",
     "vLLM 0.32.0"); `llm` is the object a user would hold (kvscope's LLM, vLLM's LLM, None
     for a server); `source` and `controls` are the engine seen through the two protocols
-    (`controls` None: the Session only watches, and `watch_only` says why, in words)."""
+    (`controls` None: the Session only watches, and `watch_only` says why, in words). The
+    Session reads them and never sets them: read-only properties, which a driver's plain
+    attributes (of its own engine's class) satisfy."""
 
-    name: str
-    engine: Any
-    llm: Any
-    source: Source
-    controls: Controls | None
-    watch_only: str
-    config_fields: frozenset[str]
+    @property
+    def name(self) -> str: ...
 
-    def rebuild(self, **config_fields: Any) -> "EngineDriver":
+    @property
+    def engine(self) -> Any: ...
+
+    @property
+    def llm(self) -> Any: ...
+
+    @property
+    def source(self) -> Source: ...
+
+    @property
+    def controls(self) -> Controls | None: ...
+
+    @property
+    def watch_only(self) -> str: ...
+
+    @property
+    def config_fields(self) -> frozenset[str]: ...
+
+    def rebuild(self, **config_fields: Any) -> EngineDriver:
         """A new driver with this one's config changed; raises ValueError (and leaves this
         one working) when the new config is refused."""
         ...

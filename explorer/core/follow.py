@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ class Follower:
             while not self._stop.wait(interval):
                 try:
                     self._poll()
-                except Exception:  # noqa: BLE001 - following must outlive one bad step
+                except Exception:  # following must outlive one bad step (logged, not raised)
                     log.exception("following the session's source failed")
 
         self._thread = threading.Thread(target=run, name=self._name, daemon=True)

@@ -14,8 +14,11 @@ many entries point at it).
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, TypedDict
+
+from engine.report.schema import EngineSnapshotDict, StepRecordDict
 
 
 @dataclass(frozen=True)
@@ -24,8 +27,16 @@ class HistoryEntry:
     the first entry, made before any step the history holds), `snapshot` its state."""
 
     step: int
-    record: dict | None
-    snapshot: dict
+    record: StepRecordDict | None
+    snapshot: EngineSnapshotDict
+
+
+class HistoryWindowDict(TypedDict):
+    """Where a kept history starts (Session.history_window)."""
+    first_step: int       # the step of its first entry
+    dropped: int          # entries dropped before it (a bounded history)
+    max_steps: int | None  # the bound (None: every step is kept)
+    entries: int
 
 
 class History:
@@ -55,7 +66,7 @@ class History:
             if self.on_drop is not None:
                 self.on_drop(gone)
 
-    def replace_last(self, snapshot: dict) -> None:
+    def replace_last(self, snapshot: EngineSnapshotDict) -> None:
         last = self.entries[-1]
         self.entries[-1] = HistoryEntry(step=last.step, record=last.record, snapshot=snapshot)
 
@@ -63,17 +74,21 @@ class History:
     def first_step(self) -> int:
         return self.entries[0].step
 
+    def window(self) -> HistoryWindowDict:
+        return {"first_step": self.first_step, "dropped": self.dropped, "max_steps": self.max_steps,
+                "entries": len(self.entries)}
+
     def __len__(self) -> int:
         return len(self.entries)
 
 
 # -- measuring ------------------------------------------------------------------------------------
-def history_bytes(entries: Iterable[Any]) -> int:
+def history_bytes(entries: Iterable[HistoryEntry | Mapping[str, Any]]) -> int:
     """Bytes held by the entries' records and snapshots, each object counted once
     (sys.getsizeof of every dict, list, str, int, float reachable from them)."""
     seen: set[int] = set()
     total = 0
-    stack: list = []
+    stack: list[Any] = []
     for entry in entries:  # HistoryEntry objects, or {"step", "record", "snapshot"} dicts
         parts = entry if isinstance(entry, dict) else vars(entry)
         stack.append(parts.get("record"))

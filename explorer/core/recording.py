@@ -39,9 +39,28 @@ import hashlib
 import io
 import json
 import math
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
+
+from engine.report.schema import (
+    BLOCK,
+    CLOCK,
+    INFO,
+    METRICS,
+    POOL,
+    QUEUE,
+    REC,
+    REQ,
+    RMETRICS,
+    SCHED,
+    SNAP,
+    EngineSnapshotDict,
+    ModelInfoDict,
+    RequestDict,
+    StepRecordDict,
+)
 
 from .history import HistoryEntry
 
@@ -78,24 +97,26 @@ class Settings:
     watermark: float = 0.0
     prefix_caching_hash_algo: str = "sha256"
 
-    def replace(self, **changes: Any) -> "Settings":
+    def replace(self, **changes: Any) -> Settings:
         unknown = set(changes) - SETTINGS_FIELDS
         if unknown:
             raise ValueError(f"unknown setting(s) {sorted(unknown)}; known: {sorted(SETTINGS_FIELDS)}")
         return dataclasses.replace(self, **changes)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
 SETTINGS_FIELDS = frozenset(f.name for f in dataclasses.fields(Settings))
-_SETTING_TYPES = {f.name: f.type for f in dataclasses.fields(Settings)}
+_SETTING_TYPES = {f.name: str(f.type) for f in dataclasses.fields(Settings)}  # "int", "bool", ...
 
 
-def settings_from_snapshot(snapshot: dict) -> tuple[Settings, list[str]]:
+def settings_from_snapshot(snapshot: EngineSnapshotDict) -> tuple[Settings, list[str]]:
     """The Settings of the engine a snapshot came from (kvscope's engine, vLLM in process or a
     live server's recorder), and notes on what a vLLM replay cannot take over as it was."""
-    config, info, pool = snapshot.get("config") or {}, snapshot.get("model_info") or {}, snapshot["block_pool"]
+    config = snapshot.get(SNAP.CONFIG) or {}
+    info: ModelInfoDict = snapshot.get(SNAP.MODEL_INFO) or {}
+    pool = snapshot[SNAP.BLOCK_POOL]
     extra = dict(config.get("engine_args") or {})  # vLLM in process: engine arguments passed through
     notes = []
     policy = config.get("policy") or extra.get("policy")
@@ -112,9 +133,9 @@ def settings_from_snapshot(snapshot: dict) -> tuple[Settings, list[str]]:
         return default if value is None else value
 
     settings = Settings(
-        block_size=int(pool["block_size"]), num_blocks=int(pool["num_blocks"]),
+        block_size=int(pool[POOL.BLOCK_SIZE]), num_blocks=int(pool[POOL.NUM_BLOCKS]),
         max_num_batched_tokens=int(config["max_num_batched_tokens"]), max_num_seqs=int(config["max_num_seqs"]),
-        max_model_len=int(config.get("max_model_len") or info["max_model_len"]),
+        max_model_len=int(config.get("max_model_len") or info[INFO.MAX_MODEL_LEN]),
         enable_prefix_caching=bool(pick("enable_prefix_caching", True)),
         enable_chunked_prefill=bool(pick("enable_chunked_prefill", True)),
         scheduler_reserve_full_isl=bool(pick("scheduler_reserve_full_isl", True)),
@@ -122,7 +143,7 @@ def settings_from_snapshot(snapshot: dict) -> tuple[Settings, list[str]]:
         long_prefill_token_threshold_adaptive=bool(pick("long_prefill_token_threshold_adaptive", False)),
         policy=str(policy), watermark=float(pick("watermark", 0.0)),
         prefix_caching_hash_algo=str(pick("prefix_caching_hash_algo", "sha256")))
-    if config.get("async_scheduling") or info.get("async_scheduling"):
+    if config.get("async_scheduling") or info.get(INFO.ASYNC_SCHEDULING):
         notes.append("the server scheduled asynchronously (each step scheduled before the previous one's update): "
                      "a replay schedules synchronously, so steps may differ from the recorded ones")
     return settings, notes
@@ -144,7 +165,7 @@ class Source:
     created: str | None = None
     notes: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
@@ -179,7 +200,7 @@ class RecordedRequest:
         finishes it at the same token count."""
         return self.finish_reason is not None and self.aborted_before_step is None and self.aborted_time is None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
@@ -203,19 +224,19 @@ class RecordedSteps:
     def __len__(self) -> int:
         return len(self.step)
 
-    def extend(self, chunk: dict) -> None:
+    def extend(self, chunk: dict[str, list[Any]]) -> None:
         for name in self.COLUMNS:
             getattr(self, name).extend(chunk[name])
 
-    def chunks(self, size: int = STEP_CHUNK) -> Iterator[dict]:
+    def chunks(self, size: int = STEP_CHUNK) -> Iterator[dict[str, list[Any]]]:
         for lo in range(0, len(self.step), size):
             yield {name: getattr(self, name)[lo:lo + size] for name in self.COLUMNS}
 
 
 @dataclass
 class Recording:
-    """A recorded run: its scheduler settings, where it came from, its requests and its steps
-    (docs/whatif.md has the file format)."""
+    """A recording read back (Recording.load) or built whole: the settings, where it came from,
+    every request and the steps' columns."""
 
     settings: Settings
     source: Source
@@ -253,7 +274,7 @@ class Recording:
         return Path(path)
 
     @classmethod
-    def load(cls, path: str | Path, *, partial: bool = False) -> "Recording":
+    def load(cls, path: str | Path, *, partial: bool = False) -> Recording:
         """Read and check a recording; RecordingError names the file, the line and the field.
         `partial=True` reads a file whose writer never finished (a crash, or still recording)."""
         return _read(Path(path), partial)
@@ -268,41 +289,42 @@ class Recording:
 
 
 # -- one step's decisions, and their digest --------------------------------------------------------
-def step_decisions(record: dict, running: Iterable[dict], aborted_next: Iterable[str] = ()) -> dict:
+def step_decisions(record: StepRecordDict, running: Iterable[RequestDict],
+                   aborted_next: Iterable[str] = ()) -> dict[str, list[Any]]:
     """What vLLM's scheduler decided in one step, in a form both a history entry and a replay
     produce: tokens scheduled per request with the computed count each started from and its
     prefix hits, admissions, preemptions, the requests the step itself finished (those that
     sampled in it: an abort is not the step's decision), and every running request's block ids
     after the step, but those aborted before the next step (a Session shows the step's entry as
     it is after such an abort, a live server's feed as it was before it)."""
-    sampled = record.get("sampled") or {}
+    sampled = record.get(REC.SAMPLED) or {}
     gone = set(aborted_next)
-    return {"scheduled": sorted([s["request_id"], int(s["num_tokens"]), int(s["num_computed_before"]),
-                                 int(s["num_cached_tokens"])] for s in record["scheduled"]),
-            "new": sorted(record.get("new_requests") or ()),
-            "preempted": sorted(record.get("preempted") or ()),
-            "finished": sorted(r for r in record.get("finished") or () if r in sampled),
-            "tables": sorted([r["request_id"], [int(b) for b in r["block_table"]]] for r in running
-                             if r["request_id"] not in gone)}
+    return {"scheduled": sorted([s[SCHED.REQUEST_ID], int(s[SCHED.NUM_TOKENS]), int(s[SCHED.NUM_COMPUTED_BEFORE]),
+                                 int(s[SCHED.NUM_CACHED_TOKENS])] for s in record[REC.SCHEDULED]),
+            "new": sorted(record.get(REC.NEW_REQUESTS) or ()),
+            "preempted": sorted(record.get(REC.PREEMPTED) or ()),
+            "finished": sorted(r for r in record.get(REC.FINISHED) or () if r in sampled),
+            "tables": sorted([r[REQ.REQUEST_ID], [int(b) for b in r[REQ.BLOCK_TABLE]]] for r in running
+                             if r[REQ.REQUEST_ID] not in gone)}
 
 
-def decisions_digest(decisions: dict) -> str:
+def decisions_digest(decisions: dict[str, list[Any]]) -> str:
     """64 bits of blake2b over the decisions' canonical JSON."""
     text = json.dumps(decisions, separators=(",", ":"), sort_keys=True)
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
-def step_work(record: dict) -> tuple[int, int, int]:
+def step_work(record: StepRecordDict) -> tuple[int, int, int]:
     """(prefill tokens, decode requests, context tokens) of a step: what its time depends on.
     Context tokens: every scheduled request's KV after the step (what attention reads)."""
     prefill = decode = context = 0
-    for s in record["scheduled"]:
-        n = int(s["num_tokens"])
-        if s["is_prefill"]:
+    for s in record[REC.SCHEDULED]:
+        n = int(s[SCHED.NUM_TOKENS])
+        if s[SCHED.IS_PREFILL]:
             prefill += n
         else:
             decode += 1
-        context += int(s["num_computed_before"]) + n
+        context += int(s[SCHED.NUM_COMPUTED_BEFORE]) + n
     return prefill, decode, context
 
 
@@ -329,12 +351,13 @@ class RecordingWriter:
         self._had_work = False
         self._before: set[str] = set()         # finished before recording began: not ours
         self._written: set[str] = set()
-        self._open: dict[str, dict] = {}       # request id -> its latest request dict
+        self._open: dict[str, RequestDict] = {}  # request id -> its latest request dict
         self._in_step_finish: set[str] = set()
         self._last_scheduled: dict[str, int] = {}  # request id -> the latest step that scheduled it
         self._seq: dict[str, int] = {}         # request id -> the order the scheduler got it in
         self._finished_len = -1
-        self._held: list[tuple[int, dict, list]] = []   # steps whose digest waits for the next entry's aborts
+        # Steps whose digest waits for the next entry's aborts: (index, record, running requests).
+        self._held: list[tuple[int, StepRecordDict, list[RequestDict]]] = []
         self._aborted_before: dict[int, set[str]] = {}     # step -> requests aborted just before it
         self._gaps: list[list[int]] = []
         self._closed = False
@@ -355,12 +378,12 @@ class RecordingWriter:
     def _start(self, entry: HistoryEntry) -> None:
         snap = entry.snapshot
         settings, notes = settings_from_snapshot(snap)
-        info = snap.get("model_info") or {}
-        queues = snap["queues"]
-        live = bool(info.get("live"))
-        blocks = snap["block_pool"]["blocks"]
-        pristine = not queues["running"] and not queues["finished"] and not any(
-            b["hash"] is not None or b["ref_count"] for b in blocks if not b["is_null"])
+        info: ModelInfoDict = snap.get(SNAP.MODEL_INFO) or {}
+        queues = snap[SNAP.QUEUES]
+        live = bool(info.get(INFO.LIVE))
+        blocks = snap[SNAP.BLOCK_POOL][POOL.BLOCKS]
+        pristine = not queues[QUEUE.RUNNING] and not queues[QUEUE.FINISHED] and not any(
+            b[BLOCK.HASH] is not None or b[BLOCK.REF_COUNT] for b in blocks if not b[BLOCK.IS_NULL])
         if entry.record is not None:   # a history that does not begin with its step-0 entry
             pristine = False
         if not pristine:
@@ -370,30 +393,31 @@ class RecordingWriter:
         import datetime as dt
 
         self._source = Source(
-            engine=str(info.get("engine") or "kvscope"), model=info.get("name"),
-            device=info.get("device") or (snap.get("config") or {}).get("device"),
-            clock="wall" if live else "engine", kv_bytes_per_block=info.get("kv_bytes_per_block"),
+            engine=str(info.get(INFO.ENGINE) or "kvscope"), model=info.get(INFO.NAME),
+            device=info.get(INFO.DEVICE) or (snap.get(SNAP.CONFIG) or {}).get("device"),
+            clock="wall" if live else "engine", kv_bytes_per_block=info.get(INFO.KV_BYTES_PER_BLOCK),
             first_step=int(entry.step), pristine=pristine,
             created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), notes=notes + self._notes)
-        self._before = {r["request_id"] for r in queues["finished"]}
-        self._engine_time = float((snap.get("metrics") or {}).get("engine_time_s") or 0.0)
+        self._before = {r[REQ.REQUEST_ID] for r in queues[QUEUE.FINISHED]}
+        metrics = snap.get(SNAP.METRICS)
+        self._engine_time = float(metrics[METRICS.ENGINE_TIME_S] or 0.0) if metrics else 0.0
         self._clock_steps.append(int(entry.step))
         self._clock_times.append(self._engine_time)
         self._last_step = int(entry.step)
-        self._had_work = bool(queues["running"] or queues["waiting"])
+        self._had_work = bool(queues[QUEUE.RUNNING] or queues[QUEUE.WAITING])
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._f = _open_write(self.path)
         self._f.write(_line(_header(settings, self._source)))
         if entry.record is not None:
             self._add_step(entry.step, entry.record, snap)
 
-    def _add_step(self, step: int, record: dict, snap: dict) -> None:
+    def _add_step(self, step: int, record: StepRecordDict, snap: EngineSnapshotDict) -> None:
         if self._last_step is not None and step != self._last_step + 1:
             self._gaps.append([self._last_step + 1, step - 1])   # steps the history does not hold (a feed's drops)
-        engine_end = float(record["engine_time_s"])
+        engine_end = float(record[REC.ENGINE_TIME_S])
         own = max(0.0, engine_end - self._engine_time)
         self._engine_time = engine_end
-        end = float(record["wall_time_s"]) if self._source.clock == "wall" else engine_end
+        end = float(record[REC.WALL_TIME_S]) if self._clock == "wall" else engine_end
         prefill, decode, context = step_work(record)
         s = self._steps
         s.step.append(int(step))
@@ -404,15 +428,15 @@ class RecordingWriter:
         s.decode_requests.append(decode)
         s.context_tokens.append(context)
         s.digest.append("")  # settled once the next entry shows which requests were aborted before it
-        self._held.append((len(s) - 1, record, snap["queues"]["running"]))
-        self._had_work = bool(record.get("num_running") or record.get("num_waiting"))
+        self._held.append((len(s) - 1, record, snap[SNAP.QUEUES][QUEUE.RUNNING]))
+        self._had_work = bool(record.get(REC.NUM_RUNNING) or record.get(REC.NUM_WAITING))
         self._last_step = int(step)
         self._clock_steps.append(int(step))
         self._clock_times.append(engine_end)
-        sampled = record.get("sampled") or {}
-        self._in_step_finish.update(r for r in record.get("finished") or () if r in sampled)
-        for x in record["scheduled"]:
-            self._last_scheduled[x["request_id"]] = int(step)
+        sampled = record.get(REC.SAMPLED) or {}
+        self._in_step_finish.update(r for r in record.get(REC.FINISHED) or () if r in sampled)
+        for x in record[REC.SCHEDULED]:
+            self._last_scheduled[x[SCHED.REQUEST_ID]] = int(step)
         self._num_steps += 1
 
     def _settle_held(self, before: int | None = None) -> None:
@@ -426,29 +450,29 @@ class RecordingWriter:
         if len(st) >= STEP_CHUNK:
             self._flush_steps()
 
-    def _note_requests(self, snap: dict, record: dict | None) -> None:
-        queues = snap["queues"]
+    def _note_requests(self, snap: EngineSnapshotDict, record: StepRecordDict | None) -> None:
+        queues = snap[SNAP.QUEUES]
         # The scheduler's order among requests first seen together: those a step admitted left the
         # head of the waiting queue in that order, the rest still wait in theirs.
-        for rid in [*((record or {}).get("new_requests") or ()), *(r["request_id"] for r in queues["waiting"]),
-                    *(r["request_id"] for r in queues["running"])]:
+        admitted = (record.get(REC.NEW_REQUESTS) or []) if record is not None else []
+        for rid in [*admitted, *(r[REQ.REQUEST_ID] for r in queues[QUEUE.WAITING]),
+                    *(r[REQ.REQUEST_ID] for r in queues[QUEUE.RUNNING])]:
             if rid not in self._seq and rid not in self._before:
                 self._seq[rid] = len(self._seq)
-        for name in ("waiting", "running"):
-            for r in queues[name]:
-                if r["request_id"] not in self._before:
-                    self._open[r["request_id"]] = r
-        finished = queues["finished"]
+        for r in (*queues[QUEUE.WAITING], *queues[QUEUE.RUNNING]):
+            if r[REQ.REQUEST_ID] not in self._before:
+                self._open[r[REQ.REQUEST_ID]] = r
+        finished = queues[QUEUE.FINISHED]
         if len(finished) != self._finished_len:  # the finished queue only grows
             self._finished_len = len(finished)
             for r in finished:
-                rid = r["request_id"]
+                rid = r[REQ.REQUEST_ID]
                 if rid not in self._written and rid not in self._before:
                     self._seq.setdefault(rid, len(self._seq))
                     self._write_request(r)
 
-    def _write_request(self, r: dict) -> None:
-        rid = r["request_id"]
+    def _write_request(self, r: RequestDict) -> None:
+        rid = r[REQ.REQUEST_ID]
         self._open.pop(rid, None)
         self._written.add(rid)
         req = self._request(r)
@@ -467,29 +491,41 @@ class RecordingWriter:
             return self._clock_steps[0] + 1
         return self._clock_steps[i - 1] + 1
 
-    def _request(self, r: dict) -> RecordedRequest:
-        clock = self._source.clock
-        m_engine, m = r["metrics"]["engine"], r["metrics"][clock]
-        params = r.get("sampling_params") or {}
-        reason = r.get("finish_reason")
-        outside = reason is not None and (reason == "abort" or r["request_id"] not in self._in_step_finish)
-        abort_step = self._step_after(m_engine.get("finished_time")) if outside else None
+    @property
+    def _clock(self) -> str:
+        """The recording's clock ('wall' for a live server), known from the first entry on."""
+        if self._source is None:
+            raise ValueError(f"nothing was added to the recording {self.path} yet: the step-0 entry comes first")
+        return self._source.clock
+
+    def _request(self, r: RequestDict) -> RecordedRequest:
+        rid, metrics = r[REQ.REQUEST_ID], r[REQ.METRICS]
+        m_engine, m = metrics[RMETRICS.ENGINE], metrics[RMETRICS.WALL if self._clock == "wall" else RMETRICS.ENGINE]
+        params = r.get(REQ.SAMPLING_PARAMS) or {}
+        arrival = m[CLOCK.ARRIVAL_TIME]
+        if arrival is None:
+            raise ValueError(f"request {rid!r} has no arrival time on the {self._clock} clock")
+        reason = r.get(REQ.FINISH_REASON)
+        outside = reason is not None and (reason == "abort" or rid not in self._in_step_finish)
+        abort_step = self._step_after(m_engine.get(CLOCK.FINISHED_TIME)) if outside else None
         return RecordedRequest(
-            request_id=r["request_id"], prompt_token_ids=[int(t) for t in r["prompt_token_ids"]],
-            output_token_ids=[int(t) for t in r["output_token_ids"]],
-            arrival_step=self._step_after(m_engine.get("arrival_time")),
-            arrival_time=float(m["arrival_time"]), arrival_seq=self._seq[r["request_id"]], max_tokens=int(r.get("max_tokens") or params.get("max_tokens") or 1),
+            request_id=rid, prompt_token_ids=[int(t) for t in r[REQ.PROMPT_TOKEN_IDS]],
+            output_token_ids=[int(t) for t in r[REQ.OUTPUT_TOKEN_IDS]],
+            arrival_step=self._step_after(m_engine.get(CLOCK.ARRIVAL_TIME)),
+            arrival_time=float(arrival), arrival_seq=self._seq[rid],
+            max_tokens=int(r.get(REQ.MAX_TOKENS) or params.get("max_tokens") or 1),
             ignore_eos=bool(params.get("ignore_eos", False)),
             stop_token_ids=[int(t) for t in params.get("stop_token_ids") or ()],
             finish_reason=reason,
             aborted_before_step=abort_step,
             # Scheduled in the step the abort came before: it came while that step's model ran.
-            aborted_during_step=abort_step is not None and self._last_scheduled.get(r["request_id"]) == abort_step,
-            aborted_time=m.get("finished_time") if outside else None,
-            num_cached_tokens=int(r.get("num_cached_tokens") or 0), num_preemptions=int(r.get("num_preemptions") or 0),
-            priority=int(r.get("priority") or 0),
-            first_token_time=m.get("first_token_time"), finished_time=m.get("finished_time"),
-            token_times=[float(t) for t in m.get("token_times") or ()])
+            aborted_during_step=abort_step is not None and self._last_scheduled.get(rid) == abort_step,
+            aborted_time=m.get(CLOCK.FINISHED_TIME) if outside else None,
+            num_cached_tokens=int(r.get(REQ.NUM_CACHED_TOKENS) or 0),
+            num_preemptions=int(r.get(REQ.NUM_PREEMPTIONS) or 0),
+            priority=int(r.get(REQ.PRIORITY) or 0),
+            first_token_time=m.get(CLOCK.FIRST_TOKEN_TIME), finished_time=m.get(CLOCK.FINISHED_TIME),
+            token_times=[float(t) for t in m.get(CLOCK.TOKEN_TIMES) or ()])
 
     def _flush_steps(self) -> None:
         """Write the settled steps (a held one stays, with the ones after it)."""
@@ -516,7 +552,7 @@ class RecordingWriter:
             raise ValueError(f"nothing was added to the recording {self.path}: add the session's history entries "
                              "(the step-0 entry first)")
         for r in list(self._open.values()):
-            self._write_request(r | {"finish_reason": None})
+            self._write_request({**r, REQ.FINISH_REASON: None})
         self._settle_held()
         self._flush_steps()
         self._f.write(_line(_end(self._num_requests, self._num_steps, self._gaps)))
@@ -546,7 +582,7 @@ class RecordingWriter:
     def closed(self) -> bool:
         return self._closed
 
-    def __enter__(self) -> "RecordingWriter":
+    def __enter__(self) -> RecordingWriter:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -570,15 +606,15 @@ def _open_write(path: Path) -> Any:
     return open(path, "w", encoding="utf-8")
 
 
-def _line(obj: dict) -> str:
+def _line(obj: dict[str, Any]) -> str:
     return json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n"
 
 
-def _header(settings: Settings, source: Source) -> dict:
+def _header(settings: Settings, source: Source) -> dict[str, Any]:
     return {"format": FORMAT, "schema": SCHEMA_VERSION, "settings": settings.to_dict(), "source": source.to_dict()}
 
 
-def _end(num_requests: int, num_steps: int, missing: list | None = None) -> dict:
+def _end(num_requests: int, num_steps: int, missing: list[list[int]] | None = None) -> dict[str, Any]:
     end = {"kind": "end", "num_requests": num_requests, "num_steps": num_steps}
     if missing:
         end["missing_steps"] = missing
@@ -591,8 +627,7 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
             gz = raw.read(2) == b"\x1f\x8b"
         f = io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8") if gz else open(path, encoding="utf-8")
         with f:
-            for n, line in enumerate(f, 1):
-                yield n, line
+            yield from enumerate(f, 1)
     except FileNotFoundError:
         raise RecordingError(f"{path}: no such file") from None
     except (OSError, EOFError, UnicodeDecodeError) as exc:
@@ -690,7 +725,7 @@ def _int_list(path: Path, n: int, rid: str, name: str, value: Any, allow_empty: 
         raise RecordingError(f"{path}, line {n}: request {rid!r}: {name} is empty")
 
 
-def _request(path: Path, n: int, obj: dict) -> RecordedRequest:
+def _request(path: Path, n: int, obj: dict[str, Any]) -> RecordedRequest:
     obj = dict(obj)
     obj.pop("kind")
     r = _build(path, n, "request", RecordedRequest, obj)
@@ -712,9 +747,9 @@ def _request(path: Path, n: int, obj: dict) -> RecordedRequest:
     return r
 
 
-def _steps(path: Path, n: int, obj: dict, into: RecordedSteps) -> None:
-    cols = {k: obj.get(k) for k in RecordedSteps.COLUMNS}
-    missing = [k for k, v in cols.items() if not isinstance(v, list)]
+def _steps(path: Path, n: int, obj: dict[str, Any], into: RecordedSteps) -> None:
+    cols: dict[str, list[Any]] = {k: v for k in RecordedSteps.COLUMNS if isinstance(v := obj.get(k), list)}
+    missing = [k for k in RecordedSteps.COLUMNS if k not in cols]
     if missing:
         raise RecordingError(f"{path}, line {n}: a steps line lacks the list(s) {missing}")
     if len({len(v) for v in cols.values()}) != 1:

@@ -11,16 +11,18 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any, Literal
 
 from engine import LLM, EngineConfig, SamplingParams, StepRecord
 from engine.report.changes import apply
-from engine.report.schema import CHANGES, REC
+from engine.report.probe import AttentionProbeDict
+from engine.report.schema import CHANGES, QUEUE, REC, SNAP, EngineSnapshotDict, StepRecordDict
 
 from .engine_protocol import Controls, EngineDriver, Source, make_driver
 from .follow import Follower
-from .history import History, HistoryEntry
-from .metrics import session_metrics
+from .history import History, HistoryEntry, HistoryWindowDict
+from .metrics import SessionMetricsDict, session_metrics
 
 log = logging.getLogger(__name__)
 
@@ -84,11 +86,11 @@ class Session:
         snap = self.source.snapshot().to_dict()
         if self.controls is not None:
             self.controls.take_changes()  # the snapshot is the refresh point: what came before is in it
-        self._history = History(HistoryEntry(step=snap["step"], record=None, snapshot=snap), self._max_history)
+        self._history = History(HistoryEntry(step=snap[SNAP.STEP], record=None, snapshot=snap), self._max_history)
 
     @classmethod
     def attach(cls, address: str, model: str | None = None, *, max_history: int | None = LIVE_HISTORY,
-               **options: Any) -> "Session":
+               **options: Any) -> Session:
         """Follow a running vLLM server whose scheduler is kvscope's recorder
         (`--scheduler-cls explorer.drivers.vllm_live.RecordingScheduler`, feed at `address`, e.g.
         "tcp://127.0.0.1:5590"): a Session without controls that applies the server's steps
@@ -97,7 +99,10 @@ class Session:
         kv_events, snapshot_address). It keeps the latest `max_history` steps."""
         from ..drivers.vllm_live.client import LiveDriver
 
-        return cls(engine=LiveDriver.connect(address, model, **options), max_history=max_history)
+        # LiveSource.model_info is typed `dict`, not ModelInfoDict, in drivers/vllm_live/client.py: until it
+        # says ModelInfoDict, mypy sees no Source in it (and then reports this ignore as unused).
+        return cls(engine=LiveDriver.connect(address, model, **options),  # type: ignore[arg-type]
+                   max_history=max_history)
 
     # -- read-only views ------------------------------------------------------------------
     @property
@@ -141,10 +146,9 @@ class Session:
         return list(self._history.entries)
 
     @property
-    def history_window(self) -> dict:
+    def history_window(self) -> HistoryWindowDict:
         """Where the kept history starts: its first step, the steps dropped before it, the bound."""
-        h = self._history
-        return {"first_step": h.first_step, "dropped": h.dropped, "max_steps": h.max_steps, "entries": len(h)}
+        return self._history.window()
 
     @property
     def current(self) -> HistoryEntry:
@@ -161,7 +165,7 @@ class Session:
                          + (f"; {self._history.dropped} earlier steps were dropped)" if self._history.dropped else ")"))
 
     @property
-    def records(self) -> list[dict]:
+    def records(self) -> list[StepRecordDict]:
         """The StepRecord dicts of the history, oldest first."""
         return [e.record for e in self._history.entries if e.record is not None]
 
@@ -207,7 +211,7 @@ class Session:
         changes = record[REC.CHANGES]
         if CHANGES.RESTART in changes:
             snapshot = changes[CHANGES.SNAPSHOT]
-            self._history = History(HistoryEntry(step=snapshot["step"], record=None, snapshot=snapshot),
+            self._history = History(HistoryEntry(step=snapshot[SNAP.STEP], record=None, snapshot=snapshot),
                                     self._max_history)
             return "reset"  # why: the source's notes
         if CHANGES.SNAPSHOT not in changes and rec.step != self.current.step + 1:
@@ -261,7 +265,7 @@ class Session:
             self._apply_actions(controls)
         self._notify("abort")
 
-    def probe(self, request_id: str, layer: int = 0, head: int | None = None) -> dict:
+    def probe(self, request_id: str, layer: int = 0, head: int | None = None) -> AttentionProbeDict:
         """Attention weights of a running request (AttentionProbe.to_dict()).
 
         A query, not an action: a ValueError (say, the request just finished and its
@@ -298,7 +302,7 @@ class Session:
     def following(self) -> bool:
         return self._follower.running
 
-    def wait_for(self, predicate: Callable[["Session"], bool], timeout: float = 30.0,
+    def wait_for(self, predicate: Callable[[Session], bool], timeout: float = 30.0,
                  interval: float = 0.05) -> bool:
         """Apply steps as they come until `predicate(session)` holds or `timeout` passes."""
         end = time.monotonic() + timeout
@@ -311,9 +315,10 @@ class Session:
                 return False
             time.sleep(interval)
 
-    def feed_status(self) -> dict:
-        """What the source did (a live feed's counters, the recorder's, notes) and whether this
-        session follows it; an engine stepped here has only the latter."""
+    def feed_status(self) -> dict[str, Any]:
+        """What the source did (a live feed's counters, the recorder's, notes: whatever its
+        `status()` says) and whether this session follows it; an engine stepped here has only the
+        latter."""
         status = getattr(self.source, "status", None)
         return {**(status() if callable(status) else {}), "following": self.following,
                 "history": self.history_window}
@@ -359,12 +364,12 @@ class Session:
         for cb in list(self._observers):
             try:
                 cb(event, self)
-            except Exception:  # noqa: BLE001 - a broken view must not break the engine
+            except Exception:  # a broken view must not break the engine (logged, not raised)
                 log.exception("session observer %r failed on %r", cb, event)
 
     # -- metrics --------------------------------------------------------------------------
     @property
-    def metrics(self) -> dict:
+    def metrics(self) -> SessionMetricsDict:
         """Per-request rows and a summary, on the engine clock (which advances only while
         a step executes, so manual stepping does not inflate latencies)."""
         return session_metrics(self.current.snapshot, self.records)
@@ -377,18 +382,18 @@ class Session:
 
     def _apply_actions(self, controls: Controls) -> None:
         """The latest entry shows what an action changed (its changes applied)."""
-        snapshot = apply(self.current.snapshot, controls.take_changes())  # type: ignore[arg-type]
+        snapshot = apply(self.current.snapshot, controls.take_changes())
         if self.check_changes:
             self._check_against_whole(snapshot, "after an action")
         self._history.replace_last(snapshot)
 
-    def _check_against_whole(self, snapshot: dict, when: str) -> None:
+    def _check_against_whole(self, snapshot: EngineSnapshotDict, when: str) -> None:
         whole = self.source.snapshot().to_dict()
         if whole != snapshot:
             raise AssertionError(f"{when}: the snapshot built from the changes differs from the engine's whole "
                                  f"snapshot ({_first_difference(whole, snapshot)})")
 
-    def _action(self) -> "_Action":
+    def _action(self) -> _Action:
         return _Action(self)
 
     def _fail(self, exc: Exception) -> None:
@@ -398,9 +403,9 @@ class Session:
 
     def __repr__(self) -> str:
         cur = self.current.snapshot
-        q = cur.get("queues", {})
-        return (f"Session(step={cur.get('step')}, waiting={len(q.get('waiting', []))}, "
-                f"running={len(q.get('running', []))}, finished={len(q.get('finished', []))}, "
+        q = cur[SNAP.QUEUES]
+        return (f"Session(step={cur[SNAP.STEP]}, waiting={len(q[QUEUE.WAITING])}, "
+                f"running={len(q[QUEUE.RUNNING])}, finished={len(q[QUEUE.FINISHED])}, "
                 f"history={len(self._history)})")
 
 
@@ -427,13 +432,14 @@ class _Action:
     def __enter__(self) -> None:
         self.s._lock.acquire()
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: object) -> Literal[False]:
         try:
             if exc is None:
                 self.s.last_error = None
             elif isinstance(exc, Exception):
                 # Bad input reads best as the bare message; anything else names its type.
-                self.s.last_error = str(exc) if isinstance(exc, ValueError) else f"{exc_type.__name__}: {exc}"
+                self.s.last_error = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
         finally:
             self.s._lock.release()
         if isinstance(exc, Exception):

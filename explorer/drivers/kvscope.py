@@ -26,7 +26,7 @@ class KvscopeDriver:
         self.source = self.controls = llm.engine  # LLMEngine is both a Source and its Controls
 
     @classmethod
-    def create(cls, llm_or_config: Any, config_fields: dict[str, Any]) -> "KvscopeDriver":
+    def create(cls, llm_or_config: Any, config_fields: dict[str, Any]) -> KvscopeDriver:
         if isinstance(llm_or_config, LLM):
             if config_fields:
                 raise ValueError(f"config fields {sorted(config_fields)} cannot apply to an existing LLM; "
@@ -45,7 +45,7 @@ class KvscopeDriver:
         raise ValueError(f"llm_or_config must be an LLM, an EngineConfig, a model path or None, "
                          f"got {type(llm_or_config).__name__}")
 
-    def rebuild(self, **config_fields: Any) -> "KvscopeDriver":
+    def rebuild(self, **config_fields: Any) -> KvscopeDriver:
         check_config_fields(config_fields)
         config = self.engine.config.replace(**config_fields)  # raises before anything is built
         if "num_kv_blocks" not in config_fields and _pool_shape_changed(config_fields):
@@ -57,7 +57,7 @@ class KvscopeDriver:
     def shutdown(self) -> None:
         try:
             self.llm.shutdown()
-        except Exception:  # noqa: BLE001 - the old engine is gone either way
+        except Exception:  # the old engine is gone either way (logged, not raised)
             log.exception("shutting down the previous engine failed")
 
 

@@ -18,10 +18,13 @@ Nothing here recomputes a number vLLM already has: every value is read, not deri
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-BLOCK_EVENTS = ("allocated", "freed", "cached", "hits", "evicted", "same_step_hits")
+from engine.report.schema import BATCH, EV, BatchDict
+
+BLOCK_EVENTS = EV.ALL  # the StepRecord's block events, in their order
 
 
 @dataclass
@@ -29,17 +32,20 @@ class Capture:
     """One step as observed. `batch` is None when no forward ran."""
 
     out: Any = None                                   # vLLM's SchedulerOutput
-    counts: dict = field(default_factory=dict)        # internal id -> (num_tokens, num_prompt_tokens) when scheduled
+    # internal id -> (num_tokens, num_prompt_tokens) when scheduled
+    counts: dict[str, tuple[int, int]] = field(default_factory=dict)
     token_budget: int = 0
-    batch: dict | None = None
+    batch: BatchDict | None = None
     batch_req_ids: list[str] = field(default_factory=list)  # internal ids in the batch's row order
-    blocks: dict = field(default_factory=lambda: {k: [] for k in BLOCK_EVENTS})
-    cached_tokens: dict = field(default_factory=dict)  # block id -> the token ids vLLM hashed into it
+    # block event (BLOCK_EVENTS) -> block ids, in the order they happened
+    blocks: dict[str, list[int]] = field(default_factory=lambda: {k: [] for k in BLOCK_EVENTS})
+    cached_tokens: dict[int, list[int]] = field(default_factory=dict)  # block id -> the token ids vLLM hashed into it
     # Every block that lost a reference, freed or still shared: its dict changed (owners,
     # refcount) without a "freed" event when another request still holds it.
-    ref_dropped: set = field(default_factory=set)
-    seconds: dict = field(default_factory=lambda: dict.fromkeys(("schedule", "prepare", "execute", "sample", "update"),
-                                                                0.0))
+    ref_dropped: set[int] = field(default_factory=set)
+    # vLLM's phases (seconds): schedule, prepare, execute, sample, update
+    seconds: dict[str, float] = field(
+        default_factory=lambda: dict.fromkeys(("schedule", "prepare", "execute", "sample", "update"), 0.0))
 
 
 class StepCapture:
@@ -62,16 +68,19 @@ class StepCapture:
         if hook_scheduler:
             self._wrap(scheduler, "schedule", self._schedule)
             self._wrap(scheduler, "update_from_output", self._update_from_output)
-        for name, hook in (("get_new_blocks", self._get_new_blocks), ("touch", self._touch),
-                           ("cache_full_blocks", self._cache_full_blocks),
-                           ("free_blocks", self._free_blocks), ("_insert_block_hash", self._insert_block_hash),
-                           ("_maybe_evict_cached_block", self._maybe_evict)):
-            self._wrap(self.pool, name, hook)
+        pool_hooks: list[tuple[str, Callable[..., Any]]] = [
+            ("get_new_blocks", self._get_new_blocks), ("touch", self._touch),
+            ("cache_full_blocks", self._cache_full_blocks), ("free_blocks", self._free_blocks),
+            ("_insert_block_hash", self._insert_block_hash), ("_maybe_evict_cached_block", self._maybe_evict)]
         if hasattr(self.pool, "unpin_blocks"):  # another way vLLM drops references
-            self._wrap(self.pool, "unpin_blocks", self._unpin_blocks)
+            pool_hooks.append(("unpin_blocks", self._unpin_blocks))
+        for name, hook in pool_hooks:
+            self._wrap(self.pool, name, hook)
         if runner is not None:
-            for name, hook in (("_prepare_inputs", self._prepare_inputs), ("execute_model", self._execute_model),
-                               ("sample_tokens", self._sample_tokens)):
+            runner_hooks: list[tuple[str, Callable[..., Any]]] = [
+                ("_prepare_inputs", self._prepare_inputs), ("execute_model", self._execute_model),
+                ("sample_tokens", self._sample_tokens)]
+            for name, hook in runner_hooks:
                 self._wrap(runner, name, hook)
 
     def begin(self) -> Capture:
@@ -97,7 +106,7 @@ class StepCapture:
         self._originals.clear()
 
     # -- wrapping -------------------------------------------------------------------------
-    def _wrap(self, obj: Any, name: str, hook) -> None:
+    def _wrap(self, obj: Any, name: str, hook: Callable[..., Any]) -> None:
         original = getattr(obj, name)
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -128,7 +137,7 @@ class StepCapture:
     # -- block pool -----------------------------------------------------------------------
     def _get_new_blocks(self, original, num_blocks: int) -> Any:
         blocks = original(num_blocks)
-        self.now.blocks["allocated"].extend(b.block_id for b in blocks)
+        self.now.blocks[EV.ALLOCATED].extend(b.block_id for b in blocks)
         return blocks
 
     def _touch(self, original, blocks) -> Any:
@@ -136,16 +145,16 @@ class StepCapture:
         ev = self.now.blocks
         for b in blocks:
             if not b.is_null:
-                ev["hits"].append(b.block_id)
+                ev[EV.HITS].append(b.block_id)
                 if b.block_id in self._cached_now:  # registered earlier in this very step
-                    ev["same_step_hits"].append(b.block_id)
+                    ev[EV.SAME_STEP_HITS].append(b.block_id)
         return original(blocks)
 
     def _free_blocks(self, original, ordered_blocks) -> Any:
         blocks = list(ordered_blocks)  # vLLM passes a reversed() iterator: read it once
         self.now.ref_dropped.update(b.block_id for b in blocks)
         result = original(blocks)
-        self.now.blocks["freed"].extend(b.block_id for b in blocks
+        self.now.blocks[EV.FREED].extend(b.block_id for b in blocks
                                         if b.ref_cnt == 0 and not b.is_null and (b.pool is None or b.pool is self.pool))
         return result
 
@@ -156,7 +165,7 @@ class StepCapture:
 
     def _insert_block_hash(self, original, key, block, *args: Any, **kwargs: Any) -> Any:
         result = original(key, block, *args, **kwargs)
-        self.now.blocks["cached"].append(block.block_id)
+        self.now.blocks[EV.CACHED].append(block.block_id)
         self._cached_now.add(block.block_id)
         return result
 
@@ -173,7 +182,7 @@ class StepCapture:
     def _maybe_evict(self, original, block) -> Any:
         evicted = original(block)
         if evicted:
-            self.now.blocks["evicted"].append(block.block_id)
+            self.now.blocks[EV.EVICTED].append(block.block_id)
         return evicted
 
     # -- model runner ---------------------------------------------------------------------
@@ -188,8 +197,9 @@ class StepCapture:
         t0 = time.perf_counter()
         result = original(scheduler_output, *args, **kwargs)
         self.now.seconds["execute"] += time.perf_counter() - t0
-        if scheduler_output.total_num_scheduled_tokens > 0:
-            self.now.batch_req_ids, self.now.batch = read_batch(self.runner, scheduler_output.total_num_scheduled_tokens)
+        num_tokens = scheduler_output.total_num_scheduled_tokens
+        if num_tokens > 0:
+            self.now.batch_req_ids, self.now.batch = read_batch(self.runner, num_tokens)
         return result
 
     def _sample_tokens(self, original, *args: Any, **kwargs: Any) -> Any:
@@ -200,7 +210,7 @@ class StepCapture:
             self.now.seconds["sample"] += time.perf_counter() - t0
 
 
-def read_batch(runner: Any, num_tokens: int) -> tuple[list[str], dict]:
+def read_batch(runner: Any, num_tokens: int) -> tuple[list[str], BatchDict]:
     """The packed batch of the step that just ran, from the model runner's persistent buffers
     (vLLM v1's names). Rows follow the runner's input batch, which is the order of
     `query_start_loc`; `logits_indices` lists the rows whose sample vLLM keeps (it computes
@@ -213,24 +223,24 @@ def read_batch(runner: Any, num_tokens: int) -> tuple[list[str], dict]:
     per_row = table.num_blocks_per_row[:num_reqs]
     rows = table.block_table.cpu
     discard = runner.discard_request_mask.np[:num_reqs]
-    batch = {
-        "input_ids": runner.input_ids.gpu[:num_tokens].tolist(),
-        "positions": runner.positions[:num_tokens].tolist(),
-        "query_start_loc": qsl,
-        "seq_lens": runner.seq_lens[:num_reqs].tolist(),
-        "slot_mapping": table.slot_mapping.gpu[:num_tokens].tolist(),
-        "block_tables": [rows[i, : int(per_row[i])].tolist() for i in range(num_reqs)],
-        "logits_indices": [qsl[i + 1] - 1 for i in range(num_reqs) if not bool(discard[i])],
+    batch: BatchDict = {
+        BATCH.INPUT_IDS: runner.input_ids.gpu[:num_tokens].tolist(),
+        BATCH.POSITIONS: runner.positions[:num_tokens].tolist(),
+        BATCH.QUERY_START_LOC: qsl,
+        BATCH.SEQ_LENS: runner.seq_lens[:num_reqs].tolist(),
+        BATCH.SLOT_MAPPING: table.slot_mapping.gpu[:num_tokens].tolist(),
+        BATCH.BLOCK_TABLES: [rows[i, : int(per_row[i])].tolist() for i in range(num_reqs)],
+        BATCH.LOGITS_INDICES: [qsl[i + 1] - 1 for i in range(num_reqs) if not bool(discard[i])],
     }
     return req_ids, batch
 
 
-def rank0_batch(worker: Any, num_tokens: int) -> tuple[list[str], dict]:
+def rank0_batch(worker: Any, num_tokens: int) -> tuple[list[str], BatchDict]:
     """Runs in a vLLM worker process (collective_rpc): that rank's batch of the latest step."""
     return read_batch(worker.model_runner, num_tokens)
 
 
-def rank_facts(worker: Any) -> dict:
+def rank_facts(worker: Any) -> dict[str, Any]:
     """Runs in each vLLM worker (collective_rpc): what this rank holds, read from its own model
     and KV cache: its query / KV heads, vocabulary rows, MLP rows and KV pool bytes."""
     runner = worker.model_runner

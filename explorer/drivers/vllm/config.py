@@ -83,8 +83,8 @@ class VllmConfig:
 
     `num_kv_blocks` becomes vLLM's `num_gpu_blocks_override` (null block 0 included); None
     lets vLLM size the pool from `kv_cache_memory_bytes` (VLLM_CPU_KVCACHE_SPACE, when set,
-    wins on CPU), which is always passed explicitly. `max_model_len=None` means min(4096, the model's limit, what the pool
-    holds): vLLM refuses a pool that cannot hold one request of max_model_len tokens.
+    wins on CPU), which is always passed explicitly. `max_model_len=None` means min(4096, the model's limit,
+    what the pool holds): vLLM refuses a pool that cannot hold one request of max_model_len tokens.
     `gpu_memory_utilization` is, on CPU, the share of RAM vLLM may claim at start-up.
     `scheduling_policy` is 'unified' only: vLLM v1 has one policy (mixed prefill and decode
     under one token budget). `engine_args` are passed to vLLM's LLM as they are.
@@ -107,7 +107,7 @@ class VllmConfig:
     dtype: str = "auto"   # 'auto': float32 on CPU (as kvscope), vLLM's own choice on a GPU
     device: str = "auto"
     seed: int = 0
-    engine_args: dict = field(default_factory=dict)
+    engine_args: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -149,14 +149,14 @@ class VllmConfig:
 
         return not torch.cuda.is_available()
 
-    def replace(self, **changes: Any) -> "VllmConfig":
+    def replace(self, **changes: Any) -> VllmConfig:
         """A validated copy with `changes` applied (unknown names raise)."""
         unknown = set(changes) - CONFIG_FIELDS
         if unknown:
             raise ValueError(f"unknown VllmConfig field(s): {sorted(unknown)}")
         return dataclasses.replace(self, **changes)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     def llm_kwargs(self, model: str, max_model_len: int) -> dict[str, Any]:

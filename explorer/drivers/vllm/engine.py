@@ -28,18 +28,36 @@ import time
 import traceback
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from engine.config import with_live_knobs
 from engine.dtypes import dtype_name
 from engine.report.records import EngineSnapshot, StepRecord, gc_paused
+from engine.report.schema import (
+    CHANGES,
+    INFO,
+    TIME,
+    BlockPoolDict,
+    ChangesDict,
+    EngineMetricsDict,
+    ModelInfoDict,
+    QueuesDict,
+)
 from engine.request import abortable, checked_request_args, token_id_list
 from engine.sampling_params import SamplingParams
 
 from .capture import StepCapture
 from .changes import BlockTables, ChangeTracker
-from .config import (CONFIG_FIELDS, LIVE_KNOBS, VllmConfig, VllmUnavailable, fit_max_num_seqs,
-                          prepare_environment, require_vllm, split_fields)
+from .config import (
+    CONFIG_FIELDS,
+    LIVE_KNOBS,
+    VllmConfig,
+    VllmUnavailable,
+    fit_max_num_seqs,
+    prepare_environment,
+    require_vllm,
+    split_fields,
+)
 from .probe import QueryCapture, VllmAttentionProbe, attention_weights
 from .records import RecordBuilder, RequestState
 from .startup import StartupLog
@@ -60,14 +78,14 @@ class VllmDriver:
     config_fields = CONFIG_FIELDS
     watch_only = ""
 
-    def __init__(self, engine: "VllmEngine") -> None:
+    def __init__(self, engine: VllmEngine) -> None:
         self.engine = engine
         self.source = self.controls = engine  # VllmEngine is both a Source and its Controls
-        self.llm = engine.llm
-        self.name = engine.name
+        self.llm: Any = engine.llm  # vLLM's LLM
+        self.name: str = engine.name
 
     @classmethod
-    def create(cls, llm_or_config: Any, config_fields: dict[str, Any]) -> "VllmDriver":
+    def create(cls, llm_or_config: Any, config_fields: dict[str, Any]) -> VllmDriver:
         require_vllm()
         fields = dict(config_fields)
         if fields.pop("check_invariants", False):
@@ -89,7 +107,7 @@ class VllmDriver:
         config, notice = fit_max_num_seqs(config, explicit=explicit)
         return cls(VllmEngine(config, notice=notice))
 
-    def rebuild(self, **config_fields: Any) -> "VllmDriver":
+    def rebuild(self, **config_fields: Any) -> VllmDriver:
         ours, engine_args = split_fields(config_fields)
         config = self.engine.config.replace(**ours)
         if engine_args:
@@ -110,14 +128,15 @@ class VllmEngine:
     (explorer.core.engine_protocol.Engine). `name` ("vLLM 0.32.0") is shown by every panel."""
 
     def __init__(self, config: VllmConfig, notice: str = "") -> None:
-        self.version = require_vllm()
+        self.version: str = require_vllm()
         self.notice = notice  # a knob the explorer changed so vLLM would start (shown by the Dashboard)
         config.validate()
         prepare_environment()
         from engine.default_model import default_model_path, validate_model_folder
 
         folder = validate_model_folder(config.model if config.model is not None else default_model_path())
-        self.requested_num_kv_blocks, self.requested_max_model_len = config.num_kv_blocks, config.max_model_len
+        self.requested_num_kv_blocks: int | None = config.num_kv_blocks
+        self.requested_max_model_len: int | None = config.max_model_len
         max_model_len = config.max_model_len or _default_max_model_len(folder, config)
         # vLLM's start-up output (logs, warnings, a weights bar) folds into one progress line.
         with StartupLog(f"vLLM {self.version}") as startup:
@@ -126,25 +145,25 @@ class VllmEngine:
             from vllm import LLM
 
             self.version = require_vllm(vllm.__version__)
+            refused: Exception | None = None
             try:
-                self.llm = LLM(**config.llm_kwargs(str(folder), max_model_len))
+                self.llm: Any = LLM(**config.llm_kwargs(str(folder), max_model_len))
             except Exception as exc:  # noqa: BLE001 - whatever vLLM refuses, the caller gets its message
                 refused = exc
                 traceback.print_exc()  # into the start-up log, not the caller's traceback
-            else:
-                refused = None
         self.startup_log = startup.log_text
         if refused is not None:
             # One line: vLLM's own traceback is in the start-up log (one click away), not chained here.
             error = ValueError(f"vLLM refused this configuration: {_message(refused)}")
             error.vllm_error = refused  # type: ignore[attr-defined]
             raise error from None
-        self.name = f"vLLM {self.version}"
-        self.vllm = self.llm.llm_engine
+        self.name: str = f"vLLM {self.version}"
+        # vLLM's own objects, reached through their (version-checked) internals: Any to mypy.
+        self.vllm: Any = self.llm.llm_engine
         client = self.vllm.engine_core
         core = client.engine_core
-        self.scheduler = core.scheduler
-        self.pool = self.scheduler.kv_cache_manager.block_pool
+        self.scheduler: Any = core.scheduler
+        self.pool: Any = self.scheduler.kv_cache_manager.block_pool
         # vLLM's finaliser would run its full shutdown when this engine is collected; ours
         # knows whether another vLLM engine still needs the process-wide state.
         detach = getattr(getattr(client, "_finalizer", None), "detach", None)
@@ -153,13 +172,13 @@ class VllmEngine:
         _live["count"] += 1
         self._finalizer = weakref.finalize(self, _release, client, core)
         worker = getattr(getattr(core.model_executor, "driver_worker", None), "worker", None)
-        self.runner = getattr(worker, "model_runner", None)  # None: the model runs in worker processes
+        self.runner: Any = getattr(worker, "model_runner", None)  # None: the model runs in worker processes
         self.capture = StepCapture(self.scheduler, self.runner, core.model_executor)
-        self.queries = QueryCapture(self.runner) if self.runner is not None else None
-        self.tokenizer = self.vllm.get_tokenizer()
+        self.queries: QueryCapture | None = QueryCapture(self.runner) if self.runner is not None else None
+        self.tokenizer: Any = self.vllm.get_tokenizer()
         self.block_size = int(self.scheduler.cache_config.block_size)
         self.max_model_len = int(self.vllm.model_config.max_model_len)
-        self.config = config.replace(model=str(folder), max_model_len=self.max_model_len,
+        self.config: VllmConfig = config.replace(model=str(folder), max_model_len=self.max_model_len,
                                      num_kv_blocks=int(self.pool.num_gpu_blocks))
         self._built_budget = (config.max_num_batched_tokens, config.max_num_seqs)
         self._max_logprobs = int(getattr(self.vllm.model_config, "max_logprobs", 20))
@@ -167,19 +186,23 @@ class VllmEngine:
         self._ids = itertools.count()
         # The explorer's own cost next to vLLM's: seconds summed over steps / snapshots.
         self.overhead = {"steps": 0, "vllm_step_s": 0.0, "record_s": 0.0, "snapshots": 0, "snapshot_s": 0.0}
-        self.records = RecordBuilder(self.scheduler, model_info=self._read_model_info(folder),
-                                     tokenizer=self.tokenizer, max_logprobs=self._max_logprobs,
-                                     runner_in_process=self.runner is not None,
-                                     reserve_full_isl=config.scheduler_reserve_full_isl)
-        self.tracker = ChangeTracker(self.records, BlockTables(self.scheduler))
+        # RecordBuilder(model_info: dict) in records.py: a ModelInfoDict is not a `dict` to mypy until
+        # records.py takes ModelInfoDict (mypy then reports this ignore as unused).
+        info = self._read_model_info(folder)
+        self.records: RecordBuilder = RecordBuilder(self.scheduler, model_info=info,  # type: ignore[arg-type]
+                                                    tokenizer=self.tokenizer, max_logprobs=self._max_logprobs,
+                                                    runner_in_process=self.runner is not None,
+                                                    reserve_full_isl=config.scheduler_reserve_full_isl)
+        self.tracker: ChangeTracker = ChangeTracker(self.records, BlockTables(self.scheduler))
         self.last_capture: Any = None  # the latest step's capture (explorer.drivers.vllm.capture)
         self._finished_sent = 0         # self.finished[:n] went out in changes already
         self._config_changed = False
 
     # -- facts ----------------------------------------------------------------------------
     @property
-    def model_info(self) -> dict:
-        return self.records.model_info
+    def model_info(self) -> ModelInfoDict:
+        # RecordBuilder (records.py) keeps the dict _read_model_info built.
+        return cast("ModelInfoDict", self.records.model_info)
 
     @property
     def requests(self) -> dict[str, RequestState]:
@@ -193,7 +216,7 @@ class VllmEngine:
     def engine_time(self) -> float:
         return self.records.engine_time
 
-    def _read_model_info(self, folder: Path) -> dict:
+    def _read_model_info(self, folder: Path) -> ModelInfoDict:
         mc = self.vllm.model_config
         hf = mc.hf_config
         heads = int(hf.num_attention_heads)
@@ -206,23 +229,24 @@ class VllmEngine:
         tp = int(self.vllm.vllm_config.parallel_config.tensor_parallel_size)
         tp_facts = self._tp_facts(tp)
         if kv_bytes is None and tp_facts:
-            kv_bytes = sum(r["kv_bytes_per_block"] for r in tp_facts["tensor_parallel"]["ranks"])
-        return tp_facts | {"engine": self.name, "engine_version": self.version, "name": folder.name,
-                "architecture": getattr(hf, "model_type", None), "num_layers": int(hf.num_hidden_layers),
-                "num_heads": heads, "num_kv_heads": kv_heads,
-                "head_dim": int(getattr(hf, "head_dim", None) or hf.hidden_size // heads),
-                "hidden_size": int(hf.hidden_size), "vocab_size": int(mc.get_vocab_size()),
-                "dtype": dtype_name(mc.dtype), "compute_dtype": dtype_name(mc.dtype),
-                "device": "cpu" if self.config.on_cpu else "cuda",
-                "max_model_len": self.max_model_len, "attention_backend": backend, "cuda_graphs": None,
-                "cuda_graphs_off": "enforce_eager" if self.config.enforce_eager else None,
-                "native_decode": None, "native_decode_off": "kvscope's own engine only", "cpu_gemm_dtype": None,
-                "kv_bytes_per_block": kv_bytes, "intermediate_size": getattr(hf, "intermediate_size", None),
-                "tie_word_embeddings": getattr(hf, "tie_word_embeddings", None),
-                "tensor_parallel_size": tp,
-                "tp_backend": None if tp == 1 else ("gloo" if self.config.on_cpu else "nccl")}
+            kv_bytes = sum(r["kv_bytes_per_block"] for r in tp_facts[INFO.TENSOR_PARALLEL]["ranks"])
+        return {**tp_facts, INFO.ENGINE: self.name, INFO.ENGINE_VERSION: self.version, INFO.NAME: folder.name,
+                INFO.ARCHITECTURE: getattr(hf, "model_type", None), INFO.NUM_LAYERS: int(hf.num_hidden_layers),
+                INFO.NUM_HEADS: heads, INFO.NUM_KV_HEADS: kv_heads,
+                INFO.HEAD_DIM: int(getattr(hf, "head_dim", None) or hf.hidden_size // heads),
+                INFO.HIDDEN_SIZE: int(hf.hidden_size), INFO.VOCAB_SIZE: int(mc.get_vocab_size()),
+                INFO.DTYPE: dtype_name(mc.dtype), INFO.COMPUTE_DTYPE: dtype_name(mc.dtype),
+                INFO.DEVICE: "cpu" if self.config.on_cpu else "cuda",
+                INFO.MAX_MODEL_LEN: self.max_model_len, INFO.ATTENTION_BACKEND: backend, INFO.CUDA_GRAPHS: None,
+                INFO.CUDA_GRAPHS_OFF: "enforce_eager" if self.config.enforce_eager else None,
+                INFO.NATIVE_DECODE: None, INFO.NATIVE_DECODE_OFF: "kvscope's own engine only",
+                INFO.CPU_GEMM_DTYPE: None, INFO.KV_BYTES_PER_BLOCK: kv_bytes,
+                INFO.INTERMEDIATE_SIZE: getattr(hf, "intermediate_size", None),
+                INFO.TIE_WORD_EMBEDDINGS: getattr(hf, "tie_word_embeddings", None),
+                INFO.TENSOR_PARALLEL_SIZE: tp,
+                INFO.TP_BACKEND: None if tp == 1 else ("gloo" if self.config.on_cpu else "nccl")}
 
-    def _tp_facts(self, tp: int) -> dict:
+    def _tp_facts(self, tp: int) -> ModelInfoDict:
         """With tensor parallelism: each rank's share, as its worker reports it (collective_rpc)."""
         if tp == 1:
             return {}
@@ -230,10 +254,11 @@ class VllmEngine:
 
         ranks = self.vllm.engine_core.engine_core.model_executor.collective_rpc(rank_facts)
         first = ranks[0]
-        return {"tensor_parallel": {"ranks": ranks, "weights": []},
-                "num_heads_per_rank": first["heads"][1] - first["heads"][0],
-                "num_kv_heads_per_rank": first["kv_heads"][1] - first["kv_heads"][0],
-                "kv_bytes_per_block_per_rank": first["kv_bytes_per_block"], "kv_bytes_per_rank": first["kv_bytes"]}
+        return {INFO.TENSOR_PARALLEL: {"ranks": ranks, "weights": []},
+                INFO.NUM_HEADS_PER_RANK: first["heads"][1] - first["heads"][0],
+                INFO.NUM_KV_HEADS_PER_RANK: first["kv_heads"][1] - first["kv_heads"][0],
+                INFO.KV_BYTES_PER_BLOCK_PER_RANK: first["kv_bytes_per_block"],
+                INFO.KV_BYTES_PER_RANK: first["kv_bytes"]}
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.vllm.has_unfinished_requests())
@@ -333,26 +358,27 @@ class VllmEngine:
         self.tracker.note_step(cap)
         rec.changes = self.take_changes()
         record_s = time.perf_counter() - t1
-        rec.timings_ms["explorer_record"] = record_s * 1e3
+        rec.timings_ms[TIME.EXPLORER_RECORD] = record_s * 1e3
         self.overhead["steps"] += 1
         self.overhead["vllm_step_s"] += vllm_s
         self.overhead["record_s"] += record_s
         return rec
 
-    def take_changes(self) -> dict:
+    def take_changes(self) -> ChangesDict:
         """What changed since the last step or call (engine/report/changes.py): a Session applies
         it after each step, and after adding, aborting or re-budgeting between steps."""
         changes = self.tracker.changes(self.step_count, self.finished[self._finished_sent:])
         self._finished_sent = len(self.finished)
         if self._config_changed:
-            changes["config"] = self.config.to_dict()
+            changes[CHANGES.CONFIG] = self.config.to_dict()
             self._config_changed = False
         return changes
 
     # -- inspection -----------------------------------------------------------------------
     @property
-    def metrics(self) -> dict:
-        return self.records.metrics
+    def metrics(self) -> EngineMetricsDict:
+        # RecordBuilder.metrics (records.py) is typed `dict`; it builds EngineMetricsDict's keys.
+        return cast("EngineMetricsDict", self.records.metrics)
 
     def snapshot(self) -> EngineSnapshot:
         """vLLM's queues and every block of its pool, now."""
@@ -361,9 +387,12 @@ class VllmEngine:
         with gc_paused():
             running = list(self.scheduler.running)
             tables = {r.request_id: list(kv.get_block_ids(r.request_id)[0]) for r in running}
+            # RecordBuilder's queues and pool_dict (records.py) are typed `dict`: QueuesDict and
+            # BlockPoolDict as built.
             snap = EngineSnapshot(step=self.step_count, config=self.config.to_dict(), model_info=self.model_info,
-                                  metrics=self.metrics, queues=records.queues(running, tables, self.finished),
-                                  block_pool=records.pool_dict(running, tables))
+                                  metrics=self.metrics,
+                                  queues=cast("QueuesDict", records.queues(running, tables, self.finished)),
+                                  block_pool=cast("BlockPoolDict", records.pool_dict(running, tables)))
         self.overhead["snapshots"] += 1
         self.overhead["snapshot_s"] += time.perf_counter() - t0
         return snap
@@ -376,10 +405,11 @@ class VllmEngine:
         if e is None:
             raise ValueError(f"request_id {request_id!r} does not exist")
         info = self.model_info
-        if not isinstance(layer, int) or not 0 <= layer < info["num_layers"]:
-            raise ValueError(f"layer must be in [0, {info['num_layers']}), got {layer!r}")
-        if head is not None and (not isinstance(head, int) or not 0 <= head < info["num_heads"]):
-            raise ValueError(f"head must be in [0, {info['num_heads']}) or None, got {head!r}")
+        num_layers, num_heads = info[INFO.NUM_LAYERS], info[INFO.NUM_HEADS]
+        if not isinstance(layer, int) or not 0 <= layer < num_layers:
+            raise ValueError(f"layer must be in [0, {num_layers}), got {layer!r}")
+        if head is not None and (not isinstance(head, int) or not 0 <= head < num_heads):
+            raise ValueError(f"head must be in [0, {num_heads}) or None, got {head!r}")
         if self.queries is None:
             raise ValueError(f"attention weights are not available from {self.name} here: its model runs in "
                              "worker processes (tensor_parallel_size > 1), where the explorer cannot hook a layer")
@@ -400,18 +430,19 @@ class VllmEngine:
         module = self.queries.layers[layer]
         reader = self.queries.reader(layer, int(self.pool.num_gpu_blocks))
         probs = attention_weights(self.queries.queries[start:end], positions, reader, table, float(module.impl.scale))
-        heads = list(range(info["num_heads"])) if head is None else [head]
-        group = info["num_heads"] // info["num_kv_heads"]
+        heads = list(range(num_heads)) if head is None else [head]
+        group = num_heads // info[INFO.NUM_KV_HEADS]
         context = max(positions) + 1
         token_ids = list(e.req.all_token_ids[:context])
         return VllmAttentionProbe(
             request_id=request_id, layer=layer, heads=heads, kv_head_of_head=[h // group for h in heads],
             query_positions=list(positions), context_len=context, block_size=self.block_size, block_table=table,
-            token_ids=token_ids, tokens=[self.records.text(t) for t in token_ids], probs=probs[heads],
+            # text() is None only without a tokenizer, and vLLM's LLM always loads one here.
+            token_ids=token_ids, tokens=[self.records.text(t) or "" for t in token_ids], probs=probs[heads],
             source=(f"{self.name}: layer {layer}'s queries as vLLM computed them in step {self.step_count}, keys from "
                     f"vLLM's paged KV cache (blocks {table}), softmax at vLLM's scale {float(module.impl.scale):g}"))
 
-    def explorer_overhead(self) -> dict:
+    def explorer_overhead(self) -> dict[str, float]:
         """The explorer's own cost per vLLM step: mean record and snapshot time next to vLLM's step."""
         o = self.overhead
         steps, snaps = max(1, o["steps"]), max(1, o["snapshots"])
@@ -437,7 +468,7 @@ def _release(client: Any, core: Any) -> None:
             core.model_executor.shutdown()
             core.scheduler.shutdown()
             gc.unfreeze()  # vLLM froze everything alive at start-up; let this engine's objects go
-    except Exception:  # noqa: BLE001 - the engine is gone either way
+    except Exception:  # the engine is gone either way (logged, not raised)
         log.exception("releasing a vLLM engine failed")
 
 

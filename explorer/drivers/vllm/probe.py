@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from engine.report.probe import AttentionProbe
+from engine.report.probe import AttentionProbe, AttentionProbeDict
 
 
 @dataclass
@@ -23,8 +23,8 @@ class VllmAttentionProbe(AttentionProbe):
 
     source: str = ""
 
-    def to_dict(self) -> dict:
-        return super().to_dict() | {"source": self.source}
+    def to_dict(self) -> AttentionProbeDict:
+        return {**super().to_dict(), "source": self.source}
 
 
 class QueryCapture:
@@ -97,18 +97,22 @@ class KeyReader:
         bs = kv.numel() // (num_blocks * 2 * kvh * hs)  # K and V of every slot of a block
         n = bs * kvh * hs
         ids = torch.arange(n)
-        found: torch.Tensor | None = None
-        digits: list[torch.Tensor] = []
-        place = 1
-        while place < n or not digits:  # base-256 digits: exact in fp32, bf16 and fp16 alike
+
+        def stored(place: int) -> torch.Tensor:
+            """A one-block scratch cache, flat, after the backend stored each key element's
+            base-256 digit at `place` (plus 1: a zero is an element not written)."""
             scratch = torch.zeros(shape, dtype=kv.dtype, device=kv.device)
             key = ((ids // place) % 256 + 1).to(kv.dtype).reshape(bs, kvh, hs).to(kv.device)
             module.impl.do_kv_cache_update(module, key, torch.zeros_like(key), scratch,
                                            torch.arange(bs, dtype=torch.long, device=kv.device))
-            flat = scratch.flatten().float().cpu()
-            if found is None:
-                found = (flat != 0).nonzero().flatten()
-            digits.append(flat[found].long() - 1)
+            return scratch.flatten().float().cpu()
+
+        flat = stored(1)
+        found = (flat != 0).nonzero().flatten()  # where the key elements went
+        digits = [flat[found].long() - 1]
+        place = 256
+        while place < n:  # base-256 digits: exact in fp32, bf16 and fp16 alike
+            digits.append(stored(place)[found].long() - 1)
             place *= 256
         value = sum(d * 256 ** i for i, d in enumerate(digits))
         position = torch.empty(n, dtype=torch.long)

@@ -162,6 +162,8 @@ class RecordedRequest:
     ignore_eos: bool = False
     stop_token_ids: list[int] = field(default_factory=list)
     priority: int = 0
+    cache_salt: str | None = None      # its hash domain (vLLM's cache_salt, LoRA adapter): blocks of the same
+    lora_name: str | None = None       # tokens hash apart under another domain
     finish_reason: str | None = None   # 'stop' | 'length' | 'abort' | ...; None: unfinished when recording ended
     aborted_before_step: int | None = None   # ended outside a step: before this step's update ...
     aborted_during_step: bool = False        # ... and after its schedule() (vLLM takes aborts while the model runs)
@@ -484,7 +486,7 @@ class RecordingWriter:
             aborted_during_step=abort_step is not None and self._last_scheduled.get(r["request_id"]) == abort_step,
             aborted_time=m.get("finished_time") if outside else None,
             num_cached_tokens=int(r.get("num_cached_tokens") or 0), num_preemptions=int(r.get("num_preemptions") or 0),
-            priority=int(r.get("priority") or 0),
+            priority=int(r.get("priority") or 0), cache_salt=r.get("cache_salt"), lora_name=r.get("lora_name"),
             first_token_time=m.get("first_token_time"), finished_time=m.get("finished_time"),
             token_times=[float(t) for t in m.get("token_times") or ()])
 
@@ -706,6 +708,9 @@ def _request(path: Path, n: int, obj: dict) -> RecordedRequest:
         raise RecordingError(f"{path}, line {n}: request {rid!r}: arrival_seq must be an integer")
     if not isinstance(r.max_tokens, int) or r.max_tokens < 1:
         raise RecordingError(f"{path}, line {n}: request {rid!r}: max_tokens must be an integer >= 1")
+    for name in ("cache_salt", "lora_name"):
+        if getattr(r, name) is not None and (not isinstance(getattr(r, name), str) or not getattr(r, name)):
+            raise RecordingError(f"{path}, line {n}: request {rid!r}: {name} must be a non-empty string or null")
     return r
 
 

@@ -67,5 +67,6 @@ def check_fits(token_ids: list[int], params: SamplingParams, cfg: EngineConfig, 
     need = cdiv(longest, cfg.block_size)
     if need > num_blocks - 1:
         raise ValueError(f"a request of {longest} tokens (prompt + max_tokens, capped at max_model_len) "
-                         f"needs {need} KV blocks; num_kv_blocks={num_blocks} leaves only "
-                         f"{num_blocks - 1} usable")
+                         f"needs {need} KV blocks of {cfg.block_size} tokens; num_kv_blocks={num_blocks} leaves only "
+                         f"{num_blocks - 1} usable (block 0 is the null block): lower max_tokens, shorten the "
+                         f"prompt, or use num_kv_blocks >= {need + 1} (a new engine)")

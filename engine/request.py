@@ -128,8 +128,12 @@ class Request:
 
     def cached_text(self, which: str, decode) -> str:
         """Decoded prompt or output text, re-decoded only when the tokens changed (snapshots ask
-        for every request's text after every step)."""
+        for every request's text after every step). The output reads as vLLM returns it, without
+        special tokens (a finished chat answer does not end in `<|im_end|>`), where `decode`
+        offers that (engine.tokenizer.fast_decoder's `without_special`)."""
         ids = self.prompt_token_ids if which == "prompt" else self.output_token_ids
+        if which != "prompt":
+            decode = getattr(decode, "without_special", decode)
         key, text = self._text_cache.get(which, (None, ""))
         if key != len(ids):
             text = decode(ids)

@@ -21,8 +21,16 @@ def load_tokenizer(folder: str | Path):
 
 def fast_decoder(tokenizer):
     """A decode(ids) -> str that skips transformers' per-call input checks (they cost more than
-    the decoding itself for the snapshot's many small calls); the same text as tokenizer.decode."""
+    the decoding itself for the snapshot's many small calls); the same text as tokenizer.decode.
+
+    It spells special tokens (a panel shows each token, `<|im_end|>` included); its
+    `without_special` attribute is the same decoder without them, for a request's output text
+    as vLLM returns it (skip_special_tokens=True, vLLM's default, and `LLM.generate`'s)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
-        return lambda ids: tokenizer.decode(ids)
-    return lambda ids: backend.decode(list(ids), skip_special_tokens=False)
+        decode = lambda ids: tokenizer.decode(ids)  # noqa: E731
+        decode.without_special = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
+        return decode
+    decode = lambda ids: backend.decode(list(ids), skip_special_tokens=False)  # noqa: E731
+    decode.without_special = lambda ids: backend.decode(list(ids), skip_special_tokens=True)
+    return decode

@@ -28,6 +28,7 @@ def __getattr__(name: str) -> Any:
 
         value = session.Session if name == "Session" else history.HistoryEntry
     elif name == "Dashboard":
+        from . import export  # noqa: F401 - installs the writer of the Dashboard's "save this run"
         from .ui.dashboard import Dashboard as value
     elif name == "export_html":
         from .export import export_html as value

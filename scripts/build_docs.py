@@ -95,7 +95,7 @@ class _KvsDocsRecorder:
 
     def end(self, number, title, slug):
         from explorer.export import page as export
-from explorer.ui import views
+        from explorer.ui import views
         s = self._attach()
         first_segment, start = self.mark
         parts = []
@@ -253,6 +253,10 @@ def render_outputs(cell) -> list[str]:
     return parts
 
 
+JUMP_TO_REPLAY = ('<p class="kvs-jump"><a href="#replay" data-testid="kvs-jump-replay">\u2193 Jump to this '
+                  'chapter\'s replay</a>: the panels, recorded from the engine while these cells ran.</p>')
+
+
 def chapter_page(ch: dict, executed: list, files: list[dict], built: str) -> str:
     lines: list[str] = []
     check_next = False
@@ -261,9 +265,12 @@ def chapter_page(ch: dict, executed: list, files: list[dict], built: str) -> str
             continue
         if cell.cell_type == "markdown":
             src = cell.source
-            if src.startswith("## "):  # the page's title
+            title = src.startswith("## ")
+            if title:  # the page's title; the replay sits far below it, so a link to it goes first
                 src = "# " + src[3:]
             lines.append(src)
+            if title and JUMP_TO_REPLAY not in lines:
+                lines.append(JUMP_TO_REPLAY)
             check_next = src.lstrip().startswith("**Check.**")
         elif cell.cell_type == "code":
             lines.append(f"```python\n{cell.source}\n```")

@@ -85,14 +85,24 @@ else
 fi
 
 if [[ "${1:-}" == "--with-browser" ]]; then
-  # Debian chromium for the browser tests; node for the panels' JS tests without a browser.
+  # Debian chromium for the browser tests; node (and npm, for typescript below) for the panels'
+  # JS tests without a browser.
   missing=()
   [[ -x /usr/lib/chromium/chromium || -x /usr/bin/chromium ]] || missing+=(chromium)
   command -v node >/dev/null || missing+=(nodejs)
+  command -v npm >/dev/null || missing+=(npm)
   if (( ${#missing[@]} )); then
     echo "[setup] installing Debian ${missing[*]} for the tests"
     if [[ $(id -u) -eq 0 ]]; then SUDO=""; else SUDO="sudo"; fi
     $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+  # TypeScript's checker for the panels' JavaScript (tests/widgets/test_js_types.py: tsc --noEmit
+  # over the // @ts-check files, tsconfig.json), pinned, from the npm registry into .venv/node
+  # (git-ignored, with the rest of the environment).
+  typescript=5.9.3
+  if command -v npm >/dev/null && [[ "$(.venv/node/node_modules/.bin/tsc --version 2>/dev/null)" != "Version $typescript" ]]; then
+    echo "[setup] installing typescript $typescript (npm) into .venv/node for the panels' type check"
+    npm install --prefix .venv/node --no-save --no-audit --no-fund --loglevel=error "typescript@$typescript" >/dev/null
   fi
 fi
 # Convert the default model once (cached under ~/.cache/kvscope; a second run is instant).

@@ -5,12 +5,12 @@ from a Session. Each panel is usable alone (see ``explorer.ui.dashboard``).
 """
 from __future__ import annotations
 
-from typing import Any
-
 from ._base import Panel
 from .attention import AttentionPanel
 from .block_pool import BlockPoolPanel
 from .controls import ControlsPanel
+from .follow import FollowPanel
+from .latency import LatencyPanel
 from .queues import QueuesPanel
 from .sampler import SamplerPanel
 from .slot_mapping import SlotMappingPanel
@@ -18,12 +18,14 @@ from .tensor_parallel import TensorParallelPanel
 from .timeline import TimelinePanel
 
 __all__ = ["Panel", "ControlsPanel", "QueuesPanel", "BlockPoolPanel", "SlotMappingPanel",
-           "AttentionPanel", "SamplerPanel", "TimelinePanel", "TensorParallelPanel", "LatencyPanel"]
+           "AttentionPanel", "SamplerPanel", "TimelinePanel", "TensorParallelPanel", "LatencyPanel", "FollowPanel", "PANELS", "STATEFUL_PANELS"]
 
+#: Each panel by the name the Dashboard (explorer.ui.dashboard) and the export use for it.
+PANELS: dict[str, type[Panel]] = {
+    "controls": ControlsPanel, "queues": QueuesPanel, "sampler": SamplerPanel, "blocks": BlockPoolPanel,
+    "slots": SlotMappingPanel, "attention": AttentionPanel, "timeline": TimelinePanel, "latency": LatencyPanel,
+    "tensor_parallel": TensorParallelPanel,
+}
+#: Every panel whose state is typed (widgets/_state.py): the Dashboard's, and a live server's Follow panel.
+STATEFUL_PANELS: dict[str, type[Panel]] = {**PANELS, "follow": FollowPanel}
 
-def __getattr__(name: str) -> Any:
-    # plotly is imported only when the charts are wanted: it is the slowest import here.
-    if name == "LatencyPanel":
-        from .latency import LatencyPanel
-        return LatencyPanel
-    raise AttributeError(name)

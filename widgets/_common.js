@@ -1,3 +1,4 @@
+// @ts-check
 // kvscope shared helpers. Prepended to every panel's ESM by widgets/_base.py, so the
 // panels stay plain ES modules that load nothing from the network.
 
@@ -6,13 +7,16 @@
 // near any of them (tests/widgets/test_js.py measures it), so a colour never means both.
 // Each event's bit, StepRecord.blocks key, label and meaning come from KVS_SCHEMA (_schema.js,
 // generated from engine/report/schema.py); its look is here, by key.
+/** @type {{[key: string]: [string, string]}} */
 const KVS_EVENT_LOOKS = {
   allocated: ["#2e7d32", "+"], hits: ["#1565c0", "\u21ba"], same_step_hits: ["#00897b", "\u21c9"],
   freed: ["#ef6c00", "\u2212"], evicted: ["#c62828", "\u2715"], cached: ["#6a1b9a", "#"],
 };
 // [bit, StepRecord.blocks key, label, colour, icon, what it means]; legends list them in this order.
+/** @typedef {[number, string, string, string, string, string]} KvsEvent */
+/** @type {KvsEvent[]} */
 const KVS_EVENTS = KVS_SCHEMA.block_events.map((e) => [e.bit, e.key, e.label, ...KVS_EVENT_LOOKS[e.key], e.tip]);
-const KVS_SAME_STEP_TIP = KVS_EVENTS.find(([, key]) => key === "same_step_hits")[5];
+const KVS_SAME_STEP_TIP = (KVS_EVENTS.find(([, key]) => key === "same_step_hits") || [])[5] || "";
 // Other marks, one meaning each. `cache` (tokens whose KV came from the prefix cache) is
 // the prefix-hit colour on purpose: it is the same fact seen from the request's side.
 const KVS_MARKS = {
@@ -23,6 +27,8 @@ const KVS_MARKS = {
 const KVS_REQUEST_COLORS = ["#909bdf", "#c9a25e", "#c059c0", "#84bf40", "#506a7c", "#f3ae91",
   "#59c3cf", "#794d34", "#e278b6", "#8f9325", "#77c59c", "#c7b0dd"];
 
+/** `hex` moved toward `toward` by `f` (0..1), as an rgb() colour.
+ * @param {string} hex @param {string} toward @param {number} f */
 function kvsMix(hex, toward, f) {
   const a = [1, 3, 5].map((i) => parseInt(hex.slice(i, i + 2), 16));
   const b = [1, 3, 5].map((i) => parseInt(toward.slice(i, i + 2), 16));
@@ -30,6 +36,7 @@ function kvsMix(hex, toward, f) {
 }
 const KVS_REQUEST_LIGHT = KVS_REQUEST_COLORS.map((c) => kvsMix(c, "#ffffff", 0.68));
 
+/** @param {string|number} rid */
 function kvsColorIndex(rid) {
   const s = String(rid);
   if (/^\d+$/.test(s)) return Number(s) % KVS_REQUEST_COLORS.length;
@@ -38,6 +45,7 @@ function kvsColorIndex(rid) {
   return n % KVS_REQUEST_COLORS.length;
 }
 // One colour per request id, the same in every panel (`light`: the pale fill).
+/** @param {string|number|null|undefined} rid @param {boolean} [light] */
 function kvsColor(rid, light = false) {
   if (rid === null || rid === undefined || rid === "") return light ? "#eee" : KVS_MARKS.none;
   const i = kvsColorIndex(rid);
@@ -46,11 +54,16 @@ function kvsColor(rid, light = false) {
 // A pale tint per physical block (slot cells are coloured by the block they land in):
 // greys and creams, so a block tint never reads as a request or an event.
 const KVS_BLOCK_TINTS = ["#eceff1", "#fff8e1", "#e0f2f1", "#fbe9e7", "#ede7f6", "#f1f8e9", "#e3f2fd", "#fce4ec"];
+/** @param {number|null|undefined} block */
 function kvsBlockTint(block) {
   return block === null || block === undefined || block < 0 ? "#fff" : KVS_BLOCK_TINTS[block % KVS_BLOCK_TINTS.length];
 }
 // A legend swatch: kvsSwatch({fill, border, icon, dashed, stripes}, text, testid, title).
 // The icon is drawn by CSS (::before), so a legend entry's text is its label alone.
+/**
+ * @param {{fill?: string, border?: string, icon?: string, dashed?: boolean, stripes?: string[], color?: string}} look
+ * @param {string} text @param {?string} [testid] @param {?string} [title]
+ */
 function kvsSwatch(look, text, testid = null, title = null) {
   const i = kvsEl("i", { class: "kvs-sw", style: { background: look.fill || "transparent", borderColor: look.border || "#aaa",
     borderStyle: look.dashed ? "dashed" : "solid", color: look.color || look.border || "#333" }, "data-icon": look.icon || null });
@@ -60,6 +73,11 @@ function kvsSwatch(look, text, testid = null, title = null) {
 
 // Bytes traits arrive as DataView (ipywidgets 8), ArrayBuffer or a typed array.
 // Copying into a fresh buffer keeps Int32Array/Float32Array aligned.
+/**
+ * @template {Uint8Array|Uint16Array|Int16Array|Int32Array|Float32Array} T
+ * @param {any} value @param {{new(buffer: ArrayBufferLike, byteOffset?: number, length?: number): T, new(length: number): T, BYTES_PER_ELEMENT: number}} Ctor
+ * @returns {T}
+ */
 function kvsArray(value, Ctor) {
   if (!value) return new Ctor(0);
   let bytes;
@@ -74,6 +92,7 @@ function kvsArray(value, Ctor) {
 // A tooltip next to the pointer, kept inside the window: it flips to the pointer's other
 // side near the right or bottom edge, and never starts above or left of the window.
 const KVS_TIP_OFFSET = 12, KVS_TIP_MARGIN = 4;
+/** @param {HTMLElement} tip @param {{clientX: number, clientY: number}} ev */
 function kvsPlaceTip(tip, ev) {
   const w = tip.offsetWidth, h = tip.offsetHeight;
   const vw = document.documentElement.clientWidth || window.innerWidth, vh = window.innerHeight;
@@ -88,13 +107,16 @@ function kvsPlaceTip(tip, ev) {
 
 // Prefill chunks are counted from 1 on screen, as the captions say them ("chunk 2"); the
 // StepRecord's chunk_index counts from 0, and the hover title says so.
+/** @param {number|null|undefined} chunkIndex */
 function kvsChunkNumber(chunkIndex) { return (Number(chunkIndex) || 0) + 1; }
+/** @param {number|null|undefined} chunkIndex */
 function kvsChunkTitle(chunkIndex) {
   return `chunk ${kvsChunkNumber(chunkIndex)} of this prompt (the StepRecord's chunk_index ${Number(chunkIndex) || 0} counts from 0)`;
 }
 
 // The SVG builder: kvsSvg("rect", {x: 1, width: 4}, "title text"); null or undefined attributes are left out.
 const KVS_SVG_NS = "http://www.w3.org/2000/svg";
+/** @param {string} tag @param {{[name: string]: any}} [attrs] @param {?string} [text] @returns {SVGElement} */
 function kvsSvg(tag, attrs = {}, text = null) {
   const n = document.createElementNS(KVS_SVG_NS, tag);
   for (const [k, v] of Object.entries(attrs)) if (v !== null && v !== undefined) n.setAttribute(k, String(v));
@@ -103,6 +125,11 @@ function kvsSvg(tag, attrs = {}, text = null) {
 }
 
 // Small DOM builder: kvsEl("div", {class: "x", "data-testid": "y"}, [children or text]).
+/**
+ * @param {string} tag @param {{[name: string]: any}} [attrs]
+ * @param {any} [children] a node, a text, or an array of them (null, undefined and false are skipped)
+ * @returns {any} the element (any: callers use the properties of the element they asked for)
+ */
 function kvsEl(tag, attrs = {}, children = []) {
   const node = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs)) {
@@ -112,14 +139,19 @@ function kvsEl(tag, attrs = {}, children = []) {
     else if (k.startsWith("on") && typeof v === "function") node.addEventListener(k.slice(2), v);
     else node.setAttribute(k, v === true ? "" : String(v));
   }
-  for (const c of [].concat(children)) {
+  for (const c of /** @type {any[]} */ ([]).concat(children)) {
     if (c === null || c === undefined || c === false) continue;
     node.append(c instanceof Node ? c : document.createTextNode(String(c)));
   }
   return node;
 }
 
+// "1 token", "3 tokens": a count with its noun in the right number.
+/** @param {number} n @param {string} noun @param {string} [plural] */
+function kvsCount(n, noun, plural = `${noun}s`) { return `${n} ${Number(n) === 1 ? noun : plural}`; }
+
 // Tokens often are whitespace or newlines: make them visible in cells.
+/** @param {?string|undefined} text */
 function kvsTok(text) {
   if (text === null || text === undefined) return "";
   return String(text).replace(/\n/g, "\u21b5").replace(/\t/g, "\u21e5").replace(/ /g, "\u00b7");
@@ -130,6 +162,7 @@ function kvsTok(text) {
 // every click and edit before the panel's own handlers see it, and says which step it
 // froze at; a panel with a title can be collapsed to it (the dashboard on a laptop).
 const KVS_FROZEN_EVENTS = ["click", "dblclick", "mousedown", "mouseup", "change", "input", "keydown", "submit", "contextmenu"];
+/** @param {HTMLElement} el @param {KvsModel} model @param {string} testid @param {string} [extraClass] @returns {HTMLElement} */
 function kvsRoot(el, model, testid, extraClass = "") {
   const root = kvsEl("div", { class: `kvs-panel ${testid} ${extraClass}`.trim(), "data-testid": testid });
   const badge = kvsEl("span", { class: "kvs-frozen-badge", "data-testid": "kvs-frozen-badge" });
@@ -165,7 +198,8 @@ function kvsRoot(el, model, testid, extraClass = "") {
 // its own prefix, so two views of one model never confuse each other's acks. A frozen
 // panel sends nothing but hover look-ups (KVS_FROZEN_ACTIONS; widgets/_base.py agrees).
 const KVS_FROZEN_ACTIONS = new Set(["block_detail"]);
-function kvsSender(model, onPendingChange = () => {}) {
+/** @param {KvsModel} model @param {(pending: number) => void} [onPendingChange] */
+function kvsSender(model, onPendingChange = (_pending) => {}) {
   const prefix = Math.random().toString(36).slice(2, 8);
   let n = 0;
   const waiting = new Map();
@@ -183,6 +217,7 @@ function kvsSender(model, onPendingChange = () => {}) {
         return Promise.resolve({ type: "ack", seq: null, error: null, frozen: true });
       }
       const seq = `${prefix}:${++n}`;
+      /** @type {Promise<any>} */
       const done = new Promise((resolve) => waiting.set(seq, resolve));
       onPendingChange(waiting.size);
       model.send({ ...content, seq });
@@ -193,8 +228,16 @@ function kvsSender(model, onPendingChange = () => {}) {
   };
 }
 
+// Redraw on the fields a panel's state part sends (KVS_PANELS, generated from the panel's state
+// classes in widgets/<panel>.py), and on any further traits named here (step, frozen, ...).
+/** @param {KvsModel} model @param {readonly string[]} fields @param {() => void} handler @param {string[]} [more] */
+function kvsOnChange(model, fields, handler, more = []) {
+  for (const k of [...fields, ...more]) model.on(`change:${k}`, handler);
+}
+
 // One redraw for many trait changes: a step's message sets several traits at once, each
 // firing its own change event; batching them into a microtask draws once, with all of them.
+/** @param {() => void} fn */
 function kvsBatched(fn) {
   let queued = false;
   return () => {
@@ -212,11 +255,13 @@ function kvsBatched(fn) {
 // what matches it. A focus: {source, blocks: [id] | null, requests: [rid] | null,
 // tokens: [[rid, position]] | null}. A click pins its focus (click again: unpinned); a
 // hover shows over the pinned one. Frozen panels neither publish nor light up.
+/** @param {string} group */
 function kvsLinkBus(group) {
   const all = (window.__kvsLinks = window.__kvsLinks || new Map());
   if (!all.has(group)) all.set(group, { hover: null, pinned: null, listeners: new Set() });
-  return all.get(group);
+  return /** @type {{hover: ?KvsFocus, pinned: ?KvsFocus, listeners: Set<(f: ?KvsFocus) => void>}} */ (all.get(group));
 }
+/** @param {KvsModel} model @param {(f: ?KvsFocus) => void} onFocus */
 function kvsLink(model, onFocus) {
   let bus = null;
   const live = () => !model.get("frozen");
@@ -248,10 +293,11 @@ function kvsLink(model, onFocus) {
 }
 // How an element holding `position` of `request`, in physical `block`, matches a focus:
 // 0 not at all, 1 lit (same block / request), 2 the very token.
+/** @param {?KvsFocus} f @param {number|null} block @param {string|null} request @param {?number} [position] */
 function kvsMatch(f, block, request, position = null) {
   if (!f || (!f.blocks && !f.requests)) return 0;
   if (f.tokens && position !== null && f.tokens.some(([r, p]) => r === request && p === position)) return 2;
-  if (f.blocks && !f.blocks.includes(block)) return 0;
-  if (f.requests && !f.requests.includes(request)) return 0;
+  if (f.blocks && (block === null || !f.blocks.includes(block))) return 0;
+  if (f.requests && (request === null || !f.requests.includes(request))) return 0;
   return 1;
 }

@@ -1,3 +1,4 @@
+// @ts-check
 // Attention: what one request's queries read from the paged KV cache, for one layer and
 // head. A decode step (one query) is a bar chart over the key tokens, banded by KV block,
 // prompt and generated tokens told apart; a prefill chunk is a heatmap (rows: queries,
@@ -65,7 +66,7 @@ function heatImage(data, n, rows, pos, gmax, rowNorm) {
   }
   const off = document.createElement("canvas");
   off.width = n; off.height = rows;
-  off.getContext("2d").putImageData(img, 0, 0);
+  /** @type {CanvasRenderingContext2D} */ (off.getContext("2d")).putImageData(img, 0, 0);
   return off;
 }
 
@@ -241,6 +242,53 @@ function cellText(model, data, n, r, c) {
   return `query pos ${q} (${kvsTok(toks[q] ?? "")})\nkey pos ${c} (${kvsTok(toks[c] ?? "")}) in block ${table[Math.floor(c / bs)] ?? "?"} offset ${c % bs}\np = ${c > q ? "masked" : data[r * n + c].toFixed(4)}`;
 }
 
+/**
+ * The heatmap of a prefill's weights on the canvas (the data at its own resolution, scaled up
+ * unsmoothed), with its token and block axes; returns where its cells are.
+ * @param {KvsModel} model @param {{canvas: HTMLCanvasElement, overlay: HTMLCanvasElement}} c @param {Float32Array} data
+ * @param {{n: number, pos: number[], rows: number, gmax: number, rowNorm: boolean, width: number}} o
+ */
+function drawHeatmap(model, c, data, o) {
+  const { n, pos, rows } = o;
+  const toks = model.get("tokens"), bs = model.get("block_size"), table = model.get("block_table");
+  const npt = model.get("num_prompt_tokens") || 0;
+  const off = heatImage(data, n, rows, pos, o.gmax, o.rowNorm);
+  const left = 96, top = 78;
+  const cw = Math.max(n * MIN_CELL > MAX_CANVAS ? MAX_CANVAS / n : MIN_CELL, Math.min(MAX_CELL, (o.width - left) / n));
+  const rh = Math.max(rows * MIN_CELL > MAX_CANVAS ? MAX_CANVAS / rows : MIN_CELL, Math.min(MAX_CELL, 420 / rows));
+  const W = Math.ceil(n * cw), H = Math.ceil(rows * rh);
+  const dpr = window.devicePixelRatio || 1;
+  const ctx = sizeCanvases([c.canvas, c.overlay], W + left + 4, H + top + 4, dpr);
+  ctx.imageSmoothingEnabled = false;
+  ctx.drawImage(off, left, top, W, H);
+  paintHeatAxes(ctx, { left, top, H, n, rows, cw, rh, bs, table, npt, toks, pos });
+  return { kind: "map", cw, rh, rows, n, top, left, H, dpr };
+}
+
+/**
+ * The pointer over the heatmap: a cell's weight in a tooltip; its key column lights the same
+ * token and block in the other panels (click: pinned).
+ */
+function wireHeatPointer({ model, canvas, tip, link, colFocus, geom, data }) {
+  let hoverCol = -1;
+  canvas.addEventListener("mousemove", (/** @type {MouseEvent} */ ev) => {
+    const g = geom();
+    if (!g || g.kind !== "map") return;
+    const rect = canvas.getBoundingClientRect();
+    const c = Math.floor((ev.clientX - rect.left - g.left) / g.cw), r = Math.floor((ev.clientY - rect.top - g.top) / g.rh);
+    const inCol = c >= 0 && c < g.n && ev.clientY - rect.top < g.top + g.H;
+    if (inCol && c !== hoverCol) { hoverCol = c; link.hover(colFocus(c)); }
+    if (!inCol && hoverCol >= 0) { hoverCol = -1; link.leave("attention"); }
+    if (c < 0 || r < 0 || c >= g.n || r >= g.rows) { tip.style.display = "none"; return; }
+    tip.textContent = cellText(model, data(), g.n, r, c);
+    tip.style.display = "block";
+    kvsPlaceTip(tip, ev);
+  });
+  canvas.addEventListener("mouseleave", () => { tip.style.display = "none"; hoverCol = -1; link.leave("attention"); });
+  canvas.addEventListener("click", () => { if (hoverCol >= 0) link.pin(colFocus(hoverCol)); });
+}
+
+/** @param {KvsRenderContext} ctx */
 function render({ model, el }) {
   const root = kvsRoot(el, model, "kvs-attention");
   const sender = kvsSender(model);
@@ -318,42 +366,14 @@ function render({ model, el }) {
   }
 
   function drawHeat(n, pos, rows, gmax) {
-    const toks = model.get("tokens"), bs = model.get("block_size"), table = model.get("block_table");
-    const npt = model.get("num_prompt_tokens") || 0;
-    const rowNorm = norm.checked;
-    const off = heatImage(data, n, rows, pos, gmax, rowNorm);  // at data resolution, scaled up unsmoothed
-    const left = 96, top = 78;
-    const cw = Math.max(n * MIN_CELL > MAX_CANVAS ? MAX_CANVAS / n : MIN_CELL, Math.min(MAX_CELL, (avail() - left) / n));
-    const rh = Math.max(rows * MIN_CELL > MAX_CANVAS ? MAX_CANVAS / rows : MIN_CELL, Math.min(MAX_CELL, 420 / rows));
-    const W = Math.ceil(n * cw), H = Math.ceil(rows * rh);
-    const dpr = window.devicePixelRatio || 1;
-    const ctx = sizeCanvases([canvas, overlay], W + left + 4, H + top + 4, dpr);
-    ctx.imageSmoothingEnabled = false;
-    ctx.drawImage(off, left, top, W, H);
-    geom = { kind: "map", cw, rh, rows, n, top, left, H, dpr };
-    paintHeatAxes(ctx, { left, top, H, n, rows, cw, rh, bs, table, npt, toks, pos });
+    geom = drawHeatmap(model, { canvas, overlay }, data, { n, pos, rows, gmax, rowNorm: norm.checked, width: avail() });
   }
-
-  let hoverCol = -1;
-  canvas.addEventListener("mousemove", (ev) => {
-    if (!geom || geom.kind !== "map") return;
-    const rect = canvas.getBoundingClientRect();
-    const c = Math.floor((ev.clientX - rect.left - geom.left) / geom.cw), r = Math.floor((ev.clientY - rect.top - geom.top) / geom.rh);
-    const inCol = c >= 0 && c < geom.n && ev.clientY - rect.top < geom.top + geom.H;
-    if (inCol && c !== hoverCol) { hoverCol = c; link.hover(colFocus(c)); }
-    if (!inCol && hoverCol >= 0) { hoverCol = -1; link.leave("attention"); }
-    if (c < 0 || r < 0 || c >= geom.n || r >= geom.rows) { tip.style.display = "none"; return; }
-    tip.textContent = cellText(model, data, geom.n, r, c);
-    tip.style.display = "block";
-    kvsPlaceTip(tip, ev);
-  });
-  canvas.addEventListener("mouseleave", () => { tip.style.display = "none"; hoverCol = -1; link.leave("attention"); });
-  canvas.addEventListener("click", () => { if (hoverCol >= 0) link.pin(colFocus(hoverCol)); });
+  wireHeatPointer({ model, canvas, tip, link, colFocus, geom: () => geom, data: () => data });
 
   const selectorsSoon = kvsBatched(drawSelectors);
-  for (const k of ["requests", "request_id", "layer", "head", "num_layers", "kv_head_of_head", "thumbs", "thumb_heads", "thumb_shape"]) model.on(`change:${k}`, selectorsSoon);
+  kvsOnChange(model, KVS_PANELS.attention.choices, selectorsSoon);
   const drawMapSoon = kvsBatched(drawMap);
-  for (const k of ["probs", "context_len", "row_positions", "block_table", "message", "probe_step", "step", "num_prompt_tokens", "tokens"]) model.on(`change:${k}`, drawMapSoon);
+  kvsOnChange(model, KVS_PANELS.attention.weights, drawMapSoon, ["step"]);
   focus = link.current();
   drawSelectors();
   drawMap();

@@ -3,9 +3,36 @@ from __future__ import annotations
 
 from array import array
 
+from typing import TypedDict
+
 import traitlets as t
 
 from ._base import Panel, bundle_css, bundle_esm
+
+
+class AttentionChoices(TypedDict):
+    """What can be chosen: the requests with KV, the layer and head, and each head's thumbnail."""
+    requests: list[str]
+    request_id: str
+    layer: int
+    head: int
+    num_layers: int
+    kv_head_of_head: list[int]
+    thumbs: bytes
+    thumb_heads: list[int]
+    thumb_shape: list[int]
+
+
+class AttentionWeights(TypedDict):
+    """The chosen head's weights (or why there are none)."""
+    probs: bytes
+    context_len: int
+    row_positions: list[int]
+    block_table: list[int]
+    message: str
+    probe_step: int
+    num_prompt_tokens: int
+    tokens: list[str]
 
 
 class AttentionPanel(Panel):
@@ -24,6 +51,7 @@ class AttentionPanel(Panel):
     Dashboard answers both by probing the Session again (or from its per-step cache).
     """
 
+    PARTS = {"choices": AttentionChoices, "weights": AttentionWeights}
     _esm = bundle_esm("attention.js")
     _css = bundle_css("attention.css")
 

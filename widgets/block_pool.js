@@ -1,17 +1,25 @@
+// @ts-check
 // KV block pool: one canvas cell per physical block (4,096 stay fluid), a legend for
 // every mark, hover tooltip with details fetched from Python, per-request block tables.
 // Linked: hovering a block or a table entry lights the same block / request / tokens in
 // the other panels (kvsLink), and what they point at lights up here.
 
-// The `status` codes, spelled once for the browser (widgets/block_pool.py spells them for
-// Python); the event bits, colours and icons are KVS_EVENTS in _common.js.
-const STATUS_NAMES = ["null", "free", "free (cached)", "in use", "in use (hashed)"];
-// The same codes by name (their index in STATUS_NAMES), and the event bits this file tests.
-const [NULL_BLOCK, FREE, FREE_CACHED, IN_USE, IN_USE_HASHED] = STATUS_NAMES.map((_, code) => code);
-const SAME_STEP = 32, EVICTED = 8;
+// The `status` codes and the event bits come from the record schema (KVS_SCHEMA, generated
+// from engine/report/schema.py); the events' colours and icons are KVS_EVENTS in _common.js.
+/** @type {{[key: string]: number}} */
+const STATUS = KVS_SCHEMA.block_status;
+const { null: NULL_BLOCK, free: FREE, free_cached: FREE_CACHED, in_use: IN_USE, in_use_hashed: IN_USE_HASHED } = STATUS;
+/** How a status reads in the hover text, by its schema key. */
+const STATUS_WORDS = { null: "null", free: "free", free_cached: "free (cached)", in_use: "in use", in_use_hashed: "in use (hashed)" };
+/** @type {{[code: number]: string}} */
+const STATUS_NAMES = Object.fromEntries(Object.entries(STATUS).map(([key, code]) => [code, STATUS_WORDS[key] ?? key]));
+/** @type {{[key: string]: number}} */
+const EVENT_BIT = Object.fromEntries(KVS_SCHEMA.block_events.map((e) => [e.key, e.bit]));
+const SAME_STEP = EVENT_BIT.same_step_hits, EVICTED = EVENT_BIT.evicted;
 // Which event outlines a cell when a block has several: a same-step hit wins (the block
 // was also allocated, hit and cached in this step), "cached" only when nothing else.
-const OUTLINE_ORDER = [SAME_STEP, 1, 2, 4, 8, 16].map((b) => KVS_EVENTS.find(([x]) => x === b));
+const OUTLINE_ORDER = ["same_step_hits", "allocated", "hits", "freed", "evicted", "cached"]
+  .map((key) => /** @type {KvsEvent} */ (KVS_EVENTS.find(([, k]) => k === key)));
 const eventNames = (ev) => KVS_EVENTS.filter(([b]) => ev & b).map(([, , name]) => name);
 
 // Block numbers at every pool size: the id and refcount in big cells, the id alone in a
@@ -121,7 +129,7 @@ function drawCell(ctx, P, i, x, y, cell, kind, selected) {
   }
   const ev = P.cols.events[i];
   if (ev) {
-    const bit = OUTLINE_ORDER.find(([b]) => ev & b);
+    const bit = /** @type {KvsEvent} */ (OUTLINE_ORDER.find(([b]) => ev & b));
     if (ev & SAME_STEP) hatch(ctx, x, y, cell, bit[3]);
     ctx.strokeStyle = bit[3];
     ctx.lineWidth = cell >= 14 ? 2.5 : 2;
@@ -257,6 +265,59 @@ function tableRow(r, bs, link, sender, tableCells) {
   return kvsEl("div", { class: "kvs-bt-row", "data-testid": `kvs-bt-${rid}`, "data-request-id": rid }, [chip, ...cells]);
 }
 
+/**
+ * The pointer over the canvas: hovering a block publishes its focus, shows its number and a
+ * tooltip, and (once the pointer rests) asks Python for its hash and tokens; a click pins it.
+ * Returns which block is hovered (-1: none).
+ */
+function wirePointer({ P, model, canvas, tip, hoverNum, link, sender, describe, blockFocus }) {
+  let hover = -1;
+  /** @type {ReturnType<typeof setTimeout> | undefined} */
+  let detailTimer;
+  /** @param {MouseEvent} ev */
+  function blockAt(ev) {
+    const r = canvas.getBoundingClientRect();
+    const cx = Math.floor((ev.clientX - r.left) / P.geom.cell), cy = Math.floor((ev.clientY - r.top) / P.geom.cell);
+    if (cx < 0 || cx >= P.geom.ncols || cy < 0) return -1;
+    const i = cy * P.geom.ncols + cx;
+    return i < P.geom.n ? i : -1;
+  }
+  /** @param {number} i */
+  function showHoverNum(i) {
+    if (labelKind(P.geom.cell) === "full") { hoverNum.style.display = "none"; return; }
+    hoverNum.textContent = String(i);
+    hoverNum.style.display = "block";
+    hoverNum.style.left = `${canvas.offsetLeft + (i % P.geom.ncols) * P.geom.cell + P.geom.cell / 2}px`;
+    const row = Math.floor(i / P.geom.ncols);  // above the cell, or below it on the first row (never clipped)
+    hoverNum.style.top = `${canvas.offsetTop + (row === 0 ? P.geom.cell : row * P.geom.cell)}px`;
+    hoverNum.style.transform = row === 0 ? "translate(-50%, 0)" : "translate(-50%, -100%)";
+  }
+  canvas.addEventListener("mousemove", (/** @type {MouseEvent} */ ev) => {
+    const i = blockAt(ev);
+    if (i !== hover) {
+      hover = i;
+      if (i >= 0) link.hover(blockFocus(i)); else link.leave("blocks");
+      clearTimeout(detailTimer);
+      // Ask Python for hash and tokens only once the pointer rests on a block.
+      if (i >= 0) detailTimer = setTimeout(() => sender.send({ action: "block_detail", block_id: i }), 60);
+    }
+    if (i < 0) { tip.style.display = "none"; hoverNum.style.display = "none"; return; }
+    showHoverNum(i);
+    tip.textContent = describe(i);
+    tip.style.display = "block";
+    kvsPlaceTip(tip, ev);  // a long token list flips and wraps, never past the window's edge
+  });
+  canvas.addEventListener("mouseleave", () => { hover = -1; tip.style.display = "none"; hoverNum.style.display = "none"; link.leave("blocks"); });
+  canvas.addEventListener("click", (/** @type {MouseEvent} */ ev) => {
+    const i = blockAt(ev);
+    if (i < 0) return;
+    link.pin(blockFocus(i));
+    sender.send({ action: "select_block", block_id: i === model.get("selected") ? -1 : i });
+  });
+  return { hovered: () => hover };
+}
+
+/** @param {KvsRenderContext} ctx */
 function render({ model, el }) {
   const root = kvsRoot(el, model, "kvs-block-pool");
   const sender = kvsSender(model);
@@ -275,7 +336,6 @@ function render({ model, el }) {
   /** @type {PoolState} ownersOf: block -> [request ids] of a block with several owners; lit: blocks matching the focus */
   const P = { cols: { status: new Uint8Array(0), ref: new Uint16Array(0), owner: new Int16Array(0), events: new Uint8Array(0) },
     owners: [], ownersOf: new Map(), lit: new Set(), geom: { cell: 10, ncols: 1, n: 0 } };
-  let hover = -1;
   let focus = null;          // what another panel (or this one) points at
   const frozen = () => !!model.get("frozen");
 
@@ -320,54 +380,15 @@ function render({ model, el }) {
     lightTables();
   });
 
-  let detailTimer = null;
-  function blockAt(ev) {
-    const r = canvas.getBoundingClientRect();
-    const cx = Math.floor((ev.clientX - r.left) / P.geom.cell), cy = Math.floor((ev.clientY - r.top) / P.geom.cell);
-    if (cx < 0 || cx >= P.geom.ncols || cy < 0) return -1;
-    const i = cy * P.geom.ncols + cx;
-    return i < P.geom.n ? i : -1;
-  }
-  canvas.addEventListener("mousemove", (ev) => {
-    const i = blockAt(ev);
-    if (i !== hover) {
-      hover = i;
-      if (i >= 0) link.hover(blockFocus(i)); else link.leave("blocks");
-      clearTimeout(detailTimer);
-      // Ask Python for hash and tokens only once the pointer rests on a block.
-      if (i >= 0) detailTimer = setTimeout(() => sender.send({ action: "block_detail", block_id: i }), 60);
-    }
-    if (i < 0) { tip.style.display = "none"; hoverNum.style.display = "none"; return; }
-    showHoverNum(i);
-    tip.textContent = describe(i);
-    tip.style.display = "block";
-    kvsPlaceTip(tip, ev);  // a long token list flips and wraps, never past the window's edge
-  });
-  canvas.addEventListener("mouseleave", () => { hover = -1; tip.style.display = "none"; hoverNum.style.display = "none"; link.leave("blocks"); });
-  function showHoverNum(i) {
-    if (labelKind(P.geom.cell) === "full") { hoverNum.style.display = "none"; return; }
-    hoverNum.textContent = String(i);
-    hoverNum.style.display = "block";
-    hoverNum.style.left = `${canvas.offsetLeft + (i % P.geom.ncols) * P.geom.cell + P.geom.cell / 2}px`;
-    const row = Math.floor(i / P.geom.ncols);  // above the cell, or below it on the first row (never clipped)
-    hoverNum.style.top = `${canvas.offsetTop + (row === 0 ? P.geom.cell : row * P.geom.cell)}px`;
-    hoverNum.style.transform = row === 0 ? "translate(-50%, 0)" : "translate(-50%, -100%)";
-  }
-  canvas.addEventListener("click", (ev) => {
-    const i = blockAt(ev);
-    if (i < 0) return;
-    link.pin(blockFocus(i));
-    sender.send({ action: "select_block", block_id: i === model.get("selected") ? -1 : i });
-  });
-
+  const pointer = wirePointer({ P, model, canvas, tip, hoverNum, link, sender, describe, blockFocus });
   function refocus() { P.lit = litBlocks(P, focus); }
   function redrawAll() { readColumns(P, model); refocus(); draw(); drawLegend(); drawTables(); drawDetail(); }
   const poolSoon = kvsBatched(() => { readColumns(P, model); refocus(); draw(); drawLegend(); drawDetail(); });  // detail shows the events
-  for (const k of ["status", "ref_count", "owner", "events", "owners", "shared", "num_blocks", "block_size", "frozen"]) model.on(`change:${k}`, poolSoon);
-  model.on("change:counts", drawLegend);
-  model.on("change:block_tables", () => { drawTables(); refocus(); draw(); });
+  kvsOnChange(model, KVS_PANELS.blocks.pool, poolSoon, ["frozen"]);
+  kvsOnChange(model, KVS_PANELS.blocks.legend, drawLegend);
+  kvsOnChange(model, KVS_PANELS.blocks.tables, () => { drawTables(); refocus(); draw(); });
   model.on("change:selected", () => { draw(); drawDetail(); });
-  model.on("change:detail", () => { drawDetail(); if (hover >= 0 && tip.style.display === "block") tip.textContent = describe(hover); });
+  model.on("change:detail", () => { drawDetail(); const i = pointer.hovered(); if (i >= 0 && tip.style.display === "block") tip.textContent = describe(i); });
   focus = link.current();
   redrawAll();
   // The first layout may have no width yet (e.g. an output area still attaching).

@@ -1,25 +1,40 @@
 """KV block pool panel: every physical block on one canvas, plus per-request block tables."""
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Sequence, TypedDict
 
 import traitlets as t
 
-from ._base import Panel, bundle_css, bundle_esm, record_schema
+from ._base import Panel, bundle_css, bundle_esm
 
 TokenText = Callable[[Sequence[int]], list[str]]
 
-# The panel's byte columns' codes come from the record schema (engine/report/schema.py,
-# through its generated copy widgets/_schema.js, which the JavaScript reads as KVS_SCHEMA).
-# Status codes of the `status` column (uint8 per block).
-_SCHEMA = record_schema()
-NULL, FREE, FREE_CACHED, IN_USE, IN_USE_HASHED = (_SCHEMA["block_status"][k] for k in (
-    "null", "free", "free_cached", "in_use", "in_use_hashed"))
-# Bits of the `events` column, keyed by the StepRecord's `blocks` lists: what this step
-# did to the block. A same-step hit is a prefix hit on a block hashed earlier in this
-# same step (vLLM caches a full block when it is allocated): its KV is written by this
-# step's forward before any layer reads it. Such a block also carries the hit bit.
-EVENT_BITS = {e["key"]: e["bit"] for e in _SCHEMA["block_events"]}
+
+class BlockPoolCells(TypedDict):
+    """The canvas: one cell per block, from the byte columns (explorer.ui.views.BLOCK_COLUMNS)."""
+    num_blocks: int
+    block_size: int
+    status: bytes
+    ref_count: bytes
+    owner: bytes
+    events: bytes
+    owners: list[str]
+    shared: list[list]
+
+
+class BlockPoolLegend(TypedDict):
+    """The legend's counts: each event of this step, and the blocks by status."""
+    counts: dict
+
+
+class BlockPoolTables(TypedDict):
+    """The per-request block tables."""
+    block_tables: list[dict]
+
+
+class BlockPoolState(BlockPoolCells, BlockPoolLegend, BlockPoolTables):
+    """What explorer.ui.views.block_pool_state returns (with `blocks`, kept Python-side)."""
+    blocks: list[dict]
 
 
 class BlockPoolPanel(Panel):
@@ -28,7 +43,7 @@ class BlockPoolPanel(Panel):
     Per-block data travels as compact byte columns, one entry per block id:
     `status` (uint8: 0 null, 1 free, 2 free and cached, 3 in use, 4 in use and
     hashed), `ref_count` (uint16), `owner` (int16 index into `owners`, -1 none) and
-    `events` (uint8 bits, `EVENT_BITS`: 1 allocated, 2 prefix hit, 4 freed, 8 evicted,
+    `events` (uint8 bits, the record schema's block event bits: 1 allocated, 2 prefix hit, 4 freed, 8 evicted,
     16 newly cached, 32 same-step hit, all in this step). `shared` lists the blocks with
     several owners as ``[block_id, [indices into owners]]`` (drawn in every owner's
     colour). A block's hash, owners and
@@ -39,6 +54,7 @@ class BlockPoolPanel(Panel):
     logical indices whose KV came from the prefix cache, for as long as the request runs.
     """
 
+    PARTS = {"pool": BlockPoolCells, "legend": BlockPoolLegend, "tables": BlockPoolTables}
     _esm = bundle_esm("block_pool.js")
     _css = bundle_css("block_pool.css")
 

@@ -1,3 +1,4 @@
+// @ts-check
 // Controls panel. Every action goes Python-ward as {action, seq}; Python acks each seq
 // after the action ran, so we can show "running" with a pending count and Play can wait
 // for a step's result before asking for the next one.
@@ -50,15 +51,39 @@ function buildBar(model) {
     notice: kvsEl("div", { class: "kvs-notice", "data-testid": "kvs-notice", role: "status" }),
     errText: kvsEl("span", { class: "kvs-error-text" }),
     errClose: kvsEl("button", { class: "kvs-error-close", title: "Dismiss", text: "\u00d7" }),
+    confirm: buildConfirm(),
   };
   ui.speed.value = String(model.get("play_interval_ms"));
+  ui.scrubTarget = null;  // the history index keyed or dragged to, until its scrub is answered
   ui.errLine = kvsEl("div", { class: "kvs-error", "data-testid": "kvs-error", role: "alert" }, [ui.errText, ui.errClose]);
   ui.rows = [
     kvsEl("div", { class: "kvs-row" }, [ui.engine, ui.stepBtn, ui.runN, ui.runBtn, ui.playBtn, ui.speed, ui.resetBtn, ui.drawerBtn, ui.status]),
     kvsEl("div", { class: "kvs-row kvs-history" }, [kvsEl("span", { text: "History" }), ui.slider, ui.sliderLabel, ui.liveBtn]),
-    ui.caption, ui.notice, ui.errLine,
+    ui.caption, ui.notice, ui.errLine, ui.confirm.el,
   ];
   return ui;
+}
+
+/** What a rebuild asks before it throws a run away: it names what goes, offers to save the run
+ * as one HTML file first (explorer/export), and does nothing until one of its buttons is pressed. */
+function buildConfirm() {
+  const text = kvsEl("span", { class: "kvs-confirm-text", "data-testid": "kvs-rebuild-text" });
+  const save = kvsEl("button", { class: "kvs-rebuild-save", "data-testid": "kvs-rebuild-save",
+    text: "Save this run as HTML, then rebuild", title: "writes the whole history to one HTML file next to the notebook (scrubbing, hovering and the charts work offline), then builds the new engine" });
+  const discard = kvsEl("button", { class: "kvs-rebuild-discard", "data-testid": "kvs-rebuild-discard", text: "Rebuild, discard the run" });
+  const cancel = kvsEl("button", { class: "kvs-rebuild-cancel", "data-testid": "kvs-rebuild-cancel", text: "Cancel" });
+  const el = kvsEl("div", { class: "kvs-confirm", "data-testid": "kvs-rebuild-confirm", role: "alertdialog", hidden: true },
+    [text, kvsEl("span", { class: "kvs-confirm-buttons" }, [save, discard, cancel])]);
+  return { el, text, save, discard, cancel };
+}
+
+/** "3 steps and 2 requests (1 unfinished)": what a new engine would discard; "" when nothing. */
+function runWords(run) {
+  const steps = Number(run.steps) || 0, requests = Number(run.requests) || 0, open = Number(run.unfinished) || 0;
+  const parts = [];
+  if (steps) parts.push(kvsCount(steps, "step"));
+  if (requests) parts.push(kvsCount(requests, "request") + (open ? ` (${open} unfinished)` : ""));
+  return parts.join(" and ");
 }
 
 /** The drawer's add-request form and presets. */
@@ -77,7 +102,7 @@ function buildForm(model) {
   };
   f.prompt.value = d.prompt ?? "";
   for (const k of ["max_tokens", "temperature", "top_k", "top_p", "seed"]) f[k].value = d[k] ?? "";
-  f.ignore_eos.checked = !!d.ignore_eos;
+  /** @type {HTMLInputElement} */ (f.ignore_eos).checked = !!d.ignore_eos;
   const addBtn = kvsEl("button", { class: "kvs-add-btn", "data-testid": "kvs-add-btn", text: "Add request" });
   const burstN = kvsEl("input", { type: "number", min: 1, value: BURST_DEFAULT, class: "kvs-burst-n", "data-testid": "kvs-burst-n" });
   const presetBtns = model.get("presets").map((p) => kvsEl("button", {
@@ -119,7 +144,7 @@ function buildKnobs() {
   // Scrubbed back, the knobs show the budgets the shown step ran under (read-only).
   const budgetNote = kvsEl("span", { class: "kvs-budget-note kvs-muted", "data-testid": "kvs-budget-note" });
   const applyBtn = kvsEl("button", { class: "kvs-pool-apply", "data-testid": "kvs-pool-apply", text: APPLY_TEXT,
-    title: "Build a new engine with this pool (same model): the history and every request start again" });
+    title: "Build a new engine with this pool (same model): asks first, and offers to save the run, since the history and every request start again" });
   const poolNote = kvsEl("span", { class: "kvs-pool-note", "data-testid": "kvs-pool-note" });
   const scope = kvsEl("span", { class: "kvs-muted", "data-testid": "kvs-budget-scope" });
   const poolRow = kvsEl("div", { class: "kvs-row kvs-pool", "data-testid": "kvs-pool" }, [
@@ -162,7 +187,9 @@ function makeViews(model, root, ui, form, knobs, sender, drawer) {
     const len = model.get("history_len"), first = model.get("history_first"), idx = model.get("view_index");
     ui.slider.max = String(Math.max(0, len - 1));
     ui.slider.disabled = len === 0;
-    if (!ui.slider.matches(":active")) ui.slider.value = String(idx === LIVE ? Math.max(0, len - 1) : idx);
+    // Not while the person drags it or keyed scrubs are still on their way: an ack of an earlier
+    // scrub would put the thumb back, and the next key would move from there (presses lost).
+    if (!ui.slider.matches(":active") && ui.scrubTarget === null) ui.slider.value = String(idx === LIVE ? Math.max(0, len - 1) : idx);
     const shown = idx === LIVE ? len - 1 : idx;
     ui.sliderLabel.textContent = len === 0 ? "no steps yet" : `step ${first + shown} of ${first + len - 1}`;
     ui.liveBtn.disabled = idx === LIVE;
@@ -240,7 +267,7 @@ function makeKnobViews(model, form, knobs, views) {
     const pl = model.get("pool") || {};
     const dirty = Object.entries(knobs.pool).some(([k, input]) => input.value.trim() !== (pl[k] === null || pl[k] === undefined ? "" : String(pl[k])));
     knobs.applyBtn.classList.toggle("kvs-pending", dirty);
-    knobs.poolNote.textContent = dirty ? "not applied yet: Apply builds a new engine (same model) and clears the history" : "";
+    knobs.poolNote.textContent = dirty ? "not applied yet: Apply builds a new engine (same model); it asks before it clears the history" : "";
   };
   for (const input of Object.values(knobs.pool)) input.addEventListener("input", views.poolDirty);
 }
@@ -270,14 +297,7 @@ function wireActions(model, ui, form, knobs, views, act) {
     playing = true; views.play(); playTick();
   });
   ui.speed.addEventListener("change", () => { model.set("play_interval_ms", Number(ui.speed.value)); model.save_changes(); });
-  const rebuild = () => {
-    views.stopPlay();
-    act({ action: "reset", num_kv_blocks: numOrNull(knobs.pool.num_kv_blocks), block_size: numOrNull(knobs.pool.block_size) })
-      .then(() => views.knobs(true));
-  };
-  ui.resetBtn.addEventListener("click", rebuild);
-  knobs.applyBtn.addEventListener("click", rebuild);
-  for (const input of Object.values(knobs.pool)) input.addEventListener("keydown", (ev) => { if (ev.key === "Enter") rebuild(); });
+  wireRebuild(model, ui, knobs, views, act);
   const f = form.f;
   const required = () => Object.fromEntries(REQUIRED_FIELDS.map((k) => [k, numOrEmpty(f[k])]));
   form.addBtn.addEventListener("click", () => act({
@@ -290,26 +310,71 @@ function wireActions(model, ui, form, knobs, views, act) {
     chat_template: f.chat_template.checked && !f.chat_template.disabled,
   })));
   for (const [k, input] of Object.entries(knobs.b)) {
-    // After the answer, show the knobs in force: a rejected value springs back.
-    input.addEventListener("change", () => act({
-      action: "set_budget",
-      [k]: input.type === "checkbox" ? input.checked : input.tagName === "SELECT" ? input.value : numOrNull(input),
-    }).then(() => views.knobs(true)));
+    // After the answer, show the knobs in force: a rejected value springs back. A value already
+    // in force sends nothing (a sprung-back field fires "change" again when it loses focus).
+    input.addEventListener("change", () => {
+      const value = input.type === "checkbox" ? input.checked : input.tagName === "SELECT" ? input.value : numOrNull(input);
+      if (value === (model.get("budget") || {})[k]) return;
+      act({ action: "set_budget", [k]: value }).then(() => views.knobs(true));
+    });
   }
   ui.errClose.addEventListener("click", () => act({ action: "clear_error" }));
   ui.liveBtn.addEventListener("click", () => act({ action: "live" }));
-  wireSlider(model, ui, act);
+  wireSlider(model, ui, views, act);
+}
+
+/** Reset and Apply build a new engine, which discards the run: only a click on Apply or Reset
+ * does it, and when there is a run to lose it first says what goes and offers to save it.
+ * Enter in a pool knob only moves to Apply (a typed number must never cost a run). */
+function wireRebuild(model, ui, knobs, views, act) {
+  const c = ui.confirm;
+  const close = () => { c.el.hidden = true; };
+  const rebuild = (save) => {
+    close();
+    act({ action: "reset", num_kv_blocks: numOrNull(knobs.pool.num_kv_blocks), block_size: numOrNull(knobs.pool.block_size),
+      ...(save ? { save_run: true } : {}) }).then(() => views.knobs(true));
+  };
+  const ask = () => {
+    views.stopPlay();
+    const lost = runWords(model.get("run_summary") || {});
+    if (!lost) { rebuild(false); return; }
+    c.text.textContent = `A new engine starts with no history: this run's ${lost} would be discarded.`;
+    c.save.hidden = !(model.get("run_summary") || {}).can_save;  // no HTML export installed: no offer
+    c.el.hidden = false;
+    c.cancel.focus();
+  };
+  ui.resetBtn.addEventListener("click", ask);
+  knobs.applyBtn.addEventListener("click", ask);
+  c.save.addEventListener("click", () => rebuild(true));
+  c.discard.addEventListener("click", () => rebuild(false));
+  c.cancel.addEventListener("click", close);
+  c.el.addEventListener("keydown", (ev) => { if (ev.key === "Escape") close(); });
+  for (const input of Object.values(knobs.pool)) {
+    input.addEventListener("keydown", (ev) => {
+      if (ev.key !== "Enter") return;
+      ev.preventDefault();
+      views.poolDirty();
+      knobs.applyBtn.focus();
+    });
+  }
+  // A run that changed under an open question (a step, another rebuild) makes it stale.
+  model.on("change:run_summary", close);
 }
 
 /** The history slider: coalesced scrubs, and keys that stay in the slider. */
-function wireSlider(model, ui, act) {
+function wireSlider(model, ui, views, act) {
+  // One scrub at a time; presses meanwhile move `ui.scrubTarget` (where the person asked to be),
+  // and only the latest is sent next: every press counts, none floods the kernel.
   let scrubInFlight = false, scrubNext = null;
   function scrub(index) {
+    ui.scrubTarget = index;
     if (scrubInFlight) { scrubNext = index; return; }
     scrubInFlight = true;
     act({ action: "scrub", index }).then(() => {
       scrubInFlight = false;
-      if (scrubNext !== null) { const i = scrubNext; scrubNext = null; scrub(i); }
+      if (scrubNext !== null) { const i = scrubNext; scrubNext = null; scrub(i); return; }
+      ui.scrubTarget = null;
+      views.history();
     });
   }
   ui.slider.addEventListener("input", () => scrub(Number(ui.slider.value)));
@@ -318,7 +383,7 @@ function wireSlider(model, ui, act) {
   // cut/insert cells). Lab listens on the document in the bubbling phase.
   ui.slider.addEventListener("keydown", (ev) => {
     const last = Math.max(0, model.get("history_len") - 1);
-    const cur = Number(ui.slider.value);
+    const cur = ui.scrubTarget === null ? Number(ui.slider.value) : ui.scrubTarget;
     let next = null;
     if (ev.key in SLIDER_KEYS) next = cur + SLIDER_KEYS[ev.key];
     else if (ev.key === "Home") next = 0;
@@ -335,6 +400,7 @@ function wireSlider(model, ui, act) {
   }
 }
 
+/** @param {KvsRenderContext} ctx */
 function render({ model, el }) {
   const root = kvsRoot(el, model, "kvs-controls");
   let views = null;
@@ -369,12 +435,13 @@ function render({ model, el }) {
   const act = (content) => sender.send(content).then((ack) => { views.status(); return ack; });
   wireActions(model, ui, form, knobs, views, act);
 
-  for (const k of ["info", "busy", "engine"]) model.on(`change:${k}`, views.status);
-  for (const k of ["history_len", "history_first", "view_index"]) model.on(`change:${k}`, views.history);
-  for (const k of ["error", "error_field"]) model.on(`change:${k}`, views.error);
-  for (const k of ["caption", "notice", "view_index", "history_len", "history_first"]) model.on(`change:${k}`, views.caption);
+  const P = KVS_PANELS.controls;
+  kvsOnChange(model, P.status, views.status);
+  kvsOnChange(model, P.history, views.history);
+  kvsOnChange(model, P.error, views.error);
+  kvsOnChange(model, P.caption, views.caption, P.history);  // "step N:" before the caption
   model.on("change:chat_template_available", views.chatTemplate);
-  for (const k of ["view_index", "budget", "pool"]) model.on(`change:${k}`, () => views.knobs());
+  kvsOnChange(model, P.knobs, () => views.knobs(), ["view_index"]);
   model.on("change:play_interval_ms", () => { ui.speed.value = String(model.get("play_interval_ms")); });
   model.on("change:read_only", views.readOnly);
   views.status(); views.history(); views.error(); views.knobs(); views.play(); views.caption(); views.chatTemplate(); views.readOnly();

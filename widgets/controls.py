@@ -1,6 +1,8 @@
 """Controls panel: stepping, Play, reset, the add-request form, budget knobs, history."""
 from __future__ import annotations
 
+from typing import TypedDict
+
 import traitlets as t
 
 from ._base import Panel, bundle_css, bundle_esm
@@ -17,11 +19,53 @@ DEFAULT_PRESETS: list[dict] = [
 ]
 
 
+class ControlsStatus(TypedDict):
+    """The status line and the engine's badge."""
+    info: str
+    busy: bool
+    engine: str
+
+
+class ControlsHistory(TypedDict):
+    """The history slider."""
+    history_len: int
+    history_first: int
+    view_index: int
+
+
+class ControlsError(TypedDict):
+    """An action's error, and the input it is about."""
+    error: str
+    error_field: str
+
+
+class ControlsCaption(TypedDict):
+    """The shown step in words, and a notice."""
+    caption: str
+    notice: str
+
+
+class ControlsKnobs(TypedDict):
+    """The scheduler's and the pool's knobs."""
+    budget: dict
+    pool: dict
+
+
+class ControlsState(ControlsStatus, ControlsHistory, ControlsCaption, ControlsKnobs):
+    """What the Dashboard sets after each change (explorer.ui.dashboard._render_controls)."""
+    has_work: bool
+    chat_template_available: bool
+    read_only: str
+    run_summary: dict
+
+
 class ControlsPanel(Panel):
     """Buttons and forms that drive a Session.
 
     Browser actions (custom messages, each acknowledged): ``step {n}``,
-    ``reset {num_kv_blocks?, block_size?}`` (Reset, and the pool knobs' Apply: a new engine),
+    ``reset {num_kv_blocks?, block_size?, save_run?}`` (Reset, and the pool knobs' Apply: a new
+    engine; the browser asks first when `run_summary` has a run to lose, and `save_run` writes
+    that run to an HTML file before it goes),
     ``add {prompt, max_tokens, temperature, top_k, top_p, ignore_eos, seed}`` (an empty
     required field arrives as "" and is an error naming it), ``preset {name, n?, chat_template?}``,
     ``set_budget {max_num_batched_tokens?, max_num_seqs?, enable_chunked_prefill?,
@@ -31,6 +75,8 @@ class ControlsPanel(Panel):
     the previous one was acknowledged, so the kernel is never flooded.
     """
 
+    PARTS = {"status": ControlsStatus, "history": ControlsHistory, "error": ControlsError,
+             "caption": ControlsCaption, "knobs": ControlsKnobs}
     _esm = bundle_esm("controls.js")
     _css = bundle_css("controls.css")
 
@@ -48,6 +94,9 @@ class ControlsPanel(Panel):
     engine = t.Unicode("").tag(sync=True)        # which engine the panels show ("kvscope", "vLLM 0.32.0"): a badge
     budget = t.Dict({}).tag(sync=True)           # scheduler knobs in force (scrubbed: the shown step's)
     pool = t.Dict({}).tag(sync=True)             # pool knobs (Apply / Reset: a new engine)
+    # What a new engine would discard: {"steps", "requests", "unfinished"} (the rebuild question says it),
+    # and "can_save": whether it can offer to save the run first (an HTML export is installed).
+    run_summary = t.Dict({}).tag(sync=True)
     form_defaults = t.Dict({"prompt": "The capital of France is", "max_tokens": 16, "temperature": 0.0,
                             "top_k": 0, "top_p": 1.0, "ignore_eos": False, "seed": None}).tag(sync=True)
     presets = t.List(DEFAULT_PRESETS).tag(sync=True)

@@ -1,3 +1,4 @@
+// @ts-check
 // Follow / Pause a live vLLM server, the feed's counters, and vLLM's prefix cache as a hash tree.
 
 /**
@@ -6,6 +7,7 @@
  * `tree` (vLLM's prefix cache from its KV events: {roots, num_blocks, counters}).
  */
 
+/** @param {KvsRenderContext} ctx */
 function render({ model, el }) {
   const root = kvsRoot(el, model, "kvs-follow");
   const sender = kvsSender(model);
@@ -52,7 +54,7 @@ function render({ model, el }) {
                            kvsEl("ul", {}, t.roots.map(node)));
     }
   }
-  for (const k of ["following", "status", "tree"]) model.on(`change:${k}`, draw);
+  kvsOnChange(model, KVS_PANELS.follow.draw, draw);
   draw();
 }
 

@@ -3,9 +3,18 @@ did (steps applied, missed, dropped, rejected, the recorder's own counters, note
 prefix cache as vLLM's KV events report it (a tree of block hashes with hit counts)."""
 from __future__ import annotations
 
+from typing import TypedDict
+
 import traitlets as t
 
 from ._base import Panel, bundle_css, bundle_esm
+
+
+class FollowState(TypedDict):
+    """What explorer.ui.follow_view sets: following or paused, the feed's counters, the tree."""
+    following: bool
+    status: dict
+    tree: dict
 
 
 class FollowPanel(Panel):
@@ -15,6 +24,7 @@ class FollowPanel(Panel):
     `tree` is ``{roots: [{key, num_tokens, text, stored, hits, orphan, children}], num_blocks,
     counters}`` or {} without KV events. Browser actions: ``follow``, ``pause``."""
 
+    PARTS = {"draw": FollowState}
     _esm = bundle_esm("follow.js")
     _css = bundle_css("follow.css")
 

@@ -1,3 +1,4 @@
+// @ts-check
 // Queues panel: three columns of request cards, redrawn from the `queues` trait. Each
 // column is as wide as its cards need (an empty one stays narrow). Linked: hovering a card
 // lights the request's blocks, table and tokens in the other panels (kvsLink), and a card
@@ -101,6 +102,7 @@ function card(row, selected, act, link) {
   }, [head, text, progress(row)]);
 }
 
+/** @param {KvsRenderContext} ctx */
 function render({ model, el }) {
   const root = kvsRoot(el, model, "kvs-queues");
   const sender = kvsSender(model);
@@ -132,9 +134,7 @@ function render({ model, el }) {
     }
     light();
   }
-  model.on("change:queues", draw);
-  model.on("change:selected", draw);
-  model.on("change:finished_total", draw);
+  kvsOnChange(model, KVS_PANELS.queues.draw, draw, ["selected"]);
   focus = link.current();
   draw();
   return () => { sender.dispose(); link.dispose(); };

@@ -1,9 +1,18 @@
 """Queues panel: waiting / running / finished requests and what this step did for each."""
 from __future__ import annotations
 
+from typing import TypedDict
+
 import traitlets as t
 
 from ._base import Panel, bundle_css, bundle_esm
+
+
+class QueuesState(TypedDict):
+    """What explorer.ui.views.queues_state returns: the three queues' rows, and how many
+    requests have finished (the rows may stop at the latest ones)."""
+    queues: dict
+    finished_total: int
 
 
 class QueuesPanel(Panel):
@@ -17,6 +26,7 @@ class QueuesPanel(Panel):
     the sampler and attention panels at it) and ``abort {request_id}``.
     """
 
+    PARTS = {"draw": QueuesState}
     _esm = bundle_esm("queues.js")
     _css = bundle_css("queues.css")
 

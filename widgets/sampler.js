@@ -1,3 +1,4 @@
+// @ts-check
 // Sampler: horizontal probability bars of the top candidates; the chosen token marked.
 
 /**
@@ -9,6 +10,7 @@
  *   `top`: [token id, text, probability] of the candidates, the highest first
  */
 
+/** @param {KvsRenderContext} ctx */
 function render({ model, el }) {
   const root = kvsRoot(el, model, "kvs-sampler");
   const sender = kvsSender(model);
@@ -56,7 +58,7 @@ function render({ model, el }) {
     }
   }
   const drawSoon = kvsBatched(draw);
-  for (const k of ["requests", "request_id", "sample", "step"]) model.on(`change:${k}`, drawSoon);
+  kvsOnChange(model, KVS_PANELS.sampler.draw, drawSoon, ["step"]);
   draw();
   return () => sender.dispose();
 }

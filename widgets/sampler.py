@@ -1,9 +1,18 @@
 """Sampler panel: a request's top candidates, their probabilities, and the token chosen."""
 from __future__ import annotations
 
+from typing import TypedDict
+
 import traitlets as t
 
 from ._base import Panel, bundle_css, bundle_esm
+
+
+class SamplerState(TypedDict):
+    """What explorer.ui.views.sampler_state returns."""
+    requests: list[str]
+    request_id: str
+    sample: dict
 
 
 class SamplerPanel(Panel):
@@ -17,6 +26,7 @@ class SamplerPanel(Panel):
     Browser action: ``select {request_id}``.
     """
 
+    PARTS = {"draw": SamplerState}
     _esm = bundle_esm("sampler.js")
     _css = bundle_css("sampler.css")
 

@@ -1,3 +1,4 @@
+// @ts-check
 // Slot mapping: an overview strip of the packed batch (query_start_loc ticks, sampled
 // rows marked), then per scheduled request its token cells, grouped and tinted by the
 // KV block each lands in. Positions a prefix hit took from the cache come first, as
@@ -43,121 +44,139 @@ function stripSegment(s) {
   }, [kvsEl("span", { text: `#${s.request_id} [${s.start},${s.end})` })]);
 }
 
+/**
+ * The panel's linked elements: each is registered with the block, request and position it
+ * shows, lights up when the Dashboard's focus matches it, and publishes its own focus.
+ * @param {ReturnType<typeof kvsLink>} link
+ */
+function makeLinker(link) {
+  /** @type {Array<[HTMLElement, number, string, ?number]>} */
+  let lit = [];
+  const L = {
+    reset() { lit = []; },
+    /** Hover: a focus; click: pinned. @param {HTMLElement} node @param {KvsFocus} f */
+    bind(node, f) {
+      node.addEventListener("mouseenter", () => link.hover(f));
+      node.addEventListener("mouseleave", () => link.leave("slots"));
+      node.addEventListener("click", () => link.pin(f));
+      return node;
+    },
+    /** Bound, and lit when a focus matches. @param {HTMLElement} node @param {number} block @param {string} rid @param {?number} pos @param {KvsFocus} f */
+    add(node, block, rid, pos, f) { lit.push([node, block, rid, pos]); return L.bind(node, f); },
+    /** @param {?KvsFocus} focus */
+    light(focus) {
+      for (const [node, b, rid, pos] of lit) {
+        const m = kvsMatch(focus, b, rid, pos);
+        node.classList.toggle("kvs-lit", m === 1);
+        node.classList.toggle("kvs-lit-strong", m === 2);
+      }
+    },
+  };
+  return L;
+}
+
+/** A block a prefix hit took from the cache: one "from cache" cell. */
+function cacheCell(L, s, c) {
+  const node = kvsEl("div", {
+    class: "kvs-cache-cell", "data-block": c.block, "data-testid": `kvs-cache-${s.request_id}-${c.block}`,
+    style: { background: kvsBlockTint(c.block) },
+    title: `#${s.request_id} positions ${c.start}\u2013${c.end - 1}: KV from the prefix cache, in block ${c.block} (a hit: not computed in this step)${c.text ? `\n"${c.text}"` : ""}`,
+  }, [
+    kvsEl("div", { class: "kvs-cache-head", text: `\u21ba b${c.block}` }),
+    kvsEl("div", { class: "kvs-cache-text", text: c.text ? kvsTok(c.text) : `p${c.start}\u2013${c.end - 1}` }),
+  ]);
+  return L.add(node, c.block, s.request_id, null, { source: "slots", blocks: [c.block], requests: [s.request_id], tokens: null });
+}
+
+/** A request's rows of the batch, grouped by the KV block each lands in. */
+function rowCells(L, s, data) {
+  const { ids, toks, pos, slots, logits, bs } = data;
+  const groups = [];
+  let group = null, groupBlock = null;
+  const last = Math.min(s.end, ids.length);
+  for (let r = s.start; r < last; r++) {
+    const slot = slots[r];
+    const block = slot < 0 ? -1 : Math.floor(slot / bs), off = slot < 0 ? "-" : slot % bs;
+    if (group === null || block !== groupBlock) {
+      groupBlock = block;
+      const tag = kvsEl("span", { class: "kvs-blk-tag", text: block < 0 ? "pad" : `b${block}`, title: `KV block ${block}` });
+      if (block >= 0) L.add(tag, block, s.request_id, null, { source: "slots", blocks: [block], requests: [s.request_id], tokens: null });
+      group = kvsEl("div", { class: "kvs-blk", "data-block": block, style: { background: kvsBlockTint(block) } }, [tag]);
+      groups.push(group);
+    }
+    const sampled = logits.has(r);
+    const cell = kvsEl("div", {
+      class: `kvs-cell${sampled ? " kvs-logits" : ""}${r === s.start ? " kvs-qsl" : ""}`,
+      "data-row": r, "data-block": block, "data-pos": pos[r],
+      title: `#${s.request_id} row ${r} \u00b7 token id ${ids[r]} \u00b7 position ${pos[r]} \u00b7 slot ${slot} = block ${block} \u00d7 ${bs} + ${off}${sampled ? " \u00b7 sampled (logits index)" : ""}`,
+    }, [
+      kvsEl("div", { class: "kvs-cell-tok", text: kvsTok(toks[r]) || ids[r] }),
+      kvsEl("div", { class: "kvs-cell-slot", text: `${pos[r]}\u2192${slot}` }),
+    ]);
+    group.append(L.add(cell, block, s.request_id, pos[r], { source: "slots", blocks: [block], requests: [s.request_id], tokens: [[s.request_id, pos[r]]] }));
+    if (sampled) {
+      group.append(kvsEl("span", { class: "kvs-cell-sampled", "data-testid": "kvs-slot-sampled", title: "the token sampled from this row", text: s.sampled_text != null ? `\u2192 ${kvsTok(s.sampled_text)}` : "\u2192 sample" }));
+    }
+  }
+  if (s.end > last) groups.push(kvsEl("div", { class: "kvs-muted", text: `\u2026 ${s.end - last} more rows not sent` }));
+  return groups;
+}
+
+/** One scheduled request: a decode on one compact row, a prefill chunk with its cells under a head. */
+function segmentRow(L, s, data) {
+  const reqFocus = { source: "slots", blocks: null, requests: [s.request_id], tokens: null };
+  const table = `block_table [${(s.block_table || []).join(", ")}]`;
+  if (!s.is_prefill) {
+    return kvsEl("div", { class: "kvs-seg kvs-seg-decode", "data-testid": `kvs-seg-${s.request_id}`, style: { borderLeftColor: kvsColor(s.request_id) } }, [
+      L.bind(chip(s.request_id), reqFocus),
+      kvsEl("span", { class: "kvs-seg-kind", text: "decode" }),
+      ...rowCells(L, s, data),
+      kvsEl("span", { class: "kvs-muted kvs-seg-meta", title: table, text: `seq_len ${s.seq_len} \u00b7 ${(s.block_table || []).length} blocks` }),
+    ]);
+  }
+  const head = kvsEl("div", { class: "kvs-seg-head" }, [
+    L.bind(chip(s.request_id), reqFocus),
+    kvsEl("span", { class: "kvs-seg-kind", title: kvsChunkTitle(s.chunk_index), text: `prefill chunk ${kvsChunkNumber(s.chunk_index)} \u00b7 ${s.end - s.start} tokens \u00b7 rows [${s.start}, ${s.end}) \u00b7 seq_len ${s.seq_len}` }),
+    kvsEl("span", { class: "kvs-muted", text: `computed before ${s.num_computed_before} \u00b7 ${table}` }),
+  ]);
+  const cells = [...(s.cached_blocks || []).map((c) => cacheCell(L, s, c)), ...rowCells(L, s, data)];
+  return kvsEl("div", { class: "kvs-seg", "data-testid": `kvs-seg-${s.request_id}`, style: { borderLeftColor: kvsColor(s.request_id) } },
+    [head, kvsEl("div", { class: "kvs-cells" }, cells)]);
+}
+
+/** @param {KvsRenderContext} ctx */
 function render({ model, el }) {
   const root = kvsRoot(el, model, "kvs-slot-mapping");
-  const title = kvsEl("div", { class: "kvs-title" }, ["Slot mapping", kvsEl("span", { class: "kvs-sub" })]);
-  const legend = slotLegend();
+  // Where the batch came from when it is not the engine's own (a live server's feed derives it).
+  const source = kvsEl("span", { class: "kvs-batch-source", "data-testid": "kvs-batch-source" });
+  const sub = kvsEl("span", { class: "kvs-sub" });
   const strip = kvsEl("div", { class: "kvs-strip", "data-testid": "kvs-batch-strip" });
   const body = kvsEl("div", { class: "kvs-segments" });
-  root.append(title, legend, strip, body);
-
-  let lit = [];  // [element, block, request id, position or null]
+  root.append(kvsEl("div", { class: "kvs-title" }, ["Slot mapping", source, sub]), slotLegend(), strip, body);
+  /** @type {?KvsFocus} */
   let focus = null;
-  const link = kvsLink(model, (f) => { focus = f; light(); });
-  function light() {
-    for (const [node, b, rid, pos] of lit) {
-      const m = kvsMatch(focus, b, rid, pos);
-      node.classList.toggle("kvs-lit", m === 1);
-      node.classList.toggle("kvs-lit-strong", m === 2);
-    }
-  }
-  function linked(node, f) {
-    node.addEventListener("mouseenter", () => link.hover(f));
-    node.addEventListener("mouseleave", () => link.leave("slots"));
-    node.addEventListener("click", () => link.pin(f));
-    return node;
-  }
-
-  function cacheCell(s, c) {
-    const f = { source: "slots", blocks: [c.block], requests: [s.request_id], tokens: null };
-    const node = kvsEl("div", {
-      class: "kvs-cache-cell", "data-block": c.block, "data-testid": `kvs-cache-${s.request_id}-${c.block}`,
-      style: { background: kvsBlockTint(c.block) },
-      title: `#${s.request_id} positions ${c.start}\u2013${c.end - 1}: KV from the prefix cache, in block ${c.block} (a hit: not computed in this step)${c.text ? `\n"${c.text}"` : ""}`,
-    }, [
-      kvsEl("div", { class: "kvs-cache-head", text: `\u21ba b${c.block}` }),
-      kvsEl("div", { class: "kvs-cache-text", text: c.text ? kvsTok(c.text) : `p${c.start}\u2013${c.end - 1}` }),
-    ]);
-    lit.push([node, c.block, s.request_id, null]);
-    return linked(node, f);
-  }
-
-  function rowCells(s, data) {
-    const { ids, toks, pos, slots, logits, bs } = data;
-    const groups = [];
-    let group = null, groupBlock = null;
-    const last = Math.min(s.end, ids.length);
-    for (let r = s.start; r < last; r++) {
-      const slot = slots[r];
-      const block = slot < 0 ? -1 : Math.floor(slot / bs), off = slot < 0 ? "-" : slot % bs;
-      if (group === null || block !== groupBlock) {
-        groupBlock = block;
-        const tag = kvsEl("span", { class: "kvs-blk-tag", text: block < 0 ? "pad" : `b${block}`, title: `KV block ${block}` });
-        if (block >= 0) {
-          lit.push([tag, block, s.request_id, null]);
-          linked(tag, { source: "slots", blocks: [block], requests: [s.request_id], tokens: null });
-        }
-        group = kvsEl("div", { class: "kvs-blk", "data-block": block, style: { background: kvsBlockTint(block) } }, [tag]);
-        groups.push(group);
-      }
-      const sampled = logits.has(r);
-      const cell = kvsEl("div", {
-        class: `kvs-cell${sampled ? " kvs-logits" : ""}${r === s.start ? " kvs-qsl" : ""}`,
-        "data-row": r, "data-block": block, "data-pos": pos[r],
-        title: `#${s.request_id} row ${r} \u00b7 token id ${ids[r]} \u00b7 position ${pos[r]} \u00b7 slot ${slot} = block ${block} \u00d7 ${bs} + ${off}${sampled ? " \u00b7 sampled (logits index)" : ""}`,
-      }, [
-        kvsEl("div", { class: "kvs-cell-tok", text: kvsTok(toks[r]) || ids[r] }),
-        kvsEl("div", { class: "kvs-cell-slot", text: `${pos[r]}\u2192${slot}` }),
-      ]);
-      lit.push([cell, block, s.request_id, pos[r]]);
-      group.append(linked(cell, { source: "slots", blocks: [block], requests: [s.request_id], tokens: [[s.request_id, pos[r]]] }));
-      if (sampled) {
-        group.append(kvsEl("span", { class: "kvs-cell-sampled", "data-testid": "kvs-slot-sampled", title: "the token sampled from this row", text: s.sampled_text != null ? `\u2192 ${kvsTok(s.sampled_text)}` : "\u2192 sample" }));
-      }
-    }
-    if (s.end > last) groups.push(kvsEl("div", { class: "kvs-muted", text: `\u2026 ${s.end - last} more rows not sent` }));
-    return groups;
-  }
+  const link = kvsLink(model, (f) => { focus = f; L.light(focus); });
+  const L = makeLinker(link);
 
   function draw() {
-    const ids = model.get("input_ids"), toks = model.get("tokens"), pos = model.get("positions");
-    const slots = model.get("slot_mapping"), segs = model.get("segments");
-    const qsl = model.get("query_start_loc"), logits = new Set(model.get("logits_indices"));
-    const bs = model.get("block_size"), nrows = model.get("num_rows");
-    const data = { ids, toks, pos, slots, logits, bs };
-    lit = [];
-    title.querySelector(".kvs-sub").textContent = nrows
-      ? `${nrows} tokens \u00b7 ${segs.length} requests \u00b7 query_start_loc [${qsl.join(", ")}] \u00b7 logits_indices [${[...logits].join(", ")}]`
+    const segs = model.get("segments"), qsl = model.get("query_start_loc"), nrows = model.get("num_rows");
+    const logits = new Set(model.get("logits_indices"));
+    const data = { ids: model.get("input_ids"), toks: model.get("tokens"), pos: model.get("positions"),
+      slots: model.get("slot_mapping"), logits, bs: model.get("block_size") };
+    L.reset();
+    const [badge, why] = model.get("batch_source_words") || [];
+    source.textContent = badge || "";
+    source.title = why || "";
+    source.dataset.source = model.get("batch_source") || "";
+    source.hidden = !badge;
+    sub.textContent = nrows
+      ? `${kvsCount(nrows, "token")} \u00b7 ${kvsCount(segs.length, "request")} \u00b7 query_start_loc [${qsl.join(", ")}] \u00b7 logits_indices [${[...logits].join(", ")}]`
       : "no batch in this step";
-    // Overview strip: widths proportional to each request's tokens.
-    strip.replaceChildren(...segs.map(stripSegment));
-    body.replaceChildren(...segs.map((s) => {
-      const cached = s.cached_blocks || [];
-      const reqFocus = { source: "slots", blocks: null, requests: [s.request_id], tokens: null };
-      if (!s.is_prefill) {
-        // A decode: one compact row (chip, what it is, its one cell, where it sits).
-        return kvsEl("div", { class: "kvs-seg kvs-seg-decode", "data-testid": `kvs-seg-${s.request_id}`, style: { borderLeftColor: kvsColor(s.request_id) } }, [
-          linked(chip(s.request_id), reqFocus),
-          kvsEl("span", { class: "kvs-seg-kind", text: "decode" }),
-          ...rowCells(s, data),
-          kvsEl("span", { class: "kvs-muted kvs-seg-meta", title: `block_table [${(s.block_table || []).join(", ")}]`, text: `seq_len ${s.seq_len} \u00b7 ${(s.block_table || []).length} blocks` }),
-        ]);
-      }
-      const head = kvsEl("div", { class: "kvs-seg-head" }, [
-        linked(chip(s.request_id), reqFocus),
-        kvsEl("span", { class: "kvs-seg-kind", title: kvsChunkTitle(s.chunk_index), text: `prefill chunk ${kvsChunkNumber(s.chunk_index)} \u00b7 ${s.end - s.start} tokens \u00b7 rows [${s.start}, ${s.end}) \u00b7 seq_len ${s.seq_len}` }),
-        kvsEl("span", { class: "kvs-muted", text: `computed before ${s.num_computed_before} \u00b7 block_table [${(s.block_table || []).join(", ")}]` }),
-      ]);
-      const cells = [...cached.map((c) => cacheCell(s, c)), ...rowCells(s, data)];
-      return kvsEl("div", { class: "kvs-seg", "data-testid": `kvs-seg-${s.request_id}`, style: { borderLeftColor: kvsColor(s.request_id) } },
-        [head, kvsEl("div", { class: "kvs-cells" }, cells)]);
-    }));
-    light();
+    strip.replaceChildren(...segs.map(stripSegment));  // widths proportional to each request's tokens
+    body.replaceChildren(...segs.map((s) => segmentRow(L, s, data)));
+    L.light(focus);
   }
-  const drawSoon = kvsBatched(draw);
-  for (const k of ["input_ids", "tokens", "positions", "slot_mapping", "segments", "query_start_loc", "logits_indices", "block_size", "num_rows"]) {
-    model.on(`change:${k}`, drawSoon);
-  }
+  kvsOnChange(model, KVS_PANELS.slots.draw, kvsBatched(draw));
   focus = link.current();
   draw();
   return () => link.dispose();

@@ -1,9 +1,27 @@
 """Slot-mapping panel: this step's packed batch, token by token."""
 from __future__ import annotations
 
+from typing import TypedDict
+
 import traitlets as t
 
 from ._base import Panel, bundle_css, bundle_esm
+
+
+class SlotMappingState(TypedDict):
+    """What explorer.ui.views.slot_mapping_state returns (the traits below say each field)."""
+    input_ids: list[int]
+    tokens: list[str]
+    positions: list[int]
+    slot_mapping: list[int]
+    segments: list[dict]
+    query_start_loc: list[int]
+    logits_indices: list[int]
+    block_size: int
+    num_rows: int
+    truncated: int
+    batch_source: str
+    batch_source_words: list[str]
 
 
 class SlotMappingPanel(Panel):
@@ -19,8 +37,12 @@ class SlotMappingPanel(Panel):
     tinted by the KV block they land in; hovering one lights its block, request and
     token in the other panels of the Dashboard.
     Large batches are cut to `max_rows` rows (`truncated` says how many were hidden).
+    `batch_source` says where the batch came from when it is not the engine's own ("" then):
+    "scheduler" (a live server's feed: derived from the scheduler's block tables) or "runner"
+    (the model runner's own buffers); `batch_source_words` is its badge and hover text.
     """
 
+    PARTS = {"draw": SlotMappingState}
     _esm = bundle_esm("slot_mapping.js")
     _css = bundle_css("slot_mapping.css")
 
@@ -34,3 +56,5 @@ class SlotMappingPanel(Panel):
     block_size = t.Int(16).tag(sync=True)
     num_rows = t.Int(0).tag(sync=True)        # rows in the real batch
     truncated = t.Int(0).tag(sync=True)       # rows not sent
+    batch_source = t.Unicode("").tag(sync=True)  # "", "scheduler" (derived) or "runner" (its buffers)
+    batch_source_words = t.List([]).tag(sync=True)  # [badge, hover text] for batch_source

@@ -1,3 +1,4 @@
+// @ts-check
 // Tensor parallel: per-rank shares, each weight drawn as a matrix striped by rank, the
 // collectives between them, and the last step's collective time.
 
@@ -47,6 +48,7 @@ function kvsCollective(after, size) {
   return kvsEl("div", { class: `kvs-tp-coll kvs-tp-${after}`, "data-testid": "kvs-tp-collective", text: `\u21d3 ${text}` });
 }
 
+/** @param {KvsRenderContext} ctx */
 function render({ model, el }) {
   const root = kvsRoot(el, model, "kvs-tensor-parallel");
   const sub = kvsEl("span", { class: "kvs-sub" });
@@ -131,7 +133,7 @@ function render({ model, el }) {
     drawWeights(info);
   }
   const drawSoon = kvsBatched(draw);
-  for (const k of ["info", "ranks", "weights", "last_step", "recent", "note", "step"]) model.on(`change:${k}`, drawSoon);
+  kvsOnChange(model, KVS_PANELS.tensor_parallel.draw, drawSoon, ["step"]);
   draw();
   return () => {};
 }

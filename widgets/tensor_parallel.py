@@ -2,9 +2,21 @@
 the all-reduces and the logits gather happen, and what the collectives cost."""
 from __future__ import annotations
 
+from typing import TypedDict
+
 import traitlets as t
 
 from ._base import Panel, bundle_css, bundle_esm
+
+
+class TensorParallelState(TypedDict):
+    """What explorer.ui.tp_view.tensor_parallel_state returns."""
+    info: dict
+    ranks: list[dict]
+    weights: list[dict]
+    last_step: dict
+    recent: list[list]
+    note: str
 
 
 class TensorParallelPanel(Panel):
@@ -22,6 +34,7 @@ class TensorParallelPanel(Panel):
     mean on this machine. No browser actions.
     """
 
+    PARTS = {"draw": TensorParallelState}
     _esm = bundle_esm("tensor_parallel.js")
     _css = bundle_css("tensor_parallel.css")
 

@@ -1,3 +1,4 @@
+// @ts-check
 // Timeline: stacked prefill/decode tokens per step with the budget line, stacked time
 // split per step, and a Gantt row per request. One SVG, steps share the x axis; it is as
 // wide as the panel and redraws when the panel's width changes.
@@ -94,7 +95,7 @@ function stepText(S, i) {
 }
 
 function legend() {
-  const item = ([t, c]) => kvsEl("span", {}, [kvsEl("i", { style: { background: c } }), t]);
+  const item = (/** @type {string[]} */ [t, c]) => kvsEl("span", {}, [kvsEl("i", { style: { background: c } }), t]);
   return kvsEl("div", { class: "kvs-legend" }, [
     ...[["prefill tokens", KIND_COLORS.prefill], ["decode tokens", KIND_COLORS.decode], ["token budget", BUDGET_COLOR]].map(item),
     kvsEl("span", { title: "a step that preempted a request (hover it: who, and why)" }, [kvsEl("b", { class: "kvs-preempt-key", text: "\u25bc" }), "preemption"]),
@@ -148,10 +149,10 @@ function drawTokens(out, S, span, L, ctx) {
   const yTok = (v) => L.tokBottom - sc.y(v);
   const mid = Math.round(sc.top / 4);  // half the height on a square-root axis
   out.append(kvsSvg("text", { x: 2, y: MARK_LANE - 3, class: "kvs-axis" }, "tokens (\u221a scale)"),
-    kvsSvg("text", { x: L.left - 4, y: L.tokTop + 7, class: "kvs-axis kvs-tok-max", "text-anchor": "end" }, sc.top),
+    kvsSvg("text", { x: L.left - 4, y: L.tokTop + 7, class: "kvs-axis kvs-tok-max", "text-anchor": "end" }, String(sc.top)),
     kvsSvg("line", { x1: L.left, x2: L.width - RIGHT, y1: yTok(mid), y2: yTok(mid), class: "kvs-gridline" }),
-    kvsSvg("text", { x: L.left - 4, y: yTok(mid) + 3, class: "kvs-axis kvs-tok-mid", "text-anchor": "end" }, mid),
-    kvsSvg("text", { x: L.left - 4, y: L.tokBottom, class: "kvs-axis", "text-anchor": "end" }, 0),
+    kvsSvg("text", { x: L.left - 4, y: yTok(mid) + 3, class: "kvs-axis kvs-tok-mid", "text-anchor": "end" }, String(mid)),
+    kvsSvg("text", { x: L.left - 4, y: L.tokBottom, class: "kvs-axis", "text-anchor": "end" }, "0"),
     kvsSvg("line", { x1: L.left, x2: L.width - RIGHT, y1: L.tokBottom + 0.5, y2: L.tokBottom + 0.5, class: "kvs-baseline" }));
   const budgetOn = [], budgetOff = [];
   for (const i of idx) {
@@ -260,6 +261,7 @@ function drawAxisAndCursor(out, S, span, L) {
   out.append(kvsSvg("text", { x: x + L.bw / 2, y: L.height - 4, class: "kvs-axis kvs-cursor-label", "text-anchor": "middle", "pointer-events": "none" }, S.step[span.curIdx]));
 }
 
+/** @param {KvsRenderContext} ctx */
 function render({ model, el }) {
   const root = kvsRoot(el, model, "kvs-timeline");
   const sender = kvsSender(model);
@@ -297,7 +299,7 @@ function render({ model, el }) {
     holder.replaceChildren(out);
   }
   const drawSoon = kvsBatched(draw);
-  for (const k of ["steps", "gantt", "window", "step"]) model.on(`change:${k}`, drawSoon);
+  kvsOnChange(model, KVS_PANELS.timeline.draw, drawSoon, ["window", "step"]);
   // Follow the panel's width: a resized window, a narrower notebook, a panel shown later.
   const resize = new ResizeObserver(() => { if (Math.abs(holder.clientWidth - drawnWidth) >= 1) drawSoon(); });
   resize.observe(holder);

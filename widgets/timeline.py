@@ -1,9 +1,17 @@
 """Timeline panel: per-step batch composition and timings, and a per-request Gantt chart."""
 from __future__ import annotations
 
+from typing import TypedDict
+
 import traitlets as t
 
 from ._base import Panel, bundle_css, bundle_esm
+
+
+class TimelineState(TypedDict):
+    """What explorer.ui.views.timeline_state returns: per-step columns and the Gantt."""
+    steps: dict
+    gantt: dict
 
 
 class TimelinePanel(Panel):
@@ -25,6 +33,7 @@ class TimelinePanel(Panel):
     (click a bar to show that step everywhere).
     """
 
+    PARTS = {"draw": TimelineState}
     _esm = bundle_esm("timeline.js")
     _css = bundle_css("timeline.css")
 

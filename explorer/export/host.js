@@ -1,3 +1,4 @@
+// @ts-check
 // kvscope export host: the panels' own ESM, run over a recorded history, with no kernel.
 //
 // explorer/export/page.py inlines this file in a one-file HTML export, next to each panel's ESM
@@ -7,8 +8,8 @@
 // stands in for anywidget's model (get / set / on / off / send / save_changes) and for the
 // Python side of the Dashboard (explorer/ui/dashboard.py's SessionBinder) by handing the shown
 // step's states to the panels, answers the panels' actions (scrub, select, block details)
-// from the embedded states, draws the TTFT/ITL charts (plotly needs a kernel), and turns
-// engine actions (Step, add request, ...) down with one line on how to run live.
+// from the embedded states, and turns engine actions (Step, add request, ...) down with one
+// line on how to run live. The TTFT/ITL charts are the latency panel's own (widgets/latency.js).
 // Nothing is fetched: the page's CSP forbids it, and everything it needs is inline.
 
 /**
@@ -22,18 +23,24 @@
  * @typedef {Object} Delta
  * One kept step's panel states (explorer/export/states.py _entry_views), each as the binder sends it:
  * @typedef {{step: number, controls: Object, queues: Object, blocks: Object, block_details: Array<Object>,
- *   slots: Object, sampler: SamplerChoices, attention: Object, latency: Array<LatencyRow>}} StepViews
+ *   slots: Object, sampler: SamplerChoices, attention: Object, latency: LatencyState}} StepViews
  *   blocks: BlockPoolPanel traits, its byte columns as PackedColumn; block_details: per block id,
  *   BlockPoolPanel.block_detail without `step` (the shown step is added here)
  * @typedef {{__array__: ("B"|"H"|"h"), values: number[]}} PackedColumn  a bytes trait (Python array typecode)
  * @typedef {{requests: string[], default: string, samples: Object<string, Object>}} SamplerChoices
  *   the SamplerPanel's `sample` for each request the user could select; `default`: what "" selects
- * @typedef {{request_id: string, time_to_first_token: ?number, inter_token_latency: number[]}} LatencyRow
+ * @typedef {{rows: Array<Object>, clock: string, clock_note: string}} LatencyState  LatencyPanel's traits
  */
 
+/** The text of one of the page's embedded JSON scripts (explorer/export/page.py writes them). @param {string} id */
+function embedded(id) {
+  const node = document.getElementById(id);
+  if (!node || node.textContent === null) throw new Error(`this page lacks its embedded ${id}`);
+  return node.textContent;
+}
 /** @type {ExportData} */
-const DATA = JSON.parse(document.getElementById("kvs-history").textContent);
-const DEFAULTS = JSON.parse(document.getElementById("kvs-panel-defaults").textContent);
+const DATA = JSON.parse(embedded("kvs-history"));
+const DEFAULTS = JSON.parse(embedded("kvs-panel-defaults"));
 const RUN_LIVE = DATA.meta.run_live;  // "make lab" / "python -m explorer app": one line
 
 // ---- 1. the embedded steps: deltas back to whole states -----------------------------------
@@ -137,7 +144,7 @@ const HOST = {
     if (m.sampler) m.sampler.update(this.samplerState());
     if (m.timeline && !this.timelineSet) { m.timeline.update(DATA.timeline); this.timelineSet = true; }
     if (m.attention) m.attention.update({ ...v.attention, message: ATTENTION_OFF });
-    drawLatency(v.latency, v.step, live);
+    if (m.latency) m.latency.update(v.latency);
     drawCaption(v.step);
   },
 
@@ -167,7 +174,7 @@ const HOST = {
     try {
       this.handle(name, content);
     } catch (exc) {
-      error = String(exc && exc.message ? exc.message : exc);
+      error = String(exc instanceof Error ? exc.message : exc);
       console.error("kvscope export: action failed", content, exc);
     }
     if ("seq" in content) this.models[name].custom({ type: "ack", seq: content.seq, error });
@@ -215,81 +222,9 @@ const HOST = {
   },
 };
 
-// ---- 4. TTFT / ITL: small SVG charts (plotly's FigureWidget needs a kernel) ---------------
-const SVG_NS = "http://www.w3.org/2000/svg";
-function svgEl(tag, attrs = {}, text = null) {
-  const n = document.createElementNS(SVG_NS, tag);
-  for (const [k, v] of Object.entries(attrs)) n.setAttribute(k, String(v));
-  if (text !== null) n.textContent = text;
-  return n;
-}
-const SHORT_LABEL_CHARS = 9, LABEL_CHAR_PX = 5.5, ROTATED_DEG = -40, ROTATED_SIN = 0.64, MAX_LABEL_PX = 120;
-function chart(title, rows, color, unit, kind) {
-  // rows: [[label, [values in ms]]]; kind "bar": one bar per row; "dots": a dot per value and a mean line.
-  // Whole request ids under the bars: rotated when long (ids cut to fit could read the same).
-  const longest = Math.max(0, ...rows.map(([label]) => label.length));
-  const rotate = longest > SHORT_LABEL_CHARS;
-  const bottom = rotate ? Math.min(MAX_LABEL_PX, 16 + Math.ceil(longest * LABEL_CHAR_PX * ROTATED_SIN)) : 34;
-  const W = 520, H = 156 + bottom, left = 46, top = 22, right = 8;
-  const all = rows.flatMap(([, vs]) => vs);
-  const vmax = Math.max(1e-9, ...all);
-  const plotW = W - left - right, plotH = H - top - bottom;
-  const bw = plotW / Math.max(1, rows.length);
-  const y = (v) => top + plotH - (v / vmax) * plotH;
-  const s = svgEl("svg", { width: W, height: H, class: "kvs-lat-chart" });
-  s.append(svgEl("text", { x: left, y: 13, class: "kvs-lat-title" }, title));
-  s.append(svgEl("line", { x1: left, x2: left, y1: top, y2: top + plotH, stroke: "#999" }));
-  s.append(svgEl("line", { x1: left, x2: W - right, y1: top + plotH, y2: top + plotH, stroke: "#999" }));
-  s.append(svgEl("text", { x: left - 4, y: top + 4, "text-anchor": "end", class: "kvs-lat-axis" }, vmax.toFixed(vmax < 10 ? 1 : 0)));
-  s.append(svgEl("text", { x: left - 4, y: top + plotH, "text-anchor": "end", class: "kvs-lat-axis" }, "0"));
-  s.append(svgEl("text", { x: 4, y: top + plotH / 2, class: "kvs-lat-axis" }, unit));
-  if (!rows.length) s.append(svgEl("text", { x: left + 8, y: top + plotH / 2, class: "kvs-lat-axis" }, "nothing yet"));
-  const every = Math.max(1, Math.ceil(rows.length / Math.max(1, Math.floor(plotW / (rotate ? 12 : 34)))));
-  rows.forEach(([label, vs], k) => {
-    const x = left + k * bw;
-    if (kind === "bar" && vs.length) {
-      const r = svgEl("rect", { x: x + bw * 0.15, y: y(vs[0]), width: Math.max(1, bw * 0.7), height: top + plotH - y(vs[0]), fill: color });
-      r.append(svgEl("title", {}, `${label}: ${vs[0].toFixed(2)} ${unit}`));
-      s.append(r);
-    } else if (vs.length) {
-      vs.forEach((v, j) => {
-        const c = svgEl("circle", { cx: x + bw * (0.25 + 0.5 * ((j * 0.618) % 1)), cy: y(v), r: 2.2, fill: color, "fill-opacity": 0.6 });
-        c.append(svgEl("title", {}, `${label} gap ${j + 1}: ${v.toFixed(2)} ${unit}`));
-        s.append(c);
-      });
-      const mean = vs.reduce((a, b) => a + b, 0) / vs.length;
-      const t = svgEl("line", { x1: x + bw * 0.1, x2: x + bw * 0.9, y1: y(mean), y2: y(mean), stroke: "#333", "stroke-width": 1.5 });
-      t.append(svgEl("title", {}, `${label} mean ${mean.toFixed(2)} ${unit} over ${vs.length} gaps`));
-      s.append(t);
-    }
-    if (k % every !== 0) return;
-    const lx = x + bw / 2, ly = H - bottom + 12;
-    const text = svgEl("text", rotate ? { x: lx, y: ly, "text-anchor": "end", class: "kvs-lat-axis kvs-lat-tick", transform: `rotate(${ROTATED_DEG} ${lx} ${ly})` }
-      : { x: lx, y: ly, "text-anchor": "middle", class: "kvs-lat-axis kvs-lat-tick" }, label);
-    s.append(text);
-  });
-  return s;
-}
-let latencyRoot = null;
-function drawLatency(rows, step, live) {
-  if (!latencyRoot) return;
-  const nTtft = rows.filter((r) => r.time_to_first_token !== null).length;
-  const nItl = rows.reduce((a, r) => a + r.inter_token_latency.length, 0);
-  latencyRoot.dataset.step = String(step);
-  latencyRoot.dataset.live = live ? "true" : "false";
-  latencyRoot.querySelector(".kvs-lat-head").textContent =
-    `${rows.length} requests \u00b7 ${nTtft} with a first token \u00b7 ${nItl} inter-token gaps \u00b7 engine clock`;
-  const ms = 1000;
-  const charts = latencyRoot.querySelector(".kvs-lat-charts");
-  charts.replaceChildren(
-    chart("Time to first token per request", rows.filter((r) => r.time_to_first_token !== null).map((r) => [`#${r.request_id}`, [r.time_to_first_token * ms]]), "#fb8c00", "ms", "bar"),
-    chart("Inter-token latency per request (dots: each gap, line: mean)", rows.filter((r) => r.inter_token_latency.length).map((r) => [`#${r.request_id}`, r.inter_token_latency.map((v) => v * ms)]), "#1e88e5", "ms", "dots"),
-  );
-}
-
-// ---- 5. captions and page --------------------------------------------------------------
+// ---- 4. captions and page --------------------------------------------------------------
 function drawCaption(step) {
-  const box = document.querySelector('[data-testid="kvs-export-caption"]');
+  const box = /** @type {?HTMLElement} */ (document.querySelector('[data-testid="kvs-export-caption"]'));
   if (!box) return;
   let text = "";
   for (const [s, t] of DATA.captions || []) if (s <= step) text = t;
@@ -337,7 +272,7 @@ function disableEngineControls(el) {
 }
 
 async function main() {
-  const layout = document.getElementById("kvs-export-root");
+  const layout = /** @type {HTMLElement} */ (document.getElementById("kvs-export-root"));
   const slot = (name) => layout.querySelector(`[data-panel="${name}"]`);
   for (const name of DATA.meta.panels) {
     const source = document.querySelector(`script[data-kvs-esm="${name}"]`);
@@ -350,7 +285,6 @@ async function main() {
     const render = widget.render || (widget.default && widget.default.render);
     await render({ model, el: where });
   }
-  latencyRoot = slot("latency");
   if (HOST.models.controls) disableEngineControls(slot("controls"));
   const start = DATA.meta.start === "first" ? 0 : VIEWS.length - 1;
   HOST.scrub(start);
@@ -361,7 +295,7 @@ async function main() {
 window.kvsExport = { views: VIEWS, host: HOST, patch };
 main().catch((exc) => {
   console.error(exc);
-  const box = document.getElementById("kvs-export-error");
+  const box = /** @type {HTMLElement} */ (document.getElementById("kvs-export-error"));
   box.textContent = `kvscope export failed to start: ${exc && exc.message ? exc.message : exc}`;
   box.style.display = "";
 });

@@ -42,12 +42,9 @@ DEFAULT_MAX_STEPS = 400
 DEFAULT_MAX_BYTES = 16_000_000
 KEEP_CHOICES = ("last", "first", "even")
 RUN_LIVE = "run `make lab` in a kvscope checkout (or `python -m explorer app` for the dashboard alone)"
-# The panels of the Dashboard, in its order; "latency" is drawn by the host (SVG), the
-# others run their own ESM. The attention panel shows why it has no heatmap here.
+# The panels of the Dashboard, in its order, each running its own ESM (the TTFT/ITL charts too:
+# one renderer for the notebook and the export). The attention panel shows why it has no heatmap here.
 PANELS = ("controls", "queues", "sampler", "blocks", "slots", "attention", "timeline", "latency")
-_PANEL_CLASSES = {"controls": "ControlsPanel", "queues": "QueuesPanel", "sampler": "SamplerPanel",
-                  "blocks": "BlockPoolPanel", "slots": "SlotMappingPanel", "attention": "AttentionPanel",
-                  "timeline": "TimelinePanel"}
 _WIDGET_TRAITS = frozenset({"layout", "tabbable", "tooltip", "comm", "keys", "log"})
 FORMAT, VERSION = "kvscope-export", 2  # 1 embedded the history itself; 2, its panel states
 CSP = ("default-src 'none'; script-src 'unsafe-inline' blob: data:; style-src 'unsafe-inline'; "
@@ -108,9 +105,9 @@ def panel_defaults(names: Iterable[str]) -> dict[str, dict]:
 
     out: dict[str, dict] = {}
     for name in names:
-        if name not in _PANEL_CLASSES:
+        if name not in widgets.PANELS:
             continue
-        panel = getattr(widgets, _PANEL_CLASSES[name])()
+        panel = widgets.PANELS[name]()
         try:
             state = {}
             for key in panel.trait_names(sync=True):
@@ -130,8 +127,8 @@ def panel_sources(names: Iterable[str]) -> dict[str, tuple[str, str]]:
     """(ESM, CSS) of each panel, exactly what anywidget hands the browser."""
     import widgets
 
-    return {name: (str(getattr(widgets, _PANEL_CLASSES[name])._esm), str(getattr(widgets, _PANEL_CLASSES[name])._css))
-            for name in names if name in _PANEL_CLASSES}
+    return {name: (str(widgets.PANELS[name]._esm), str(widgets.PANELS[name]._css))
+            for name in names if name in widgets.PANELS}
 
 
 def build_export_data(entries: Sequence[Any], *, token_text: Callable[[Sequence[int]], list[str]] | None = None,
@@ -207,11 +204,6 @@ def render_html(data: dict, *, defaults: dict | None = None, sources: dict | Non
     def slot(name: str, style: str = "") -> str:
         if name not in panels:
             return ""
-        if name == "latency":
-            return ('<div data-panel="latency" class="kvs-panel kvs-latency-export" data-testid="kvs-latency" '
-                    'data-step="0" data-live="true"><div class="kvs-title">TTFT / ITL '
-                    '<span class="kvs-sub">engine clock: advances only while a step executes</span></div>'
-                    '<div class="kvs-lat-head"></div><div class="kvs-lat-charts"></div></div>')
         return f'<div data-panel="{name}" class="kvs-slot"{f" style={chr(34)}{style}{chr(34)}" if style else ""}></div>'
 
     row = ""

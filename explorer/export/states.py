@@ -62,7 +62,7 @@ def _entry_views(entry: Any, caption: str, sampler: dict, details: "_DetailCache
         "slots": views.shown_slot_mapping(record, snapshot, details.token_text),
         "sampler": sampler,
         "attention": {"requests": views.probe_targets(snapshot), **views.attention_shape(snapshot)},
-        "latency": views.latency_rows(snapshot),
+        "latency": views.latency_state(snapshot),
     }
 
 

@@ -15,8 +15,21 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 
+from engine.report.schema import REC
+
 EMPTY_HINT = "no steps yet: add a request and press Step"
 ARROW = "\u2192"
+
+
+# Where a record's packed batch came from (REC.BATCH_SOURCE, docs/attach.md): a live server's
+# recorder derives it from the scheduler's block tables ("scheduler"); kvscope's engine and vLLM in
+# process read their model runner's buffers ("runner").
+BATCH_SOURCE_WORDS = {
+    "scheduler": ("derived from the scheduler's block tables",
+                  "the server's model runner keeps its input buffers to itself, so each row's slot is computed as the "
+                  "runner computes it: block_table[position // block_size] * block_size + position % block_size"),
+    "runner": ("read from the model runner's buffers", "the very input_ids, positions and slot_mapping the forward ran on"),
+}
 
 
 def step_caption(record: dict | None, snapshot: dict | None = None, before: dict | None = None) -> str:
@@ -151,6 +164,9 @@ class _Step:
             return "nothing was scheduled"
         if not self.sched:
             parts.insert(0, "nothing was scheduled")
+        source = BATCH_SOURCE_WORDS.get(str(self.rec.get(REC.BATCH_SOURCE) or ""))
+        if source and self.sched:  # the feed's batch is not the runner's own: say so with it
+            parts.append(f"slot mapping {source[0]}")
         return "; ".join(parts)
 
     def prefill_text(self, s: dict, left: int) -> str:

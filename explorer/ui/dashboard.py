@@ -11,27 +11,24 @@ from __future__ import annotations
 import logging
 import re
 import secrets
+import time
 import weakref
 from collections import OrderedDict
 from functools import partial
+from pathlib import Path
 from typing import Any, Iterable
 
 import ipywidgets as W
 
 import widgets
 from engine.config import SCHEDULER_KNOBS
-from widgets import Panel
 from widgets.attention import prepare_probe
 
-from . import captions, presets, tp_view, views
+from . import captions, presets, run_writer, tp_view, views
 
 _log = logging.getLogger(__name__)
 
 PANEL_NAMES = ("controls", "queues", "sampler", "blocks", "slots", "attention", "timeline", "latency")
-_PANEL_CLASSES = {"controls": "ControlsPanel", "queues": "QueuesPanel", "sampler": "SamplerPanel",
-                  "blocks": "BlockPoolPanel", "slots": "SlotMappingPanel", "attention": "AttentionPanel",
-                  "timeline": "TimelinePanel", "latency": "LatencyPanel",
-                  "tensor_parallel": "TensorParallelPanel"}
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_k", "top_p", "ignore_eos", "seed")
 POOL_KEYS = ("num_kv_blocks", "block_size")
 # Form fields that must not be left empty (the form sends an emptied one as ""), and what to enter.
@@ -74,8 +71,11 @@ class SessionBinder:
         # ready to show (widgets.attention.prepare_probe). The history keeps no KV, so a
         # scrubbed step shows its own capture or says it has none, never another step's.
         self._probes: OrderedDict[tuple, dict] = OrderedDict()
-        # The browser channel these panels light each other up on (_common.js, kvsLink).
+        # The browser channel these panels light each other up on (_common.js, kvsLink); a new
+        # engine gets a new one, so a pin on the old engine's request "2" lights nothing of the new.
         self.link_group = f"kvs-{secrets.token_hex(4)}"
+        #: Where "save this run, then rebuild" writes the run's HTML export (a notebook's folder).
+        self.save_dir = Path.cwd()
         self.token_text = views.token_texts(session.source.tokenizer)
         self._detach: list = []  # unsubscribe functions of the panels' action handlers
         for name in panels:
@@ -89,15 +89,13 @@ class SessionBinder:
         """The panel called `name` (created and bound on first use)."""
         if name in self.panels:
             return self.panels[name]
-        if name not in _PANEL_CLASSES:
+        if name not in widgets.PANELS:
             raise ValueError(f"unknown panel {name!r}; choose from {', '.join(PANEL_NAMES)}")
-        cls = getattr(widgets, _PANEL_CLASSES[name])
+        cls = widgets.PANELS[name]
         panel = cls(token_text=self.token_text) if name == "blocks" else cls()
-        if isinstance(panel, Panel):
-            self._detach.append(panel.on_action(partial(self._on_action, name)))
+        self._detach.append(panel.on_action(partial(self._on_action, name)))
         panel.binder = self  # keeps the binding alive as long as the panel is
-        if isinstance(panel, Panel):
-            panel.link_group = self.link_group
+        panel.link_group = self.link_group
         self.panels[name] = panel
         return panel
 
@@ -109,8 +107,7 @@ class SessionBinder:
             detach()
         self._detach.clear()
         for panel in self.panels.values():
-            if isinstance(panel, Panel):
-                panel.frozen = True  # the browser swallows clicks and says "frozen at step N"
+            panel.frozen = True  # the browser swallows clicks and says "frozen at step N"
 
     def _show_engine_notice(self) -> None:
         """A knob the engine's driver changed so the engine would start (vLLM: max_num_seqs
@@ -146,21 +143,18 @@ class SessionBinder:
             "slots": lambda: p["slots"].show(views.shown_slot_mapping(record, snapshot, self.token_text)),
             "sampler": lambda: self._render_sampler(snapshot),
             "timeline": lambda: p["timeline"].show(self._timeline()),
-            "latency": lambda: p["latency"].show(views.latency_rows(snapshot), step=step, live=live),
+            "latency": lambda: p["latency"].show(views.latency_state(snapshot)),
             "attention": lambda: self._render_attention(snapshot, step, probe=live and self.auto_probe and probe),
             "tensor_parallel": lambda: p["tensor_parallel"].show(
                 tp_view.tensor_parallel_state(record, snapshot, self.session.history)),
         }
         for name, panel in p.items():
-            if isinstance(panel, Panel) and name not in draws:
+            if name not in draws:
                 with panel.hold_sync():
                     panel.step, panel.live = step, live
         for name, draw in draws.items():
             panel = p.get(name)
             if panel is None:
-                continue
-            if not isinstance(panel, Panel):
-                draw()  # the latency panel (a VBox of charts) takes step and live in its show
                 continue
             # A panel's step and what it shows of that step go in one comm message, so the
             # browser never sees data-step N over step N-1's content (tests and users wait on it).
@@ -187,6 +181,7 @@ class SessionBinder:
             "chat_template_available": presets.has_chat_template(self.session.source.tokenizer),
             # No controls (a live server's Session): Step, the form and the pool are hidden.
             "read_only": self.session.watch_only,
+            "run_summary": {**views.run_summary(history), "can_save": run_writer.WRITER is not None},
         })
 
     def _render_sampler(self, snapshot: dict) -> None:
@@ -239,14 +234,13 @@ class SessionBinder:
             self._probes.move_to_end(key)
             self._show_probe(kept, step)
             return
+        if rid not in targets:  # a chosen request that held no KV at this step: say why, never probe
+            att.request_id = rid
+            att.clear(views.no_kv_note(rid, step, snapshot))
+            return
         # The engine's cache holds the latest step's KV only: a probe now reads that step.
         if not (probe and self.view_index is None):
             att.request_id = rid
-            if rid not in targets:  # a chosen request that held no KV at this step
-                att.clear(f"#{rid} holds no KV at step {step}: {views.attention_note(snapshot)}"
-                          if not req or req.get("status") != "finished" else
-                          f"#{rid} had finished by step {step}: its KV blocks were freed")
-                return
             what = f"head {head} of step {step}" if kept is not None else f"step {step}"
             if self.view_index is None:
                 why = "a run of several steps reads them once, at its end: press \u21bb probe now"
@@ -287,6 +281,7 @@ class SessionBinder:
             if event == "reset":
                 self.view_index = None
                 self._probes.clear()  # a new engine counts its steps from 0 again
+                self._forget_selections()
                 self.token_text = views.token_texts(self.session.source.tokenizer)
                 if "blocks" in self.panels:
                     self.panels["blocks"].token_text = self.token_text
@@ -302,6 +297,24 @@ class SessionBinder:
             self.render(probe=not self._in_run)
         except Exception:  # a broken view must not break the Session's caller
             _log.exception("kvscope dashboard failed to render after %r", event)
+
+    def _forget_selections(self) -> None:
+        """A new engine's requests are new: every choice made on the old one goes (its ids start
+        again at 0, so a kept "2" would name a different request, and a kept name a missing one)."""
+        self._sampler_pinned = self._attention_pinned = False
+        p = self.panels
+        if "sampler" in p:
+            p["sampler"].request_id = ""
+        if "attention" in p:
+            p["attention"].request_id = ""
+        if "queues" in p:
+            p["queues"].selected = ""
+        if "blocks" in p:
+            with p["blocks"].hold_sync():
+                p["blocks"].selected, p["blocks"].detail = -1, {}
+        self.link_group = f"kvs-{secrets.token_hex(4)}"  # the browser's pins and hovers go with it
+        for panel in p.values():
+            panel.link_group = self.link_group
 
     def _render_controls_only(self) -> None:
         if "controls" in self.panels:
@@ -321,7 +334,7 @@ class SessionBinder:
             if controls is not None and mutating:
                 controls.error = ""
                 controls.error_field = ""
-        except ValueError as exc:  # the engine's own message for bad input, shown inline
+        except ValueError as exc:  # the engine's own message for bad input (it says the fix), shown inline
             self._show_error(str(exc), error_field(action, str(exc)))
         except Exception as exc:  # anything else still must not leave the UI stuck
             _log.exception("kvscope action %r failed", action)
@@ -374,11 +387,7 @@ class SessionBinder:
         elif action == "set_budget":
             s.set_budget(**{k: c[k] for k in SCHEDULER_KNOBS if k in c and c[k] is not None})
         elif action == "reset":
-            self.view_index = None
-            if "controls" in self.panels:  # a new engine can take a while (vLLM: half a minute or more)
-                name = getattr(s, "engine_name", "kvscope")
-                self.panels["controls"].info = f"building a new {name} engine \u2026"
-            s.reset(**{k: c[k] for k in POOL_KEYS if c.get(k) is not None})
+            self._rebuild(c)
         elif action == "abort":
             self.view_index = None
             s.abort(str(c.get("request_id")))
@@ -397,6 +406,42 @@ class SessionBinder:
             entry = self.shown_entry()
             snap = entry.snapshot if entry is not None else {}
             self._render_attention(snap or {}, int(getattr(entry, "step", 0) or 0), probe=True)
+
+    def _rebuild(self, c: dict) -> None:
+        """Reset / Apply: a new engine. The browser asked first (it names what goes); `save_run`
+        writes the run to an HTML export before it goes, and the notice says where."""
+        s = self.session
+        self.view_index = None
+        lost = views.run_words(views.run_summary(s.history))
+        saved = self.save_run() if c.get("save_run") and lost else None
+        if "controls" in self.panels:  # a new engine can take a while (vLLM: half a minute or more)
+            name = getattr(s, "engine_name", "kvscope")
+            self.panels["controls"].info = f"building a new {name} engine \u2026"
+        pool = {k: c[k] for k in POOL_KEYS if c.get(k) is not None}
+        s.reset(**pool)
+        if "controls" in self.panels:
+            knobs = ", ".join(f"{k}={getattr(s.engine.config, k)}" for k in POOL_KEYS)
+            prior = self.panels["controls"].notice  # the new engine's own notice (vLLM), kept
+            note = (f"{prior} \u00b7 " if prior else "") + f"a new engine ({knobs})"
+            if saved is not None:
+                note += f": the previous run ({lost}) is saved in {saved}; open it in a browser"
+            elif lost:
+                note += f": the previous run ({lost}) was discarded"
+            self.panels["controls"].notice = note
+
+    def save_run(self) -> Path:
+        """The Session's run as one HTML export in `save_dir` (a new file name each time), by
+        the installed writer (explorer.export's export_html; explorer.ui.run_writer)."""
+        if run_writer.WRITER is None:
+            raise ValueError("no run writer is installed: import explorer.export (explorer's Dashboard does)")
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        path = Path(self.save_dir) / f"kvscope-run-{stamp}.html"
+        n = 1
+        while path.exists():
+            n += 1
+            path = path.with_name(f"kvscope-run-{stamp}-{n}.html")
+        run_writer.WRITER(self.session, path)
+        return path
 
     def scrub(self, index: int | None) -> None:
         """Show history[index] in every panel (None or past the end: back to live)."""
@@ -551,5 +596,5 @@ def timeline_panel(session: Any) -> Any:
 
 
 def latency_panel(session: Any) -> Any:
-    """TTFT / ITL charts on the engine clock (plotly)."""
+    """TTFT / ITL charts (engine clock; a live server's own request times)."""
     return panel(session, "latency")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from widgets.tensor_parallel import TensorParallelState
+
 RECENT_STEPS = 40
 
 CPU_NOTE = ("On CPU the ranks are processes talking over gloo (TCP on this machine): each all-reduce "
@@ -19,7 +21,7 @@ GPU_NOTE = ("The ranks are GPUs joined by NCCL; collective time is measured on r
             "(CUDA events), so it includes waiting for the slowest rank.")
 
 
-def tensor_parallel_state(record: dict | None, snapshot: dict, history: Iterable[Any] = ()) -> dict:
+def tensor_parallel_state(record: dict | None, snapshot: dict, history: Iterable[Any] = ()) -> TensorParallelState:
     """Panel state (`widgets.TensorParallelPanel` traits) for one history entry.
 
     `history`: the Session's entries up to the displayed one, for the recent-steps chart.

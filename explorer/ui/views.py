@@ -9,13 +9,20 @@ from __future__ import annotations
 from array import array
 from typing import Any, Callable, Iterable, Sequence
 
-from engine.report.schema import (BATCH, BLOCK, BUDGET, CLOCK, EV, INFO, METRICS, POOL, QUEUE, REC, REQ, RMETRICS,
-                                  SAMPLE, SCHED, SNAP, TIME)
+# The block pool's `status` codes and `events` bits are the record schema's (the browser reads
+# them from its generated copy, widgets/_schema.js's KVS_SCHEMA).
+from engine.report.schema import (BATCH, BLOCK, BUDGET, CLOCK, EV, EVENT_BITS, FREE, FREE_CACHED, IN_USE, IN_USE_HASHED,
+                                  INFO, METRICS, NULL, POOL, QUEUE, REC, REQ, RMETRICS, SAMPLE, SCHED, SNAP, TIME)
 from engine.tokenizer import fast_decoder
-# The block-pool panel's status codes and event bits: spelled once, by the panel.
-from widgets.block_pool import EVENT_BITS, FREE, FREE_CACHED, IN_USE, IN_USE_HASHED, NULL
+# Each panel's state type: what the functions below return (widgets/<panel>.py).
+from widgets.block_pool import BlockPoolState
+from widgets.latency import LatencyState
+from widgets.queues import QueuesState
+from widgets.sampler import SamplerState
+from widgets.slot_mapping import SlotMappingState
+from widgets.timeline import TimelineState
 
-from .captions import history_captions
+from .captions import BATCH_SOURCE_WORDS, history_captions
 
 TokenText = Callable[[Sequence[int]], list[str]]
 
@@ -57,7 +64,7 @@ def _clip(text: str | None, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - limit // 4] + " \u2026 " + text[-(limit // 4):]
 
 
-def queues_state(record: dict | None, snapshot: dict, *, max_finished: int = 50, max_text: int = 400) -> dict:
+def queues_state(record: dict | None, snapshot: dict, *, max_finished: int = 50, max_text: int = 400) -> QueuesState:
     """QueuesPanel traits: one row per request, with what this step scheduled for it."""
     record = record or EMPTY_RECORD
     scheduled = {s[SCHED.REQUEST_ID]: s for s in record.get(REC.SCHEDULED, [])}
@@ -93,7 +100,7 @@ def queues_state(record: dict | None, snapshot: dict, *, max_finished: int = 50,
 BLOCK_COLUMNS = {"status": "B", "ref_count": "H", "owner": "h", "events": "B"}
 
 
-def block_pool_state(record: dict | None, snapshot: dict) -> dict:
+def block_pool_state(record: dict | None, snapshot: dict) -> BlockPoolState:
     """BlockPoolPanel traits as compact byte columns (+ "blocks", kept Python-side)."""
     record = record or EMPTY_RECORD
     pool = snapshot.get(SNAP.BLOCK_POOL) or {}
@@ -156,7 +163,7 @@ def block_pool_state(record: dict | None, snapshot: dict) -> dict:
 
 
 def slot_mapping_state(record: dict | None, token_text: TokenText, *, block_size: int = 16,
-                       max_rows: int = 1024, snapshot: dict | None = None) -> dict:
+                       max_rows: int = 1024, snapshot: dict | None = None) -> SlotMappingState:
     """SlotMappingPanel traits: the packed batch, cut to `max_rows` rows for the browser.
 
     A request admitted in this step with prefix-cache hits gets `cached_blocks`: one entry
@@ -188,10 +195,18 @@ def slot_mapping_state(record: dict | None, token_text: TokenText, *, block_size
     return {"input_ids": shown, "tokens": token_text(shown), "positions": list(batch.get(BATCH.POSITIONS, []))[:max_rows],
             "slot_mapping": list(batch.get(BATCH.SLOT_MAPPING, []))[:max_rows], "segments": segments,
             "query_start_loc": qsl, "logits_indices": list(batch.get(BATCH.LOGITS_INDICES, [])),
-            "block_size": block_size, "num_rows": len(ids), "truncated": max(0, len(ids) - max_rows)}
+            "block_size": block_size, "num_rows": len(ids), "truncated": max(0, len(ids) - max_rows),
+            **batch_source_state(record)}
 
 
-def shown_slot_mapping(record: dict | None, snapshot: dict, token_text: TokenText) -> dict:
+def batch_source_state(record: dict) -> dict:
+    """The slot-mapping panel's `batch_source` and its [badge, hover text] (none for the engine's own)."""
+    source = str(record.get(REC.BATCH_SOURCE) or "")
+    words = BATCH_SOURCE_WORDS.get(source, (f"batch from: {source}", "")) if source else ()
+    return {"batch_source": source, "batch_source_words": list(words)}
+
+
+def shown_slot_mapping(record: dict | None, snapshot: dict, token_text: TokenText) -> SlotMappingState:
     """The SlotMappingPanel's state as the Dashboard shows an entry: at its pool's block size."""
     block_size = int((snapshot.get(SNAP.BLOCK_POOL) or {}).get(POOL.BLOCK_SIZE, 16))
     return slot_mapping_state(record, token_text, block_size=block_size, snapshot=snapshot)
@@ -228,7 +243,7 @@ _NO_CANDIDATES = ("no candidates recorded for this step, only the chosen token: 
 _NO_TOKEN_IDS = "the feed leaves token ids out (KVSCOPE_FEED_TOKENS=0): neither the token nor its candidates"
 
 
-def sampler_state(entries: Sequence[Any], snapshot: dict, request_id: str, token_text: TokenText) -> dict:
+def sampler_state(entries: Sequence[Any], snapshot: dict, request_id: str, token_text: TokenText) -> SamplerState:
     """SamplerPanel traits: the latest sample of `request_id` in `entries` (newest last)."""
     record = entry_parts(entries[-1])[1] if entries else EMPTY_RECORD
     requests = list(record.get(REC.SAMPLED, {}))
@@ -258,7 +273,7 @@ def sampler_state(entries: Sequence[Any], snapshot: dict, request_id: str, token
 _TIMING_KEYS = (TIME.SCHEDULE, TIME.PREPARE, TIME.FORWARD, TIME.SAMPLE, TIME.UPDATE)
 
 
-def timeline_state(entries: Iterable[Any], captions: Sequence[str] | None = None) -> dict:
+def timeline_state(entries: Iterable[Any], captions: Sequence[str] | None = None) -> TimelineState:
     """TimelinePanel traits: per-step columns and run-length Gantt segments per request.
     `captions` (one per entry, explorer.ui.captions.history_captions) are computed when not given."""
     entries = list(entries)
@@ -330,11 +345,32 @@ def timeline_state(entries: Iterable[Any], captions: Sequence[str] | None = None
     return {"steps": cols, "gantt": {"requests": requests, "segments": segments}}
 
 
-def latency_rows(snapshot: dict) -> list[dict]:
-    """Per-request TTFT and ITLs (seconds, engine clock) for LatencyPanel."""
+# The clock the TTFT / ITL panel reads, and what it counts. A live server steps on its own: its
+# request times (vLLM's own, on the wall clock) are what its clients saw; kvscope's and in-process
+# vLLM's engine clock leaves out the pauses between manual steps.
+LATENCY_CLOCKS = {
+    RMETRICS.ENGINE: ("engine clock", "advances only while a step executes, so pauses and manual stepping do not count"),
+    RMETRICS.WALL: ("server clock", "the live server's own request times (wall clock, as vLLM's metrics count them)"),
+}
+
+
+def latency_clock(snapshot: dict) -> str:
+    """RMETRICS.WALL for a live server's snapshot (its model info says `live`), else RMETRICS.ENGINE."""
+    return RMETRICS.WALL if (snapshot.get(SNAP.MODEL_INFO) or {}).get("live") else RMETRICS.ENGINE
+
+
+def latency_state(snapshot: dict) -> LatencyState:
+    """LatencyPanel traits: per-request rows on the snapshot's clock, and that clock in words."""
+    clock = latency_clock(snapshot)
+    name, note = LATENCY_CLOCKS[clock]
+    return {"rows": latency_rows(snapshot, clock), "clock": name, "clock_note": note}
+
+
+def latency_rows(snapshot: dict, clock: str = RMETRICS.ENGINE) -> list[dict]:
+    """Per-request TTFT and ITLs (seconds, on `clock`: RMETRICS.ENGINE or RMETRICS.WALL)."""
     rows = []
     for req in all_requests(snapshot):
-        m = ((req.get(REQ.METRICS) or {}).get(RMETRICS.ENGINE)) or {}
+        m = ((req.get(REQ.METRICS) or {}).get(clock)) or {}
         rows.append({"request_id": req[REQ.REQUEST_ID], "time_to_first_token": m.get(CLOCK.TIME_TO_FIRST_TOKEN),
                      "inter_token_latency": list(m.get(CLOCK.INTER_TOKEN_LATENCY) or [])})
     rows.sort(key=lambda r: (len(r[REQ.REQUEST_ID]), r[REQ.REQUEST_ID]))  # "2" before "10"
@@ -358,6 +394,56 @@ def attention_note(snapshot: dict) -> str:
         return (f"{who} finished: the KV blocks were freed (full blocks stay in the prefix cache until "
                 "evicted), so there is no attention to read; add a request and step")
     return "no request yet: add one and step"
+
+
+def no_kv_note(rid: str, step: int, snapshot: dict) -> str:
+    """Why request `rid` has no attention to read at `step` (it is not among `probe_targets`):
+    not added yet, waiting, or finished; and which requests do hold KV then."""
+    req = next((r for r in all_requests(snapshot) if r[REQ.REQUEST_ID] == rid), None)
+    if req is None:
+        why = f"#{rid} did not exist yet at step {step} (it was added later)"
+    elif req.get(REQ.STATUS) == "finished":
+        return f"#{rid} had finished by step {step}: its KV blocks were freed"
+    else:
+        why = f"#{rid} holds no KV at step {step}: it was waiting, its prompt not computed yet"
+    held = probe_targets(snapshot)
+    if held:
+        return f"{why}; {count(len(held), 'request')} held KV then ({ids_words(held)}): choose one above"
+    return why if req is not None else f"{why}; {attention_note(snapshot)}"
+
+
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """"1 token", "3 tokens"."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
+def ids_words(rids: Sequence[str], limit: int = 6) -> str:
+    """"#0, #1 and #2" (at most `limit` named, then how many more)."""
+    names = [f"#{r}" for r in rids[:limit]]
+    if len(rids) > limit:
+        return ", ".join(names) + f" and {len(rids) - limit} more"
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def run_summary(history: Sequence[Any]) -> dict:
+    """What a new engine would discard of this run: {"steps", "requests", "unfinished"}."""
+    if not history:
+        return {"steps": 0, "requests": 0, "unfinished": 0}
+    step, _, snapshot = entry_parts(history[-1])
+    q = snapshot.get(SNAP.QUEUES) or {}
+    unfinished = len(q.get(QUEUE.WAITING, [])) + len(q.get(QUEUE.RUNNING, []))
+    return {"steps": step, "requests": unfinished + len(q.get(QUEUE.FINISHED, [])), "unfinished": unfinished}
+
+
+def run_words(summary: dict) -> str:
+    """"59 steps and 10 requests (4 unfinished)" ("" when there is nothing to lose)."""
+    parts = []
+    if summary.get("steps"):
+        parts.append(count(summary["steps"], "step"))
+    if summary.get("requests"):
+        open_ = summary.get("unfinished") or 0
+        parts.append(count(summary["requests"], "request") + (f" ({open_} unfinished)" if open_ else ""))
+    return " and ".join(parts)
 
 
 def summary_line(record: dict | None, snapshot: dict) -> str:

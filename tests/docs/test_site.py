@@ -209,6 +209,23 @@ def test_chapter_page_loads_offline_and_its_replay_scrubs_and_hovers(page, site,
     assert page.console_errors == []
 
 
+@pytest.mark.parametrize("number", WANTED)
+def test_a_chapter_page_links_to_its_replay_from_the_first_screen(browser, site, number: int) -> None:
+    # The replay sits thousands of px down a chapter's page: a link on the first screen of a
+    # laptop (1366x768) goes to it.
+    pg = browser.new_page(viewport={"width": 1366, "height": 768})
+    try:
+        pg.goto(site["pages"][number].resolve().as_uri())
+        jump = pg.locator("[data-testid=kvs-jump-replay]")
+        box = jump.bounding_box()
+        assert box is not None and box["y"] + box["height"] <= 768, box
+        jump.click()
+        pg.wait_for_function("() => { const r = document.getElementById('replay').getBoundingClientRect();"
+                             " return r.top >= -2 && r.top < 200; }")
+    finally:
+        pg.close()
+
+
 def test_vllm_page_shows_both_engines_or_says_why_not(page, site) -> None:
     net = Recorder(page, site["site"])
     page.goto((site["site"] / "vllm.html").resolve().as_uri())

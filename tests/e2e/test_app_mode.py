@@ -212,6 +212,7 @@ def test_the_dashboard_fits_a_laptop_and_its_separate_views_light_each_other_up(
     assert "not applied yet" in page.inner_text('[data-testid="kvs-pool-note"]')
     assert "rebuilds the engine" in page.inner_text('[data-testid="kvs-pool-apply"]')
     page.click('[data-testid="kvs-pool-apply"]')
+    page.click('[data-testid="kvs-rebuild-discard"]')  # it asks first: the run would go
     page.wait_for_selector('[data-testid="kvs-pool-canvas"][data-labels="ids"]', timeout=ACTION_TIMEOUT_MS)
     assert page.inner_text('[data-testid="kvs-leg-free"]') == "free 363"
     assert page.inner_text('[data-testid="kvs-pool-note"]') == ""

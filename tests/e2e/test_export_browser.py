@@ -169,7 +169,8 @@ def _python_panels(s, i: int, texts) -> dict:
            "controls": {"info": views.controls_info(e.record, e.snapshot),
                         "caption": history_captions(s.history)[i]},
            "attention": {"requests": views.probe_targets(e.snapshot), **views.attention_shape(e.snapshot)},
-           "sampler": views.sampler_state(s.history[: i + 1], e.snapshot, "", texts)}
+           "sampler": views.sampler_state(s.history[: i + 1], e.snapshot, "", texts),
+           "latency": views.latency_state(e.snapshot)}
     return json.loads(json.dumps(out))
 
 
@@ -193,7 +194,8 @@ def test_the_panels_hold_explorer_views_states_at_scrubbed_steps(page, recorded)
         for name in want:
             assert got[name] == want[name], (i, name)
         rows = views.latency_rows(history[i].snapshot)
-        assert page.inner_text('[data-testid="kvs-latency"] .kvs-lat-head').startswith(f"{len(rows)} requests \u00b7 ")
+        head = page.inner_text('[data-testid="kvs-latency"] .kvs-lat-head')
+        assert head.startswith(f"{len(rows)} request{'' if len(rows) == 1 else 's'} \u00b7 "), head
 
     # Pick a request in the sampler that is not its default: its own sample, at this step and
     # (still picked) at the first step, before anything was sampled.
@@ -288,7 +290,9 @@ def test_timeline_links_captions_and_engine_actions_are_off(page, recorded, view
     rows = views.latency_rows(s.current.snapshot)
     head = page.inner_text('[data-testid="kvs-latency"] .kvs-lat-head')
     assert head.startswith(f"{len(rows)} requests \u00b7 {sum(r['time_to_first_token'] is not None for r in rows)} with a first token")
-    assert page.locator('[data-testid="kvs-latency"] svg').count() == 2
+    assert page.locator('[data-testid="kvs-latency"] svg').count() == 4  # the notebook's four charts, by its own ESM
+    itl_ticks = page.locator('[data-testid="kvs-lat-itl"] .kvs-lat-tick').count()
+    assert itl_ticks == sum(bool(r["inter_token_latency"]) for r in rows)  # every request labelled
     assert net.blocked == [] and net.seen == [] and page.console_errors == []
 
 

@@ -123,6 +123,19 @@ def save_readme_picture(page, dash, step_btn) -> None:
     screenshot_whole(page, dash, REPO / "docs" / "vllm_dashboard.png")
 
 
+def start_lines(page, ready) -> list[str]:
+    """Every text vLLM's start-up line showed while it ran (sampled every 200 ms until `ready`)."""
+    seen: list[str] = []
+    read = "() => document.querySelector('[data-testid=kvs-vllm-start][data-running=true]')?.innerText || ''"
+    deadline = time.monotonic() + DASHBOARD_TIMEOUT_MS / 1000
+    while time.monotonic() < deadline and not ready.is_visible():
+        text = page.evaluate(read)  # no wait: the line may finish between two looks
+        if text and (not seen or seen[-1] != text):
+            seen.append(text)
+        page.wait_for_timeout(200)
+    return seen
+
+
 def test_vllm_dashboard_in_a_real_browser(tmp_path, lab_factory, page, lab_ui, save_screenshot):
     require_vllm()
     page.set_viewport_size({"width": 1920, "height": 1080})
@@ -139,6 +152,7 @@ def test_vllm_dashboard_in_a_real_browser(tmp_path, lab_factory, page, lab_ui, s
     ui.run_all_cells()
     step_btn = page.locator(".kvs-dashboard").get_by_test_id("kvs-step-btn").first
     try:
+        progress = start_lines(page, step_btn)
         step_btn.wait_for(timeout=DASHBOARD_TIMEOUT_MS)
         ui.wait_kernel_idle(ACTION_TIMEOUT_MS)
     finally:
@@ -157,6 +171,12 @@ def test_vllm_dashboard_in_a_real_browser(tmp_path, lab_factory, page, lab_ui, s
     log.locator("summary").click()
     assert log.locator("pre").is_visible() and log.locator("pre").inner_text().strip()
     assert page.locator('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]').count() == 0
+    # vLLM's weight-loading bar is in the log, not a widget of its own under the line; the line
+    # said what vLLM was doing, never its warnings (they are counted at the end, in the log).
+    assert "Loading safetensors checkpoint shards" in log.locator("pre").inner_text()
+    assert page.evaluate("""() => [...document.querySelectorAll('.jp-OutputArea-output')].filter((o) =>
+        o.textContent.includes('Loading safetensors') && !o.querySelector('[data-testid=kvs-vllm-start]')).length""") == 0
+    assert progress and not [line for line in progress if "WARNING" in line or "Warning:" in line], progress
     # -- the dashboard says it shows vLLM (a badge), and why max_num_seqs is not 256 -------
     wait_engine_label(page)
     assert "max_num_seqs lowered from 256 to 96" in dash.get_by_test_id("kvs-notice").inner_text()

@@ -176,7 +176,7 @@ def test_the_page_embeds_what_the_dashboard_shows_at_every_step(recorded, tmp_pa
             assert got["slots"] == _shown(dash.slots, got["slots"]), i
             assert got["attention"] == _shown(dash.attention, got["attention"]), i
             assert got["controls"] == _shown(dash.controls, got["controls"]), i
-            assert got["latency"] == views.latency_rows(entry.snapshot), i
+            assert got["latency"] == views.latency_state(entry.snapshot), i
             details = [dash.blocks.block_detail(b) for b in range(dash.blocks.num_blocks)]
             assert [{**d, "step": got["step"]} for d in got["block_details"]] == details, i
             sampler = got["sampler"]

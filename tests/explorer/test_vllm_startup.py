@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from explorer.drivers.vllm.config import VllmConfig, fit_max_num_seqs
-from explorer.drivers.vllm.startup import last_line
+from explorer.drivers.vllm.startup import count_warnings, last_line, progress_line
 
 
 def test_readmes_budget_lowers_the_default_max_num_seqs_with_a_notice() -> None:
@@ -62,3 +62,39 @@ def test_startup_output_folds_into_one_line_and_keeps_the_whole_log() -> None:
     assert int(lines) >= 4
     for noise in ("python stdout line", "a logger warning", "a python warning", "NUMA note written by C++"):
         assert noise in log
+
+
+def test_the_progress_line_skips_warnings_and_the_loggers_prefix() -> None:
+    text = ("INFO 12-03 10:00:00 [loader.py:12] Loading weights took 0.3 s\n"
+            "\x1b[33mWARNING 12-03 10:00:01 [numa.py:3] NUMA is off\x1b[0m\n"
+            "/x/y.py:3: DeprecationWarning: an old thing\n  warnings.warn(\n")
+    assert progress_line(text) == "Loading weights took 0.3 s"
+    assert count_warnings(text) == 2
+    assert progress_line("(EngineCore_DP0 pid=12) INFO 12-03 10:00:00 [core.py:1] init engine\n") == "init engine"
+    assert progress_line("WARNING 12-03 10:00:01 [numa.py:3] NUMA is off\n") == ""
+
+
+def test_a_notebooks_progress_bar_is_console_text_in_the_log_while_vllm_starts() -> None:
+    # In a notebook tqdm.auto is tqdm.notebook's widget bar, which IPython displays in the cell,
+    # past any capture; vLLM's weight loader binds it at import (`from tqdm.auto import tqdm`).
+    script = textwrap.dedent("""
+        import sys, types, tqdm.asyncio, tqdm.auto, tqdm.notebook, tqdm.std
+        class kernel_bar(tqdm.notebook.tqdm, tqdm.asyncio.tqdm):  # tqdm.auto's class in a kernel
+            pass
+        kernel_bar.__module__ = "tqdm.auto"
+        tqdm.auto.tqdm = kernel_bar
+        early = types.ModuleType("vllm.model_executor.early")  # a vLLM module imported before
+        early.tqdm = kernel_bar
+        sys.modules[early.__name__] = early
+        from explorer.drivers.vllm.startup import StartupLog
+        with StartupLog("vLLM 0.32.0") as s:
+            from tqdm.auto import tqdm as bar                 # a vLLM module imported while starting
+            assert bar is tqdm.std.tqdm and early.tqdm is tqdm.std.tqdm
+            for _ in bar(range(2), desc="Loading safetensors checkpoint shards"):
+                pass
+        assert tqdm.auto.tqdm is kernel_bar and early.tqdm is kernel_bar  # put back
+        print("LOG", "Loading safetensors checkpoint shards: 100%" in s.log_text)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "LOG True" in out.stdout and "Loading safetensors" not in out.stderr.split("\r")[-1], out.stderr

@@ -40,13 +40,19 @@ function makeModel(name, state) {
                       handlers[ev] = (handlers[ev] || []).filter((x) => h && x !== h); },
     save_changes: () => { const d = { ...dirty }; for (const k in dirty) delete dirty[k];
                           window.kvsToPython(name, { __state__: d }).then(apply); },
-    send: (content) => { window.kvsToPython(name, content).then(apply); },
+    send: (content) => { window.kvsToPython(name, content).then(later).then(apply); },
     _apply(updates) {
       for (const [k, v] of Object.entries(updates)) { values[k] = decodeValue(v); emit(`change:${k}`); }
     },
     _custom(msg) { emit("msg:custom", msg, []); },
   };
   return model;
+}
+// A kernel's answer takes a while to come back (JupyterLab: tens of ms); `latency_ms` holds it that long.
+window.__kvsLatencyMs = 0;
+function later(reply) {
+  const ms = window.__kvsLatencyMs;
+  return ms > 0 ? new Promise((resolve) => setTimeout(() => resolve(reply), ms)) : reply;
 }
 function apply(reply) {
   if (!reply) return;
@@ -87,9 +93,11 @@ def _encode_state(widget: Any) -> dict:
 
 
 class MiniFrontend:
-    """Mounts Python panels in a Playwright page and keeps both sides in sync."""
+    """Mounts Python panels in a Playwright page and keeps both sides in sync; `latency_ms`
+    delays each answer to a browser action as a kernel's round trip would."""
 
-    def __init__(self, page: Any, panels: dict[str, Any], *, body_width: str = "1100px") -> None:
+    def __init__(self, page: Any, panels: dict[str, Any], *, body_width: str = "1100px",
+                 latency_ms: int = 0) -> None:
         self.page = page
         self.panels = panels
         self._pushed: dict[str, str] = {}
@@ -100,6 +108,7 @@ class MiniFrontend:
         page.expose_function("kvsToPython", self._from_browser)
         page.set_content(_PAGE.replace("BODY_WIDTH", body_width))
         page.add_script_tag(content=_RUNTIME_JS)
+        page.evaluate("(ms) => { window.__kvsLatencyMs = ms; }", latency_ms)  # a kernel's round trip
         for name, widget in panels.items():
             state = _encode_state(widget)
             self._pushed[name] = {k: json.dumps(v, sort_keys=True) for k, v in state.items()}

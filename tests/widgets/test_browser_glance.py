@@ -201,13 +201,17 @@ def test_a_fresh_form_hints_what_to_do_and_outlines_the_bad_input(browser: Any, 
         card.locator('[data-testid="kvs-tmpl-chip"]').click()
         assert "<|im_start|>" in card.locator(".kvs-text").inner_text()
         assert card.locator(".kvs-tmpl-tok").first.inner_text() == "<|im_start|>"
-        # A pool knob says it is not applied until Apply (or Enter) rebuilds the engine.
+        # A pool knob says it is not applied until Apply rebuilds the engine (Enter only moves to
+        # Apply); Apply asks first, since the run would go.
         blocks = fresh_session.config.num_kv_blocks
         page.fill('[data-testid="kvs-pool-blocks"]', "6")
         assert "not applied yet" in page.inner_text('[data-testid="kvs-pool-note"]')
         assert "rebuilds the engine" in page.inner_text('[data-testid="kvs-pool-apply"]')
         assert fresh_session.config.num_kv_blocks == blocks
         page.press('[data-testid="kvs-pool-blocks"]', "Enter")
+        assert fresh_session.config.num_kv_blocks == blocks
+        page.keyboard.press("Enter")  # on Apply now
+        page.click('[data-testid="kvs-rebuild-discard"]')
         page.wait_for_function("() => document.querySelector('[data-testid=kvs-pool-note]').textContent === ''")
         assert fresh_session.config.num_kv_blocks == 6 and fresh_session.history[-1].step == 0
         assert page.input_value('[data-testid="kvs-pool-blocks"]') == "6"

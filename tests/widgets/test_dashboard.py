@@ -11,7 +11,7 @@ from engine.config import SCHEDULER_KNOBS
 from explorer import Dashboard
 from explorer.ui import views
 from explorer.ui import dashboard as dash_mod
-from widgets import (AttentionPanel, BlockPoolPanel, ControlsPanel, Panel, QueuesPanel, SamplerPanel,
+from widgets import (AttentionPanel, BlockPoolPanel, ControlsPanel, LatencyPanel, Panel, QueuesPanel, SamplerPanel,
                      SlotMappingPanel, TimelinePanel)
 
 from .conftest import BASE_CONFIG, send
@@ -25,17 +25,16 @@ def dash(fresh_session: Any) -> Iterator[Dashboard]:
 
 
 def _steps_shown(d: Dashboard) -> set[int]:
-    panels = (d.controls, d.queues, d.blocks, d.slots, d.attention, d.sampler, d.timeline)
-    return {p.step for p in panels} | {d.latency.step}
+    panels = (d.controls, d.queues, d.blocks, d.slots, d.attention, d.sampler, d.timeline, d.latency)
+    return {p.step for p in panels}
 
 
 def test_dashboard_is_a_vbox_with_every_panel(dash: Dashboard) -> None:
     assert isinstance(dash, W.VBox) and "kvs-dashboard" in dash._dom_classes
     for name, cls in [("controls", ControlsPanel), ("queues", QueuesPanel), ("blocks", BlockPoolPanel),
                       ("slots", SlotMappingPanel), ("attention", AttentionPanel), ("sampler", SamplerPanel),
-                      ("timeline", TimelinePanel)]:
+                      ("timeline", TimelinePanel), ("latency", LatencyPanel)]:
         assert isinstance(getattr(dash, name), cls)
-    assert dash.latency.figure is not None
     assert _steps_shown(dash) == {0}
     c = dash.controls
     assert c.history_len == 1 and c.view_index == -1 and not c.has_work and c.error == ""
@@ -64,7 +63,8 @@ def test_add_then_step_updates_every_panel(dash: Dashboard) -> None:
     assert dash.timeline.steps["prefill"] == [5]
     assert dash.attention.request_id == "0" and dash.attention.context_len == 5 and dash.attention.probs
     assert dash.attention.kv_head_of_head == [0, 0, 1, 1] and dash.attention.num_layers == 2
-    assert "1 with a first token" in dash.latency.header.value
+    (row,) = dash.latency.rows
+    assert row["request_id"] == "0" and row["time_to_first_token"] > 0 and dash.latency.clock == "engine clock"
     assert "step 1" in dash.controls.info
 
 
@@ -321,7 +321,7 @@ def test_attention_shows_only_the_step_it_says_and_says_when_a_step_was_not_capt
     send(dash.controls, action="scrub", index=1)
     assert att.probe_step == 1 and att.head == 3 and att.thumb_heads == [0, 1, 2, 3]
     send(dash.controls, action="scrub", index=0)   # before its prefill: the chosen request had no KV
-    assert att.probs == b"" and att.message.startswith("#0 holds no KV at step 0: no running request")
+    assert att.probs == b"" and att.message == "#0 holds no KV at step 0: it was waiting, its prompt not computed yet"
     send(dash.controls, action="live")
     assert att.probe_step == 5 and att.head == 3 and att.probs != live_probs  # head 3 now
 
@@ -448,20 +448,15 @@ def test_the_chat_template_switch_wraps_the_prompt_as_one_user_turn(dash: Dashbo
     assert "prompt must not be empty" in dash.controls.error and dash.controls.error_field == "prompt"
 
 
-def test_a_fresh_latency_panel_shows_a_hint_not_empty_axes(dash: Dashboard) -> None:
+def test_the_latency_panel_follows_the_shown_step_on_the_engine_clock(dash: Dashboard) -> None:
     lat = dash.latency
-    assert "no steps yet: add a request and press Step" in lat.header.value and 'data-empty="true"' in lat.header.value
-    assert lat._figure_box.layout.display == "none"
+    assert lat.rows == [] and lat.clock == "engine clock" and "only while a step executes" in lat.clock_note
     dash.session.add_request("Hi there", max_tokens=3, temperature=0.0, request_id="a-very-long-request-id-from-a-script")
-    dash.session.step(2)
-    assert 'data-empty="false"' in lat.header.value and lat._figure_box.layout.display is None
-    axis = lat.figure.layout.xaxis
-    assert list(axis.tickvals) == ["#a-very-long-request-id-from-a-script"]
-    # The whole id, rotated: cut ids could read the same ("#budge…-long" twice).
-    assert list(axis.ticktext) == ["#a-very-long-request-id-from-a-script"] and axis.tickangle == -40
-    dash.session.add_request("Hi", max_tokens=2, temperature=0.0, request_id="a-very-long-request-id-of-a-script")
-    dash.session.run_until_idle()
-    assert len(set(lat.figure.layout.xaxis.ticktext)) == len(lat.figure.layout.xaxis.ticktext) == 2
+    dash.session.step(3)
+    (row,) = lat.rows
+    assert row["request_id"] == "a-very-long-request-id-from-a-script" and len(row["inter_token_latency"]) == 2
+    send(dash.controls, action="scrub", index=1)  # step 1: the first token, no gap yet
+    assert lat.step == 1 and lat.rows[0]["inter_token_latency"] == [] and lat.rows[0]["time_to_first_token"]
 
 
 def test_presets_follow_the_chat_template_switch_and_say_that_they_stepped(dash: Dashboard) -> None:

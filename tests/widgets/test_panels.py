@@ -141,15 +141,17 @@ def test_attention_select_updates_its_own_traits_and_reaches_the_dashboard() -> 
     assert (panel.layer, panel.head) == (1, 3) and seen[-1]["action"] == "select"
 
 
-def test_latency_panel_says_engine_clock_and_plots_per_request_values() -> None:
+def test_latency_panel_takes_rows_and_says_its_clock(fresh_session) -> None:
+    s = fresh_session
+    s.add_request("Hello", max_tokens=3, temperature=0.0, ignore_eos=True)
+    s.step(3)
     panel = widgets.LatencyPanel()
-    rows = [{"request_id": "0", "time_to_first_token": 0.5, "inter_token_latency": [0.1, 0.2]},
-            {"request_id": "1", "time_to_first_token": None, "inter_token_latency": []}]
-    panel.show(rows, step=4)
-    bar, box, h_ttft, h_itl = panel.figure.data
-    assert list(bar.x) == ["#0"] and list(bar.y) == [500.0]
-    assert list(box.y) == pytest.approx([100.0, 200.0]) and list(box.x) == ["#0", "#0"]
-    assert list(h_itl.x) == pytest.approx([100.0, 200.0])
-    assert "engine clock" in panel.figure.layout.title.text
-    assert all("engine clock" in panel.figure.layout[a].title.text for a in ("yaxis", "yaxis2", "xaxis3", "xaxis4"))
-    assert 'data-step="4"' in panel.header.value and 'data-testid="kvs-latency"' in panel.header.value
+    panel.show(views.latency_state(s.current.snapshot))
+    (row,) = panel.rows
+    assert row["time_to_first_token"] > 0 and len(row["inter_token_latency"]) == 2
+    assert panel.clock == "engine clock" and "only while a step executes" in panel.clock_note
+    # A live server's snapshot (its model info says `live`) is read on the server's own clock.
+    live = {**s.current.snapshot, "model_info": {**s.current.snapshot["model_info"], "live": True}}
+    state = views.latency_state(live)
+    assert state["clock"] == "server clock" and "request times" in state["clock_note"]
+    assert state["rows"] == views.latency_rows(s.current.snapshot, "wall") != panel.rows

@@ -100,17 +100,17 @@ def test_a_same_step_hit_has_its_own_event_bit_and_table_mark(fresh_session) -> 
     assert (tables[c]["hits"], tables[c]["same_step_hits"]) == ([0, 1], [])
 
 
-def test_the_block_pool_codes_are_spelled_once_in_python(fresh_session) -> None:
-    from widgets import block_pool
+def test_the_block_pool_codes_are_the_record_schemas(fresh_session) -> None:
+    from engine.report import schema
 
     s = fresh_session
     s.add_request("Hello", max_tokens=1, temperature=0.0)
     s.step(1)
-    assert views.EVENT_BITS is block_pool.EVENT_BITS
+    assert views.EVENT_BITS is schema.EVENT_BITS  # imported, never spelled again (nor parsed back from _schema.js)
     assert (views.NULL, views.FREE, views.FREE_CACHED, views.IN_USE, views.IN_USE_HASHED) == (0, 1, 2, 3, 4)
     # Every list of a real StepRecord's blocks has a bit, and the bits are distinct powers of two.
-    assert set(block_pool.EVENT_BITS) == set(s.current.record["blocks"])
-    bits = list(block_pool.EVENT_BITS.values())
+    assert set(schema.EVENT_BITS) == set(s.current.record["blocks"])
+    bits = list(schema.EVENT_BITS.values())
     assert len(set(bits)) == len(bits) and all(b & (b - 1) == 0 for b in bits) and max(bits) < 256
 
 

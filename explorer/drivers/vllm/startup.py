@@ -1,10 +1,11 @@
 """vLLM's start-up output folded into one progress line.
 
 vLLM prints a lot while it starts (its logger, Python warnings, NUMA and thread notes from
-C++, a safetensors progress bar): in a notebook that is a red wall before the first panel.
+C++, a safetensors progress bar that a notebook draws as a widget): in a notebook that is a red
+wall before the first panel.
 `StartupLog` collects all of it (Python's sys.stdout / sys.stderr and the process's file
-descriptors 1 and 2) into a file, and shows one line instead: what vLLM is doing now and the
-seconds so far. At the end the line says how it went, and the whole log is one click away
+descriptors 1 and 2, and the progress bar as console text) into a file, and shows one line
+instead: what vLLM is doing now (its latest line that is not a warning) and the seconds so far. At the end the line says how it went, and the whole log is one click away
 (a <details> in a notebook; its file path in a terminal).
 """
 from __future__ import annotations
@@ -39,6 +40,33 @@ def last_line(text: str) -> str:
     return ""
 
 
+# vLLM's logger: "INFO 12-03 15:40:01 [loader.py:12] text" (a worker's lines start with "(Name pid=N)").
+_LOG_PREFIX = re.compile(r"^(?:\([^)]*\)\s*)?(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+"
+                         r"\d\d-\d\d\s+\d\d:\d\d:\d\d(?:\.\d+)?\s+\[[^\]]*\]\s*")
+# Lines that say something is off rather than what vLLM is doing: they stay in the log.
+_WARNING = re.compile(r"^(?:\([^)]*\)\s*)?(?:WARNING|ERROR|CRITICAL)\b|\w*Warning: |^warnings\.warn\(")
+
+
+def progress_line(text: str) -> str:
+    """What vLLM is doing now, for the one line: the latest line of console output that is not a
+    warning (a WARNING from vLLM's logger, a Python warning and its source line), without the
+    logger's level, time and file."""
+    for line in reversed(re.split(r"[\r\n]+", _ANSI.sub("", text))):
+        line = line.strip()
+        if not line or _WARNING.search(line):
+            continue
+        line = _LOG_PREFIX.sub("", line)
+        if line:
+            return line[:LAST_LINE_CHARS]
+    return ""
+
+
+def count_warnings(text: str) -> int:
+    """How many lines of the log are vLLM's WARNINGs or Python warnings (said in the final line)."""
+    return sum(1 for line in _ANSI.sub("", text).splitlines()
+               if _WARNING.search(line.strip()) and not line.strip().startswith("warnings.warn("))
+
+
 class StartupLog:
     """Context manager: everything written while vLLM starts goes to a log file; one line shows
     progress (`title`, elapsed seconds, the latest line). `done(text)` sets the final line's
@@ -58,6 +86,7 @@ class StartupLog:
         self._saved_fds: list[int] = []
         self._streams: tuple[Any, Any] = (None, None)
         self._swapped: list[tuple[Any, Any]] = []
+        self._bars: list[tuple[Any, type]] = []  # (module, its notebook progress bar) while vLLM starts
         self._notebook = _in_notebook()
 
     # -- capture ---------------------------------------------------------------------------
@@ -81,6 +110,7 @@ class StartupLog:
         except OSError:  # no real descriptors (an embedded interpreter): Python-level capture only
             self._restore_fds()
         self._swap_logging_streams()
+        self._console_progress_bars()
         # The kernel's idea of the running cell travels with the context: the line updates in it.
         self._ticker = threading.Thread(target=contextvars.copy_context().run, args=(self._tick,),
                                         name="kvscope-vllm-start", daemon=True)
@@ -94,6 +124,8 @@ class StartupLog:
         self._restore_fds()
         sys.stdout, sys.stderr = self._streams
         self._restore_logging_streams()
+        for module, bar in self._bars:
+            module.tqdm = bar
         with open(self.path, encoding="utf-8", errors="replace") as f:
             self.log_text = f.read()
         self._file.close()
@@ -102,7 +134,29 @@ class StartupLog:
         summary = (f"started in {seconds:.0f} s" if ok else f"did not start ({seconds:.0f} s)")
         if self.note:
             summary += f" \u00b7 {self.note}"
+        warned = count_warnings(self.log_text)
+        if warned:
+            summary += f" \u00b7 {warned} warning{'s' if warned != 1 else ''} in the log"
         self._final(summary, ok)
+
+    def _console_progress_bars(self) -> None:
+        """vLLM draws its weight-loading bar ("Loading safetensors checkpoint shards") with
+        tqdm.auto, which in a notebook is an ipywidgets bar displayed straight into the cell,
+        past any capture. While vLLM starts, tqdm.auto's bar is the console one, written to the
+        log like the rest of the output; vLLM modules that bound the notebook bar at an earlier
+        import get the console one too. Both are put back at the end."""
+        try:
+            import tqdm.auto
+            import tqdm.std
+        except ImportError:  # no tqdm: no bar to fold
+            return
+        modules = [tqdm.auto, *(m for n, m in list(sys.modules.items()) if n.startswith("vllm.") and m is not None)]
+        for module in modules:
+            bar = getattr(module, "tqdm", None)
+            # In a kernel tqdm.auto's class mixes tqdm.notebook's widget bar into the asyncio one.
+            if isinstance(bar, type) and any(c.__module__ == "tqdm.notebook" for c in bar.__mro__):
+                self._bars.append((module, bar))
+                module.tqdm = tqdm.std.tqdm
 
     def _restore_fds(self) -> None:
         for fd, saved in zip((1, 2), self._saved_fds):
@@ -139,7 +193,7 @@ class StartupLog:
             self._file.flush()
             with open(self.path, "rb") as f:
                 f.seek(max(0, os.path.getsize(self.path) - 4096))
-                return last_line(f.read().decode("utf-8", "replace"))
+                return progress_line(f.read().decode("utf-8", "replace"))
         except OSError:
             return ""
 

@@ -39,6 +39,8 @@ from . import protocol
 
 log = logging.getLogger(__name__)
 
+# How long steps a snapshot is ahead by may take to arrive before the snapshot stands in for them.
+CATCH_UP_GRACE_S = 3.0
 WATCH_ONLY = ("this session follows a live vLLM server: its traffic comes from the server's own clients "
               "(send requests to the server's OpenAI API), and its budgets and pool are its command line's")
 
@@ -80,7 +82,8 @@ class LiveSource:
             kv_events = KvEventSubscriber(kv_events)
         self.kv_events = kv_events
         self._cleared_seen = 0
-        self._ahead: dict | None = None  # a snapshot ahead of the state held here (steps never came)
+        # A snapshot ahead of the state held here (steps never came), and when it was seen.
+        self._ahead: tuple[dict, float] | None = None
         self._running = True
         self._thread = threading.Thread(target=self._receive, name="kvscope-feed", daemon=True)
         self._thread.start()
@@ -256,26 +259,30 @@ class LiveSource:
 
     def _needs_catch_up(self) -> bool:
         """No step came for a second but the state shows requests in flight: the steps that ended
-        them may have been dropped. True when a fresh snapshot is ahead of the state held here."""
-        q = self._snap[SNAP.QUEUES]
+        them may have been dropped. True when a fresh snapshot is ahead of the state held here and
+        the steps it is ahead by still have not come a grace period later: a slow step (a busy
+        server takes seconds) or a message still on its way is waited for, never overtaken."""
+        now = time.monotonic()
         if self._ahead is not None:
-            return True
-        if not (q[QUEUE.RUNNING] or q[QUEUE.WAITING]) or time.monotonic() - self._last_message < 1.0:
+            msg, seen = self._ahead
+            return now - seen >= CATCH_UP_GRACE_S and now - self._last_message >= CATCH_UP_GRACE_S
+        q = self._snap[SNAP.QUEUES]
+        if not (q[QUEUE.RUNNING] or q[QUEUE.WAITING]) or now - self._last_message < 1.0:
             return False
-        self._last_message = time.monotonic()
+        self._last_message = now
         try:
             msg = self._fetch_snapshot(min(self.timeout, 2.0))
         except (TimeoutError, ValueError):
             return False
         if msg["run_id"] == self.run_id and msg["seq"] > self.seq and not self._queue:
-            self._ahead = msg
-        return self._ahead is not None
+            self._ahead = (msg, time.monotonic())  # a step the snapshot holds was sent: wait for it first
+        return False
 
     def _catch_up(self) -> StepRecord:
         """The snapshot `_needs_catch_up` found ahead, as a step whose changes carry it whole."""
-        msg, self._ahead = self._ahead, None
-        if msg is None:
+        if self._ahead is None:
             raise ValueError("no step from the server is waiting")
+        (msg, _), self._ahead = self._ahead, None
         self.counters["missed"] += msg["seq"] - self.seq
         self.seq = msg["seq"]
         snap = msg["snapshot"]

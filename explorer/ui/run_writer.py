@@ -1,0 +1,18 @@
+"""Where the Dashboard's "save this run, then rebuild" writes a run: `WRITER(session, path)`.
+
+The HTML export (explorer/export) sits above this layer, so it installs its writer here when
+it is imported (explorer's `Dashboard` name imports it); without one the rebuild question
+offers no save."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+Writer = Callable[[Any, Path], Any]
+WRITER: Writer | None = None
+
+
+def install(writer: Writer) -> None:
+    """Save runs with `writer(session, path)` from now on."""
+    global WRITER
+    WRITER = writer

@@ -1,0 +1,128 @@
+// Generated from the panels' state classes (widgets/<panel>.py PARTS) by `python -m widgets --write`:
+// do not edit. Each panel's parts and the fields each redraws on (_common.js kvsOnChange).
+const KVS_PANELS = {
+ "controls": {
+  "status": [
+   "info",
+   "busy",
+   "engine"
+  ],
+  "history": [
+   "history_len",
+   "history_first",
+   "view_index"
+  ],
+  "error": [
+   "error",
+   "error_field"
+  ],
+  "caption": [
+   "caption",
+   "notice"
+  ],
+  "knobs": [
+   "budget",
+   "pool"
+  ]
+ },
+ "queues": {
+  "draw": [
+   "queues",
+   "finished_total"
+  ]
+ },
+ "sampler": {
+  "draw": [
+   "requests",
+   "request_id",
+   "sample"
+  ]
+ },
+ "blocks": {
+  "pool": [
+   "num_blocks",
+   "block_size",
+   "status",
+   "ref_count",
+   "owner",
+   "events",
+   "owners",
+   "shared"
+  ],
+  "legend": [
+   "counts"
+  ],
+  "tables": [
+   "block_tables"
+  ]
+ },
+ "slots": {
+  "draw": [
+   "input_ids",
+   "tokens",
+   "positions",
+   "slot_mapping",
+   "segments",
+   "query_start_loc",
+   "logits_indices",
+   "block_size",
+   "num_rows",
+   "truncated",
+   "batch_source",
+   "batch_source_words"
+  ]
+ },
+ "attention": {
+  "choices": [
+   "requests",
+   "request_id",
+   "layer",
+   "head",
+   "num_layers",
+   "kv_head_of_head",
+   "thumbs",
+   "thumb_heads",
+   "thumb_shape"
+  ],
+  "weights": [
+   "probs",
+   "context_len",
+   "row_positions",
+   "block_table",
+   "message",
+   "probe_step",
+   "num_prompt_tokens",
+   "tokens"
+  ]
+ },
+ "timeline": {
+  "draw": [
+   "steps",
+   "gantt"
+  ]
+ },
+ "latency": {
+  "draw": [
+   "rows",
+   "clock",
+   "clock_note"
+  ]
+ },
+ "tensor_parallel": {
+  "draw": [
+   "info",
+   "ranks",
+   "weights",
+   "last_step",
+   "recent",
+   "note"
+  ]
+ },
+ "follow": {
+  "draw": [
+   "following",
+   "status",
+   "tree"
+  ]
+ }
+};

@@ -1,6 +1,6 @@
-"""Follow panel: Follow / Pause of a Session attached to a live vLLM server, what its feed
-did (steps applied, missed, dropped, rejected, the recorder's own counters, notes), and the
-prefix cache as vLLM's KV events report it (a tree of block hashes with hit counts)."""
+"""Follow panel: Follow / Pause of a Session attached to a live vLLM server, and what its feed
+did (steps applied, missed, dropped, rejected, the recorder's own counters, notes). The prefix
+cache is the prefix tree panel's (widgets.prefix_tree)."""
 from __future__ import annotations
 
 from typing import TypedDict
@@ -11,18 +11,16 @@ from ._base import Panel, bundle_css, bundle_esm
 
 
 class FollowState(TypedDict):
-    """What explorer.ui.follow_view sets: following or paused, the feed's counters, the tree."""
+    """What explorer.ui.follow_view sets: following or paused, and the feed's counters."""
     following: bool
     status: dict
-    tree: dict
 
 
 class FollowPanel(Panel):
     """`following`: whether steps are applied as they arrive. `status` is
     ``{address, engine, run_id, seq, pending, applied, missed, dropped_here, rejected,
-    last_rejection, server: {published, unobserved, errors}, notes: [str]}``.
-    `tree` is ``{roots: [{key, num_tokens, text, stored, hits, orphan, children}], num_blocks,
-    counters}`` or {} without KV events. Browser actions: ``follow``, ``pause``."""
+    last_rejection, server: {published, unobserved, errors}, notes: [str]}``. Browser actions:
+    ``follow``, ``pause``."""
 
     PARTS = {"draw": FollowState}
     _esm = bundle_esm("follow.js")
@@ -30,4 +28,3 @@ class FollowPanel(Panel):
 
     following = t.Bool(False).tag(sync=True)
     status = t.Dict({}).tag(sync=True)
-    tree = t.Dict({}).tag(sync=True)

@@ -22,9 +22,12 @@ CPU server that replay answers what the scheduler would do, not what that server
 from __future__ import annotations
 
 import dataclasses
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
-from ..core.recording import Recording
+from ..core.recording import Recording, save_recording
 from ..whatif.replay import ReplayResult, replay
 from ..whatif.settings import Variant
 from .ledger import WhyLedger
@@ -81,6 +84,12 @@ class ProofReport:
         return {"proven": dict(self.proven), "unproven": dict(self.unproven), "preemptions": self.preemptions,
                 "preemptions_removed": self.preemptions_removed, "notes": list(self.notes),
                 "replays": dict(self.replays.labels) if self.replays else {}}
+
+
+def recording_of(entries: Any) -> Recording:
+    """A Session's history entries (the step-0 entry first) as a Recording, through a file."""
+    with tempfile.TemporaryDirectory() as tmp:
+        return Recording.load(save_recording(entries, Path(tmp) / "run.kvrec"))
 
 
 def run_replays(rec: Recording) -> Replays:

@@ -23,6 +23,13 @@ const KVS_MARKS = {
   cache: "#1565c0", sampled: "#ad1457", focus: "#ffd600", focusInk: "#111", selected: "#000",
   null: "#555", free: "#f4f4f4", freeCached: "#c5d9ef", hashed: "#1f4e79", none: "#9e9e9e",
 };
+// Why a prompt token hit or missed the prefix cache (explorer/why): one colour per class, the
+// same on a queue card's why chip, in the why panel and in the export. A hit is the prefix-hit
+// colour (the same fact); an eviction the evicted event's.
+const KVS_WHY_LOOKS = {
+  hit: KVS_MARKS.cache, evicted: "#c62828", below_block: "#f9a825", never_seen: "#9e9e9e",
+  other_domain: "#8d6e63", recomputed: "#ef6c00", caching_off: "#546e7a",
+};
 // Requests: twelve colours, neighbours far apart; numeric ids take them in turn.
 const KVS_REQUEST_COLORS = ["#909bdf", "#c9a25e", "#c059c0", "#84bf40", "#506a7c", "#f3ae91",
   "#59c3cf", "#794d34", "#e278b6", "#8f9325", "#77c59c", "#c7b0dd"];

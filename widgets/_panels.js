@@ -118,11 +118,23 @@ const KVS_PANELS = {
    "note"
   ]
  },
+ "why": {
+  "summary": [
+   "summary"
+  ],
+  "request": [
+   "request"
+  ]
+ },
+ "tree": {
+  "draw": [
+   "tree"
+  ]
+ },
  "follow": {
   "draw": [
    "following",
    "status",
-   "tree",
    "parked_at"
   ]
  }

@@ -91,7 +91,9 @@ const KVS_SCHEMA = {
   "priority",
   "metrics",
   "num_prompt_tokens",
-  "num_output_tokens"
+  "num_output_tokens",
+  "cache_salt",
+  "lora_name"
  ],
  "block": [
   "block_id",

@@ -1,11 +1,10 @@
 // @ts-check
-// Follow / Pause a live vLLM server, the feed's counters, and vLLM's prefix cache as a hash tree.
+// Follow / Pause a live vLLM server and the feed's counters (the prefix cache is the prefix tree panel's).
 
 /**
  * The traits this panel reads (widgets/follow.py): `following` (Follow or Pause), `status`
- * (Session.feed_status(): the feed's counters, the last rejection, the rebased count), `tree`
- * (vLLM's prefix cache from its KV events: {roots, num_blocks, counters}) and `parked_at` (the
- * step the view is scrubbed back to while following, or null).
+ * (Session.feed_status(): the feed's counters, the last rejection, the rebased count) and
+ * `parked_at` (the step the view is scrubbed back to while following, or null).
  *
  * Pause holds the Dashboard's panels at the step they show at once, in the browser (kvsHold):
  * the kernel may be running a cell and hear the click only when it ends, while its follow thread
@@ -21,9 +20,8 @@ function render({ model, el }) {
   const state = kvsEl("span", { "data-testid": "kvs-follow-state" });
   const stats = kvsEl("span", { class: "kvs-follow-stats", "data-testid": "kvs-follow-stats" });
   const notes = kvsEl("div", { class: "kvs-follow-notes", "data-testid": "kvs-follow-notes" });
-  const tree = kvsEl("div", { class: "kvs-tree", "data-testid": "kvs-follow-tree" });
   root.append(kvsEl("div", { class: "kvs-title" }, ["Live vLLM server"]),
-              kvsEl("div", { class: "kvs-follow-bar" }, [button, state, stats]), notes, tree);
+              kvsEl("div", { class: "kvs-follow-bar" }, [button, state, stats]), notes);
   /** @type {?number} */
   let pausingAt = null;   // Pause clicked, the kernel has not answered yet: the panels are held here
   button.addEventListener("click", () => {
@@ -39,16 +37,6 @@ function render({ model, el }) {
     }
     draw();
   });
-
-  function node(n) {
-    const label = [kvsEl("span", { text: n.key, title: `${n.num_tokens} tokens; stored ${n.stored}x` }),
-                   kvsEl("span", { class: n.hits ? "kvs-hits" : "kvs-muted", text: ` hits ${n.hits}` })];
-    if (n.text) label.push(kvsEl("span", { class: "kvs-muted", text: ` ${JSON.stringify(n.text)}` }));
-    if (n.orphan) label.push(kvsEl("span", { class: "kvs-orphan", text: " (parent evicted)" }));
-    const li = kvsEl("li", { "data-key": n.key }, label);
-    if (n.children && n.children.length) li.append(kvsEl("ul", {}, n.children.map(node)));
-    return li;
-  }
 
   function draw() {
     const on = model.get("following"), s = model.get("status") || {}, sv = s.server || {};
@@ -71,15 +59,6 @@ function render({ model, el }) {
       kvsEl("span", { class: s.rejected ? "kvs-follow-warn" : "", text: ` · rejected ${s.rejected || 0}` }),
       kvsEl("span", { text: ` · recorder: sent ${sv.published || 0}, unobserved ${sv.unobserved || 0}, errors ${sv.errors || 0}` }));
     notes.replaceChildren(...(s.notes || []).slice(-3).map((n) => kvsEl("div", { text: n })));
-    const t = model.get("tree") || {};
-    if (!t.roots) {
-      tree.replaceChildren(kvsEl("span", { class: "kvs-muted", text: "no KV events: attach with kv_events=ENDPOINT to see vLLM's prefix cache" }));
-    } else if (!t.roots.length) {
-      tree.replaceChildren(kvsEl("span", { class: "kvs-muted", text: "vLLM's prefix cache is empty" }));
-    } else {
-      tree.replaceChildren(kvsEl("div", { class: "kvs-sub", text: `prefix cache (vLLM KV events): ${t.num_blocks} blocks` }),
-                           kvsEl("ul", {}, t.roots.map(node)));
-    }
   }
   kvsOnChange(model, KVS_PANELS.follow.draw, draw, [], true);  // redraws while held: it says it is pausing
   draw();

@@ -1,6 +1,6 @@
-"""Follow panel: Follow / Pause of a Session attached to a live vLLM server, what its feed
-did (steps applied, missed, dropped, rejected, the recorder's own counters, notes), and the
-prefix cache as vLLM's KV events report it (a tree of block hashes with hit counts)."""
+"""Follow panel: Follow / Pause of a Session attached to a live vLLM server, and what its feed
+did (steps applied, missed, dropped, rejected, the recorder's own counters, notes). The prefix
+cache is the prefix tree panel's (widgets.prefix_tree)."""
 from __future__ import annotations
 
 from typing import TypedDict
@@ -11,21 +11,18 @@ from ._base import Panel, bundle_css, bundle_esm
 
 
 class FollowState(TypedDict):
-    """What explorer.ui.follow_view sets: following or paused, the feed's counters, the tree, and
+    """What explorer.ui.follow_view sets: following or paused, the feed's counters, and
     the step the Dashboard's view is parked at while it follows (None: it shows the latest)."""
     following: bool
     status: dict
-    tree: dict
     parked_at: int | None
 
 
 class FollowPanel(Panel):
     """`following`: whether steps are applied as they arrive. `status` is
     ``{address, engine, run_id, seq, pending, applied, missed, dropped_here, rejected,
-    last_rejection, server: {published, unobserved, errors}, notes: [str]}``.
-    `tree` is ``{roots: [{key, num_tokens, text, stored, hits, orphan, children}], num_blocks,
-    counters}`` or {} without KV events. `parked_at`: the step the other panels show while the
-    session follows (scrubbed back), or None. Browser actions: ``follow``, and ``pause
+    last_rejection, server: {published, unobserved, errors}, notes: [str]}``. `parked_at`: the
+    step the other panels show while the session follows (scrubbed back), or None. Browser actions: ``follow``, and ``pause
     {at_step}`` (the step the browser held the panels at when Pause was clicked)."""
 
     PARTS = {"draw": FollowState}
@@ -34,5 +31,4 @@ class FollowPanel(Panel):
 
     following = t.Bool(False).tag(sync=True)
     status = t.Dict({}).tag(sync=True)
-    tree = t.Dict({}).tag(sync=True)
     parked_at = t.Int(None, allow_none=True).tag(sync=True)

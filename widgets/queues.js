@@ -14,7 +14,7 @@
  *   num_prompt_tokens: number, num_output_tokens: number, max_tokens: (number|null),
  *   num_computed_tokens: number, num_cached_tokens: number, num_preemptions: number,
  *   finish_reason: (string|null), num_blocks: number, scheduled: (Scheduled|null),
- *   sampled_text: (string|null)}} QueueRow
+ *   sampled_text: (string|null), why: ({text: string, cls: string}|null)}} QueueRow
  * @typedef {{waiting: QueueRow[], running: QueueRow[], finished: QueueRow[]}} Queues
  */
 
@@ -77,6 +77,16 @@ function scheduledBadge(s) {
     title: s.is_prefill ? kvsChunkTitle(s.chunk_index) : null });
 }
 
+// Why its prompt hit or missed the prefix cache (explorer/why), in a few words: the biggest
+// miss class, in that class's colour; the why panel says the rest.
+function whyChip(why) {
+  if (!why || !why.cls) return null;
+  const color = KVS_WHY_LOOKS[why.cls] || "#999";
+  return kvsEl("span", { class: "kvs-chip kvs-why-chip", "data-testid": "kvs-why-chip", "data-class": why.cls,
+    style: { borderColor: color, background: kvsMix(color, "#ffffff", 0.8) }, title: `why (prompt tokens at admission): ${why.text}`,
+    text: why.text });
+}
+
 function card(row, selected, act, link) {
   const rid = row.request_id;
   const head = kvsEl("div", { class: "kvs-card-head" }, [
@@ -84,6 +94,7 @@ function card(row, selected, act, link) {
     kvsEl("span", { class: `kvs-status-${row.status}`, text: row.status + (row.finish_reason ? ` (${row.finish_reason})` : "") }),
     scheduledBadge(row.scheduled),
     row.num_preemptions ? kvsEl("span", { class: "kvs-chip kvs-preempt", title: "times preempted", text: `preempted \u00d7${row.num_preemptions}` }) : null,
+    whyChip(row.why),
     row.status !== "finished"
       ? kvsEl("button", { class: "kvs-abort", "data-testid": "kvs-abort", title: "Abort this request", text: "\u00d7",
           onclick: (e) => { e.stopPropagation(); act({ action: "abort", request_id: rid }); } })

@@ -57,7 +57,9 @@ from .schema import (
 
 CLOCKS = (RMETRICS.ENGINE, RMETRICS.WALL)
 # What a request change carries only the first time the consumer sees the request.
-FIRST_SEEN = (REQ.PROMPT_TOKEN_IDS, REQ.PROMPT_TEXT, REQ.MAX_TOKENS, REQ.SAMPLING_PARAMS, REQ.PRIORITY)
+# The hash domain (vLLM's cache_salt, the LoRA adapter's name) only where the request has one.
+HASH_DOMAIN = (REQ.CACHE_SALT, REQ.LORA_NAME)
+FIRST_SEEN = (REQ.PROMPT_TOKEN_IDS, REQ.PROMPT_TEXT, REQ.MAX_TOKENS, REQ.SAMPLING_PARAMS, REQ.PRIORITY, *HASH_DOMAIN)
 T = TypeVar("T")
 
 
@@ -164,15 +166,20 @@ def _request(old: RequestDict | None, change: RequestChangeDict, rid: str) -> Re
 def _first_appearance(change: RequestChangeDict, rid: str) -> RequestDict:
     """A request new to the consumer, before its first change: what that change announces
     once (FIRST_SEEN), nothing computed, no event times."""
-    if any(key not in change for key in FIRST_SEEN):
+    if any(key not in change for key in FIRST_SEEN if key not in HASH_DOMAIN):
         raise OutOfStep(f"request {rid} changed, but its first appearance was missed")
-    return {REQ.REQUEST_ID: change[RCHANGE.REQUEST_ID], REQ.STATUS: change[RCHANGE.STATUS],
+    first: RequestDict = {REQ.REQUEST_ID: change[RCHANGE.REQUEST_ID], REQ.STATUS: change[RCHANGE.STATUS],
             REQ.PROMPT_TOKEN_IDS: change[RCHANGE.PROMPT_TOKEN_IDS], REQ.OUTPUT_TOKEN_IDS: [],
             REQ.PROMPT_TEXT: change[RCHANGE.PROMPT_TEXT], REQ.OUTPUT_TEXT: "", REQ.NUM_COMPUTED_TOKENS: 0,
             REQ.NUM_CACHED_TOKENS: 0, REQ.BLOCK_TABLE: [], REQ.NUM_PREEMPTIONS: 0, REQ.FINISH_REASON: None,
             REQ.MAX_TOKENS: change[RCHANGE.MAX_TOKENS], REQ.SAMPLING_PARAMS: change[RCHANGE.SAMPLING_PARAMS],
             REQ.PRIORITY: change[RCHANGE.PRIORITY],
             REQ.METRICS: {RMETRICS.ENGINE: ClockEvents().to_dict(), RMETRICS.WALL: ClockEvents().to_dict()}}
+    if RCHANGE.CACHE_SALT in change:
+        first[REQ.CACHE_SALT] = change[RCHANGE.CACHE_SALT]
+    if RCHANGE.LORA_NAME in change:
+        first[REQ.LORA_NAME] = change[RCHANGE.LORA_NAME]
+    return first
 
 
 def _continued(before: list[T], start: int, tail: list[T], what: str) -> list[T]:
@@ -243,6 +250,8 @@ class Sent:
             fields.pop(RCHANGE.MAX_TOKENS, None)
             fields.pop(RCHANGE.SAMPLING_PARAMS, None)
             fields.pop(RCHANGE.PRIORITY, None)
+            fields.pop(RCHANGE.CACHE_SALT, None)
+            fields.pop(RCHANGE.LORA_NAME, None)
         start, table_from = min(held[0], len(output)), min(held[1], len(table))
         change: RequestChangeDict = {
             **fields, RCHANGE.OUTPUT_FROM: start, RCHANGE.OUTPUT_TAIL: list(output[start:]),

@@ -157,6 +157,8 @@ class REQ(Keys):
     METRICS: Final = "metrics"
     NUM_PROMPT_TOKENS: Final = "num_prompt_tokens"
     NUM_OUTPUT_TOKENS: Final = "num_output_tokens"
+    CACHE_SALT: Final = "cache_salt"
+    LORA_NAME: Final = "lora_name"
 
 
 class RMETRICS(Keys):
@@ -288,6 +290,8 @@ class RCHANGE(Keys):
     MAX_TOKENS: Final = "max_tokens"
     SAMPLING_PARAMS: Final = "sampling_params"
     PRIORITY: Final = "priority"
+    CACHE_SALT: Final = "cache_salt"
+    LORA_NAME: Final = "lora_name"
     NUM_PROMPT_TOKENS: Final = "num_prompt_tokens"
     NUM_OUTPUT_TOKENS: Final = "num_output_tokens"
     OUTPUT_FROM: Final = "output_from"

@@ -191,9 +191,12 @@ class _RequestFields(TypedDict):
 
 class RequestDict(_RequestFields, total=False):
     """One request in a snapshot's queues; the two counts only where its token ids are left
-    out (a live feed with KVSCOPE_FEED_TOKENS=0)."""
+    out (a live feed with KVSCOPE_FEED_TOKENS=0); its hash domain only where it has one (vLLM:
+    a cache_salt or a LoRA adapter make its block hashes differ from the same tokens' without)."""
     num_prompt_tokens: int
     num_output_tokens: int
+    cache_salt: str        # vLLM's Request.cache_salt, where set
+    lora_name: str         # vLLM's Request.lora_request.lora_name, where set
 
 
 class QueuesDict(TypedDict):
@@ -317,6 +320,8 @@ class RequestFieldsDict(_RequestStateFields, total=False):
     max_tokens: int
     sampling_params: dict[str, Any]
     priority: int
+    cache_salt: str               # the first time only, where set (RequestDict)
+    lora_name: str
     num_prompt_tokens: int        # token ids left out (KVSCOPE_FEED_TOKENS=0)
     num_output_tokens: int
 

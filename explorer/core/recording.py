@@ -183,6 +183,8 @@ class RecordedRequest:
     ignore_eos: bool = False
     stop_token_ids: list[int] = field(default_factory=list)
     priority: int = 0
+    cache_salt: str | None = None      # its hash domain (vLLM's cache_salt, LoRA adapter): blocks of the same
+    lora_name: str | None = None       # tokens hash apart under another domain
     finish_reason: str | None = None   # 'stop' | 'length' | 'abort' | ...; None: unfinished when recording ended
     aborted_before_step: int | None = None   # ended outside a step: before this step's update ...
     aborted_during_step: bool = False        # ... and after its schedule() (vLLM takes aborts while the model runs)
@@ -523,7 +525,7 @@ class RecordingWriter:
             aborted_time=m.get(CLOCK.FINISHED_TIME) if outside else None,
             num_cached_tokens=int(r.get(REQ.NUM_CACHED_TOKENS) or 0),
             num_preemptions=int(r.get(REQ.NUM_PREEMPTIONS) or 0),
-            priority=int(r.get(REQ.PRIORITY) or 0),
+            priority=int(r.get(REQ.PRIORITY) or 0), cache_salt=r.get(REQ.CACHE_SALT), lora_name=r.get(REQ.LORA_NAME),
             first_token_time=m.get(CLOCK.FIRST_TOKEN_TIME), finished_time=m.get(CLOCK.FINISHED_TIME),
             token_times=[float(t) for t in m.get(CLOCK.TOKEN_TIMES) or ()])
 
@@ -744,6 +746,9 @@ def _request(path: Path, n: int, obj: dict[str, Any]) -> RecordedRequest:
         raise RecordingError(f"{path}, line {n}: request {rid!r}: arrival_seq must be an integer")
     if not isinstance(r.max_tokens, int) or r.max_tokens < 1:
         raise RecordingError(f"{path}, line {n}: request {rid!r}: max_tokens must be an integer >= 1")
+    for name in ("cache_salt", "lora_name"):
+        if getattr(r, name) is not None and (not isinstance(getattr(r, name), str) or not getattr(r, name)):
+            raise RecordingError(f"{path}, line {n}: request {rid!r}: {name} must be a non-empty string or null")
     return r
 
 

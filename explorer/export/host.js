@@ -15,7 +15,7 @@
 /**
  * The embedded document (explorer/export/page.py build_export_data).
  * @typedef {{format: string, version: number, meta: Meta, timeline: Object, captions: Array<[number, string]>,
- *   views: Array<Object>}} ExportData  views: StepViews whole, then one Delta per step
+ *   views: Array<Object>, why: WhyChoices}} ExportData  views: StepViews whole, then one Delta per step
  * @typedef {{title: string, panels: string[], start: ("first"|"last"), run_live: string, notice: string,
  *   first_step: number, last_step: number}} Meta
  * A delta (explorer/core/history.py diff): {"=": value} | {"+": appended} | {"i": {index: Delta}} |
@@ -23,11 +23,12 @@
  * @typedef {Object} Delta
  * One kept step's panel states (explorer/export/states.py _entry_views), each as the binder sends it:
  * @typedef {{step: number, controls: Object, queues: Object, blocks: Object, block_details: Array<Object>,
- *   slots: Object, sampler: SamplerChoices, attention: Object, latency: LatencyState}} StepViews
+ *   slots: Object, sampler: SamplerChoices, attention: Object, latency: LatencyState, tree: Object}} StepViews
  *   blocks: BlockPoolPanel traits, its byte columns as PackedColumn; block_details: per block id,
  *   BlockPoolPanel.block_detail without `step` (the shown step is added here)
  * @typedef {{__array__: ("B"|"H"|"h"), values: number[]}} PackedColumn  a bytes trait (Python array typecode)
  * @typedef {{requests: string[], default: string, samples: Object<string, Object>}} SamplerChoices
+ * @typedef {{summary: Object, requests: Object<string, Object>, default: string}} WhyChoices  the why panel's, sent once
  *   the SamplerPanel's `sample` for each request the user could select; `default`: what "" selects
  * @typedef {{rows: Array<Object>, clock: string, clock_note: string}} LatencyState  LatencyPanel's traits
  */
@@ -116,6 +117,7 @@ function makeModel(name) {
 const ENGINE_ACTIONS = new Set(["step", "add", "preset", "set_budget", "reset", "abort"]);
 const ENGINE_OFF = `This page is a recording: the engine is not running here. To step it live: ${RUN_LIVE}.`;
 const ATTENTION_OFF = `Attention weights are read from the live KV cache, and a recording keeps no KV. To see them: ${RUN_LIVE}.`;
+const WHY_OFF = "this page is a recording: causes are proven when it is written (export_html(..., prove=True)) or in a notebook (Prove causes)";
 
 const HOST = {
   models: {},
@@ -145,7 +147,17 @@ const HOST = {
     if (m.timeline && !this.timelineSet) { m.timeline.update(DATA.timeline); this.timelineSet = true; }
     if (m.attention) m.attention.update({ ...v.attention, message: ATTENTION_OFF });
     if (m.latency) m.latency.update(v.latency);
+    if (m.tree) m.tree.update(v.tree);
+    if (m.why) m.why.update(this.whyState());
     drawCaption(v.step);
+  },
+
+  /** The WhyPanel's traits: the run's summary and the chosen request's why (made in Python). */
+  whyState() {
+    const w = DATA.why || { summary: {}, requests: {}, default: "" };
+    const picked = String(this.models.why.get("request_id") || "");
+    const rid = get(w.requests, picked, undefined) !== undefined ? picked : w.default;
+    return { summary: w.summary, request: rid ? w.requests[rid] : {} };
   },
 
   /** The SamplerPanel's traits for the selected request (views.sampler_state, from Python). */
@@ -196,6 +208,7 @@ const HOST = {
       return;
     }
     if (name === "queues" && action === "select") m.queues.update({ selected: String(c.request_id || "") });
+    if (name === "why" && action === "prove") { m.why.update({ proving: WHY_OFF }); return; }
     if (name === "sampler" && action === "select") m.sampler.update({ request_id: String(c.request_id || "") });
     if (name === "attention" && action === "select") {
       const s = {};
@@ -217,6 +230,7 @@ const HOST = {
         this.samplerPinned = !!rid;
       }
       if ((name === "queues" || name === "attention") && m.attention && rid) m.attention.update({ request_id: rid });
+      if ((name === "queues" || name === "why") && m.why) m.why.update({ request_id: rid });
       this.render();
     } else if (action === "refresh" && m.attention) m.attention.update({ message: ATTENTION_OFF });
   },

@@ -29,9 +29,10 @@ import math
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from . import states
-
 from ..ui import views
+from ..why import WhyLedger
+from ..why import proof as why_proof
+from . import states
 
 HOST_JS = Path(__file__).with_name("host.js")
 HOST_CSS = Path(__file__).with_name("host.css")
@@ -44,7 +45,7 @@ KEEP_CHOICES = ("last", "first", "even")
 RUN_LIVE = "run `make lab` in a kvscope checkout (or `python -m explorer app` for the dashboard alone)"
 # The panels of the Dashboard, in its order, each running its own ESM (the TTFT/ITL charts too:
 # one renderer for the notebook and the export). The attention panel shows why it has no heatmap here.
-PANELS = ("controls", "queues", "sampler", "blocks", "slots", "attention", "timeline", "latency")
+PANELS = ("controls", "queues", "sampler", "why", "blocks", "slots", "tree", "attention", "timeline", "latency")
 _WIDGET_TRAITS = frozenset({"layout", "tabbable", "tooltip", "comm", "keys", "log"})
 FORMAT, VERSION = "kvscope-export", 2  # 1 embedded the history itself; 2, its panel states
 CSP = ("default-src 'none'; script-src 'unsafe-inline' blob: data:; style-src 'unsafe-inline'; "
@@ -134,14 +135,17 @@ def panel_sources(names: Iterable[str]) -> dict[str, tuple[str, str]]:
 def build_export_data(entries: Sequence[Any], *, token_text: Callable[[Sequence[int]], list[str]] | None = None,
                       title: str = "kvscope recording", captions: dict[int, str] | None = None,
                       notice: str = "", steps_total: int | None = None, engine_name: str = "kvscope",
-                      start: str = "last", panels: Sequence[str] = PANELS) -> dict:
+                      start: str = "last", panels: Sequence[str] = PANELS, ledger: WhyLedger | None = None,
+                      proof: Any = None) -> dict:
     """The JSON-able document the page embeds (`load_export` reads it back): the panels'
-    states of every entry, packed (explorer/export/states.py), the timeline, the captions."""
+    states of every entry, packed (explorer/export/states.py), the timeline, the captions, the
+    why panel's states (`ledger`: the whole run's why-ledger, `proof` its proofs where made)."""
     if start not in ("last", "first"):
         raise ValueError(f"start must be 'last' or 'first', got {start!r}")
     token_text = token_text or views.token_texts(None)
     entries = list(entries)
-    per_step = states.step_views(entries, token_text)
+    ledger = ledger if ledger is not None else WhyLedger().feed(entries)
+    per_step = states.step_views(entries, token_text, ledger)
     last_snapshot = views.entry_parts(entries[-1])[2]
     info = last_snapshot.get("model_info") or {}
     created = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
@@ -156,6 +160,7 @@ def build_export_data(entries: Sequence[Any], *, token_text: Callable[[Sequence[
         "timeline": views.timeline_state(entries, [v["controls"]["caption"] for v in per_step]),
         "captions": sorted([[int(k), str(v)] for k, v in (captions or {}).items()]),
         "views": states.pack_views(per_step),
+        "why": states.why_views(ledger, entries, token_text, proof),
     }
 
 
@@ -214,7 +219,8 @@ def render_html(data: dict, *, defaults: dict | None = None, sources: dict | Non
     if "blocks" in panels or "slots" in panels:
         pair = (f'<div class="kvs-export-row kvs-export-wrap">{slot("blocks", "flex: 1 1 440px; min-width: 0")}'
                 f'{slot("slots", "flex: 1 1 440px; min-width: 0")}</div>')
-    body = "".join([slot("controls"), row, pair, *(slot(n) for n in ("attention", "timeline", "latency"))])
+    body = "".join([slot("controls"), row, slot("why"), pair,
+                    *(slot(n) for n in ("tree", "attention", "timeline", "latency"))])
     limit = (f'<div class="kvs-export-limit" data-testid="kvs-export-limit">{esc(meta["notice"])}</div>'
              if meta.get("notice") else "")
     return f"""<!doctype html>
@@ -256,7 +262,7 @@ This page is a recording and runs no engine; to run one live, {esc(RUN_LIVE)}.</
 def export_html(source: Any, path: str | Path, *, title: str | None = None, captions: dict[int, str] | None = None,
                 max_steps: int = DEFAULT_MAX_STEPS, keep: str = "last", start: str = "last",
                 max_bytes: int = DEFAULT_MAX_BYTES,
-                token_text: Callable[[Sequence[int]], list[str]] | None = None) -> ExportResult:
+                token_text: Callable[[Sequence[int]], list[str]] | None = None, prove: bool = False) -> ExportResult:
     """Write `source`'s history as one self-contained HTML file at `path`.
 
     `source` is a Session (its history, tokenizer and engine name are used) or a list of
@@ -265,8 +271,11 @@ def export_html(source: Any, path: str | Path, *, title: str | None = None, capt
     step on (until the next caption). At most `max_steps` steps go in (`keep`: "last",
     "first" or "even"), and fewer when the page would pass `max_bytes`; the page says so
     when some are left out. `start`: the step shown when the page opens ("last" or
-    "first")."""
+    "first"). The why panel and the prefix tree read the whole history, also the steps left out;
+    `prove=True` also replays the run through vLLM's scheduler to prove each cause (seconds)."""
     entries = list(getattr(source, "history", source))
+    ledger = WhyLedger().feed(entries)
+    proof = why_proof.prove(ledger, why_proof.recording_of(entries)) if prove else None
     if token_text is None and hasattr(source, "engine"):
         token_text = views.token_texts(getattr(source.engine, "tokenizer", None))
     if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
@@ -281,7 +290,8 @@ def export_html(source: Any, path: str | Path, *, title: str | None = None, capt
             info = (views.entry_parts(kept[-1])[2].get("model_info") or {})
             name = f"kvscope recording: {info.get('name') or 'engine'}, {len(kept) - 1} steps"
         data = build_export_data(kept, token_text=token_text, title=name, captions=captions, notice=notice,
-                                 steps_total=_step(entries[-1]), engine_name=engine_name, start=start)
+                                 steps_total=_step(entries[-1]), engine_name=engine_name, start=start,
+                                 ledger=ledger, proof=proof)
         return render_html(data, sources=sources, defaults=defaults)
 
     page = page_for(kept, notice)

@@ -23,25 +23,38 @@ from widgets.block_pool import block_detail
 
 from ..ui import captions as _captions
 from . import delta
-from ..ui import views
+from ..ui import views, why_view
 from ..ui.dashboard import POOL_KEYS
+from ..why import WhyLedger
 
 #: The key a byte column is replaced by in a packed view: {ARRAY_KEY: typecode, "values": [...]}.
 ARRAY_KEY = "__array__"
 
 
 # -- what each panel shows, per entry ---------------------------------------------------------------
-def step_views(entries: Sequence[Any], token_text: views.TokenText) -> list[dict]:
-    """One dict per entry: each panel's state with that entry on display (see `_entry_views`)."""
+def step_views(entries: Sequence[Any], token_text: views.TokenText, ledger: WhyLedger | None = None) -> list[dict]:
+    """One dict per entry: each panel's state with that entry on display (see `_entry_views`).
+    `ledger`: the why-ledger of the whole run (read from `entries` when not given)."""
     entries = list(entries)
+    ledger = ledger if ledger is not None else WhyLedger().feed(entries)
     captions = _captions.CaptionCache().captions(entries)  # the binder's captions, entry by entry
     samplers = sampler_views(entries, token_text)
     details = _DetailCache(token_text)
-    return [_entry_views(entry, caption, sampler, details)
+    return [_entry_views(entry, caption, sampler, details, ledger)
             for entry, caption, sampler in zip(entries, captions, samplers)]
 
 
-def _entry_views(entry: Any, caption: str, sampler: dict, details: "_DetailCache") -> dict:
+def why_views(ledger: WhyLedger, entries: Sequence[Any], token_text: views.TokenText, proof: Any = None) -> dict:
+    """The why panel's states, sent once (a request's admission does not change with the shown
+    step): the run's summary, each admitted request's state, and the one shown by default."""
+    snapshot = views.entry_parts(entries[-1])[2] if entries else {}
+    admitted = [rid for rid, w in ledger.requests.items() if w.admissions]
+    return {"summary": why_view.summary_state(ledger, proof),
+            "requests": {rid: why_view.request_state(ledger, rid, snapshot, token_text) for rid in admitted},
+            "default": admitted[-1] if admitted else ""}
+
+
+def _entry_views(entry: Any, caption: str, sampler: dict, details: "_DetailCache", ledger: WhyLedger) -> dict:
     """What the binder sends each panel with `entry` on display (a recording's controls show
     the budgets the step ran under and the pool it ran on), and each block's hover detail
     without its `step`: the page adds the shown step, so a block that did not change costs
@@ -56,7 +69,8 @@ def _entry_views(entry: Any, caption: str, sampler: dict, details: "_DetailCache
                      "budget": views.budgets_ran_under(record, snapshot,
                                                        {k: config[k] for k in SCHEDULER_KNOBS if k in config}),
                      "pool": {k: config[k] for k in POOL_KEYS if k in config}, "caption": caption},
-        "queues": views.queues_state(record, snapshot),
+        "queues": views.queues_state(record, snapshot, why=why_view.why_rows(ledger, step)),
+        "tree": {"tree": why_view.tree_state(ledger, step, snapshot, details.token_text)},
         "blocks": pool,
         "block_details": [details.detail(blocks, i) for i in range(len(blocks))],
         "slots": views.shown_slot_mapping(record, snapshot, details.token_text),

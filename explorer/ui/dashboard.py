@@ -24,11 +24,11 @@ import widgets
 from engine.config import SCHEDULER_KNOBS
 from widgets.attention import prepare_probe
 
-from . import captions, presets, run_writer, tp_view, views
+from . import captions, presets, run_writer, tp_view, views, why_view
 
 _log = logging.getLogger(__name__)
 
-PANEL_NAMES = ("controls", "queues", "sampler", "blocks", "slots", "attention", "timeline", "latency")
+PANEL_NAMES = ("controls", "queues", "sampler", "why", "blocks", "slots", "tree", "attention", "timeline", "latency")
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_k", "top_p", "ignore_eos", "seed")
 POOL_KEYS = ("num_kv_blocks", "block_size")
 # Form fields that must not be left empty (the form sends an emptied one as ""), and what to enter.
@@ -77,6 +77,7 @@ class SessionBinder:
         #: Where "save this run, then rebuild" writes the run's HTML export (a notebook's folder).
         self.save_dir = Path.cwd()
         self.token_text = views.token_texts(session.source.tokenizer)
+        self.why = why_view.WhyView()  # why each prompt token hit or missed, fed from the history as it grows
         self._detach: list = []  # unsubscribe functions of the panels' action handlers
         for name in panels:
             self.add(name)
@@ -135,10 +136,15 @@ class SessionBinder:
         step = int(getattr(entry, "step", 0) or snapshot.get("step", 0) or 0)
         live = self.view_index is None
         p = self.panels
+        ledger = self.why.feed(self.session.history) if {"why", "tree", "queues"} & p.keys() else None
         # In this order: the attention panel reads the queues' selection.
         draws = {
             "controls": lambda: self._render_controls(record, snapshot),
-            "queues": lambda: p["queues"].show(views.queues_state(record, snapshot)),
+            "queues": lambda: p["queues"].show(views.queues_state(record, snapshot,
+                                                                  why=why_view.why_rows(ledger, step))),
+            "why": lambda: self._render_why(snapshot),
+            "tree": lambda: p["tree"].show({"tree": why_view.tree_state(
+                ledger, step, snapshot, self.token_text, kv_events=getattr(self.session.source, "kv_events", None))}),
             "blocks": lambda: p["blocks"].show(views.block_pool_state(record, snapshot)),
             "slots": lambda: p["slots"].show(views.shown_slot_mapping(record, snapshot, self.token_text)),
             "sampler": lambda: self._render_sampler(snapshot),
@@ -183,6 +189,17 @@ class SessionBinder:
             "read_only": self.session.watch_only,
             "run_summary": {**views.run_summary(history), "can_save": run_writer.WRITER is not None},
         })
+
+    def _render_why(self, snapshot: dict) -> None:
+        panel, why = self.panels["why"], self.why
+        rid = panel.request_id or (self.panels["queues"].selected if "queues" in self.panels else "")
+        with why.lock:
+            panel.summary = why_view.summary_state(why.ledger, why.proof)
+            if not rid and why.ledger.requests:  # nothing chosen: the latest admitted request
+                admitted = [r for r, w in why.ledger.requests.items() if w.admissions]
+                rid = admitted[-1] if admitted else ""
+            panel.request = why_view.request_state(why.ledger, rid, snapshot, self.token_text) if rid else {}
+        panel.proving = why.proving
 
     def _render_sampler(self, snapshot: dict) -> None:
         sampler = self.panels["sampler"]
@@ -280,6 +297,7 @@ class SessionBinder:
         try:
             if event == "reset":
                 self.view_index = None
+                self.why.reset()
                 self._probes.clear()  # a new engine counts its steps from 0 again
                 self._forget_selections()
                 self.token_text = views.token_texts(self.session.source.tokenizer)
@@ -309,6 +327,8 @@ class SessionBinder:
             p["attention"].request_id = ""
         if "queues" in p:
             p["queues"].selected = ""
+        if "why" in p:
+            p["why"].request_id = ""
         if "blocks" in p:
             with p["blocks"].hold_sync():
                 p["blocks"].selected, p["blocks"].detail = -1, {}
@@ -401,6 +421,9 @@ class SessionBinder:
             self.scrub(None)
         elif action == "select":
             self._select(source, str(c.get("request_id") or ""))
+        elif action == "prove" and "why" in self.panels:
+            self.why.prove(s, done=lambda: self.render(probe=False))
+            self.panels["why"].proving = self.why.proving
         elif action == "refresh" and "attention" in self.panels:
             self._attention_pinned = bool(self.panels["attention"].request_id)
             entry = self.shown_entry()
@@ -460,6 +483,8 @@ class SessionBinder:
     def _select(self, source: str, rid: str) -> None:
         """A request chosen in one panel: the sampler and attention panels follow it."""
         p = self.panels
+        if source in ("queues", "why") and "why" in p:
+            p["why"].request_id = rid
         if source == "queues" or source == "sampler":
             if "sampler" in p:
                 p["sampler"].request_id = rid
@@ -473,6 +498,9 @@ class SessionBinder:
         snap = (entry.snapshot if entry is not None else {}) or {}
         if "sampler" in p:
             self._render_sampler(snap)
+        if "why" in p:
+            with p["why"].hold_sync():
+                self._render_why(snap)
         if "attention" in p:
             self._render_attention(snap, int(getattr(entry, "step", 0) or 0), probe=True)
 
@@ -503,8 +531,9 @@ class Dashboard(W.VBox):
     """Every kvscope panel bound to one Session, in one VBox (it displays itself).
 
     Attributes: `session`, `binder` (a :class:`SessionBinder`), and one attribute per
-    panel: `controls`, `queues`, `sampler`, `blocks`, `slots`, `attention`,
-    `timeline`, `latency`. Display one alone with ``display(dash.queues)``.
+    panel: `controls`, `queues`, `sampler`, `why` (why the chosen request's prompt hit or
+    missed the prefix cache), `blocks`, `slots`, `tree` (the prefix tree, tied to the pool),
+    `attention`, `timeline`, `latency`. Display one alone with ``display(dash.queues)``.
     """
 
     def __init__(self, session: Any, *, panels: Iterable[str] | None = None) -> None:
@@ -531,6 +560,8 @@ class Dashboard(W.VBox):
                     p[n].layout = W.Layout(flex=flex, min_width="0")
             # Stretched: both panels as tall as the row, so a taller Sampler leaves no white gap.
             rows.append(W.HBox(top, layout=W.Layout(width="100%", align_items="stretch")))
+        if "why" in p:  # the chosen request's why, under the cards it is chosen from
+            rows.append(p["why"])
         # The pool and this step's slots side by side (a laptop's 1366 px hold both); each
         # wraps under the other below ~2 x 440 px.
         pair = [p[n] for n in ("blocks", "slots") if n in p]
@@ -538,6 +569,8 @@ class Dashboard(W.VBox):
             panel_.layout = W.Layout(flex="1 1 440px", min_width="0")
         if pair:
             rows.append(W.HBox(pair, layout=W.Layout(width="100%", align_items="flex-start", flex_flow="row wrap")))
+        if "tree" in p:  # under the pool it is tied to
+            rows.append(p["tree"])
         rows += [p[n] for n in ("attention", "tensor_parallel", "timeline", "latency") if n in p]
         super().__init__(rows, layout=W.Layout(width="100%"))
         self.add_class("kvs-dashboard")

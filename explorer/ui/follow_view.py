@@ -1,34 +1,12 @@
 """The Follow panel (widgets.follow) bound to a Session that only watches its engine (a live
-vLLM server): Follow / Pause, the feed's counters, and vLLM's prefix cache from its KV events
-(a tree of hashes with hit counts)."""
+vLLM server): Follow / Pause and the feed's counters. vLLM's prefix cache is the prefix tree
+panel's (explorer.ui.why_view: the tree over the run, tied to the pool, checked against vLLM's
+own KV events where the Session has them)."""
 from __future__ import annotations
 
 import threading
 import time
 from typing import Any
-
-MAX_TREE_NODES = 400  # the panel draws at most this many blocks of the tree (the rest are counted)
-
-
-def tree_state(session: Any, max_nodes: int = MAX_TREE_NODES) -> dict:
-    """The KV-event tree as the panel reads it, block text decoded with the session's tokenizer."""
-    kv = getattr(session.source, "kv_events", None)
-    if kv is None:
-        return {}
-    tok = getattr(session.source, "tokenizer", None)
-    budget = [max_nodes]
-
-    def trim(n: dict) -> dict:
-        budget[0] -= 1
-        text = tok.decode(n["token_ids"]) if tok is not None and n["token_ids"] else ""
-        kids = [trim(c) for c in n["children"] if budget[0] > 0]
-        return {k: v for k, v in n.items() if k not in ("token_ids", "children")} | {"text": text[:48],
-                                                                                     "children": kids}
-
-    with kv.lock:
-        d = kv.tree.to_dict()
-    d["roots"] = [trim(r) for r in d["roots"] if budget[0] > 0]
-    return d
 
 
 def follow_panel(session: Any, binder: Any = None) -> Any:
@@ -58,8 +36,8 @@ def follow_panel(session: Any, binder: Any = None) -> Any:
             panel.link_group = binder.link_group  # held and released with the Dashboard's panels
             if binder.view_index is not None and session.following:
                 parked = int(binder.shown_entry().step)
-        panel.show({"following": session.following, "status": status, "tree": tree_state(session),
-                    "parked_at": parked, "step": int(session.current.step)})
+        panel.show({"following": session.following, "status": status, "parked_at": parked,
+                    "step": int(session.current.step)})
 
     def on_action(content: dict) -> None:
         action = content.get("action")

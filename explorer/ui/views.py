@@ -64,8 +64,10 @@ def _clip(text: str | None, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - limit // 4] + " \u2026 " + text[-(limit // 4):]
 
 
-def queues_state(record: dict | None, snapshot: dict, *, max_finished: int = 50, max_text: int = 400) -> QueuesState:
-    """QueuesPanel traits: one row per request, with what this step scheduled for it."""
+def queues_state(record: dict | None, snapshot: dict, *, max_finished: int = 50, max_text: int = 400,
+                 why: dict[str, dict] | None = None) -> QueuesState:
+    """QueuesPanel traits: one row per request, with what this step scheduled for it, and (given
+    `why`, explorer.ui.why_view.why_rows) why its prompt hit or missed the prefix cache."""
     record = record or EMPTY_RECORD
     scheduled = {s[SCHED.REQUEST_ID]: s for s in record.get(REC.SCHEDULED, [])}
     sampled = record.get(REC.SAMPLED, {})
@@ -86,6 +88,7 @@ def queues_state(record: dict | None, snapshot: dict, *, max_finished: int = 50,
                 SCHED.NUM_TOKENS, SCHED.NUM_COMPUTED_BEFORE, SCHED.IS_PREFILL, SCHED.NUM_CACHED_TOKENS,
                 SCHED.CHUNK_INDEX)},
             "sampled_text": (sampled.get(rid) or {}).get(SAMPLE.TEXT),
+            "why": (why or {}).get(rid),
         }
     q = snapshot.get(SNAP.QUEUES) or {}
     finished = q.get(QUEUE.FINISHED, [])

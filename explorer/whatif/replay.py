@@ -232,7 +232,8 @@ class _Replay:
             max_tokens = max(1, len(r.output_token_ids)) if r.ends_by_itself else max(r.max_tokens, len(r.output_token_ids) + 1)
             params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
             req = bare_request(r.request_id, r.prompt_token_ids, params, bs, hash_algo=algo,
-                               arrival_time=r.arrival_time, priority=r.priority)
+                               arrival_time=r.arrival_time, priority=r.priority, cache_salt=r.cache_salt,
+                               lora_name=r.lora_name)
             if arrivals == "step":
                 when = float(r.arrival_step)
                 if not by_itself and r.aborted_during_step:

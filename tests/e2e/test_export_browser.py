@@ -12,8 +12,9 @@ import pytest
 
 from explorer.export import page as export
 from explorer.export import workloads as recording
-from explorer.ui import views
+from explorer.ui import views, why_view
 from explorer.ui.captions import history_captions
+from explorer.why import WhyLedger
 from widgets.block_pool import block_detail
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -164,7 +165,8 @@ def _python_panels(s, i: int, texts) -> dict:
     pool = views.block_pool_state(e.record, e.snapshot)
     pool.pop("blocks")
     pool = {k: list(v) if isinstance(v, bytes) else v for k, v in pool.items()}
-    out = {"queues": views.queues_state(e.record, e.snapshot), "blocks": pool,
+    why = why_view.why_rows(WhyLedger().feed(s.history), e.step)
+    out = {"queues": views.queues_state(e.record, e.snapshot, why=why), "blocks": pool,
            "slots": views.shown_slot_mapping(e.record, e.snapshot, texts),
            "controls": {"info": views.controls_info(e.record, e.snapshot),
                         "caption": history_captions(s.history)[i]},

@@ -144,7 +144,8 @@ def test_export_is_one_self_contained_file_that_loads_back(recorded, tmp_path: P
     assert data["captions"] == [[0, "a arrives alone"], [2, "b arrives and shares a's first two blocks"],
                                 [6, "a bigger budget"]]
     # Panel states, not the history: no record or snapshot, no view code in the host.
-    assert set(data) == {"format", "version", "meta", "timeline", "captions", "views"}
+    assert set(data) == {"format", "version", "meta", "timeline", "captions", "views", "why"}
+    assert set(data["why"]) == {"summary", "requests", "default"} and data["why"]["summary"]["prompt_tokens"] > 0
     assert "function queuesState" not in page and "function blockPoolState" not in page
     shared = next(d for d in data["views"][-1]["block_details"] if d["token_ids"][:1] == SHARED[:1])
     assert shared["tokens"][0] == s.engine.tokenizer.decode([SHARED[0]])
@@ -172,6 +173,7 @@ def test_the_page_embeds_what_the_dashboard_shows_at_every_step(recorded, tmp_pa
             dash.binder.render()
             assert got["step"] == entry.step == dash.queues.step, i
             assert got["queues"] == _shown(dash.queues, got["queues"]), i
+            assert got["tree"] == _shown(dash.tree, got["tree"]), i   # the prefix tree at that step
             assert got["blocks"] == _shown(dash.blocks, got["blocks"]), i
             assert got["slots"] == _shown(dash.slots, got["slots"]), i
             assert got["attention"] == _shown(dash.attention, got["attention"]), i

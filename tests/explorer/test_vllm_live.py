@@ -524,7 +524,7 @@ def test_without_token_ids_the_feed_keeps_counts_and_block_ids_only():
              "preempted_times": [], "token_times_from": 0, "token_times_tail": [2.0]}
     new = {"request_id": "q", "status": "running", "num_computed_tokens": 3, "num_cached_tokens": 0,
            "num_preemptions": 0, "finish_reason": None, "prompt_token_ids": [5, 6, 7], "prompt_text": "",
-           "max_tokens": 4, "sampling_params": {}, "output_from": 0, "output_tail": [42], "table_from": 0,
+           "max_tokens": 4, "sampling_params": {}, "priority": 0, "output_from": 0, "output_tail": [42], "table_from": 0,
            "table_tail": [1], "clocks": {"engine": clock, "wall": clock}}
     kept_block, kept_done = {"block_id": 1, "token_ids": [5, 6, 7]}, dict(req, request_id="done")
     step = {"record": StepRecord(step=2, changes={

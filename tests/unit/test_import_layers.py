@@ -31,8 +31,8 @@ FORBIDDEN = [("engine.core", f) for f in TENSOR_FOLDERS] + [
 # explorer/'s layers, bottom to top (docs/architecture.md): a module imports its own layer and
 # the ones below, never one above. The package's own __init__ and __main__ are the top: they
 # name what a user imports.
-EXPLORER_LAYERS = ("explorer.drivers", "explorer.core", "explorer.whatif", "explorer.ui", "explorer.export",
-                   "explorer.apps")
+EXPLORER_LAYERS = ("explorer.drivers", "explorer.core", "explorer.whatif", "explorer.why", "explorer.ui",
+                   "explorer.export", "explorer.apps")
 
 
 def _modules() -> dict[str, Path]:

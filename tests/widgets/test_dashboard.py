@@ -9,7 +9,7 @@ import pytest
 
 from engine.config import SCHEDULER_KNOBS
 from explorer import Dashboard
-from explorer.ui import views
+from explorer.ui import views, why_view
 from explorer.ui import dashboard as dash_mod
 from widgets import (AttentionPanel, BlockPoolPanel, ControlsPanel, LatencyPanel, Panel, QueuesPanel, SamplerPanel,
                      SlotMappingPanel, TimelinePanel)
@@ -153,7 +153,8 @@ def test_scrubbing_moves_every_panel_and_live_returns(dash: Dashboard) -> None:
     e = s.history[2]
     assert _steps_shown(dash) == {2}
     assert not dash.queues.live and dash.controls.view_index == 2
-    assert dash.queues.queues == views.queues_state(e.record, e.snapshot)["queues"]
+    why = why_view.why_rows(dash.binder.why.ledger, e.step)   # requests admitted by then, with their why
+    assert dash.queues.queues == views.queues_state(e.record, e.snapshot, why=why)["queues"]
     assert dash.slots.input_ids == e.record["batch"]["input_ids"]
     assert dash.blocks.status == views.block_pool_state(e.record, e.snapshot)["status"]
     assert dash.sampler.sample["step"] == 2

@@ -69,11 +69,14 @@ _NONE_HASH_OF: list[str] = []  # the algorithm vLLM's process-wide NONE_HASH was
 
 
 def bare_request(request_id: str, prompt: list[int], params: Any, block_size: int, *, hash_algo: str = "sha256",
-                 arrival_time: float | None = None, priority: int = 0) -> Any:
+                 arrival_time: float | None = None, priority: int = 0, cache_salt: str | None = None,
+                 lora_name: str | None = None) -> Any:
     """A vLLM Request with the block hasher its engine would give it (`hash_algo`: vLLM's
     `prefix_caching_hash_algo`, sha256 by default as in vLLM's CacheConfig), for
     `bare_scheduler(...).add_request`. `arrival_time` and `priority` order the waiting queue
-    under the 'priority' policy (vLLM stamps time.time() when none is given)."""
+    under the 'priority' policy (vLLM stamps time.time() when none is given). `cache_salt` and
+    `lora_name` put its blocks in that hash domain, as vLLM's block hasher does (the adapter is
+    never loaded: a scheduler without a LoRA config hashes with it and limits nothing)."""
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
     from vllm.v1.request import Request
@@ -84,8 +87,21 @@ def bare_request(request_id: str, prompt: list[int], params: Any, block_size: in
     if _NONE_HASH_OF[-1:] != [hash_algo]:  # the chain's root is a process-wide value in vLLM
         init_none_hash(get_hash_fn_by_name(hash_algo))
         _NONE_HASH_OF[:] = [hash_algo]
+    lora = None
+    if lora_name is not None:
+        from vllm.lora.request import LoRARequest
+
+        lora = LoRARequest(lora_name, _lora_id(lora_name), lora_path=lora_name)
     return Request(request_id, list(prompt), params, None, arrival_time=arrival_time, priority=priority,
-                   block_hasher=_HASHERS[key])
+                   block_hasher=_HASHERS[key], cache_salt=cache_salt, lora_request=lora)
+
+
+_LORA_IDS: dict[str, int] = {}
+
+
+def _lora_id(name: str) -> int:
+    """vLLM's LoRA ids start at 1; one per adapter name."""
+    return _LORA_IDS.setdefault(name, len(_LORA_IDS) + 1)
 
 
 def sampled_output(scheduler: Any, out: Any, token_of: Any) -> Any:

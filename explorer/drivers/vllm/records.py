@@ -248,12 +248,18 @@ class RecordBuilder:
 
     def first_seen(self, e: RequestState) -> dict:
         """What never changes in a request's dict: its prompt, the prompt's text, max_tokens and
-        sampling parameters (a change carries them once)."""
+        sampling parameters, and its hash domain where it has one (a change carries them once)."""
         prompt = list(e.req.prompt_token_ids or ())
-        return {REQ.PROMPT_TOKEN_IDS: prompt,
+        seen = {REQ.PROMPT_TOKEN_IDS: prompt,
                 REQ.PROMPT_TEXT: e.prompt_text if e.prompt_text is not None else self._decode(e, "prompt", prompt),
                 REQ.MAX_TOKENS: e.params.max_tokens, REQ.SAMPLING_PARAMS: e.params.to_dict(),
                 REQ.PRIORITY: int(getattr(e.req, "priority", 0) or 0)}
+        salt, lora = getattr(e.req, "cache_salt", None), getattr(e.req, "lora_request", None)
+        if salt:
+            seen[REQ.CACHE_SALT] = str(salt)
+        if lora is not None:
+            seen[REQ.LORA_NAME] = str(lora.lora_name)
+        return seen
 
     def output_text(self, e: RequestState) -> str:
         return self._decode(e, "output", e.req.output_token_ids)

@@ -1,0 +1,228 @@
+"""The why-view's panel states (widgets.why, widgets.prefix_tree) from a why-ledger
+(explorer.why): pure functions of the ledger, the shown step's snapshot and the token speller,
+plus `WhyView`, the ledger a SessionBinder keeps fed and the proofs it runs on request.
+
+The prefix tree is the ledger's: one node per cached prefix, named by the engine's own block
+hash (the 16 hex digits the pool shows), with its blocks at the shown step, the requests that
+stored and hit it, its hits and evictions over the run, and whether it was evicted unused. A
+live server's Session with vLLM's KV events says whether vLLM's own tree agrees with it.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from ..why import CLASSES, WhyLedger
+from ..why.model import Node, RequestWhy
+from .views import TokenText
+
+MAX_TREE_NODES = 400     # the panel draws at most this many nodes (the rest are counted)
+LIFELINE_BINS = 120      # hits per node over the run, in this many bins
+MAX_PROMPT_TOKENS = 2048  # a request's prompt drawn token by token up to this many tokens
+CLASS_LOOKS = [{"key": k, "label": label, "tip": tip} for k, label, tip in CLASSES]
+
+
+def _ids(rids: Any, limit: int = 8) -> list[str]:
+    out = list(dict.fromkeys(rids))
+    return out[:limit]
+
+
+def tree_state(ledger: WhyLedger, step: int, snapshot: dict, token_text: TokenText, *,
+               max_nodes: int = MAX_TREE_NODES, bins: int = LIFELINE_BINS, kv_events: Any = None) -> dict:
+    """The prefix tree at `step` (nodes cached by then; those evicted since, marked), each node's
+    blocks at that step from `snapshot` (the shown entry's), its hits per bin of the run."""
+    first = ledger.first_step if ledger.first_step is not None else step
+    last = max(ledger.last_step if ledger.last_step is not None else step, step)
+    span = max(1, last - first)
+    holders: dict[str, list[int]] = {}
+    owners: dict[str, list[str]] = {}
+    for b in (snapshot.get("block_pool") or {}).get("blocks") or ():
+        if b.get("hash") is not None and not b.get("is_null"):
+            holders.setdefault(b["hash"], []).append(b["block_id"])
+            owners.setdefault(b["hash"], []).extend(b.get("owners") or ())
+    shown = [n for n in ledger.nodes.values() if n.stored and n.stored[0] <= step]
+    present = {n.key: n.present_at(step) for n in shown}
+    # Present prefixes first, then the evicted ones, each oldest first; an ancestor comes along.
+    shown.sort(key=lambda n: (not present[n.key], n.stored[0], n.depth))
+    keep: dict[bytes, Node] = {}
+    for n in shown:
+        if len(keep) >= max_nodes:
+            break
+        chain = []
+        x: Node | None = n
+        while x is not None and x.key not in keep:
+            chain.append(x)
+            x = ledger.nodes.get(x.parent) if x.parent is not None else None
+        for y in reversed(chain):
+            if len(keep) < max_nodes and y.stored and y.stored[0] <= step:
+                keep[y.key] = y
+    rows = []
+    for n in _depth_first(keep, ledger):
+        hits = [(s, rid) for s, rid in n.hits if s <= step]
+        evictions = [e for e in n.evictions if e.step <= step]
+        lifeline = [0] * bins
+        for s, _ in hits:
+            lifeline[min(bins - 1, max(0, (s - first) * bins // (span + 1)))] += 1
+        last_evicted = evictions[-1].step if evictions else None
+        unused = bool(evictions) and not any(s <= last_evicted for s, _ in hits) if last_evicted else False
+        node_id = n.hash or n.key.hex()
+        rows.append({
+            "id": node_id, "parent": _parent_id(n, ledger, keep), "depth": n.depth, "num_tokens": len(n.tokens),
+            "text": "".join(token_text(list(n.tokens)))[:64], "present": present.get(n.key, False),
+            "blocks": holders.get(n.hash, []) if n.hash else [],
+            "owners": _ids(owners.get(n.hash, []) if n.hash else []),
+            "users": _ids([n.first_by, *(rid for _, rid in hits)]), "first_by": n.first_by,
+            "hits": len(hits), "stored": [s for s in n.stored if s <= step],
+            "evictions": [{"step": e.step, "by": e.by, "block": e.block, "age_steps": e.lru_age_steps,
+                           "age_s": e.lru_age_s} for e in evictions],
+            "unused": unused, "lifeline": lifeline,
+            "domain": _domain_words(n.domain),
+        })
+    out = {"step": step, "first_step": first, "last_step": last, "bins": bins, "nodes": rows,
+           "hidden": max(0, len(shown) - len(rows)), "num_present": sum(present.values()),
+           "num_evicted": sum(1 for n in shown if not present[n.key]),
+           "num_hits": sum(r["hits"] for r in rows), "block_size": ledger.block_size or 0,
+           "unmapped": ledger.unmapped, "notes": list(ledger.notes[-3:]), "kv_events": None}
+    if kv_events is not None and step == ledger.last_step:
+        out["kv_events"] = kv_events_agreement(kv_events, {r["id"] for r in rows if r["present"]},
+                                               out["num_present"] - sum(1 for r in rows if r["present"]))
+    return out
+
+
+def kv_events_agreement(kv: Any, present: set[str], not_drawn: int) -> dict:
+    """vLLM's own prefix tree (from its KV events) against the ledger's present nodes, by key."""
+    with kv.lock:
+        theirs = set(kv.tree.keys())
+    ours_only = sorted(present - theirs)
+    theirs_only = sorted(theirs - present)
+    return {"blocks": len(theirs), "agree": not ours_only and (not theirs_only or not_drawn > 0),
+            "only_here": ours_only[:5], "only_in_events": theirs_only[:5], "counters": dict(kv.counters)}
+
+
+def _depth_first(keep: dict[bytes, Node], ledger: WhyLedger) -> list[Node]:
+    children: dict[bytes | None, list[Node]] = {}
+    for n in keep.values():
+        parent = n.parent if n.parent in keep else None
+        children.setdefault(parent, []).append(n)
+    out: list[Node] = []
+    stack = sorted(children.get(None, []), key=lambda n: n.stored[0], reverse=True)
+    while stack:
+        n = stack.pop()
+        out.append(n)
+        stack.extend(sorted(children.get(n.key, []), key=lambda c: c.stored[0], reverse=True))
+    return out
+
+
+def _parent_id(n: Node, ledger: WhyLedger, keep: dict) -> str | None:
+    if n.parent is None or n.parent not in keep:
+        return None
+    p = ledger.nodes[n.parent]
+    return p.hash or p.key.hex()
+
+
+def _domain_words(domain: tuple) -> str:
+    salt, lora = domain
+    return " ".join(x for x in (f"salt {salt}" if salt else "", f"LoRA {lora}" if lora else "") if x)
+
+
+# -- the selected request ---------------------------------------------------------------------------
+def why_rows(ledger: WhyLedger, step: int | None = None) -> dict[str, dict]:
+    """The why column of the queue cards: request -> {text, cls} (the biggest miss class), for
+    the requests admitted by `step` (all: None)."""
+    out = {}
+    for rid, why in ledger.requests.items():
+        a = why.first
+        cls = ""
+        if a is not None and step is not None and a.step > step:
+            continue
+        if a is not None:
+            misses = [(n, k) for k, n in a.classes.items() if k != "hit" and n]
+            cls = max(misses)[1] if misses else "hit"
+        out[rid] = {"text": why.why(), "cls": cls}
+    return out
+
+
+def request_state(ledger: WhyLedger, rid: str, snapshot: dict, token_text: TokenText) -> dict:
+    """The why panel's request: its prompt token by token with each token's class, each
+    admission's counts, where it leaves the longest shared prefix, evictions, preemptions, proofs."""
+    why: RequestWhy | None = ledger.requests.get(rid)
+    if why is None:
+        return {"request_id": rid, "known": False}
+    seq = ledger.seqs[rid]
+    prompt = seq.tokens[:seq.prompt_len]
+    shown = prompt[:MAX_PROMPT_TOKENS]
+    admissions = []
+    for a in why.admissions:
+        div = None
+        if a.divergence is not None:
+            d = a.divergence
+            other = ledger.seqs.get(d.other_request) if d.other_request is not None else None
+            div = {"position": d.position, "text": token_text([d.token])[0], "other_request": d.other_request,
+                   "other_text": None if d.other_token is None else token_text([d.other_token])[0],
+                   "before": "".join(token_text(seq.tokens[max(0, d.position - 12):d.position])),
+                   "other_known": other is not None}
+        admissions.append({"step": a.step, "tokens": a.tokens, "hit": a.hit, "resumed": a.resumed,
+                           "classes": a.classes, "spans": [s.to_list() for s in a.spans], "divergence": div,
+                           "evictions": [e.text() for e in a.evictions], "lost": a.lost, "notes": a.notes,
+                           "seen": a.seen, "seen_by": a.seen_by})
+    return {"request_id": rid, "known": True, "prompt_len": why.prompt_len, "why": why.why(),
+            "domain": _domain_words(why.domain), "tokens": token_text(shown), "tokens_cut": len(prompt) - len(shown),
+            "admissions": admissions, "preemptions": [{"text": p.text(), "proof": p.proof} for p in why.preemptions],
+            "proofs": why.proofs}
+
+
+def summary_state(ledger: WhyLedger, proof: Any = None, engine: str | None = None) -> dict:
+    s = ledger.summary()
+    d = s.to_dict()
+    d["rows"] = s.rows()
+    d["classes_known"] = CLASS_LOOKS
+    d["engine_note"] = ("kvscope's engine has no cache_salt or LoRA: 'another hash domain' never happens there"
+                        if (engine or ledger.engine or "kvscope") == "kvscope" else "")
+    d["proof"] = proof.to_dict() if proof is not None else None
+    return d
+
+
+class WhyView:
+    """The ledger a binder keeps fed from its Session, and the proofs it runs on request (in a
+    thread: a replay takes seconds; the panel says "proving" meanwhile)."""
+
+    def __init__(self) -> None:
+        self.ledger = WhyLedger()
+        self.lock = threading.RLock()
+        self.proof: Any = None
+        self.proving = ""
+        self.proved_at: int | None = None
+
+    def reset(self) -> None:
+        with self.lock:
+            self.ledger, self.proof, self.proving, self.proved_at = WhyLedger(), None, "", None
+
+    def feed(self, history: Any) -> WhyLedger:
+        with self.lock:
+            self.ledger.feed(history)
+        return self.ledger
+
+    def prove(self, session: Any, done: Any) -> None:
+        """Record the session's history, replay it and prove each cause; `done()` after."""
+        if self.proving.startswith("proving"):
+            return
+        self.proving = "proving: replaying the run through vLLM's scheduler (seconds) \u2026"
+
+        def run() -> None:
+            from ..why.proof import prove, recording_of, run_replays
+
+            try:
+                with self.lock:
+                    entries = list(session.history)
+                    self.ledger.feed(entries)
+                rec = recording_of(entries)
+                replays = None if not rec.source.pristine else run_replays(rec)   # seconds: outside the lock
+                with self.lock:
+                    self.proof = prove(self.ledger, rec, replays)
+                    self.proved_at = int(entries[-1].step)
+                self.proving = ""
+            except Exception as exc:  # noqa: BLE001 - a replay that fails is said in the panel, never raised in a thread
+                self.proving = f"could not prove: {type(exc).__name__}: {exc}"
+            done()
+
+        threading.Thread(target=run, name="kvscope-why-prove", daemon=True).start()

@@ -1,0 +1,400 @@
+"""The why-ledger: a Session's history read step by step into why each prompt token hit or missed
+the prefix cache, which allocation evicted what, and why each preemption happened.
+
+    ledger = WhyLedger().feed(session.history)      # or WhyLedger.follow(session)
+    ledger.requests["3"].first.classes               # {'hit': 64, 'evicted': 32, 'below_block': 7, ...}
+    print(ledger.summary().text())                   # "62% of missed prompt tokens were evicted; ..."
+
+It reads only the history's shapes (records and snapshots), so it explains kvscope's engine,
+vLLM in process and a live server alike. Within one step it follows the scheduler's order:
+running requests first (their allocations may evict; their preemptions happen then), then each
+admitted request in order: its lookup sees what the requests before it cached and evicted in
+that same step, and nothing after.
+
+Which block holds which content: a block cached in a step is found in the block table of the
+request that holds it after the step (else in the step's batch, for a request that finished in
+it), and gets that request's content key (explorer.why.chains) at that index; the engine's own
+hash is kept beside it, so a block cached before the ledger started is known by its hash once
+any request computes the same content.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from .chains import PLAIN, SeenIndex, Sequence
+from .model import Admission, Divergence, Eviction, Node, PreemptionWhy, RequestWhy, Span
+from .preemption import needing_request, work_of
+
+
+class WhyLedger:
+    """Why each prompt token of a Session's history hit or missed the prefix cache, what evicted
+    what, and why each preemption happened (the module docstring has the reading order)."""
+
+    def __init__(self) -> None:
+        self.requests: dict[str, RequestWhy] = {}
+        self.seqs: dict[str, Sequence] = {}
+        self.seen = SeenIndex()
+        self.nodes: dict[bytes, Node] = {}
+        self.by_hash: dict[str, bytes] = {}          # the engine's hash -> content key
+        self.block_key: dict[int, bytes] = {}        # block id -> the content it holds now
+        self.plain_domains: dict[bytes, set] = {}    # content key without domain -> domains it was cached in
+        self.freed_at: dict[int, tuple[int, float | None]] = {}   # block -> (step, wall time) it joined the free queue
+        self.preemptions: list[PreemptionWhy] = []
+        self.block_size: int | None = None
+        self.first_step: int | None = None
+        self.last_step: int | None = None
+        self.notes: list[str] = []
+        self.unmapped = 0                            # cached blocks whose content the ledger could not name
+        self.engine: str | None = None
+        self._prev: dict | None = None
+        self._finished_len = 0
+        self._tokens_left_out = False
+
+    # -- reading a history -----------------------------------------------------------------------
+    def feed(self, entries: Iterable[Any]) -> WhyLedger:
+        for e in entries:
+            self.add(e)
+        return self
+
+    def add(self, entry: Any) -> None:
+        """One history entry (step, record, snapshot), in order; an entry already read is skipped."""
+        step, record, snap = int(entry.step), entry.record, entry.snapshot
+        if self.last_step is not None and step <= self.last_step and not _restarts(record):
+            return
+        if record is None or self._prev is None or self.last_step is None or _restarts(record):
+            self._start(step, record, snap)
+            return
+        if step != self.last_step + 1:
+            self.notes.append(f"steps {self.last_step + 1}-{step - 1} were not in the history: requests admitted "
+                              "then are not explained, and blocks cached then are known only by their hash")
+        self._step(step, record, snap)
+
+    def follow(self, session: Any) -> Any:
+        """Read `session`'s history now and every entry it applies from now on; returns the
+        unsubscribe function."""
+        def catch_up(event: str = "step", s: Any = session) -> None:
+            if event == "reset":
+                self.__init__()  # type: ignore[misc]
+            if event in ("step", "reset"):
+                self.feed(s.history)
+
+        catch_up()
+        return session.subscribe(catch_up)
+
+    def _start(self, step: int, record: dict | None, snap: dict) -> None:
+        if record is not None and _restarts(record):
+            self.notes.append(f"step {step}: the history started again ({_restarts(record)}); the ledger too")
+            self.__init__()  # type: ignore[misc]
+        self.first_step = self.first_step if self.first_step is not None else step
+        self.last_step = step
+        self.block_size = int(snap["block_pool"]["block_size"])
+        self.engine = (snap.get("model_info") or {}).get("engine") or "kvscope"
+        self._learn(snap)
+        hashed = [b for b in snap["block_pool"]["blocks"] if b["hash"] is not None]
+        if hashed or snap["queues"]["running"] or snap["queues"]["finished"]:
+            self.notes.append(f"the ledger began at step {step}, after the engine had run ({len(hashed)} cached "
+                              "blocks): a prefix cached before then counts as never seen until a request computes it "
+                              "again")
+        self._finished_len = len(snap["queues"]["finished"])
+        self._prev = snap
+
+    # -- one step --------------------------------------------------------------------------------
+    def _step(self, step: int, rec: dict, snap: dict) -> None:
+        prev = self._prev
+        assert prev is not None
+        self._learn(snap)
+        bs = self.block_size = int(snap["block_pool"]["block_size"])
+        holders = _holders(snap, rec)
+        new = list(rec.get("new_requests") or ())
+        rank = {rid: i + 1 for i, rid in enumerate(new)}
+        scheduled = {x["request_id"]: x for x in rec["scheduled"]}
+        caching = _caching_on(rec, snap)
+        events = self._events(rec, snap, prev, holders, rank)
+        self._preempted(step, rec, prev, bs)
+        # Running requests come first in the scheduler's order: what they computed and did to
+        # blocks in this step precedes every admission's lookup.
+        for rid, x in scheduled.items():
+            if rid not in rank and rid in self.seqs:
+                self.seen.computed(self.seqs[rid], int(x["num_computed_before"]) + int(x["num_tokens"]))
+        self._apply(events.get(0, ()), step, rec)
+        for rid in new:
+            x = scheduled.get(rid)
+            if x is not None and rid in self.seqs:
+                self._admit(step, rid, x, rec, caching)
+                self.seen.computed(self.seqs[rid], int(x["num_computed_before"]) + int(x["num_tokens"]))
+            self._apply(events.get(rank[rid], ()), step, rec)
+        self._settle(snap, prev, step, rec)
+        self.last_step = step
+        self._prev = snap
+
+    def _events(self, rec: dict, snap: dict, prev: dict, holders: dict, rank: dict) -> dict[int, list]:
+        """The step's evictions and cachings, by the rank of the request that did them (0: a
+        running request, or unknown), evictions first within a rank (an allocation evicts, then
+        the computed tokens fill the block)."""
+        out: dict[int, list] = {}
+        before = prev["block_pool"]["blocks"]
+        after = snap["block_pool"]["blocks"]
+        for b in rec["blocks"].get("evicted") or ():
+            by = holders.get(b, (None, 0))[0]
+            key = self.block_key.get(b)
+            if key is None and b < len(before):
+                key = self.by_hash.get(before[b]["hash"])
+            out.setdefault(rank.get(by, 0), []).append(("evicted", b, key, by, before[b] if b < len(before) else None))
+        for b in rec["blocks"].get("cached") or ():
+            rid, j = holders.get(b, (None, 0))
+            seq = self.seqs.get(rid) if rid is not None else None
+            what: Any = None
+            if seq is not None and (j + 1) * seq.block_size <= len(seq.tokens):
+                what = (seq, j)   # its node is made when the event applies, in the scheduler's order
+            elif after[b]["hash"] is not None:
+                what = self.by_hash.get(after[b]["hash"])
+            if what is None:
+                self.unmapped += 1
+                continue
+            out.setdefault(rank.get(rid, 0), []).append(("cached", b, what, rid, after[b]))
+        for items in out.values():
+            items.sort(key=lambda e: e[0] != "evicted")
+        return out
+
+    def _apply(self, events: Iterable[tuple], step: int, rec: dict) -> None:
+        for kind, b, key, rid, block in events:
+            if kind == "evicted":
+                self._unmap(b)
+                if key is None:
+                    continue
+                free_step, free_wall = self.freed_at.get(b, (None, None))
+                if block is not None and (block["ref_count"] or not block["is_free"]):
+                    free_step, free_wall = step, rec.get("wall_time_s")   # in use before: freed in this step
+                wall = rec.get("wall_time_s")
+                self.nodes[key].evictions.append(Eviction(
+                    step=step, block=b, hash=self.nodes[key].hash, by=rid, free_step=free_step,
+                    lru_age_steps=None if free_step is None else step - free_step,
+                    lru_age_s=None if free_wall is None or wall is None else max(0.0, wall - free_wall)))
+            else:
+                node = self._node_of(*key) if isinstance(key, tuple) else self.nodes[key]
+                key = node.key
+                node.stored.append(step)
+                if block["hash"] is not None:
+                    node.hash = block["hash"]
+                    self.by_hash[block["hash"]] = key
+                self._map(b, key)
+
+    def _settle(self, snap: dict, prev: dict, step: int, rec: dict) -> None:
+        """After the step: blocks that lost their hash without an eviction (a cache reset), or that
+        hold a hash the ledger knows from elsewhere; when each freed block joined the free queue."""
+        after, before = snap["block_pool"]["blocks"], prev["block_pool"]["blocks"]
+        if after is not before:
+            for i, b in enumerate(after):
+                if i < len(before) and b is before[i]:
+                    continue
+                if b["hash"] is None:
+                    self._unmap(i)
+                elif i not in self.block_key and b["hash"] in self.by_hash:
+                    self._map(i, self.by_hash[b["hash"]])
+        for b in rec["blocks"].get("freed") or ():
+            self.freed_at[b] = (step, rec.get("wall_time_s"))
+
+    def _map(self, b: int, key: bytes) -> None:
+        self._unmap(b)
+        self.block_key[b] = key
+        self.nodes[key].present += 1
+
+    def _unmap(self, b: int) -> None:
+        key = self.block_key.pop(b, None)
+        if key is not None:
+            self.nodes[key].present -= 1
+
+    def _node_of(self, seq: Sequence, j: int) -> Node:
+        key = seq.key(j)
+        node = self.nodes.get(key)
+        if node is None:
+            node = self.nodes[key] = Node(key=key, parent=seq.key(j - 1) if j else None, depth=j,
+                                          tokens=seq.block_tokens(j), domain=seq.domain, first_by=seq.request_id)
+            self.plain_domains.setdefault(seq.plain_key(j), set()).add(seq.domain)
+        return node
+
+    # -- requests --------------------------------------------------------------------------------
+    def _learn(self, snap: dict) -> None:
+        """New requests' prompts and domains; the output tokens known now."""
+        queues = snap["queues"]
+        finished = queues["finished"]
+        if len(finished) < self._finished_len:
+            self._finished_len = 0
+        fresh = finished[self._finished_len:]
+        self._finished_len = len(finished)
+        for r in (*queues["running"], *queues["waiting"], *fresh):
+            rid = r["request_id"]
+            seq = self.seqs.get(rid)
+            if seq is None:
+                if "prompt_token_ids" not in r:
+                    if not self._tokens_left_out:
+                        self._tokens_left_out = True
+                        self.notes.append("the feed leaves token ids out (KVSCOPE_FEED_TOKENS=0): requests cannot "
+                                          "be explained")
+                    continue
+                domain = (r.get("cache_salt"), r.get("lora_name"))
+                seq = self.seqs[rid] = Sequence(rid, list(r["prompt_token_ids"]), domain, self.block_size or 1)
+                self.requests[rid] = RequestWhy(rid, len(r["prompt_token_ids"]), domain)
+            seq.grow(r.get("output_token_ids") or [])
+
+    def _admit(self, step: int, rid: str, x: dict, rec: dict, caching: bool) -> None:
+        seq, why = self.seqs[rid], self.requests[rid]
+        resumed = bool(why.admissions)
+        # The tokens its lookup covered: the prompt, or (re-admitted) every token known before this step.
+        tokens = seq.prompt_len if not resumed else len(seq.tokens) - (1 if rid in (rec.get("sampled") or {}) else 0)
+        hit = int(x["num_computed_before"])
+        bs = seq.block_size
+        shared, other = self.seen.longest(seq, tokens)
+        lost = seq.lost if resumed else 0
+        spans: list[Span] = []
+        evictions: list[Eviction] = []
+
+        def put(start: int, end: int, cls: str, detail: str = "") -> None:
+            if start >= end:
+                return
+            if spans and spans[-1].cls == cls and spans[-1].detail == detail and spans[-1].end == start:
+                spans[-1].end = end
+            else:
+                spans.append(Span(start, end, cls, detail))
+
+        def by_position(start: int, end: int) -> None:
+            """Tokens no cached block explains: shared with an earlier request or not."""
+            if lost > start:
+                put(start, min(end, lost), "recomputed", "computed before its preemption")
+                start = min(end, lost)
+            cut = max(start, min(end, shared))
+            put(start, cut, "below_block" if caching else "caching_off",
+                f"#{other} had tokens 0-{shared - 1}" if other is not None else "")
+            put(cut, end, "never_seen")
+
+        put(0, hit, "hit")
+        hittable = (tokens - 1) // bs
+        for j in range(hit // bs, hittable):
+            start, end = max(hit, j * bs), (j + 1) * bs
+            cls, detail, ev = self._missed_block(seq, j)
+            if cls is None:
+                by_position(start, end)
+                continue
+            if lost > start:   # its own blocks, lost by its preemption: that is the cause here
+                put(start, end, "recomputed", "computed before its preemption")
+                continue
+            put(start, end, cls, detail)
+            if ev is not None and ev not in evictions:
+                evictions.append(ev)
+        by_position(max(hit, hittable * bs), tokens)
+        for j in range(hit // bs):
+            node = self.nodes.get(seq.key(j))
+            if node is not None:
+                node.hits.append((step, rid))
+        div = None
+        if shared < tokens:
+            o = self.seqs.get(other) if other is not None else None
+            div = Divergence(position=shared, token=seq.tokens[shared], other_request=other,
+                             other_token=o.tokens[shared] if o is not None and len(o.tokens) > shared else None,
+                             shared=shared)
+        a = Admission(step=step, tokens=tokens, hit=hit, resumed=resumed, classes=_count(spans), spans=spans,
+                      evictions=evictions, divergence=div, seen=shared, seen_by=other, lost=lost)
+        if not caching:
+            a.notes.append("prefix caching was off at this step")
+        why.admissions.append(a)
+        if resumed:
+            seq.lost = 0
+            for p in reversed(why.preemptions):
+                if p.readmitted_step is None:
+                    p.readmitted_step, p.recomputed_tokens = step, a.classes.get("recomputed", 0)
+                    break
+
+    def _missed_block(self, seq: Sequence, j: int) -> tuple[str | None, str, Eviction | None]:
+        """Why full block j of `seq` missed, from the blocks: (class, detail, the eviction), or
+        (None, '', None) where no block explains it (then its tokens are classed by position)."""
+        node = self.nodes.get(seq.key(j))
+        if node is not None:   # cached before this lookup: it must have been evicted since
+            if node.present > 0 or not node.evictions:
+                return "evicted", "still cached, but a block before it in the prefix was evicted", None
+            ev = node.evictions[-1]
+            return "evicted", ev.text(), ev
+        domains = self.plain_domains.get(seq.plain_key(j), set()) - {seq.domain}
+        if domains:
+            return "other_domain", "cached under " + ", ".join(_domain_text(d) for d in sorted(domains, key=repr)), None
+        return None, "", None
+
+    def _preempted(self, step: int, rec: dict, prev: dict, bs: int) -> None:
+        victims = list(rec.get("preempted") or ())
+        if not victims:
+            return
+        running = {r["request_id"]: r for r in prev["queues"]["running"]}
+        for_request, need = needing_request(prev, rec, bs)
+        freed = set(rec["blocks"].get("freed") or ())
+        for v in victims:
+            r = running.get(v, {})
+            lost = int(r.get("num_computed_tokens") or 0)
+            if v in self.seqs:
+                self.seqs[v].lost = lost
+            p = PreemptionWhy(step=step, victim=v, lost_tokens=lost, for_request=for_request,
+                              for_work=work_of(rec, for_request), needed_blocks=need,
+                              free_blocks_before=int(prev["block_pool"]["num_free_blocks"]),
+                              num_blocks=int(prev["block_pool"]["num_blocks"]), running_before=len(running),
+                              freed_blocks=[b for b in r.get("block_table") or () if b in freed])
+            self.preemptions.append(p)
+            if v in self.requests:
+                self.requests[v].preemptions.append(p)
+
+    # -- reading it ------------------------------------------------------------------------------
+    def check(self) -> None:
+        """Every request's classes sum to its tokens (RequestWhy.check)."""
+        for why in self.requests.values():
+            why.check()
+
+    def summary(self) -> Any:
+        from .summary import RunSummary
+
+        return RunSummary.of(self)
+
+
+def _count(spans: list[Span]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for s in spans:
+        out[s.cls] = out.get(s.cls, 0) + s.end - s.start
+    return out
+
+
+def _holders(snap: dict, rec: dict) -> dict[int, tuple[str, int]]:
+    """Block id -> (the request holding it after the step, its index in that request's table);
+    blocks of requests that finished in the step from the step's batch, where its rows line up."""
+    out: dict[int, tuple[str, int]] = {}
+    running = {}
+    for r in snap["queues"]["running"]:
+        running[r["request_id"]] = r["block_table"]
+        for j, b in enumerate(r["block_table"]):
+            out.setdefault(b, (r["request_id"], j))
+    tables = (rec.get("batch") or {}).get("block_tables") or []
+    scheduled = rec["scheduled"]
+    if tables and len(tables) == len(scheduled) and all(
+            list(t[:len(running[x["request_id"]])]) == list(running[x["request_id"]])[:len(t)]
+            for x, t in zip(scheduled, tables) if x["request_id"] in running):
+        for x, table in zip(scheduled, tables):
+            for j, b in enumerate(table):
+                out.setdefault(b, (x["request_id"], j))
+    return out
+
+
+def _caching_on(rec: dict, snap: dict) -> bool:
+    budgets = rec.get("budgets") or {}
+    if "enable_prefix_caching" in budgets:
+        return bool(budgets["enable_prefix_caching"])
+    return bool((snap.get("config") or {}).get("enable_prefix_caching", True))
+
+
+def _restarts(record: dict | None) -> str | None:
+    if record is None:
+        return None
+    return (record.get("changes") or {}).get("restart")
+
+
+def _domain_text(domain: tuple) -> str:
+    salt, lora = domain
+    if domain == PLAIN:
+        return "no cache_salt"
+    parts = ([f"cache_salt {salt!r}"] if salt else []) + ([f"LoRA {lora!r}"] if lora else [])
+    return " and ".join(parts)

@@ -46,7 +46,7 @@ function whyTokens(r, a, known) {
 /** One row per cause of the request: its verdict and the replay behind it. @param {WhyClass[]} known */
 function whyProofRows(r, known) {
   return Object.entries(r.proofs || {}).map(([k, p]) => {
-        const label = whyLabel(known(), k);
+    const label = whyLabel(known, k);
     return kvsEl("div", { class: "kvs-why-proof", "data-testid": "kvs-why-proof", "data-class": k, "data-verdict": p.verdict }, [
       kvsSwatch({ fill: KVS_WHY_LOOKS[k], border: KVS_WHY_LOOKS[k] }, label),
       kvsEl("span", { class: "kvs-chip kvs-why-verdict", style: { background: VERDICT_LOOK[p.verdict] || "#999", color: "#fff" }, text: p.verdict }),

@@ -29,9 +29,12 @@ def _model_dir() -> Path:
 
 def bare_scheduler(*, block_size: int, num_blocks: int, max_model_len: int, max_num_batched_tokens: int,
                    max_num_seqs: int, enable_chunked_prefill: bool = True, enable_prefix_caching: bool = True,
-                   scheduler_reserve_full_isl: bool = True, scheduler_cls: type | None = None) -> Any:
+                   scheduler_reserve_full_isl: bool = True, scheduler_cls: type | None = None,
+                   async_scheduling: bool = False) -> Any:
     """A vLLM Scheduler (or `scheduler_cls`, a subclass of it) over a pool of `num_blocks`
-    blocks (the null block included), synchronous scheduling."""
+    blocks (the null block included). `async_scheduling`: the config says so, as a GPU
+    server's does (vLLM's CPU platform turns it off, so it is set after the config is built);
+    the caller then schedules step N+1 before updating step N, as vLLM's engine core does."""
     import torch
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -47,6 +50,7 @@ def bare_scheduler(*, block_size: int, num_blocks: int, max_model_len: int, max_
     cache = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching)
     cache.num_gpu_blocks = num_blocks
     vllm_config = VllmConfig(model_config=model, scheduler_config=sched, cache_config=cache)
+    vllm_config.scheduler_config.async_scheduling = async_scheduling
     spec = FullAttentionSpec(block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
     kv_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
                               kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])

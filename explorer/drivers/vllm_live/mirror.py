@@ -35,13 +35,15 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from itertools import compress
+from operator import add
 from typing import Any
 
 from engine.report.changes import Sent
 from engine.report.records import StepRecord
-from engine.report.schema import (BATCH, BLOCK, BUDGET, CHANGES, POOL, QUEUE, RCHANGE, REC, REQ, SAMPLE, SCHED,
-                                  SNAP, TIME)
-from engine.request import RequestMetrics
+from engine.report.schema import (BATCH, BLOCK, BUDGET, CHANGES, POOL, QUEUE, RCHANGE, REC, REQ, RMETRICS, SAMPLE,
+                                  SCHED, SNAP, TIME)
+from engine.request import ClockEvents
 
 COUNTERS = ("prefix_cache_hits", "prefix_cache_queries", "num_preemptions", "num_generated_tokens",
             "num_prompt_tokens_computed")
@@ -51,61 +53,102 @@ UNKNOWN_TOKEN = -1     # a batch position whose token id never reached the sched
 _NO_BLOCKS = 1 << 62   # a touched request whose blocks did not change (only its outputs or times did)
 
 
+class _Clock:
+    """One clock of a request's event times, shaped as engine.request.ClockEvents (what
+    engine.report.changes reads), with the first token's time taken from the token times."""
+
+    __slots__ = ("arrival_time", "first_scheduled_time", "finished_time", "token_times", "preempted_times")
+
+    def __init__(self) -> None:
+        self.arrival_time = self.first_scheduled_time = self.finished_time = None
+        self.token_times: list[float] = []
+        self.preempted_times: list[float] = []
+
+    @property
+    def first_token_time(self) -> float | None:
+        return self.token_times[0] if self.token_times else None
+
+    def to_dict(self) -> dict:
+        return ClockEvents(self.arrival_time, self.first_scheduled_time, self.first_token_time, list(self.token_times),
+                           list(self.preempted_times), self.finished_time).to_dict()
+
+    def to_wire(self) -> list:
+        return [self.arrival_time, self.first_scheduled_time, self.finished_time, self.token_times, self.preempted_times]
+
+    def from_wire(self, w: list) -> None:
+        self.arrival_time, self.first_scheduled_time, self.finished_time = w[0], w[1], w[2]
+        self.token_times, self.preempted_times = list(w[3]), list(w[4])
+
+
+class _Metrics:
+    """A request's two clocks (engine.request.RequestMetrics' shape)."""
+
+    __slots__ = ("engine", "wall")
+
+    def __init__(self) -> None:
+        self.engine, self.wall = _Clock(), _Clock()
+
+    def to_dict(self) -> dict:
+        return {RMETRICS.ENGINE: self.engine.to_dict(), RMETRICS.WALL: self.wall.to_dict()}
+
+
 class Req:
     """One request as the feed knows it (vLLM's Request stays in the server)."""
 
-    __slots__ = ("idx", "rid", "prompt", "n_prompt", "output", "n_output", "max_tokens", "params", "stop", "hashes",
+    __slots__ = ("idx", "rid", "prompt", "n_prompt", "output", "n_hidden", "max_tokens", "params", "stop", "hashes",
                  "status", "computed", "cached", "preemptions", "finish_reason", "table", "chunks", "metrics",
-                 "frozen")
+                 "frozen", "tw", "te")
 
     def __init__(self, idx: int, rid: str, prompt: list[int], n_prompt: int, max_tokens: int, params: dict,
                  stop: list[str], hashes: list[str]) -> None:
         self.idx, self.rid, self.prompt, self.n_prompt = idx, rid, prompt, n_prompt
         self.output: list[int] = []
-        self.n_output = 0
+        self.n_hidden = 0   # outputs counted but not held (token ids left out of the feed)
         self.max_tokens, self.params, self.stop, self.hashes = max_tokens, params, stop, hashes
         self.status = "waiting"
         self.computed = self.cached = self.preemptions = self.chunks = 0
         self.finish_reason: str | None = None
         self.table: list[int] = []
-        self.metrics = RequestMetrics()
+        self.metrics = _Metrics()
         self.frozen: dict | None = None
+        self.tw, self.te = self.metrics.wall.token_times, self.metrics.engine.token_times  # the hot path's handles
 
-    def tokens(self) -> list[int]:
-        return self.prompt + self.output
+    @property
+    def n_output(self) -> int:
+        return len(self.output) + self.n_hidden
+
+    def tokens(self, start: int = 0, end: int | None = None) -> list[int]:
+        """Its token ids [start, end): the prompt's, then the outputs'."""
+        prompt, n = self.prompt, len(self.prompt)
+        end = n + len(self.output) if end is None else end
+        if end <= n:
+            return prompt[start:end]
+        if start >= n:
+            return self.output[start - n:end - n]
+        return prompt[start:] + self.output[:end - n]
 
     # -- the wire ----------------------------------------------------------------------------
     def to_wire(self) -> list:
         m = self.metrics
         return [self.idx, self.rid, self.prompt, self.n_prompt, self.output, self.n_output, self.max_tokens,
                 self.params, self.stop, self.hashes, self.status, self.computed, self.cached, self.preemptions,
-                self.finish_reason, self.table, self.chunks, [_clock_wire(m.engine), _clock_wire(m.wall)]]
+                self.finish_reason, self.table, self.chunks, [m.engine.to_wire(), m.wall.to_wire()]]
 
     @classmethod
     def from_wire(cls, w: list) -> "Req":
         r = cls(w[0], w[1], list(w[2]), w[3], w[6], w[7], list(w[8]), list(w[9]))
-        r.output, r.n_output = list(w[4]), w[5]
+        r.output = list(w[4])
+        r.n_hidden = w[5] - len(r.output)
         r.status, r.computed, r.cached, r.preemptions, r.finish_reason = w[10], w[11], w[12], w[13], w[14]
         r.table, r.chunks = list(w[15]), w[16]
-        _clock_from(r.metrics.engine, w[17][0])
-        _clock_from(r.metrics.wall, w[17][1])
+        r.metrics.engine.from_wire(w[17][0])
+        r.metrics.wall.from_wire(w[17][1])
+        r.tw, r.te = r.metrics.wall.token_times, r.metrics.engine.token_times
         return r
 
 
-_CLOCK = ("arrival_time", "first_scheduled_time", "first_token_time", "finished_time", "token_times", "preempted_times")
-
-
-def _clock_wire(c: Any) -> list:
-    return [getattr(c, k) for k in _CLOCK]
-
-
-def _clock_from(c: Any, w: list) -> None:
-    for k, v in zip(_CLOCK, w):
-        setattr(c, k, list(v) if isinstance(v, list) else v)
-
-
-def _stamp(m: RequestMetrics, event: str, wall: float, engine: float) -> None:
-    """RequestMetrics.record for one event, on both clocks."""
+def _stamp(m: _Metrics, event: str, wall: float, engine: float) -> None:
+    """An event's time on both clocks, the first time it happens."""
     if getattr(m.wall, event) is None:
         setattr(m.wall, event, wall)
     if getattr(m.engine, event) is None:
@@ -173,7 +216,7 @@ class Mirror:
         for b, idx, i in body["cached"]:
             req = self.requests.get(idx) or step.gone.get(idx)
             if req is not None and hashes[b] is not None:
-                self.memo[b] = (hashes[b], req.tokens()[i * bs:(i + 1) * bs] if self.tokens else [])
+                self.memo[b] = (hashes[b], req.tokens(i * bs, (i + 1) * bs) if self.tokens else [])
         if body["queues"] is not None:
             self.running, self.waiting = list(body["queues"][0]), list(body["queues"][1])
         self.num_free, self.usage = body["free"], body["usage"]
@@ -191,7 +234,7 @@ class Mirror:
         if self.sent is not None:
             self.sent.forget(r.rid for r in step.finished)
         if self._gone:
-            named = {i for s in self.pending.values() for i in s.n_of}
+            named = {i for s in self.pending.values() for i in s.order}
             self._gone = {i: r for i, r in self._gone.items() if i in named}
         return record
 
@@ -204,63 +247,67 @@ class Mirror:
 
     def _schedule(self, op: list, step: "_Step") -> None:
         _, sid, order, ns, new, cached_ids, cached_before, cached_blocks, cached_out, resumed, preempted, budget = op
-        reqs, bs, counters, touched = self.requests, self.block_size, self.counters, step.touched
-        n_of = dict(zip(order, ns))
-        before = dict(zip(cached_ids, cached_before))
-        with_placeholders = dict(zip(cached_ids, cached_out))
+        reqs, counters = self.requests, self.counters
         admitted = set(resumed)
-        for idx, b, table in new:
-            req = reqs[idx]
-            before[idx] = b
-            with_placeholders[idx] = req.n_output
-            req.table = list(table)
-            admitted.add(idx)
-        resumed_set = set(resumed)
-        for idx, blocks in zip(cached_ids, cached_blocks):
-            if idx in resumed_set:
-                self._reset_table(reqs[idx], list(blocks or ()))
-            elif blocks:
-                reqs[idx].table.extend(blocks)
-        known: list[int] = []
-        decode: list[bool] = []
-        chunk: list[int | None] = []
-        for idx in order:
-            req = reqs[idx]
-            b, n = before[idx], n_of[idx]
-            req.computed = b + n
-            num_tokens = req.n_prompt + req.n_output
-            if idx in admitted:
+        if not new and cached_ids == order:  # running requests only (decode steps): vLLM's lists line up
+            bs_, outs = cached_before, cached_out
+        else:
+            before = dict(zip(cached_ids, cached_before))
+            with_placeholders = dict(zip(cached_ids, cached_out))  # outputs + tokens still being sampled
+            for idx, b, table in new:
+                req = reqs[idx]
+                before[idx], with_placeholders[idx] = b, req.n_output
+                req.table = list(table)
+                admitted.add(idx)
+            bs_, outs = list(map(before.__getitem__, order)), list(map(with_placeholders.__getitem__, order))
+        for idx, blocks in compress(zip(cached_ids, cached_blocks), cached_blocks):  # those given blocks
+            if idx not in admitted:
+                reqs[idx].table += blocks
+        for idx in resumed:
+            self._reset_table(reqs[idx], list(dict(zip(cached_ids, cached_blocks))[idx] or ()))
+        rs = [reqs[i] for i in order]
+        for req, c in zip(rs, map(add, bs_, ns)):
+            req.computed = c
+        # A decode computes one token, the request's latest, past its prompt (under async
+        # scheduling, one still being sampled): n == 1, b == prompt + outputs (+ placeholders) - 1
+        # and outputs >= 1.
+        decode = [n == 1 and w >= 1 and b == r.n_prompt + w - 1 for r, b, n, w in zip(rs, bs_, ns, outs)]
+        chunk: dict[int, int] = {}  # row -> prefill chunk index
+        known: dict[int, int] = {}  # row -> tokens the request knew (its logits row is sampled if it reaches them)
+        if admitted:
+            b_of = dict(zip(order, bs_))
+            for idx in admitted:
+                req = reqs[idx]
                 req.status = "running"
-                req.cached, req.chunks = b, 0
-                counters["prefix_cache_hits"] += b
-                counters["prefix_cache_queries"] += num_tokens
-                touched[idx] = 0
-            else:
-                first = b // bs
-                touched[idx] = min(first, touched.get(idx, first))
-            is_decode = n == 1 and b >= req.n_prompt and b == req.n_prompt + with_placeholders[idx] - 1
-            decode.append(is_decode)
-            known.append(num_tokens)
-            if is_decode:
-                chunk.append(None)
-            else:
-                chunk.append(req.chunks)
+                req.cached, req.chunks = b_of[idx], 0
+                counters["prefix_cache_hits"] += b_of[idx]
+                counters["prefix_cache_queries"] += req.n_prompt + req.n_output
+        if not all(decode):
+            for row in [k for k, d in enumerate(decode) if not d]:
+                req = rs[row]
+                chunk[row], known[row] = req.chunks, req.n_prompt + req.n_output
                 req.chunks += 1
-                counters["num_prompt_tokens_computed"] += n
+                counters["num_prompt_tokens_computed"] += ns[row]
         for idx in preempted:
             req = reqs[idx]
             req.status = "preempted"
             req.computed = 0
             req.preemptions += 1
             self._reset_table(req, [])
-            touched[idx] = 0
-        self.pending[sid] = _Sched(op, n_of, before, admitted, known, decode, chunk)
+        if self.sent is not None:  # the consumer's side: which blocks may hold new tokens
+            touched, bs = step.touched, self.block_size
+            for idx, b in zip(order, bs_):
+                first = 0 if idx in admitted else b // bs
+                touched[idx] = min(first, touched.get(idx, first))
+            for idx in preempted:
+                touched[idx] = 0
+        self.pending[sid] = _Sched(op, list(bs_), admitted, known, decode, chunk)
 
     def _reset_table(self, req: Req, table: list[int]) -> None:
         """A request's table starts again (preempted, resumed, finished): a step scheduled before
         that, whose record is still to come, keeps the table it ran with."""
         for s in self.pending.values():
-            if req.idx in s.n_of and req.idx not in s.tables:
+            if req.idx in s.names and req.idx not in s.tables:
                 s.tables[req.idx] = req.table
         req.table = table
         if self.sent is not None:
@@ -272,7 +319,7 @@ class Mirror:
         self._reset_table(req, [])
         step.finished.append(req)
         step.gone[req.idx] = req
-        if any(req.idx in s.n_of for s in self.pending.values()):
+        if any(req.idx in s.names for s in self.pending.values()):
             self._gone[req.idx] = req
 
     def _req(self, idx: int) -> Req:
@@ -298,26 +345,31 @@ class Mirror:
                 m.wall.preempted_times.append(wall)
                 m.engine.preempted_times.append(engine_start)
             counters["num_preemptions"] += len(preempted)
-        reqs, tokens = self.requests, self.tokens
-        generated = 0
-        for idx, new in zip(ids, new_tokens):
-            req = reqs.get(idx)
-            if req is None:
-                continue
-            k = len(new) if tokens else new
-            if not k:
-                continue
-            if tokens:
-                req.output += new
-            req.n_output += k
-            touched.setdefault(idx, _NO_BLOCKS)
-            m = req.metrics
-            w, e = m.wall, m.engine
-            if w.first_token_time is None:
-                w.first_token_time, e.first_token_time = wall, engine
-            w.token_times += [wall] * k
-            e.token_times += [engine] * k
-            generated += k
+        reqs = self.requests
+        rs = list(map(reqs.get, ids))
+        counts = list(map(len, new_tokens)) if self.tokens else new_tokens
+        if self.tokens and None not in rs and counts.count(1) == len(counts):
+            # Decodes (one token each, the common step): the loop below, lean.
+            for r in rs:
+                r.tw.append(wall)
+            for r in rs:
+                r.te.append(engine)
+            for r, new in zip(rs, new_tokens):
+                r.output += new
+        else:
+            for req, new, k in zip(rs, new_tokens, counts):
+                if req is None or not k:
+                    continue
+                req.tw += [wall] * k
+                req.te += [engine] * k
+                if self.tokens:
+                    req.output += new
+                else:
+                    req.n_hidden += k
+        generated = sum(counts)
+        if self.sent is not None:
+            for idx in ids:
+                touched.setdefault(idx, _NO_BLOCKS)
         counters["num_generated_tokens"] += generated
         for k, reason in finished:
             req = reqs.get(ids[k])
@@ -347,19 +399,19 @@ class Mirror:
         bs, tokens = self.block_size, self.tokens
         budget = sched.op[11] if sched is not None else None
         if sched is not None:
-            order = sched.op[2]
+            order, ns, bs_ = sched.order, sched.op[3], sched.before
             batch = {k: [] for k in BATCH.ALL}
             ids_, pos_, slots_, qsl, seq_lens, tables, logits = (batch[BATCH.INPUT_IDS], batch[BATCH.POSITIONS],
                                                                  batch[BATCH.SLOT_MAPPING], [0], batch[BATCH.SEQ_LENS],
                                                                  batch[BATCH.BLOCK_TABLES], batch[BATCH.LOGITS_INDICES])
             for row, idx in enumerate(order):
                 req = self._req(idx)
-                b, n = sched.before[idx], sched.n_of[idx]
+                b, n = bs_[row], ns[row]
                 admitted = idx in sched.admitted
                 is_decode = sched.decode[row]
                 rec.scheduled.append({SCHED.REQUEST_ID: req.rid, SCHED.NUM_TOKENS: n, SCHED.NUM_COMPUTED_BEFORE: b,
                                       SCHED.IS_PREFILL: not is_decode, SCHED.NUM_CACHED_TOKENS: b if admitted else 0,
-                                      SCHED.CHUNK_INDEX: sched.chunk[row]})
+                                      SCHED.CHUNK_INDEX: sched.chunk.get(row)})
                 if admitted:
                     rec.new_requests.append(req.rid)
                 table = sched.tables.get(idx, req.table)
@@ -367,14 +419,14 @@ class Mirror:
                 pos_.extend(pos)
                 slots_.extend(table[p // bs] * bs + p % bs for p in pos)
                 if tokens:
-                    known_ids = req.tokens()[b:b + n]
+                    known_ids = req.tokens(b, b + n)
                     # UNKNOWN_TOKEN: a position whose token the device sampled and vLLM then dropped
                     # (its request ended while the step ran): the feed never saw it.
                     ids_.extend(known_ids + [UNKNOWN_TOKEN] * (n - len(known_ids)))
                 qsl.append(qsl[-1] + n)
                 seq_lens.append(b + n)
                 tables.append(table[:(b + n + bs - 1) // bs])
-                if b + n >= sched.known[row]:
+                if is_decode or b + n >= sched.known[row]:
                     logits.append(qsl[-1] - 1)
             batch[BATCH.QUERY_START_LOC] = qsl
             rec.batch, rec.batch_source = batch, "scheduler"
@@ -426,10 +478,11 @@ class Mirror:
         if not table[first:]:
             return
         bs, n = self.block_size, req.computed
-        ids = req.tokens() if self.tokens else []
+        ids = req.tokens(first * bs, n) if self.tokens else []
         for i in range(first, len(table)):
             if table[i] not in held:
-                held[table[i]] = ids[i * bs:min((i + 1) * bs, n)]
+                k = (i - first) * bs
+                held[table[i]] = ids[k:k + min(bs, n - i * bs)] if n > i * bs else []
 
     def _block(self, b: int, held: list[int] | None) -> dict:
         h = self.hash[b]
@@ -513,7 +566,7 @@ class Mirror:
                 "ref": self.ref, "hash": self.hash, "memo": [[b, h, t] for b, (h, t) in self.memo.items()],
                 "requests": [r.to_wire() for r in self.requests.values()],
                 "finished": [r.to_wire() for r in self.finished], "running": self.running, "waiting": self.waiting,
-                "pending": [[sid, s.op, [s.n_of, s.before, list(s.admitted), s.known, s.decode, s.chunk], s.tables]
+                "pending": [[sid, s.op, [s.before, list(s.admitted), s.known, s.decode, s.chunk], s.tables]
                             for sid, s in self.pending.items()],
                 "gone": [r.to_wire() for r in self._gone.values()]}
 
@@ -530,24 +583,32 @@ class Mirror:
         m.finished.extend(Req.from_wire(rw) for rw in w["finished"])
         m._gone = {r.idx: r for r in map(Req.from_wire, w["gone"])}
         m.running, m.waiting = list(w["running"]), list(w["waiting"])
-        for sid, op, (n_of, before, admitted, known, decode, chunk), tables in w["pending"]:
-            m.pending[sid] = _Sched(op, dict(n_of), dict(before), set(admitted), list(known), list(decode),
-                                    list(chunk), {i: list(t) for i, t in tables.items()})
+        for sid, op, (before, admitted, known, decode, chunk), tables in w["pending"]:
+            m.pending[sid] = _Sched(op, list(before), set(admitted), dict(known), list(decode), dict(chunk),
+                                    {i: list(t) for i, t in tables.items()})
         m.scheduled_ahead = (m.step_count + 1) if m.pending else None
         return m
 
 
 class _Sched:
-    """A schedule whose update is still to come: vLLM's SchedulerOutput in compact form, and
-    what was derived from it when it was applied (for its record)."""
+    """A schedule whose update is still to come: vLLM's SchedulerOutput in compact form (`op`),
+    and what was derived from it when it was applied, row by row (for its record)."""
 
-    __slots__ = ("op", "n_of", "before", "admitted", "known", "decode", "chunk", "tables")
+    __slots__ = ("op", "order", "before", "admitted", "known", "decode", "chunk", "tables", "_names")
 
-    def __init__(self, op: list, n_of: dict, before: dict, admitted: set, known: list, decode: list,
-                 chunk: list, tables: dict | None = None) -> None:
-        self.op, self.n_of, self.before, self.admitted = op, n_of, before, admitted
+    def __init__(self, op: list, before: list, admitted: set, known: dict, decode: list, chunk: dict,
+                 tables: dict | None = None) -> None:
+        self.op, self.order, self.before, self.admitted = op, op[2], before, admitted
         self.known, self.decode, self.chunk = known, decode, chunk
-        self.tables: dict[int, list[int]] = tables or {}
+        self.tables: dict[int, list[int]] = tables or {}   # tables reset before the record: as they ran
+        self._names: set[int] | None = None
+
+    @property
+    def names(self) -> set[int]:
+        """The requests it scheduled."""
+        if self._names is None:
+            self._names = set(self.order)
+        return self._names
 
 
 class _Update:

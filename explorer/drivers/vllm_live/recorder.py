@@ -348,7 +348,7 @@ class _Publisher:
 
     def _count_subscribers(self) -> None:
         zmq = self.zmq
-        while True:
+        while self.pub.poll(0):
             try:
                 frame = self.pub.recv(zmq.NOBLOCK)
             except zmq.Again:
@@ -373,7 +373,6 @@ class _Publisher:
                 break
         self.seq += 1
         self.counters["steps"] += 1
-        self._count_subscribers()
         if self.subscribers > 0:
             msg = {"schema": protocol.SCHEMA_VERSION, "kind": "step", "run_id": self.run_id, "rank": self.rank,
                    "seq": self.seq, "counters": dict(self.counters), "body": body}
@@ -461,25 +460,34 @@ class _Publisher:
                 int(getattr(request, "max_tokens", None) or getattr(sp, "max_tokens", 1) or 1), _params(request).to_dict(),
                 float(request.arrival_time), [str(x) for x in (getattr(sp, "stop", None) or ())], hashes]
 
+    def _indices(self, rids: Any) -> list[int]:
+        try:
+            return list(map(self.by_id.__getitem__, rids))
+        except KeyError:  # a request the recorder never saw arrive (never, but a name costs nothing)
+            return [self._index(r) for r in rids]
+
     def _sched_op(self, sid: int, out: Any, budget: int) -> list:
-        index = self._index
+        indices = self._indices
         c = out.scheduled_cached_reqs
-        return ["s", sid, [index(r) for r in out.num_scheduled_tokens], list(out.num_scheduled_tokens.values()),
-                [[index(d.req_id), d.num_computed_tokens, d.block_ids[0]] for d in out.scheduled_new_reqs],
-                [index(r) for r in c.req_ids], c.num_computed_tokens,
-                [None if b is None else b[0] for b in c.new_block_ids], c.num_output_tokens,
-                [index(r) for r in c.resumed_req_ids], [index(r) for r in (out.preempted_req_ids or ())], budget]
+        rids = list(out.num_scheduled_tokens)
+        order = indices(rids)
+        return ["s", sid, order, list(out.num_scheduled_tokens.values()),
+                [[self._index(d.req_id), d.num_computed_tokens, d.block_ids[0]] for d in out.scheduled_new_reqs],
+                order if c.req_ids == rids else indices(c.req_ids), c.num_computed_tokens,
+                [b and b[0] for b in c.new_block_ids], c.num_output_tokens, indices(c.resumed_req_ids),
+                indices(out.preempted_req_ids or ()), budget]
 
     def _update_op(self, cap: _Cap, result: Any, wall: float, step_s: float) -> list:
         outs = [_OUTPUT(o) for eco in (result or {}).values() for o in eco.outputs]
         out = cap.out
         if not outs and (out is None or not out.total_num_scheduled_tokens):
             return ["x", cap.sid]  # nothing ran (vLLM tells its workers about finished requests)
-        get = self.by_id.get
-        ids = [get(r, -1) for r, _, _ in outs]
-        new = [t for _, t, _ in outs] if self.tokens else [len(t) for _, t, _ in outs]
-        finished = [[k, o[2].name.lower()] for k, o in enumerate(outs) if o[2] is not None]
-        return ["u", cap.sid, wall, step_s, cap.schedule_s, cap.update_s, ids, new, finished, cap.events]
+        rids, new, reasons = zip(*outs) if outs else ((), (), ())
+        ids = self._indices(rids)
+        finished = [] if reasons.count(None) == len(reasons) else \
+            [[k, r.name.lower()] for k, r in enumerate(reasons) if r is not None]
+        return ["u", cap.sid, wall, step_s, cap.schedule_s, cap.update_s, ids,
+                list(new) if self.tokens else list(map(len, new)), finished, cap.events]
 
     def close(self) -> None:
         self._running = False

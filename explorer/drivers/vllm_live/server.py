@@ -27,24 +27,49 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_ports(n: int, tries: int = 200) -> int:
+    """The first of `n` consecutive ports free on 127.0.0.1 (a data-parallel server's recorders
+    take two per rank: explorer.drivers.vllm_live.protocol.rank_addresses)."""
+    for _ in range(tries):
+        base = free_port()
+        socks = []
+        try:
+            for port in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise OSError(f"no {n} consecutive free ports on 127.0.0.1")
+
+
 class VllmServer:
     """One `python -m vllm.entrypoints.openai.api_server` process."""
 
     def __init__(self, model: str, *, recorder: bool = True, kv_events: bool = True, block_size: int = 32,
                  max_model_len: int = 1024, num_gpu_blocks: int | None = None, max_num_batched_tokens: int | None = None,
                  max_num_seqs: int | None = None, extra_args: tuple[str, ...] = (), env: dict | None = None,
-                 log: str | None = None) -> None:
+                 log: str | None = None, data_parallel_size: int = 1) -> None:
         self.model = str(model)
         self.port = free_port()
         self.http = f"http://127.0.0.1:{self.port}"
-        self.feed = f"tcp://127.0.0.1:{free_port()}" if recorder else None
-        self.snapshots = f"tcp://127.0.0.1:{free_port()}" if recorder else None
-        self.kv_events = f"tcp://127.0.0.1:{free_port()}" if kv_events else None
+        # The feed and its snapshot endpoint on two neighbouring ports, and the next ones free for
+        # the other data-parallel ranks' recorders (rank r: ports + 2r).
+        base = free_ports(2 * data_parallel_size) if recorder else None
+        self.feed = f"tcp://127.0.0.1:{base}" if recorder else None
+        self.snapshots = f"tcp://127.0.0.1:{base + 1}" if recorder else None
+        # vLLM's KV events: rank r's publisher takes the endpoint's port + r.
+        self.kv_events = f"tcp://127.0.0.1:{free_ports(data_parallel_size)}" if kv_events else None
         args = ["--model", self.model, "--host", "127.0.0.1", "--port", str(self.port), "--enforce-eager",
                 "--block-size", str(block_size), "--max-model-len", str(max_model_len),
                 "--gpu-memory-utilization", "0.1"]
         for flag, value in (("--num-gpu-blocks-override", num_gpu_blocks),
-                            ("--max-num-batched-tokens", max_num_batched_tokens), ("--max-num-seqs", max_num_seqs)):
+                            ("--max-num-batched-tokens", max_num_batched_tokens), ("--max-num-seqs", max_num_seqs),
+                            ("--data-parallel-size", data_parallel_size if data_parallel_size > 1 else None)):
             if value is not None:
                 args += [flag, str(value)]
         if recorder:

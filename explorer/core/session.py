@@ -87,17 +87,21 @@ class Session:
         self._history = History(HistoryEntry(step=snap["step"], record=None, snapshot=snap), self._max_history)
 
     @classmethod
-    def attach(cls, address: str, model: str | None = None, *, max_history: int | None = LIVE_HISTORY,
-               **options: Any) -> "Session":
+    def attach(cls, address: str | list[str], model: str | None = None, *, max_history: int | None = LIVE_HISTORY,
+               ranks: int | None = None, **options: Any) -> Any:
         """Follow a running vLLM server whose scheduler is kvscope's recorder
         (`--scheduler-cls explorer.drivers.vllm_live.RecordingScheduler`, feed at `address`, e.g.
         "tcp://127.0.0.1:5590"): a Session without controls that applies the server's steps
         (`follow()`, `pause()`, `feed_status()`). `model`: the model folder, for token texts;
         `options`: explorer.drivers.vllm_live.client.LiveSource's (timeout, max_queue,
-        kv_events, snapshot_address). It keeps the latest `max_history` steps."""
-        from ..drivers.vllm_live.client import LiveDriver
+        kv_events, snapshot_address). It keeps the latest `max_history` steps.
 
-        return cls(engine=LiveDriver.connect(address, model, **options), max_history=max_history)
+        A data-parallel server has one engine core per rank, and a list of addresses names
+        several servers: then it returns an explorer.core.fleet.Fleet of one Session per
+        engine core (`ranks`: a server's rank count, instead of asking rank 1, 2, ...)."""
+        from .fleet import attach
+
+        return attach(cls, address, model, max_history=max_history, ranks=ranks, **options)
 
     # -- read-only views ------------------------------------------------------------------
     @property

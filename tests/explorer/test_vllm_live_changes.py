@@ -147,3 +147,39 @@ def test_an_abort_while_its_step_runs_frees_its_blocks_in_that_step(harness, asy
     finally:
         src.close()
         run.close()
+
+
+def test_without_token_ids_the_feed_carries_counts_and_block_ids_only(harness, monkeypatch):
+    from engine.report import schema
+    from engine.report.changes import apply
+    from explorer.drivers.vllm_live import protocol
+    from explorer.drivers.vllm_live.client import LiveSource
+
+    monkeypatch.setenv(protocol.ENV_TOKENS, "0")
+    run = _scheduler(harness, async_=False)
+    src = LiveSource(run.feed, snapshot_address=run.snapshots, timeout=5)
+    pub = run.s._rec.publisher
+    try:
+        while not pub.subscribers:
+            pub.wake.set()
+        state = src.snapshot().to_dict()
+        for _ in range(6):
+            _step(run)
+        records = _received(src, pub)
+        for rec in records:
+            assert schema.record_problems(rec) == []
+            state = apply(state, rec["changes"])
+            assert rec["batch"]["input_ids"] == [] and all(s["token_id"] is None for s in rec["sampled"].values())
+        assert schema.snapshot_problems(state) == [] and src.tokens_left_out
+        assert src.snapshot().to_dict() == state
+        vllm = {r.request_id: r for r in run.s.running}
+        for r in state["queues"]["running"]:   # counts and block tables stay, token ids go
+            assert (r["prompt_token_ids"], r["output_token_ids"]) == ([], [])
+            assert (r["num_prompt_tokens"], r["num_output_tokens"]) == (vllm[r["request_id"]].num_prompt_tokens,
+                                                                        vllm[r["request_id"]].num_output_tokens)
+            assert r["block_table"] == list(run.s.kv_cache_manager.get_block_ids(r["request_id"])[0])
+        assert all(b["token_ids"] == [] for b in state["block_pool"]["blocks"])
+        assert any(rec["batch"]["slot_mapping"] for rec in records)
+    finally:
+        src.close()
+        run.close()

@@ -78,7 +78,12 @@ class LiveSource:
         self._sub.setsockopt(zmq.SUBSCRIBE, protocol.TOPIC)
         self._sub.connect(address)
         self._last_message = time.monotonic()
-        self._take_snapshot()
+        try:
+            self._take_snapshot()
+        except BaseException:  # nothing answers there: leave no socket behind
+            self._sub.close(0)
+            self._ctx.term()
+            raise
         self.tokenizer = tokenizer if tokenizer is not None else self._load_tokenizer(model)
         if isinstance(kv_events, str):  # an address; or a KvEventSubscriber already listening
             from .kv_events import KvEventSubscriber
@@ -257,14 +262,14 @@ class LiveSource:
             while self._queue and self._queue[0]["run_id"] == self.run_id and self._queue[0]["seq"] <= fresh["seq"]:
                 self._queue.popleft()
                 self.counters["stale"] += 1
-        self._adopt(fresh)
         self.counters["rebased"] += 1
-        return self._whole_record(max(self.step_count + 1, self.mirror.step_count))
+        return self._whole_record(self._adopt(fresh))
 
-    def _adopt(self, fresh: dict) -> None:
+    def _adopt(self, fresh: dict) -> int:
         """Hold a fresh snapshot's state, keeping as finished (marked) the requests held here
-        that it no longer has: they ended in steps this side never got."""
-        old = self.mirror
+        that it no longer has: they ended in steps this side never got. Returns the step the
+        history shows it as (after the one it holds, at least)."""
+        old, step = self.mirror, self.step_count + 1
         self._take_snapshot(fresh)
         new = self.mirror
         have = {r.rid for r in (*new.requests.values(), *new.finished)}
@@ -273,6 +278,8 @@ class LiveSource:
             r.status, r.finish_reason, r.frozen, r.table = "finished", "unknown (dropped)", None, []
         kept = [r for r in old.finished if r.rid not in have]
         new.finished = deque([*kept, *lost, *new.finished], maxlen=new.finished.maxlen)
+        new.step_count = self.step_count = max(step, new.step_count)
+        return new.step_count
 
     def _needs_catch_up(self) -> bool:
         """No step came for a second but the state shows requests in flight: the steps that ended
@@ -297,9 +304,9 @@ class LiveSource:
         if msg is None:
             raise ValueError("no step from the server is waiting")
         self.counters["missed"] += msg["seq"] - self.seq
-        self._adopt(msg)
+        step = self._adopt(msg)
         self.notes.append(f"caught up from a snapshot after missing steps up to seq {self.seq}")
-        return self._whole_record(max(self.step_count + 1, self.mirror.step_count))
+        return self._whole_record(step)
 
     def _restart(self, why: str) -> StepRecord:
         """Start again from a fresh snapshot: a record whose changes restart the history."""

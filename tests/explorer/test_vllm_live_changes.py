@@ -183,3 +183,43 @@ def test_without_token_ids_the_feed_carries_counts_and_block_ids_only(harness, m
     finally:
         src.close()
         run.close()
+
+
+def test_a_recorder_that_cannot_bind_logs_one_error_and_its_engine_core_schedules(harness, monkeypatch):
+    """Its feed's port taken (a second server, a rank whose ports + 2r are in use): one error
+    in vLLM's log, no feed, and vLLM schedules every request as it would without kvscope."""
+    import logging
+    import socket
+
+    from explorer.drivers.vllm_live import protocol
+    from explorer.drivers.vllm_live.recorder import RecordingScheduler
+    from tests.oracle.vllm_side import VllmScheduler
+    from tests.oracle.workloads import random_workload
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    monkeypatch.setenv(protocol.ENV_FEED, f"tcp://127.0.0.1:{port}")
+    monkeypatch.delenv(protocol.ENV_SNAPSHOT, raising=False)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # vLLM's logger does not propagate to pytest's handlers
+    logger = logging.getLogger("vllm.kvscope_recorder")
+    logger.addHandler(handler)
+    try:
+        w = random_workload(3)
+        side = VllmScheduler(w, RecordingScheduler)
+        assert [r.levelname for r in records] == ["ERROR"] and f"tcp://127.0.0.1:{port}" in records[0].getMessage()
+        assert side.scheduler._rec is None
+        for r in w.requests:
+            side.add(r)
+        steps = 0
+        while side.scheduler.has_requests() and steps < 5000:
+            side.step()
+            steps += 1
+        assert steps > 0 and not side.scheduler.running and not side.scheduler.waiting
+        assert {r.request_id for r in w.requests} <= set(side.requests_seen)
+    finally:
+        logger.removeHandler(handler)
+        taken.close()

@@ -454,6 +454,14 @@ class Dashboard(W.VBox):
     `timeline`, `latency`. Display one alone with ``display(dash.queues)``.
     """
 
+    def __new__(cls, session: Any, **kwargs: Any) -> Any:
+        if cls is Dashboard and isinstance(getattr(session, "sessions", None), list):
+            # A Fleet (the ranks of a data-parallel server): its engine cores side by side.
+            from .fleet_view import FleetDashboard
+
+            return FleetDashboard(session, panel, **kwargs)
+        return super().__new__(cls)
+
     def __init__(self, session: Any, *, panels: Iterable[str] | None = None) -> None:
         self.session = session
         if panels is None:  # the sharding view only when there is sharding to see

@@ -43,7 +43,7 @@ function render({ model, el }) {
       kvsEl("span", { text: `${s.requests || 0} requests (${(s.per_rank || []).map((n, k) => `${rs[k] ? rs[k].label : k}: ${n}`).join(", ")}); ` }),
       kvsEl("span", { text: `prefix hits ${s.hit_tokens || 0} tokens where they ran, ${s.best_tokens || 0} on the best rank at arrival; ` }),
       kvsEl("span", { class: lost ? "kvs-fleet-loss" : "", "data-testid": "kvs-fleet-loss",
-                      text: `routing loss ${lost} tokens (${s.requests_with_loss || 0} requests)`,
+                      text: `routing loss ${lost} tokens (${s.requests_with_loss || 0} request${s.requests_with_loss === 1 ? "" : "s"})`,
                       title: "tokens a request would have found in the prefix cache of the rank that held the longest prefix of its prompt when it arrived, minus those it found where it ran" }),
       (s.total || 0) > (s.shown || 0) ? kvsEl("span", { class: "kvs-muted", text: ` · latest ${s.shown} of ${s.total} shown` }) : "");
     const table = kvsEl("table", {}, [head(["request", "ran on", "hit", ...rs.map((r) => `${r.label} at arrival`), "loss"])]);

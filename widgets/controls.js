@@ -163,8 +163,13 @@ function makeViews(model, root, ui, form, knobs, sender, drawer) {
     ui.slider.max = String(Math.max(0, len - 1));
     ui.slider.disabled = len === 0;
     if (!ui.slider.matches(":active")) ui.slider.value = String(idx === LIVE ? Math.max(0, len - 1) : idx);
-    const shown = idx === LIVE ? len - 1 : idx;
-    ui.sliderLabel.textContent = len === 0 ? "no steps yet" : `step ${first + shown} of ${first + len - 1}`;
+    const shown = idx === LIVE ? len - 1 : idx, dropped = model.get("history_dropped") || 0;
+    // A bounded history (a live server's) keeps its latest steps: the slider starts at the first kept.
+    ui.sliderLabel.textContent = len === 0 ? "no steps yet" : `step ${first + shown} of ${first + len - 1}`
+      + (dropped ? ` \u00b7 kept from step ${first} (${dropped} earlier dropped)` : "");
+    ui.sliderLabel.dataset.first = String(first);
+    ui.sliderLabel.dataset.dropped = String(dropped);
+    ui.slider.title = dropped ? `the history keeps its latest steps: it starts at step ${first}; ${dropped} earlier steps were dropped` : "";
     ui.liveBtn.disabled = idx === LIVE;
     ui.liveBtn.classList.toggle("kvs-on", idx === LIVE);
   };
@@ -370,7 +375,7 @@ function render({ model, el }) {
   wireActions(model, ui, form, knobs, views, act);
 
   for (const k of ["info", "busy", "engine"]) model.on(`change:${k}`, views.status);
-  for (const k of ["history_len", "history_first", "view_index"]) model.on(`change:${k}`, views.history);
+  for (const k of ["history_len", "history_first", "history_dropped", "view_index"]) model.on(`change:${k}`, views.history);
   for (const k of ["error", "error_field"]) model.on(`change:${k}`, views.error);
   for (const k of ["caption", "notice", "view_index", "history_len", "history_first"]) model.on(`change:${k}`, views.caption);
   model.on("change:chat_template_available", views.chatTemplate);

@@ -120,6 +120,9 @@ class Fleet:
             if r["status"] == "finished" and row["known"]:
                 self._rows[(k, rid)] = row
             rows.append(row)
+        if len(self._rows) > 2 * len(rows):  # forget requests the states no longer hold
+            held = {(row["rank"], row["request_id"]) for row in rows}
+            self._rows = {key: row for key, row in self._rows.items() if key in held}
         rows.sort(key=lambda row: (row["arrival_time"] or 0.0, row["rank"]))
         return rows
 
@@ -188,9 +191,10 @@ class Fleet:
 
 
 def attach(session_cls: Any, address: str | Sequence[str], model: str | None = None, *,
-           max_history: int | None, ranks: int | None = None, **options: Any) -> Any:
+           session_options: dict | None = None, ranks: int | None = None, **options: Any) -> Any:
     """Session.attach: a Session for a server with one engine core, a Fleet for more (every
-    data-parallel rank of each address; `ranks` says how many a server has instead of asking)."""
+    data-parallel rank of each address; `ranks` says how many a server has instead of asking),
+    each Session built with `session_options` (its history's bounds)."""
     from ..drivers.vllm_live import protocol
     from ..drivers.vllm_live.client import LiveDriver
 
@@ -225,7 +229,7 @@ def attach(session_cls: Any, address: str | Sequence[str], model: str | None = N
                         raise
                     break  # no rank r: the server has r ranks
             for r, driver in enumerate(drivers):
-                sessions.append(session_cls(engine=driver, max_history=max_history))
+                sessions.append(session_cls(engine=driver, **(session_options or {})))
                 labels.append(f"rank {r}" if len(addresses) == 1 else f"server {n} rank {r}")
     except BaseException:
         for s in sessions:

@@ -178,6 +178,7 @@ class SessionBinder:
         index = len(history) - 1 if self.view_index is None else self.view_index
         self.panels["controls"].show({
             "history_len": len(history), "history_first": int(history[0].step) if history else 1,
+            "history_dropped": int(self.session.history_window["dropped"]),
             "view_index": -1 if self.view_index is None else self.view_index,
             "has_work": bool(self.session.source.pending()),
             # Which engine the panels show (a vLLM session says "vLLM 0.32.0").

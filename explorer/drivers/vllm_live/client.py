@@ -42,6 +42,7 @@ from .mirror import Mirror
 log = logging.getLogger(__name__)
 
 PROMPT_HASHES = 20_000   # requests whose prompt block hashes a source keeps (the fleet's routing view)
+TEXTS_KEPT = 8_192       # spelled prompts and outputs a source keeps
 WATCH_ONLY = ("this session follows a live vLLM server: its traffic comes from the server's own clients "
               "(send requests to the server's OpenAI API), and its budgets and pool are its command line's")
 
@@ -371,6 +372,8 @@ class LiveSource:
         return self.tokenizer.decode(ids)
 
     def _text(self, rid: str, which: str, ids: list[int]) -> str:
+        if len(self._texts) > TEXTS_KEPT:  # a server runs for days: spell the latest requests' again if asked
+            self._texts.clear()
         key = (rid, which)
         cached = self._texts.get(key)
         if cached is None or cached[0] != len(ids):

@@ -3,16 +3,20 @@
 A GPU server holds tens of thousands of KV blocks and hundreds of running requests; this CPU
 cannot run such a model, but vLLM's scheduler runs without one (explorer.drivers.vllm.bare). For each
 size, the same decode steps run on vLLM's own Scheduler and on kvscope's RecordingScheduler
-with a subscriber draining its feed, alternated over rounds; printed: vLLM's scheduler step
-(schedule + update, no forward), the recorder's extra wall time and CPU time per step, and the
-bytes a step message carries. Compare the extra milliseconds with your server's step time
-(a decode step of a real model on a GPU is tens of milliseconds).
+with a subscriber draining its feed (and checking its sequence numbers), alternated over
+rounds. Between a step's schedule and its update the scheduler thread sleeps `--forward-ms`,
+as vLLM's engine core waits for the model (the GIL is free then, as it is while a GPU runs);
+`--forward-ms 0` is the worst case, the recorder's thread and vLLM's competing for the GIL.
+Printed per step: vLLM's scheduler step (schedule + update, the wait left out), what the
+recorder added to it, the recorder's CPU on the scheduler thread and on its own thread (the
+GIL time it takes there), the bytes a step message carries, and the gaps the subscriber saw.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import statistics
+import threading
 import time
 
 from explorer.apps.machine import cpu_summary
@@ -22,9 +26,45 @@ SIZES = ((2_000, 16, 512), (20_000, 128, 1024), (60_000, 256, 2048))  # blocks, 
 BLOCK_SIZE = 16
 
 
-def _steps(num_blocks: int, num_running: int, prompt_len: int, steps: int, record: bool) -> dict:
+class Drain:
+    """A subscriber that reads every message as it comes (its size, its sequence number)."""
+
+    def __init__(self, feed: str) -> None:
+        import zmq
+
+        from explorer.drivers.vllm_live import protocol
+
+        self.protocol = protocol
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.SUB)
+        self.sock.setsockopt(zmq.SUBSCRIBE, protocol.TOPIC)
+        self.sock.setsockopt(zmq.RCVHWM, 0)
+        self.sock.connect(feed)
+        self.sizes: list[int] = []
+        self.seqs: list[int] = []
+        self.running = True
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        while self.running:
+            if self.sock.poll(50):
+                frames = self.sock.recv_multipart()
+                self.sizes.append(len(frames[1]))
+                self.seqs.append(self.protocol.decode(frames)["seq"])
+
+    def gaps(self) -> int:
+        return sum(b - a - 1 for a, b in zip(self.seqs, self.seqs[1:]))
+
+    def close(self) -> None:
+        self.running = False
+        self.thread.join(timeout=2)
+        self.sock.close(0)
+        self.ctx.term()
+
+
+def _steps(num_blocks: int, num_running: int, prompt_len: int, steps: int, record: bool, forward_s: float) -> dict:
     """Median ms per scheduler step once every request decodes (and the recorder's counters)."""
-    import zmq
     from vllm.sampling_params import SamplingParams
 
     from explorer.drivers.vllm_live import protocol
@@ -37,14 +77,12 @@ def _steps(num_blocks: int, num_running: int, prompt_len: int, steps: int, recor
     sched = bare_scheduler(block_size=BLOCK_SIZE, num_blocks=num_blocks, max_model_len=prompt_len + 1024,
                            max_num_batched_tokens=8192, max_num_seqs=num_running,
                            scheduler_cls=RecordingScheduler if record else None)
-    sub = None
+    drain = None
     if record:
-        ctx = zmq.Context.instance()
-        sub = ctx.socket(zmq.SUB)
-        sub.setsockopt(zmq.SUBSCRIBE, protocol.TOPIC)
-        sub.connect(feed)
-        while not sched._feed.subscribers:
-            sched._feed._count_subscribers()
+        drain = Drain(feed)
+        pub = sched._rec.publisher
+        while not pub.subscribers:
+            pub.wake.set()
             time.sleep(0.01)
     params = SamplingParams(temperature=0.0, max_tokens=1000, ignore_eos=True)
     for i in range(num_running):  # distinct prompts: no prefix sharing, every block its own
@@ -57,26 +95,36 @@ def _steps(num_blocks: int, num_running: int, prompt_len: int, steps: int, recor
     def step() -> float:
         t0 = time.perf_counter()
         out = sched.schedule()
-        sched.update_from_output(out, sampled_output(sched, out, token)[0])
-        t = time.perf_counter() - t0
-        while sub is not None and sub.poll(0):
-            sizes.append(len(sub.recv_multipart()[1]))
-        return t
+        t1 = time.perf_counter()
+        runner_out = sampled_output(sched, out, token)[0]
+        if forward_s:
+            time.sleep(forward_s)   # the model runs; vLLM's scheduler thread waits, the GIL is free
+        t2 = time.perf_counter()
+        sched.update_from_output(out, runner_out)
+        return (t1 - t0) + (time.perf_counter() - t2)
 
-    sizes: list[int] = []
     while sched.waiting or any(r.num_computed_tokens < r.num_prompt_tokens for r in sched.running):
         step()
-    sizes.clear()
-    before = dict(sched._feed.counters) if record else {}
-    times = [step() for _ in range(steps)]
-    result = {"step_ms": statistics.median(times) * 1e3}
+    result: dict = {}
     if record:
-        c = sched._feed.counters
-        n = c["steps"] - before["steps"]
-        result["recorder_cpu_ms"] = (c["recorder_cpu_ms"] - before["recorder_cpu_ms"]) / max(1, n)
-        result["bytes"] = statistics.median(sizes) if sizes else 0
+        pub.flush(60)
+        before = dict(pub.counters)
+        first = len(drain.sizes)
+    times = [step() for _ in range(steps)]
+    result["step_ms"] = statistics.median(times) * 1e3
+    if record:
+        pub.flush(60)
+        end = time.monotonic() + 30
+        while len(drain.seqs) < pub.counters["published"] and time.monotonic() < end:
+            time.sleep(0.01)
+        c = pub.counters
+        n = max(1, c["steps"] - before["steps"])
+        result["sched_cpu_ms"] = (c["recorder_cpu_ms"] - before["recorder_cpu_ms"]) / n
+        result["thread_cpu_ms"] = (c["publisher_cpu_ms"] - before["publisher_cpu_ms"]) / n
+        result["bytes"] = statistics.median(drain.sizes[first:]) if drain.sizes[first:] else 0
+        result["gaps"] = drain.gaps() + (c["published"] - len(drain.seqs))
         sched.shutdown()
-        sub.close(0)
+        drain.close()
     return result
 
 
@@ -84,22 +132,28 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=30, help="decode steps timed per round")
     ap.add_argument("--rounds", type=int, default=3, help="rounds per size, plain and recorder alternated")
+    ap.add_argument("--forward-ms", type=float, default=10.0,
+                    help="the model's step the scheduler thread waits for between schedule and update (0: none)")
     args = ap.parse_args(argv)
     print(f"recorder cost vs server size ({cpu_summary()}); vLLM's scheduler without a model, block size "
-          f"{BLOCK_SIZE}, every request decoding; medians of {args.rounds} rounds x {args.steps} steps", flush=True)
+          f"{BLOCK_SIZE}, every request decoding, {args.forward_ms:g} ms forward wait; medians of {args.rounds} "
+          f"rounds x {args.steps} steps", flush=True)
     print(f"{'blocks':>7} {'running':>7} {'context':>7}  {'vLLM step ms':>12} {'+ recorder ms':>13} "
-          f"{'recorder CPU ms':>15} {'message KB':>10}")
+          f"{'sched thread CPU ms':>19} {'recorder thread CPU ms':>22} {'message KB':>10} {'gaps':>5}")
     for blocks, running, prompt in SIZES:
-        plain, rec, cpu, size = [], [], [], []
+        plain, rec, sched_cpu, thread_cpu, size, gaps = [], [], [], [], [], 0
         for _ in range(args.rounds):
-            plain.append(_steps(blocks, running, prompt, args.steps, False)["step_ms"])
-            r = _steps(blocks, running, prompt, args.steps, True)
+            plain.append(_steps(blocks, running, prompt, args.steps, False, args.forward_ms / 1e3)["step_ms"])
+            r = _steps(blocks, running, prompt, args.steps, True, args.forward_ms / 1e3)
             rec.append(r["step_ms"])
-            cpu.append(r["recorder_cpu_ms"])
+            sched_cpu.append(r["sched_cpu_ms"])
+            thread_cpu.append(r["thread_cpu_ms"])
             size.append(r["bytes"])
+            gaps += r["gaps"]
         base = statistics.median(plain)
         print(f"{blocks:>7} {running:>7} {prompt:>7}  {base:>12.2f} {statistics.median(rec) - base:>13.2f} "
-              f"{statistics.median(cpu):>15.2f} {statistics.median(size) / 1024:>10.1f}", flush=True)
+              f"{statistics.median(sched_cpu):>19.3f} {statistics.median(thread_cpu):>22.3f} "
+              f"{statistics.median(size) / 1024:>10.1f} {gaps:>5}", flush=True)
 
 
 if __name__ == "__main__":

@@ -204,3 +204,25 @@ def pytest_runtest_makereport(item, call):
         if isinstance(value, VllmServer):
             report.sections.append((f"vLLM server {name}: {value.log_path} (its last lines)", value.log_tail()))
 # ------------------------------- end: a vLLM server's log -------------------------------
+# --- a data-parallel vLLM server --------------------------------------------------------
+@pytest.fixture(scope="session")
+def dp_server(default_model_path):
+    """One vLLM OpenAI server with data parallelism 2 on this CPU (two engine cores, each with
+    its own scheduler and kvscope recorder, one thread each), shared by the tests that need it
+    (tests/explorer/test_vllm_live_dp.py, tests/e2e/test_fleet_browser.py): it takes a minute
+    to start."""
+    from tests.oracle.vllm_available import require_vllm
+
+    require_vllm()
+    pytest.importorskip("openai")
+    from explorer.drivers.vllm_live.server import VllmServer
+
+    srv = VllmServer(default_model_path, num_gpu_blocks=64, block_size=32, max_model_len=1024, kv_events=False,
+                     data_parallel_size=2, log=os.environ.get("KVSCOPE_LIVE_TEST_LOG"),
+                     env={"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "0|1"})
+    try:
+        srv.start().wait_ready(600)
+        yield srv
+    finally:
+        srv.stop()
+# ------------------------------- end: a data-parallel vLLM server ------------------------

@@ -10,6 +10,7 @@ const KVS_PANELS = {
   "history": [
    "history_len",
    "history_first",
+   "history_dropped",
    "view_index"
   ],
   "error": [

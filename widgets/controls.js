@@ -190,8 +190,13 @@ function makeViews(model, root, ui, form, knobs, sender, drawer) {
     // Not while the person drags it or keyed scrubs are still on their way: an ack of an earlier
     // scrub would put the thumb back, and the next key would move from there (presses lost).
     if (!ui.slider.matches(":active") && ui.scrubTarget === null) ui.slider.value = String(idx === LIVE ? Math.max(0, len - 1) : idx);
-    const shown = idx === LIVE ? len - 1 : idx;
-    ui.sliderLabel.textContent = len === 0 ? "no steps yet" : `step ${first + shown} of ${first + len - 1}`;
+    const shown = idx === LIVE ? len - 1 : idx, dropped = model.get("history_dropped") || 0;
+    // A bounded history (a live server's) keeps its latest steps: the slider starts at the first kept.
+    ui.sliderLabel.textContent = len === 0 ? "no steps yet" : `step ${first + shown} of ${first + len - 1}`
+      + (dropped ? ` \u00b7 kept from step ${first} (${dropped} earlier dropped)` : "");
+    ui.sliderLabel.dataset.first = String(first);
+    ui.sliderLabel.dataset.dropped = String(dropped);
+    ui.slider.title = dropped ? `the history keeps its latest steps: it starts at step ${first}; ${dropped} earlier steps were dropped` : "";
     ui.liveBtn.disabled = idx === LIVE;
     ui.liveBtn.classList.toggle("kvs-on", idx === LIVE);
   };

@@ -30,6 +30,7 @@ class ControlsHistory(TypedDict):
     """The history slider."""
     history_len: int
     history_first: int
+    history_dropped: int
     view_index: int
 
 
@@ -82,6 +83,7 @@ class ControlsPanel(Panel):
 
     history_len = t.Int(0).tag(sync=True)        # number of steps in the Session history
     history_first = t.Int(1).tag(sync=True)      # step number of history[0]
+    history_dropped = t.Int(0).tag(sync=True)    # steps a bounded history dropped before history[0]
     view_index = t.Int(-1).tag(sync=True)        # -1: live, else an index into history
     has_work = t.Bool(False).tag(sync=True)      # the engine has unfinished requests
     busy = t.Bool(False).tag(sync=True)          # Python is inside an action right now

@@ -36,53 +36,146 @@ class HistoryWindowDict(TypedDict):
     first_step: int       # the step of its first entry
     dropped: int          # entries dropped before it (a bounded history)
     max_steps: int | None  # the bound (None: every step is kept)
+    max_mib: float | None  # the bound on what the kept steps added
     entries: int
+    mib: float | None     # what the kept steps added, under a MiB bound
 
 
 class History:
-    """The entries of a Session, oldest first, at most `max_steps` + 1 of them (None: no bound).
+    """The entries of a Session, oldest first: at most `max_steps` + 1 of them, and at most
+    about `max_mib` MiB of what the steps added (`step_bytes`); None: no such bound.
 
-    When the bound is reached the oldest entries go: `on_drop(entries)` hears each of them first
+    When a bound is reached the oldest entries go: `on_drop(entries)` hears each of them first
     (to write them out), `dropped` counts them. The first entry kept then stands for the state
     the window starts from."""
 
     def __init__(self, first: HistoryEntry, max_steps: int | None = None,
-                 on_drop: Callable[[list[HistoryEntry]], None] | None = None) -> None:
+                 on_drop: Callable[[list[HistoryEntry]], None] | None = None, max_mib: float | None = None) -> None:
         if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1):
             raise ValueError(f"max_history must be an integer >= 1 (steps kept) or None, got {max_steps!r}")
+        if max_mib is not None and (isinstance(max_mib, bool) or not isinstance(max_mib, (int, float)) or max_mib <= 0):
+            raise ValueError(f"max_history_mib must be a number > 0 (MiB kept) or None, got {max_mib!r}")
         self.entries: list[HistoryEntry] = [first]
         self.max_steps = max_steps
+        self.max_mib = max_mib
         self.on_drop = on_drop
         self.dropped = 0
+        self.sizes: list[int] = [0]   # bytes each entry added to the one before it (measured under a MiB bound)
+        self.bytes = 0
 
     def append(self, entry: HistoryEntry) -> None:
+        if self.max_mib is not None:
+            size = step_bytes(entry.record, entry.snapshot, self.entries[-1].snapshot)
+            self.sizes.append(size)
+            self.bytes += size
         self.entries.append(entry)
+        n = 0
         if self.max_steps is not None and len(self.entries) > self.max_steps + 1:
+            n = len(self.entries) - self.max_steps - 1
+        if self.max_mib is not None and self.bytes > self.max_mib * 2**20:
+            total, limit = self.bytes - sum(self.sizes[1:n + 1]), self.max_mib * 2**20
+            while total > limit and n < len(self.entries) - 2:
+                n += 1
+                total -= self.sizes[n]
+        if n:
             # Drop in batches of a tenth of the window: a list's front costs O(window) to cut.
-            n = len(self.entries) - self.max_steps - 1 + max(0, self.max_steps // 10)
-            n = min(n, len(self.entries) - 1)
-            gone, self.entries = self.entries[:n], self.entries[n:]
-            self.dropped += n
-            if self.on_drop is not None:
-                self.on_drop(gone)
+            n = min(len(self.entries) - 2, n + max(0, (len(self.entries) - 1) // 10))
+            self._drop(max(1, n))
+
+    def _drop(self, n: int) -> None:
+        gone, self.entries = self.entries[:n], self.entries[n:]
+        if self.max_mib is not None:
+            # The new first entry stands for the state: what its step added is no longer "added".
+            self.bytes -= sum(self.sizes[1:n + 1])
+            self.sizes = [0, *self.sizes[n + 1:]]
+        self.dropped += n
+        if self.on_drop is not None:
+            self.on_drop(gone)
 
     def replace_last(self, snapshot: EngineSnapshotDict) -> None:
         last = self.entries[-1]
         self.entries[-1] = HistoryEntry(step=last.step, record=last.record, snapshot=snapshot)
 
     @property
+    def window(self) -> HistoryWindowDict:
+        """Where the kept history starts: its first step, the steps dropped before it, the
+        bounds, and (under a MiB bound) the MiB the kept steps added."""
+        return {"first_step": self.first_step, "dropped": self.dropped, "max_steps": self.max_steps,
+                "max_mib": self.max_mib, "entries": len(self.entries),
+                "mib": round(self.bytes / 2**20, 3) if self.max_mib is not None else None}
+
+    @property
     def first_step(self) -> int:
         return self.entries[0].step
-
-    def window(self) -> HistoryWindowDict:
-        return {"first_step": self.first_step, "dropped": self.dropped, "max_steps": self.max_steps,
-                "entries": len(self.entries)}
 
     def __len__(self) -> int:
         return len(self.entries)
 
 
 # -- measuring ------------------------------------------------------------------------------------
+def step_bytes(record: Mapping[str, Any] | None, snapshot: Mapping[str, Any], before: Mapping[str, Any]) -> int:
+    """About how many bytes an entry adds to a history whose last snapshot is `before`: its
+    record (the step's changes in it), and the containers `apply` built anew for the snapshot
+    (engine/report/changes.py keeps every part a step left alone as the same object): the
+    queues and requests that changed, with their new lists (a growing list is copied whole, so
+    a long request costs its length each step), and the pool's list and changed blocks. It
+    walks what changed, never the whole state: O(the step), as a history bound must be."""
+    size = _deep(record) if record is not None else 0
+    if snapshot is before:
+        return size
+    size += sys.getsizeof(snapshot)
+    q, q0 = snapshot.get("queues") or {}, before.get("queues") or {}
+    if q is not q0:
+        size += sys.getsizeof(q)
+        old = {id(r): r for name in ("waiting", "running") for r in q0.get(name, ())}
+        by_rid = {r.get("request_id"): r for r in old.values()}
+        for name in ("waiting", "running", "finished"):
+            lst = q.get(name, [])
+            if lst is q0.get(name):
+                continue
+            size += sys.getsizeof(lst)
+            if name == "finished":
+                done = q0.get(name, [])
+                size += sum(_shallow(r, None) for r in lst[len(done):])
+                continue
+            size += sum(_shallow(r, by_rid.get(r.get("request_id"))) for r in lst if id(r) not in old)
+    pool, pool0 = snapshot.get("block_pool") or {}, before.get("block_pool") or {}
+    if pool is not pool0:
+        size += sys.getsizeof(pool)
+        blocks, blocks0 = pool.get("blocks", []), pool0.get("blocks", [])
+        if blocks is not blocks0:
+            size += sys.getsizeof(blocks)
+            changes = (record or {}).get("changes") or {}
+            for b in changes.get("blocks", ()):
+                i = b.get("block_id")
+                if isinstance(i, int) and 0 <= i < len(blocks):
+                    size += _shallow(blocks[i], None)
+    return size
+
+
+def _shallow(d: Mapping[str, Any], old: Mapping[str, Any] | None) -> int:
+    """A dict built anew by apply: itself and each of its values that is not `old`'s (its
+    lists' pointers, and the floats of lists computed anew, such as inter-token latencies)."""
+    size = sys.getsizeof(d)
+    for k, v in d.items():
+        if old is not None and old.get(k) is v:
+            continue
+        t = type(v)
+        if t is dict:
+            size += _shallow(v, old.get(k) if old is not None and type(old.get(k)) is dict else None)
+        elif t is list:
+            size += sys.getsizeof(v)
+            if v and type(v[0]) is float and (old is None or k == "inter_token_latency"):
+                size += len(v) * 24   # floats made for this list
+        elif t is str:
+            size += sys.getsizeof(v)
+    return size
+
+
+def _deep(obj: Any) -> int:
+    return history_bytes([{"record": obj}])
+
+
 def history_bytes(entries: Iterable[HistoryEntry | Mapping[str, Any]]) -> int:
     """Bytes held by the entries' records and snapshots, each object counted once
     (sys.getsizeof of every dict, list, str, int, float reachable from them)."""

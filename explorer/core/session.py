@@ -33,6 +33,11 @@ Observer = Callable[[str, "Session"], None]
 # A Session that follows a live server keeps this many steps unless told otherwise: at a GPU
 # server's 50-100 steps a second, an unbounded history fills the notebook's memory.
 LIVE_HISTORY = 2000
+# ... and at most about this many MiB of what its steps added (explorer/core/history.py: a big
+# server's step adds megabytes: each running request's growing lists are copied per step).
+LIVE_HISTORY_MIB = 1024.0
+# ... and this many finished requests in each state (a server runs requests for days).
+LIVE_FINISHED = 1000
 
 _SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
 
@@ -41,7 +46,8 @@ class Session:
     """Drives an engine one step at a time and keeps its history for scrubbing back.
 
     `Session(llm_or_config=None, *, engine="kvscope", debug_invariants=False, max_history=None,
-    **config_fields)` accepts an `LLM`, an `EngineConfig`, a model folder (str / path) or None
+    max_history_mib=None, max_finished=None, **config_fields)` accepts an `LLM`, an
+    `EngineConfig`, a model folder (str / path) or None
     (the default model, with `config_fields` as EngineConfig overrides). `engine="vllm"` steps
     vLLM itself (explorer.drivers.vllm.engine: `config_fields` are VllmConfig fields or vLLM
     engine arguments); any engine of explorer.core.engine_protocol.ENGINES, or a ready
@@ -50,7 +56,9 @@ class Session:
 
     History holds one `HistoryEntry` per engine step plus the entry it started from; each
     snapshot is the previous one with the step's `changes` applied (engine/report/changes.py).
-    `max_history` keeps only the latest that many steps (None: all). The latest entry's
+    `max_history` keeps only the latest that many steps, `max_history_mib` only about that many
+    MiB of what they added, `max_finished` that many finished requests in each state (None: no
+    bound). The latest entry's
     snapshot is updated after `add_request`, `abort` and `set_budget`, so it always shows the
     engine as it is now (requests added before step k+1 appear in entry k, in the waiting queue).
 
@@ -68,7 +76,8 @@ class Session:
 
     def __init__(self, llm_or_config: LLM | EngineConfig | str | Any | None = None, *,
                  engine: str | EngineDriver = "kvscope", debug_invariants: bool = False,
-                 max_history: int | None = None, **config_fields: Any) -> None:
+                 max_history: int | None = None, max_history_mib: float | None = None,
+                 max_finished: int | None = None, **config_fields: Any) -> None:
         self._lock = threading.RLock()  # a follow thread and a click must not interleave
         self._observers: list[Observer] = []
         self.last_error: str | None = None
@@ -76,6 +85,12 @@ class Session:
             config_fields["check_invariants"] = True
         self.check_changes = debug_invariants  # each step: the applied snapshot equals a whole one
         self._max_history = max_history
+        self._max_history_mib = max_history_mib
+        if max_finished is not None and (isinstance(max_finished, bool) or not isinstance(max_finished, int)
+                                         or max_finished < 1):
+            raise ValueError(f"max_finished must be an integer >= 1 (finished requests kept) or None, "
+                             f"got {max_finished!r}")
+        self._max_finished = max_finished
         self._driver: EngineDriver = make_driver(engine, llm_or_config, config_fields)
         self._follower = Follower(self.poll)
         self._held: list[str] | None = None  # events held back while a poll applies several steps
@@ -86,23 +101,40 @@ class Session:
         snap = self.source.snapshot().to_dict()
         if self.controls is not None:
             self.controls.take_changes()  # the snapshot is the refresh point: what came before is in it
-        self._history = History(HistoryEntry(step=snap[SNAP.STEP], record=None, snapshot=snap), self._max_history)
+        self._history = self._new_history(snap)
+
+    def _finished_kept(self, snapshot: EngineSnapshotDict) -> EngineSnapshotDict:
+        """`snapshot` with its finished queue cut to the latest `max_finished` requests."""
+        queues = snapshot["queues"]
+        done = queues["finished"]
+        if self._max_finished is None or len(done) <= self._max_finished:
+            return snapshot
+        return {**snapshot, "queues": {**queues, "finished": done[-self._max_finished:]}}
+
+    def _new_history(self, snapshot: EngineSnapshotDict) -> History:
+        return History(HistoryEntry(step=snapshot[SNAP.STEP], record=None, snapshot=snapshot), self._max_history,
+                       max_mib=self._max_history_mib)
 
     @classmethod
-    def attach(cls, address: str, model: str | None = None, *, max_history: int | None = LIVE_HISTORY,
-               **options: Any) -> Session:
+    def attach(cls, address: str | list[str], model: str | None = None, *, max_history: int | None = LIVE_HISTORY,
+               max_history_mib: float | None = LIVE_HISTORY_MIB, max_finished: int | None = LIVE_FINISHED,
+               ranks: int | None = None, **options: Any) -> Any:
         """Follow a running vLLM server whose scheduler is kvscope's recorder
         (`--scheduler-cls explorer.drivers.vllm_live.RecordingScheduler`, feed at `address`, e.g.
         "tcp://127.0.0.1:5590"): a Session without controls that applies the server's steps
         (`follow()`, `pause()`, `feed_status()`). `model`: the model folder, for token texts;
         `options`: explorer.drivers.vllm_live.client.LiveSource's (timeout, max_queue,
-        kv_events, snapshot_address). It keeps the latest `max_history` steps."""
-        from ..drivers.vllm_live.client import LiveDriver
+        kv_events, snapshot_address). It keeps the latest `max_history` steps, and no more than
+        about `max_history_mib` MiB of what they added (history_window says where it starts),
+        each state with its latest `max_finished` finished requests.
 
-        # LiveSource.model_info is typed `dict`, not ModelInfoDict, in drivers/vllm_live/client.py: until it
-        # says ModelInfoDict, mypy sees no Source in it (and then reports this ignore as unused).
-        return cls(engine=LiveDriver.connect(address, model, **options),  # type: ignore[arg-type]
-                   max_history=max_history)
+        A data-parallel server has one engine core per rank, and a list of addresses names
+        several servers: then it returns an explorer.core.fleet.Fleet of one Session per
+        engine core (`ranks`: a server's rank count, instead of asking rank 1, 2, ...)."""
+        from .fleet import attach
+
+        return attach(cls, address, model, ranks=ranks, session_options={
+            "max_history": max_history, "max_history_mib": max_history_mib, "max_finished": max_finished}, **options)
 
     # -- read-only views ------------------------------------------------------------------
     @property
@@ -147,8 +179,9 @@ class Session:
 
     @property
     def history_window(self) -> HistoryWindowDict:
-        """Where the kept history starts: its first step, the steps dropped before it, the bound."""
-        return self._history.window()
+        """Where the kept history starts: its first step, the steps dropped before it, the bounds
+        (`max_steps`, `max_mib`) and, under a MiB bound, the MiB its steps added."""
+        return self._history.window
 
     @property
     def current(self) -> HistoryEntry:
@@ -211,8 +244,7 @@ class Session:
         changes = record[REC.CHANGES]
         if CHANGES.RESTART in changes:
             snapshot = changes[CHANGES.SNAPSHOT]
-            self._history = History(HistoryEntry(step=snapshot[SNAP.STEP], record=None, snapshot=snapshot),
-                                    self._max_history)
+            self._history = self._new_history(snapshot)
             return "reset"  # why: the source's notes
         if CHANGES.SNAPSHOT not in changes and rec.step != self.current.step + 1:
             # A step this history never saw (taken on the engine directly): its changes went with
@@ -220,6 +252,7 @@ class Session:
             snapshot = self.source.snapshot().to_dict()
         else:
             snapshot = apply(self.current.snapshot, changes)
+        snapshot = self._finished_kept(snapshot)
         if self.check_changes:
             self._check_against_whole(snapshot, f"step {rec.step}")
         self._history.append(HistoryEntry(step=rec.step, record=record, snapshot=snapshot))

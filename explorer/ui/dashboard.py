@@ -178,6 +178,7 @@ class SessionBinder:
         index = len(history) - 1 if self.view_index is None else self.view_index
         self.panels["controls"].show({
             "history_len": len(history), "history_first": int(history[0].step) if history else 1,
+            "history_dropped": int(self.session.history_window["dropped"]),
             "view_index": -1 if self.view_index is None else self.view_index,
             "has_work": bool(self.session.source.pending()),
             # Which engine the panels show (a vLLM session says "vLLM 0.32.0").
@@ -535,6 +536,14 @@ class Dashboard(W.VBox):
     missed the prefix cache), `blocks`, `slots`, `tree` (the prefix tree, tied to the pool),
     `attention`, `timeline`, `latency`. Display one alone with ``display(dash.queues)``.
     """
+
+    def __new__(cls, session: Any, **kwargs: Any) -> Any:
+        if cls is Dashboard and isinstance(getattr(session, "sessions", None), list):
+            # A Fleet (the ranks of a data-parallel server): its engine cores side by side.
+            from .fleet_view import FleetDashboard
+
+            return FleetDashboard(session, panel, **kwargs)
+        return super().__new__(cls)
 
     def __init__(self, session: Any, *, panels: Iterable[str] | None = None) -> None:
         self.session = session

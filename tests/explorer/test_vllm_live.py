@@ -284,17 +284,17 @@ class StubFeed:
         self.thread = threading.Thread(target=self.serve, daemon=True)
         self.thread.start()
 
-    def snapshot(self) -> dict:
-        blocks = [{"block_id": i, "ref_count": 0, "hash": None, "token_ids": [], "owners": [], "is_null": i == 0,
-                   "is_free": i > 0} for i in range(4)]
-        return {"step": self.seq, "config": {"block_size": 32, "num_kv_blocks": 4, "model": "/nonexistent",
-                                            "max_num_batched_tokens": 64, "max_num_seqs": 4,
-                                            "enable_chunked_prefill": True, "enable_prefix_caching": True,
-                                            "scheduler_reserve_full_isl": True, "scheduling_policy": "unified",
-                                            "tensor_parallel_size": 1, "max_model_len": 96},
-                "model_info": {"engine": "stub feed"}, "metrics": {},
-                "queues": {"waiting": [], "running": [], "finished": []},
-                "block_pool": {"num_blocks": 4, "block_size": 32, "num_free_blocks": 3, "blocks": blocks}}
+    def state(self) -> dict:
+        """The recorder's whole state (mirror.py's wire form) of an idle 4-block pool at step `seq`."""
+        from explorer.drivers.vllm_live.mirror import Mirror
+
+        config = {"block_size": 32, "num_kv_blocks": 4, "model": "/nonexistent", "max_num_batched_tokens": 64,
+                  "max_num_seqs": 4, "enable_chunked_prefill": True, "enable_prefix_caching": True,
+                  "scheduler_reserve_full_isl": True, "scheduling_policy": "unified", "tensor_parallel_size": 1,
+                  "max_model_len": 96}
+        m = Mirror(config, {"engine": "stub feed"})
+        m.step_count = self.seq
+        return m.to_wire()
 
     def serve(self) -> None:
         import zmq
@@ -304,8 +304,9 @@ class StubFeed:
                 continue
             try:
                 self.rep.recv()
-                self.rep.send(self.protocol.encode({"schema": self.protocol.SCHEMA_VERSION, "kind": "snapshot", "run_id": self.run_id,
-                                                    "seq": self.seq, "snapshot": self.snapshot(), "counters": {}}))
+                self.rep.send(self.protocol.encode({"schema": self.protocol.SCHEMA_VERSION, "kind": "snapshot",
+                                                    "run_id": self.run_id, "rank": 0, "seq": self.seq,
+                                                    "state": self.state(), "counters": {}}))
                 self.served.set()
             except zmq.ZMQError:
                 return
@@ -315,14 +316,12 @@ class StubFeed:
         assert self.pub.recv()[:1] == b"\x01"
 
     def send_step(self, **override) -> None:
-        from engine.report.records import StepRecord
-
+        """One step in which nothing ran but the clock (a body with its update only)."""
         self.seq += 1
-        changes = {"step": self.seq, "requests": {}, "queues": {"waiting": [], "running": []}, "finished": [],
-                   "blocks": [], "num_free_blocks": 3, "metrics": {}}
-        record = StepRecord(step=self.seq, changes=changes).to_dict()
-        msg = {"schema": self.protocol.SCHEMA_VERSION, "kind": "step", "run_id": self.run_id, "seq": self.seq,
-               "record": record, "counters": {}} | override
+        body = {"ops": [["u", None, time.time(), 0.001, 0.0, 0.0, [], [], [], {}]], "blocks": [[], [], []],
+                "cached": [], "cleared": False, "queues": None, "free": 3, "usage": 0.0, "wall": time.time()}
+        msg = {"schema": self.protocol.SCHEMA_VERSION, "kind": "step", "run_id": self.run_id, "rank": 0,
+               "seq": self.seq, "counters": {}, "body": body} | override
         self.pub.send_multipart([self.protocol.TOPIC, self.protocol.encode(msg)])
 
     def close(self) -> None:
@@ -496,49 +495,6 @@ def test_the_prefix_tree_follows_stored_removed_and_cleared_events():
     assert tree.keys() == set() and tree.counters["cleared"] == 1
     tree.apply({"type": "Something"})
     assert tree.counters["unknown"] == 1
-
-
-def test_without_token_ids_the_feed_keeps_counts_and_block_ids_only():
-    from engine.report.records import StepRecord
-    from explorer.drivers.vllm_live import protocol
-
-    rec = StepRecord(step=1, sampled={"r": {"token_id": 42, "text": None, "top": [[42, 0.9]]}},
-                     blocks={"allocated": [1], "freed": [], "cached": [1], "hits": [], "evicted": [], "same_step_hits": []})
-    rec.batch["input_ids"], rec.batch["slot_mapping"] = [5, 6, 7], [32, 33, 34]
-    req = {"request_id": "r", "prompt_token_ids": [5, 6, 7], "output_token_ids": [42], "block_table": [1]}
-    msg = {"record": rec.to_dict(), "snapshot": {"queues": {"waiting": [], "running": [req], "finished": []},
-                                                 "block_pool": {"blocks": [{"block_id": 1, "token_ids": [5, 6, 7]}]}}}
-    protocol.strip_tokens(msg)
-    r = msg["snapshot"]["queues"]["running"][0]
-    assert (r["prompt_token_ids"], r["output_token_ids"], r["num_prompt_tokens"], r["num_output_tokens"]) == ([], [], 3, 1)
-    assert msg["snapshot"]["block_pool"]["blocks"][0]["token_ids"] == [] and r["block_table"] == [1]
-    assert msg["record"]["batch"]["input_ids"] == [] and msg["record"]["batch"]["slot_mapping"] == [32, 33, 34]
-    assert msg["record"]["sampled"]["r"] == {"token_id": None, "text": None, "top": []}
-    assert msg["tokens_left_out"] is True
-
-    # A step's changes: the tails go, the counts stay, and the dicts the recorder keeps for its
-    # next snapshot (blocks, finished requests) are copied, never emptied in place.
-    from engine.report.changes import apply
-
-    clock = {"arrival_time": 1.0, "first_scheduled_time": 1.0, "first_token_time": 2.0, "finished_time": None,
-             "preempted_times": [], "token_times_from": 0, "token_times_tail": [2.0]}
-    new = {"request_id": "q", "status": "running", "num_computed_tokens": 3, "num_cached_tokens": 0,
-           "num_preemptions": 0, "finish_reason": None, "prompt_token_ids": [5, 6, 7], "prompt_text": "",
-           "max_tokens": 4, "sampling_params": {}, "priority": 0, "output_from": 0, "output_tail": [42], "table_from": 0,
-           "table_tail": [1], "clocks": {"engine": clock, "wall": clock}}
-    kept_block, kept_done = {"block_id": 1, "token_ids": [5, 6, 7]}, dict(req, request_id="done")
-    step = {"record": StepRecord(step=2, changes={
-        "step": 2, "requests": {"q": new}, "queues": {"waiting": [], "running": ["q"]}, "finished": [kept_done],
-        "blocks": [kept_block], "num_free_blocks": 0, "metrics": {}}).to_dict()}
-    protocol.strip_tokens(step)
-    assert kept_block["token_ids"] == [5, 6, 7] and kept_done["prompt_token_ids"] == [5, 6, 7]
-    base = {"step": 1, "config": {}, "model_info": {}, "metrics": {}, "queues": {"waiting": [], "running": [], "finished": []},
-            "block_pool": {"blocks": [{"block_id": 0}, {"block_id": 1}], "num_free_blocks": 1}}
-    after = apply(base, step["record"]["changes"])
-    (q,) = after["queues"]["running"]
-    assert (q["prompt_token_ids"], q["output_token_ids"], q["num_prompt_tokens"], q["num_output_tokens"]) == ([], [], 3, 1)
-    assert q["block_table"] == [1] and after["block_pool"]["blocks"][1] == {"block_id": 1, "token_ids": [], "owners": ["q"]}
-    assert after["queues"]["finished"][0]["num_output_tokens"] == 1 and after["queues"]["finished"][0]["output_token_ids"] == []
 
 
 def test_the_attach_command_prints_each_step_and_fails_clearly_without_a_recorder(stub, capsys):

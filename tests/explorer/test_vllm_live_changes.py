@@ -1,12 +1,11 @@
-"""The live feed sends each step's changes, not the whole state: rebuilt on the client from
-them (engine.report.changes.apply), the state must equal a whole snapshot built from vLLM's
-objects by the full builders (explorer.drivers.vllm.records.RecordBuilder's pool_dict /
-queues), at every step of random workloads with prefix hits, chunked prefills and
-preemptions; every record the feed carries fits the record schema. vLLM's own Scheduler runs
-them without a model (tests/oracle/vllm_side.py), with kvscope's recorder as its scheduler class."""
+"""The live feed against vLLM's own state, in this process: vLLM's Scheduler without a model
+(tests/oracle/vllm_side.py) with kvscope's recorder as its scheduler class, followed by the
+real client, whose records a Session would apply. tests/oracle/live_differential.py compares
+every record and every state with vLLM's objects (and the feed with the schema); here it runs
+24 synchronous workloads (async scheduling: tests/oracle/test_live_oracle.py), then the two
+places where the records used to part from vLLM's state, shown one by one."""
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
@@ -17,108 +16,210 @@ SEEDS = range(24)
 
 
 @pytest.fixture(scope="module")
-def vllm_side():
+def harness():
     require_vllm()
-    from tests.oracle import vllm_side
+    from tests.oracle import live_differential
 
-    return vllm_side
-
-
-def whole_state(view, finished: list) -> dict:
-    """What the recorder's snapshot held before the feed sent changes: every block and request
-    dict built from scratch (its token memo copied, so building this changes nothing)."""
-    records = view.records
-    s, kv = records.scheduler, records.scheduler.kv_cache_manager
-    memo, records._block_tokens = records._block_tokens, dict(records._block_tokens)
-    try:
-        running = list(s.running)
-        tables = {r.request_id: list(kv.get_block_ids(r.request_id)[0]) for r in running}
-        pool = records.pool_dict(running, tables)
-    finally:
-        records._block_tokens = memo
-    return {"block_pool": pool, "queues": records.queues(running, tables, finished), "metrics": records.metrics}
+    return live_differential
 
 
-def first_difference(a, b, path="") -> str | None:
-    if type(a) is not type(b):
-        return f"{path}: {a!r} != {b!r}"
-    if isinstance(a, dict):
-        for k in a.keys() | b.keys():
-            d = first_difference(a.get(k), b.get(k), f"{path}.{k}")
-            if d:
-                return d
-        return None
-    if isinstance(a, list) and len(a) == len(b):
-        return next((d for i, (x, y) in enumerate(zip(a, b)) if (d := first_difference(x, y, f"{path}[{i}]"))), None)
-    return None if a == b else f"{path}: {a!r} != {b!r}"
-
-
-def run(vllm_side, seed: int) -> dict:
-    import zmq
-
-    from engine.report import schema
-    from engine.report.changes import apply
-    from explorer.drivers.vllm_live import protocol
-    from explorer.drivers.vllm_live.recorder import RecordingScheduler
-    from explorer.drivers.vllm_live.server import free_ports
+def test_each_record_and_state_equal_vllms_on_random_workloads(harness):
     from tests.oracle.workloads import random_workload
 
-    w = random_workload(seed)
-    feed_port, snapshot_port = free_ports(2)  # distinct: chosen together
-    os.environ[protocol.ENV_FEED] = feed = f"tcp://127.0.0.1:{feed_port}"
-    os.environ[protocol.ENV_SNAPSHOT] = f"tcp://127.0.0.1:{snapshot_port}"
-    side = vllm_side.VllmScheduler(w, RecordingScheduler)
-    sched = side.scheduler
-    ctx = zmq.Context()
-    sub = ctx.socket(zmq.SUB)
-    sub.setsockopt(zmq.SUBSCRIBE, protocol.TOPIC)
-    sub.connect(feed)
-    counts = {"steps": 0, "preempted": 0, "hits": 0, "chunks": 0}
-    try:
-        while not sched._feed.subscribers:  # XPUB hears the subscription on its next look
-            sched._feed.count_subscribers()
-            sub.poll(10)
-        state = protocol.decode([sched._feed._latest], "snapshot")["snapshot"]
-        last_arrival = max(r.arrival_step for r in w.requests)
-        for step in range(1, 5000):
-            for r in w.requests:
-                if r.arrival_step == step - 1:
-                    side.add(r)
-            published = sched._feed.counters["published"]
-            side.step()
-            for _ in range(sched._feed.counters["published"] - published):  # every message, in order
-                assert sub.poll(5000), f"seed {seed}: a published step did not arrive"
-                msg = protocol.decode(sub.recv_multipart())
-                assert schema.record_problems(msg["record"]) == [], f"seed {seed}"
-                state = apply(state, msg["record"]["changes"])
-                truth = whole_state(sched._kv, list(sched._kv.finished))
-                for key in truth:
-                    diff = first_difference(truth[key], state[key], key)
-                    assert diff is None, f"seed {seed}, step {msg['record']['step']}: {diff}"
-                rec = msg["record"]
-                counts["steps"] += 1
-                counts["preempted"] += len(rec["preempted"])
-                counts["hits"] += len(rec["blocks"]["hits"])
-                counts["chunks"] += sum(s["is_prefill"] and s["chunk_index"] > 0 for s in rec["scheduled"])
-            if step > last_arrival and not sched.running and not sched.waiting:
-                return counts
-        raise AssertionError(f"seed {seed} did not finish")
-    finally:
-        sub.close(0)
-        ctx.term()
-        sched.shutdown()
-
-
-def test_each_steps_changes_rebuild_the_whole_state(vllm_side):
-    total = {"steps": 0, "preempted": 0, "hits": 0, "chunks": 0}
+    total = harness.Counts()
     for seed in SEEDS:
-        for k, v in run(vllm_side, seed).items():
-            total[k] += v
-    # The workloads exercised what the changes must carry.
-    assert total["preempted"] > 0 and total["hits"] > 0 and total["chunks"] > 0, total
+        counts, failure = harness.run_workload(random_workload(seed), seed, async_=False)
+        assert failure is None, f"seed {seed}: {failure}"
+        total.add(counts)
+    # The workloads exercised what the feed must carry.
+    assert total.preemptions and total.hits and total.chunks and total.joined, total.summary()
+    assert total.aborts_in_flight and total.aborts_between, total.summary()
 
 
 @pytest.mark.soak
-def test_each_steps_changes_rebuild_the_whole_state_soak(vllm_side):
+def test_each_record_and_state_equal_vllms_soak(harness):
+    from tests.oracle.workloads import random_workload
+
     for seed in random.Random(7).sample(range(10_000), 300):
-        run(vllm_side, seed)
+        counts, failure = harness.run_workload(random_workload(seed), seed, async_=False)
+        assert failure is None, f"seed {seed}: {failure}"
+
+
+# -- the two partings, one at a time -----------------------------------------------------------------
+def _scheduler(harness, async_: bool):
+    from tests.oracle.workloads import OracleRequest, Workload
+
+    prompt = tuple(range(1, 41))
+    w = Workload(block_size=4, num_blocks=40, max_num_batched_tokens=64, max_num_seqs=4, max_model_len=128,
+                 enable_prefix_caching=True, enable_chunked_prefill=True, scheduler_reserve_full_isl=True,
+                 requests=(OracleRequest("a", prompt, 30, 0), OracleRequest("b", prompt[:20] + (7,) * 10, 30, 0)))
+    run = harness.Run(w, seed=0, async_=async_)
+    for r in w.requests:
+        run.side.add(r)
+    return run
+
+
+def _update(run, out) -> None:
+    """vLLM's update of `out`, each request that completed its tokens sampling token 5."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    ids = list(out.num_scheduled_tokens)
+    run.s.update_from_output(out, ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                                    sampled_token_ids=[[5] for _ in ids]))
+
+
+def _step(run) -> None:
+    _update(run, run.s.schedule())
+
+
+def _received(src, pub) -> list[dict]:
+    """Every record the recorder published, once the client holds them, as dicts."""
+    import time
+
+    assert pub.flush()
+    end = time.monotonic() + 10
+    while src.counters["received"] < pub.counters["published"] and time.monotonic() < end:
+        time.sleep(0.005)
+    return [src.step().to_dict() for _ in range(src.pending())]
+
+
+@pytest.mark.parametrize("async_", [False, True], ids=["sync", "async"])
+def test_the_first_step_after_a_client_joins_carries_its_batch(harness, async_):
+    from explorer.drivers.vllm_live.client import LiveSource
+
+    run = _scheduler(harness, async_)
+    try:
+        for _ in range(4):   # nobody listens: the steps are counted, not sent
+            _step(run)
+        pub = run.s._rec.publisher
+        assert pub.flush() and pub.counters["unobserved"] >= 3 and pub.counters["published"] == 0
+        src = LiveSource(run.feed, snapshot_address=run.snapshots, timeout=5)
+        try:
+            while not pub.subscribers:
+                pub.wake.set()
+            out = run.s.schedule()
+            tables = {r: list(run.s.kv_cache_manager.get_block_ids(r)[0]) for r in out.num_scheduled_tokens}
+            _update(run, out)
+            (rec,) = _received(src, pub)
+            batch = rec["batch"]
+            assert rec["batch_source"] == "scheduler" and len(batch["block_tables"]) == len(rec["scheduled"]) == 2
+            for row, s in enumerate(rec["scheduled"]):
+                b, n = s["num_computed_before"], s["num_tokens"]
+                lo, hi = batch["query_start_loc"][row:row + 2]
+                assert batch["positions"][lo:hi] == list(range(b, b + n))
+                table = tables[s["request_id"]]
+                assert batch["slot_mapping"][lo:hi] == [table[p // 4] * 4 + p % 4 for p in range(b, b + n)]
+        finally:
+            src.close()
+    finally:
+        run.close()
+
+
+@pytest.mark.parametrize("async_", [False, True], ids=["sync", "async"])
+def test_an_abort_while_its_step_runs_frees_its_blocks_in_that_step(harness, async_):
+    from engine.report.changes import apply
+    from explorer.drivers.vllm_live.client import LiveSource
+    from vllm.v1.request import RequestStatus
+
+    run = _scheduler(harness, async_)
+    src = LiveSource(run.feed, snapshot_address=run.snapshots, timeout=5)
+    pub = run.s._rec.publisher
+    try:
+        while not pub.subscribers:
+            pub.wake.set()
+        state = src.snapshot().to_dict()
+        for _ in range(3):
+            _step(run)
+        for rec in _received(src, pub):
+            state = apply(state, rec["changes"])
+        out = run.s.schedule()                       # the step starts ...
+        held = list(run.s.kv_cache_manager.get_block_ids("b")[0])
+        run.s.finish_requests("b", RequestStatus.FINISHED_ABORTED)   # ... b is aborted while it runs ...
+        _update(run, out)                            # ... and ends
+        (rec,) = _received(src, pub)   # the abort is that step's: no record of its own
+        state = apply(state, rec["changes"])
+        assert "b" in rec["finished"] and set(held) <= set(rec["blocks"]["freed"]) | set(run.s.kv_cache_manager.get_block_ids("a")[0])
+        blocks = state["block_pool"]["blocks"]
+        pool = run.s.kv_cache_manager.block_pool.blocks
+        for b in held:   # freed in this very step: the refcount vLLM has, and b owns none
+            assert blocks[b]["ref_count"] == pool[b].ref_cnt and "b" not in blocks[b]["owners"]
+        assert [r["finish_reason"] for r in state["queues"]["finished"] if r["request_id"] == "b"] == ["abort"]
+    finally:
+        src.close()
+        run.close()
+
+
+def test_without_token_ids_the_feed_carries_counts_and_block_ids_only(harness, monkeypatch):
+    from engine.report import schema
+    from engine.report.changes import apply
+    from explorer.drivers.vllm_live import protocol
+    from explorer.drivers.vllm_live.client import LiveSource
+
+    monkeypatch.setenv(protocol.ENV_TOKENS, "0")
+    run = _scheduler(harness, async_=False)
+    src = LiveSource(run.feed, snapshot_address=run.snapshots, timeout=5)
+    pub = run.s._rec.publisher
+    try:
+        while not pub.subscribers:
+            pub.wake.set()
+        state = src.snapshot().to_dict()
+        for _ in range(6):
+            _step(run)
+        records = _received(src, pub)
+        for rec in records:
+            assert schema.record_problems(rec) == []
+            state = apply(state, rec["changes"])
+            assert rec["batch"]["input_ids"] == [] and all(s["token_id"] is None for s in rec["sampled"].values())
+        assert schema.snapshot_problems(state) == [] and src.tokens_left_out
+        assert src.snapshot().to_dict() == state
+        vllm = {r.request_id: r for r in run.s.running}
+        for r in state["queues"]["running"]:   # counts and block tables stay, token ids go
+            assert (r["prompt_token_ids"], r["output_token_ids"]) == ([], [])
+            assert (r["num_prompt_tokens"], r["num_output_tokens"]) == (vllm[r["request_id"]].num_prompt_tokens,
+                                                                        vllm[r["request_id"]].num_output_tokens)
+            assert r["block_table"] == list(run.s.kv_cache_manager.get_block_ids(r["request_id"])[0])
+        assert all(b["token_ids"] == [] for b in state["block_pool"]["blocks"])
+        assert any(rec["batch"]["slot_mapping"] for rec in records)
+    finally:
+        src.close()
+        run.close()
+
+
+def test_a_recorder_that_cannot_bind_logs_one_error_and_its_engine_core_schedules(harness, monkeypatch):
+    """Its feed's port taken (a second server, a rank whose ports + 2r are in use): one error
+    in vLLM's log, no feed, and vLLM schedules every request as it would without kvscope."""
+    import logging
+    import socket
+
+    from explorer.drivers.vllm_live import protocol
+    from explorer.drivers.vllm_live.recorder import RecordingScheduler
+    from tests.oracle.vllm_side import VllmScheduler
+    from tests.oracle.workloads import random_workload
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    monkeypatch.setenv(protocol.ENV_FEED, f"tcp://127.0.0.1:{port}")
+    monkeypatch.delenv(protocol.ENV_SNAPSHOT, raising=False)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # vLLM's logger does not propagate to pytest's handlers
+    logger = logging.getLogger("vllm.kvscope_recorder")
+    logger.addHandler(handler)
+    try:
+        w = random_workload(3)
+        side = VllmScheduler(w, RecordingScheduler)
+        assert [r.levelname for r in records] == ["ERROR"] and f"tcp://127.0.0.1:{port}" in records[0].getMessage()
+        assert side.scheduler._rec is None
+        for r in w.requests:
+            side.add(r)
+        steps = 0
+        while side.scheduler.has_requests() and steps < 5000:
+            side.step()
+            steps += 1
+        assert steps > 0 and not side.scheduler.running and not side.scheduler.waiting
+        assert {r.request_id for r in w.requests} <= set(side.requests_seen)
+    finally:
+        logger.removeHandler(handler)
+        taken.close()

@@ -18,20 +18,24 @@ from .workloads import OracleRequest, Workload  # noqa: E402
 class VllmScheduler:
     name = "vllm"
 
-    def __init__(self, w: Workload, scheduler_cls: type = Scheduler) -> None:
-        """`scheduler_cls`: vLLM's Scheduler or a subclass of it (kvscope's live recorder)."""
+    def __init__(self, w: Workload, scheduler_cls: type = Scheduler, async_scheduling: bool = False) -> None:
+        """`scheduler_cls`: vLLM's Scheduler or a subclass of it (kvscope's live recorder);
+        `async_scheduling`: the config selects vLLM's AsyncScheduler (the caller then schedules
+        a step before it updates the previous one)."""
         self.w = w
         self.scheduler = bare_scheduler(block_size=w.block_size, num_blocks=w.num_blocks,
                                         max_model_len=w.max_model_len, max_num_batched_tokens=w.max_num_batched_tokens,
                                         max_num_seqs=w.max_num_seqs, enable_chunked_prefill=w.enable_chunked_prefill,
                                         enable_prefix_caching=w.enable_prefix_caching,
                                         scheduler_reserve_full_isl=w.scheduler_reserve_full_isl,
-                                        scheduler_cls=scheduler_cls)
+                                        scheduler_cls=scheduler_cls, async_scheduling=async_scheduling)
         self.block_pool = self.scheduler.kv_cache_manager.block_pool
+        self.requests_seen: dict = {}  # every request added (vLLM drops finished ones)
 
     def add(self, r: OracleRequest) -> None:
         params = SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True)
-        self.scheduler.add_request(bare_request(r.request_id, r.prompt, params, self.w.block_size))
+        req = self.requests_seen[r.request_id] = bare_request(r.request_id, r.prompt, params, self.w.block_size)
+        self.scheduler.add_request(req)
 
     def step(self) -> dict:
         sch = self.scheduler

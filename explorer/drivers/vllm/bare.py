@@ -32,11 +32,14 @@ def bare_scheduler(*, block_size: int, num_blocks: int, max_model_len: int, max_
                    scheduler_reserve_full_isl: bool = True, long_prefill_token_threshold: int = 0,
                    long_prefill_token_threshold_adaptive: bool = False, policy: str = "fcfs",
                    watermark: float = 0.0, prefix_caching_hash_algo: str = "sha256",
-                   scheduler_cls: type | None = None) -> Any:
+                   scheduler_cls: type | None = None, async_scheduling: bool = False) -> Any:
     """A vLLM Scheduler (or `scheduler_cls`, a subclass of it) over a pool of `num_blocks`
-    blocks (the null block included), synchronous scheduling. `long_prefill_token_threshold`
-    (0: off) and its adaptive floor, `policy` ('fcfs' | 'priority'), `watermark` and
-    `prefix_caching_hash_algo` are vLLM's own settings of those names; vLLM validates each."""
+    blocks (the null block included). `long_prefill_token_threshold` (0: off) and its adaptive
+    floor, `policy` ('fcfs' | 'priority'), `watermark` and `prefix_caching_hash_algo` are
+    vLLM's own settings of those names; vLLM validates each. `async_scheduling`: the config
+    says so, as a GPU server's does (vLLM's CPU platform turns it off, so it is set after the
+    config is built); the caller then schedules step N+1 before updating step N, as vLLM's
+    engine core does."""
     import torch
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -56,6 +59,7 @@ def bare_scheduler(*, block_size: int, num_blocks: int, max_model_len: int, max_
                         prefix_caching_hash_algo=prefix_caching_hash_algo)
     cache.num_gpu_blocks = num_blocks
     vllm_config = VllmConfig(model_config=model, scheduler_config=sched, cache_config=cache)
+    vllm_config.scheduler_config.async_scheduling = async_scheduling
     spec = FullAttentionSpec(block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
     kv_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
                               kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])

@@ -6,10 +6,11 @@ of it, without controls (the server's traffic comes from its own clients).
     s = Session.attach("tcp://127.0.0.1:5590")   # the server's KVSCOPE_FEED
     s.follow()                                   # apply steps as they come (s.pause() stops)
 
-Each step message is a StepRecord dict whose `changes` the Session applies to its history
-(engine/report/changes.py). The source applies them too, to the state it holds, so it can spell
-token ids (with the model folder's tokenizer), count prefix hits in vLLM's KV-event tree, and
-notice a step that does not fit before the Session sees it. Failure modes:
+Each step message carries a compact body (mirror.py). The source applies it to its `Mirror`,
+the state the recorder keeps too, which spells it as the StepRecord dict whose `changes` the
+Session applies to its history (engine/report/changes.py); the source also spells token ids
+(with the model folder's tokenizer), counts prefix hits in vLLM's KV-event tree, and notices a
+body that does not fit before the Session sees it. Failure modes:
 - nothing answers at the address: TimeoutError naming the address and how to start the recorder;
 - the server restarted (a new run id) or vLLM cleared its cache (AllBlocksCleared): the next
   step carries a fresh snapshot and `restart`, so the Session starts its history again, and
@@ -27,29 +28,33 @@ import logging
 import os
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from types import SimpleNamespace
 from typing import Any
 
-from engine.report.changes import OutOfStep, apply, whole
+from engine.report.changes import whole
 from engine.report.records import EngineSnapshot, StepRecord
-from engine.report.schema import BLOCK, CHANGES, EV, POOL, QUEUE, REC, REQ, SAMPLE, SNAP
+from engine.report.schema import CHANGES, EV, REC, REQ, SAMPLE, SNAP
 
 from . import protocol
+from .mirror import Mirror
 
 log = logging.getLogger(__name__)
 
 # How long steps a snapshot is ahead by may take to arrive before the snapshot stands in for them.
 CATCH_UP_GRACE_S = 3.0
+PROMPT_HASHES = 20_000   # requests whose prompt block hashes a source keeps (the fleet's routing view)
+TEXTS_KEPT = 8_192       # spelled prompts and outputs a source keeps
 WATCH_ONLY = ("this session follows a live vLLM server: its traffic comes from the server's own clients "
               "(send requests to the server's OpenAI API), and its budgets and pool are its command line's")
 
 
 class LiveSource:
-    """A recorder's feed as a Session's Source (explorer/core/engine_protocol.py)."""
+    """A recorder's feed as a Session's Source (explorer/core/engine_protocol.py): one engine
+    core (one data-parallel rank) of a server."""
 
     def __init__(self, address: str, model: str | None = None, *, timeout: float = 10.0, max_queue: int = 1000,
-                 snapshot_address: str | None = None, kv_events: Any = None) -> None:
+                 snapshot_address: str | None = None, kv_events: Any = None, tokenizer: Any = None) -> None:
         import zmq
 
         self.zmq = zmq
@@ -66,6 +71,9 @@ class LiveSource:
         self.notes: list[str] = []
         self.server_counters: dict = {}
         self.tokens_left_out = False
+        # What the fleet view reads beside the schema's dicts: each request's prompt block hashes
+        # (the keys the pool shows), kept for the latest PROMPT_HASHES requests.
+        self.prompt_hashes: OrderedDict[str, list[str]] = OrderedDict()
         self._texts: dict = {}
         self._sub = self._ctx.socket(zmq.SUB)
         self._sub.setsockopt(zmq.RCVHWM, max(1, self._max_queue))
@@ -73,9 +81,13 @@ class LiveSource:
         self._sub.setsockopt(zmq.SUBSCRIBE, protocol.TOPIC)
         self._sub.connect(address)
         self._last_message = time.monotonic()
-        self._take_snapshot()
-        self.tokenizer = self._load_tokenizer(model)
-        self._add_text({}, self._snap)
+        try:
+            self._take_snapshot()
+        except BaseException:  # nothing answers there: leave no socket behind
+            self._sub.close(0)
+            self._ctx.term()
+            raise
+        self.tokenizer = tokenizer if tokenizer is not None else self._load_tokenizer(model)
         if isinstance(kv_events, str):  # an address; or a KvEventSubscriber already listening
             from .kv_events import KvEventSubscriber
 
@@ -103,7 +115,7 @@ class LiveSource:
             raise TimeoutError(
                 f"no kvscope recorder answered at {self.snapshot_address} within {timeout:g} s (feed "
                 f"{self.address}): start the vLLM server with --scheduler-cls explorer.drivers.vllm_live.RecordingScheduler "
-                f"and {protocol.ENV_FEED}={self.address}, or tunnel its port (README: Attach to a running vLLM server)"
+                f"and {protocol.ENV_FEED}={self.address}, or tunnel its port (docs/attach.md)"
             ) from None
         finally:
             req.close(0)
@@ -112,15 +124,22 @@ class LiveSource:
         except protocol.FeedError as exc:
             raise ValueError(f"the recorder at {self.snapshot_address} answered, but: {exc}") from None
 
-    def _take_snapshot(self) -> None:
-        msg = self._fetch_snapshot(self.timeout)
-        self.run_id, self.seq = msg["run_id"], msg["seq"]
+    def _take_snapshot(self, msg: dict | None = None) -> None:
+        msg = msg or self._fetch_snapshot(self.timeout)
+        self.run_id, self.seq, self.rank = msg["run_id"], msg["seq"], msg["rank"]
         self.server_counters = msg.get("counters") or {}
         self.tokens_left_out = bool(msg.get("tokens_left_out"))
-        self._snap = msg["snapshot"]
-        self.step_count = int(self._snap.get(SNAP.STEP, 0))
-        self.config = SimpleNamespace(**self._snap.get(SNAP.CONFIG, {}))
+        self.mirror = Mirror.from_wire(msg["state"])
+        for r in [*self.mirror.requests.values(), *self.mirror.finished]:
+            self._keep_hashes(r.rid, r.hashes)
+        self.step_count = self.mirror.step_count
+        self.config = SimpleNamespace(**self.mirror.config)
         self._texts.clear()
+
+    def _keep_hashes(self, rid: str, hashes: list[str]) -> None:
+        self.prompt_hashes[rid] = hashes
+        while len(self.prompt_hashes) > PROMPT_HASHES:
+            self.prompt_hashes.popitem(last=False)
 
     # -- the feed thread ----------------------------------------------------------------------------
     def _receive(self) -> None:
@@ -151,10 +170,19 @@ class LiveSource:
     # -- the Source protocol ------------------------------------------------------------------------
     @property
     def model_info(self) -> dict:
-        return self._snap.get(SNAP.MODEL_INFO, {})
+        return self.mirror.model_info
+
+    @property
+    def scheduled_ahead(self) -> int | None:
+        """With vLLM's async scheduling: the step whose allocations the latest state already
+        holds (scheduled before this step's update), else None."""
+        return self.mirror.scheduled_ahead
 
     def snapshot(self) -> EngineSnapshot:
-        return EngineSnapshot.from_dict(self._snap)
+        """The whole state held here (a refresh point: later steps' changes continue from it)."""
+        snap = self.mirror.snapshot_dict()
+        self._add_text(snap)
+        return EngineSnapshot.from_dict(snap)
 
     def pending(self) -> int:
         """Steps ready to apply: the messages received and not yet seen (those already in the
@@ -171,9 +199,9 @@ class LiveSource:
         return int(self._needs_catch_up())
 
     def step(self) -> StepRecord:
-        """The next step: a received message's record (its changes made to fit the state held here
-        and its token ids spelled), or a record whose changes carry a whole snapshot (missed steps,
-        a restart, vLLM's cache cleared)."""
+        """The next step: a received body expanded into its record (its changes in, its token
+        ids spelled), or a record whose changes carry a whole snapshot (missed steps, a
+        restart, vLLM's cache cleared)."""
         if self._cleared():
             self._cleared_seen = len(self.kv_events.cleared_at)
             return self._restart("vLLM cleared its prefix cache (AllBlocksCleared)")
@@ -190,72 +218,72 @@ class LiveSource:
         applied, self.seq = self.seq, msg["seq"]
         self._ahead = None  # steps came after all
         self.server_counters = msg.get("counters") or {}
-        rec = msg["record"]
-        snap = None
-        if msg["seq"] == applied + 1:
-            try:
-                self._add_text_to_changes(rec)
-                snap = apply(self._snap, rec[REC.CHANGES])
-            except OutOfStep as exc:
-                self.notes.append(f"step {rec[REC.STEP]} did not fit the state held here ({exc})")
-        else:
+        if msg["seq"] != applied + 1:
             self.counters["missed"] += msg["seq"] - applied - 1
-        if snap is None:  # steps were missed: the state comes from a fresh snapshot
+            return self._rebase(msg)  # a body moves on the state it follows: a missed one needs a fresh state
+        try:
+            rec = self.mirror.apply(msg["body"], expand=True)
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            self.notes.append(f"a step did not fit the state held here ({type(exc).__name__}: {exc})")
             return self._rebase(msg)
-        self._hold(rec, snap, whole_state=False)
+        for op in msg["body"]["ops"]:
+            if op[0] == "a":
+                self._keep_hashes(op[2], op[9])
+        self._add_text_to_changes(rec)
+        self._held(rec)
         return StepRecord.from_dict(rec)
 
-    def _hold(self, rec: dict, snap: dict, whole_state: bool = True) -> None:
-        """Make `snap` the state held here, after the step whose record is `rec` (a whole state's
-        requests are spelled here; a step's changes were spelled before they were applied)."""
-        if whole_state:
-            self._add_text(rec, snap)
-        self._count_hits(rec, snap)
-        self._snap = snap
+    def _held(self, rec: dict) -> None:
+        """The state held here moved on to the step whose record is `rec`."""
+        self._count_hits(rec)
         self.step_count = rec[REC.STEP]
         self.counters["applied"] += 1
 
+    def _whole_record(self, step: int, restart: str | None = None) -> StepRecord:
+        """A record of `step` whose changes replace the state with the one held here."""
+        snap = {**self.mirror.snapshot_dict(), SNAP.STEP: step}
+        self._add_text(snap)
+        rec = StepRecord(step=step).to_dict()
+        rec[REC.CHANGES] = whole(snap, step, restart=restart)
+        if restart is None:
+            self._held(rec)
+        return StepRecord.from_dict(rec)
+
     def _rebase(self, msg: dict) -> StepRecord:
         """After missed steps: a record whose changes are a fresh snapshot, taken after `msg` was
-        sent. Its step's own record goes with it when it was received (else an empty record of that
-        step); the steps it already holds are dropped as stale. The requests that finished in the
+        sent; the steps it already holds are dropped as stale. The requests that ended in the
         missed steps come from its finished queue; one it no longer holds is kept, marked."""
         try:
             fresh = self._fetch_snapshot(min(self.timeout, 2.0))
         except (TimeoutError, ValueError) as exc:
             self.notes.append(f"steps were missed and no snapshot came to fill them in: {exc}; the panels keep "
                               f"the state of step {self.step_count}")
-            rec = {**msg["record"], REC.CHANGES: whole({**self._snap, SNAP.STEP: msg["record"][REC.STEP]},
-                                                       msg["record"][REC.STEP])}
-            self._hold(rec, rec[REC.CHANGES][CHANGES.SNAPSHOT])
-            return StepRecord.from_dict(rec)
+            self.seq = msg["seq"]
+            return self._whole_record(self.step_count + 1)
         if fresh["run_id"] != self.run_id:
             return self._restart("the server restarted while steps were missed")
-        snap = fresh["snapshot"]
-        rec = msg["record"] if msg["seq"] == fresh["seq"] else None
         with self._qlock:
             while self._queue and self._queue[0]["run_id"] == self.run_id and self._queue[0]["seq"] <= fresh["seq"]:
-                held = self._queue.popleft()
+                self._queue.popleft()
                 self.counters["stale"] += 1
-                if held["seq"] == fresh["seq"]:
-                    rec = held["record"]
-        step = rec[REC.STEP] if rec is not None else int(snap.get(SNAP.STEP, msg["record"][REC.STEP]))
-        self.seq = max(self.seq, fresh["seq"])
         self.counters["rebased"] += 1
-        snap = {**snap, SNAP.STEP: step, SNAP.QUEUES: self._with_lost_finished(snap[SNAP.QUEUES])}
-        rec = {**(rec or StepRecord(step=step).to_dict()), REC.CHANGES: whole(snap, step)}
-        self._hold(rec, snap)
-        return StepRecord.from_dict(rec)
+        return self._whole_record(self._adopt(fresh))
 
-    def _with_lost_finished(self, queues: dict) -> dict:
-        """`queues` with every finished request held here that it lacks: those that finished in a
-        missed step it no longer holds are marked so."""
-        have = {r[REQ.REQUEST_ID] for q in QUEUE.ALL for r in queues[q]}
-        held = self._snap[SNAP.QUEUES]
-        kept = [r for r in held[QUEUE.FINISHED] if r[REQ.REQUEST_ID] not in have]
-        lost = [{**r, REQ.STATUS: "finished", REQ.FINISH_REASON: "unknown (dropped)"}
-                for r in [*held[QUEUE.RUNNING], *held[QUEUE.WAITING]] if r[REQ.REQUEST_ID] not in have]
-        return {**queues, QUEUE.FINISHED: kept + lost + list(queues[QUEUE.FINISHED])}
+    def _adopt(self, fresh: dict) -> int:
+        """Hold a fresh snapshot's state, keeping as finished (marked) the requests held here
+        that it no longer has: they ended in steps this side never got. Returns the step the
+        history shows it as (after the one it holds, at least)."""
+        old, step = self.mirror, self.step_count + 1
+        self._take_snapshot(fresh)
+        new = self.mirror
+        have = {r.rid for r in (*new.requests.values(), *new.finished)}
+        lost = [r for i in (*old.running, *old.waiting) if (r := old.requests.get(i)) is not None and r.rid not in have]
+        for r in lost:
+            r.status, r.finish_reason, r.frozen, r.table = "finished", "unknown (dropped)", None, []
+        kept = [r for r in old.finished if r.rid not in have]
+        new.finished = deque([*kept, *lost, *new.finished], maxlen=new.finished.maxlen)
+        new.step_count = self.step_count = max(step, new.step_count)
+        return new.step_count
 
     def _needs_catch_up(self) -> bool:
         """No step came for a second but the state shows requests in flight: the steps that ended
@@ -266,8 +294,8 @@ class LiveSource:
         if self._ahead is not None:
             msg, seen = self._ahead
             return now - seen >= CATCH_UP_GRACE_S and now - self._last_message >= CATCH_UP_GRACE_S
-        q = self._snap[SNAP.QUEUES]
-        if not (q[QUEUE.RUNNING] or q[QUEUE.WAITING]) or now - self._last_message < 1.0:
+        m = self.mirror
+        if not (m.running or m.waiting) or now - self._last_message < 1.0:
             return False
         self._last_message = now
         try:
@@ -284,14 +312,9 @@ class LiveSource:
             raise ValueError("no step from the server is waiting")
         (msg, _), self._ahead = self._ahead, None
         self.counters["missed"] += msg["seq"] - self.seq
-        self.seq = msg["seq"]
-        snap = msg["snapshot"]
-        step = max(self.step_count + 1, int(snap.get(SNAP.STEP, 0)))
-        snap = {**snap, SNAP.STEP: step, SNAP.QUEUES: self._with_lost_finished(snap[SNAP.QUEUES])}
+        step = self._adopt(msg)
         self.notes.append(f"caught up from a snapshot after missing steps up to seq {self.seq}")
-        rec = {**StepRecord(step=step).to_dict(), REC.CHANGES: whole(snap, step)}
-        self._hold(rec, snap)
-        return StepRecord.from_dict(rec)
+        return self._whole_record(step)
 
     def _restart(self, why: str) -> StepRecord:
         """Start again from a fresh snapshot: a record whose changes restart the history."""
@@ -302,40 +325,38 @@ class LiveSource:
         self._take_snapshot()
         with self._qlock:
             self._queue.extend(m for m in kept if m["run_id"] == self.run_id)
-        self._add_text({}, self._snap)
         self.notes.append(f"{why}: resynchronised from a fresh snapshot at step {self.step_count}; "
                           "the history starts again")
         log.warning(self.notes[-1])
-        rec = StepRecord(step=self.step_count).to_dict()
-        rec[REC.CHANGES] = whole(self._snap, self.step_count, restart=self.notes[-1])
-        return StepRecord.from_dict(rec)
+        return self._whole_record(self.step_count, restart=self.notes[-1])
 
     def _cleared(self) -> bool:
         kv = self.kv_events
         return kv is not None and len(kv.cleared_at) > self._cleared_seen
 
-    def _count_hits(self, rec: dict, snap: dict) -> None:
+    def _count_hits(self, rec: dict) -> None:
         kv = self.kv_events
         hits = rec.get(REC.BLOCKS, {}).get(EV.HITS)
         if kv is None or not hits:
             return
-        blocks = snap[SNAP.BLOCK_POOL][POOL.BLOCKS]
+        keys = self.mirror.hash
         with kv.lock:
             for b in hits:
-                kv.tree.add_hit(blocks[b].get(BLOCK.HASH))
+                kv.tree.add_hit(keys[b])
 
     def status(self) -> dict:
         """What the feed did: this side's counters, the recorder's, the run, notes."""
-        status = {"address": self.address, "run_id": self.run_id, "seq": self.seq, "pending": len(self._queue),
-                  **self.counters, "last_rejection": self.last_rejection, "server": dict(self.server_counters),
-                  "tokens_left_out": self.tokens_left_out, "notes": list(self.notes)}
+        status = {"address": self.address, "rank": self.rank, "run_id": self.run_id, "seq": self.seq,
+                  "pending": len(self._queue), **self.counters, "last_rejection": self.last_rejection,
+                  "server": dict(self.server_counters), "tokens_left_out": self.tokens_left_out,
+                  "scheduled_ahead": self.scheduled_ahead, "notes": list(self.notes)}
         if self.kv_events is not None:
             status["kv_events"] = dict(self.kv_events.counters)
         return status
 
     # -- text --------------------------------------------------------------------------------------
     def _load_tokenizer(self, model: str | None) -> Any:
-        folder = model or self._snap.get(SNAP.CONFIG, {}).get("model")
+        folder = model or self.mirror.config.get("model")
         if not folder or not os.path.isdir(str(folder)):
             if model:
                 raise ValueError(f"model {model!r} is not a local folder: pass the model's folder for its tokenizer")
@@ -344,7 +365,13 @@ class LiveSource:
             return None
         from engine.tokenizer import load_tokenizer
 
-        return load_tokenizer(folder)
+        try:
+            return load_tokenizer(folder)
+        except ValueError as exc:
+            if model:
+                raise
+            self.notes.append(f"no tokenizer: {exc}; text shows as token ids")
+            return None
 
     def _decode(self, ids: list[int]) -> str:
         if self.tokenizer is None or not ids:
@@ -352,6 +379,8 @@ class LiveSource:
         return self.tokenizer.decode(ids)
 
     def _text(self, rid: str, which: str, ids: list[int]) -> str:
+        if len(self._texts) > TEXTS_KEPT:  # a server runs for days: spell the latest requests' again if asked
+            self._texts.clear()
         key = (rid, which)
         cached = self._texts.get(key)
         if cached is None or cached[0] != len(ids):
@@ -361,36 +390,37 @@ class LiveSource:
     def _add_text_to_changes(self, rec: dict) -> None:
         """Spell the step's tokens in its changes (the recorder has no tokenizer), so whoever
         applies them gets the texts: each changed request's output, a new one's prompt, the
-        finished requests' and the sampled tokens."""
+        finished requests' and the sampled tokens; and say why each finished request ended."""
+        changes = rec[REC.CHANGES]
+        for r in changes[CHANGES.FINISHED]:
+            self._spell(r)
         if self.tokenizer is None:
             return
         for s in rec.get(REC.SAMPLED, {}).values():
             if s.get(SAMPLE.TOKEN_ID) is not None and not s.get(SAMPLE.TEXT):
                 s[SAMPLE.TEXT] = self._decode([s[SAMPLE.TOKEN_ID]])
-        changes = rec[REC.CHANGES]
-        held = {r[REQ.REQUEST_ID]: r for q in (QUEUE.WAITING, QUEUE.RUNNING) for r in self._snap[SNAP.QUEUES][q]}
+        by_rid = {r.rid: r for r in self.mirror.requests.values()}
         for rid, change in changes[CHANGES.REQUESTS].items():
-            before = held.get(rid)
+            req = by_rid.get(rid)
             if REQ.PROMPT_TOKEN_IDS in change:
                 change[REQ.PROMPT_TEXT] = self._text(rid, "prompt", change[REQ.PROMPT_TOKEN_IDS])
-            output = (before[REQ.OUTPUT_TOKEN_IDS] if before is not None else [])[:change["output_from"]]
-            change[REQ.OUTPUT_TEXT] = self._text(rid, "output", output + list(change["output_tail"]))
-        for r in changes[CHANGES.FINISHED]:
-            self._spell(r)
+            change[REQ.OUTPUT_TEXT] = self._text(rid, "output", req.output if req is not None else [])
 
-    def _add_text(self, rec: dict, snap: dict) -> None:
+    def _add_text(self, snap: dict) -> None:
         """Spell the tokens of a whole snapshot's requests (a join, a rebase, a restart)."""
-        if self.tokenizer is None:
-            return
         for q in snap[SNAP.QUEUES].values():
             for r in q:
-                if not r.get(REQ.OUTPUT_TEXT) and not r.get(REQ.PROMPT_TEXT):
-                    self._spell(r)
+                self._spell(r)
 
     def _spell(self, r: dict) -> None:
         rid = r[REQ.REQUEST_ID]
-        r[REQ.PROMPT_TEXT] = self._text(rid, "prompt", r.get(REQ.PROMPT_TOKEN_IDS) or [])
-        r[REQ.OUTPUT_TEXT] = self._text(rid, "output", r.get(REQ.OUTPUT_TOKEN_IDS) or [])
+        if self.tokenizer is not None and not r.get(REQ.OUTPUT_TEXT) and not r.get(REQ.PROMPT_TEXT):
+            r[REQ.PROMPT_TEXT] = self._text(rid, "prompt", r.get(REQ.PROMPT_TOKEN_IDS) or [])
+            r[REQ.OUTPUT_TEXT] = self._text(rid, "output", r.get(REQ.OUTPUT_TOKEN_IDS) or [])
+        if r.get(REQ.FINISH_REASON) == "abort":
+            req = next((x for x in self.mirror.finished if x.rid == rid), None)
+            r[REQ.FINISH_REASON] = finish_words("abort", req.stop if req is not None else [],
+                                                r.get(REQ.OUTPUT_TEXT) if self.tokenizer is not None else None)
 
     def close(self) -> None:
         self._running = False
@@ -399,6 +429,18 @@ class LiveSource:
         self._ctx.term()
         if self.kv_events is not None:
             self.kv_events.close()
+
+
+def finish_words(reason: str, stop: list[str], text: str | None) -> str:
+    """Why a request ended, as its client saw it. vLLM's engine core ends a request on a stop
+    *string* only when the server's front end, which detokenizes, tells it to abort: the
+    OpenAI client then gets finish_reason "stop" while the engine core counts an abort."""
+    if reason != "abort" or not stop:
+        return reason
+    if text is None:
+        return "abort or stop string (the server's front end ended it)"
+    hit = next((s for s in stop if s and s in text), None)
+    return f"stop string {hit!r} (the server's front end ended it)" if hit is not None else "abort"
 
 
 class LiveDriver:

@@ -1,16 +1,22 @@
 """The feed's wire format, shared by the recorder (in vLLM's engine-core process) and the
 client (in the notebook). One place, so both sides agree on it.
 
-Two sockets, both bound by the recorder:
+Two sockets per engine core, both bound by its recorder:
 - the feed (`KVSCOPE_FEED`, default tcp://127.0.0.1:5590): an XPUB socket. Each message is
-  two frames, TOPIC and a msgpack map {schema, kind: "step", run_id, seq, record, counters}:
-  the framing around a StepRecord dict, whose `changes` hold what the step changed in the
-  state of the message before it (engine/report/changes.py): a step costs the server what it
-  did, not the size of its pool.
+  two frames, TOPIC and a msgpack map {schema, kind: "step", run_id, rank, seq, counters,
+  body}. `body` is a step in compact form (explorer/drivers/vllm_live/mirror.py spells it):
+  what vLLM's scheduler did since the previous message as arrays of request indices, token
+  counts and block ids, with a request's name, prompt and sampling parameters sent once, when
+  it arrives. The client expands it into the StepRecord dict and its `changes`
+  (engine/report/changes.py) with the same code the recorder keeps its own state with.
 - the snapshot endpoint (the feed's port + 1, or `KVSCOPE_FEED_SNAPSHOT`): a REP socket. A
-  client sends {schema, want: "snapshot"} and gets {schema, kind: "snapshot", run_id, seq,
-  snapshot, counters} with the whole state (the latest finished requests included), then
+  client sends {schema, want: "snapshot"} and gets {schema, kind: "snapshot", run_id, rank,
+  seq, state, counters}: the recorder's whole compact state after message `seq`, then
   follows the feed from seq + 1.
+
+Data parallelism: vLLM runs one engine core, so one scheduler and one recorder, per rank.
+Rank r binds the configured ports + 2r (`rank_addresses`), and every message says its rank;
+`Session.attach` asks rank 0 how many ranks there are and follows them all.
 """
 from __future__ import annotations
 
@@ -18,36 +24,58 @@ import os
 from typing import Any
 from urllib.parse import urlsplit
 
-SCHEMA_VERSION = 3   # 3: the changes travel inside the record (engine/report/changes.py)
+SCHEMA_VERSION = 4   # 4: compact steps expanded by the client (mirror.py); ranks
 TOPIC = b"kvscope.feed"
 DEFAULT_FEED = "tcp://127.0.0.1:5590"
-ENV_FEED = "KVSCOPE_FEED"                 # the feed's address (the recorder binds it)
+ENV_FEED = "KVSCOPE_FEED"                 # the feed's address (rank 0's; rank r binds port + 2r)
 ENV_SNAPSHOT = "KVSCOPE_FEED_SNAPSHOT"    # the snapshot endpoint (default: the feed's port + 1)
 ENV_TOKENS = "KVSCOPE_FEED_TOKENS"        # "0": leave every token id out of the feed
 ENV_HWM = "KVSCOPE_FEED_HWM"              # messages queued per subscriber before drops (default 100)
 ENV_FINISHED = "KVSCOPE_FEED_FINISHED"    # finished requests a snapshot keeps (default 256)
 ENV_SNDBUF = "KVSCOPE_FEED_SNDBUF"        # the kernel send buffer per subscriber, bytes (default: the OS's)
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+RANK_STRIDE = 2   # each rank takes two ports: its feed and its snapshot endpoint
 
 
 class FeedError(ValueError):
     """A message that is not a kvscope feed message of this schema (kept as a reason)."""
 
 
+def _with_port(address: str, port: int) -> str:
+    parts = urlsplit(address)
+    host = parts.hostname if ":" not in (parts.hostname or "") else f"[{parts.hostname}]"
+    return f"tcp://{host}:{port}"
+
+
+def _port(address: str, what: str) -> int:
+    parts = urlsplit(address)
+    if parts.scheme != "tcp" or parts.port is None:
+        raise ValueError(f"{what} address must look like tcp://HOST:PORT, got {address!r}")
+    return parts.port
+
+
 def snapshot_address(feed: str) -> str:
     """The snapshot endpoint next to a feed address: the same host, port + 1."""
-    parts = urlsplit(feed)
-    if parts.scheme != "tcp" or parts.port is None:
-        raise ValueError(f"feed address must look like tcp://HOST:PORT, got {feed!r}")
-    host = parts.hostname if ":" not in (parts.hostname or "") else f"[{parts.hostname}]"
-    return f"tcp://{host}:{parts.port + 1}"
+    return _with_port(feed, _port(feed, "feed") + 1)
 
 
-def feed_settings(env: dict | None = None) -> dict:
-    """The recorder's settings from the environment (documented in README)."""
+def rank_addresses(feed: str, snapshot: str | None, rank: int) -> tuple[str, str]:
+    """Data-parallel rank `rank`'s feed and snapshot endpoint, derived from rank 0's: both
+    ports + 2 * rank (rank 0's own ports for rank 0), so the ranks never share a port."""
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        raise ValueError(f"rank must be an integer >= 0, got {rank!r}")
+    snapshot = snapshot or snapshot_address(feed)
+    step = RANK_STRIDE * rank
+    return (_with_port(feed, _port(feed, "feed") + step), _with_port(snapshot, _port(snapshot, "snapshot") + step))
+
+
+def feed_settings(env: dict | None = None, rank: int = 0) -> dict:
+    """The recorder's settings from the environment (documented in docs/attach.md), for
+    data-parallel rank `rank`."""
     env = os.environ if env is None else env
     feed = env.get(ENV_FEED) or DEFAULT_FEED
-    return {"feed": feed, "snapshot": env.get(ENV_SNAPSHOT) or snapshot_address(feed),
+    feed, snapshot = rank_addresses(feed, env.get(ENV_SNAPSHOT) or None, rank)
+    return {"feed": feed, "snapshot": snapshot, "rank": rank,
             "tokens": env.get(ENV_TOKENS, "1").strip().lower() not in ("0", "false", "no", "off"),
             "hwm": int(env.get(ENV_HWM) or 100), "finished": int(env.get(ENV_FINISHED) or 256),
             "sndbuf": int(env.get(ENV_SNDBUF) or -1)}
@@ -88,8 +116,9 @@ def decode(frames: list[bytes], kind: str | None = None) -> dict:
     want = kind or "step"
     if msg.get("kind") != want or not isinstance(msg.get("run_id"), str) or not isinstance(msg.get("seq"), int):
         raise FeedError(f"a {msg.get('kind')!r} message where a {want!r} one with run_id and seq was expected")
-    if want == "step" and not (isinstance(msg.get("record"), dict) and isinstance(msg["record"].get("changes"), dict)):
-        raise FeedError("a step message without its record and the record's changes")
+    body = "state" if want == "snapshot" else "body"
+    if not isinstance(msg.get(body), dict) or not isinstance(msg.get("rank"), int):
+        raise FeedError(f"a {want} message without its {body} or its rank")
     return msg
 
 
@@ -102,34 +131,3 @@ def event_key(h: Any) -> str | None:
     if isinstance(h, int):
         return f"{h & 0xFFFFFFFFFFFFFFFF:016x}"
     return bytes(h)[:8].hex()
-
-
-def strip_tokens(msg: dict) -> None:
-    """KVSCOPE_FEED_TOKENS=0: the feed keeps counts and block ids, never a token id. The dicts
-    in `msg` are replaced by stripped copies (the recorder keeps some of them for later)."""
-    snap = msg.get("snapshot") or {}
-    for q in (snap.get("queues") or {}).values():
-        q[:] = [_request_without_tokens(r) for r in q]
-    pool = snap.get("block_pool") or {}
-    changes = (msg.get("record") or {}).get("changes") or {}
-    for blocks in (pool.get("blocks"), changes.get("blocks")):
-        if blocks:
-            blocks[:] = [{**b, "token_ids": []} for b in blocks]
-    for rid, r in list(changes.get("requests", {}).items()):
-        r = changes["requests"][rid] = {**r, "num_output_tokens": r["output_from"] + len(r["output_tail"]),
-                                        "output_from": 0, "output_tail": []}
-        if "prompt_token_ids" in r:
-            r["num_prompt_tokens"], r["prompt_token_ids"] = len(r["prompt_token_ids"]), []
-    if "finished" in changes:
-        changes["finished"] = [_request_without_tokens(r) for r in changes["finished"]]
-    rec = msg.get("record")
-    if rec:
-        rec["batch"]["input_ids"] = []
-        for s in rec["sampled"].values():
-            s["token_id"], s["top"] = None, []
-    msg["tokens_left_out"] = True
-
-
-def _request_without_tokens(r: dict) -> dict:
-    return {**r, "num_prompt_tokens": len(r["prompt_token_ids"]), "num_output_tokens": len(r["output_token_ids"]),
-            "prompt_token_ids": [], "output_token_ids": []}

@@ -1,19 +1,28 @@
-"""The recorder: a subclass of vLLM 0.32's own v1 Scheduler that publishes every step.
+"""The recorder: vLLM 0.32's own v1 scheduler, unchanged in what it decides, publishing every
+step to kvscope.
 
     KVSCOPE_FEED=tcp://127.0.0.1:5590 python -m vllm.entrypoints.openai.api_server \\
         --model DIR --scheduler-cls explorer.drivers.vllm_live.RecordingScheduler
 
-It runs in vLLM's engine-core process, next to the KV cache manager and its block pool.
-What one step did is observed on vLLM's own objects (explorer.drivers.vllm.capture's block-pool
-hooks, the SchedulerOutput, the EngineCoreOutputs its update returns, the scheduler's block
-tables) and turned into kvscope's StepRecord /
-EngineSnapshot dicts by the same functions the in-process adapter uses
-(explorer.drivers.vllm.records). Then it is published without blocking (explorer.drivers.vllm_live.protocol):
-no subscriber, or one that does not read, costs a counter, never a wait.
+It runs in each of vLLM's engine-core processes (one per data-parallel rank), next to the KV
+cache manager and its block pool. `RecordingScheduler` is vLLM's `Scheduler`, or its
+`AsyncScheduler` where the server's `async_scheduling` setting selects that one (a custom
+`--scheduler-cls` replaces vLLM's choice, so the recorder makes it again): the server keeps
+its behaviour.
+
+On vLLM's scheduler thread the recorder only takes what the step touched: references to the
+SchedulerOutput and the EngineCoreOutputs, the block ids of the block pool's calls
+(pool_notes.py), and at the end of each update the refcount and hash of each block that
+changed and, when a queue moved, the queues' request ids. A thread of its own
+(`_Publisher`) turns that into the compact body mirror.py spells, applies it to its
+`Mirror` (a joining client's snapshot), and publishes it without blocking: no subscriber,
+or one that does not read, costs a counter, never a wait.
 
 Each step is keyed by its SchedulerOutput, so vLLM's async scheduling (schedule N+1 before
-update N) keeps each step's events apart. A step's snapshot is taken after its update, so
-with async scheduling it already holds the next step's allocations.
+update N) keeps each step's events apart; the state after a step is vLLM's state after its
+update, so with async scheduling it holds the next step's allocations too (the mirror says
+which step's). A recorder that cannot bind its addresses logs one error and the engine
+core serves without a feed.
 """
 from __future__ import annotations
 
@@ -22,275 +31,324 @@ import threading
 import time
 import uuid
 from collections import deque
-from types import SimpleNamespace
+from operator import attrgetter
 from typing import Any
 
-from engine.report.records import EngineSnapshot, gc_paused
 from engine.sampling_params import SamplingParams
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from ..vllm.capture import BLOCK_EVENTS, Capture, StepCapture
-from ..vllm.changes import BlockTables, ChangeTracker
-from ..vllm.records import RecordBuilder, RequestState, computed_before
+from ..vllm.records import kv_events_use_int_hashes
 from . import protocol
+from .mirror import Mirror
+from .pool_notes import PoolNotes, new_events
 
 log = logging.getLogger("vllm.kvscope_recorder")  # a child of vLLM's logger: its handler and format
 
+_OUTPUT = attrgetter("request_id", "new_token_ids", "finish_reason")
 
-class _Out:
-    """vLLM's EngineCoreOutput seen as the RequestOutput RecordBuilder.step_record reads."""
 
-    def __init__(self, o: Any) -> None:
-        self.request_id = o.request_id
-        reason = o.finish_reason
-        self.finished = reason is not None
-        self.outputs = [SimpleNamespace(token_ids=list(o.new_token_ids), logprobs=None,
-                                        finish_reason=None if reason is None else reason.name.lower())]
+def _vllm_config(args: tuple, kwargs: dict) -> Any:
+    return kwargs["vllm_config"] if "vllm_config" in kwargs else args[0]
 
 
 class RecordingScheduler(Scheduler):
-    """vLLM's v1 Scheduler, unchanged in what it decides, publishing each step to kvscope."""
+    """vLLM's v1 Scheduler (or AsyncScheduler, as the server's config selects), unchanged in
+    what it decides, publishing each step to kvscope."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "RecordingScheduler":
+        if cls is RecordingScheduler and getattr(_vllm_config(args, kwargs).scheduler_config, "async_scheduling", False):
+            cls = AsyncRecordingScheduler  # what vLLM would have picked without --scheduler-cls
+        return super().__new__(cls)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._kv = _ServerView(self)
-        self._feed = _Publisher(protocol.feed_settings(), self._kv)
+        self._rec: _Notes | None = None
+        settings = protocol.feed_settings(rank=_rank(self.vllm_config))
+        try:
+            self._rec = _Notes(self, settings)
+        except Exception as exc:  # noqa: BLE001 - the recorder must never take the server down
+            log.error("kvscope recorder: no feed from this engine core (data-parallel rank %d): %s: %s. "
+                      "The server serves as usual; set %s to a free address (rank r binds its ports + %d r)",
+                      settings["rank"], type(exc).__name__, exc, protocol.ENV_FEED, protocol.RANK_STRIDE)
 
     # -- vLLM's calls -------------------------------------------------------------------------
     def add_request(self, request: Any) -> None:
+        new = request.request_id not in self.requests
         super().add_request(request)
-        self._kv.track(request)
+        if self._rec is not None and new:
+            self._rec.arrived(request)
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        kv = self._kv
-        cap = kv.begin_step()
-        t0 = time.perf_counter()
+        rec = self._rec
+        if rec is None:
+            return super().schedule(*args, **kwargs)
+        cap = rec.begin_schedule()
         try:
             out = super().schedule(*args, **kwargs)
         finally:
-            kv.capture.now = kv.between
-        t1, c1 = time.perf_counter(), time.thread_time()
-        cap.seconds["schedule"] = t1 - t0
-        cap.out = out
-        cap.counts = {rid: (self.requests[rid].num_tokens, self.requests[rid].num_prompt_tokens)
-                      for rid in out.num_scheduled_tokens}
-        cap.token_budget = int(self.max_num_scheduled_tokens)
-        cap.started = t0
-        self._feed.count_subscribers()  # a client that joined since the last step gets this step's batch
-        if self._feed.subscribers:
-            with gc_paused():  # many small acyclic containers: no cyclic GC pass over the server's heap
-                cap.batch_req_ids, cap.batch = kv.scheduler_batch(out)
-        kv.pending[id(out)] = cap
-        self._feed.own_time(time.perf_counter() - t1, time.thread_time() - c1)
+            rec.end_call()
+        rec.scheduled(cap, out)
         return out
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
-        kv = self._kv
-        cap = kv.pending.pop(id(scheduler_output), None) or Capture(out=scheduler_output)
-        kv.join_between(cap)  # what happened since it was scheduled (an abort's frees) is this step's
-        kv.capture.now = cap
-        t0 = time.perf_counter()
+        rec = self._rec
+        if rec is None:
+            return super().update_from_output(scheduler_output, model_runner_output)
+        cap = rec.begin_update(scheduler_output)
         try:
             result = super().update_from_output(scheduler_output, model_runner_output)
         finally:
-            kv.capture.now = kv.between
-        t1, c1 = time.perf_counter(), time.thread_time()
-        cap.seconds["update"] = t1 - t0
-        try:
-            with gc_paused():
-                self._feed.step(kv.record_step(cap, result))
-        except Exception:  # noqa: BLE001 - the recorder must never take the server down
-            log.exception("kvscope recorder: a step could not be recorded")
-        self._feed.own_time(time.perf_counter() - t1, time.thread_time() - c1, step=True)
+            rec.end_call()
+        rec.updated(cap, result)
         return result
 
     def finish_requests(self, request_ids: Any, finished_status: Any) -> Any:
         result = super().finish_requests(request_ids, finished_status)
-        self._kv.finished_outside_step(request_ids, finished_status)
+        if self._rec is not None and result:
+            self._rec.finished_outside(result, finished_status)
         return result
 
     def shutdown(self) -> None:
-        self._feed.close()
+        if self._rec is not None:
+            self._rec.close()
         super().shutdown()
 
 
-class _ServerView:
-    """The recorder's state for the server's scheduler: its RecordBuilder (per-request state,
-    counters, the engine clock), its block tables, the captures of the steps in flight, and
-    the tracker of what changed since the subscribers' state (explorer.drivers.vllm.changes)."""
+class AsyncRecordingScheduler(RecordingScheduler, AsyncScheduler):
+    """The recorder over vLLM's AsyncScheduler (schedule step N+1 while step N runs)."""
 
-    def __init__(self, scheduler: Scheduler) -> None:
-        self.scheduler = scheduler
-        self.capture = StepCapture(scheduler, None, hook_scheduler=False)  # the block pool's hooks
-        self.between = self.capture.now  # events outside any step (an abort's frees) join a step
-        self.pending: dict[int, Capture] = {}
-        vc = scheduler.vllm_config
-        # No tokenizer: the feed carries token ids, the client spells them.
-        self.records = RecordBuilder(scheduler, model_info=_model_info(vc),
-                                     reserve_full_isl=bool(getattr(scheduler, "scheduler_reserve_full_isl", True)))
-        self.finished: deque[RequestState] = deque(maxlen=protocol.feed_settings()["finished"])
-        self.config_dict = _config_dict(vc, scheduler)
-        self.table = BlockTables(scheduler)
-        self.tracker = ChangeTracker(self.records, self.table)
 
-    # -- requests ------------------------------------------------------------------------------
-    def track(self, request: Any) -> None:
-        rid = request.request_id
-        self.records.track(RequestState(rid, rid, request, _params(request), None), float(request.arrival_time))
-        self.tracker.note_request(rid)
+class _Cap:
+    """One step as the scheduler thread notes it: its SchedulerOutput, its block events, times."""
 
-    def finished_outside_step(self, request_ids: Any, status: Any) -> None:
-        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids or ())
-        reason = "abort" if "ABORT" in getattr(status, "name", str(status)) else "stop"
-        for rid in ids:
-            entry = self.records.requests.get(rid)
-            if entry is not None and entry.finish_reason is None:
-                self.records.finish(entry, reason, time.time())
+    __slots__ = ("sid", "out", "events", "started", "schedule_s", "update_s")
 
-    # -- the packed batch ----------------------------------------------------------------------
-    def scheduler_batch(self, out: Any) -> tuple[list[str], dict]:
-        """The packed batch as the scheduler hands it to the workers: positions, block tables and
-        the slot of each scheduled token, from the scheduler's own block tables right after it
-        scheduled, slot = block_id * block_size + position % block_size (the rule the model
-        runner applies in the worker), rows in scheduling order. The runner's own buffers live
-        in worker processes (vLLM's default, on CPU too) or on a GPU, where reading them would
-        stall async scheduling; the record's `batch_source: "scheduler"` says so."""
-        s, bs = self.scheduler, self.records.block_size
-        before = computed_before(out)[0]
-        ids, positions, slots, qsl, seq_lens, tables, logits = [], [], [], [0], [], [], []
-        rids = list(out.num_scheduled_tokens)
-        for rid in rids:
-            req, n, b = s.requests[rid], int(out.num_scheduled_tokens[rid]), int(before[rid])
-            table = self.table(rid)
-            pos = range(b, b + n)
-            positions.extend(pos)
-            slots.extend(table[p // bs] * bs + p % bs for p in pos)
-            ids.extend(int(t) for t in req.all_token_ids[b:b + n])
-            qsl.append(qsl[-1] + n)
-            seq_lens.append(b + n)
-            tables.append(table[:(b + n + bs - 1) // bs])
-            if b + n >= req.num_tokens:
-                logits.append(qsl[-1] - 1)
-        return rids, {"input_ids": ids, "positions": positions, "query_start_loc": qsl, "seq_lens": seq_lens,
-                      "slot_mapping": slots, "block_tables": tables, "logits_indices": logits}
+    def __init__(self, sid: int | None, events: dict) -> None:
+        self.sid, self.out, self.events = sid, None, events
+        self.started = time.perf_counter()
+        self.schedule_s = self.update_s = 0.0
 
-    # -- one step --------------------------------------------------------------------------------
-    def begin_step(self) -> Capture:
-        cap = Capture()
-        self.join_between(cap)  # what happened between steps (an abort's frees) is told with this step
-        self.capture.now = cap
-        self.capture._cached_now = set()
+
+class _Notes:
+    """The recorder on vLLM's scheduler thread: notes, then hands them to the publisher at the
+    end of each update (see the module doc). Its own time there is counted in
+    `recorder_ms` / `recorder_cpu_ms` (the block-pool hooks' share of vLLM's calls aside)."""
+
+    def __init__(self, scheduler: Scheduler, settings: dict) -> None:
+        self.s = scheduler
+        self.pool = scheduler.kv_cache_manager.block_pool
+        self.mirror = Mirror(_config_dict(scheduler.vllm_config, scheduler), _model_info(scheduler.vllm_config),
+                             null_block=int(self.pool.null_block.block_id),
+                             num_free=int(self.pool.get_num_free_blocks()), finished_keep=settings["finished"],
+                             tokens=settings["tokens"])
+        self.publisher = _Publisher(settings, self.mirror, int(self.mirror.block_size))
+        self.notes = PoolNotes(self.pool)
+        self.between = new_events()       # block events outside any step (an abort's frees)
+        self.notes.begin(self.between)
+        self.items: list[tuple] = []      # what happened since the last hand-over, in order
+        self.caps: dict[int, _Cap] = {}   # id(SchedulerOutput) -> its step, until its update
+        self.sid = 0
+        self.in_step = False
+        self.queues_moved = True
+        self.counters = self.publisher.counters
+
+    def _own(self, t0: float, c0: float) -> None:
+        c = self.counters
+        c["recorder_ms"] += (time.perf_counter() - t0) * 1e3
+        c["recorder_cpu_ms"] += (time.thread_time() - c0) * 1e3
+
+    def _lengths(self) -> tuple[int, int]:
+        s = self.s
+        return len(s.running), len(s.waiting)
+
+    def _take_between(self) -> dict:
+        between, self.between = self.between, new_events()
+        return between
+
+    # -- the calls ---------------------------------------------------------------------------
+    def arrived(self, request: Any) -> None:
+        self.items.append(("a", request))
+        self.queues_moved = True
+
+    def begin_schedule(self) -> _Cap:
+        self.sid += 1
+        cap = _Cap(self.sid, self._take_between())  # what happened between steps is told with this one
+        self.notes.begin(cap.events)
+        self.in_step = True
+        self._before = self._lengths()
         return cap
 
-    def join_between(self, cap: Capture) -> None:
-        """Move the events seen outside any step into `cap`."""
-        between = self.between
-        for k in BLOCK_EVENTS:
-            cap.blocks[k].extend(between.blocks[k])
-        cap.ref_dropped |= between.ref_dropped
-        self.between = Capture()
+    def end_call(self) -> None:
+        self.notes.begin(self.between)
+        self.in_step = False
 
-    def record_step(self, cap: Capture, result: dict) -> dict | None:
-        """The step's StepRecord dict (RecordBuilder.step_record, its `changes` not yet in), or
-        None when nothing ran."""
-        out = cap.out
-        self.tracker.note_step(cap)
-        outputs = [_Out(o) for eco in (result or {}).values() for o in (eco.outputs or ())]
-        finished_now = self.records.finished_now
-        if out is None or (not out.num_scheduled_tokens and not outputs and not finished_now):
-            return None
-        total = time.perf_counter() - getattr(cap, "started", time.perf_counter())
-        self.capture.now = cap
-        try:
-            rec = self.records.step_record(cap, outputs, total)
-        finally:
-            self.capture.now = self.between
-        rec.finished = list(dict.fromkeys(rec.finished + [e.request_id for e in finished_now]))
-        # The batch is the scheduler's view of it (see scheduler_batch); None: nobody listened when it was scheduled.
-        rec.batch_source = "scheduler" if cap.batch else None
-        d = rec.to_dict()
-        d["timings_ms"]["backend"] = "vLLM server"
-        return d
+    def scheduled(self, cap: _Cap, out: Any) -> None:
+        t0, c0 = time.perf_counter(), time.thread_time()
+        cap.schedule_s = t0 - cap.started
+        cap.out = out
+        self.caps[id(out)] = cap
+        self.items.append(("s", cap.sid, out, int(self.s.max_num_scheduled_tokens)))
+        if (out.scheduled_new_reqs or out.preempted_req_ids or out.scheduled_cached_reqs.resumed_req_ids
+                or self._lengths() != self._before):
+            self.queues_moved = True
+        self._own(t0, c0)
 
-    def take_finished(self) -> list[RequestState]:
-        done = self.records.take_finished()
-        for e in done:
-            self.finished.append(e)
-            self.records.requests.pop(e.request_id, None)
-        return done
+    def begin_update(self, out: Any) -> _Cap:
+        cap = self.caps.pop(id(out), None)
+        if cap is None:  # scheduled before this recorder (never): a step of its own
+            cap = _Cap(None, new_events())
+            cap.out = out
+        events = self._take_between()  # an abort between schedule and update is this step's
+        for k, v in events.items():
+            cap.events[k] += v
+        self.notes.begin(cap.events)
+        self.in_step = True
+        self._before = self._lengths()
+        cap.update_s = time.perf_counter()
+        return cap
 
-    def snapshot(self, finished: list[RequestState]) -> dict:
-        """The EngineSnapshot dict now, with `finished` as its finished queue (a refresh point:
-        the tracker's notes are folded in, and a later step's changes continue from it)."""
-        kv, records = self.scheduler.kv_cache_manager, self.records
-        with gc_paused():
-            running = list(self.scheduler.running)
-            tables = {r.request_id: list(kv.get_block_ids(r.request_id)[0]) for r in running}
-            queues = records.queues(running, tables, finished)
-            pool = self.tracker.whole_pool(running, tables)
-            return EngineSnapshot(step=records.step_count, config=self.config_dict, model_info=records.model_info,
-                                  metrics=records.metrics, queues=queues, block_pool=pool).to_dict()
+    def updated(self, cap: _Cap, result: Any) -> None:
+        t0, c0 = time.perf_counter(), time.thread_time()
+        cap.update_s = t0 - cap.update_s
+        self.items.append(("u", cap, result, time.time(), t0 - cap.started))
+        if self._lengths() != self._before:
+            self.queues_moved = True
+        self._hand_over()
+        self._own(t0, c0)
 
-    def is_idle(self) -> bool:
-        s = self.scheduler
-        return not s.running and not s.waiting
+    def finished_outside(self, requests: list, status: Any) -> None:
+        t0, c0 = time.perf_counter(), time.thread_time()
+        from vllm.v1.request import RequestStatus
+
+        reason = RequestStatus.get_finished_reason(status)
+        self.items.append(("f", [r.request_id for r in requests], reason.name.lower() if reason else "abort",
+                           time.time()))
+        self.queues_moved = True
+        if not self.in_step and not self.caps:  # between steps: published now, with the state it left
+            self._hand_over()  # (while a step is in flight it is that step's: its update publishes it)
+        self._own(t0, c0)
+
+    def _hand_over(self) -> None:
+        """Give the publisher what happened since the last hand-over, with the state of each
+        block it touched and, when a queue moved, the queues (read here: they change next step)."""
+        dirty, cached, cleared = self.notes.take()
+        blocks = self.pool.blocks
+        if cleared:
+            dirty = list(range(len(blocks)))
+        touched = [blocks[b] for b in dirty]
+        queues = None
+        if self.queues_moved:
+            s = self.s
+            queues = ([r.request_id for r in s.running],
+                      [r.request_id for r in (*s.waiting, *(getattr(s, "kv_holding_waiting", ()) or ()))])
+            self.queues_moved = False
+        self.publisher.put((self.items, dirty, [b.ref_cnt for b in touched], [b.block_hash for b in touched], cached,
+                            cleared, queues, int(self.pool.get_num_free_blocks()), float(self.pool.get_usage()),
+                            time.time()))
+        self.items = []
+
+    def close(self) -> None:
+        self.notes.close()
+        self.publisher.close()
 
 
 class _Publisher:
-    """The feed's two sockets. Steps are sent from vLLM's scheduler thread without blocking: an
-    XPUB socket (it tells how many subscribe: with none, a step is not even built, only counted
-    as `unobserved`) whose per-subscriber queue holds SNDHWM messages; a subscriber that does
-    not read loses the messages past it, and only it (ZMQ drops per subscriber). Each message
-    carries a sequence number, so every subscriber counts exactly what it missed. Snapshots
-    are answered from a small thread with the latest one built."""
+    """The feed's thread and its two sockets. It turns each hand-over into a body
+    (mirror.py), applies it to the recorder's Mirror and publishes it on an XPUB socket (it
+    tells how many subscribe; with none, a step is applied and counted as `unobserved`),
+    whose per-subscriber queue holds SNDHWM messages: a subscriber that does not read loses
+    the messages past it, and only it. Each message carries a sequence number, so every
+    subscriber counts exactly what it missed. Snapshots (the mirror's whole state) are
+    answered between steps. Its CPU time is counted in `publisher_cpu_ms`."""
 
-    def __init__(self, settings: dict, view: _ServerView) -> None:
+    def __init__(self, settings: dict, mirror: Mirror, block_size: int) -> None:
         import zmq
 
         self.zmq = zmq
-        self.view = view
+        self.mirror = mirror
         self.tokens = settings["tokens"]
+        self.rank = settings["rank"]
+        self.block_size = block_size
         self.run_id = uuid.uuid4().hex
         self.seq = 0
         self.subscribers = 0
-        # recorder_ms: the recorder's own time on vLLM's scheduler thread (building and sending
-        # records, outside vLLM's calls; the block-pool hooks' share of those calls is not in it).
         self.counters = {"published": 0, "unobserved": 0, "errors": 0, "steps": 0, "recorder_ms": 0.0,
-                         "recorder_cpu_ms": 0.0}
-        self._lock = threading.Lock()
-        self._latest: bytes | None = None
-        self._stale = True
-        self._want = threading.Event()
-        self._fresh = threading.Condition(self._lock)
+                         "recorder_cpu_ms": 0.0, "publisher_cpu_ms": 0.0, "backlog": 0}
+        self.by_id: dict[str, int] = {}
+        self.next_idx = 0
+        self.int_hashes = kv_events_use_int_hashes()
+        self.carry: dict | None = None   # a hand-over in which no step ran: told with the next one
+        self.queue: deque = deque()
+        self.wake = threading.Event()
+        self.idle = threading.Event()
+        self.idle.set()
         for address in (settings["feed"], settings["snapshot"]):
             if not protocol.is_loopback(address):
                 log.warning("kvscope recorder binds %s, which is not a loopback address: the feed carries "
                             "prompts; prefer 127.0.0.1 and an SSH tunnel", address)
         self.ctx = zmq.Context()
-        self.pub = self.ctx.socket(zmq.XPUB)
-        self.pub.setsockopt(zmq.SNDHWM, settings["hwm"])
-        self.pub.setsockopt(zmq.XPUB_VERBOSER, 1)
-        self.pub.setsockopt(zmq.LINGER, 0)
-        self.pub.setsockopt(zmq.SNDBUF, settings["sndbuf"])
-        self.pub.bind(settings["feed"])
-        self.rep = self.ctx.socket(zmq.REP)
-        self.rep.setsockopt(zmq.LINGER, 0)
-        self.rep.bind(settings["snapshot"])
+        try:
+            self.pub = self.ctx.socket(zmq.XPUB)
+            self.pub.setsockopt(zmq.SNDHWM, settings["hwm"])
+            self.pub.setsockopt(zmq.XPUB_VERBOSER, 1)
+            self.pub.setsockopt(zmq.LINGER, 0)
+            self.pub.setsockopt(zmq.SNDBUF, settings["sndbuf"])
+            self.rep = self.ctx.socket(zmq.REP)
+            self.rep.setsockopt(zmq.LINGER, 0)
+            self.pub.bind(settings["feed"])
+            self.rep.bind(settings["snapshot"])
+        except zmq.ZMQError as exc:
+            self.ctx.destroy(linger=0)
+            raise OSError(f"cannot bind the feed {settings['feed']} or its snapshot endpoint {settings['snapshot']}: "
+                          f"{exc}") from None
         self._running = True
-        self._publish_snapshot([])
-        self._thread = threading.Thread(target=self._serve, name="kvscope-snapshots", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"kvscope-recorder-{self.rank}", daemon=True)
         self._thread.start()
-        log.info("kvscope recorder: run %s, feed %s, snapshots %s, token ids %s", self.run_id, settings["feed"],
-                 settings["snapshot"], "on" if self.tokens else "left out")
+        log.info("kvscope recorder: run %s, data-parallel rank %d, feed %s, snapshots %s, token ids %s", self.run_id,
+                 self.rank, settings["feed"], settings["snapshot"], "on" if self.tokens else "left out")
 
-    def own_time(self, seconds: float, cpu_seconds: float, step: bool = False) -> None:
-        self.counters["recorder_ms"] += seconds * 1e3
-        self.counters["recorder_cpu_ms"] += cpu_seconds * 1e3  # its CPU time: what other processes cannot inflate
-        self.counters["steps"] += step
+    def put(self, handover: tuple) -> None:
+        self.idle.clear()
+        self.queue.append(handover)
+        self.wake.set()
 
-    def count_subscribers(self) -> None:
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until every hand-over so far is published (tests and benchmarks)."""
+        end = time.monotonic() + timeout
+        while (self.queue or not self.idle.is_set()) and time.monotonic() < end:
+            self.idle.wait(0.01)
+        return not self.queue
+
+    # -- the thread ------------------------------------------------------------------------------
+    def _run(self) -> None:
         zmq = self.zmq
-        while True:
+        while self._running:
+            self.wake.wait(0.05)
+            self.wake.clear()
+            c0 = time.thread_time()
+            try:
+                self._count_subscribers()
+                self.counters["backlog"] = max(self.counters["backlog"], len(self.queue))
+                while self.queue:
+                    self._publish(self.queue.popleft())
+                    time.sleep(0)  # let vLLM's scheduler thread have the GIL between steps
+                self._answer_snapshot()
+            except zmq.ZMQError:
+                if self._running:
+                    log.exception("kvscope recorder: the feed's sockets failed")
+                return
+            except Exception:  # noqa: BLE001 - the recorder must never take the server down
+                self.counters["errors"] += 1
+                log.exception("kvscope recorder: a step could not be recorded")
+            finally:
+                self.counters["publisher_cpu_ms"] += (time.thread_time() - c0) * 1e3
+                if not self.queue:
+                    self.idle.set()
+
+    def _count_subscribers(self) -> None:
+        zmq = self.zmq
+        while self.pub.poll(0):
             try:
                 frame = self.pub.recv(zmq.NOBLOCK)
             except zmq.Again:
@@ -300,95 +358,161 @@ class _Publisher:
             elif frame[:1] == b"\x00":
                 self.subscribers = max(0, self.subscribers - 1)
 
-    def step(self, record: dict | None) -> None:
-        """After vLLM's update: publish the step (if anyone listens) and keep a fresh snapshot
-        for joining clients when one asked or the server went idle."""
-        self.count_subscribers()
-        view = self.view
-        finished = view.take_finished()
-        if record is None and not finished:
+    def _publish(self, handover: tuple) -> None:
+        body = self._body(handover)
+        if self.carry is not None:
+            body = _merged(self.carry, body)
+            self.carry = None
+        if not any(op[0] in ("u", "f") for op in body["ops"]):
+            self.carry = body  # no step ran: its notes wait for the next one
             return
+        self.mirror.apply(body)
+        for op in body["ops"]:
+            if op[0] in ("u", "f"):
+                self._forget_finished()
+                break
         self.seq += 1
+        self.counters["steps"] += 1
         if self.subscribers > 0:
-            record = record or _empty_record(view)
-            # What the step changed, not the whole state: O(what it did), not O(pool + tokens in flight).
-            record["changes"] = view.tracker.changes(record["step"], finished)
-            msg = {"schema": protocol.SCHEMA_VERSION, "kind": "step", "run_id": self.run_id, "seq": self.seq,
-                   "record": record, "counters": dict(self.counters)}
-            if not self.tokens:
-                protocol.strip_tokens(msg)
+            msg = {"schema": protocol.SCHEMA_VERSION, "kind": "step", "run_id": self.run_id, "rank": self.rank,
+                   "seq": self.seq, "counters": dict(self.counters), "body": body}
             try:  # never blocks: at a subscriber's HWM, ZMQ drops the message for that subscriber only
                 self.pub.send_multipart((protocol.TOPIC, protocol.encode(msg)), self.zmq.NOBLOCK)
                 self.counters["published"] += 1
-            except Exception:  # noqa: BLE001
+            except self.zmq.ZMQError:
                 self.counters["errors"] += 1
                 log.exception("kvscope recorder: publishing failed")
         else:
             self.counters["unobserved"] += 1
-            view.tracker.forget(finished)
-        with self._lock:
-            self._stale = True
-        if self._want.is_set() or view.is_idle():
-            self._publish_snapshot(list(view.finished))
 
-    def _publish_snapshot(self, finished: list) -> None:
-        msg = {"schema": protocol.SCHEMA_VERSION, "kind": "snapshot", "run_id": self.run_id, "seq": self.seq,
-               "snapshot": self.view.snapshot(finished), "counters": dict(self.counters)}
-        if not self.tokens:
-            protocol.strip_tokens(msg)
-        data = protocol.encode(msg)
-        with self._fresh:
-            self._latest, self._stale = data, False
-            self._want.clear()
-            self._fresh.notify_all()
+    def _forget_finished(self) -> None:
+        live = self.mirror.requests
+        gone = [rid for rid, idx in self.by_id.items() if idx not in live] if len(self.by_id) > len(live) else ()
+        for rid in gone:
+            del self.by_id[rid]
 
-    def _serve(self) -> None:
+    def _answer_snapshot(self) -> None:
         zmq = self.zmq
-        poller = zmq.Poller()
-        poller.register(self.rep, zmq.POLLIN)
-        while self._running:
-            try:
-                if not poller.poll(200):
-                    continue
-                request = self.rep.recv()
-            except zmq.ZMQError:
-                return
-            try:
-                import msgspec
+        try:
+            request = self.rep.recv(zmq.NOBLOCK)
+        except zmq.Again:
+            return
+        try:
+            import msgspec
 
-                ask = msgspec.msgpack.decode(request)
-                ok = isinstance(ask, dict) and ask.get("schema") == protocol.SCHEMA_VERSION
-            except Exception:  # noqa: BLE001
-                ok = False
-            if not ok:
-                reply = protocol.encode({"schema": protocol.SCHEMA_VERSION, "kind": "error",
-                                         "error": f"this recorder speaks kvscope feed schema {protocol.SCHEMA_VERSION}"})
+            ask = msgspec.msgpack.decode(request)
+            ok = isinstance(ask, dict) and ask.get("schema") == protocol.SCHEMA_VERSION
+        except Exception:  # noqa: BLE001
+            ok = False
+        if ok:
+            reply = {"schema": protocol.SCHEMA_VERSION, "kind": "snapshot", "run_id": self.run_id, "rank": self.rank,
+                     "seq": self.seq, "state": self.mirror.to_wire(), "counters": dict(self.counters),
+                     "tokens_left_out": not self.tokens}
+        else:
+            reply = {"schema": protocol.SCHEMA_VERSION, "kind": "error",
+                     "error": f"this recorder speaks kvscope feed schema {protocol.SCHEMA_VERSION}"}
+        self.rep.send(protocol.encode(reply))
+
+    # -- a hand-over as a body (mirror.py) ---------------------------------------------------------
+    def _index(self, rid: str) -> int:
+        idx = self.by_id.get(rid)
+        if idx is None:
+            idx = self.by_id[rid] = self.next_idx
+            self.next_idx += 1
+        return idx
+
+    def _key(self, h: Any) -> str | None:
+        """A pool block's hash as vLLM's KV events name it (records.RecordBuilder.hash_key)."""
+        if h is None:
+            return None
+        h = bytes(h)[:-4]  # BlockHashWithGroupId: the hash, then 4 bytes of KV cache group
+        return (h[-8:] if self.int_hashes else h[:8]).hex()
+
+    def _body(self, handover: tuple) -> dict:
+        items, dirty, refs, hashes, cached, cleared, queues, free, usage, wall = handover
+        ix, ops = self.by_id, []
+        for item in items:
+            kind = item[0]
+            if kind == "s":
+                ops.append(self._sched_op(item[1], item[2], item[3]))
+            elif kind == "u":
+                ops.append(self._update_op(*item[1:]))
+            elif kind == "a":
+                ops.append(self._arrive_op(item[1]))
             else:
-                with self._fresh:
-                    if self._stale:  # steps ran since: ask the scheduler thread for a new one
-                        self._want.set()
-                        self._fresh.wait_for(lambda: not self._stale, timeout=5.0)
-                    reply = self._latest
-            try:
-                self.rep.send(reply)
-            except zmq.ZMQError:
-                return
+                _, rids, reason, t = item
+                ops.append(["f", t, [[ix[r], reason] for r in rids if r in ix]])
+        key = self._key
+        get = ix.get
+        return {"ops": ops, "blocks": [dirty, refs, [key(h) for h in hashes]],
+                "cached": [[b, get(req.request_id, -1), i] for b, req, i in cached], "cleared": cleared,
+                "queues": None if queues is None else [[get(r, -1) for r in q] for q in queues],
+                "free": free, "usage": usage, "wall": wall}
+
+    def _arrive_op(self, request: Any) -> list:
+        rid = request.request_id
+        prompt = list(request.prompt_token_ids or ())
+        n = len(prompt)
+        sp = getattr(request, "sampling_params", None)
+        hashes = [(bytes(h)[-8:] if self.int_hashes else bytes(h)[:8]).hex()
+                  for h in list(getattr(request, "block_hashes", ()) or ())[:n // self.block_size]]
+        return ["a", self._index(rid), rid, prompt if self.tokens else [], n,
+                int(getattr(request, "max_tokens", None) or getattr(sp, "max_tokens", 1) or 1), _params(request).to_dict(),
+                float(request.arrival_time), [str(x) for x in (getattr(sp, "stop", None) or ())], hashes]
+
+    def _indices(self, rids: Any) -> list[int]:
+        try:
+            return list(map(self.by_id.__getitem__, rids))
+        except KeyError:  # a request the recorder never saw arrive (never, but a name costs nothing)
+            return [self._index(r) for r in rids]
+
+    def _sched_op(self, sid: int, out: Any, budget: int) -> list:
+        indices = self._indices
+        c = out.scheduled_cached_reqs
+        rids = list(out.num_scheduled_tokens)
+        order = indices(rids)
+        return ["s", sid, order, list(out.num_scheduled_tokens.values()),
+                [[self._index(d.req_id), d.num_computed_tokens, d.block_ids[0]] for d in out.scheduled_new_reqs],
+                order if c.req_ids == rids else indices(c.req_ids), c.num_computed_tokens,
+                [b and b[0] for b in c.new_block_ids], c.num_output_tokens, indices(c.resumed_req_ids),
+                indices(out.preempted_req_ids or ()), budget]
+
+    def _update_op(self, cap: _Cap, result: Any, wall: float, step_s: float) -> list:
+        outs = [_OUTPUT(o) for eco in (result or {}).values() for o in eco.outputs]
+        out = cap.out
+        if not outs and (out is None or not out.total_num_scheduled_tokens):
+            return ["x", cap.sid]  # nothing ran (vLLM tells its workers about finished requests)
+        rids, new, reasons = zip(*outs) if outs else ((), (), ())
+        ids = self._indices(rids)
+        finished = [] if reasons.count(None) == len(reasons) else \
+            [[k, r.name.lower()] for k, r in enumerate(reasons) if r is not None]
+        return ["u", cap.sid, wall, step_s, cap.schedule_s, cap.update_s, ids,
+                list(new) if self.tokens else list(map(len, new)), finished, cap.events]
 
     def close(self) -> None:
         self._running = False
+        self.wake.set()
         self._thread.join(timeout=1.0)
         self.pub.close(0)
         self.rep.close(0)
         self.ctx.term()
 
 
-def _empty_record(view: _ServerView) -> dict:
-    from engine.report.records import StepRecord
+def _merged(first: dict, then: dict) -> dict:
+    """Two bodies as one (the first had no step to carry it)."""
+    states = dict(zip(first["blocks"][0], zip(first["blocks"][1], first["blocks"][2])))
+    states.update(zip(then["blocks"][0], zip(then["blocks"][1], then["blocks"][2])))
+    ids = sorted(states)
+    return {"ops": first["ops"] + then["ops"],
+            "blocks": [ids, [states[b][0] for b in ids], [states[b][1] for b in ids]],
+            "cached": first["cached"] + then["cached"], "cleared": first["cleared"] or then["cleared"],
+            "queues": then["queues"] if then["queues"] is not None else first["queues"],
+            "free": then["free"], "usage": then["usage"], "wall": then["wall"]}
 
-    records = view.records
-    records.step_count += 1
-    rec = StepRecord(step=records.step_count, wall_time_s=time.time(), engine_time_s=records.engine_time)
-    return rec.to_dict()
+
+def _rank(vc: Any) -> int:
+    pc = vc.parallel_config
+    return int(getattr(pc, "data_parallel_index", None) or getattr(pc, "data_parallel_rank", 0) or 0)
 
 
 def _params(request: Any) -> SamplingParams:
@@ -410,7 +534,7 @@ def _model_info(vc: Any) -> dict:
     mc = vc.model_config
     hf = mc.hf_config
     heads = int(hf.num_attention_heads)
-    tp = int(vc.parallel_config.tensor_parallel_size)
+    pc = vc.parallel_config
     import vllm
 
     return {"engine": f"vLLM {vllm.__version__} (live server)", "engine_version": vllm.__version__,
@@ -423,7 +547,8 @@ def _model_info(vc: Any) -> dict:
             "device": str(getattr(vc.device_config, "device_type", "")), "max_model_len": int(mc.max_model_len),
             "attention_backend": None, "cuda_graphs": None,
             "cuda_graphs_off": "enforce_eager" if mc.enforce_eager else None,
-            "tensor_parallel_size": tp, "pipeline_parallel_size": int(vc.parallel_config.pipeline_parallel_size),
+            "tensor_parallel_size": int(pc.tensor_parallel_size), "pipeline_parallel_size": int(pc.pipeline_parallel_size),
+            "data_parallel_size": int(getattr(pc, "data_parallel_size", 1) or 1), "data_parallel_rank": _rank(vc),
             "async_scheduling": bool(getattr(vc.scheduler_config, "async_scheduling", False)),
             "kv_bytes_per_block": _kv_bytes_per_block(vc), "live": True}
 

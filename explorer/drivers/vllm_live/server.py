@@ -141,6 +141,24 @@ class ServerStartError(RuntimeError):
                          f"  log: {log_path}\n  its last {LOG_TAIL_LINES} lines:\n{body}")
 
 
+def free_port_run(n: int, avoid: frozenset[int] = frozenset(), tries: int = 200) -> int:
+    """The first of `n` consecutive ports free now on 127.0.0.1, none of them in `avoid` (a
+    data-parallel server's recorders take two per rank, vLLM's KV-event publishers one:
+    explorer.drivers.vllm_live.protocol.rank_addresses)."""
+    for _ in range(tries):
+        with ExitStack() as stack:
+            base = free_port()
+            try:
+                for port in range(base, base + n):
+                    if port in avoid:
+                        raise OSError(f"port {port} is to be avoided")
+                    stack.enter_context(socket.socket()).bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return base
+    raise OSError(f"no {n} consecutive free ports on 127.0.0.1")
+
+
 class VllmServer:
     """One `python -m vllm.entrypoints.openai.api_server` process."""
 
@@ -148,10 +166,13 @@ class VllmServer:
                  max_model_len: int = 1024, num_gpu_blocks: int | None = None,
                  max_num_batched_tokens: int | None = None, max_num_seqs: int | None = None,
                  extra_args: tuple[str, ...] = (), env: dict | None = None, log: str | os.PathLike | None = None,
-                 start_attempts: int = 3) -> None:
+                 start_attempts: int = 3, data_parallel_size: int = 1) -> None:
         if start_attempts < 1:
             raise ValueError(f"start_attempts must be >= 1, got {start_attempts}")
+        if isinstance(data_parallel_size, bool) or not isinstance(data_parallel_size, int) or data_parallel_size < 1:
+            raise ValueError(f"data_parallel_size must be an integer >= 1, got {data_parallel_size!r}")
         self.model = str(model)
+        self.data_parallel_size = data_parallel_size
         self.recorder = recorder
         self.start_attempts = start_attempts
         self.log_path = Path(log) if log else default_log_path()
@@ -161,29 +182,37 @@ class VllmServer:
         for flag, value in (("--num-gpu-blocks-override", num_gpu_blocks),
                             ("--max-num-batched-tokens", max_num_batched_tokens), ("--max-num-seqs", max_num_seqs),
                             ("--kv-cache-memory-bytes",
-                             num_gpu_blocks and kv_cache_bytes(self.model, num_gpu_blocks, block_size))):
+                             num_gpu_blocks and kv_cache_bytes(self.model, num_gpu_blocks, block_size)),
+                            ("--data-parallel-size", data_parallel_size if data_parallel_size > 1 else None)):
             if value is not None:
                 self._options += [flag, str(value)]
         if recorder:
             self._options += ["--scheduler-cls", "explorer.drivers.vllm_live.RecordingScheduler"]
         self._extra = list(extra_args)
         self._base_env = dict(os.environ, **(env or {}))
-        # The KV-events endpoint stays the same across attempts: the subscriber binds it, vLLM connects.
-        *ports, events_port = free_ports(4)
-        self.kv_events = f"tcp://127.0.0.1:{events_port}" if kv_events else None
-        self._use_ports(*ports)
+        # The KV-events endpoint stays the same across attempts: the subscriber binds it, vLLM
+        # connects (rank r's publisher to its port + r).
+        self.kv_events = f"tcp://127.0.0.1:{free_port_run(data_parallel_size)}" if kv_events else None
+        self._use_ports(*self._new_ports())
         self._log: IO[bytes] | None = None
         self._log_start = 0
         self._started = 0.0
         self.attempt = 0
         self.proc: subprocess.Popen | None = None
 
-    def _use_ports(self, http: int, feed: int, snapshots: int) -> None:
+    def _new_ports(self, avoid: frozenset[int] = frozenset()) -> tuple[int, int]:
+        """A free HTTP port, and the first of a run of free ports for the feed and its snapshot
+        endpoint, two per data-parallel rank (rank r: ports + 2r)."""
+        avoid = avoid | self._bound_ports()
+        (http,) = free_ports(1, avoid)
+        return http, free_port_run(2 * self.data_parallel_size, avoid | {http})
+
+    def _use_ports(self, http: int, feed: int) -> None:
         """The ports this server binds, and the command and environment that name them."""
         self.port = http
         self.http = f"http://127.0.0.1:{http}"
         self.feed = f"tcp://127.0.0.1:{feed}" if self.recorder else None
-        self.snapshots = f"tcp://127.0.0.1:{snapshots}" if self.recorder else None
+        self.snapshots = f"tcp://127.0.0.1:{feed + 1}" if self.recorder else None
         args = ["--model", self.model, "--host", "127.0.0.1", "--port", str(http), *self._options]
         if self.kv_events:
             args += ["--kv-events-config",
@@ -228,7 +257,7 @@ class VllmServer:
                 self._note(f"attempt {self.attempt} exited with {code} after {after:.0f} s because a port it was "
                            f"given was taken before it bound it ({taken!r}); starting again on new ports")
                 self._kill_group()
-                self._use_ports(*free_ports(3, avoid=frozenset({self.port, *self._bound_ports()})))
+                self._use_ports(*self._new_ports(frozenset({self.port})))
                 self.start()
                 continue
             why = f" after losing a port ({taken!r})" if taken else ""
@@ -269,8 +298,16 @@ class VllmServer:
         except (ProcessLookupError, PermissionError):
             pass
 
-    def _bound_ports(self) -> set[int]:
-        return {int(a.rsplit(":", 1)[1]) for a in (self.feed, self.snapshots, self.kv_events) if a}
+    def _bound_ports(self) -> frozenset[int]:
+        """Every port this server's processes bind but HTTP's: each rank's feed and snapshot
+        endpoint, each rank's KV-event publisher."""
+        ports: set[int] = set()
+        for address, count in ((getattr(self, "feed", None), 2 * self.data_parallel_size),
+                               (self.kv_events, self.data_parallel_size)):
+            if address:
+                first = int(address.rsplit(":", 1)[1])
+                ports.update(range(first, first + count))
+        return frozenset(ports)
 
     def client(self, **kwargs: Any) -> Any:
         from openai import OpenAI

@@ -28,7 +28,7 @@ def _bf16_linear_case(bias: bool):
     g = torch.Generator().manual_seed(3)
     w = torch.randn(96, 64, generator=g).bfloat16().float()  # a bf16 engine's weights: bf16 values
     b = torch.randn(96, generator=g).bfloat16().float() if bias else None
-    return w, b, torch.randn(max(NATIVE_MAX_ROWS.values()) + 36, 64, generator=g)
+    return w, b, torch.randn(NATIVE_MAX_ROWS + 36, 64, generator=g)
 
 
 def _assert_rounds_like_a_bf16_layer(lin: PackedLinear, w, b, x):

@@ -2,14 +2,15 @@
 (tests/oracle/vllm_side.py) with kvscope's recorder as its scheduler class, followed by the
 real client, whose records a Session would apply. tests/oracle/live_differential.py compares
 every record and every state with vLLM's objects (and the feed with the schema); here it runs
-24 synchronous workloads (async scheduling: tests/oracle/test_live_oracle.py), then the two
-places where the records used to part from vLLM's state, shown one by one."""
+24 synchronous workloads and 12 under vLLM's AsyncScheduler, shows that each planted fault is
+caught, then the two places where the records used to part from vLLM's state, one by one."""
 from __future__ import annotations
 
 import random
 
 import pytest
 
+from tests.oracle.live_differential import PLANTED
 from tests.oracle.vllm_available import require_vllm
 
 SEEDS = range(24)
@@ -34,6 +35,28 @@ def test_each_record_and_state_equal_vllms_on_random_workloads(harness):
     # The workloads exercised what the feed must carry.
     assert total.preemptions and total.hits and total.chunks and total.joined, total.summary()
     assert total.aborts_in_flight and total.aborts_between, total.summary()
+
+
+def test_under_async_scheduling_each_record_and_state_equal_vllms(harness):
+    # A GPU server's engine core schedules step N+1 before it updates step N (AsyncScheduler).
+    from tests.oracle.workloads import random_workload
+
+    total = harness.Counts()
+    for seed in range(12):
+        counts, failure = harness.run_workload(random_workload(seed), seed, async_=True)
+        assert failure is None, f"seed {seed} (async): {failure}"
+        total.add(counts)
+    assert total.preemptions and total.hits and total.chunks, total.summary()
+
+
+@pytest.mark.parametrize("bug", PLANTED)
+def test_a_planted_fault_in_the_recorder_is_caught(harness, bug):
+    from tests.oracle.workloads import random_workload
+
+    with harness.planted(bug):
+        caught = next((seed for seed in range(40)
+                       if harness.run_workload(random_workload(seed), seed, async_=True)[1]), None)
+    assert caught is not None, f"{bug}: no workload of 40 told the recorder from vLLM"
 
 
 @pytest.mark.soak

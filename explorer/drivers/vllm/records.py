@@ -252,13 +252,7 @@ class RecordBuilder:
         prompt = list(e.req.prompt_token_ids or ())
         seen = {REQ.PROMPT_TOKEN_IDS: prompt,
                 REQ.PROMPT_TEXT: e.prompt_text if e.prompt_text is not None else self._decode(e, "prompt", prompt),
-                REQ.MAX_TOKENS: e.params.max_tokens, REQ.SAMPLING_PARAMS: e.params.to_dict(),
-                REQ.PRIORITY: int(getattr(e.req, "priority", 0) or 0)}
-        salt, lora = getattr(e.req, "cache_salt", None), getattr(e.req, "lora_request", None)
-        if salt:
-            seen[REQ.CACHE_SALT] = str(salt)
-        if lora is not None:
-            seen[REQ.LORA_NAME] = str(lora.lora_name)
+                REQ.MAX_TOKENS: e.params.max_tokens, REQ.SAMPLING_PARAMS: e.params.to_dict(), **hash_domain(e.req)}
         return seen
 
     def output_text(self, e: RequestState) -> str:
@@ -344,3 +338,16 @@ def status_name(status: Any) -> str:
     if name.startswith("FINISHED"):
         return "finished"
     return {"RUNNING": "running", "PREEMPTED": "preempted"}.get(name, "waiting")
+
+
+def hash_domain(req: Any) -> dict[str, Any]:
+    """What of a vLLM Request's scheduling and block hashing a RequestDict carries once: its
+    priority, and its cache_salt and LoRA adapter's name where it has them (they make its block
+    hashes differ from the same tokens' without)."""
+    out: dict[str, Any] = {REQ.PRIORITY: int(getattr(req, "priority", 0) or 0)}
+    salt, lora = getattr(req, "cache_salt", None), getattr(req, "lora_request", None)
+    if salt:
+        out[REQ.CACHE_SALT] = str(salt)
+    if lora is not None:
+        out[REQ.LORA_NAME] = str(lora.lora_name)
+    return out

@@ -14,7 +14,8 @@ float}; requests are small integers (indices the recorder gives them), and `ops`
 order vLLM did them:
 
 - ["a", i, request_id, prompt, num_prompt, max_tokens, sampling_params, arrival_time, stop,
-  prompt_hashes]: a request arrived (its name, prompt and parameters: the only time they go);
+  prompt_hashes, domain]: a request arrived (its name, prompt and parameters: the only time
+  they go; `domain`: its priority, and its cache_salt and LoRA name where it has them);
 - ["s", sid, order, num_tokens, new, cached_ids, cached_before, cached_new_blocks,
   cached_outputs, resumed, preempted, token_budget]: vLLM's SchedulerOutput `sid`, as it is
   (`new` = [[i, computed before, block ids]]; the cached requests' lists are vLLM's own);
@@ -96,15 +97,17 @@ class Req:
     """One request as the feed knows it (vLLM's Request stays in the server)."""
 
     __slots__ = ("idx", "rid", "prompt", "n_prompt", "output", "n_hidden", "max_tokens", "params", "stop", "hashes",
-                 "status", "computed", "cached", "preemptions", "finish_reason", "table", "chunks", "metrics",
+                 "domain", "status", "computed", "cached", "preemptions", "finish_reason", "table", "chunks", "metrics",
                  "frozen", "tw", "te")
 
     def __init__(self, idx: int, rid: str, prompt: list[int], n_prompt: int, max_tokens: int, params: dict,
-                 stop: list[str], hashes: list[str]) -> None:
+                 stop: list[str], hashes: list[str], domain: dict | None = None) -> None:
         self.idx, self.rid, self.prompt, self.n_prompt = idx, rid, prompt, n_prompt
         self.output: list[int] = []
         self.n_hidden = 0   # outputs counted but not held (token ids left out of the feed)
         self.max_tokens, self.params, self.stop, self.hashes = max_tokens, params, stop, hashes
+        # priority, and cache_salt / lora_name where set: RequestDict's keys, sent once
+        self.domain: dict = domain if domain is not None else {REQ.PRIORITY: 0}
         self.status = "waiting"
         self.computed = self.cached = self.preemptions = self.chunks = 0
         self.finish_reason: str | None = None
@@ -132,11 +135,11 @@ class Req:
         m = self.metrics
         return [self.idx, self.rid, self.prompt, self.n_prompt, self.output, self.n_output, self.max_tokens,
                 self.params, self.stop, self.hashes, self.status, self.computed, self.cached, self.preemptions,
-                self.finish_reason, self.table, self.chunks, [m.engine.to_wire(), m.wall.to_wire()]]
+                self.finish_reason, self.table, self.chunks, [m.engine.to_wire(), m.wall.to_wire()], self.domain]
 
     @classmethod
     def from_wire(cls, w: list) -> "Req":
-        r = cls(w[0], w[1], list(w[2]), w[3], w[6], w[7], list(w[8]), list(w[9]))
+        r = cls(w[0], w[1], list(w[2]), w[3], w[6], w[7], list(w[8]), list(w[9]), dict(w[18]))
         r.output = list(w[4])
         r.n_hidden = w[5] - len(r.output)
         r.status, r.computed, r.cached, r.preemptions, r.finish_reason = w[10], w[11], w[12], w[13], w[14]
@@ -239,8 +242,8 @@ class Mirror:
         return record
 
     def _arrive(self, op: list, step: "_Step") -> None:
-        _, idx, rid, prompt, n_prompt, max_tokens, params, arrival, stop, hashes = op
-        req = Req(idx, rid, list(prompt), n_prompt, max_tokens, params, list(stop), list(hashes))
+        _, idx, rid, prompt, n_prompt, max_tokens, params, arrival, stop, hashes, domain = op
+        req = Req(idx, rid, list(prompt), n_prompt, max_tokens, params, list(stop), list(hashes), dict(domain))
         req.metrics.wall.arrival_time, req.metrics.engine.arrival_time = arrival, self.engine_time
         self.requests[idx] = req
         step.touched[idx] = 0
@@ -496,7 +499,7 @@ class Mirror:
 
     def _first_seen(self, req: Req) -> dict:
         fields = {REQ.PROMPT_TOKEN_IDS: list(req.prompt), REQ.PROMPT_TEXT: "", REQ.MAX_TOKENS: req.max_tokens,
-                  REQ.SAMPLING_PARAMS: req.params}
+                  REQ.SAMPLING_PARAMS: req.params, **req.domain}
         if not self.tokens:
             fields[REQ.NUM_PROMPT_TOKENS] = req.n_prompt
         return fields

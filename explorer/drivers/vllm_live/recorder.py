@@ -38,7 +38,7 @@ from engine.sampling_params import SamplingParams
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from ..vllm.records import kv_events_use_int_hashes
+from ..vllm.records import hash_domain, kv_events_use_int_hashes
 from . import protocol
 from .mirror import Mirror
 from .pool_notes import PoolNotes, new_events
@@ -458,7 +458,8 @@ class _Publisher:
                   for h in list(getattr(request, "block_hashes", ()) or ())[:n // self.block_size]]
         return ["a", self._index(rid), rid, prompt if self.tokens else [], n,
                 int(getattr(request, "max_tokens", None) or getattr(sp, "max_tokens", 1) or 1), _params(request).to_dict(),
-                float(request.arrival_time), [str(x) for x in (getattr(sp, "stop", None) or ())], hashes]
+                float(request.arrival_time), [str(x) for x in (getattr(sp, "stop", None) or ())], hashes,
+                hash_domain(request)]
 
     def _indices(self, rids: Any) -> list[int]:
         try:

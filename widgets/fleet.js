@@ -1,3 +1,4 @@
+// @ts-check
 // The engine cores of a data-parallel server side by side: Follow / Pause, each core's load,
 // and where each request went with its routing loss.
 

@@ -188,6 +188,22 @@ def test_a_burst_runs_out_of_blocks_and_preempts(server, client, live, tokenizer
 
 
 @pytest.mark.slow
+def test_a_request_that_ends_on_a_stop_string_says_so_in_the_words_its_client_saw(server, client, live):
+    # vLLM's front end detokenizes and finds stop strings; it ends the request by aborting it in
+    # the engine core, where the recorder sees an abort. The client got finish_reason "stop".
+    prompt = "Count from one to twenty: one, two, three,"
+    text = complete(client, server, prompt, 12).choices[0].text   # greedy: the same text again below
+    words = text.split()
+    assert len(words) >= 4, text
+    stop = words[len(words) // 2]
+    r = client.completions.create(model=server.model, prompt=prompt, max_tokens=12, temperature=0.0, stop=[stop])
+    assert r.choices[0].finish_reason == "stop"
+    assert live.wait_for(lambda s: any(f["request_id"].startswith(r.id) for f in s.current.snapshot["queues"]["finished"]),
+                         timeout=60)
+    assert request_of(live, r.id)["finish_reason"] == f"stop string {stop!r} (the server's front end ended it)"
+
+
+@pytest.mark.slow
 def test_the_kv_event_tree_holds_exactly_the_pools_hashed_blocks(server, live):
     # One id for a block everywhere: the pool's hash is the key vLLM's KV events give it.
     pool = {b["hash"] for b in live.current.snapshot["block_pool"]["blocks"] if b["hash"]}

@@ -6,6 +6,8 @@ from typing import Callable, Iterator
 
 import pytest
 
+import nbformat
+
 from benchmarks.lab_harness import TEST_OUTPUT, LabServer, LabUI, start_lab_server
 
 
@@ -68,3 +70,23 @@ def save_screenshot() -> Callable[..., Path]:
         return path
 
     return save
+
+
+@pytest.fixture
+def run_notebook(tmp_path: Path, lab_factory: Callable[[Path], LabServer], page) -> Callable[..., LabUI]:
+    """`run_notebook(name, *cells)`: a notebook of those code cells, in a folder of its own,
+    opened in JupyterLab with every cell run; returns its LabUI."""
+
+    def run(name: str, *cells: str) -> LabUI:
+        root = tmp_path / "notebooks"
+        root.mkdir(exist_ok=True)
+        nb = nbformat.v4.new_notebook()
+        nb.cells = [nbformat.v4.new_code_cell(cell) for cell in cells]
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+        nbformat.write(nb, root / name)
+        ui = LabUI(page, lab_factory(root))
+        ui.open_notebook(name)
+        ui.run_all_cells()
+        return ui
+
+    return run

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import time
 
-import nbformat
 import pytest
 
+from tests.e2e import attach_cell
 from tests.oracle.vllm_available import require_vllm
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -35,23 +35,11 @@ def data_step(scope, testid: str) -> int:
     return int(scope.get_by_test_id(testid).first.get_attribute("data-step"))
 
 
-def test_dashboard_follows_a_live_server_and_pause_holds_it(tmp_path, vllm_server, lab_factory, page, lab_ui,
+def test_dashboard_follows_a_live_server_and_pause_holds_it(vllm_server, run_notebook, page,
                                                             save_screenshot):
     srv = vllm_server
     client = srv.client(timeout=120)
-    root = tmp_path / "notebooks"
-    root.mkdir()
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(
-        "from explorer import Session, Dashboard\n"
-        f"live = Session.attach({srv.feed!r}, snapshot_address={srv.snapshots!r})\n"
-        "live.follow()\n"
-        "Dashboard(live)")]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
-    nbformat.write(nb, root / "attach.ipynb")
-    ui = lab_ui(page, lab_factory(root))
-    ui.open_notebook("attach.ipynb")
-    ui.run_all_cells()
+    ui = run_notebook("attach.ipynb", attach_cell(srv))
     follow = page.locator(".kvs-dashboard").get_by_test_id("kvs-follow").first
     toggle = follow.get_by_test_id("kvs-follow-toggle")
     try:
@@ -118,36 +106,22 @@ def test_dashboard_follows_a_live_server_and_pause_holds_it(tmp_path, vllm_serve
     assert page.console_errors == [], page.console_errors
 
 
-def test_pause_holds_the_panels_at_once_while_a_cell_keeps_sending(tmp_path, vllm_server, lab_factory, page, lab_ui):
+def test_pause_holds_the_panels_at_once_while_a_cell_keeps_sending(vllm_server, run_notebook, page):
     # The attach notebook's own pattern: a cell that sends traffic keeps the kernel busy, so the
     # kernel hears a Pause click only when the cell ends, while its follow thread applies steps.
     # Pause must act at once anyway (the browser holds every panel at the step it shows), the
     # kernel then shows that step, and Follow brings the view back to the latest step.
     srv = vllm_server
-    root = tmp_path / "notebooks"
-    root.mkdir()
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [
-        nbformat.v4.new_code_cell(
-            "from explorer import Session, Dashboard\n"
-            f"live = Session.attach({srv.feed!r}, snapshot_address={srv.snapshots!r})\n"
-            "live.follow()\n"
-            "Dashboard(live)"),
-        nbformat.v4.new_code_cell(
-            "import time\n"
-            "from openai import OpenAI\n"
-            f"client = OpenAI(base_url={srv.http + '/v1'!r}, api_key='unused', max_retries=0, timeout=120)\n"
-            "end = time.monotonic() + 40\n"
-            "while time.monotonic() < end:   # a cell that keeps sending: the kernel is busy throughout\n"
-            f"    client.completions.create(model={srv.model!r}, prompt='Count slowly to twenty:', max_tokens=8,\n"
-            "                              temperature=0, extra_body={'ignore_eos': True})\n"
-            "print('sent')"),
-    ]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
-    nbformat.write(nb, root / "busy.ipynb")
-    ui = lab_ui(page, lab_factory(root))
-    ui.open_notebook("busy.ipynb")
-    ui.run_all_cells()
+    ui = run_notebook(
+        "busy.ipynb", attach_cell(srv),
+        ("import time\n"
+         "from openai import OpenAI\n"
+         f"client = OpenAI(base_url={srv.http + '/v1'!r}, api_key='unused', max_retries=0, timeout=120)\n"
+         "end = time.monotonic() + 40\n"
+         "while time.monotonic() < end:   # a cell that keeps sending: the kernel is busy throughout\n"
+         f"    client.completions.create(model={srv.model!r}, prompt='Count slowly to twenty:', max_tokens=8,\n"
+         "                              temperature=0, extra_body={'ignore_eos': True})\n"
+         "print('sent')"))
     dash = page.locator(".kvs-dashboard").first
     follow = dash.get_by_test_id("kvs-follow").first
     toggle = follow.get_by_test_id("kvs-follow-toggle")

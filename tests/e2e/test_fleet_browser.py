@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import concurrent.futures
 
-import nbformat
 import pytest
+
+from tests.e2e import attach_cell
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -17,22 +18,10 @@ TIMEOUT_MS = 180_000
 SYSTEM = "You are kvscope's browser test assistant. Answer briefly and plainly, in one short sentence. " * 4
 
 
-def test_the_fleet_dashboard_shows_both_ranks_and_where_each_request_went(tmp_path, dp_server, lab_factory, page,
-                                                                          lab_ui, save_screenshot):
+def test_the_fleet_dashboard_shows_both_ranks_and_where_each_request_went(dp_server, run_notebook, page,
+                                                                          save_screenshot):
     srv = dp_server
-    root = tmp_path / "notebooks"
-    root.mkdir()
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(
-        "from explorer import Session, Dashboard\n"
-        f"fleet = Session.attach({srv.feed!r}, snapshot_address={srv.snapshots!r})\n"
-        "fleet.follow()\n"
-        "Dashboard(fleet)")]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
-    nbformat.write(nb, root / "fleet.ipynb")
-    ui = lab_ui(page, lab_factory(root))
-    ui.open_notebook("fleet.ipynb")
-    ui.run_all_cells()
+    ui = run_notebook("fleet.ipynb", attach_cell(srv, "fleet"))
     panel = page.get_by_test_id("kvs-fleet").first
     toggle = panel.get_by_test_id("kvs-fleet-toggle")
     try:

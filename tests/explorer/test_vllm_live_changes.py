@@ -106,6 +106,18 @@ def _received(src, pub) -> list[dict]:
     return [src.step().to_dict() for _ in range(src.pending())]
 
 
+def _joined(run):
+    """A client (LiveSource) joined to `run`'s recorder: (the source, the recorder's publisher,
+    the state of the snapshot it joined with)."""
+    from explorer.drivers.vllm_live.client import LiveSource
+
+    src = LiveSource(run.feed, snapshot_address=run.snapshots, timeout=5)
+    pub = run.s._rec.publisher
+    while not pub.subscribers:
+        pub.wake.set()
+    return src, pub, src.snapshot().to_dict()
+
+
 @pytest.mark.parametrize("async_", [False, True], ids=["sync", "async"])
 def test_the_first_step_after_a_client_joins_carries_its_batch(harness, async_):
     from explorer.drivers.vllm_live.client import LiveSource
@@ -141,16 +153,11 @@ def test_the_first_step_after_a_client_joins_carries_its_batch(harness, async_):
 @pytest.mark.parametrize("async_", [False, True], ids=["sync", "async"])
 def test_an_abort_while_its_step_runs_frees_its_blocks_in_that_step(harness, async_):
     from engine.report.changes import apply
-    from explorer.drivers.vllm_live.client import LiveSource
     from vllm.v1.request import RequestStatus
 
     run = _scheduler(harness, async_)
-    src = LiveSource(run.feed, snapshot_address=run.snapshots, timeout=5)
-    pub = run.s._rec.publisher
+    src, pub, state = _joined(run)
     try:
-        while not pub.subscribers:
-            pub.wake.set()
-        state = src.snapshot().to_dict()
         for _ in range(3):
             _step(run)
         for rec in _received(src, pub):
@@ -176,16 +183,11 @@ def test_without_token_ids_the_feed_carries_counts_and_block_ids_only(harness, m
     from engine.report import schema
     from engine.report.changes import apply
     from explorer.drivers.vllm_live import protocol
-    from explorer.drivers.vllm_live.client import LiveSource
 
     monkeypatch.setenv(protocol.ENV_TOKENS, "0")
     run = _scheduler(harness, async_=False)
-    src = LiveSource(run.feed, snapshot_address=run.snapshots, timeout=5)
-    pub = run.s._rec.publisher
+    src, pub, state = _joined(run)
     try:
-        while not pub.subscribers:
-            pub.wake.set()
-        state = src.snapshot().to_dict()
         for _ in range(6):
             _step(run)
         records = _received(src, pub)

@@ -50,8 +50,8 @@ STAGE = REPO / "build" / "docs_src"
 SITE = REPO / "docs" / "site"
 CONFIG = REPO / "mkdocs.yml"
 # Pages shared with readers of the repository (README links them) and site-only pages.
-SHARED_PAGES = ("panels.md", "vllm.md", "attach.md", "whatif.md", "fidelity.md", "performance.md", "architecture.md", "install.md",
-                "testing.md")
+SHARED_PAGES = ("panels.md", "vllm.md", "attach.md", "whatif.md", "why.md", "fidelity.md", "performance.md",
+                "architecture.md", "install.md", "testing.md")
 SITE_SRC = REPO / "docs" / "site_src"
 REPLAY_BUDGET = 1_000_000
 SITE_BUDGET = 25_000_000

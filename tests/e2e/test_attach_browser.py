@@ -159,3 +159,29 @@ def test_pause_holds_the_panels_at_once_while_a_cell_keeps_sending(vllm_server, 
     assert toggle.inner_text() == "Pause" and follow.get_by_test_id("kvs-follow-state").inner_text() == "following"
     assert ui.cell_errors() == []
     assert page.console_errors == [], page.console_errors
+
+
+def test_the_why_chip_and_the_why_panel_explain_a_live_requests_prefix_hits(vllm_server, run_notebook, page):
+    # Two requests share a system prompt of several 32-token blocks: the second one's card says
+    # why its prompt hit or missed, and clicking it shows its prompt token by token in its classes.
+    srv = vllm_server
+    client = srv.client(timeout=120)
+    shared = "You are the help desk of a small harbour; answer in one short sentence. " * 8
+    ui = run_notebook("why.ipynb", attach_cell(srv))
+    dash = page.locator(".kvs-dashboard").first
+    dash.get_by_test_id("kvs-follow-toggle").wait_for(timeout=TIMEOUT_MS)
+    ui.wait_kernel_idle(TIMEOUT_MS)
+    ids = [client.completions.create(model=srv.model, prompt=shared + q, max_tokens=4, temperature=0).id
+           for q in ("Name a colour.", "Name a fruit.")]
+    card = dash.locator(f'[data-request-id^="{ids[1]}"]').first
+    card.wait_for(timeout=TIMEOUT_MS)
+    chip = card.get_by_test_id("kvs-why-chip")
+    chip.wait_for(timeout=TIMEOUT_MS)
+    assert chip.get_attribute("data-class") in ("below_block", "never_seen"), chip.inner_text()  # what it missed
+    card.click()
+    panel = dash.get_by_test_id("kvs-why-request")
+    hits = """document.querySelectorAll('.kvs-dashboard [data-testid="kvs-why-tok"][data-class="hit"]')"""
+    page.wait_for_function(f"() => {hits}.length >= 64", timeout=TIMEOUT_MS)   # two blocks of 32, at least
+    assert ids[1] in panel.locator("[data-request-id]").first.get_attribute("data-request-id")
+    assert "first divergent token" in dash.get_by_test_id("kvs-why-divergence").inner_text()
+    assert page.console_errors == [], page.console_errors

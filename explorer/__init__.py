@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .export import export_html
     from .ui.dashboard import Dashboard
 
-__all__ = ["Session", "HistoryEntry", "Dashboard", "export_html"]
+__all__ = ["Dashboard", "HistoryEntry", "Session", "export_html"]
 
 
 def __getattr__(name: str) -> Any:

@@ -2,8 +2,7 @@
 from __future__ import annotations
 
 from array import array
-
-from typing import TypedDict
+from typing import ClassVar, TypedDict
 
 import traitlets as t
 
@@ -51,7 +50,7 @@ class AttentionPanel(Panel):
     Dashboard answers both by probing the Session again (or from its per-step cache).
     """
 
-    PARTS = {"choices": AttentionChoices, "weights": AttentionWeights}
+    PARTS: ClassVar[dict[str, type]] = {"choices": AttentionChoices, "weights": AttentionWeights}
     _esm = bundle_esm("attention.js")
     _css = bundle_css("attention.css")
 

@@ -1,7 +1,8 @@
 """KV block pool panel: every physical block on one canvas, plus per-request block tables."""
 from __future__ import annotations
 
-from typing import Callable, Sequence, TypedDict
+from collections.abc import Callable, Sequence
+from typing import ClassVar, TypedDict
 
 import traitlets as t
 
@@ -54,7 +55,7 @@ class BlockPoolPanel(Panel):
     logical indices whose KV came from the prefix cache, for as long as the request runs.
     """
 
-    PARTS = {"pool": BlockPoolCells, "legend": BlockPoolLegend, "tables": BlockPoolTables}
+    PARTS: ClassVar[dict[str, type]] = {"pool": BlockPoolCells, "legend": BlockPoolLegend, "tables": BlockPoolTables}
     _esm = bundle_esm("block_pool.js")
     _css = bundle_css("block_pool.css")
 

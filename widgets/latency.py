@@ -2,7 +2,7 @@
 distributions, as SVG charts drawn by widgets/latency.js (the export draws them with it too)."""
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import ClassVar, TypedDict
 
 import traitlets as t
 
@@ -31,7 +31,7 @@ class LatencyPanel(Panel):
     chart grows wider than its box, which then scrolls.
     """
 
-    PARTS = {"draw": LatencyState}
+    PARTS: ClassVar[dict[str, type]] = {"draw": LatencyState}
     _esm = bundle_esm("latency.js")
     _css = bundle_css("latency.css")
 

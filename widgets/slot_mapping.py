@@ -1,7 +1,7 @@
 """Slot-mapping panel: this step's packed batch, token by token."""
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import ClassVar, TypedDict
 
 import traitlets as t
 
@@ -42,7 +42,7 @@ class SlotMappingPanel(Panel):
     (the model runner's own buffers); `batch_source_words` is its badge and hover text.
     """
 
-    PARTS = {"draw": SlotMappingState}
+    PARTS: ClassVar[dict[str, type]] = {"draw": SlotMappingState}
     _esm = bundle_esm("slot_mapping.js")
     _css = bundle_css("slot_mapping.css")
 

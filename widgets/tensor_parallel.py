@@ -2,7 +2,7 @@
 the all-reduces and the logits gather happen, and what the collectives cost."""
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import ClassVar, TypedDict
 
 import traitlets as t
 
@@ -34,7 +34,7 @@ class TensorParallelPanel(Panel):
     mean on this machine. No browser actions.
     """
 
-    PARTS = {"draw": TensorParallelState}
+    PARTS: ClassVar[dict[str, type]] = {"draw": TensorParallelState}
     _esm = bundle_esm("tensor_parallel.js")
     _css = bundle_css("tensor_parallel.css")
 

@@ -76,7 +76,7 @@ class Comparison:
         return [{"step": s, "kvscope": self.side("kvscope", s), "vllm": self.side("vllm", s),
                  "differs": self.differences(s)} for s in range(1, self.num_steps + 1)]
 
-    def rerun_kvscope(self, **config_changes: Any) -> "Comparison":
+    def rerun_kvscope(self, **config_changes: Any) -> Comparison:
         """The same workload on a fresh kvscope engine with `config_changes`, against this
         comparison's vLLM steps (vLLM is not run again)."""
         from ..core.session import Session

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, Sequence, TextIO
+from collections.abc import Sequence
+from typing import Any, TextIO
 
 from ..core.session import Session
 

@@ -14,9 +14,10 @@ import secrets
 import time
 import weakref
 from collections import OrderedDict
+from collections.abc import Iterable
 from functools import partial
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import ipywidgets as W
 
@@ -314,7 +315,7 @@ class SessionBinder:
                 self._render_controls_only()  # scrubbed back: only the slider grows
                 return
             self.render(probe=not self._in_run)
-        except Exception:  # a broken view must not break the Session's caller
+        except Exception:  # noqa: BLE001 - a broken view must not break the Session's caller
             _log.exception("kvscope dashboard failed to render after %r", event)
 
     def _forget_selections(self) -> None:
@@ -357,7 +358,7 @@ class SessionBinder:
                 controls.error_field = ""
         except ValueError as exc:  # the engine's own message for bad input (it says the fix), shown inline
             self._show_error(str(exc), error_field(action, str(exc)))
-        except Exception as exc:  # anything else still must not leave the UI stuck
+        except Exception as exc:  # noqa: BLE001 - anything else still must not leave the UI stuck
             _log.exception("kvscope action %r failed", action)
             self._show_error(f"{type(exc).__name__}: {exc}")
         finally:
@@ -591,7 +592,7 @@ class Dashboard(W.VBox):
 
 # One binder per Session for panels shown alone, so they scrub together. Keyed by id:
 # the binder dies with its Session (the Session's observer list is what holds it).
-_shared: "weakref.WeakValueDictionary[int, SessionBinder]" = weakref.WeakValueDictionary()
+_shared: weakref.WeakValueDictionary[int, SessionBinder] = weakref.WeakValueDictionary()
 
 
 def panel(session: Any, name: str) -> Any:

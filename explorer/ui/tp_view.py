@@ -7,7 +7,8 @@ all-reduce / gather); nothing is recomputed from the model.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from widgets.tensor_parallel import TensorParallelState
 

@@ -9,8 +9,9 @@ preemptions, finishes, every running request's block ids).
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from ..core.recording import Recording, step_decisions
 from .replay import ReplayResult, replay

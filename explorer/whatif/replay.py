@@ -30,7 +30,8 @@ from typing import Any
 
 from ..core.recording import Recording, decisions_digest
 from ..drivers.vllm.records import computed_before
-from .settings import Variant, variant as make_variant
+from .settings import Variant
+from .settings import variant as make_variant
 from .step_model import StepTimeModel
 
 ARRIVALS = ("step", "timed")
@@ -153,6 +154,7 @@ def load_vllm() -> type:
     if not _CLASS:
         from ..drivers.vllm import bare  # noqa: F401 - first: it sets vLLM's environment before vLLM reads it
 
+        # isort: split
         import vllm.v1.outputs  # noqa: F401
         from vllm import SamplingParams  # noqa: F401
 
@@ -229,7 +231,8 @@ class _Replay:
         delay = model.admission_delay if model is not None else 0.0
         for r in order:
             by_itself = r.ends_by_itself or r.finish_reason is None
-            max_tokens = max(1, len(r.output_token_ids)) if r.ends_by_itself else max(r.max_tokens, len(r.output_token_ids) + 1)
+            n_out = len(r.output_token_ids)
+            max_tokens = max(1, n_out) if r.ends_by_itself else max(r.max_tokens, n_out + 1)
             params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
             req = bare_request(r.request_id, r.prompt_token_ids, params, bs, hash_algo=algo,
                                arrival_time=r.arrival_time, priority=r.priority, cache_salt=r.cache_salt,

@@ -101,7 +101,7 @@ def fit(rec: Recording) -> StepTimeModel:
         step_errors.extend(np.abs(pred - y[test]) / y[test])
         total_errors.append(abs(pred.sum() - y[test].sum()) / y[test].sum())
     return StepTimeModel(coefficients=tuple(float(c) for c in coef), step_error=float(np.median(step_errors)),
-                         total_error=float(max(total_errors)), num_steps=int(len(y)), clock=rec.source.clock,
+                         total_error=float(max(total_errors)), num_steps=len(y), clock=rec.source.clock,
                          admission_delay=admission_delay(rec), source=rec.source.engine)
 
 

@@ -17,6 +17,7 @@ from engine.report.schema import BATCH, BLOCK, BUDGET, POOL, REQ, SAMPLE, SCHED,
 from engine.request import RequestMetrics
 from engine.sampling_params import SamplingParams
 
+
 class ShownAsIs(dict):
     """Request ids shown as vLLM has them (a server's: no internal/external split)."""
 
@@ -211,7 +212,8 @@ class RecordBuilder:
                 BUDGET.MAX_NUM_SEQS: int(s.max_num_running_reqs),
                 BUDGET.ENABLE_CHUNKED_PREFILL: bool(s.scheduler_config.enable_chunked_prefill),
                 BUDGET.ENABLE_PREFIX_CACHING: bool(s.cache_config.enable_prefix_caching),
-                BUDGET.SCHEDULER_RESERVE_FULL_ISL: bool(getattr(s, "scheduler_reserve_full_isl", self.reserve_full_isl)),
+                BUDGET.SCHEDULER_RESERVE_FULL_ISL: bool(getattr(s, "scheduler_reserve_full_isl",
+                                                                self.reserve_full_isl)),
                 BUDGET.SCHEDULING_POLICY: "unified"}  # vLLM v1 has one policy: prefill and decode under one budget
 
     def _sampled(self, c: Any, k: int) -> dict:

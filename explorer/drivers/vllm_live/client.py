@@ -114,7 +114,8 @@ class LiveSource:
         except zmq.Again:
             raise TimeoutError(
                 f"no kvscope recorder answered at {self.snapshot_address} within {timeout:g} s (feed "
-                f"{self.address}): start the vLLM server with --scheduler-cls explorer.drivers.vllm_live.RecordingScheduler "
+                f"{self.address}): start the vLLM server with "
+                f"--scheduler-cls explorer.drivers.vllm_live.RecordingScheduler "
                 f"and {protocol.ENV_FEED}={self.address}, or tunnel its port (docs/attach.md)"
             ) from None
         finally:
@@ -457,10 +458,10 @@ class LiveDriver:
         self.name = source.model_info.get("engine", "vLLM (live server)")
 
     @classmethod
-    def connect(cls, address: str, model: str | None = None, **options: Any) -> "LiveDriver":
+    def connect(cls, address: str, model: str | None = None, **options: Any) -> LiveDriver:
         return cls(LiveSource(address, model, **options))
 
-    def rebuild(self, **config_fields: Any) -> "LiveDriver":
+    def rebuild(self, **config_fields: Any) -> LiveDriver:
         raise ValueError("reset: the server's pool and model are set on its command line; restart the server "
                          "and this session resynchronises by itself")
 

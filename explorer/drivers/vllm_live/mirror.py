@@ -38,12 +38,25 @@ import time
 from collections import deque
 from itertools import compress
 from operator import add
-from typing import Any
 
 from engine.report.changes import Sent
 from engine.report.records import StepRecord
-from engine.report.schema import (BATCH, BLOCK, BUDGET, CHANGES, POOL, QUEUE, RCHANGE, REC, REQ, RMETRICS, SAMPLE,
-                                  SCHED, SNAP, TIME)
+from engine.report.schema import (
+    BATCH,
+    BLOCK,
+    BUDGET,
+    CHANGES,
+    POOL,
+    QUEUE,
+    RCHANGE,
+    REC,
+    REQ,
+    RMETRICS,
+    SAMPLE,
+    SCHED,
+    SNAP,
+    TIME,
+)
 from engine.request import ClockEvents
 
 COUNTERS = ("prefix_cache_hits", "prefix_cache_queries", "num_preemptions", "num_generated_tokens",
@@ -58,7 +71,7 @@ class _Clock:
     """One clock of a request's event times, shaped as engine.request.ClockEvents (what
     engine.report.changes reads), with the first token's time taken from the token times."""
 
-    __slots__ = ("arrival_time", "first_scheduled_time", "finished_time", "token_times", "preempted_times")
+    __slots__ = ("arrival_time", "finished_time", "first_scheduled_time", "preempted_times", "token_times")
 
     def __init__(self) -> None:
         self.arrival_time = self.first_scheduled_time = self.finished_time = None
@@ -74,7 +87,8 @@ class _Clock:
                            list(self.preempted_times), self.finished_time).to_dict()
 
     def to_wire(self) -> list:
-        return [self.arrival_time, self.first_scheduled_time, self.finished_time, self.token_times, self.preempted_times]
+        return [self.arrival_time, self.first_scheduled_time, self.finished_time, self.token_times,
+                self.preempted_times]
 
     def from_wire(self, w: list) -> None:
         self.arrival_time, self.first_scheduled_time, self.finished_time = w[0], w[1], w[2]
@@ -96,9 +110,30 @@ class _Metrics:
 class Req:
     """One request as the feed knows it (vLLM's Request stays in the server)."""
 
-    __slots__ = ("idx", "rid", "prompt", "n_prompt", "output", "n_hidden", "max_tokens", "params", "stop", "hashes",
-                 "domain", "status", "computed", "cached", "preemptions", "finish_reason", "table", "chunks", "metrics",
-                 "frozen", "tw", "te")
+    __slots__ = (
+        "cached",
+        "chunks",
+        "computed",
+        "domain",
+        "finish_reason",
+        "frozen",
+        "hashes",
+        "idx",
+        "max_tokens",
+        "metrics",
+        "n_hidden",
+        "n_prompt",
+        "output",
+        "params",
+        "preemptions",
+        "prompt",
+        "rid",
+        "status",
+        "stop",
+        "table",
+        "te",
+        "tw",
+    )
 
     def __init__(self, idx: int, rid: str, prompt: list[int], n_prompt: int, max_tokens: int, params: dict,
                  stop: list[str], hashes: list[str], domain: dict | None = None) -> None:
@@ -138,7 +173,7 @@ class Req:
                 self.finish_reason, self.table, self.chunks, [m.engine.to_wire(), m.wall.to_wire()], self.domain]
 
     @classmethod
-    def from_wire(cls, w: list) -> "Req":
+    def from_wire(cls, w: list) -> Req:
         r = cls(w[0], w[1], list(w[2]), w[3], w[6], w[7], list(w[8]), list(w[9]), dict(w[18]))
         r.output = list(w[4])
         r.n_hidden = w[5] - len(r.output)
@@ -241,15 +276,15 @@ class Mirror:
             self._gone = {i: r for i, r in self._gone.items() if i in named}
         return record
 
-    def _arrive(self, op: list, step: "_Step") -> None:
+    def _arrive(self, op: list, step: _Step) -> None:
         _, idx, rid, prompt, n_prompt, max_tokens, params, arrival, stop, hashes, domain = op
         req = Req(idx, rid, list(prompt), n_prompt, max_tokens, params, list(stop), list(hashes), dict(domain))
         req.metrics.wall.arrival_time, req.metrics.engine.arrival_time = arrival, self.engine_time
         self.requests[idx] = req
         step.touched[idx] = 0
 
-    def _schedule(self, op: list, step: "_Step") -> None:
-        _, sid, order, ns, new, cached_ids, cached_before, cached_blocks, cached_out, resumed, preempted, budget = op
+    def _schedule(self, op: list, step: _Step) -> None:
+        _, sid, order, ns, new, cached_ids, cached_before, cached_blocks, cached_out, resumed, preempted, _budget = op
         reqs, counters = self.requests, self.counters
         admitted = set(resumed)
         if not new and cached_ids == order:  # running requests only (decode steps): vLLM's lists line up
@@ -316,7 +351,7 @@ class Mirror:
         if self.sent is not None:
             self.sent.table_went_back(req.rid)
 
-    def _finish(self, req: Req, reason: str, wall: float, engine: float, step: "_Step") -> None:
+    def _finish(self, req: Req, reason: str, wall: float, engine: float, step: _Step) -> None:
         req.finish_reason, req.status = reason, "finished"
         _stamp(req.metrics, "finished_time", wall, engine)
         self._reset_table(req, [])
@@ -328,7 +363,7 @@ class Mirror:
     def _req(self, idx: int) -> Req:
         return self.requests.get(idx) or self._gone[idx]
 
-    def _update(self, op: list, step: "_Step") -> None:
+    def _update(self, op: list, step: _Step) -> None:
         _, sid, wall, step_s, schedule_s, update_s, ids, new_tokens, finished, events = op
         engine_start = self.engine_time
         self.step_count += 1
@@ -395,7 +430,7 @@ class Mirror:
                 BUDGET.SCHEDULER_RESERVE_FULL_ISL: c["scheduler_reserve_full_isl"],
                 BUDGET.SCHEDULING_POLICY: "unified"}  # vLLM v1 has one policy: prefill and decode under one budget
 
-    def _record(self, step: "_Step") -> dict:
+    def _record(self, step: _Step) -> dict:
         u = step.update
         sched = u.sched
         rec = StepRecord(step=self.step_count)
@@ -443,8 +478,9 @@ class Mirror:
             rec.blocks = {k: list(v) for k, v in u.events.items()}
         rec.num_free_blocks = self.num_free
         step_ms, sched_ms, update_ms = u.step_s * 1e3, u.schedule_s * 1e3, u.update_s * 1e3
-        rec.timings_ms = {TIME.SCHEDULE: sched_ms, TIME.PREPARE: 0.0, TIME.FORWARD: max(0.0, step_ms - sched_ms - update_ms),
-                          TIME.SAMPLE: 0.0, TIME.UPDATE: update_ms, TIME.TOTAL: step_ms, TIME.COLLECTIVES: 0.0,
+        rec.timings_ms = {TIME.SCHEDULE: sched_ms, TIME.PREPARE: 0.0,
+                          TIME.FORWARD: max(0.0, step_ms - sched_ms - update_ms), TIME.SAMPLE: 0.0,
+                          TIME.UPDATE: update_ms, TIME.TOTAL: step_ms, TIME.COLLECTIVES: 0.0,
                           TIME.BACKEND: "vLLM server", TIME.CUDA_GRAPH_BUCKET: None, TIME.FORWARD_PATH: "eager"}
         rec.engine_time_s, rec.wall_time_s = self.engine_time, u.wall
         rec.token_budget = int(budget or self.config["max_num_batched_tokens"])
@@ -452,7 +488,7 @@ class Mirror:
         rec.num_running, rec.num_waiting = len(self.running), len(self.waiting)
         return rec.to_dict()
 
-    def _changes(self, step: "_Step", block_ids: list[int]) -> dict:
+    def _changes(self, step: _Step, block_ids: list[int]) -> dict:
         """The step's ChangesDict: what changed since the previous body, for a consumer that
         holds the state after it (engine/report/changes.py)."""
         if self.sent is None:
@@ -574,7 +610,7 @@ class Mirror:
                 "gone": [r.to_wire() for r in self._gone.values()]}
 
     @classmethod
-    def from_wire(cls, w: dict) -> "Mirror":
+    def from_wire(cls, w: dict) -> Mirror:
         m = cls(w["config"], w["model_info"], null_block=w["null_block"], num_free=w["free"],
                 finished_keep=w["finished_keep"], tokens=w["tokens"])
         m.step_count, m.engine_time, m.counters, m.usage = w["step"], w["engine_time"], dict(w["counters"]), w["usage"]
@@ -597,7 +633,7 @@ class _Sched:
     """A schedule whose update is still to come: vLLM's SchedulerOutput in compact form (`op`),
     and what was derived from it when it was applied, row by row (for its record)."""
 
-    __slots__ = ("op", "order", "before", "admitted", "known", "decode", "chunk", "tables", "_names")
+    __slots__ = ("_names", "admitted", "before", "chunk", "decode", "known", "op", "order", "tables")
 
     def __init__(self, op: list, before: list, admitted: set, known: dict, decode: list, chunk: dict,
                  tables: dict | None = None) -> None:
@@ -615,8 +651,18 @@ class _Sched:
 
 
 class _Update:
-    __slots__ = ("sched", "wall", "step_s", "schedule_s", "update_s", "ids", "new_tokens", "finished", "events",
-                 "finished_ids")
+    __slots__ = (
+        "events",
+        "finished",
+        "finished_ids",
+        "ids",
+        "new_tokens",
+        "sched",
+        "schedule_s",
+        "step_s",
+        "update_s",
+        "wall",
+    )
 
     def __init__(self, sched, wall, step_s, schedule_s, update_s, ids, new_tokens, finished, events) -> None:
         self.sched, self.wall, self.step_s, self.schedule_s, self.update_s = sched, wall, step_s, schedule_s, update_s
@@ -627,7 +673,7 @@ class _Update:
 class _Step:
     """What one body touched, as it is applied."""
 
-    __slots__ = ("touched", "finished", "gone", "update")
+    __slots__ = ("finished", "gone", "touched", "update")
 
     def __init__(self) -> None:
         self.touched: dict[int, int] = {}   # request -> first table index whose block may hold new tokens

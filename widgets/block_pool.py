@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import ClassVar, TypedDict
+from typing import Any, ClassVar, TypedDict
 
 import traitlets as t
 
@@ -65,9 +65,9 @@ class BlockPoolPanel(Panel):
     ref_count = t.Bytes(b"").tag(sync=True)
     owner = t.Bytes(b"").tag(sync=True)
     events = t.Bytes(b"").tag(sync=True)
-    owners = t.List([]).tag(sync=True)          # request ids indexed by the `owner` column
-    shared = t.List([]).tag(sync=True)          # [[block_id, [owner indices]]], several owners
-    block_tables = t.List([]).tag(sync=True)    # [{request_id, block_table, num_computed_tokens,
+    owners: t.List[Any] = t.List([]).tag(sync=True)          # request ids indexed by the `owner` column
+    shared: t.List[Any] = t.List([]).tag(sync=True)          # [[block_id, [owner indices]]], several owners
+    block_tables: t.List[Any] = t.List([]).tag(sync=True)    # [{request_id, block_table, num_computed_tokens,
                                                 #   hits, same_step_hits, cached (logical indices)}]
     counts = t.Dict({}).tag(sync=True)          # free / cached / used / this step's events
     selected = t.Int(-1).tag(sync=True)

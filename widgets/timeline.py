@@ -1,7 +1,7 @@
 """Timeline panel: per-step batch composition and timings, and a per-request Gantt chart."""
 from __future__ import annotations
 
-from typing import ClassVar, TypedDict
+from typing import Any, ClassVar, TypedDict
 
 import traitlets as t
 
@@ -40,5 +40,5 @@ class TimelinePanel(Panel):
     _css = bundle_css("timeline.css")
 
     steps = t.Dict({}).tag(sync=True)
-    gantt = t.Dict({"requests": [], "segments": []}).tag(sync=True)
+    gantt: t.Dict[str, Any] = t.Dict({"requests": [], "segments": []}).tag(sync=True)
     window = t.Int(120).tag(sync=True)

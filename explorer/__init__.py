@@ -23,6 +23,7 @@ __all__ = ["Dashboard", "HistoryEntry", "Session", "export_html"]
 
 
 def __getattr__(name: str) -> Any:
+    value: Any  # a class or a function, by name
     if name in ("Session", "HistoryEntry"):
         from .core import history, session
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -69,7 +69,7 @@ class Panel(anywidget.AnyWidget):
         self._action_handlers.append(handler)
         return lambda: self._action_handlers.remove(handler)
 
-    def show(self, state: dict) -> None:
+    def show(self, state: Mapping[str, Any]) -> None:
         """Set several traits at once (one comm message): a view state from explorer.ui.views."""
         with self.hold_sync():
             for key, value in state.items():

@@ -1,7 +1,7 @@
 """KV block pool panel: every physical block on one canvas, plus per-request block tables."""
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, TypedDict
 
 import traitlets as t
@@ -79,7 +79,7 @@ class BlockPoolPanel(Panel):
         self.token_text = token_text
         self._blocks: list[dict] = []  # the displayed snapshot's blocks, kept off the wire
 
-    def show(self, state: dict) -> None:
+    def show(self, state: Mapping[str, Any]) -> None:
         """Apply a state from ``explorer.ui.views.block_pool_state`` (its "blocks" stay here)."""
         state = dict(state)
         self._blocks = state.pop("blocks", [])

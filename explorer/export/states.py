@@ -62,7 +62,7 @@ def _entry_views(entry: Any, caption: str, sampler: dict, details: _DetailCache,
     nothing in the next step's delta."""
     step, record, snapshot = views.entry_parts(entry)
     config = snapshot.get("config") or {}
-    pool = views.block_pool_state(record, snapshot)
+    pool: dict[str, Any] = dict(views.block_pool_state(record, snapshot))  # its blocks go apart, below
     blocks = pool.pop("blocks")
     return {
         "step": step,

@@ -170,7 +170,7 @@ def walkthrough_story(s: Any, caption: Callable[[str], None]) -> None:
             "click a timeline bar to jump there.")
 
 
-WALKTHROUGH_CONFIG = {"block_size": 16, "num_kv_blocks": 64}
+WALKTHROUGH_CONFIG: dict[str, Any] = {"block_size": 16, "num_kv_blocks": 64}
 
 
 def record_workload(workload: str | Path = "walkthrough", *, model: str | None = None,

@@ -208,7 +208,7 @@ class _Step:
                 notes.append(f"chunk {int(chunk) + 1}" if chunk is not None else "next chunk")
                 if end >= total:
                     notes.append("the last")
-        if resumed:
+        if resumed and prompt is not None:  # resumed implies a known prompt: this says so to mypy
             notes.insert(0, f"prompt {prompt} + {total - prompt} generated")
         if n == 1 and before > 0:  # attention sees one query row with context: vLLM's "decode" there
             notes.append("one query row: attention runs it as a decode")
@@ -317,8 +317,8 @@ class _Step:
         out = len(r.get("output_token_ids", []))
         max_tokens = r.get("max_tokens") or (r.get("sampling_params") or {}).get("max_tokens")
         if reason == "length":
-            reached_max_tokens = bool(max_tokens) and out >= int(max_tokens)
-            why = f"max_tokens={max_tokens} reached" if reached_max_tokens else "max_model_len reached"
+            limit = int(max_tokens) if max_tokens else None
+            why = f"max_tokens={max_tokens} reached" if limit is not None and out >= limit else "max_model_len reached"
         elif reason == "stop":
             why = "sampled its end-of-sequence / stop token"
         elif reason == "abort":
@@ -386,7 +386,8 @@ class CaptionCache:
 
     def captions(self, entries: Sequence[Any]) -> list[str]:
         """One caption per entry, as `history_captions` gives them."""
-        memo, out, prev = {}, [], None
+        memo: dict[tuple[int, int, int], tuple] = {}
+        out, prev = [], None
         for entry in entries:
             out.append(self._one(entry, prev, memo))
             prev = _parts(entry)[1]

@@ -14,10 +14,10 @@ import secrets
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import ipywidgets as W
 
@@ -66,7 +66,7 @@ class SessionBinder:
         self._sampler_pinned = False   # the user chose the sampler's request
         self._attention_pinned = False  # ... or the attention panel's
         self._timeline_key: tuple | None = None
-        self._timeline_state: dict = {}
+        self._timeline_state: Mapping[str, Any] = {}
         self._captions = captions.CaptionCache()  # one plain-language line per step, kept per entry
         # Attention weights of earlier steps, as captured live: (step, request, layer) -> probe
         # ready to show (widgets.attention.prepare_probe). The history keeps no KV, so a
@@ -138,14 +138,16 @@ class SessionBinder:
         live = self.view_index is None
         p = self.panels
         ledger = self.why.feed(self.session.history) if {"why", "tree", "queues"} & p.keys() else None
+        # Only the draws of panels in `p` run: the queues' and the tree's find the ledger fed.
+        fed = cast(why_view.WhyLedger, ledger)
         # In this order: the attention panel reads the queues' selection.
         draws = {
             "controls": lambda: self._render_controls(record, snapshot),
             "queues": lambda: p["queues"].show(views.queues_state(record, snapshot,
-                                                                  why=why_view.why_rows(ledger, step))),
+                                                                  why=why_view.why_rows(fed, step))),
             "why": lambda: self._render_why(snapshot),
             "tree": lambda: p["tree"].show({"tree": why_view.tree_state(
-                ledger, step, snapshot, self.token_text, kv_events=getattr(self.session.source, "kv_events", None))}),
+                fed, step, snapshot, self.token_text, kv_events=getattr(self.session.source, "kv_events", None))}),
             "blocks": lambda: p["blocks"].show(views.block_pool_state(record, snapshot)),
             "slots": lambda: p["slots"].show(views.shown_slot_mapping(record, snapshot, self.token_text)),
             "sampler": lambda: self._render_sampler(snapshot),
@@ -210,7 +212,7 @@ class SessionBinder:
         rid = sampler.request_id if self._sampler_pinned else ""
         sampler.show(views.sampler_state(history[:end], snapshot, rid, self.token_text))
 
-    def _timeline(self) -> dict:
+    def _timeline(self) -> Mapping[str, Any]:
         # The whole history is sent once per new step; scrubbing only moves the window.
         history = self.session.history
         key = (len(history), id(history[-1]) if history else None)

@@ -45,12 +45,16 @@ def fleet_panel(fleet: Any) -> Any:
     timer: list[threading.Timer] = []
     lock = threading.Lock()
 
+    def refresh_trailing() -> None:
+        timer.clear()
+        refresh()
+
     def refresh(force: bool = True) -> None:
         with lock:
             wait = REFRESH_S - (time.monotonic() - last[0])
             if not force and wait > 0:
                 if not timer:  # the last step of a burst is still drawn
-                    t = threading.Timer(wait, lambda: (timer.clear(), refresh()))
+                    t = threading.Timer(wait, refresh_trailing)
                     t.daemon = True
                     timer.append(t)
                     t.start()

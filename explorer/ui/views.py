@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 # The block pool's `status` codes and `events` bits are the record schema's (the browser reads
 # them from its generated copy, widgets/_schema.js's KVS_SCHEMA).
@@ -228,7 +228,13 @@ def slot_mapping_state(record: dict | None, token_text: TokenText, *, block_size
             **batch_source_state(record)}
 
 
-def batch_source_state(record: dict) -> dict:
+class BatchSourceState(TypedDict):
+    """The slot-mapping panel's two fields that say where its batch came from."""
+    batch_source: str
+    batch_source_words: list[str]
+
+
+def batch_source_state(record: dict) -> BatchSourceState:
     """The slot-mapping panel's `batch_source` and its [badge, hover text] (none for the engine's own)."""
     source = str(record.get(REC.BATCH_SOURCE) or "")
     words = BATCH_SOURCE_WORDS.get(source, (f"batch from: {source}", "")) if source else ()

@@ -58,10 +58,10 @@ def first_parting(rec: Recording, a: ReplayResult, b: ReplayResult) -> Parting |
     return None
 
 
-def _kind(rec_req: dict[str, tuple[int, int, int]], rid: str, prompt_len: dict[str, int]) -> str:
-    n, before, _ = rec_req.get(rid, (0, 0, 0))
-    if rid not in rec_req:
+def _kind(rec_req: dict[str, tuple[int, int, int]], rid: str | None, prompt_len: dict[str, int]) -> str:
+    if rid is None or rid not in rec_req:  # None: a preemption recorded without the request it made room for
         return "next tokens"
+    n, before, _ = rec_req[rid]
     return "decode" if n == 1 and before >= prompt_len[rid] else "prefill chunk"
 
 

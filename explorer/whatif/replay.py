@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from ..core.recording import Recording, decisions_digest
 from ..drivers.vllm.records import computed_before
@@ -238,18 +238,20 @@ class _Replay:
                                arrival_time=r.arrival_time, priority=r.priority, cache_salt=r.cache_salt,
                                lora_name=r.lora_name)
             if arrivals == "step":
-                when = float(r.arrival_step)
+                when = float(cast(int, r.arrival_step))  # replay() refuses step arrivals a request lacks
+                # Not by itself: aborted outside a step, whose step the recording names.
+                abort_step = cast(int, r.aborted_before_step)
                 if not by_itself and r.aborted_during_step:
-                    self.aborts_during.setdefault(r.aborted_before_step, []).append(r.request_id)
+                    self.aborts_during.setdefault(abort_step, []).append(r.request_id)
                 elif not by_itself:
-                    self.aborts.append((float(r.aborted_before_step), r.request_id))
+                    self.aborts.append((float(abort_step), r.request_id))
             else:
                 when = r.arrival_time - origin + delay
                 if not by_itself and r.aborted_time is not None:
                     self.aborts.append((when + (r.aborted_time - r.arrival_time), r.request_id))
             self.pending.append((when, r.request_id, req))
             self.result.requests[r.request_id] = RequestResult(r.request_id, arrival=(
-                r.arrival_time - origin if arrivals == "timed" else float(r.arrival_step)))
+                r.arrival_time - origin if arrivals == "timed" else when))
         self.aborts.sort()
         self.aborted_before: dict[int, set[str]] = {}
         if arrivals == "step":

@@ -176,5 +176,5 @@ def _kernel_block_sizes(device: str | None) -> tuple[str, str, list] | None:
     except Exception:  # noqa: BLE001 - a backend that does not import here: vLLM's CacheConfig checks remain
         return None
     shown = ", ".join(f"multiples of {a.base}" if hasattr(a, "base") else str(a) for a in sizes)
-    return shown, backend.get_name(), sizes  # type: ignore[return-value]
+    return shown, backend.get_name(), sizes
 

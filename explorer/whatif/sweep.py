@@ -23,7 +23,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -54,9 +54,9 @@ def _percentiles(xs: list[float]) -> tuple[float | None, float | None]:
 def latencies(arrival: dict[str, float], first: dict[str, float | None], tokens: dict[str, list[float]],
               finished: dict[str, float | None]) -> dict:
     """TTFT, ITL (every gap between a request's tokens) and end-to-end latency, p50 / p90."""
-    ttft = [first[r] - arrival[r] for r in arrival if first.get(r) is not None]
+    ttft = [t - arrival[r] for r in arrival if (t := first.get(r)) is not None]
     itl = [b - a for r in arrival for a, b in zip(tokens.get(r, ()), tokens.get(r, ())[1:])]
-    e2e = [finished[r] - arrival[r] for r in arrival if finished.get(r) is not None]
+    e2e = [t - arrival[r] for r in arrival if (t := finished.get(r)) is not None]
     out = {}
     for name, xs in (("ttft", ttft), ("itl", itl), ("e2e", e2e)):
         out[f"{name}_p50"], out[f"{name}_p90"] = _percentiles(xs)
@@ -86,7 +86,8 @@ def summarize(res: ReplayResult, rec: Recording) -> dict:
         "mean_kv_usage": float(np.mean(res.kv_usage)) if res.steps else 0,
         "replay_seconds": res.seconds, "scheduler_seconds": res.scheduler_seconds}
     if res.arrivals == "timed":
-        out.update(latencies({r: reqs[r].arrival for r in done}, {r: reqs[r].first_token_time for r in done},
+        arrival = {r: cast(float, reqs[r].arrival) for r in done}  # the replay sets every request's arrival
+        out.update(latencies(arrival, {r: reqs[r].first_token_time for r in done},
                              {r: reqs[r].token_times for r in done}, {r: reqs[r].finished_time for r in done}))
         out["duration"] = res.times[-1] if res.times else 0.0
     else:

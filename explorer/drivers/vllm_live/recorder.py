@@ -521,7 +521,8 @@ def _rank(vc: Any) -> int:
 
 def _params(request: Any) -> SamplingParams:
     """vLLM's sampling params in kvscope's fields (what the request dict shows)."""
-    sp = getattr(request, "sampling_params", None)
+    # None (a request without sampling params) fails in the try below and gets the defaults.
+    sp: Any = getattr(request, "sampling_params", None)
     try:
         return SamplingParams(temperature=max(0.0, float(sp.temperature)), top_k=max(0, int(sp.top_k or 0)),
                               top_p=float(sp.top_p) if 0 < float(sp.top_p) <= 1 else 1.0,

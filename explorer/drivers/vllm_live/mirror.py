@@ -38,7 +38,9 @@ import time
 from collections import deque
 from itertools import compress
 from operator import add
+from typing import Literal, cast, overload
 
+from engine.core.block_pool import BlockEventsDict
 from engine.report.changes import Sent
 from engine.report.records import StepRecord
 from engine.report.schema import (
@@ -56,8 +58,22 @@ from engine.report.schema import (
     SCHED,
     SNAP,
     TIME,
+    BatchDict,
+    BlockDict,
+    BudgetsDict,
+    ChangesDict,
+    ClockDict,
+    EngineMetricsDict,
+    EngineSnapshotDict,
+    ModelInfoDict,
+    QueuesDict,
+    RequestChangeDict,
+    RequestDict,
+    RequestFieldsDict,
+    RequestMetricsDict,
+    StepRecordDict,
 )
-from engine.request import ClockEvents
+from engine.request import ClockEvents, RequestMetrics
 
 COUNTERS = ("prefix_cache_hits", "prefix_cache_queries", "num_preemptions", "num_generated_tokens",
             "num_prompt_tokens_computed")
@@ -74,7 +90,9 @@ class _Clock:
     __slots__ = ("arrival_time", "finished_time", "first_scheduled_time", "preempted_times", "token_times")
 
     def __init__(self) -> None:
-        self.arrival_time = self.first_scheduled_time = self.finished_time = None
+        self.arrival_time: float | None = None
+        self.first_scheduled_time: float | None = None
+        self.finished_time: float | None = None
         self.token_times: list[float] = []
         self.preempted_times: list[float] = []
 
@@ -82,7 +100,7 @@ class _Clock:
     def first_token_time(self) -> float | None:
         return self.token_times[0] if self.token_times else None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> ClockDict:
         return ClockEvents(self.arrival_time, self.first_scheduled_time, self.first_token_time, list(self.token_times),
                            list(self.preempted_times), self.finished_time).to_dict()
 
@@ -103,7 +121,7 @@ class _Metrics:
     def __init__(self) -> None:
         self.engine, self.wall = _Clock(), _Clock()
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> RequestMetricsDict:
         return {RMETRICS.ENGINE: self.engine.to_dict(), RMETRICS.WALL: self.wall.to_dict()}
 
 
@@ -148,7 +166,7 @@ class Req:
         self.finish_reason: str | None = None
         self.table: list[int] = []
         self.metrics = _Metrics()
-        self.frozen: dict | None = None
+        self.frozen: RequestDict | None = None
         self.tw, self.te = self.metrics.wall.token_times, self.metrics.engine.token_times  # the hot path's handles
 
     @property
@@ -222,7 +240,13 @@ class Mirror:
         self.sent: Sent | None = None          # what the consumer holds (expanding side only)
 
     # -- applying a body -------------------------------------------------------------------------
-    def apply(self, body: dict, expand: bool = False) -> dict | None:
+    @overload
+    def apply(self, body: dict, expand: Literal[True]) -> StepRecordDict: ...
+
+    @overload
+    def apply(self, body: dict, expand: bool = False) -> StepRecordDict | None: ...
+
+    def apply(self, body: dict, expand: bool = False) -> StepRecordDict | None:
         """Move the state on by one body; with `expand`, return its StepRecord dict, `changes` in."""
         step = _Step()
         for op in body["ops"]:
@@ -388,11 +412,12 @@ class Mirror:
         counts = list(map(len, new_tokens)) if self.tokens else new_tokens
         if self.tokens and None not in rs and counts.count(1) == len(counts):
             # Decodes (one token each, the common step): the loop below, lean.
-            for r in rs:
+            decoded = cast("list[Req]", rs)  # None is not in it
+            for r in decoded:
                 r.tw.append(wall)
-            for r in rs:
+            for r in decoded:
                 r.te.append(engine)
-            for r, new in zip(rs, new_tokens):
+            for r, new in zip(decoded, new_tokens):
                 r.output += new
         else:
             for req, new, k in zip(rs, new_tokens, counts):
@@ -418,11 +443,12 @@ class Mirror:
 
     # -- what a consumer reads -------------------------------------------------------------------
     @property
-    def metrics(self) -> dict:
-        return {"num_steps": self.step_count, "engine_time_s": self.engine_time, "kv_cache_usage": self.usage,
-                **self.counters}
+    def metrics(self) -> EngineMetricsDict:
+        # COUNTERS are the rest of EngineMetricsDict's keys (a dict mypy cannot follow key by key).
+        return cast(EngineMetricsDict, {"num_steps": self.step_count, "engine_time_s": self.engine_time,
+                                        "kv_cache_usage": self.usage, **self.counters})
 
-    def budgets(self, token_budget: int | None = None) -> dict:
+    def budgets(self, token_budget: int | None = None) -> BudgetsDict:
         c = self.config
         return {BUDGET.MAX_NUM_BATCHED_TOKENS: int(token_budget or c["max_num_batched_tokens"]),
                 BUDGET.MAX_NUM_SEQS: c["max_num_seqs"], BUDGET.ENABLE_CHUNKED_PREFILL: c["enable_chunked_prefill"],
@@ -430,15 +456,15 @@ class Mirror:
                 BUDGET.SCHEDULER_RESERVE_FULL_ISL: c["scheduler_reserve_full_isl"],
                 BUDGET.SCHEDULING_POLICY: "unified"}  # vLLM v1 has one policy: prefill and decode under one budget
 
-    def _record(self, step: _Step) -> dict:
-        u = step.update
+    def _record(self, step: _Step) -> StepRecordDict:
+        u = cast(_Update, step.update)  # apply() sets it before the record
         sched = u.sched
         rec = StepRecord(step=self.step_count)
         bs, tokens = self.block_size, self.tokens
         budget = sched.op[11] if sched is not None else None
         if sched is not None:
             order, ns, bs_ = sched.order, sched.op[3], sched.before
-            batch = {k: [] for k in BATCH.ALL}
+            batch = cast(BatchDict, {k: [] for k in BATCH.ALL})  # every BatchDict key, filled below
             ids_, pos_, slots_, qsl, seq_lens, tables, logits = (batch[BATCH.INPUT_IDS], batch[BATCH.POSITIONS],
                                                                  batch[BATCH.SLOT_MAPPING], [0], batch[BATCH.SEQ_LENS],
                                                                  batch[BATCH.BLOCK_TABLES], batch[BATCH.LOGITS_INDICES])
@@ -470,12 +496,16 @@ class Mirror:
             rec.batch, rec.batch_source = batch, "scheduler"
             rec.preempted = sorted(self._req(i).rid for i in sched.op[10])
         for idx, new in zip(u.ids, u.new_tokens):
-            req = self.requests.get(idx) or step.gone.get(idx)
-            if req is not None and (new if tokens else new > 0):
-                rec.sampled[req.rid] = {SAMPLE.TOKEN_ID: new[-1] if tokens else None, SAMPLE.TEXT: None, SAMPLE.TOP: []}
+            sampler = self.requests.get(idx) or step.gone.get(idx)
+            if sampler is not None and (new if tokens else new > 0):
+                # Without token ids (KVSCOPE_FEED_TOKENS=0) the sampled token is unknown: None, which
+                # SampledDict's token_id (int) does not admit.
+                rec.sampled[sampler.rid] = {SAMPLE.TOKEN_ID: new[-1] if tokens else None,  # type: ignore[typeddict-item]
+                                            SAMPLE.TEXT: None, SAMPLE.TOP: []}
         rec.finished = list(dict.fromkeys(u.finished_ids + [r.rid for r in step.finished]))
         if u.events:
-            rec.blocks = {k: list(v) for k, v in u.events.items()}
+            # The recorder's events hold every block event's key (pool_notes.new_events).
+            rec.blocks = cast(BlockEventsDict, {k: list(v) for k, v in u.events.items()})
         rec.num_free_blocks = self.num_free
         step_ms, sched_ms, update_ms = u.step_s * 1e3, u.schedule_s * 1e3, u.update_s * 1e3
         rec.timings_ms = {TIME.SCHEDULE: sched_ms, TIME.PREPARE: 0.0,
@@ -488,14 +518,14 @@ class Mirror:
         rec.num_running, rec.num_waiting = len(self.running), len(self.waiting)
         return rec.to_dict()
 
-    def _changes(self, step: _Step, block_ids: list[int]) -> dict:
+    def _changes(self, step: _Step, block_ids: list[int]) -> ChangesDict:
         """The step's ChangesDict: what changed since the previous body, for a consumer that
         holds the state after it (engine/report/changes.py)."""
         if self.sent is None:
             self.sent = Sent()
         running = set(self.running)
         held: dict[int, list[int]] = {}
-        requests = {}
+        requests: dict[str, RequestChangeDict] = {}
         for idx, first in step.touched.items():
             req = self.requests.get(idx)
             if req is None or req.finish_reason is not None:
@@ -523,7 +553,7 @@ class Mirror:
                 k = (i - first) * bs
                 held[table[i]] = ids[k:k + min(bs, n - i * bs)] if n > i * bs else []
 
-    def _block(self, b: int, held: list[int] | None) -> dict:
+    def _block(self, b: int, held: list[int] | None) -> BlockDict:
         h = self.hash[b]
         if held is None:
             known = self.memo.get(b)
@@ -540,33 +570,37 @@ class Mirror:
             fields[REQ.NUM_PROMPT_TOKENS] = req.n_prompt
         return fields
 
-    def _request_change(self, req: Req, table: list[int]) -> dict:
-        fields = {REQ.REQUEST_ID: req.rid, REQ.STATUS: req.status, REQ.NUM_COMPUTED_TOKENS: req.computed,
-                  REQ.NUM_CACHED_TOKENS: req.cached, REQ.NUM_PREEMPTIONS: req.preemptions,
-                  REQ.FINISH_REASON: req.finish_reason}
-        if not self.sent.knows(req.rid):  # new to the consumer: what never changes, once
-            fields.update(self._first_seen(req))
-        change = self.sent.change(req.rid, fields, req.output, table, req.metrics)
+    def _request_change(self, req: Req, table: list[int]) -> RequestChangeDict:
+        sent = cast(Sent, self.sent)  # _changes made it
+        fields: RequestFieldsDict = {
+            REQ.REQUEST_ID: req.rid, REQ.STATUS: req.status, REQ.NUM_COMPUTED_TOKENS: req.computed,
+            REQ.NUM_CACHED_TOKENS: req.cached, REQ.NUM_PREEMPTIONS: req.preemptions,
+            REQ.FINISH_REASON: req.finish_reason}
+        if not sent.knows(req.rid):  # new to the consumer: what never changes, once
+            fields.update(cast(RequestFieldsDict, self._first_seen(req)))  # its open dict: the prompt, hash domain
+        # _Metrics has RequestMetrics' shape as Sent reads it (two clocks of ClockEvents' times).
+        change = sent.change(req.rid, fields, req.output, table, cast(RequestMetrics, req.metrics))
         if not self.tokens:
             change[RCHANGE.NUM_OUTPUT_TOKENS] = req.n_output
         return change
 
-    def request_dict(self, req: Req, table: list[int]) -> dict:
+    def request_dict(self, req: Req, table: list[int]) -> RequestDict:
         """One request as a snapshot shows it (kvscope's request dict)."""
-        d = {REQ.REQUEST_ID: req.rid, REQ.STATUS: req.status, **self._first_seen(req),
+        # _first_seen's open dict holds the prompt's fields and the hash domain's.
+        d: RequestDict = cast(RequestDict, {REQ.REQUEST_ID: req.rid, REQ.STATUS: req.status, **self._first_seen(req),
              REQ.OUTPUT_TOKEN_IDS: list(req.output), REQ.OUTPUT_TEXT: "", REQ.NUM_COMPUTED_TOKENS: req.computed,
              REQ.NUM_CACHED_TOKENS: req.cached, REQ.BLOCK_TABLE: list(table), REQ.NUM_PREEMPTIONS: req.preemptions,
-             REQ.FINISH_REASON: req.finish_reason, REQ.METRICS: req.metrics.to_dict()}
+             REQ.FINISH_REASON: req.finish_reason, REQ.METRICS: req.metrics.to_dict()})
         if not self.tokens:
             d[REQ.NUM_OUTPUT_TOKENS] = req.n_output
         return d
 
-    def finished_dict(self, req: Req) -> dict:
+    def finished_dict(self, req: Req) -> RequestDict:
         if req.frozen is None:  # a finished request no longer changes: its dict is built once
             req.frozen = self.request_dict(req, []) | {REQ.STATUS: "finished"}
         return req.frozen
 
-    def snapshot_dict(self) -> dict:
+    def snapshot_dict(self) -> EngineSnapshotDict:
         """The whole EngineSnapshot dict. It is a refresh point: the consumer holds every
         request whole afterwards (a later body's changes continue from it)."""
         if self.sent is None:
@@ -579,19 +613,20 @@ class Mirror:
             self._hold(r, r.table, 0, held)
             for b in r.table:
                 owners.setdefault(b, []).append(r.rid)
-        blocks = []
+        blocks: list[BlockDict] = []
         for b in range(len(self.ref)):
             d = self._block(b, held.get(b))
             if b in owners:
                 d[BLOCK.OWNERS] = owners[b]
             blocks.append(d)
-        queues = {QUEUE.WAITING: [self.request_dict(reqs[i], []) for i in self.waiting if i in reqs],
+        queues: QueuesDict = {QUEUE.WAITING: [self.request_dict(reqs[i], []) for i in self.waiting if i in reqs],
                   QUEUE.RUNNING: [self.request_dict(r, r.table) for r in running],
                   QUEUE.FINISHED: [self.finished_dict(r) for r in self.finished]}
         in_running = set(self.running)
         for r in reqs.values():
-            self.sent.hold(r.rid, r.output, r.table if r.idx in in_running else [], r.metrics)
-        return {SNAP.STEP: self.step_count, SNAP.CONFIG: dict(self.config), SNAP.MODEL_INFO: dict(self.model_info),
+            self.sent.hold(r.rid, r.output, r.table if r.idx in in_running else [], cast(RequestMetrics, r.metrics))
+        return {SNAP.STEP: self.step_count, SNAP.CONFIG: dict(self.config),
+                SNAP.MODEL_INFO: cast(ModelInfoDict, dict(self.model_info)),  # the recorder's model facts
                 SNAP.METRICS: self.metrics, SNAP.QUEUES: queues,
                 SNAP.BLOCK_POOL: {POOL.NUM_BLOCKS: len(self.ref), POOL.BLOCK_SIZE: self.block_size,
                                   POOL.NUM_FREE_BLOCKS: self.num_free, POOL.BLOCKS: blocks}}

@@ -19,10 +19,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from .export import export_html
     from .ui.dashboard import Dashboard
 
-__all__ = ["Session", "HistoryEntry", "Dashboard", "export_html"]
+__all__ = ["Dashboard", "HistoryEntry", "Session", "export_html"]
 
 
 def __getattr__(name: str) -> Any:
+    value: Any  # a class or a function, by name
     if name in ("Session", "HistoryEntry"):
         from .core import history, session
 

@@ -19,9 +19,23 @@ from .tensor_parallel import TensorParallelPanel
 from .timeline import TimelinePanel
 from .why import WhyPanel
 
-__all__ = ["Panel", "ControlsPanel", "QueuesPanel", "BlockPoolPanel", "SlotMappingPanel",
-           "AttentionPanel", "SamplerPanel", "TimelinePanel", "TensorParallelPanel", "LatencyPanel", "FollowPanel",
-           "WhyPanel", "PrefixTreePanel", "PANELS", "STATEFUL_PANELS"]
+__all__ = [
+    "PANELS",
+    "STATEFUL_PANELS",
+    "AttentionPanel",
+    "BlockPoolPanel",
+    "ControlsPanel",
+    "FollowPanel",
+    "LatencyPanel",
+    "Panel",
+    "PrefixTreePanel",
+    "QueuesPanel",
+    "SamplerPanel",
+    "SlotMappingPanel",
+    "TensorParallelPanel",
+    "TimelinePanel",
+    "WhyPanel",
+]
 
 #: Each panel by the name the Dashboard (explorer.ui.dashboard) and the export use for it.
 PANELS: dict[str, type[Panel]] = {

@@ -43,7 +43,7 @@ def panels_js(panels: dict[str, type]) -> str:
             f"const KVS_PANELS = {json.dumps(panels_schema(panels), indent=1)};\n")
 
 
-def trait_problems(panel: type) -> list[str]:
+def trait_problems(panel: type[t.HasTraits]) -> list[str]:
     """Where a panel's parts and its synced traits disagree: a field that is not a synced
     trait, or one whose trait is of another type than its annotation says."""
     problems = []

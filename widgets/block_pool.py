@@ -1,7 +1,8 @@
 """KV block pool panel: every physical block on one canvas, plus per-request block tables."""
 from __future__ import annotations
 
-from typing import Callable, Sequence, TypedDict
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, TypedDict
 
 import traitlets as t
 
@@ -54,7 +55,7 @@ class BlockPoolPanel(Panel):
     logical indices whose KV came from the prefix cache, for as long as the request runs.
     """
 
-    PARTS = {"pool": BlockPoolCells, "legend": BlockPoolLegend, "tables": BlockPoolTables}
+    PARTS: ClassVar[dict[str, type]] = {"pool": BlockPoolCells, "legend": BlockPoolLegend, "tables": BlockPoolTables}
     _esm = bundle_esm("block_pool.js")
     _css = bundle_css("block_pool.css")
 
@@ -64,9 +65,9 @@ class BlockPoolPanel(Panel):
     ref_count = t.Bytes(b"").tag(sync=True)
     owner = t.Bytes(b"").tag(sync=True)
     events = t.Bytes(b"").tag(sync=True)
-    owners = t.List([]).tag(sync=True)          # request ids indexed by the `owner` column
-    shared = t.List([]).tag(sync=True)          # [[block_id, [owner indices]]], several owners
-    block_tables = t.List([]).tag(sync=True)    # [{request_id, block_table, num_computed_tokens,
+    owners: t.List[Any] = t.List([]).tag(sync=True)          # request ids indexed by the `owner` column
+    shared: t.List[Any] = t.List([]).tag(sync=True)          # [[block_id, [owner indices]]], several owners
+    block_tables: t.List[Any] = t.List([]).tag(sync=True)    # [{request_id, block_table, num_computed_tokens,
                                                 #   hits, same_step_hits, cached (logical indices)}]
     counts = t.Dict({}).tag(sync=True)          # free / cached / used / this step's events
     selected = t.Int(-1).tag(sync=True)
@@ -78,7 +79,7 @@ class BlockPoolPanel(Panel):
         self.token_text = token_text
         self._blocks: list[dict] = []  # the displayed snapshot's blocks, kept off the wire
 
-    def show(self, state: dict) -> None:
+    def show(self, state: Mapping[str, Any]) -> None:
         """Apply a state from ``explorer.ui.views.block_pool_state`` (its "blocks" stay here)."""
         state = dict(state)
         self._blocks = state.pop("blocks", [])

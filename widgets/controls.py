@@ -1,7 +1,7 @@
 """Controls panel: stepping, Play, reset, the add-request form, budget knobs, history."""
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import ClassVar, TypedDict
 
 import traitlets as t
 
@@ -76,8 +76,8 @@ class ControlsPanel(Panel):
     the previous one was acknowledged, so the kernel is never flooded.
     """
 
-    PARTS = {"status": ControlsStatus, "history": ControlsHistory, "error": ControlsError,
-             "caption": ControlsCaption, "knobs": ControlsKnobs}
+    PARTS: ClassVar[dict[str, type]] = {"status": ControlsStatus, "history": ControlsHistory,
+                                        "error": ControlsError, "caption": ControlsCaption, "knobs": ControlsKnobs}
     _esm = bundle_esm("controls.js")
     _css = bundle_css("controls.css")
 

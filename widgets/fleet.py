@@ -4,6 +4,8 @@ what its routing cost it (the tokens it hit where it ran, the tokens the rank wi
 longest prefix held at its arrival, and the difference: routing loss)."""
 from __future__ import annotations
 
+from typing import Any
+
 import traitlets as t
 
 from ._base import Panel, bundle_css, bundle_esm
@@ -22,6 +24,6 @@ class FleetPanel(Panel):
     _css = bundle_css("fleet.css")
 
     following = t.Bool(False).tag(sync=True)
-    ranks = t.List([]).tag(sync=True)
-    rows = t.List([]).tag(sync=True)
+    ranks: t.List[Any] = t.List([]).tag(sync=True)
+    rows: t.List[Any] = t.List([]).tag(sync=True)
     summary = t.Dict({}).tag(sync=True)

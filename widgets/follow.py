@@ -3,7 +3,7 @@ did (steps applied, missed, dropped, rejected, the recorder's own counters, note
 cache is the prefix tree panel's (widgets.prefix_tree)."""
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import ClassVar, TypedDict
 
 import traitlets as t
 
@@ -22,10 +22,10 @@ class FollowPanel(Panel):
     """`following`: whether steps are applied as they arrive. `status` is
     ``{address, engine, run_id, seq, pending, applied, missed, dropped_here, rejected,
     last_rejection, server: {published, unobserved, errors}, notes: [str]}``. `parked_at`: the
-    step the other panels show while the session follows (scrubbed back), or None. Browser actions: ``follow``, and ``pause
-    {at_step}`` (the step the browser held the panels at when Pause was clicked)."""
+    step the other panels show while the session follows (scrubbed back), or None. Browser
+    actions: ``follow``, and ``pause {at_step}`` (the step the browser held the panels at when Pause was clicked)."""
 
-    PARTS = {"draw": FollowState}
+    PARTS: ClassVar[dict[str, type]] = {"draw": FollowState}
     _esm = bundle_esm("follow.js")
     _css = bundle_css("follow.css")
 

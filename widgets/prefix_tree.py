@@ -3,7 +3,7 @@ each node named by the engine's block hash (the id the pool shows), lit with the
 it at the shown step, with its hits over time and its evictions."""
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import ClassVar, TypedDict
 
 import traitlets as t
 
@@ -27,7 +27,7 @@ class PrefixTreePanel(Panel):
     pins it and shows its detail. Browser actions: ``scrub_step {step}`` (the panel's slider:
     every panel shows that step) and ``live``."""
 
-    PARTS = {"draw": PrefixTreeState}
+    PARTS: ClassVar[dict[str, type]] = {"draw": PrefixTreeState}
     _esm = bundle_esm("prefix_tree.js")
     _css = bundle_css("prefix_tree.css")
 

@@ -1,7 +1,7 @@
 """Queues panel: waiting / running / finished requests and what this step did for each."""
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import Any, ClassVar, TypedDict
 
 import traitlets as t
 
@@ -26,11 +26,11 @@ class QueuesPanel(Panel):
     the sampler and attention panels at it) and ``abort {request_id}``.
     """
 
-    PARTS = {"draw": QueuesState}
+    PARTS: ClassVar[dict[str, type]] = {"draw": QueuesState}
     _esm = bundle_esm("queues.js")
     _css = bundle_css("queues.css")
 
-    queues = t.Dict({"waiting": [], "running": [], "finished": []}).tag(sync=True)
+    queues: t.Dict[str, Any] = t.Dict({"waiting": [], "running": [], "finished": []}).tag(sync=True)
     finished_total = t.Int(0).tag(sync=True)   # finished rows may be truncated to the latest
     selected = t.Unicode("").tag(sync=True)
 

@@ -1,7 +1,7 @@
 """Sampler panel: a request's top candidates, their probabilities, and the token chosen."""
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import Any, ClassVar, TypedDict
 
 import traitlets as t
 
@@ -26,11 +26,11 @@ class SamplerPanel(Panel):
     Browser action: ``select {request_id}``.
     """
 
-    PARTS = {"draw": SamplerState}
+    PARTS: ClassVar[dict[str, type]] = {"draw": SamplerState}
     _esm = bundle_esm("sampler.js")
     _css = bundle_css("sampler.css")
 
-    requests = t.List([]).tag(sync=True)
+    requests: t.List[Any] = t.List([]).tag(sync=True)
     request_id = t.Unicode("").tag(sync=True)
     sample = t.Dict({}).tag(sync=True)
 

@@ -1,7 +1,7 @@
 """Slot-mapping panel: this step's packed batch, token by token."""
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import Any, ClassVar, TypedDict
 
 import traitlets as t
 
@@ -42,19 +42,19 @@ class SlotMappingPanel(Panel):
     (the model runner's own buffers); `batch_source_words` is its badge and hover text.
     """
 
-    PARTS = {"draw": SlotMappingState}
+    PARTS: ClassVar[dict[str, type]] = {"draw": SlotMappingState}
     _esm = bundle_esm("slot_mapping.js")
     _css = bundle_css("slot_mapping.css")
 
-    input_ids = t.List([]).tag(sync=True)
-    tokens = t.List([]).tag(sync=True)
-    positions = t.List([]).tag(sync=True)
-    slot_mapping = t.List([]).tag(sync=True)
-    segments = t.List([]).tag(sync=True)
-    query_start_loc = t.List([]).tag(sync=True)
-    logits_indices = t.List([]).tag(sync=True)
+    input_ids: t.List[Any] = t.List([]).tag(sync=True)
+    tokens: t.List[Any] = t.List([]).tag(sync=True)
+    positions: t.List[Any] = t.List([]).tag(sync=True)
+    slot_mapping: t.List[Any] = t.List([]).tag(sync=True)
+    segments: t.List[Any] = t.List([]).tag(sync=True)
+    query_start_loc: t.List[Any] = t.List([]).tag(sync=True)
+    logits_indices: t.List[Any] = t.List([]).tag(sync=True)
     block_size = t.Int(16).tag(sync=True)
     num_rows = t.Int(0).tag(sync=True)        # rows in the real batch
     truncated = t.Int(0).tag(sync=True)       # rows not sent
     batch_source = t.Unicode("").tag(sync=True)  # "", "scheduler" (derived) or "runner" (its buffers)
-    batch_source_words = t.List([]).tag(sync=True)  # [badge, hover text] for batch_source
+    batch_source_words: t.List[Any] = t.List([]).tag(sync=True)  # [badge, hover text] for batch_source

@@ -2,7 +2,7 @@
 the all-reduces and the logits gather happen, and what the collectives cost."""
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import Any, ClassVar, TypedDict
 
 import traitlets as t
 
@@ -34,13 +34,13 @@ class TensorParallelPanel(Panel):
     mean on this machine. No browser actions.
     """
 
-    PARTS = {"draw": TensorParallelState}
+    PARTS: ClassVar[dict[str, type]] = {"draw": TensorParallelState}
     _esm = bundle_esm("tensor_parallel.js")
     _css = bundle_css("tensor_parallel.css")
 
     info = t.Dict({}).tag(sync=True)
-    ranks = t.List([]).tag(sync=True)
-    weights = t.List([]).tag(sync=True)
+    ranks: t.List[Any] = t.List([]).tag(sync=True)
+    weights: t.List[Any] = t.List([]).tag(sync=True)
     last_step = t.Dict({}).tag(sync=True)
-    recent = t.List([]).tag(sync=True)
+    recent: t.List[Any] = t.List([]).tag(sync=True)
     note = t.Unicode("").tag(sync=True)

@@ -1,7 +1,7 @@
 """Timeline panel: per-step batch composition and timings, and a per-request Gantt chart."""
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import Any, ClassVar, TypedDict
 
 import traitlets as t
 
@@ -21,11 +21,13 @@ class TimelinePanel(Panel):
     step, prefill, decode (batch tokens), budget (max_num_batched_tokens), schedule,
     prepare, forward, sample (ms), preempted (count), backend (attention backend name) and
     graph_bucket (the CUDA graph batch size a decode step replayed; None when it ran eager),
-    forward_path ('eager', 'cuda_graph' or 'native_decode': how the forward ran) and caption (the step in words, explorer.ui.captions; shown in the bar's tooltip). The token
+    forward_path ('eager', 'cuda_graph' or 'native_decode': how the forward ran) and caption
+    (the step in words, explorer.ui.captions; shown in the bar's tooltip). The token
     chart's y axis is a square-root scale that fits the largest batch in view (a decode-only
     bar is never under 6 px); a budget far above it is marked at the top edge. The ms chart is
     cut at the 95th percentile when a step is far slower than the rest (that step is marked
-    with its real time). The chart is as wide as the panel and redraws when that changes. `gantt` is ``{"requests": [id],
+    with its real time). The chart is as wide as the panel and redraws when that changes.
+    `gantt` is ``{"requests": [id],
     "segments": [[request_index, first_step, last_step, kind, label]]}`` with kind in
     queued / prefill / decode / preempted / stalled. The whole run is drawn (the
     latest `window` steps, or a window around an older displayed `step`), with a cursor on
@@ -33,10 +35,10 @@ class TimelinePanel(Panel):
     (click a bar to show that step everywhere).
     """
 
-    PARTS = {"draw": TimelineState}
+    PARTS: ClassVar[dict[str, type]] = {"draw": TimelineState}
     _esm = bundle_esm("timeline.js")
     _css = bundle_css("timeline.css")
 
     steps = t.Dict({}).tag(sync=True)
-    gantt = t.Dict({"requests": [], "segments": []}).tag(sync=True)
+    gantt: t.Dict[str, Any] = t.Dict({"requests": [], "segments": []}).tag(sync=True)
     window = t.Int(120).tag(sync=True)

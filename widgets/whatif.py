@@ -2,6 +2,8 @@
 with the first step where they part marked and explained in words."""
 from __future__ import annotations
 
+from typing import Any
+
 import traitlets as t
 
 from ._base import Panel, bundle_css, bundle_esm
@@ -28,4 +30,4 @@ class WhatIfPanel(Panel):
     steps = t.Dict({}).tag(sync=True)
     parting = t.Dict({}).tag(sync=True)
     index = t.Int(0).tag(sync=True)
-    notes = t.List([]).tag(sync=True)
+    notes: t.List[Any] = t.List([]).tag(sync=True)

@@ -2,7 +2,7 @@
 cause with the replay that proves it, its preemptions, and the run's summary."""
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import ClassVar, TypedDict
 
 import traitlets as t
 
@@ -28,7 +28,7 @@ class WhyPanel(Panel):
     `proving` says a proof is running (or why it failed). Browser actions: ``prove`` (replay the
     run and prove each cause) and ``select {request_id}``."""
 
-    PARTS = {"summary": WhySummaryState, "request": WhyRequestState}
+    PARTS: ClassVar[dict[str, type]] = {"summary": WhySummaryState, "request": WhyRequestState}
     _esm = bundle_esm("why.js")
     _css = bundle_css("why.css")
 

@@ -20,9 +20,10 @@ import secrets
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .lab import HOST, ServerLaunch, choose_port, exec_server
 

@@ -91,7 +91,11 @@ def _recorder(session: Any, path: str, address: str, label: str) -> Any:
 
     writer = RecordingWriter(path, notes=[f"recorded by `python -m explorer attach {address}`"])
     writer.add(session.history[0])
-    session.subscribe(lambda event, _s: event == "reset" and _stop_recording(writer, label))
+    def stop_on_reset(event: str, _session: Any) -> None:
+        if event == "reset":
+            _stop_recording(writer, label)
+
+    session.subscribe(stop_on_reset)
     return writer
 
 

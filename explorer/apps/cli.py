@@ -8,8 +8,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 
 def _positive_int(text: str) -> int:
@@ -132,7 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "(default: the walkthrough notebook's story)")
     export.add_argument("--model", default=None, help="local HF model folder (default: SmolLM2-135M-Instruct)")
     export.add_argument("--max-steps", type=_positive_int, default=400,
-                        help="at most this many steps go in the file (default 400); the page says when some are left out")
+                        help="at most this many steps go in the file (default 400); "
+                             "the page says when some are left out")
     export.add_argument("--keep", choices=("last", "first", "even"), default="last",
                         help="which steps a long run keeps: the last ones (default), the first ones, or evenly spaced")
     export.add_argument("--max-mb", type=float, default=16.0,
@@ -154,12 +156,14 @@ def build_parser() -> argparse.ArgumentParser:
                                         "explorer.drivers.vllm_live.RecordingScheduler, as it runs (Ctrl-C stops).")
     attach.add_argument("address", help="the server's KVSCOPE_FEED, e.g. tcp://127.0.0.1:5590")
     attach.add_argument("--model", default=None, help="local model folder, for text (default: the server's, if here)")
-    attach.add_argument("--kv-events", default=None, help="the server's --kv-events-config endpoint, for the prefix tree")
+    attach.add_argument("--kv-events", default=None,
+                        help="the server's --kv-events-config endpoint, for the prefix tree")
     attach.add_argument("--seconds", type=float, default=None, help="stop after this many seconds")
     attach.add_argument("--export", default=None, help="write what was seen as one HTML file at the end")
     attach.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the recorder to answer")
     attach.add_argument("--snapshot", default=None, metavar="ADDRESS",
-                        help="the recorder's snapshot endpoint when it is not the feed's default (KVSCOPE_FEED_SNAPSHOT)")
+                        help="the recorder's snapshot endpoint when it is not the feed's default "
+                             "(KVSCOPE_FEED_SNAPSHOT)")
     attach.add_argument("--record", default=None, metavar="FILE",
                         help="also write what is seen as a recording (FILE.kvrec.gz) for `python -m explorer whatif`")
 

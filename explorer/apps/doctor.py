@@ -8,9 +8,10 @@ import os
 import platform
 import shutil
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import TextIO
 
 PIP = f"{sys.executable} -m pip install"
 SETUP = "scripts/setup.sh"
@@ -175,8 +176,8 @@ def check_notebook() -> Check:
 
 
 CHECKS: list[Callable[[], Check | list[Check]]] = [
-    check_python, check_torch, check_native_cpu_kernels, check_gpu_extras, check_packages, check_default_model, check_test_tools,
-    check_notebook,
+    check_python, check_torch, check_native_cpu_kernels, check_gpu_extras, check_packages, check_default_model,
+    check_test_tools, check_notebook,
 ]
 
 

@@ -21,8 +21,8 @@ from typing import Any
 from engine import SamplingParams
 
 KEYS = ("scheduled", "computed_before", "preempted", "finished", "sampled", "block_tables", "num_free_blocks")
-IDLE = {"scheduled": {}, "computed_before": {}, "preempted": [], "finished": [], "sampled": {}, "block_tables": {},
-        "num_free_blocks": None}
+IDLE: dict[str, Any] = {"scheduled": {}, "computed_before": {}, "preempted": [], "finished": [], "sampled": {},
+                        "block_tables": {}, "num_free_blocks": None}
 _SHARED = ("model", "block_size", "num_kv_blocks", "max_num_batched_tokens", "max_num_seqs", "max_model_len",
            "enable_prefix_caching", "enable_chunked_prefill", "scheduler_reserve_full_isl", "seed")
 
@@ -76,7 +76,7 @@ class Comparison:
         return [{"step": s, "kvscope": self.side("kvscope", s), "vllm": self.side("vllm", s),
                  "differs": self.differences(s)} for s in range(1, self.num_steps + 1)]
 
-    def rerun_kvscope(self, **config_changes: Any) -> "Comparison":
+    def rerun_kvscope(self, **config_changes: Any) -> Comparison:
         """The same workload on a fresh kvscope engine with `config_changes`, against this
         comparison's vLLM steps (vLLM is not run again)."""
         from ..core.session import Session

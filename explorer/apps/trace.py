@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, Sequence, TextIO
+from collections.abc import Mapping, Sequence
+from typing import Any, TextIO
 
 from ..core.session import Session
 
@@ -29,7 +30,7 @@ def _row(label: str, value: str) -> str:
     return f"  {label:<{LABEL_WIDTH}}{value}"
 
 
-def describe_schedule(record: dict) -> str:
+def describe_schedule(record: Mapping[str, Any]) -> str:
     """`prefill 0[0:5]  decode 1[7]`: what each scheduled request computes in this step."""
     parts = []
     for s in record["scheduled"]:
@@ -43,7 +44,7 @@ def describe_schedule(record: dict) -> str:
     return "  ".join(parts) or "nothing scheduled"
 
 
-def format_step(record: dict, limit: int | None = 64) -> str:
+def format_step(record: Mapping[str, Any], limit: int | None = 64) -> str:
     """One step's table as text."""
     n_tokens = sum(s["num_tokens"] for s in record["scheduled"])
     lines = [f"step {record['step']}: {describe_schedule(record)}   "

@@ -32,7 +32,8 @@ def _values(kind: type):
             try:
                 out.append(kind(part))
             except ValueError:
-                raise argparse.ArgumentTypeError(f"expected a comma-separated list of {kind.__name__}, got {part!r}") from None
+                raise argparse.ArgumentTypeError(
+                    f"expected a comma-separated list of {kind.__name__}, got {part!r}") from None
         return out
 
     return parse

@@ -91,9 +91,9 @@ def patch(old: Any, delta: dict | None) -> Any:
         for index, sub in delta["i"].items():
             out[int(index)] = patch(out[int(index)], sub)
         return out
-    out = dict(old)
+    fields = dict(old)
     for key in delta.get("x", ()):
-        out.pop(key, None)
+        fields.pop(key, None)
     for key, sub in delta.get("d", {}).items():
-        out[key] = patch(out.get(key), sub)
-    return out
+        fields[key] = patch(fields.get(key), sub)
+    return fields

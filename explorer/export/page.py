@@ -26,8 +26,9 @@ import datetime as _dt
 import html
 import json
 import math
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from ..ui import views
 from ..why import WhyLedger

@@ -16,16 +16,17 @@ lists; `unpack_views` gives back exactly the states `step_views` made.
 from __future__ import annotations
 
 from array import array
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from engine.config import SCHEDULER_KNOBS
 from widgets.block_pool import block_detail
 
 from ..ui import captions as _captions
-from . import delta
 from ..ui import views, why_view
 from ..ui.dashboard import POOL_KEYS
 from ..why import WhyLedger
+from . import delta
 
 #: The key a byte column is replaced by in a packed view: {ARRAY_KEY: typecode, "values": [...]}.
 ARRAY_KEY = "__array__"
@@ -54,14 +55,14 @@ def why_views(ledger: WhyLedger, entries: Sequence[Any], token_text: views.Token
             "default": admitted[-1] if admitted else ""}
 
 
-def _entry_views(entry: Any, caption: str, sampler: dict, details: "_DetailCache", ledger: WhyLedger) -> dict:
+def _entry_views(entry: Any, caption: str, sampler: dict, details: _DetailCache, ledger: WhyLedger) -> dict:
     """What the binder sends each panel with `entry` on display (a recording's controls show
     the budgets the step ran under and the pool it ran on), and each block's hover detail
     without its `step`: the page adds the shown step, so a block that did not change costs
     nothing in the next step's delta."""
     step, record, snapshot = views.entry_parts(entry)
     config = snapshot.get("config") or {}
-    pool = views.block_pool_state(record, snapshot)
+    pool: dict[str, Any] = dict(views.block_pool_state(record, snapshot))  # its blocks go apart, below
     blocks = pool.pop("blocks")
     return {
         "step": step,

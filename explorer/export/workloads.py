@@ -6,8 +6,9 @@ from __future__ import annotations
 import inspect
 import json
 import runpy
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .page import DEFAULT_MAX_BYTES, DEFAULT_MAX_STEPS, ExportResult, export_html
 
@@ -106,9 +107,9 @@ def walkthrough_story(s: Any, caption: Callable[[str], None]) -> None:
 
     def chat(system: str, question: str) -> str:
         try:
-            return tok.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": question}],
-                                           tokenize=False, add_generation_prompt=True)
-        except Exception:  # a tokenizer without a chat template: the plain turn
+            turns = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+            return tok.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+        except Exception:  # noqa: BLE001 - a tokenizer without a chat template: the plain turn
             return f"{system}\n\n{question}\n"
 
     caption("Chapters 2-6: one request. Its prefill computes the whole prompt in one step and samples the "
@@ -169,7 +170,7 @@ def walkthrough_story(s: Any, caption: Callable[[str], None]) -> None:
             "click a timeline bar to jump there.")
 
 
-WALKTHROUGH_CONFIG = {"block_size": 16, "num_kv_blocks": 64}
+WALKTHROUGH_CONFIG: dict[str, Any] = {"block_size": 16, "num_kv_blocks": 64}
 
 
 def record_workload(workload: str | Path = "walkthrough", *, model: str | None = None,

@@ -13,7 +13,8 @@ Example: "#0-#2 decode 1 token each; #0 needed a new block and none was free →
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from engine.report.schema import REC
 
@@ -28,7 +29,8 @@ BATCH_SOURCE_WORDS = {
     "scheduler": ("derived from the scheduler's block tables",
                   "the server's model runner keeps its input buffers to itself, so each row's slot is computed as the "
                   "runner computes it: block_table[position // block_size] * block_size + position % block_size"),
-    "runner": ("read from the model runner's buffers", "the very input_ids, positions and slot_mapping the forward ran on"),
+    "runner": ("read from the model runner's buffers",
+               "the very input_ids, positions and slot_mapping the forward ran on"),
 }
 
 
@@ -153,7 +155,8 @@ class _Step:
             parts.append(self.finish_text(rid))
         if self.blocks.get("evicted"):
             ev = self.blocks["evicted"]
-            parts.append(f"evicted cached {_blocks_text(ev)} from the prefix cache to reuse {'it' if len(ev) == 1 else 'them'}")
+            parts.append(f"evicted cached {_blocks_text(ev)} from the prefix cache "
+                         f"to reuse {'it' if len(ev) == 1 else 'them'}")
         unclaimed = [b for b in self.blocks.get("freed", []) if b not in self._claimed]
         if unclaimed:
             parts.append(f"freed {_blocks_text(unclaimed)}")
@@ -205,7 +208,7 @@ class _Step:
                 notes.append(f"chunk {int(chunk) + 1}" if chunk is not None else "next chunk")
                 if end >= total:
                     notes.append("the last")
-        if resumed:
+        if resumed and prompt is not None:  # resumed implies a known prompt: this says so to mypy
             notes.insert(0, f"prompt {prompt} + {total - prompt} generated")
         if n == 1 and before > 0:  # attention sees one query row with context: vLLM's "decode" there
             notes.append("one query row: attention runs it as a decode")
@@ -256,7 +259,8 @@ class _Step:
         text = f"{why} {ARROW} {what}"
         if freed:
             text += f", freed {_blocks_text(freed)}"
-        text += f"; {'it goes' if len(victims) == 1 else 'they go'} back to the front of the waiting queue, to be recomputed"
+        text += (f"; {'it goes' if len(victims) == 1 else 'they go'} back to the front of the waiting queue, "
+                 "to be recomputed")
         return text
 
     def _trigger(self) -> tuple[str | None, int]:
@@ -313,7 +317,8 @@ class _Step:
         out = len(r.get("output_token_ids", []))
         max_tokens = r.get("max_tokens") or (r.get("sampling_params") or {}).get("max_tokens")
         if reason == "length":
-            why = f"max_tokens={max_tokens} reached" if max_tokens and out >= int(max_tokens) else "max_model_len reached"
+            limit = int(max_tokens) if max_tokens else None
+            why = f"max_tokens={max_tokens} reached" if limit is not None and out >= limit else "max_model_len reached"
         elif reason == "stop":
             why = "sampled its end-of-sequence / stop token"
         elif reason == "abort":
@@ -381,7 +386,8 @@ class CaptionCache:
 
     def captions(self, entries: Sequence[Any]) -> list[str]:
         """One caption per entry, as `history_captions` gives them."""
-        memo, out, prev = {}, [], None
+        memo: dict[tuple[int, int, int], tuple] = {}
+        out, prev = [], None
         for entry in entries:
             out.append(self._one(entry, prev, memo))
             prev = _parts(entry)[1]

@@ -14,9 +14,10 @@ import secrets
 import time
 import weakref
 from collections import OrderedDict
+from collections.abc import Iterable, Mapping
 from functools import partial
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, cast
 
 import ipywidgets as W
 
@@ -65,7 +66,7 @@ class SessionBinder:
         self._sampler_pinned = False   # the user chose the sampler's request
         self._attention_pinned = False  # ... or the attention panel's
         self._timeline_key: tuple | None = None
-        self._timeline_state: dict = {}
+        self._timeline_state: Mapping[str, Any] = {}
         self._captions = captions.CaptionCache()  # one plain-language line per step, kept per entry
         # Attention weights of earlier steps, as captured live: (step, request, layer) -> probe
         # ready to show (widgets.attention.prepare_probe). The history keeps no KV, so a
@@ -137,14 +138,16 @@ class SessionBinder:
         live = self.view_index is None
         p = self.panels
         ledger = self.why.feed(self.session.history) if {"why", "tree", "queues"} & p.keys() else None
+        # Only the draws of panels in `p` run: the queues' and the tree's find the ledger fed.
+        fed = cast(why_view.WhyLedger, ledger)
         # In this order: the attention panel reads the queues' selection.
         draws = {
             "controls": lambda: self._render_controls(record, snapshot),
             "queues": lambda: p["queues"].show(views.queues_state(record, snapshot,
-                                                                  why=why_view.why_rows(ledger, step))),
+                                                                  why=why_view.why_rows(fed, step))),
             "why": lambda: self._render_why(snapshot),
             "tree": lambda: p["tree"].show({"tree": why_view.tree_state(
-                ledger, step, snapshot, self.token_text, kv_events=getattr(self.session.source, "kv_events", None))}),
+                fed, step, snapshot, self.token_text, kv_events=getattr(self.session.source, "kv_events", None))}),
             "blocks": lambda: p["blocks"].show(views.block_pool_state(record, snapshot)),
             "slots": lambda: p["slots"].show(views.shown_slot_mapping(record, snapshot, self.token_text)),
             "sampler": lambda: self._render_sampler(snapshot),
@@ -209,7 +212,7 @@ class SessionBinder:
         rid = sampler.request_id if self._sampler_pinned else ""
         sampler.show(views.sampler_state(history[:end], snapshot, rid, self.token_text))
 
-    def _timeline(self) -> dict:
+    def _timeline(self) -> Mapping[str, Any]:
         # The whole history is sent once per new step; scrubbing only moves the window.
         history = self.session.history
         key = (len(history), id(history[-1]) if history else None)
@@ -314,7 +317,7 @@ class SessionBinder:
                 self._render_controls_only()  # scrubbed back: only the slider grows
                 return
             self.render(probe=not self._in_run)
-        except Exception:  # a broken view must not break the Session's caller
+        except Exception:  # noqa: BLE001 - a broken view must not break the Session's caller
             _log.exception("kvscope dashboard failed to render after %r", event)
 
     def _forget_selections(self) -> None:
@@ -357,7 +360,7 @@ class SessionBinder:
                 controls.error_field = ""
         except ValueError as exc:  # the engine's own message for bad input (it says the fix), shown inline
             self._show_error(str(exc), error_field(action, str(exc)))
-        except Exception as exc:  # anything else still must not leave the UI stuck
+        except Exception as exc:  # noqa: BLE001 - anything else still must not leave the UI stuck
             _log.exception("kvscope action %r failed", action)
             self._show_error(f"{type(exc).__name__}: {exc}")
         finally:
@@ -591,7 +594,7 @@ class Dashboard(W.VBox):
 
 # One binder per Session for panels shown alone, so they scrub together. Keyed by id:
 # the binder dies with its Session (the Session's observer list is what holds it).
-_shared: "weakref.WeakValueDictionary[int, SessionBinder]" = weakref.WeakValueDictionary()
+_shared: weakref.WeakValueDictionary[int, SessionBinder] = weakref.WeakValueDictionary()
 
 
 def panel(session: Any, name: str) -> Any:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import ipywidgets as W
 
@@ -44,12 +45,16 @@ def fleet_panel(fleet: Any) -> Any:
     timer: list[threading.Timer] = []
     lock = threading.Lock()
 
+    def refresh_trailing() -> None:
+        timer.clear()
+        refresh()
+
     def refresh(force: bool = True) -> None:
         with lock:
             wait = REFRESH_S - (time.monotonic() - last[0])
             if not force and wait > 0:
                 if not timer:  # the last step of a burst is still drawn
-                    t = threading.Timer(wait, lambda: (timer.clear(), refresh()))
+                    t = threading.Timer(wait, refresh_trailing)
                     t.daemon = True
                     timer.append(t)
                     t.start()
@@ -87,7 +92,7 @@ class FleetDashboard(W.VBox):
                          layout=W.Layout(flex="1 1 0", min_width="0"))
             col.add_class("kvs-fleet-column")
             self.columns.append(col)
-        super().__init__([self.fleet_panel, W.HBox(self.columns, layout=W.Layout(width="100%", align_items="flex-start"))],
-                         layout=W.Layout(width="100%"))
+        row = W.HBox(self.columns, layout=W.Layout(width="100%", align_items="flex-start"))
+        super().__init__([self.fleet_panel, row], layout=W.Layout(width="100%"))
         self.add_class("kvs-dashboard")
         self.add_class("kvs-fleet-dashboard")

@@ -20,11 +20,15 @@ def follow_panel(session: Any, binder: Any = None) -> Any:
     last = [0.0]
     trailing: list[threading.Timer] = []
 
+    def refresh_trailing() -> None:
+        trailing.clear()
+        refresh()
+
     def refresh(force: bool = True) -> None:
         now = time.monotonic()
         if not force and now - last[0] < 0.2:
             if not trailing:  # the last step of a burst still gets drawn, 0.2 s later
-                timer = threading.Timer(0.2, lambda: (trailing.clear(), refresh()))
+                timer = threading.Timer(0.2, refresh_trailing)
                 timer.daemon = True
                 trailing.append(timer)
                 timer.start()

@@ -31,21 +31,22 @@ def add_preset(session: Any, name: str, fields: dict) -> str:
     common = {"max_tokens": int(fields.get("max_tokens") or 16), "temperature": fields.get("temperature") or 0.0}
     tok = s.source.tokenizer
     chat = bool(fields.get("chat_template")) and has_chat_template(tok)
-    wrap = (lambda text, system=None: chat_prompt(tok, text, system=system)) if chat else (lambda text, system=None: text)
+    wrap = ((lambda text, system=None: chat_prompt(tok, text, system=system)) if chat
+            else (lambda text, system=None: text))
     how = " in the chat template" if chat else ""
     if name == "shared_prefix":
         # Prefix hits need the first request's blocks computed (and hashed) before the
         # second is scheduled, so run the first one through its prefill before adding.
-        first = s.add_request(wrap(SHARED_QUESTIONS[0], SHARED_PREFIX) if chat else SHARED_PREFIX + " " + SHARED_QUESTIONS[0],
-                              **common)
+        first = s.add_request(wrap(SHARED_QUESTIONS[0], SHARED_PREFIX) if chat
+                              else SHARED_PREFIX + " " + SHARED_QUESTIONS[0], **common)
         stepped = 0
         for _ in range(64):
             if not waiting_for_prefill(s.current, first):
                 break
             s.step(1)
             stepped += 1
-        second = s.add_request(wrap(SHARED_QUESTIONS[1], SHARED_PREFIX) if chat else SHARED_PREFIX + " " + SHARED_QUESTIONS[1],
-                               **common)
+        second = s.add_request(wrap(SHARED_QUESTIONS[1], SHARED_PREFIX) if chat
+                               else SHARED_PREFIX + " " + SHARED_QUESTIONS[1], **common)
         return (f"Shared-prefix pair: added #{first}{how}, ran {stepped} step{'' if stepped == 1 else 's'} by itself "
                 f"until its prompt was computed (its full blocks are now in the prefix cache), then added #{second} "
                 f"with the same prefix: press Step to see its prefix-cache hits")

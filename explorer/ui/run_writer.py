@@ -5,8 +5,9 @@ it is imported (explorer's `Dashboard` name imports it); without one the rebuild
 offers no save."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 Writer = Callable[[Any, Path], Any]
 WRITER: Writer | None = None

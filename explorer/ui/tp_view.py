@@ -7,7 +7,8 @@ all-reduce / gather); nothing is recomputed from the model.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from widgets.tensor_parallel import TensorParallelState
 
@@ -52,7 +53,7 @@ def tensor_parallel_state(record: dict | None, snapshot: dict, history: Iterable
             "last_step": last, "recent": recent, "note": note}
 
 
-def session_state(session: Any) -> dict:
+def session_state(session: Any) -> TensorParallelState:
     """`tensor_parallel_state` of the Session's current entry."""
     entry = session.current
     if entry is None:

@@ -7,13 +7,37 @@ block-pool codes come from the panel's module, which defines its byte columns).
 from __future__ import annotations
 
 from array import array
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypedDict
 
 # The block pool's `status` codes and `events` bits are the record schema's (the browser reads
 # them from its generated copy, widgets/_schema.js's KVS_SCHEMA).
-from engine.report.schema import (BATCH, BLOCK, BUDGET, CLOCK, EV, EVENT_BITS, FREE, FREE_CACHED, IN_USE, IN_USE_HASHED,
-                                  INFO, METRICS, NULL, POOL, QUEUE, REC, REQ, RMETRICS, SAMPLE, SCHED, SNAP, TIME)
+from engine.report.schema import (
+    BATCH,
+    BLOCK,
+    BUDGET,
+    CLOCK,
+    EV,
+    EVENT_BITS,
+    FREE,
+    FREE_CACHED,
+    IN_USE,
+    IN_USE_HASHED,
+    INFO,
+    METRICS,
+    NULL,
+    POOL,
+    QUEUE,
+    REC,
+    REQ,
+    RMETRICS,
+    SAMPLE,
+    SCHED,
+    SNAP,
+    TIME,
+)
 from engine.tokenizer import fast_decoder
+
 # Each panel's state type: what the functions below return (widgets/<panel>.py).
 from widgets.block_pool import BlockPoolState
 from widgets.latency import LatencyState
@@ -45,7 +69,7 @@ def token_texts(tokenizer: Any) -> TokenText:
             if i not in cache:
                 try:
                     cache[i] = decode([i]) if decode is not None else str(i)
-                except Exception:  # an id outside the vocabulary still gets a label
+                except Exception:  # noqa: BLE001 - an id outside the vocabulary still gets a label
                     cache[i] = f"<{i}>"
             out.append(cache[i])
         return out
@@ -187,7 +211,8 @@ def slot_mapping_state(record: dict | None, token_text: TokenText, *, block_size
         rid = s[SCHED.REQUEST_ID]
         table = list(tables[k]) if k < len(tables) else []
         segments.append({"request_id": rid, "start": start, "end": end, "is_prefill": s.get(SCHED.IS_PREFILL, False),
-                         "chunk_index": s.get(SCHED.CHUNK_INDEX), "num_computed_before": s.get(SCHED.NUM_COMPUTED_BEFORE, 0),
+                         "chunk_index": s.get(SCHED.CHUNK_INDEX),
+                         "num_computed_before": s.get(SCHED.NUM_COMPUTED_BEFORE, 0),
                          "num_cached_tokens": s.get(SCHED.NUM_CACHED_TOKENS, 0),
                          "seq_len": seq_lens[k] if k < len(seq_lens) else None,
                          "block_table": table,
@@ -195,14 +220,21 @@ def slot_mapping_state(record: dict | None, token_text: TokenText, *, block_size
                          "cached_blocks": _cached_blocks(s.get(SCHED.NUM_CACHED_TOKENS, 0), table, block_size,
                                                          known.get(rid), token_text)})
     shown = ids[:max_rows]
-    return {"input_ids": shown, "tokens": token_text(shown), "positions": list(batch.get(BATCH.POSITIONS, []))[:max_rows],
+    return {"input_ids": shown, "tokens": token_text(shown),
+            "positions": list(batch.get(BATCH.POSITIONS, []))[:max_rows],
             "slot_mapping": list(batch.get(BATCH.SLOT_MAPPING, []))[:max_rows], "segments": segments,
             "query_start_loc": qsl, "logits_indices": list(batch.get(BATCH.LOGITS_INDICES, [])),
             "block_size": block_size, "num_rows": len(ids), "truncated": max(0, len(ids) - max_rows),
             **batch_source_state(record)}
 
 
-def batch_source_state(record: dict) -> dict:
+class BatchSourceState(TypedDict):
+    """The slot-mapping panel's two fields that say where its batch came from."""
+    batch_source: str
+    batch_source_words: list[str]
+
+
+def batch_source_state(record: dict) -> BatchSourceState:
     """The slot-mapping panel's `batch_source` and its [badge, hover text] (none for the engine's own)."""
     source = str(record.get(REC.BATCH_SOURCE) or "")
     words = BATCH_SOURCE_WORDS.get(source, (f"batch from: {source}", "")) if source else ()
@@ -328,7 +360,8 @@ def timeline_state(entries: Iterable[Any], captions: Sequence[str] | None = None
         for s in sched:
             rid = s[SCHED.REQUEST_ID]
             if s.get(SCHED.IS_PREFILL):
-                mark(rid, step, "prefill", f"prefill chunk {int(s.get('chunk_index') or 0) + 1}: {s['num_tokens']} tokens")
+                chunk = int(s.get('chunk_index') or 0) + 1
+                mark(rid, step, "prefill", f"prefill chunk {chunk}: {s['num_tokens']} tokens")
             else:
                 mark(rid, step, "decode", "decode")
             done.add(rid)
@@ -352,7 +385,8 @@ def timeline_state(entries: Iterable[Any], captions: Sequence[str] | None = None
 # request times (vLLM's own, on the wall clock) are what its clients saw; kvscope's and in-process
 # vLLM's engine clock leaves out the pauses between manual steps.
 LATENCY_CLOCKS = {
-    RMETRICS.ENGINE: ("engine clock", "advances only while a step executes, so pauses and manual stepping do not count"),
+    RMETRICS.ENGINE: ("engine clock",
+                      "advances only while a step executes, so pauses and manual stepping do not count"),
     RMETRICS.WALL: ("server clock", "the live server's own request times (wall clock, as vLLM's metrics count them)"),
 }
 

@@ -58,7 +58,8 @@ def whatif_state(rec: Recording, a: ReplayResult, b: ReplayResult, parting: Part
             "index": parting.index if parting is not None and parting.index < max_steps else 0, "notes": notes}
 
 
-def compare(rec: Recording, arrivals: str = "step", **changes: Any) -> tuple[ReplayResult, ReplayResult, Parting | None]:
+def compare(rec: Recording, arrivals: str = "step",
+            **changes: Any) -> tuple[ReplayResult, ReplayResult, Parting | None]:
     """Both replays, kept step by step, and where they part."""
     model = fit(rec) if arrivals == "timed" else None
     a = replay(rec, arrivals=arrivals, step_model=model, keep_steps=True)

@@ -56,7 +56,7 @@ def tree_state(ledger: WhyLedger, step: int, snapshot: dict, token_text: TokenTe
         for y in reversed(chain):
             if len(keep) < max_nodes and y.stored and y.stored[0] <= step:
                 keep[y.key] = y
-    rows = []
+    rows: list[dict[str, Any]] = []
     for n in _depth_first(keep, ledger):
         hits = [(s, rid) for s, rid in n.hits if s <= step]
         evictions = [e for e in n.evictions if e.step <= step]
@@ -78,11 +78,11 @@ def tree_state(ledger: WhyLedger, step: int, snapshot: dict, token_text: TokenTe
             "unused": unused, "lifeline": lifeline,
             "domain": _domain_words(n.domain),
         })
-    out = {"step": step, "first_step": first, "last_step": last, "bins": bins, "nodes": rows,
-           "hidden": max(0, len(shown) - len(rows)), "num_present": sum(present.values()),
-           "num_evicted": sum(1 for n in shown if not present[n.key]),
-           "num_hits": sum(r["hits"] for r in rows), "block_size": ledger.block_size or 0,
-           "unmapped": ledger.unmapped, "notes": list(ledger.notes[-3:]), "kv_events": None}
+    out: dict[str, Any] = {"step": step, "first_step": first, "last_step": last, "bins": bins, "nodes": rows,
+                           "hidden": max(0, len(shown) - len(rows)), "num_present": sum(present.values()),
+                           "num_evicted": sum(1 for n in shown if not present[n.key]),
+                           "num_hits": sum(r["hits"] for r in rows), "block_size": ledger.block_size or 0,
+                           "unmapped": ledger.unmapped, "notes": list(ledger.notes[-3:]), "kv_events": None}
     if kv_events is not None and step == ledger.last_step:
         out["kv_events"] = kv_events_agreement(kv_events, {r["id"] for r in rows if r["present"]},
                                                out["num_present"] - sum(1 for r in rows if r["present"]))

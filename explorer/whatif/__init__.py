@@ -21,6 +21,21 @@ from .settings import SettingRejected, Variant, variant
 from .step_model import NoStepTimings, StepTimeModel, fit
 from .sweep import SweepResult, sweep
 
-__all__ = ["IdentityReport", "identity", "load_trace", "Parting", "first_parting", "ReplayError", "ReplayResult",
-           "replay", "SettingRejected", "Variant", "variant", "NoStepTimings", "StepTimeModel", "fit", "SweepResult",
-           "sweep"]
+__all__ = [
+    "IdentityReport",
+    "NoStepTimings",
+    "Parting",
+    "ReplayError",
+    "ReplayResult",
+    "SettingRejected",
+    "StepTimeModel",
+    "SweepResult",
+    "Variant",
+    "first_parting",
+    "fit",
+    "identity",
+    "load_trace",
+    "replay",
+    "sweep",
+    "variant",
+]

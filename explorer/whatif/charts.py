@@ -32,8 +32,9 @@ def sweep_charts(result: Any) -> dict[str, Any]:
         ttft.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers",
                                   name=f"{nb} blocks"))
     err = result.step_model.error_text() if result.step_model is not None else ""
-    ttft.update_layout(title=f"TTFT p90 against the token budget (predicted; {err})", xaxis_title="max_num_batched_tokens",
-                       yaxis_title="seconds", template="plotly_white", title_font_size=12)
+    ttft.update_layout(title=f"TTFT p90 against the token budget (predicted; {err})",
+                       xaxis_title="max_num_batched_tokens", yaxis_title="seconds", template="plotly_white",
+                       title_font_size=12)
     figs["ttft_p90"] = ttft
     pre = go.Figure(go.Bar(x=[r["label"] for r in rows], y=[r["preemptions"] for r in rows],
                            text=[r["recomputed_tokens"] for r in rows], hovertemplate="%{x}<br>%{y} preemptions, "
@@ -71,6 +72,7 @@ def sweep_svg(result: Any, width: int = 640, height: int = 260) -> str:
         out.append(f'<polyline points="{path}" fill="none" stroke="{c}" stroke-width="2"/>')
         out += [f'<circle cx="{px[x]:.1f}" cy="{py(v):.1f}" r="3" fill="{c}"><title>block size {bs}, {x} blocks: '
                 f'{v:.1%} of prompt tokens hit</title></circle>' for x, v in pts]
-        out.append(f'<text x="{left + w + 12}" y="{top + 14 + 16 * k}" fill="{c}">block size {html.escape(str(bs))}</text>')
+        out.append(f'<text x="{left + w + 12}" y="{top + 14 + 16 * k}" fill="{c}">'
+                   f'block size {html.escape(str(bs))}</text>')
     out.append("</svg>")
     return "".join(out)

@@ -9,8 +9,9 @@ preemptions, finishes, every running request's block ids).
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from ..core.recording import Recording, step_decisions
 from .replay import ReplayResult, replay
@@ -67,7 +68,8 @@ def identity(rec: Recording, entries: Iterable[Any] | None = None, *, limit: int
     Stops collecting at `limit` differences."""
     res = replay(rec, arrivals="step", digests=True, keep_steps=entries is not None)
     report = IdentityReport(num_steps=len(rec.steps), replay=res, notes=list(rec.source.notes))
-    got = dict(zip(res.steps, res.details if entries is not None else res.digests))
+    got: dict[int, Any] = dict(zip(res.steps, res.details if entries is not None else res.digests))
+    want: dict[int, Any]  # each step's decisions (given the entries), else its digest
     if entries is not None:
         gone = rec.aborted_before()
         want = {e.step: step_decisions(e.record, e.snapshot["queues"]["running"], gone.get(e.step + 1, ()))

@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..core.recording import Recording, RecordedRequest, RecordingError, Settings, Source
+from ..core.recording import RecordedRequest, Recording, RecordingError, Settings, Source
 
 HASH_UNIT = 512
 VOCAB = 32000

@@ -58,10 +58,10 @@ def first_parting(rec: Recording, a: ReplayResult, b: ReplayResult) -> Parting |
     return None
 
 
-def _kind(rec_req: dict[str, tuple[int, int, int]], rid: str, prompt_len: dict[str, int]) -> str:
-    n, before, _ = rec_req.get(rid, (0, 0, 0))
-    if rid not in rec_req:
+def _kind(rec_req: dict[str, tuple[int, int, int]], rid: str | None, prompt_len: dict[str, int]) -> str:
+    if rid is None or rid not in rec_req:  # None: a preemption recorded without the request it made room for
         return "next tokens"
+    n, before, _ = rec_req[rid]
     return "decode" if n == 1 and before >= prompt_len[rid] else "prefill chunk"
 
 
@@ -75,8 +75,9 @@ def explain(rec: Recording, a: ReplayResult, b: ReplayResult, i: int) -> tuple[s
     for p in db.preemptions:
         if p.victim not in pa:
             if p.for_request == p.victim:  # vLLM preempts the request itself when it is the last one running
-                return (f"{head}, req {p.victim} finds no free block for its {_kind(sb, p.victim, prompt)} and, the last "
-                        f"request running, is preempted itself (as recorded it kept its blocks)", [p.victim])
+                return (f"{head}, req {p.victim} finds no free block for its {_kind(sb, p.victim, prompt)} "
+                        f"and, the last request running, is preempted itself (as recorded it kept its blocks)",
+                        [p.victim])
             why = f" for req {p.for_request}'s {_kind(sb, p.for_request, prompt)}" if p.for_request else ""
             return f"{head}, req {p.victim} is preempted to make room{why} (as recorded it kept its blocks)", [p.victim]
     pb = {p.victim: p for p in db.preemptions}
@@ -96,8 +97,8 @@ def explain(rec: Recording, a: ReplayResult, b: ReplayResult, i: int) -> tuple[s
                 f"{_held_back(a, i, rid)} there", [rid])
     for rid in sorted(set(sa) & set(sb)):
         if sa[rid][:2] != sb[rid][:2]:
-            return (f"{head}, req {rid} computes {sb[rid][0]} tokens from position {sb[rid][1]} instead of {sa[rid][0]} "
-                    f"from {sa[rid][1]} ({_budget_cause(b, db)})", [rid])
+            return (f"{head}, req {rid} computes {sb[rid][0]} tokens from position {sb[rid][1]} "
+                    f"instead of {sa[rid][0]} from {sa[rid][1]} ({_budget_cause(b, db)})", [rid])
     fa, fb = set(da.decisions["finished"]), set(db.decisions["finished"])
     names = sorted(fa ^ fb)
     return f"{head}, requests {names} finish in a different step", names

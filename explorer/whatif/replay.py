@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from ..core.recording import Recording, decisions_digest
 from ..drivers.vllm.records import computed_before
-from .settings import Variant, variant as make_variant
+from .settings import Variant
+from .settings import variant as make_variant
 from .step_model import StepTimeModel
 
 ARRIVALS = ("step", "timed")
@@ -153,6 +154,7 @@ def load_vllm() -> type:
     if not _CLASS:
         from ..drivers.vllm import bare  # noqa: F401 - first: it sets vLLM's environment before vLLM reads it
 
+        # isort: split
         import vllm.v1.outputs  # noqa: F401
         from vllm import SamplingParams  # noqa: F401
 
@@ -229,24 +231,27 @@ class _Replay:
         delay = model.admission_delay if model is not None else 0.0
         for r in order:
             by_itself = r.ends_by_itself or r.finish_reason is None
-            max_tokens = max(1, len(r.output_token_ids)) if r.ends_by_itself else max(r.max_tokens, len(r.output_token_ids) + 1)
+            n_out = len(r.output_token_ids)
+            max_tokens = max(1, n_out) if r.ends_by_itself else max(r.max_tokens, n_out + 1)
             params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
             req = bare_request(r.request_id, r.prompt_token_ids, params, bs, hash_algo=algo,
                                arrival_time=r.arrival_time, priority=r.priority, cache_salt=r.cache_salt,
                                lora_name=r.lora_name)
             if arrivals == "step":
-                when = float(r.arrival_step)
+                when = float(cast(int, r.arrival_step))  # replay() refuses step arrivals a request lacks
+                # Not by itself: aborted outside a step, whose step the recording names.
+                abort_step = cast(int, r.aborted_before_step)
                 if not by_itself and r.aborted_during_step:
-                    self.aborts_during.setdefault(r.aborted_before_step, []).append(r.request_id)
+                    self.aborts_during.setdefault(abort_step, []).append(r.request_id)
                 elif not by_itself:
-                    self.aborts.append((float(r.aborted_before_step), r.request_id))
+                    self.aborts.append((float(abort_step), r.request_id))
             else:
                 when = r.arrival_time - origin + delay
                 if not by_itself and r.aborted_time is not None:
                     self.aborts.append((when + (r.aborted_time - r.arrival_time), r.request_id))
             self.pending.append((when, r.request_id, req))
             self.result.requests[r.request_id] = RequestResult(r.request_id, arrival=(
-                r.arrival_time - origin if arrivals == "timed" else float(r.arrival_step)))
+                r.arrival_time - origin if arrivals == "timed" else when))
         self.aborts.sort()
         self.aborted_before: dict[int, set[str]] = {}
         if arrivals == "step":

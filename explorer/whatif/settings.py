@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.recording import Recording, Settings, SETTINGS_FIELDS
+from ..core.recording import SETTINGS_FIELDS, Recording, Settings
 
 # What a what-if may change (vLLM's names), and the two memory knobs that become num_blocks.
 KNOBS = ("block_size", "num_blocks", "max_num_batched_tokens", "max_num_seqs", "enable_prefix_caching",
@@ -150,7 +150,8 @@ def check(rec: Recording, s: Settings) -> None:
                               f"{s.max_num_batched_tokens}: vLLM's SchedulerConfig refuses it")
     if not s.enable_chunked_prefill and s.max_num_batched_tokens < s.max_model_len:
         raise SettingRejected(f"max_num_batched_tokens {s.max_num_batched_tokens} is below max_model_len "
-                              f"{s.max_model_len} with chunked prefill off: vLLM refuses it (a prompt must fit one step)")
+                              f"{s.max_model_len} with chunked prefill off: vLLM refuses it "
+                              "(a prompt must fit one step)")
     if s.long_prefill_token_threshold > s.max_model_len:
         raise SettingRejected(f"long_prefill_token_threshold {s.long_prefill_token_threshold} is above max_model_len "
                               f"{s.max_model_len}: vLLM refuses it")
@@ -175,5 +176,5 @@ def _kernel_block_sizes(device: str | None) -> tuple[str, str, list] | None:
     except Exception:  # noqa: BLE001 - a backend that does not import here: vLLM's CacheConfig checks remain
         return None
     shown = ", ".join(f"multiples of {a.base}" if hasattr(a, "base") else str(a) for a in sizes)
-    return shown, backend.get_name(), sizes  # type: ignore[return-value]
+    return shown, backend.get_name(), sizes
 

@@ -100,8 +100,9 @@ def fit(rec: Recording) -> StepTimeModel:
         pred = x[test] @ c
         step_errors.extend(np.abs(pred - y[test]) / y[test])
         total_errors.append(abs(pred.sum() - y[test].sum()) / y[test].sum())
-    return StepTimeModel(coefficients=tuple(float(c) for c in coef), step_error=float(np.median(step_errors)),
-                         total_error=float(max(total_errors)), num_steps=int(len(y)), clock=rec.source.clock,
+    c0, cp, cd, cc = (float(c) for c in coef)  # one weight per feature column (step_costs: four)
+    return StepTimeModel(coefficients=(c0, cp, cd, cc), step_error=float(np.median(step_errors)),
+                         total_error=float(max(total_errors)), num_steps=len(y), clock=rec.source.clock,
                          admission_delay=admission_delay(rec), source=rec.source.engine)
 
 
@@ -122,7 +123,7 @@ def admission_delay(rec: Recording) -> float:
     if rec.source.clock != "wall" or not len(rec.steps):
         return 0.0
     st = rec.steps
-    at = {s: i for i, s in enumerate(st.step)}
+    at: dict[int | None, int] = {s: i for i, s in enumerate(st.step)}  # a trace's arrival_step: None
     delays = []
     for r in rec.requests:
         i = at.get(r.arrival_step)

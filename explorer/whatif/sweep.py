@@ -7,11 +7,12 @@
 
 Per setting, exactly (vLLM's own scheduler decided them, for these arrivals): prefix-hit tokens
 and rate (of requests at their first admission, as vLLM's own prefix-cache metrics count them; a
-request re-admitted after a preemption hits its own blocks again, counted apart), preemptions and the tokens they made vLLM compute again, steps, queue depth and KV
-usage per step. Predicted (from the step-time model fitted on the recording, whose held-out
-error the table prints): TTFT, ITL and end-to-end latency per request, p50 and p90. The first
-row replays the recorded settings with timed arrivals, so its predictions sit beside what the
-recording measured. A setting vLLM would refuse gets its one-line reason and the others run.
+request re-admitted after a preemption hits its own blocks again, counted apart), preemptions and
+the tokens they made vLLM compute again, steps, queue depth and KV usage per step. Predicted
+(from the step-time model fitted on the recording, whose held-out error the table prints): TTFT,
+ITL and end-to-end latency per request, p50 and p90. The first row replays the recorded settings
+with timed arrivals, so its predictions sit beside what the recording measured. A setting vLLM
+would refuse gets its one-line reason and the others run.
 """
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ import multiprocessing
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, cast
 
 import numpy as np
 
@@ -52,9 +54,9 @@ def _percentiles(xs: list[float]) -> tuple[float | None, float | None]:
 def latencies(arrival: dict[str, float], first: dict[str, float | None], tokens: dict[str, list[float]],
               finished: dict[str, float | None]) -> dict:
     """TTFT, ITL (every gap between a request's tokens) and end-to-end latency, p50 / p90."""
-    ttft = [first[r] - arrival[r] for r in arrival if first.get(r) is not None]
+    ttft = [t - arrival[r] for r in arrival if (t := first.get(r)) is not None]
     itl = [b - a for r in arrival for a, b in zip(tokens.get(r, ()), tokens.get(r, ())[1:])]
-    e2e = [finished[r] - arrival[r] for r in arrival if finished.get(r) is not None]
+    e2e = [t - arrival[r] for r in arrival if (t := finished.get(r)) is not None]
     out = {}
     for name, xs in (("ttft", ttft), ("itl", itl), ("e2e", e2e)):
         out[f"{name}_p50"], out[f"{name}_p90"] = _percentiles(xs)
@@ -78,11 +80,14 @@ def summarize(res: ReplayResult, rec: Recording) -> dict:
         "steps": res.num_steps, "hit_tokens": res.hit_tokens, "query_tokens": res.query_tokens,
         "resumed_hit_tokens": res.resumed_hit_tokens,
         "hit_rate": res.hit_rate, "preemptions": res.preemptions, "recomputed_tokens": res.recomputed_tokens,
-        "max_waiting": max(res.num_waiting, default=0), "mean_waiting": float(np.mean(res.num_waiting)) if res.steps else 0,
-        "max_kv_usage": max(res.kv_usage, default=0.0), "mean_kv_usage": float(np.mean(res.kv_usage)) if res.steps else 0,
+        "max_waiting": max(res.num_waiting, default=0),
+        "mean_waiting": float(np.mean(res.num_waiting)) if res.steps else 0,
+        "max_kv_usage": max(res.kv_usage, default=0.0),
+        "mean_kv_usage": float(np.mean(res.kv_usage)) if res.steps else 0,
         "replay_seconds": res.seconds, "scheduler_seconds": res.scheduler_seconds}
     if res.arrivals == "timed":
-        out.update(latencies({r: reqs[r].arrival for r in done}, {r: reqs[r].first_token_time for r in done},
+        arrival = {r: cast(float, reqs[r].arrival) for r in done}  # the replay sets every request's arrival
+        out.update(latencies(arrival, {r: reqs[r].first_token_time for r in done},
                              {r: reqs[r].token_times for r in done}, {r: reqs[r].finished_time for r in done}))
         out["duration"] = res.times[-1] if res.times else 0.0
     else:
@@ -107,7 +112,8 @@ def run_one(job: tuple[int, Variant]) -> dict:
     """Replay the worker's recording at one checked setting."""
     index, v = job
     rec, model, arrivals = _WORKER["rec"], _WORKER["model"], _WORKER["arrivals"]
-    row: dict[str, Any] = {"index": index, "changes": dict(v.changed), "label": v.label, "settings": v.settings.to_dict()}
+    row: dict[str, Any] = {"index": index, "changes": dict(v.changed), "label": v.label,
+                           "settings": v.settings.to_dict()}
     try:
         res = replay(rec, v, arrivals=arrivals, step_model=model)
         row.update(status="ok", **summarize(res, rec))
@@ -196,7 +202,7 @@ class SweepResult:
                          f"{whole:,.0f} steps/s (one process); {len(self.rows)} settings in {self.seconds:.1f} s on "
                          f"{self.processes} process(es)")
         notes += [f"note: {n}" for n in self.recording.source.notes]
-        return "\n".join(lines + [""] + notes)
+        return "\n".join([*lines, "", *notes])
 
     def to_frame(self) -> Any:
         """The rows as a pandas DataFrame (one row per setting, the settings that changed as columns)."""

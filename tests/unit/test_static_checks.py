@@ -1,7 +1,5 @@
-"""ruff and mypy (pyproject.toml's [tool.ruff] and [tool.mypy]) on the paths that are clean under
-both: anything either reports fails the test, with their output. CHECKED grows until it is
-all of engine/ and explorer/; what is left out is left out because its producers still hand
-out plain dicts where the schema has TypedDicts (docs/testing.md).
+"""ruff and mypy (pyproject.toml's [tool.ruff] and [tool.mypy]) on all of engine/, explorer/ and
+widgets/: anything either reports fails the test, with their output (docs/testing.md).
 
 mypy keeps its cache in .mypy_cache (git-ignored): a fresh checkout's first run analyses torch
 too and takes longer (docs/testing.md has the times). A planted type error and a planted lint
@@ -16,16 +14,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "pyproject.toml"
-CHECKED = [
-    "engine",
-    "explorer/core",
-    "explorer/drivers/kvscope.py",
-    "explorer/drivers/vllm/bare.py",
-    "explorer/drivers/vllm/capture.py",
-    "explorer/drivers/vllm/config.py",
-    "explorer/drivers/vllm/engine.py",
-    "explorer/drivers/vllm/probe.py",
-]
+CHECKED = ["engine", "explorer", "widgets"]
 
 
 def _run(tool: list[str], paths: list[str]) -> subprocess.CompletedProcess:

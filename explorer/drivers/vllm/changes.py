@@ -14,10 +14,21 @@ rebuilds only the dirty ones: O(pool) pointers, not a dict per block per step.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from engine.report.changes import Sent
-from engine.report.schema import BLOCK, CHANGES, POOL, QUEUE, REQ, ChangesDict
+from engine.report.schema import (
+    BLOCK,
+    CHANGES,
+    POOL,
+    QUEUE,
+    REQ,
+    BlockDict,
+    ChangesDict,
+    QueueOrderDict,
+    RequestChangeDict,
+    RequestFieldsDict,
+)
 
 from .records import RecordBuilder, RequestState, computed_before, status_name
 
@@ -60,7 +71,7 @@ class ChangeTracker:
         self.records = records    # the owner's: scheduler, pool, requests, block size, block dicts
         self.tables = tables
         self.sent = Sent()        # what the consumer holds of each request (by the id shown)
-        self.blocks: list[dict] | None = None   # every block's dict as last refreshed (the recorder's)
+        self.blocks: list[BlockDict] | None = None   # every block's dict as last refreshed (the recorder's)
         self.dirty_blocks: set[int] = set()
         self.dirty_from: dict[str, int] = {}    # vLLM id -> first table index whose block may hold new tokens
         self.dirty_requests: set[str] = set()   # vLLM ids
@@ -105,7 +116,7 @@ class ChangeTracker:
         s = view.scheduler
         running = {r.request_id for r in s.running}
         held: dict[int, list[int]] = {}
-        requests = {}
+        requests: dict[str, RequestChangeDict] = {}
         for iid in self.dirty_requests:
             e = view.requests.get(view.external[iid])
             if e is None or e.finish_reason is not None:
@@ -118,9 +129,10 @@ class ChangeTracker:
         self._forget_notes()
         self.forget(finished)
         ext, known = view.external, view.requests
-        queues = {QUEUE.WAITING: [ext[r.request_id] for r in view.waiting() if ext[r.request_id] in known],
-                  QUEUE.RUNNING: [ext[r.request_id] for r in s.running if ext[r.request_id] in known]}
-        return {CHANGES.STEP: step, CHANGES.REQUESTS: requests, CHANGES.QUEUES: queues,  # type: ignore[return-value]
+        queues: QueueOrderDict = {
+            QUEUE.WAITING: [ext[r.request_id] for r in view.waiting() if ext[r.request_id] in known],
+            QUEUE.RUNNING: [ext[r.request_id] for r in s.running if ext[r.request_id] in known]}
+        return {CHANGES.STEP: step, CHANGES.REQUESTS: requests, CHANGES.QUEUES: queues,
                 CHANGES.FINISHED: [view.finished_dict(e) for e in finished], CHANGES.BLOCKS: blocks,
                 CHANGES.NUM_FREE_BLOCKS: int(view.pool.get_num_free_blocks()), CHANGES.METRICS: view.metrics}
 
@@ -165,7 +177,7 @@ class ChangeTracker:
             if table[i] not in held:
                 held[table[i]] = list(ids[i * bs:min((i + 1) * bs, n)])
 
-    def _refresh_blocks(self, held: dict[int, list[int]]) -> list[dict]:
+    def _refresh_blocks(self, held: dict[int, list[int]]) -> list[BlockDict]:
         """Rebuild the dirty blocks (and those `held` names) from the pool as it is now."""
         view = self.records
         pool = view.pool.blocks
@@ -175,16 +187,17 @@ class ChangeTracker:
                 self.blocks[d[BLOCK.BLOCK_ID]] = d
         return fresh
 
-    def _request_change(self, e: RequestState, table: list[int]) -> dict:
+    def _request_change(self, e: RequestState, table: list[int]) -> RequestChangeDict:
         """A request's change: its small fields, its growing lists from what the consumer holds."""
         r, view = e.req, self.records
-        fields = {REQ.REQUEST_ID: e.request_id, REQ.STATUS: status_name(r.status),
-                  REQ.NUM_COMPUTED_TOKENS: int(r.num_computed_tokens), REQ.NUM_CACHED_TOKENS: e.num_cached_tokens,
-                  REQ.NUM_PREEMPTIONS: int(r.num_preemptions), REQ.FINISH_REASON: e.finish_reason}
+        fields: RequestFieldsDict = {
+            REQ.REQUEST_ID: e.request_id, REQ.STATUS: status_name(r.status),
+            REQ.NUM_COMPUTED_TOKENS: int(r.num_computed_tokens), REQ.NUM_CACHED_TOKENS: e.num_cached_tokens,
+            REQ.NUM_PREEMPTIONS: int(r.num_preemptions), REQ.FINISH_REASON: e.finish_reason}
         if view.tokenizer is not None:
             fields[REQ.OUTPUT_TEXT] = view.output_text(e)
         if not self.sent.knows(e.request_id):  # new to the consumer: what never changes, once
-            fields.update(view.first_seen(e))
+            fields.update(cast(RequestFieldsDict, view.first_seen(e)))  # its open dict: the prompt, hash domain
         return self.sent.change(e.request_id, fields, r.output_token_ids, table, e.metrics)
 
     def _forget_notes(self) -> None:

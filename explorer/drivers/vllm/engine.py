@@ -377,8 +377,7 @@ class VllmEngine:
     # -- inspection -----------------------------------------------------------------------
     @property
     def metrics(self) -> EngineMetricsDict:
-        # RecordBuilder.metrics (records.py) is typed `dict`; it builds EngineMetricsDict's keys.
-        return cast("EngineMetricsDict", self.records.metrics)
+        return self.records.metrics
 
     def snapshot(self) -> EngineSnapshot:
         """vLLM's queues and every block of its pool, now."""

@@ -10,12 +10,29 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
+from engine.core.block_pool import BlockEventsDict
 from engine.report.records import StepRecord
-from engine.report.schema import BATCH, BLOCK, BUDGET, POOL, REQ, SAMPLE, SCHED, TIME
+from engine.report.schema import (
+    BATCH,
+    BLOCK,
+    BUDGET,
+    POOL,
+    REQ,
+    SAMPLE,
+    SCHED,
+    TIME,
+    BlockDict,
+    BudgetsDict,
+    EngineMetricsDict,
+    RequestDict,
+    SampledDict,
+    TimingsDict,
+)
 from engine.request import RequestMetrics
 from engine.sampling_params import SamplingParams
+
 
 class ShownAsIs(dict):
     """Request ids shown as vLLM has them (a server's: no internal/external split)."""
@@ -43,7 +60,7 @@ class RequestState:
     num_prefill_chunks: int = 0
     num_cached_tokens: int = 0  # prefix-cache hits at its latest admission (vLLM's num_computed_tokens then)
     text: dict = field(default_factory=dict)
-    frozen: dict | None = None  # its snapshot dict once finished (it no longer changes)
+    frozen: RequestDict | None = None  # its snapshot dict once finished (it no longer changes)
 
 
 class RecordBuilder:
@@ -106,9 +123,10 @@ class RecordBuilder:
         return [*s.waiting, *(getattr(s, "kv_holding_waiting", ()) or ())]
 
     @property
-    def metrics(self) -> dict:
-        return {"num_steps": self.step_count, "engine_time_s": self.engine_time,
-                "kv_cache_usage": float(self.pool.get_usage()), **self.counters}
+    def metrics(self) -> EngineMetricsDict:
+        # COUNTERS are the rest of EngineMetricsDict's keys (a dict mypy cannot follow key by key).
+        return cast(EngineMetricsDict, {"num_steps": self.step_count, "engine_time_s": self.engine_time,
+                                        "kv_cache_usage": float(self.pool.get_usage()), **self.counters})
 
     # -- the step --------------------------------------------------------------------------------
     def step_record(self, cap: Any, outputs: list, vllm_s: float) -> StepRecord:
@@ -126,7 +144,8 @@ class RecordBuilder:
             h = self.pool.blocks[blk].block_hash
             if h is not None:
                 self._block_tokens[blk] = (h, tokens)
-        rec.blocks = {k: list(v) for k, v in cap.blocks.items()}
+        # Capture.blocks starts with every block event's key (BLOCK_EVENTS): a BlockEventsDict's.
+        rec.blocks = cast(BlockEventsDict, {k: list(v) for k, v in cap.blocks.items()})
         rec.num_free_blocks = int(self.pool.get_num_free_blocks())
         rec.timings_ms = self._timings_ms(cap.seconds, vllm_s)
         rec.engine_time_s = self.engine_time
@@ -190,7 +209,7 @@ class RecordBuilder:
                 self.finish(entry, c.finish_reason or "stop", now_wall)
                 rec.finished.append(entry.request_id)
 
-    def _timings_ms(self, sec: dict, vllm_s: float) -> dict:
+    def _timings_ms(self, sec: dict, vllm_s: float) -> TimingsDict:
         if self.runner_in_process:  # vLLM's own runner in this process: its phases, timed
             forward, sample = max(0.0, sec["execute"] - sec["prepare"]), sec["sample"]
             update = max(0.0, vllm_s - sec["schedule"] - sec["execute"] - sec["sample"])
@@ -203,7 +222,7 @@ class RecordBuilder:
                 TIME.BACKEND: f"vLLM {self.model_info.get('attention_backend') or ''}".strip(),
                 TIME.CUDA_GRAPH_BUCKET: None, TIME.FORWARD_PATH: "eager"}
 
-    def budgets(self, token_budget: int | None = None) -> dict:
+    def budgets(self, token_budget: int | None = None) -> BudgetsDict:
         """The scheduler knobs as vLLM's own scheduler holds them (kvscope's knob names,
         engine.config.SCHEDULER_KNOBS): what the step just taken ran under."""
         s = self.scheduler
@@ -211,10 +230,11 @@ class RecordBuilder:
                 BUDGET.MAX_NUM_SEQS: int(s.max_num_running_reqs),
                 BUDGET.ENABLE_CHUNKED_PREFILL: bool(s.scheduler_config.enable_chunked_prefill),
                 BUDGET.ENABLE_PREFIX_CACHING: bool(s.cache_config.enable_prefix_caching),
-                BUDGET.SCHEDULER_RESERVE_FULL_ISL: bool(getattr(s, "scheduler_reserve_full_isl", self.reserve_full_isl)),
+                BUDGET.SCHEDULER_RESERVE_FULL_ISL: bool(getattr(s, "scheduler_reserve_full_isl",
+                                                                self.reserve_full_isl)),
                 BUDGET.SCHEDULING_POLICY: "unified"}  # vLLM v1 has one policy: prefill and decode under one budget
 
-    def _sampled(self, c: Any, k: int) -> dict:
+    def _sampled(self, c: Any, k: int) -> SampledDict:
         """The sampled token and vLLM's top-k candidates for its row (vLLM's logprobs, as
         probabilities; vLLM adds the sampled token with its own rank when it is not in the top k)."""
         token = int(c.token_ids[-1])
@@ -236,15 +256,16 @@ class RecordBuilder:
         return self._texts[token]
 
     # -- the snapshot's dicts ----------------------------------------------------------------------
-    def request_dict(self, e: RequestState, table: list[int]) -> dict:
+    def request_dict(self, e: RequestState, table: list[int]) -> RequestDict:
         """One request as the snapshot shows it (kvscope's request dict), from vLLM's Request."""
         r = e.req
-        return {REQ.REQUEST_ID: e.request_id, REQ.STATUS: status_name(r.status), **self.first_seen(e),
+        # first_seen's open dict holds the prompt's fields and the hash domain's.
+        return cast(RequestDict, {REQ.REQUEST_ID: e.request_id, REQ.STATUS: status_name(r.status), **self.first_seen(e),
                 REQ.OUTPUT_TOKEN_IDS: list(r.output_token_ids), REQ.OUTPUT_TEXT: self.output_text(e),
                 REQ.NUM_COMPUTED_TOKENS: int(r.num_computed_tokens),
                 REQ.NUM_CACHED_TOKENS: e.num_cached_tokens, REQ.BLOCK_TABLE: table,
                 REQ.NUM_PREEMPTIONS: int(r.num_preemptions), REQ.FINISH_REASON: e.finish_reason,
-                REQ.METRICS: e.metrics.to_dict()}
+                REQ.METRICS: e.metrics.to_dict()})
 
     def first_seen(self, e: RequestState) -> dict:
         """What never changes in a request's dict: its prompt, the prompt's text, max_tokens and
@@ -258,7 +279,7 @@ class RecordBuilder:
     def output_text(self, e: RequestState) -> str:
         return self._decode(e, "output", e.req.output_token_ids)
 
-    def finished_dict(self, e: RequestState) -> dict:
+    def finished_dict(self, e: RequestState) -> RequestDict:
         if e.frozen is None:  # a finished request no longer changes: build its dict once
             e.frozen = self.request_dict(e, []) | {REQ.STATUS: "finished"}
         return e.frozen
@@ -297,7 +318,7 @@ class RecordBuilder:
         return {POOL.NUM_BLOCKS: int(self.pool.num_gpu_blocks), POOL.BLOCK_SIZE: bs,
                 POOL.NUM_FREE_BLOCKS: int(self.pool.get_num_free_blocks()), POOL.BLOCKS: blocks}
 
-    def block_dict(self, blk: Any, held: list[int] | None, owners: list[str]) -> dict:
+    def block_dict(self, blk: Any, held: list[int] | None, owners: list[str]) -> BlockDict:
         """One of vLLM's KVCacheBlocks as the snapshot shows it. `held`: the tokens a running
         request keeps in it (None: no running request holds it, so the tokens it was cached with,
         while it keeps that hash). Free means in vLLM's free queue, where exactly the blocks with

@@ -5,7 +5,8 @@ C++, a safetensors progress bar that a notebook draws as a widget): in a noteboo
 wall before the first panel.
 `StartupLog` collects all of it (Python's sys.stdout / sys.stderr and the process's file
 descriptors 1 and 2, and the progress bar as console text) into a file, and shows one line
-instead: what vLLM is doing now (its latest line that is not a warning) and the seconds so far. At the end the line says how it went, and the whole log is one click away
+instead: what vLLM is doing now (its latest line that is not a warning) and the seconds so far.
+At the end the line says how it went, and the whole log is one click away
 (a <details> in a notebook; its file path in a terminal).
 """
 from __future__ import annotations
@@ -90,7 +91,7 @@ class StartupLog:
         self._notebook = _in_notebook()
 
     # -- capture ---------------------------------------------------------------------------
-    def __enter__(self) -> "StartupLog":
+    def __enter__(self) -> StartupLog:
         self._t0 = time.monotonic()
         if self.show and self._notebook:
             from IPython.display import HTML, display

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["RecordingScheduler", "LiveSource", "PrefixTree", "KvEventSubscriber"]
+__all__ = ["KvEventSubscriber", "LiveSource", "PrefixTree", "RecordingScheduler"]
 
 
 def __getattr__(name: str) -> Any:

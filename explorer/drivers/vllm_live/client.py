@@ -29,12 +29,13 @@ import os
 import threading
 import time
 from collections import OrderedDict, deque
+from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any
 
 from engine.report.changes import whole
 from engine.report.records import EngineSnapshot, StepRecord
-from engine.report.schema import CHANGES, EV, REC, REQ, SAMPLE, SNAP
+from engine.report.schema import CHANGES, EV, REC, REQ, SAMPLE, SNAP, EngineSnapshotDict
 
 from . import protocol
 from .mirror import Mirror
@@ -114,7 +115,8 @@ class LiveSource:
         except zmq.Again:
             raise TimeoutError(
                 f"no kvscope recorder answered at {self.snapshot_address} within {timeout:g} s (feed "
-                f"{self.address}): start the vLLM server with --scheduler-cls explorer.drivers.vllm_live.RecordingScheduler "
+                f"{self.address}): start the vLLM server with "
+                f"--scheduler-cls explorer.drivers.vllm_live.RecordingScheduler "
                 f"and {protocol.ENV_FEED}={self.address}, or tunnel its port (docs/attach.md)"
             ) from None
         finally:
@@ -233,7 +235,7 @@ class LiveSource:
         self._held(rec)
         return StepRecord.from_dict(rec)
 
-    def _held(self, rec: dict) -> None:
+    def _held(self, rec: Mapping[str, Any]) -> None:
         """The state held here moved on to the step whose record is `rec`."""
         self._count_hits(rec)
         self.step_count = rec[REC.STEP]
@@ -241,7 +243,7 @@ class LiveSource:
 
     def _whole_record(self, step: int, restart: str | None = None) -> StepRecord:
         """A record of `step` whose changes replace the state with the one held here."""
-        snap = {**self.mirror.snapshot_dict(), SNAP.STEP: step}
+        snap: EngineSnapshotDict = {**self.mirror.snapshot_dict(), SNAP.STEP: step}
         self._add_text(snap)
         rec = StepRecord(step=step).to_dict()
         rec[REC.CHANGES] = whole(snap, step, restart=restart)
@@ -334,7 +336,7 @@ class LiveSource:
         kv = self.kv_events
         return kv is not None and len(kv.cleared_at) > self._cleared_seen
 
-    def _count_hits(self, rec: dict) -> None:
+    def _count_hits(self, rec: Mapping[str, Any]) -> None:
         kv = self.kv_events
         hits = rec.get(REC.BLOCKS, {}).get(EV.HITS)
         if kv is None or not hits:
@@ -387,7 +389,7 @@ class LiveSource:
             cached = self._texts[key] = (len(ids), self._decode(ids))
         return cached[1]
 
-    def _add_text_to_changes(self, rec: dict) -> None:
+    def _add_text_to_changes(self, rec: Mapping[str, Any]) -> None:
         """Spell the step's tokens in its changes (the recorder has no tokenizer), so whoever
         applies them gets the texts: each changed request's output, a new one's prompt, the
         finished requests' and the sampled tokens; and say why each finished request ended."""
@@ -406,7 +408,7 @@ class LiveSource:
                 change[REQ.PROMPT_TEXT] = self._text(rid, "prompt", change[REQ.PROMPT_TOKEN_IDS])
             change[REQ.OUTPUT_TEXT] = self._text(rid, "output", req.output if req is not None else [])
 
-    def _add_text(self, snap: dict) -> None:
+    def _add_text(self, snap: Mapping[str, Any]) -> None:
         """Spell the tokens of a whole snapshot's requests (a join, a rebase, a restart)."""
         for q in snap[SNAP.QUEUES].values():
             for r in q:
@@ -447,7 +449,7 @@ class LiveDriver:
     """The EngineDriver of a live feed: nothing to build (the server exists already), nothing to
     control (`controls` None, `watch_only` says why)."""
 
-    config_fields = frozenset()
+    config_fields: frozenset[str] = frozenset()
     watch_only = WATCH_ONLY
     controls = None
 
@@ -457,10 +459,10 @@ class LiveDriver:
         self.name = source.model_info.get("engine", "vLLM (live server)")
 
     @classmethod
-    def connect(cls, address: str, model: str | None = None, **options: Any) -> "LiveDriver":
+    def connect(cls, address: str, model: str | None = None, **options: Any) -> LiveDriver:
         return cls(LiveSource(address, model, **options))
 
-    def rebuild(self, **config_fields: Any) -> "LiveDriver":
+    def rebuild(self, **config_fields: Any) -> LiveDriver:
         raise ValueError("reset: the server's pool and model are set on its command line; restart the server "
                          "and this session resynchronises by itself")
 

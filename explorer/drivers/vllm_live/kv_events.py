@@ -14,8 +14,14 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 from .protocol import event_key
+
+
+def _block_key(h: Any) -> str:
+    """A stored or removed block's key: event_key of a hash, which those events never leave out."""
+    return cast(str, event_key(h))
 
 
 @dataclass
@@ -45,7 +51,7 @@ class PrefixTree:
             tokens = list(event.get("token_ids") or ())
             size = int(event.get("block_size") or 0) or len(tokens)
             for i, h in enumerate(event.get("block_hashes") or ()):
-                key = event_key(h)
+                key = _block_key(h)
                 node = self.nodes.get(key)
                 if node is None:
                     node = self.nodes[key] = PrefixNode(key, parent, tokens[i * size:(i + 1) * size])
@@ -56,7 +62,7 @@ class PrefixTree:
                 parent = key
         elif kind == "BlockRemoved":
             for h in event.get("block_hashes") or ():
-                node = self.nodes.pop(event_key(h), None)
+                node = self.nodes.pop(_block_key(h), None)
                 if node is not None:
                     self.counters["removed"] += 1
                     if node.parent in self.nodes:

@@ -38,13 +38,42 @@ import time
 from collections import deque
 from itertools import compress
 from operator import add
-from typing import Any
+from typing import Literal, cast, overload
 
+from engine.core.block_pool import BlockEventsDict
 from engine.report.changes import Sent
 from engine.report.records import StepRecord
-from engine.report.schema import (BATCH, BLOCK, BUDGET, CHANGES, POOL, QUEUE, RCHANGE, REC, REQ, RMETRICS, SAMPLE,
-                                  SCHED, SNAP, TIME)
-from engine.request import ClockEvents
+from engine.report.schema import (
+    BATCH,
+    BLOCK,
+    BUDGET,
+    CHANGES,
+    POOL,
+    QUEUE,
+    RCHANGE,
+    REC,
+    REQ,
+    RMETRICS,
+    SAMPLE,
+    SCHED,
+    SNAP,
+    TIME,
+    BatchDict,
+    BlockDict,
+    BudgetsDict,
+    ChangesDict,
+    ClockDict,
+    EngineMetricsDict,
+    EngineSnapshotDict,
+    ModelInfoDict,
+    QueuesDict,
+    RequestChangeDict,
+    RequestDict,
+    RequestFieldsDict,
+    RequestMetricsDict,
+    StepRecordDict,
+)
+from engine.request import ClockEvents, RequestMetrics
 
 COUNTERS = ("prefix_cache_hits", "prefix_cache_queries", "num_preemptions", "num_generated_tokens",
             "num_prompt_tokens_computed")
@@ -58,10 +87,12 @@ class _Clock:
     """One clock of a request's event times, shaped as engine.request.ClockEvents (what
     engine.report.changes reads), with the first token's time taken from the token times."""
 
-    __slots__ = ("arrival_time", "first_scheduled_time", "finished_time", "token_times", "preempted_times")
+    __slots__ = ("arrival_time", "finished_time", "first_scheduled_time", "preempted_times", "token_times")
 
     def __init__(self) -> None:
-        self.arrival_time = self.first_scheduled_time = self.finished_time = None
+        self.arrival_time: float | None = None
+        self.first_scheduled_time: float | None = None
+        self.finished_time: float | None = None
         self.token_times: list[float] = []
         self.preempted_times: list[float] = []
 
@@ -69,12 +100,13 @@ class _Clock:
     def first_token_time(self) -> float | None:
         return self.token_times[0] if self.token_times else None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> ClockDict:
         return ClockEvents(self.arrival_time, self.first_scheduled_time, self.first_token_time, list(self.token_times),
                            list(self.preempted_times), self.finished_time).to_dict()
 
     def to_wire(self) -> list:
-        return [self.arrival_time, self.first_scheduled_time, self.finished_time, self.token_times, self.preempted_times]
+        return [self.arrival_time, self.first_scheduled_time, self.finished_time, self.token_times,
+                self.preempted_times]
 
     def from_wire(self, w: list) -> None:
         self.arrival_time, self.first_scheduled_time, self.finished_time = w[0], w[1], w[2]
@@ -89,16 +121,37 @@ class _Metrics:
     def __init__(self) -> None:
         self.engine, self.wall = _Clock(), _Clock()
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> RequestMetricsDict:
         return {RMETRICS.ENGINE: self.engine.to_dict(), RMETRICS.WALL: self.wall.to_dict()}
 
 
 class Req:
     """One request as the feed knows it (vLLM's Request stays in the server)."""
 
-    __slots__ = ("idx", "rid", "prompt", "n_prompt", "output", "n_hidden", "max_tokens", "params", "stop", "hashes",
-                 "domain", "status", "computed", "cached", "preemptions", "finish_reason", "table", "chunks", "metrics",
-                 "frozen", "tw", "te")
+    __slots__ = (
+        "cached",
+        "chunks",
+        "computed",
+        "domain",
+        "finish_reason",
+        "frozen",
+        "hashes",
+        "idx",
+        "max_tokens",
+        "metrics",
+        "n_hidden",
+        "n_prompt",
+        "output",
+        "params",
+        "preemptions",
+        "prompt",
+        "rid",
+        "status",
+        "stop",
+        "table",
+        "te",
+        "tw",
+    )
 
     def __init__(self, idx: int, rid: str, prompt: list[int], n_prompt: int, max_tokens: int, params: dict,
                  stop: list[str], hashes: list[str], domain: dict | None = None) -> None:
@@ -113,7 +166,7 @@ class Req:
         self.finish_reason: str | None = None
         self.table: list[int] = []
         self.metrics = _Metrics()
-        self.frozen: dict | None = None
+        self.frozen: RequestDict | None = None
         self.tw, self.te = self.metrics.wall.token_times, self.metrics.engine.token_times  # the hot path's handles
 
     @property
@@ -138,7 +191,7 @@ class Req:
                 self.finish_reason, self.table, self.chunks, [m.engine.to_wire(), m.wall.to_wire()], self.domain]
 
     @classmethod
-    def from_wire(cls, w: list) -> "Req":
+    def from_wire(cls, w: list) -> Req:
         r = cls(w[0], w[1], list(w[2]), w[3], w[6], w[7], list(w[8]), list(w[9]), dict(w[18]))
         r.output = list(w[4])
         r.n_hidden = w[5] - len(r.output)
@@ -187,7 +240,13 @@ class Mirror:
         self.sent: Sent | None = None          # what the consumer holds (expanding side only)
 
     # -- applying a body -------------------------------------------------------------------------
-    def apply(self, body: dict, expand: bool = False) -> dict | None:
+    @overload
+    def apply(self, body: dict, expand: Literal[True]) -> StepRecordDict: ...
+
+    @overload
+    def apply(self, body: dict, expand: bool = False) -> StepRecordDict | None: ...
+
+    def apply(self, body: dict, expand: bool = False) -> StepRecordDict | None:
         """Move the state on by one body; with `expand`, return its StepRecord dict, `changes` in."""
         step = _Step()
         for op in body["ops"]:
@@ -241,15 +300,15 @@ class Mirror:
             self._gone = {i: r for i, r in self._gone.items() if i in named}
         return record
 
-    def _arrive(self, op: list, step: "_Step") -> None:
+    def _arrive(self, op: list, step: _Step) -> None:
         _, idx, rid, prompt, n_prompt, max_tokens, params, arrival, stop, hashes, domain = op
         req = Req(idx, rid, list(prompt), n_prompt, max_tokens, params, list(stop), list(hashes), dict(domain))
         req.metrics.wall.arrival_time, req.metrics.engine.arrival_time = arrival, self.engine_time
         self.requests[idx] = req
         step.touched[idx] = 0
 
-    def _schedule(self, op: list, step: "_Step") -> None:
-        _, sid, order, ns, new, cached_ids, cached_before, cached_blocks, cached_out, resumed, preempted, budget = op
+    def _schedule(self, op: list, step: _Step) -> None:
+        _, sid, order, ns, new, cached_ids, cached_before, cached_blocks, cached_out, resumed, preempted, _budget = op
         reqs, counters = self.requests, self.counters
         admitted = set(resumed)
         if not new and cached_ids == order:  # running requests only (decode steps): vLLM's lists line up
@@ -316,7 +375,7 @@ class Mirror:
         if self.sent is not None:
             self.sent.table_went_back(req.rid)
 
-    def _finish(self, req: Req, reason: str, wall: float, engine: float, step: "_Step") -> None:
+    def _finish(self, req: Req, reason: str, wall: float, engine: float, step: _Step) -> None:
         req.finish_reason, req.status = reason, "finished"
         _stamp(req.metrics, "finished_time", wall, engine)
         self._reset_table(req, [])
@@ -328,7 +387,7 @@ class Mirror:
     def _req(self, idx: int) -> Req:
         return self.requests.get(idx) or self._gone[idx]
 
-    def _update(self, op: list, step: "_Step") -> None:
+    def _update(self, op: list, step: _Step) -> None:
         _, sid, wall, step_s, schedule_s, update_s, ids, new_tokens, finished, events = op
         engine_start = self.engine_time
         self.step_count += 1
@@ -353,11 +412,12 @@ class Mirror:
         counts = list(map(len, new_tokens)) if self.tokens else new_tokens
         if self.tokens and None not in rs and counts.count(1) == len(counts):
             # Decodes (one token each, the common step): the loop below, lean.
-            for r in rs:
+            decoded = cast("list[Req]", rs)  # None is not in it
+            for r in decoded:
                 r.tw.append(wall)
-            for r in rs:
+            for r in decoded:
                 r.te.append(engine)
-            for r, new in zip(rs, new_tokens):
+            for r, new in zip(decoded, new_tokens):
                 r.output += new
         else:
             for req, new, k in zip(rs, new_tokens, counts):
@@ -383,11 +443,12 @@ class Mirror:
 
     # -- what a consumer reads -------------------------------------------------------------------
     @property
-    def metrics(self) -> dict:
-        return {"num_steps": self.step_count, "engine_time_s": self.engine_time, "kv_cache_usage": self.usage,
-                **self.counters}
+    def metrics(self) -> EngineMetricsDict:
+        # COUNTERS are the rest of EngineMetricsDict's keys (a dict mypy cannot follow key by key).
+        return cast(EngineMetricsDict, {"num_steps": self.step_count, "engine_time_s": self.engine_time,
+                                        "kv_cache_usage": self.usage, **self.counters})
 
-    def budgets(self, token_budget: int | None = None) -> dict:
+    def budgets(self, token_budget: int | None = None) -> BudgetsDict:
         c = self.config
         return {BUDGET.MAX_NUM_BATCHED_TOKENS: int(token_budget or c["max_num_batched_tokens"]),
                 BUDGET.MAX_NUM_SEQS: c["max_num_seqs"], BUDGET.ENABLE_CHUNKED_PREFILL: c["enable_chunked_prefill"],
@@ -395,15 +456,15 @@ class Mirror:
                 BUDGET.SCHEDULER_RESERVE_FULL_ISL: c["scheduler_reserve_full_isl"],
                 BUDGET.SCHEDULING_POLICY: "unified"}  # vLLM v1 has one policy: prefill and decode under one budget
 
-    def _record(self, step: "_Step") -> dict:
-        u = step.update
+    def _record(self, step: _Step) -> StepRecordDict:
+        u = cast(_Update, step.update)  # apply() sets it before the record
         sched = u.sched
         rec = StepRecord(step=self.step_count)
         bs, tokens = self.block_size, self.tokens
         budget = sched.op[11] if sched is not None else None
         if sched is not None:
             order, ns, bs_ = sched.order, sched.op[3], sched.before
-            batch = {k: [] for k in BATCH.ALL}
+            batch = cast(BatchDict, {k: [] for k in BATCH.ALL})  # every BatchDict key, filled below
             ids_, pos_, slots_, qsl, seq_lens, tables, logits = (batch[BATCH.INPUT_IDS], batch[BATCH.POSITIONS],
                                                                  batch[BATCH.SLOT_MAPPING], [0], batch[BATCH.SEQ_LENS],
                                                                  batch[BATCH.BLOCK_TABLES], batch[BATCH.LOGITS_INDICES])
@@ -435,16 +496,21 @@ class Mirror:
             rec.batch, rec.batch_source = batch, "scheduler"
             rec.preempted = sorted(self._req(i).rid for i in sched.op[10])
         for idx, new in zip(u.ids, u.new_tokens):
-            req = self.requests.get(idx) or step.gone.get(idx)
-            if req is not None and (new if tokens else new > 0):
-                rec.sampled[req.rid] = {SAMPLE.TOKEN_ID: new[-1] if tokens else None, SAMPLE.TEXT: None, SAMPLE.TOP: []}
+            sampler = self.requests.get(idx) or step.gone.get(idx)
+            if sampler is not None and (new if tokens else new > 0):
+                # Without token ids (KVSCOPE_FEED_TOKENS=0) the sampled token is unknown: None, which
+                # SampledDict's token_id (int) does not admit.
+                rec.sampled[sampler.rid] = {SAMPLE.TOKEN_ID: new[-1] if tokens else None,  # type: ignore[typeddict-item]
+                                            SAMPLE.TEXT: None, SAMPLE.TOP: []}
         rec.finished = list(dict.fromkeys(u.finished_ids + [r.rid for r in step.finished]))
         if u.events:
-            rec.blocks = {k: list(v) for k, v in u.events.items()}
+            # The recorder's events hold every block event's key (pool_notes.new_events).
+            rec.blocks = cast(BlockEventsDict, {k: list(v) for k, v in u.events.items()})
         rec.num_free_blocks = self.num_free
         step_ms, sched_ms, update_ms = u.step_s * 1e3, u.schedule_s * 1e3, u.update_s * 1e3
-        rec.timings_ms = {TIME.SCHEDULE: sched_ms, TIME.PREPARE: 0.0, TIME.FORWARD: max(0.0, step_ms - sched_ms - update_ms),
-                          TIME.SAMPLE: 0.0, TIME.UPDATE: update_ms, TIME.TOTAL: step_ms, TIME.COLLECTIVES: 0.0,
+        rec.timings_ms = {TIME.SCHEDULE: sched_ms, TIME.PREPARE: 0.0,
+                          TIME.FORWARD: max(0.0, step_ms - sched_ms - update_ms), TIME.SAMPLE: 0.0,
+                          TIME.UPDATE: update_ms, TIME.TOTAL: step_ms, TIME.COLLECTIVES: 0.0,
                           TIME.BACKEND: "vLLM server", TIME.CUDA_GRAPH_BUCKET: None, TIME.FORWARD_PATH: "eager"}
         rec.engine_time_s, rec.wall_time_s = self.engine_time, u.wall
         rec.token_budget = int(budget or self.config["max_num_batched_tokens"])
@@ -452,14 +518,14 @@ class Mirror:
         rec.num_running, rec.num_waiting = len(self.running), len(self.waiting)
         return rec.to_dict()
 
-    def _changes(self, step: "_Step", block_ids: list[int]) -> dict:
+    def _changes(self, step: _Step, block_ids: list[int]) -> ChangesDict:
         """The step's ChangesDict: what changed since the previous body, for a consumer that
         holds the state after it (engine/report/changes.py)."""
         if self.sent is None:
             self.sent = Sent()
         running = set(self.running)
         held: dict[int, list[int]] = {}
-        requests = {}
+        requests: dict[str, RequestChangeDict] = {}
         for idx, first in step.touched.items():
             req = self.requests.get(idx)
             if req is None or req.finish_reason is not None:
@@ -487,7 +553,7 @@ class Mirror:
                 k = (i - first) * bs
                 held[table[i]] = ids[k:k + min(bs, n - i * bs)] if n > i * bs else []
 
-    def _block(self, b: int, held: list[int] | None) -> dict:
+    def _block(self, b: int, held: list[int] | None) -> BlockDict:
         h = self.hash[b]
         if held is None:
             known = self.memo.get(b)
@@ -504,33 +570,37 @@ class Mirror:
             fields[REQ.NUM_PROMPT_TOKENS] = req.n_prompt
         return fields
 
-    def _request_change(self, req: Req, table: list[int]) -> dict:
-        fields = {REQ.REQUEST_ID: req.rid, REQ.STATUS: req.status, REQ.NUM_COMPUTED_TOKENS: req.computed,
-                  REQ.NUM_CACHED_TOKENS: req.cached, REQ.NUM_PREEMPTIONS: req.preemptions,
-                  REQ.FINISH_REASON: req.finish_reason}
-        if not self.sent.knows(req.rid):  # new to the consumer: what never changes, once
-            fields.update(self._first_seen(req))
-        change = self.sent.change(req.rid, fields, req.output, table, req.metrics)
+    def _request_change(self, req: Req, table: list[int]) -> RequestChangeDict:
+        sent = cast(Sent, self.sent)  # _changes made it
+        fields: RequestFieldsDict = {
+            REQ.REQUEST_ID: req.rid, REQ.STATUS: req.status, REQ.NUM_COMPUTED_TOKENS: req.computed,
+            REQ.NUM_CACHED_TOKENS: req.cached, REQ.NUM_PREEMPTIONS: req.preemptions,
+            REQ.FINISH_REASON: req.finish_reason}
+        if not sent.knows(req.rid):  # new to the consumer: what never changes, once
+            fields.update(cast(RequestFieldsDict, self._first_seen(req)))  # its open dict: the prompt, hash domain
+        # _Metrics has RequestMetrics' shape as Sent reads it (two clocks of ClockEvents' times).
+        change = sent.change(req.rid, fields, req.output, table, cast(RequestMetrics, req.metrics))
         if not self.tokens:
             change[RCHANGE.NUM_OUTPUT_TOKENS] = req.n_output
         return change
 
-    def request_dict(self, req: Req, table: list[int]) -> dict:
+    def request_dict(self, req: Req, table: list[int]) -> RequestDict:
         """One request as a snapshot shows it (kvscope's request dict)."""
-        d = {REQ.REQUEST_ID: req.rid, REQ.STATUS: req.status, **self._first_seen(req),
+        # _first_seen's open dict holds the prompt's fields and the hash domain's.
+        d: RequestDict = cast(RequestDict, {REQ.REQUEST_ID: req.rid, REQ.STATUS: req.status, **self._first_seen(req),
              REQ.OUTPUT_TOKEN_IDS: list(req.output), REQ.OUTPUT_TEXT: "", REQ.NUM_COMPUTED_TOKENS: req.computed,
              REQ.NUM_CACHED_TOKENS: req.cached, REQ.BLOCK_TABLE: list(table), REQ.NUM_PREEMPTIONS: req.preemptions,
-             REQ.FINISH_REASON: req.finish_reason, REQ.METRICS: req.metrics.to_dict()}
+             REQ.FINISH_REASON: req.finish_reason, REQ.METRICS: req.metrics.to_dict()})
         if not self.tokens:
             d[REQ.NUM_OUTPUT_TOKENS] = req.n_output
         return d
 
-    def finished_dict(self, req: Req) -> dict:
+    def finished_dict(self, req: Req) -> RequestDict:
         if req.frozen is None:  # a finished request no longer changes: its dict is built once
             req.frozen = self.request_dict(req, []) | {REQ.STATUS: "finished"}
         return req.frozen
 
-    def snapshot_dict(self) -> dict:
+    def snapshot_dict(self) -> EngineSnapshotDict:
         """The whole EngineSnapshot dict. It is a refresh point: the consumer holds every
         request whole afterwards (a later body's changes continue from it)."""
         if self.sent is None:
@@ -543,19 +613,20 @@ class Mirror:
             self._hold(r, r.table, 0, held)
             for b in r.table:
                 owners.setdefault(b, []).append(r.rid)
-        blocks = []
+        blocks: list[BlockDict] = []
         for b in range(len(self.ref)):
             d = self._block(b, held.get(b))
             if b in owners:
                 d[BLOCK.OWNERS] = owners[b]
             blocks.append(d)
-        queues = {QUEUE.WAITING: [self.request_dict(reqs[i], []) for i in self.waiting if i in reqs],
+        queues: QueuesDict = {QUEUE.WAITING: [self.request_dict(reqs[i], []) for i in self.waiting if i in reqs],
                   QUEUE.RUNNING: [self.request_dict(r, r.table) for r in running],
                   QUEUE.FINISHED: [self.finished_dict(r) for r in self.finished]}
         in_running = set(self.running)
         for r in reqs.values():
-            self.sent.hold(r.rid, r.output, r.table if r.idx in in_running else [], r.metrics)
-        return {SNAP.STEP: self.step_count, SNAP.CONFIG: dict(self.config), SNAP.MODEL_INFO: dict(self.model_info),
+            self.sent.hold(r.rid, r.output, r.table if r.idx in in_running else [], cast(RequestMetrics, r.metrics))
+        return {SNAP.STEP: self.step_count, SNAP.CONFIG: dict(self.config),
+                SNAP.MODEL_INFO: cast(ModelInfoDict, dict(self.model_info)),  # the recorder's model facts
                 SNAP.METRICS: self.metrics, SNAP.QUEUES: queues,
                 SNAP.BLOCK_POOL: {POOL.NUM_BLOCKS: len(self.ref), POOL.BLOCK_SIZE: self.block_size,
                                   POOL.NUM_FREE_BLOCKS: self.num_free, POOL.BLOCKS: blocks}}
@@ -574,7 +645,7 @@ class Mirror:
                 "gone": [r.to_wire() for r in self._gone.values()]}
 
     @classmethod
-    def from_wire(cls, w: dict) -> "Mirror":
+    def from_wire(cls, w: dict) -> Mirror:
         m = cls(w["config"], w["model_info"], null_block=w["null_block"], num_free=w["free"],
                 finished_keep=w["finished_keep"], tokens=w["tokens"])
         m.step_count, m.engine_time, m.counters, m.usage = w["step"], w["engine_time"], dict(w["counters"]), w["usage"]
@@ -597,7 +668,7 @@ class _Sched:
     """A schedule whose update is still to come: vLLM's SchedulerOutput in compact form (`op`),
     and what was derived from it when it was applied, row by row (for its record)."""
 
-    __slots__ = ("op", "order", "before", "admitted", "known", "decode", "chunk", "tables", "_names")
+    __slots__ = ("_names", "admitted", "before", "chunk", "decode", "known", "op", "order", "tables")
 
     def __init__(self, op: list, before: list, admitted: set, known: dict, decode: list, chunk: dict,
                  tables: dict | None = None) -> None:
@@ -615,8 +686,18 @@ class _Sched:
 
 
 class _Update:
-    __slots__ = ("sched", "wall", "step_s", "schedule_s", "update_s", "ids", "new_tokens", "finished", "events",
-                 "finished_ids")
+    __slots__ = (
+        "events",
+        "finished",
+        "finished_ids",
+        "ids",
+        "new_tokens",
+        "sched",
+        "schedule_s",
+        "step_s",
+        "update_s",
+        "wall",
+    )
 
     def __init__(self, sched, wall, step_s, schedule_s, update_s, ids, new_tokens, finished, events) -> None:
         self.sched, self.wall, self.step_s, self.schedule_s, self.update_s = sched, wall, step_s, schedule_s, update_s
@@ -627,7 +708,7 @@ class _Update:
 class _Step:
     """What one body touched, as it is applied."""
 
-    __slots__ = ("touched", "finished", "gone", "update")
+    __slots__ = ("finished", "gone", "touched", "update")
 
     def __init__(self) -> None:
         self.touched: dict[int, int] = {}   # request -> first table index whose block may hold new tokens

@@ -21,6 +21,7 @@ Rank r binds the configured ports + 2r (`rank_addresses`), and every message say
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -69,7 +70,7 @@ def rank_addresses(feed: str, snapshot: str | None, rank: int) -> tuple[str, str
     return (_with_port(feed, _port(feed, "feed") + step), _with_port(snapshot, _port(snapshot, "snapshot") + step))
 
 
-def feed_settings(env: dict | None = None, rank: int = 0) -> dict:
+def feed_settings(env: Mapping[str, str] | None = None, rank: int = 0) -> dict:
     """The recorder's settings from the environment (documented in docs/attach.md), for
     data-parallel rank `rank`."""
     env = os.environ if env is None else env

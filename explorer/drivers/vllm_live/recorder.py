@@ -34,9 +34,10 @@ from collections import deque
 from operator import attrgetter
 from typing import Any
 
-from engine.sampling_params import SamplingParams
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
+
+from engine.sampling_params import SamplingParams
 
 from ..vllm.records import hash_domain, kv_events_use_int_hashes
 from . import protocol
@@ -56,8 +57,9 @@ class RecordingScheduler(Scheduler):
     """vLLM's v1 Scheduler (or AsyncScheduler, as the server's config selects), unchanged in
     what it decides, publishing each step to kvscope."""
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> "RecordingScheduler":
-        if cls is RecordingScheduler and getattr(_vllm_config(args, kwargs).scheduler_config, "async_scheduling", False):
+    def __new__(cls, *args: Any, **kwargs: Any) -> RecordingScheduler:
+        if cls is RecordingScheduler and getattr(_vllm_config(args, kwargs).scheduler_config, "async_scheduling",
+                                                 False):
             cls = AsyncRecordingScheduler  # what vLLM would have picked without --scheduler-cls
         return super().__new__(cls)
 
@@ -122,7 +124,7 @@ class AsyncRecordingScheduler(RecordingScheduler, AsyncScheduler):
 class _Cap:
     """One step as the scheduler thread notes it: its SchedulerOutput, its block events, times."""
 
-    __slots__ = ("sid", "out", "events", "started", "schedule_s", "update_s")
+    __slots__ = ("events", "out", "schedule_s", "sid", "started", "update_s")
 
     def __init__(self, sid: int | None, events: dict) -> None:
         self.sid, self.out, self.events = sid, None, events
@@ -338,7 +340,7 @@ class _Publisher:
                 if self._running:
                     log.exception("kvscope recorder: the feed's sockets failed")
                 return
-            except Exception:  # noqa: BLE001 - the recorder must never take the server down
+            except Exception:  # the recorder must never take the server down
                 self.counters["errors"] += 1
                 log.exception("kvscope recorder: a step could not be recorded")
             finally:
@@ -457,7 +459,8 @@ class _Publisher:
         hashes = [(bytes(h)[-8:] if self.int_hashes else bytes(h)[:8]).hex()
                   for h in list(getattr(request, "block_hashes", ()) or ())[:n // self.block_size]]
         return ["a", self._index(rid), rid, prompt if self.tokens else [], n,
-                int(getattr(request, "max_tokens", None) or getattr(sp, "max_tokens", 1) or 1), _params(request).to_dict(),
+                int(getattr(request, "max_tokens", None) or getattr(sp, "max_tokens", 1) or 1),
+                _params(request).to_dict(),
                 float(request.arrival_time), [str(x) for x in (getattr(sp, "stop", None) or ())], hashes,
                 hash_domain(request)]
 
@@ -518,7 +521,8 @@ def _rank(vc: Any) -> int:
 
 def _params(request: Any) -> SamplingParams:
     """vLLM's sampling params in kvscope's fields (what the request dict shows)."""
-    sp = getattr(request, "sampling_params", None)
+    # None (a request without sampling params) fails in the try below and gets the defaults.
+    sp: Any = getattr(request, "sampling_params", None)
     try:
         return SamplingParams(temperature=max(0.0, float(sp.temperature)), top_k=max(0, int(sp.top_k or 0)),
                               top_p=float(sp.top_p) if 0 < float(sp.top_p) <= 1 else 1.0,
@@ -548,7 +552,8 @@ def _model_info(vc: Any) -> dict:
             "device": str(getattr(vc.device_config, "device_type", "")), "max_model_len": int(mc.max_model_len),
             "attention_backend": None, "cuda_graphs": None,
             "cuda_graphs_off": "enforce_eager" if mc.enforce_eager else None,
-            "tensor_parallel_size": int(pc.tensor_parallel_size), "pipeline_parallel_size": int(pc.pipeline_parallel_size),
+            "tensor_parallel_size": int(pc.tensor_parallel_size),
+            "pipeline_parallel_size": int(pc.pipeline_parallel_size),
             "data_parallel_size": int(getattr(pc, "data_parallel_size", 1) or 1), "data_parallel_rank": _rank(vc),
             "async_scheduling": bool(getattr(vc.scheduler_config, "async_scheduling", False)),
             "kv_bytes_per_block": _kv_bytes_per_block(vc), "live": True}

@@ -82,7 +82,7 @@ class BatchDict(TypedDict):
 
 class SampledDict(TypedDict):
     """One sampled token: `top` lists [token_id, probability] candidates, best first."""
-    token_id: int
+    token_id: int | None   # None where a live feed leaves token ids out (KVSCOPE_FEED_TOKENS=0)
     text: str | None
     top: list[list[Any]]
 

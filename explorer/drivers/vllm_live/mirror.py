@@ -498,10 +498,9 @@ class Mirror:
         for idx, new in zip(u.ids, u.new_tokens):
             sampler = self.requests.get(idx) or step.gone.get(idx)
             if sampler is not None and (new if tokens else new > 0):
-                # Without token ids (KVSCOPE_FEED_TOKENS=0) the sampled token is unknown: None, which
-                # SampledDict's token_id (int) does not admit.
-                rec.sampled[sampler.rid] = {SAMPLE.TOKEN_ID: new[-1] if tokens else None,  # type: ignore[typeddict-item]
-                                            SAMPLE.TEXT: None, SAMPLE.TOP: []}
+                # Without token ids (KVSCOPE_FEED_TOKENS=0) the sampled token is unknown: None.
+                rec.sampled[sampler.rid] = {SAMPLE.TOKEN_ID: new[-1] if tokens else None, SAMPLE.TEXT: None,
+                                            SAMPLE.TOP: []}
         rec.finished = list(dict.fromkeys(u.finished_ids + [r.rid for r in step.finished]))
         if u.events:
             # The recorder's events hold every block event's key (pool_notes.new_events).

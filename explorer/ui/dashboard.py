@@ -572,8 +572,6 @@ class Dashboard(W.VBox):
                     p[n].layout = W.Layout(flex=flex, min_width="0")
             # Stretched: both panels as tall as the row, so a taller Sampler leaves no white gap.
             rows.append(W.HBox(top, layout=W.Layout(width="100%", align_items="stretch")))
-        if "why" in p:  # the chosen request's why, under the cards it is chosen from
-            rows.append(p["why"])
         # The pool and this step's slots side by side (a laptop's 1366 px hold both); each
         # wraps under the other below ~2 x 440 px.
         pair = [p[n] for n in ("blocks", "slots") if n in p]
@@ -581,8 +579,9 @@ class Dashboard(W.VBox):
             panel_.layout = W.Layout(flex="1 1 440px", min_width="0")
         if pair:
             rows.append(W.HBox(pair, layout=W.Layout(width="100%", align_items="flex-start", flex_flow="row wrap")))
-        if "tree" in p:  # under the pool it is tied to
-            rows.append(p["tree"])
+        # The chosen request's why and the prefix tree under the pool they are tied to: the queues,
+        # the pool and the slots stay above a laptop's fold (1366 x 768).
+        rows += [p[n] for n in ("why", "tree") if n in p]
         rows += [p[n] for n in ("attention", "tensor_parallel", "timeline", "latency") if n in p]
         super().__init__(rows, layout=W.Layout(width="100%"))
         self.add_class("kvs-dashboard")

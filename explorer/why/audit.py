@@ -50,6 +50,9 @@ def read_metrics(http: str, timeout: float = 10.0) -> dict[str, float]:
 
 @dataclass
 class CounterAudit:
+    """vLLM's /metrics prefix-cache counters against the recorder's truth over one interval, and
+    each difference named (findings)."""
+
     server: dict[str, int]            # /metrics over the interval: queries, hits
     first: dict[str, int]             # the recorder's first admissions: prompt tokens, hits
     readmitted: dict[str, int]        # re-admissions after preemptions: tokens looked up, hits

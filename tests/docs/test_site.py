@@ -5,7 +5,7 @@ For each walkthrough chapter page built: it loads with no console error and no r
 outside the site; its embedded replay scrubs to its last step, and the queues panel then
 shows that step's queues (as the engine's snapshot had them when the site was built);
 hovering a block shows its tooltip. The API reference lists LLM.generate, Session.step and
-Session.export_html with their docstrings. A broken link fails the strict build.
+explorer.export_html with their docstrings. A broken link fails the strict build.
 
 The full walkthrough takes minutes to execute, so this test builds a subset of chapters:
 KVSCOPE_DOCS_TEST_CHAPTERS (default "2,3": a chapter that runs no step of its own and one
@@ -267,11 +267,12 @@ def test_whatif_page_shows_its_replay_and_sweep_or_says_why_not(page, site) -> N
 def test_api_reference_lists_generate_step_and_export_html_with_their_docstrings(page, site) -> None:
     from engine import LLM
     from explorer.core.session import Session
+    from explorer.export.page import export_html
 
     net = Recorder(page, site["site"])
     page.goto((site["site"] / "api.html").resolve().as_uri())
     for anchor, method in (("engine.LLM.generate", LLM.generate), ("explorer.core.session.Session.step", Session.step),
-                           ("explorer.core.session.Session.export_html", Session.export_html)):
+                           ("explorer.export.page.export_html", export_html)):
         heading = page.locator(f'[id="{anchor}"]')
         assert heading.count() == 1, anchor
         assert method.__name__ in heading.inner_text()

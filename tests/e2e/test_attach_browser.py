@@ -161,27 +161,49 @@ def test_pause_holds_the_panels_at_once_while_a_cell_keeps_sending(vllm_server, 
     assert page.console_errors == [], page.console_errors
 
 
-def test_the_why_chip_and_the_why_panel_explain_a_live_requests_prefix_hits(vllm_server, run_notebook, page):
-    # Two requests share a system prompt of several 32-token blocks: the second one's card says
-    # why its prompt hit or missed, and clicking it shows its prompt token by token in its classes.
+def test_the_why_panel_and_the_prefix_tree_explain_a_live_requests_prefix_hits(vllm_server, run_notebook, page):
+    # Two requests share a system prompt of several 32-token blocks. While the second one runs, the
+    # view is paused: its card says why its prompt hit or missed, clicking it shows its prompt token
+    # by token in its classes, and hovering a cached prefix in the prefix tree lights the blocks of
+    # the running request's block table that hold it (one id: the pool's block hash).
+    import threading
+
     srv = vllm_server
     client = srv.client(timeout=120)
     shared = "You are the help desk of a small harbour; answer in one short sentence. " * 8
     ui = run_notebook("why.ipynb", attach_cell(srv))
     dash = page.locator(".kvs-dashboard").first
-    dash.get_by_test_id("kvs-follow-toggle").wait_for(timeout=TIMEOUT_MS)
+    toggle = dash.get_by_test_id("kvs-follow-toggle")
+    toggle.wait_for(timeout=TIMEOUT_MS)
     ui.wait_kernel_idle(TIMEOUT_MS)
-    ids = [client.completions.create(model=srv.model, prompt=shared + q, max_tokens=4, temperature=0).id
-           for q in ("Name a colour.", "Name a fruit.")]
-    card = dash.locator(f'[data-request-id^="{ids[1]}"]').first
-    card.wait_for(timeout=TIMEOUT_MS)
-    chip = card.get_by_test_id("kvs-why-chip")
-    chip.wait_for(timeout=TIMEOUT_MS)
-    assert chip.get_attribute("data-class") in ("below_block", "never_seen"), chip.inner_text()  # what it missed
-    card.click()
-    panel = dash.get_by_test_id("kvs-why-request")
-    hits = """document.querySelectorAll('.kvs-dashboard [data-testid="kvs-why-tok"][data-class="hit"]')"""
-    page.wait_for_function(f"() => {hits}.length >= 64", timeout=TIMEOUT_MS)   # two blocks of 32, at least
-    assert ids[1] in panel.locator("[data-request-id]").first.get_attribute("data-request-id")
-    assert "first divergent token" in dash.get_by_test_id("kvs-why-divergence").inner_text()
+    client.completions.create(model=srv.model, prompt=shared + "Name a colour.", max_tokens=4, temperature=0)
+    stream = client.completions.create(model=srv.model, prompt=shared + "Name a fruit.", max_tokens=200, temperature=0,
+                                       stream=True, extra_body={"ignore_eos": True})
+    rid = next(iter(stream)).id
+    drain = threading.Thread(target=lambda: [None for _ in stream], daemon=True)
+    drain.start()
+    try:
+        card = dash.get_by_test_id("kvs-queue-running").locator(f'[data-request-id^="{rid}"]').first
+        card.wait_for(timeout=TIMEOUT_MS)
+        toggle.click()   # Pause: the shown step holds while the request runs on
+        page.wait_for_function("""() => document.querySelector('[data-testid="kvs-follow-toggle"]')?.textContent === 'Follow'""",
+                               timeout=TIMEOUT_MS)
+        card = dash.get_by_test_id("kvs-queue-running").locator(f'[data-request-id^="{rid}"]').first
+        chip = card.get_by_test_id("kvs-why-chip")
+        assert chip.get_attribute("data-class") in ("below_block", "never_seen"), chip.inner_text()  # what it missed
+        card.click()
+        hits = """document.querySelectorAll('.kvs-dashboard [data-testid="kvs-why-tok"][data-class="hit"]')"""
+        page.wait_for_function(f"() => {hits}.length >= 64", timeout=TIMEOUT_MS)   # two blocks of 32, at least
+        assert rid in dash.get_by_test_id("kvs-why-request").locator("[data-request-id]").first.get_attribute(
+            "data-request-id")
+        assert "first divergent token" in dash.get_by_test_id("kvs-why-divergence").inner_text()
+        # The prefix tree: a cached prefix the running request holds, hovered, lights its table cells.
+        node = dash.locator('[data-testid="kvs-tree-node"][data-present="true"]:not([data-blocks=""])').first
+        blocks = node.get_attribute("data-blocks").split()
+        node.hover()
+        lit = ", ".join(f'.kvs-dashboard [data-block="{b}"].kvs-lit' for b in blocks)
+        page.wait_for_function(f"() => document.querySelectorAll('{lit}').length >= 1", timeout=TIMEOUT_MS)
+        toggle.click()   # Follow again
+    finally:
+        drain.join(timeout=120)
     assert page.console_errors == [], page.console_errors

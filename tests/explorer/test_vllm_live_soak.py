@@ -38,7 +38,7 @@ def _flat(samples: list[int]) -> tuple[float, float]:
     return (last - middle) / 2**20, last / middle
 
 
-@pytest.mark.slow
+@pytest.mark.soak
 def test_a_bounded_follower_holds_flat_memory_over_thousands_of_steps(monkeypatch):
     require_vllm()
     from explorer import Session

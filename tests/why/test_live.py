@@ -73,7 +73,7 @@ def test_every_cause_happens_and_every_requests_classes_sum_to_its_prompt(run):
     assert {"hit", "below_block", "never_seen", "evicted", "other_domain", "recomputed"} <= seen, seen
     assert oracle.check(ledger, history) == []
     first = {name: ledger.requests[rid].first for name, rid in names.items()}
-    assert first["sys_b"].hit == 96 and first["sys_b"].classes["below_block"] == 7
+    assert first["sys_b"].hit == 96 and first["sys_b"].classes["below_block"] == 16
     assert first["short_b"].classes == {"below_block": 16, "never_seen": first["short_b"].tokens - 16}
     assert first["salt_b"].classes["other_domain"] == 64 and first["salt_c"].hit == 64
     ev = first["evict_b"]
@@ -102,7 +102,7 @@ def test_each_cause_is_proven_by_a_counterfactual_replay(run):
     proofs = {name: ledger.requests[rid].proofs for name, rid in names.items()}
     assert proofs["evict_b"]["evicted"]["verdict"] == "proven"
     assert proofs["short_b"]["below_block"]["verdict"] == "proven"   # 16 tokens fill a block of 16
-    assert proofs["sys_b"]["below_block"]["verdict"] == "proven"     # 96..102 fill a block of 16 from 96
+    assert proofs["sys_b"]["below_block"]["verdict"] == "proven"     # 96..111 fill a block of 16 from 96
     assert proofs["salt_b"]["other_domain"]["verdict"] == "proven"
     assert proofs["sys_a"]["never_seen"]["verdict"] == "confirmed"
     assert report.preemptions >= 1 and report.preemptions_removed == report.preemptions

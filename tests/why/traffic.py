@@ -2,7 +2,7 @@
 least once, with prompts given as token ids (the completions API takes them) so each lands on
 the block boundaries it is meant to:
 
-- `sys_b` shares `sys_a`'s 3 blocks and 7 tokens more: 96 hit, 7 below one block;
+- `sys_b` shares `sys_a`'s 3 blocks and 16 tokens more: 96 hit, 16 below one block (a block of 16 holds them);
 - `short_b` shares `short_a`'s first 16 tokens, half a block of 32: below one block (a block of 16 holds them);
 - `time_b` differs from `time_a` in the timestamp's last digit: the first divergent token;
 - `salt_b` repeats `salt_a`'s 2 blocks under another cache_salt: another hash domain;
@@ -28,7 +28,7 @@ def _ids(tokenizer: Any, text: str, n: int | None = None) -> list[int]:
 
 def prompts(tokenizer: Any) -> dict[str, list[int]]:
     sys_prompt = _ids(tokenizer, "You are kvscope's careful assistant: answer in one short sentence, plainly. ",
-                      3 * BLOCK + 7)
+                      3 * BLOCK + 16)
     short = _ids(tokenizer, "Translate into French, word for word: ", 16)
     later = _ids(tokenizer, "Use these notes. The harbour opens at dawn, the ferry leaves at nine, tickets cost two "
                             "coins and the captain likes questions about the weather. ", 70)
@@ -38,7 +38,7 @@ def prompts(tokenizer: Any) -> dict[str, list[int]]:
                             "tides and the keepers who kept them lit through the winter storms. ", 4 * BLOCK + 5)
     q = lambda text: _ids(tokenizer, text)  # noqa: E731
     return {
-        "sys_a": sys_prompt + q(" Question: name a colour."), "sys_b": sys_prompt + q(" Question: name a fruit."),
+        "sys_a": sys_prompt + q(" Question: name a colour."), "sys_b": sys_prompt + q(" Which fruit is red?"),
         "short_a": short + q(" the cat sleeps on the warm red mat near the old wooden door of the house"),
         "short_b": short + q(" a dog runs along the cold grey beach under a low and heavy autumn sky"),
         "time_a": q("Today is 2026-12-03 09:14:05. ") + later, "time_b": q("Today is 2026-12-03 09:14:06. ") + later,

@@ -16,8 +16,9 @@ from ..why import CLASSES, WhyLedger
 from ..why.model import Node, RequestWhy
 from .views import TokenText
 
-MAX_TREE_NODES = 400     # the panel draws at most this many nodes (the rest are counted)
-LIFELINE_BINS = 120      # hits per node over the run, in this many bins
+# A node costs ~0.7 KB of JSON per redraw, its lifeline most (bench-ui in docs/performance.md).
+MAX_TREE_NODES = 150     # the panel draws at most this many nodes (the rest are counted)
+LIFELINE_BINS = 60       # hits per node over the run, in this many bins
 MAX_PROMPT_TOKENS = 2048  # a request's prompt drawn token by token up to this many tokens
 CLASS_LOOKS = [{"key": k, "label": label, "tip": tip} for k, label, tip in CLASSES]
 

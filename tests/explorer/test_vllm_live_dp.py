@@ -50,6 +50,12 @@ def traffic(dp_server, fleet):
     return answers
 
 
+def _ours(request_id: str, traffic) -> bool:
+    """A request this module sent (the server is shared: tests/e2e/test_fleet_browser.py may have
+    sent its own before, and a Session that attaches sees them among the finished)."""
+    return any(request_id.startswith(a.id) for a in traffic)
+
+
 def _metrics(srv) -> dict[tuple[str, str], float]:
     """vLLM's own Prometheus counters, per engine core: {(name, engine): value}."""
     with urllib.request.urlopen(f"{srv.http}/metrics", timeout=10) as r:
@@ -67,7 +73,7 @@ def test_one_attach_follows_both_ranks_and_each_records_what_it_ran(dp_server, f
 
     assert isinstance(fleet, Fleet) and fleet.labels == ["rank 0", "rank 1"]
     assert [s.current.snapshot["model_info"]["data_parallel_rank"] for s in fleet.sessions] == [0, 1]
-    summary = fleet.routing_summary()
+    summary = fleet.routing_summary([r for r in fleet.routing() if _ours(r["request_id"], traffic)])
     assert summary["requests"] == len(traffic) and all(n > 0 for n in summary["per_rank"]), summary
     for a in traffic:   # each answer is one rank's finished request, with what that rank generated
         (rank, req), = [(k, r) for k, r in fleet.requests() if r["request_id"].startswith(a.id)]
@@ -112,6 +118,8 @@ def test_the_routing_loss_is_what_the_ranks_pools_held_at_each_arrival(fleet, tr
                  for s in fleet.sessions]
     mine = {}
     for k, r in fleet.requests():
+        if not _ours(r["request_id"], traffic):
+            continue
         prompt, bs = r["prompt_token_ids"], 32
         keys, parent = [], None
         for i in range(len(prompt) // bs):
@@ -127,7 +135,7 @@ def test_the_routing_loss_is_what_the_ranks_pools_held_at_each_arrival(fleet, tr
                 n += 1
             would.append(n * bs)
         mine[r["request_id"]] = (k, r["num_cached_tokens"], would, max(0, max(would) - r["num_cached_tokens"]))
-    rows = fleet.routing()
+    rows = [r for r in fleet.routing() if _ours(r["request_id"], traffic)]
     assert len(rows) == len(traffic) == len(mine)
     for row in rows:
         rank, hit, would, loss = mine[row["request_id"]]

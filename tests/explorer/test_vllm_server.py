@@ -71,6 +71,23 @@ def test_kv_blocks_are_sized_from_the_model_config(default_model_path, tmp_path)
 
 
 @pytest.mark.slow
+def test_a_server_does_not_inherit_what_vllm_in_this_process_set(tmp_path, monkeypatch):
+    # Session(engine="vllm") sets vLLM's environment in this process (its engine core here, WARNING
+    # logs); a server started afterwards from the same process must run as its command line says.
+    from explorer.drivers.vllm import config
+
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")})
+    monkeypatch.setattr(config, "IN_PROCESS_ENV", {})
+    config.prepare_environment()
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and os.environ["VLLM_LOGGING_LEVEL"] == "WARNING"
+    env = VllmServer("unused-model", kv_events=False, log=tmp_path / "a.log").env
+    assert not {"VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_LOGGING_LEVEL", "VLLM_CPU_OMP_THREADS_BIND"} & env.keys()
+    # A value the caller gives, or one changed since, is kept.
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"
+    env = VllmServer("unused-model", kv_events=False, log=tmp_path / "b.log", env={"VLLM_LOGGING_LEVEL": "DEBUG"}).env
+    assert env["VLLM_LOGGING_LEVEL"] == "DEBUG" and env["VLLM_CPU_OMP_THREADS_BIND"] == "0|1"
+
+
 def test_a_server_that_cannot_start_is_reported_with_its_log(tmp_path, monkeypatch):
     require_vllm()
     monkeypatch.setenv(LOG_DIR_ENV_VAR, str(tmp_path / "logs"))   # where a server's log goes when none is named

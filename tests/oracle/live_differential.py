@@ -251,7 +251,10 @@ class Run:
             r = self.s.requests.get(rid)
             if rid in seen.samples and r is not None:
                 tokens[rid] = self.w.sampled_token(rid, len(r.output_token_ids))
-        before = {**seen.tables, **self.truth.tables()}
+        # The tables the step was scheduled with, of the requests still alive: one aborted since
+        # has had its blocks freed, maybe hashed anew for another request (its tokens were noted
+        # when it was aborted).
+        before = {**{r: t for r, t in seen.tables.items() if r in self.s.requests}, **self.truth.tables()}
         mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                                 sampled_token_ids=[[tokens[r]] if r in tokens else [] for r in ids])
         result = self.s.update_from_output(out, mro)

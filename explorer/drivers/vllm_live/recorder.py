@@ -350,7 +350,7 @@ class _Publisher:
 
     def _count_subscribers(self) -> None:
         zmq = self.zmq
-        while self.pub.poll(0):
+        while self.pub.get(zmq.EVENTS) & zmq.POLLIN:  # a flag read: poll() builds a Poller each call
             try:
                 frame = self.pub.recv(zmq.NOBLOCK)
             except zmq.Again:
@@ -395,6 +395,8 @@ class _Publisher:
 
     def _answer_snapshot(self) -> None:
         zmq = self.zmq
+        if not self.rep.get(zmq.EVENTS) & zmq.POLLIN:  # the common case, without raising zmq.Again
+            return
         try:
             request = self.rep.recv(zmq.NOBLOCK)
         except zmq.Again:

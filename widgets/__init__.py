@@ -5,7 +5,10 @@ from a Session. Each panel is usable alone (see ``explorer.ui.dashboard``).
 """
 from __future__ import annotations
 
-from ._base import Panel
+import importlib
+import pkgutil
+
+from ._base import PANELS, STATEFUL_PANELS, Panel
 from .attention import AttentionPanel
 from .block_pool import BlockPoolPanel
 from .controls import ControlsPanel
@@ -37,12 +40,8 @@ __all__ = [
     "WhyPanel",
 ]
 
-#: Each panel by the name the Dashboard (explorer.ui.dashboard) and the export use for it.
-PANELS: dict[str, type[Panel]] = {
-    "controls": ControlsPanel, "queues": QueuesPanel, "sampler": SamplerPanel, "blocks": BlockPoolPanel,
-    "slots": SlotMappingPanel, "attention": AttentionPanel, "timeline": TimelinePanel, "latency": LatencyPanel,
-    "tensor_parallel": TensorParallelPanel, "why": WhyPanel, "tree": PrefixTreePanel,
-}
-#: Every panel whose state is typed (widgets/_state.py): the Dashboard's, and a live server's Follow panel.
-STATEFUL_PANELS: dict[str, type[Panel]] = {**PANELS, "follow": FollowPanel}
-
+# A panel registers itself when its module loads (Panel.NAME): load every panel module, so a new
+# one in widgets/ reaches PANELS (the Dashboard's and the export's) without a line here.
+for _module in pkgutil.iter_modules(__path__):
+    if not _module.name.startswith("_"):
+        importlib.import_module(f"{__name__}.{_module.name}")

@@ -1,6 +1,47 @@
 // Generated from the panels' state classes (widgets/<panel>.py PARTS) by `python -m widgets --write`:
 // do not edit. Each panel's parts and the fields each redraws on (_common.js kvsOnChange).
 const KVS_PANELS = {
+ "attention": {
+  "choices": [
+   "requests",
+   "request_id",
+   "layer",
+   "head",
+   "num_layers",
+   "kv_head_of_head",
+   "thumbs",
+   "thumb_heads",
+   "thumb_shape"
+  ],
+  "weights": [
+   "probs",
+   "context_len",
+   "row_positions",
+   "block_table",
+   "message",
+   "probe_step",
+   "num_prompt_tokens",
+   "tokens"
+  ]
+ },
+ "blocks": {
+  "pool": [
+   "num_blocks",
+   "block_size",
+   "status",
+   "ref_count",
+   "owner",
+   "events",
+   "owners",
+   "shared"
+  ],
+  "legend": [
+   "counts"
+  ],
+  "tables": [
+   "block_tables"
+  ]
+ },
  "controls": {
   "status": [
    "info",
@@ -26,6 +67,25 @@ const KVS_PANELS = {
    "pool"
   ]
  },
+ "follow": {
+  "draw": [
+   "following",
+   "status",
+   "parked_at"
+  ]
+ },
+ "latency": {
+  "draw": [
+   "rows",
+   "clock",
+   "clock_note"
+  ]
+ },
+ "tree": {
+  "draw": [
+   "tree"
+  ]
+ },
  "queues": {
   "draw": [
    "queues",
@@ -37,24 +97,6 @@ const KVS_PANELS = {
    "requests",
    "request_id",
    "sample"
-  ]
- },
- "blocks": {
-  "pool": [
-   "num_blocks",
-   "block_size",
-   "status",
-   "ref_count",
-   "owner",
-   "events",
-   "owners",
-   "shared"
-  ],
-  "legend": [
-   "counts"
-  ],
-  "tables": [
-   "block_tables"
   ]
  },
  "slots": {
@@ -73,42 +115,6 @@ const KVS_PANELS = {
    "batch_source_words"
   ]
  },
- "attention": {
-  "choices": [
-   "requests",
-   "request_id",
-   "layer",
-   "head",
-   "num_layers",
-   "kv_head_of_head",
-   "thumbs",
-   "thumb_heads",
-   "thumb_shape"
-  ],
-  "weights": [
-   "probs",
-   "context_len",
-   "row_positions",
-   "block_table",
-   "message",
-   "probe_step",
-   "num_prompt_tokens",
-   "tokens"
-  ]
- },
- "timeline": {
-  "draw": [
-   "steps",
-   "gantt"
-  ]
- },
- "latency": {
-  "draw": [
-   "rows",
-   "clock",
-   "clock_note"
-  ]
- },
  "tensor_parallel": {
   "draw": [
    "info",
@@ -119,24 +125,18 @@ const KVS_PANELS = {
    "note"
   ]
  },
+ "timeline": {
+  "draw": [
+   "steps",
+   "gantt"
+  ]
+ },
  "why": {
   "summary": [
    "summary"
   ],
   "request": [
    "request"
-  ]
- },
- "tree": {
-  "draw": [
-   "tree"
-  ]
- },
- "follow": {
-  "draw": [
-   "following",
-   "status",
-   "parked_at"
   ]
  }
 };

@@ -50,6 +50,7 @@ class AttentionPanel(Panel):
     Dashboard answers both by probing the Session again (or from its per-step cache).
     """
 
+    NAME = "attention"
     PARTS: ClassVar[dict[str, type]] = {"choices": AttentionChoices, "weights": AttentionWeights}
     _esm = bundle_esm("attention.js")
     _css = bundle_css("attention.css")

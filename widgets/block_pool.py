@@ -55,6 +55,7 @@ class BlockPoolPanel(Panel):
     logical indices whose KV came from the prefix cache, for as long as the request runs.
     """
 
+    NAME = "blocks"
     PARTS: ClassVar[dict[str, type]] = {"pool": BlockPoolCells, "legend": BlockPoolLegend, "tables": BlockPoolTables}
     _esm = bundle_esm("block_pool.js")
     _css = bundle_css("block_pool.css")

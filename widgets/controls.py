@@ -76,6 +76,7 @@ class ControlsPanel(Panel):
     the previous one was acknowledged, so the kernel is never flooded.
     """
 
+    NAME = "controls"
     PARTS: ClassVar[dict[str, type]] = {"status": ControlsStatus, "history": ControlsHistory,
                                         "error": ControlsError, "caption": ControlsCaption, "knobs": ControlsKnobs}
     _esm = bundle_esm("controls.js")

@@ -25,6 +25,8 @@ class FollowPanel(Panel):
     step the other panels show while the session follows (scrubbed back), or None. Browser
     actions: ``follow``, and ``pause {at_step}`` (the step the browser held the panels at when Pause was clicked)."""
 
+    NAME = "follow"
+    IN_DASHBOARD = False  # shown above a live server's Dashboard, by explorer.ui.follow_view
     PARTS: ClassVar[dict[str, type]] = {"draw": FollowState}
     _esm = bundle_esm("follow.js")
     _css = bundle_css("follow.css")

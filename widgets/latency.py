@@ -31,6 +31,7 @@ class LatencyPanel(Panel):
     chart grows wider than its box, which then scrolls.
     """
 
+    NAME = "latency"
     PARTS: ClassVar[dict[str, type]] = {"draw": LatencyState}
     _esm = bundle_esm("latency.js")
     _css = bundle_css("latency.css")

@@ -27,6 +27,7 @@ class PrefixTreePanel(Panel):
     pins it and shows its detail. Browser actions: ``scrub_step {step}`` (the panel's slider:
     every panel shows that step) and ``live``."""
 
+    NAME = "tree"
     PARTS: ClassVar[dict[str, type]] = {"draw": PrefixTreeState}
     _esm = bundle_esm("prefix_tree.js")
     _css = bundle_css("prefix_tree.css")

@@ -26,6 +26,7 @@ class QueuesPanel(Panel):
     the sampler and attention panels at it) and ``abort {request_id}``.
     """
 
+    NAME = "queues"
     PARTS: ClassVar[dict[str, type]] = {"draw": QueuesState}
     _esm = bundle_esm("queues.js")
     _css = bundle_css("queues.css")

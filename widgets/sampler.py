@@ -26,6 +26,7 @@ class SamplerPanel(Panel):
     Browser action: ``select {request_id}``.
     """
 
+    NAME = "sampler"
     PARTS: ClassVar[dict[str, type]] = {"draw": SamplerState}
     _esm = bundle_esm("sampler.js")
     _css = bundle_css("sampler.css")

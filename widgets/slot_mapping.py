@@ -42,6 +42,7 @@ class SlotMappingPanel(Panel):
     (the model runner's own buffers); `batch_source_words` is its badge and hover text.
     """
 
+    NAME = "slots"
     PARTS: ClassVar[dict[str, type]] = {"draw": SlotMappingState}
     _esm = bundle_esm("slot_mapping.js")
     _css = bundle_css("slot_mapping.css")

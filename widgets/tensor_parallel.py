@@ -34,6 +34,7 @@ class TensorParallelPanel(Panel):
     mean on this machine. No browser actions.
     """
 
+    NAME = "tensor_parallel"
     PARTS: ClassVar[dict[str, type]] = {"draw": TensorParallelState}
     _esm = bundle_esm("tensor_parallel.js")
     _css = bundle_css("tensor_parallel.css")

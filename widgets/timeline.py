@@ -35,6 +35,7 @@ class TimelinePanel(Panel):
     (click a bar to show that step everywhere).
     """
 
+    NAME = "timeline"
     PARTS: ClassVar[dict[str, type]] = {"draw": TimelineState}
     _esm = bundle_esm("timeline.js")
     _css = bundle_css("timeline.css")

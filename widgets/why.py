@@ -28,6 +28,7 @@ class WhyPanel(Panel):
     `proving` says a proof is running (or why it failed). Browser actions: ``prove`` (replay the
     run and prove each cause) and ``select {request_id}``."""
 
+    NAME = "why"
     PARTS: ClassVar[dict[str, type]] = {"summary": WhySummaryState, "request": WhyRequestState}
     _esm = bundle_esm("why.js")
     _css = bundle_css("why.css")

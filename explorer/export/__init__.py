@@ -6,7 +6,6 @@ from .page import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_STEPS,
     KEEP_CHOICES,
-    PANELS,
     ExportResult,
     build_export_data,
     export_html,
@@ -20,5 +19,5 @@ from .page import (
 # The Dashboard's "save this run, then rebuild" writes this export (the ui layer cannot import it).
 _run_writer.install(export_html)
 
-__all__ = ["DEFAULT_MAX_BYTES", "DEFAULT_MAX_STEPS", "KEEP_CHOICES", "PANELS", "ExportResult", "build_export_data",
+__all__ = ["DEFAULT_MAX_BYTES", "DEFAULT_MAX_STEPS", "KEEP_CHOICES", "ExportResult", "build_export_data",
            "export_html", "load_export", "panel_defaults", "panel_sources", "render_html", "select_entries"]

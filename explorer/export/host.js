@@ -23,7 +23,8 @@
  * @typedef {Object} Delta
  * One kept step's panel states (explorer/export/states.py _entry_views), each as the binder sends it:
  * @typedef {{step: number, controls: Object, queues: Object, blocks: Object, block_details: Array<Object>,
- *   slots: Object, sampler: SamplerChoices, attention: Object, latency: LatencyState, tree: Object}} StepViews
+ *   slots: Object, sampler: SamplerChoices, attention: Object, latency: LatencyState, tree: Object}
+ *   & Object<string, Object>} StepViews  (and a state of each other panel: views.STEP_VIEWS)
  *   blocks: BlockPoolPanel traits, its byte columns as PackedColumn; block_details: per block id,
  *   BlockPoolPanel.block_detail without `step` (the shown step is added here)
  * @typedef {{__array__: ("B"|"H"|"h"), values: number[]}} PackedColumn  a bytes trait (Python array typecode)
@@ -119,6 +120,10 @@ const ENGINE_OFF = `This page is a recording: the engine is not running here. To
 const ATTENTION_OFF = `Attention weights are read from the live KV cache, and a recording keeps no KV. To see them: ${RUN_LIVE}.`;
 const WHY_OFF = "this page is a recording: causes are proven when it is written (export_html(..., prove=True)) or in a notebook (Prove causes)";
 
+// The panels render() draws from more than their own state of the step; every other panel shows
+// exactly its VIEWS entry, as the binder sent it (explorer/ui/views.py STEP_VIEWS, a new panel too).
+const HOST_DRAWN = new Set(["controls", "blocks", "sampler", "timeline", "attention", "why"]);
+
 const HOST = {
   models: {},
   viewIndex: VIEWS.length - 1,
@@ -136,18 +141,15 @@ const HOST = {
       m.controls.update({ ...v.controls, history_len: VIEWS.length, history_first: VIEWS[0].step,
         view_index: live ? -1 : i, has_work: false });
     }
-    if (m.queues) m.queues.update(v.queues);
     if (m.blocks) {
       m.blocks.update(traits(v.blocks));
       const sel = m.blocks.get("selected");
       if (sel >= 0) m.blocks.update({ detail: this.blockDetail(sel) });
     }
-    if (m.slots) m.slots.update(v.slots);
     if (m.sampler) m.sampler.update(this.samplerState());
     if (m.timeline && !this.timelineSet) { m.timeline.update(DATA.timeline); this.timelineSet = true; }
     if (m.attention) m.attention.update({ ...v.attention, message: ATTENTION_OFF });
-    if (m.latency) m.latency.update(v.latency);
-    if (m.tree) m.tree.update(v.tree);
+    for (const [name, model] of Object.entries(m)) if (!HOST_DRAWN.has(name) && v[name]) model.update(v[name]);
     if (m.why) m.why.update(this.whyState());
     drawCaption(v.step);
   },

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..ui import views
+from ..ui.dashboard import PANEL_NAMES, dashboard_panels
 from ..why import WhyLedger
 from ..why import proof as why_proof
 from . import states
@@ -44,9 +45,6 @@ DEFAULT_MAX_STEPS = 400
 DEFAULT_MAX_BYTES = 16_000_000
 KEEP_CHOICES = ("last", "first", "even")
 RUN_LIVE = "run `make lab` in a kvscope checkout (or `python -m explorer app` for the dashboard alone)"
-# The panels of the Dashboard, in its order, each running its own ESM (the TTFT/ITL charts too:
-# one renderer for the notebook and the export). The attention panel shows why it has no heatmap here.
-PANELS = ("controls", "queues", "sampler", "why", "blocks", "slots", "tree", "attention", "timeline", "latency")
 _WIDGET_TRAITS = frozenset({"layout", "tabbable", "tooltip", "comm", "keys", "log"})
 FORMAT, VERSION = "kvscope-export", 2  # 1 embedded the history itself; 2, its panel states
 CSP = ("default-src 'none'; script-src 'unsafe-inline' blob: data:; style-src 'unsafe-inline'; "
@@ -136,11 +134,14 @@ def panel_sources(names: Iterable[str]) -> dict[str, tuple[str, str]]:
 def build_export_data(entries: Sequence[Any], *, token_text: Callable[[Sequence[int]], list[str]] | None = None,
                       title: str = "kvscope recording", captions: dict[int, str] | None = None,
                       notice: str = "", steps_total: int | None = None, engine_name: str = "kvscope",
-                      start: str = "last", panels: Sequence[str] = PANELS, ledger: WhyLedger | None = None,
+                      start: str = "last", panels: Sequence[str] | None = None, ledger: WhyLedger | None = None,
                       proof: Any = None) -> dict:
     """The JSON-able document the page embeds (`load_export` reads it back): the panels'
     states of every entry, packed (explorer/export/states.py), the timeline, the captions, the
-    why panel's states (`ledger`: the whole run's why-ledger, `proof` its proofs where made)."""
+    why panel's states (`ledger`: the whole run's why-ledger, `proof` its proofs where made).
+    `panels`: the Dashboard's (`dashboard_panels`), each running its own ESM (the TTFT/ITL charts
+    too: one renderer for the notebook and the export); the attention panel says why it has no
+    heatmap here."""
     if start not in ("last", "first"):
         raise ValueError(f"start must be 'last' or 'first', got {start!r}")
     token_text = token_text or views.token_texts(None)
@@ -156,7 +157,8 @@ def build_export_data(entries: Sequence[Any], *, token_text: Callable[[Sequence[
                  "model": info.get("name"), "device": info.get("device"), "dtype": info.get("dtype"),
                  "steps_total": steps_total if steps_total is not None else _step(entries[-1]),
                  "first_step": _step(entries[0]), "last_step": _step(entries[-1]), "notice": notice,
-                 "run_live": RUN_LIVE, "panels": list(panels), "start": start},
+                 "run_live": RUN_LIVE, "panels": list(dashboard_panels() if panels is None else panels),
+                 "start": start},
         # Sent once, as the binder does: the whole run, with the shown step as a cursor.
         "timeline": views.timeline_state(entries, [v["controls"]["caption"] for v in per_step]),
         "captions": sorted([[int(k), str(v)] for k, v in (captions or {}).items()]),
@@ -221,7 +223,8 @@ def render_html(data: dict, *, defaults: dict | None = None, sources: dict | Non
         pair = (f'<div class="kvs-export-row kvs-export-wrap">{slot("blocks", "flex: 1 1 440px; min-width: 0")}'
                 f'{slot("slots", "flex: 1 1 440px; min-width: 0")}</div>')
     body = "".join([slot("controls"), row, slot("why"), pair,
-                    *(slot(n) for n in ("tree", "attention", "timeline", "latency"))])
+                    *(slot(n) for n in ("tree", "attention", "timeline", "latency")),
+                    *(slot(n) for n in panels if n not in PANEL_NAMES)])  # a new panel: last, as in the Dashboard
     limit = (f'<div class="kvs-export-limit" data-testid="kvs-export-limit">{esc(meta["notice"])}</div>'
              if meta.get("notice") else "")
     return f"""<!doctype html>
@@ -283,7 +286,8 @@ def export_html(source: Any, path: str | Path, *, title: str | None = None, capt
         raise ValueError(f"max_bytes must be an integer >= 1, got {max_bytes!r}")
     engine_name = str(getattr(source, "engine_name", "kvscope"))
     kept, notice = select_entries(entries, max_steps, keep)
-    sources, defaults = panel_sources(PANELS), panel_defaults(PANELS)
+    panels = dashboard_panels()
+    sources, defaults = panel_sources(panels), panel_defaults(panels)
 
     def page_for(kept: list, notice: str) -> str:
         name = title
@@ -292,7 +296,7 @@ def export_html(source: Any, path: str | Path, *, title: str | None = None, capt
             name = f"kvscope recording: {info.get('name') or 'engine'}, {len(kept) - 1} steps"
         data = build_export_data(kept, token_text=token_text, title=name, captions=captions, notice=notice,
                                  steps_total=_step(entries[-1]), engine_name=engine_name, start=start,
-                                 ledger=ledger, proof=proof)
+                                 panels=panels, ledger=ledger, proof=proof)
         return render_html(data, sources=sources, defaults=defaults)
 
     page = page_for(kept, notice)

@@ -62,22 +62,20 @@ def _entry_views(entry: Any, caption: str, sampler: dict, details: _DetailCache,
     nothing in the next step's delta."""
     step, record, snapshot = views.entry_parts(entry)
     config = snapshot.get("config") or {}
-    pool: dict[str, Any] = dict(views.block_pool_state(record, snapshot))  # its blocks go apart, below
-    blocks = pool.pop("blocks")
+    shown = {name: dict(view(record, snapshot, details.token_text)) for name, view in views.STEP_VIEWS.items()}
+    blocks = shown["blocks"].pop("blocks")  # apart, below: the pool's cells, and each one's hover detail
     return {
         "step": step,
+        **shown,
         "controls": {"info": views.controls_info(record, snapshot), "engine": views.engine_label(snapshot),
                      "budget": views.budgets_ran_under(record, snapshot,
                                                        {k: config[k] for k in SCHEDULER_KNOBS if k in config}),
                      "pool": {k: config[k] for k in POOL_KEYS if k in config}, "caption": caption},
         "queues": views.queues_state(record, snapshot, why=why_view.why_rows(ledger, step)),
         "tree": {"tree": why_view.tree_state(ledger, step, snapshot, details.token_text)},
-        "blocks": pool,
         "block_details": [details.detail(blocks, i) for i in range(len(blocks))],
-        "slots": views.shown_slot_mapping(record, snapshot, details.token_text),
         "sampler": sampler,
         "attention": {"requests": views.probe_targets(snapshot), **views.attention_shape(snapshot)},
-        "latency": views.latency_state(snapshot),
     }
 
 

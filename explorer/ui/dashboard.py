@@ -14,7 +14,7 @@ import secrets
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any, cast
@@ -29,7 +29,10 @@ from . import captions, presets, run_writer, tp_view, views, why_view
 
 _log = logging.getLogger(__name__)
 
+# The Dashboard's panels in the order it lays them out; a registered panel these do not name
+# (widgets.PANELS: a new widgets/<name>.py) follows them, at the bottom (`dashboard_panels`).
 PANEL_NAMES = ("controls", "queues", "sampler", "why", "blocks", "slots", "tree", "attention", "timeline", "latency")
+ON_DEMAND = ("tensor_parallel",)  # shown only where there is something to see (sharding)
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_k", "top_p", "ignore_eos", "seed")
 POOL_KEYS = ("num_kv_blocks", "block_size")
 # Form fields that must not be left empty (the form sends an emptied one as ""), and what to enter.
@@ -49,6 +52,11 @@ _ERROR_ALIASES = {"max_model_len": "prompt", "token": "prompt", "num_kv_blocks":
                   "max_num_batched_tokens": "prompt"}
 
 
+def dashboard_panels() -> tuple[str, ...]:
+    """PANEL_NAMES, then every other registered panel that is not ON_DEMAND."""
+    return PANEL_NAMES + tuple(n for n in widgets.PANELS if n not in PANEL_NAMES and n not in ON_DEMAND)
+
+
 class SessionBinder:
     """Keeps panels in step with a Session and routes their browser actions to it.
 
@@ -57,7 +65,7 @@ class SessionBinder:
     (bad input) is shown inline in the Controls panel; the Session keeps working.
     """
 
-    def __init__(self, session: Any, panels: Iterable[str] = PANEL_NAMES) -> None:
+    def __init__(self, session: Any, panels: Iterable[str] | None = None) -> None:
         self.session = session
         self.view_index: int | None = None
         self.auto_probe = True  # re-read attention after each live step
@@ -80,7 +88,7 @@ class SessionBinder:
         self.token_text = views.token_texts(session.source.tokenizer)
         self.why = why_view.WhyView()  # why each prompt token hit or missed, fed from the history as it grows
         self._detach: list = []  # unsubscribe functions of the panels' action handlers
-        for name in panels:
+        for name in dashboard_panels() if panels is None else panels:
             self.add(name)
         self._unsubscribe = session.subscribe(self._on_event)
         self._show_engine_notice()
@@ -92,7 +100,7 @@ class SessionBinder:
         if name in self.panels:
             return self.panels[name]
         if name not in widgets.PANELS:
-            raise ValueError(f"unknown panel {name!r}; choose from {', '.join(PANEL_NAMES)}")
+            raise ValueError(f"unknown panel {name!r}; choose from {', '.join(widgets.PANELS)}")
         cls = widgets.PANELS[name]
         panel = cls(token_text=self.token_text) if name == "blocks" else cls()
         self._detach.append(panel.on_action(partial(self._on_action, name)))
@@ -141,18 +149,17 @@ class SessionBinder:
         # Only the draws of panels in `p` run: the queues' and the tree's find the ledger fed.
         fed = cast(why_view.WhyLedger, ledger)
         # In this order: the attention panel reads the queues' selection.
-        draws = {
+        draws: dict[str, Callable[[], None]] = {
             "controls": lambda: self._render_controls(record, snapshot),
             "queues": lambda: p["queues"].show(views.queues_state(record, snapshot,
                                                                   why=why_view.why_rows(fed, step))),
             "why": lambda: self._render_why(snapshot),
             "tree": lambda: p["tree"].show({"tree": why_view.tree_state(
                 fed, step, snapshot, self.token_text, kv_events=getattr(self.session.source, "kv_events", None))}),
-            "blocks": lambda: p["blocks"].show(views.block_pool_state(record, snapshot)),
-            "slots": lambda: p["slots"].show(views.shown_slot_mapping(record, snapshot, self.token_text)),
+            # The pool, the slots, the latency charts and any new panel of one entry alone.
+            **{name: partial(self._draw_step_view, name, record, snapshot) for name in views.STEP_VIEWS},
             "sampler": lambda: self._render_sampler(snapshot),
             "timeline": lambda: p["timeline"].show(self._timeline()),
-            "latency": lambda: p["latency"].show(views.latency_state(snapshot)),
             "attention": lambda: self._render_attention(snapshot, step, probe=live and self.auto_probe and probe),
             "tensor_parallel": lambda: p["tensor_parallel"].show(
                 tp_view.tensor_parallel_state(record, snapshot, self.session.history)),
@@ -170,6 +177,9 @@ class SessionBinder:
             with panel.hold_sync():
                 panel.step, panel.live = step, live
                 draw()
+
+    def _draw_step_view(self, name: str, record: dict, snapshot: dict) -> None:
+        self.panels[name].show(views.STEP_VIEWS[name](record, snapshot, self.token_text))
 
     def _render_controls(self, record: dict, snapshot: dict) -> None:
         history = self.session.history
@@ -552,7 +562,7 @@ class Dashboard(W.VBox):
         self.session = session
         if panels is None:  # the sharding view only when there is sharding to see
             tp = getattr(session.config, "tensor_parallel_size", 1)
-            panels = PANEL_NAMES + (("tensor_parallel",) if tp > 1 else ())
+            panels = dashboard_panels() + (ON_DEMAND if tp > 1 else ())
         self.binder = SessionBinder(session, panels)
         for name, panel in self.binder.panels.items():
             setattr(self, name, panel)
@@ -583,6 +593,7 @@ class Dashboard(W.VBox):
         # the pool and the slots stay above a laptop's fold (1366 x 768).
         rows += [p[n] for n in ("why", "tree") if n in p]
         rows += [p[n] for n in ("attention", "tensor_parallel", "timeline", "latency") if n in p]
+        rows += [panel_ for n, panel_ in p.items() if n not in PANEL_NAMES + ON_DEMAND]  # new ones, last
         super().__init__(rows, layout=W.Layout(width="100%"))
         self.add_class("kvs-dashboard")
 

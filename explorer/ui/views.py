@@ -7,7 +7,7 @@ block-pool codes come from the panel's module, which defines its byte columns).
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypedDict
 
 # The block pool's `status` codes and `events` bits are the record schema's (the browser reads
@@ -526,3 +526,16 @@ def attention_shape(snapshot: dict) -> dict:
     if heads and kv_heads:
         out.update(num_heads=heads, kv_head_of_head=[h // (heads // kv_heads) for h in range(heads)])
     return out
+
+
+#: A panel's state from one history entry alone: its record, its snapshot, and the engine's token texts.
+StepView = Callable[[dict | None, dict, TokenText], Mapping[str, Any]]
+#: The panels whose state is a `StepView`, by panel name (widgets/<panel>.py's NAME). The Dashboard's
+#: binder and the export draw each of them through this table alone, so a new panel of this kind is
+#: its widgets/<name>.py, .js and .css plus one entry here (docs/architecture.md, "Adding a panel").
+#: (Each entry looks its function up when called: benchmarks/ui.py times them by module attribute.)
+STEP_VIEWS: dict[str, StepView] = {
+    "blocks": lambda record, snapshot, _text: block_pool_state(record, snapshot),
+    "slots": lambda record, snapshot, text: shown_slot_mapping(record, snapshot, text),
+    "latency": lambda _record, snapshot, _text: latency_state(snapshot),
+}

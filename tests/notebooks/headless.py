@@ -32,6 +32,14 @@ def execute_headless(nb, path: Path, home: Path, *, kernel_name: str, cell_timeo
         # temporary folder, not into the user's home.
         mp.setenv("JUPYTER_PATH", os.pathsep.join(filter(None, [str(home), os.environ.get("JUPYTER_PATH")])))
         mp.setenv("IPYTHONDIR", str(home / "ipython"))
+        # The kernel starts as a user's Jupyter starts it: without what vLLM run in this test
+        # process put in os.environ (its engine core in this process, WARNING logs), which a
+        # server the notebook starts would otherwise inherit.
+        from explorer.drivers.vllm.config import IN_PROCESS_ENV
+
+        for key, value in IN_PROCESS_ENV.items():
+            if os.environ.get(key) == value:
+                mp.delenv(key)
         client = nbclient.NotebookClient(nb, kernel_name=kernel_name, timeout=cell_timeout_s, allow_errors=True,
                                          resources={"metadata": {"path": str(path.parent)}})
         t0 = time.monotonic()

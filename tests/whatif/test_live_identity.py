@@ -2,7 +2,9 @@
 before any traffic, recorded as it runs (RecordingWriter fed each applied step, as
 `python -m explorer attach --record` does): a shared prefix, a chunked prompt, a preempting
 burst and a client that hangs up mid-stream (an abort). Its recording replays through vLLM's own
-scheduler with 0 differences."""
+scheduler with 0 differences: with the model in worker processes of its own (vLLM's default on CPU)
+and with one worker in the engine core's process, which shares the scheduler's objects with the model
+runner as a GPU server's engine core does at tensor parallel 1."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -20,10 +22,16 @@ pytestmark = pytest.mark.slow
 
 BLOCK, NUM_BLOCKS, BUDGET = 32, 40, 128
 SYSTEM = "You are kvscope's test assistant. Answer briefly and plainly. " * 10
+# The executor under the engine core. On CPU vLLM runs the model in worker processes ("mp"), which
+# get a copy of each SchedulerOutput; with the engine core in the API server's process it takes the
+# single-worker executor ("uni", a GPU server's at tensor parallel 1), whose model runner keeps a new
+# request's block-id list as its own and extends it in later steps, while the recorder's thread may
+# not have read it yet.
+EXECUTORS = {"workers": {}, "single-worker": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}
 
 
-@pytest.fixture(scope="module")
-def recorded(default_model_path, tmp_path_factory):
+@pytest.fixture(scope="module", params=list(EXECUTORS))
+def recorded(request, default_model_path, tmp_path_factory):
     """(recording, history) of one server's traffic; the server is stopped afterwards."""
     require_vllm()
     pytest.importorskip("openai")
@@ -32,7 +40,7 @@ def recorded(default_model_path, tmp_path_factory):
 
     srv = VllmServer(default_model_path, num_gpu_blocks=NUM_BLOCKS, block_size=BLOCK, max_model_len=1024,
                      max_num_batched_tokens=BUDGET, max_num_seqs=8, kv_events=False,
-                     log=os.environ.get("KVSCOPE_LIVE_TEST_LOG"), env={"OMP_NUM_THREADS": "2"})
+                     log=os.environ.get("KVSCOPE_LIVE_TEST_LOG"), env={"OMP_NUM_THREADS": "2", **EXECUTORS[request.param]})
     path = tmp_path_factory.mktemp("live") / "server.kvrec.gz"
     try:
         srv.start().wait_ready(600)

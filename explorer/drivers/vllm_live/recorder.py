@@ -121,6 +121,21 @@ class AsyncRecordingScheduler(RecordingScheduler, AsyncScheduler):
     """The recorder over vLLM's AsyncScheduler (schedule step N+1 while step N runs)."""
 
 
+def _runner_owned_tables(out: Any) -> tuple[list[list[int]], list]:
+    """Copies, taken on the scheduler thread before the step runs, of the block-id lists that
+    vLLM's model runner makes its own: a new request's and a resumed one's. A single-worker
+    executor (a GPU server at tensor parallel 1, or an engine core in the API server's process)
+    hands the runner the SchedulerOutput itself, and the runner extends those lists in later
+    steps, so by the time the recorder's thread reads them they may hold blocks of steps to
+    come. The other requests' new blocks are only read by the runner: they go as they are."""
+    new = [list(d.block_ids[0]) for d in out.scheduled_new_reqs]
+    c = out.scheduled_cached_reqs
+    cached = [b and b[0] for b in c.new_block_ids]
+    if c.resumed_req_ids:
+        cached = [list(b) if b and rid in c.resumed_req_ids else b for rid, b in zip(c.req_ids, cached)]
+    return new, cached
+
+
 class _Cap:
     """One step as the scheduler thread notes it: its SchedulerOutput, its block events, times."""
 
@@ -190,7 +205,7 @@ class _Notes:
         cap.schedule_s = t0 - cap.started
         cap.out = out
         self.caps[id(out)] = cap
-        self.items.append(("s", cap.sid, out, int(self.s.max_num_scheduled_tokens)))
+        self.items.append(("s", cap.sid, out, int(self.s.max_num_scheduled_tokens), _runner_owned_tables(out)))
         if (out.scheduled_new_reqs or out.preempted_req_ids or out.scheduled_cached_reqs.resumed_req_ids
                 or self._lengths() != self._before):
             self.queues_moved = True
@@ -438,7 +453,7 @@ class _Publisher:
         for item in items:
             kind = item[0]
             if kind == "s":
-                ops.append(self._sched_op(item[1], item[2], item[3]))
+                ops.append(self._sched_op(item[1], item[2], item[3], item[4]))
             elif kind == "u":
                 ops.append(self._update_op(*item[1:]))
             elif kind == "a":
@@ -472,15 +487,16 @@ class _Publisher:
         except KeyError:  # a request the recorder never saw arrive (never, but a name costs nothing)
             return [self._index(r) for r in rids]
 
-    def _sched_op(self, sid: int, out: Any, budget: int) -> list:
+    def _sched_op(self, sid: int, out: Any, budget: int, tables: tuple[list, list]) -> list:
         indices = self._indices
         c = out.scheduled_cached_reqs
         rids = list(out.num_scheduled_tokens)
         order = indices(rids)
+        new_tables, cached_tables = tables
         return ["s", sid, order, list(out.num_scheduled_tokens.values()),
-                [[self._index(d.req_id), d.num_computed_tokens, d.block_ids[0]] for d in out.scheduled_new_reqs],
+                [[self._index(d.req_id), d.num_computed_tokens, t] for d, t in zip(out.scheduled_new_reqs, new_tables)],
                 order if c.req_ids == rids else indices(c.req_ids), c.num_computed_tokens,
-                [b and b[0] for b in c.new_block_ids], c.num_output_tokens, indices(c.resumed_req_ids),
+                cached_tables, c.num_output_tokens, indices(c.resumed_req_ids),
                 indices(out.preempted_req_ids or ()), budget]
 
     def _update_op(self, cap: _Cap, result: Any, wall: float, step_s: float) -> list:

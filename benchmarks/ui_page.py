@@ -20,7 +20,7 @@ import nbformat
 
 from .ui_common import WATCHED_PANELS, BenchUnavailable
 
-from .lab_harness import CHROMIUM_ARGS, LabUI, find_chromium, start_lab_server
+from .lab_harness import CHROMIUM_ARGS, REPO, LabUI, find_chromium, start_lab_server
 
 NOTEBOOK = "bench_ui.ipynb"
 KERNEL_LOG = "kernel_steps.jsonl"
@@ -90,7 +90,9 @@ def build_notebook(path: Path, *, model: str | None, num_requests: int, num_kv_b
                    steps: int, prompt_len: tuple[int, int], kernel_log: Path) -> None:
     """The scratch notebook: the benchmark's Session, a StepTimer, a Dashboard."""
     setup = (
-        "import os\n"
+        # The kernel runs in a temporary folder, and benchmarks/ is in no install (an editable
+        # one maps engine, explorer and widgets only): it imports this checkout.
+        f"import os, sys; sys.path.insert(0, {str(REPO)!r})\n"
         "from explorer import Dashboard\n"
         "from benchmarks.ui import StepTimer, prepare_session, all_decoding\n"
         f"session = prepare_session({model!r}, num_requests={num_requests}, num_kv_blocks={num_kv_blocks},\n"
@@ -170,11 +172,14 @@ def _drive(page, server, *, steps: int, warmup_clicks: int, out: Callable[[str],
     ui.open_notebook(NOTEBOOK)
     ui.run_all_cells()
     dash = page.locator(".kvs-dashboard").first
+    failed = page.locator("[data-mime-type='application/vnd.jupyter.stderr']", has_text="Traceback")
     try:
-        dash.get_by_test_id("kvs-step-btn").first.wait_for(timeout=DASHBOARD_TIMEOUT_MS)
-        for testid in WATCHED_PANELS:
-            dash.get_by_test_id(testid).first.wait_for(timeout=DASHBOARD_TIMEOUT_MS)
-        ui.wait_kernel_idle(DASHBOARD_TIMEOUT_MS)
+        # The Dashboard, or a cell's traceback at once (not after the whole timeout).
+        dash.get_by_test_id("kvs-step-btn").or_(failed).first.wait_for(timeout=DASHBOARD_TIMEOUT_MS)
+        if not failed.count():
+            for testid in WATCHED_PANELS:
+                dash.get_by_test_id(testid).first.wait_for(timeout=DASHBOARD_TIMEOUT_MS)
+            ui.wait_kernel_idle(DASHBOARD_TIMEOUT_MS)
     finally:
         errors = ui.cell_errors()
     if errors:

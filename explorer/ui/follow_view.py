@@ -47,8 +47,10 @@ def follow_panel(session: Any, binder: Any = None) -> Any:
         action = content.get("action")
         if action == "follow":
             if binder is not None:
-                binder.scrub(None)  # the view follows too: back to the latest step
-            session.follow()
+                binder.view_index = None  # the view follows too, back to the latest step (drawn below)
+            session.follow()  # its "follow" event redraws this panel first: it says following at once
+            if binder is not None:
+                binder.scrub(None)
         elif action == "pause":
             at = content.get("at_step")
             if binder is not None and isinstance(at, int) and not isinstance(at, bool):

@@ -123,3 +123,25 @@ def test_browser_part_without_chromium_says_how_to_skip_it(monkeypatch):
     monkeypatch.setattr(ui_bench_page, "find_chromium", lambda: None)
     with pytest.raises(bench_ui.BenchUnavailable, match="--no-browser"):
         bench_ui.bench_browser("unused", steps=1, out=lambda line: None)
+
+
+def test_the_browser_notebook_imports_this_checkout_from_the_kernels_folder(tmp_path):
+    # Lab runs the bench's notebook in a temporary folder, where benchmarks/ is in no install (an
+    # editable one maps engine, explorer and widgets only): its first line must reach this checkout.
+    import os
+    import subprocess
+    import sys
+
+    import nbformat
+
+    from benchmarks import ui_page as ui_bench_page
+
+    path = tmp_path / "bench_ui.ipynb"
+    ui_bench_page.build_notebook(path, model=None, num_requests=1, num_kv_blocks=8, block_size=16, steps=1,
+                                 prompt_len=(4, 8), kernel_log=tmp_path / "kernel.log")
+    first = nbformat.read(str(path), as_version=4).cells[0].source.splitlines()[0]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "-c", f"{first}\nimport benchmarks.ui, explorer\nprint(explorer.__file__)"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(ui_bench_page.REPO / "explorer" / "__init__.py")

@@ -256,11 +256,13 @@ function kvsOnChange(model, fields, handler, more = [], whileHeld = false) {
 // hears the click only when that cell ends, and steps keep arriving from its follow thread). So
 // the browser holds every panel of the Dashboard at the step shown at the click: their redraws
 // wait; the kernel then shows that step and pauses, and the hold is released (follow.js).
+// A step reaches the panels one widget message at a time, so at the click some may still show
+// the step before: they go on up to the held step, and only redraws past it wait.
 /** @param {KvsModel} model @param {() => void} handler */
 function kvsHeldOr(model, handler) {
   return () => {
     const bus = kvsLinkBus(/** @type {string} */ (model.get("link_group")) || "kvs-default");
-    if (bus.held !== null) bus.deferred.add(handler);
+    if (bus.held !== null && Number(model.get("step")) > bus.held) bus.deferred.add(handler);
     else handler();
   };
 }

@@ -35,6 +35,15 @@ def data_step(scope, testid: str) -> int:
     return int(scope.get_by_test_id(testid).first.get_attribute("data-step"))
 
 
+def wait_panels_at(page, step: int, testids=("kvs-queues", "kvs-block-pool", "kvs-slot-mapping")) -> None:
+    """Wait until each panel shows `step`: the kernel sends a step to the panels one widget message
+    after another (queues first, slots after the pool), so they arrive a moment apart."""
+    for testid in testids:
+        page.wait_for_function(
+            f"""() => Number(document.querySelector('.kvs-dashboard [data-testid="{testid}"]')?.dataset.step) === {step}""",
+            timeout=10_000)
+
+
 def test_dashboard_follows_a_live_server_and_pause_holds_it(vllm_server, run_notebook, page,
                                                             save_screenshot):
     srv = vllm_server
@@ -63,8 +72,7 @@ def test_dashboard_follows_a_live_server_and_pause_holds_it(vllm_server, run_not
         timeout=TIMEOUT_MS)
     finished = dash.get_by_test_id("kvs-queue-finished")
     finished.locator(f'[data-request-id^="{r.id}"]').first.wait_for(timeout=TIMEOUT_MS)
-    for testid in ("kvs-block-pool", "kvs-slot-mapping"):
-        assert data_step(dash, testid) == data_step(dash, "kvs-queues")
+    wait_panels_at(page, data_step(dash, "kvs-queues"))   # the server is idle now: no step follows
     save_screenshot(page, "attach-1-following")
 
     # -- What the Session cannot drive is hidden; what the feed does not carry is said ----------
@@ -139,6 +147,7 @@ def test_pause_holds_the_panels_at_once_while_a_cell_keeps_sending(vllm_server, 
                               ?.textContent.startsWith('pausing at step')""", timeout=2_000)
     held = data_step(dash, "kvs-queues")
     assert state.inner_text().startswith(f"pausing at step {held}")
+    wait_panels_at(page, held)   # a panel a message behind at the click comes up to the held step
     for _ in range(6):   # the kernel's thread goes on applying steps; the panels stay
         time.sleep(0.5)
         assert data_step(dash, "kvs-queues") == held
@@ -150,8 +159,7 @@ def test_pause_holds_the_panels_at_once_while_a_cell_keeps_sending(vllm_server, 
     page.wait_for_function("""() => document.querySelector('[data-testid="kvs-follow-state"]')
                               ?.textContent.startsWith('paused')""", timeout=TIMEOUT_MS)
     assert toggle.inner_text() == "Follow"
-    page.wait_for_function(f"() => Number({queues}?.dataset.step) === {held}", timeout=10_000)
-    assert data_step(dash, "kvs-slot-mapping") == held
+    wait_panels_at(page, held)
 
     # -- Follow: the waiting steps are applied and the view shows the latest, not the held step -----
     toggle.click()

@@ -182,10 +182,12 @@ class ModelRunner:
         used = total - free  # weights, allocator state, other processes (the driver's view)
         budget = int(total * self.config.gpu_memory_utilization) - used - (peak - current)
         if budget < 2 * self.bytes_per_block_per_rank:
+            # As in vLLM, the fraction covers everything on the GPU: another engine's pool counts.
             raise ValueError(f"gpu_memory_utilization={self.config.gpu_memory_utilization} leaves no room for "
-                             f"the KV pool on {self.device} (weights and activations use "
-                             f"{(used + peak - current) / 2**30:.1f} GiB of {total / 2**30:.1f} GiB); raise it or "
-                             "lower max_num_batched_tokens")
+                             f"the KV pool on {self.device}: {(used + peak - current) / 2**30:.1f} GiB of "
+                             f"{total / 2**30:.1f} GiB are taken (this engine's weights and activations, and "
+                             "anything else on the GPU: other engines in this process, other processes); raise "
+                             "it, or lower max_num_batched_tokens")
         return budget
 
     @torch.inference_mode()

@@ -44,13 +44,9 @@ class Sampler:
         self.native = native()
 
     def __call__(self, logits: torch.Tensor, requests: list[Request], with_top: bool = True) -> list[SampleResult]:
-        if logits.dtype != torch.float32 or logits.device.type != "cpu":
-            # Only then: each torch call costs ~10-50 us right after a decode step's weights
-            # streamed through the caches (one stream's step is ~15 ms on a 2-core CPU).
-            logits = logits.float().cpu()
         if not requests:
             return []
-        # Candidates of greedy rows, batched (no per-row kernel calls).
+        # Candidates of greedy rows, batched (no per-row kernel calls), on the logits' device.
         rows = [i for i, r in enumerate(requests) if r.params.greedy and with_top and r.params.logprobs_top]
         k = min(max((requests[i].params.logprobs_top for i in rows), default=1), logits.shape[-1])
         greedy_tokens, top_ids, top_probs = self._greedy(logits, rows, k)
@@ -58,13 +54,14 @@ class Sampler:
         for j, i in enumerate(rows):
             n = requests[i].params.logprobs_top
             greedy_top[i] = list(zip(top_ids[j][:n], top_probs[j][:n]))
+        drawn = self._drawn_rows(logits, requests)
         results: list[SampleResult] = []
         for row, req in enumerate(requests):
             p = req.params
             if p.greedy:
                 results.append(SampleResult(greedy_tokens[row], greedy_top.get(row, [])))
                 continue
-            probs = filtered_probs(logits[row], p.temperature, p.top_k, p.top_p)
+            probs = filtered_probs(drawn[row], p.temperature, p.top_k, p.top_p)
             gen = req.generator if req.generator is not None else self.generator
             token = int(torch.multinomial(probs, 1, generator=gen).item())
             top = []
@@ -74,16 +71,34 @@ class Sampler:
             results.append(SampleResult(token, top))
         return results
 
+    @staticmethod
+    def _drawn_rows(logits: torch.Tensor, requests: list[Request]) -> dict[int, torch.Tensor]:
+        """The fp32 host logits of each row drawn at random. Their generators live on the host,
+        so a seed gives the same token on any device; from a GPU only these rows are copied (all
+        of a 256-row batch's logits are 155 MB)."""
+        drawn = [i for i, r in enumerate(requests) if not r.params.greedy]
+        if not drawn:
+            return {}
+        if logits.device.type == "cpu":
+            host = logits if logits.dtype == torch.float32 else logits.float()
+            return {i: host[i] for i in drawn}
+        return dict(zip(drawn, logits[drawn].float().cpu()))
+
     def _greedy(self, logits: torch.Tensor, rows: list[int],
                 k: int) -> tuple[list[int], list[list[int]], list[list[float]]]:
         """Every row's argmax token, and for the rows listed the ids of their k best logits and
         those candidates' probabilities (lists: item j of each is rows[j]'s)."""
-        if self.native is not None:
+        if self.native is not None and logits.device.type == "cpu":
+            # One pass over each row. A torch call costs ~10-50 us right after a decode step's
+            # weights streamed through the caches (one stream's step is ~15 ms on a 2-core CPU).
+            logits = logits if logits.dtype == torch.float32 else logits.float()
             ids, probs = self.native.greedy_top(logits if logits.is_contiguous() else logits.contiguous(), k)
             tokens = [row[0] for row in ids]
             if len(rows) != len(ids):
                 ids, probs = [ids[i] for i in rows], [probs[i] for i in rows]
             return tokens, ids, probs
+        # Elsewhere torch's, on the logits' device (a GPU's: only tokens and candidates cross to the host).
+        logits = logits.float()
         tokens = logits.argmax(-1).tolist()
         if not rows:
             return tokens, [], []

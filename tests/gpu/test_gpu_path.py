@@ -144,7 +144,8 @@ def test_qwen3_0_6b_shaped_parity_and_bf16_logits(qwen3_0_6b_shaped):
     assert hf_greedy(qwen3_0_6b_shaped, prompts, 16, device="cuda") == ref
     # bf16 (the GPU default) with graphs: first-token logits close to fp32's.
     bf16 = gpu_llm(qwen3_0_6b_shaped)
-    fp32 = gpu_llm(qwen3_0_6b_shaped, dtype="float32")
+    # gpu_memory_utilization counts everything on the GPU (vLLM's meaning): bf16's 0.3 is taken.
+    fp32 = gpu_llm(qwen3_0_6b_shaped, dtype="float32", gpu_memory_utilization=0.65)
     for llm in (bf16, fp32):
         llm.engine.add_request(prompts[1], greedy(1, ignore_eos=True))
     a, b = bf16.engine.step(), fp32.engine.step()

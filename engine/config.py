@@ -74,7 +74,8 @@ class EngineConfig:
     seed: int = 0
     check_invariants: bool = False
     # False: step() returns a lean StepRecord (schedule, finished, timings; no packed batch,
-    # no candidate lists, no token text). Used to measure what observation costs.
+    # no candidate lists, no token text, no changes). Used to measure what observation costs;
+    # a Session cannot follow such an engine.
     record_steps: bool = True
 
     def __post_init__(self) -> None:

@@ -180,7 +180,10 @@ class LLMEngine:
         rec = step_record(self.step_count, out, batch, ran, rows, results, finished, ms,
                           scheduler=self.scheduler, config=self.config, backend=self.runner.backend.name,
                           engine_time=self.engine_time, decode=self.decode)
-        rec.changes = self._take_changes(out)
+        if self.config.record_steps:
+            rec.changes = self._take_changes(out)
+        else:  # a lean record: building the changes (each request's text, clocks, table) is observation
+            self.notes.skip(self.scheduler)
         return rec
 
     def take_changes(self) -> ChangesDict:

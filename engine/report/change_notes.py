@@ -64,6 +64,13 @@ class ChangeNotes:
             self.config_changed = False
         return changes
 
+    def skip(self, scheduler: Scheduler) -> None:
+        """A lean step (EngineConfig.record_steps False, a benchmark's): no changes are built, and
+        what they would have carried is let go, so nothing piles up over a long run."""
+        scheduler.kv.pool.take_touched()
+        self.requests.clear()
+        self._finished_sent = len(scheduler.finished)
+
     def _request_change(self, req: Request, decode: Decode) -> RequestChangeDict:
         fields: RequestFieldsDict = {REQ.REQUEST_ID: req.request_id, REQ.STATUS: req.status.value,
                   REQ.NUM_COMPUTED_TOKENS: req.num_computed_tokens, REQ.NUM_CACHED_TOKENS: req.num_cached_tokens,

@@ -57,7 +57,8 @@ def empty_batch() -> BatchDict:
 
 def changes_to_come() -> ChangesDict:
     """What a StepRecord holds until its producer sets the step's changes, which every producer
-    does before the record leaves it: an empty placeholder, not yet a ChangesDict."""
+    does before the record leaves it (a lean engine's records keep it: EngineConfig.record_steps):
+    an empty placeholder, not yet a ChangesDict."""
     return cast("ChangesDict", {})
 
 

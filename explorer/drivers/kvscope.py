@@ -21,6 +21,9 @@ class KvscopeDriver:
     watch_only = ""
 
     def __init__(self, llm: LLM) -> None:
+        if not llm.engine.config.record_steps:
+            raise ValueError("record_steps=False makes lean step records without the changes a Session "
+                             "follows; leave record_steps at True for a Session")
         self.llm = llm
         self.engine = llm.engine
         self.source = self.controls = llm.engine  # LLMEngine is both a Source and its Controls

@@ -180,11 +180,15 @@ class LabUI:
         self.page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
         self.page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
 
+    def failed_cells(self):
+        """The cell outputs that show a traceback (a Playwright locator: a wait can end on one)."""
+        # Lab renders an error as a stderr output; its IPython traceback tells it from a warning.
+        return self.page.locator("[data-mime-type='application/vnd.jupyter.stderr']",
+                                 has_text="Traceback (most recent call last)")
+
     def cell_errors(self) -> list[str]:
         """Tracebacks shown in cell outputs (a failed cell explains a missing widget)."""
-        # Lab renders an error as a stderr output; its IPython traceback tells it from a warning.
-        texts = self.page.locator("[data-mime-type='application/vnd.jupyter.stderr']").all_inner_texts()
-        return [t for t in texts if "Traceback (most recent call last)" in t]
+        return self.failed_cells().all_inner_texts()
 
 
 def focus_pixels_js(canvas_selector: str) -> str:

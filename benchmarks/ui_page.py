@@ -172,7 +172,7 @@ def _drive(page, server, *, steps: int, warmup_clicks: int, out: Callable[[str],
     ui.open_notebook(NOTEBOOK)
     ui.run_all_cells()
     dash = page.locator(".kvs-dashboard").first
-    failed = page.locator("[data-mime-type='application/vnd.jupyter.stderr']", has_text="Traceback")
+    failed = ui.failed_cells()
     try:
         # The Dashboard, or a cell's traceback at once (not after the whole timeout).
         dash.get_by_test_id("kvs-step-btn").or_(failed).first.wait_for(timeout=DASHBOARD_TIMEOUT_MS)

@@ -17,7 +17,7 @@ from .report.change_notes import ChangeNotes
 from .report.invariants import check_invariants
 from .report.model_info import model_info, tensor_parallel_facts
 from .report.probe import AttentionProbe, probe_attention
-from .report.records import EngineSnapshot, StepRecord, engine_snapshot, step_record
+from .report.records import EngineSnapshot, StepRecord, changes_to_come, engine_snapshot, step_record
 from .report.schema import METRICS, TIME, ChangesDict, EngineMetricsDict, ModelInfoDict, TimingsDict
 from .request import Request, abortable
 from .runner.forward_timer import ForwardTimer
@@ -180,16 +180,20 @@ class LLMEngine:
         rec = step_record(self.step_count, out, batch, ran, rows, results, finished, ms,
                           scheduler=self.scheduler, config=self.config, backend=self.runner.backend.name,
                           engine_time=self.engine_time, decode=self.decode)
-        if self.config.record_steps:
-            rec.changes = self._take_changes(out)
-        else:  # a lean record: building the changes (each request's text, clocks, table) is observation
-            self.notes.skip(self.scheduler)
+        rec.changes = self._step_changes(out)
         return rec
 
     def take_changes(self) -> ChangesDict:
         """What actions changed since the last step or call (engine/report/changes.py): a
         Session applies it to its latest snapshot after adding, aborting or re-budgeting."""
         return self._take_changes(None)
+
+    def _step_changes(self, out: SchedulerOutput) -> ChangesDict:
+        if self.config.record_steps:
+            return self._take_changes(out)
+        # A lean record's: none (each request's text, clocks and table tail are observation).
+        self.notes.skip(self.scheduler)
+        return changes_to_come()
 
     def _take_changes(self, out: SchedulerOutput | None) -> ChangesDict:
         return self.notes.take(self.step_count, out, requests=self.requests, scheduler=self.scheduler,

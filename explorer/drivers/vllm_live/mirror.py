@@ -36,8 +36,8 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from itertools import compress
-from operator import add
+from itertools import chain, compress
+from operator import add, sub
 from typing import Literal, cast, overload
 
 from engine.core.block_pool import BlockEventsDict
@@ -79,6 +79,7 @@ COUNTERS = ("prefix_cache_hits", "prefix_cache_queries", "num_preemptions", "num
             "num_prompt_tokens_computed")
 
 
+_DEFER_AT_MOST = 256   # deferred decode steps held at most (then settled): memory stays small
 UNKNOWN_TOKEN = -1     # a batch position whose token id never reached the scheduler (see _record)
 _NO_BLOCKS = 1 << 62   # a touched request whose blocks did not change (only its outputs or times did)
 
@@ -213,10 +214,15 @@ def _stamp(m: _Metrics, event: str, wall: float, engine: float) -> None:
 
 class Mirror:
     """One engine core's state for the feed (see the module doc). `tokens` False: the feed
-    carries counts instead of token ids (KVSCOPE_FEED_TOKENS=0)."""
+    carries counts instead of token ids (KVSCOPE_FEED_TOKENS=0).
+
+    `defer_decodes` (the recorder's copy, which is read only when a client joins): a step in
+    which every request decoded one token is kept as two lists, and its tokens and times reach
+    the requests in runs of such steps, one extend per request and run instead of three
+    appends per request and step, before anything reads them (`settle`)."""
 
     def __init__(self, config: dict, model_info: dict, *, null_block: int = 0, num_free: int | None = None,
-                 finished_keep: int = 256, tokens: bool = True) -> None:
+                 finished_keep: int = 256, tokens: bool = True, defer_decodes: bool = False) -> None:
         self.config, self.model_info = config, model_info
         self.block_size = int(config["block_size"])
         n = int(config["num_kv_blocks"])
@@ -238,6 +244,11 @@ class Mirror:
         self.scheduled_ahead: int | None = None  # the step whose allocations the state already holds
         self._gone: dict[int, Req] = {}        # finished requests a pending schedule still names
         self.sent: Sent | None = None          # what the consumer holds (expanding side only)
+        self.defer_decodes = defer_decodes
+        self._decodes: list[tuple[list[int], list[int], float, float]] = []  # (ids, tokens, wall, engine)
+        self._memo_due: list[tuple[int, str, Req, int]] = []  # (block, hash, request, table index), after them
+        # The last scheduled batch: its request indices, its Reqs, their prompt lengths less one.
+        self._rows: tuple[list[int], list[Req], list[int]] = ([], [], [])
 
     # -- applying a body -------------------------------------------------------------------------
     @overload
@@ -268,6 +279,7 @@ class Mirror:
                 raise ValueError(f"unknown op {kind!r}")
         ref, hashes = self.ref, self.hash
         if body.get("cleared"):
+            self.settle()
             hashes[:] = [None] * len(hashes)
             self.memo.clear()
         ids, refs, keys = body["blocks"]
@@ -278,7 +290,10 @@ class Mirror:
         for b, idx, i in body["cached"]:
             req = self.requests.get(idx) or step.gone.get(idx)
             if req is not None and hashes[b] is not None:
-                self.memo[b] = (hashes[b], req.tokens(i * bs, (i + 1) * bs) if self.tokens else [])
+                if self.tokens and self.defer_decodes:  # the block's tokens may be deferred ones
+                    self._memo_due.append((b, hashes[b], req, i))
+                else:
+                    self.memo[b] = (hashes[b], req.tokens(i * bs, (i + 1) * bs) if self.tokens else [])
         if body["queues"] is not None:
             self.running, self.waiting = list(body["queues"][0]), list(body["queues"][1])
         self.num_free, self.usage = body["free"], body["usage"]
@@ -327,15 +342,23 @@ class Mirror:
                 reqs[idx].table += blocks
         for idx in resumed:
             self._reset_table(reqs[idx], list(dict(zip(cached_ids, cached_blocks))[idx] or ()))
-        rs = [reqs[i] for i in order]
+        if order != self._rows[0]:  # a batch other than the last step's
+            rows = [reqs[i] for i in order]
+            self._rows = (order, rows, [r.n_prompt - 1 for r in rows])
+        rs, prompts_less_one = self._rows[1], self._rows[2]
         for req, c in zip(rs, map(add, bs_, ns)):
             req.computed = c
         # A decode computes one token, the request's latest, past its prompt (under async
         # scheduling, one still being sampled): n == 1, b == prompt + outputs (+ placeholders) - 1
         # and outputs >= 1.
-        decode = [n == 1 and w >= 1 and b == r.n_prompt + w - 1 for r, b, n, w in zip(rs, bs_, ns, outs)]
+        if ns.count(1) == len(ns) and list(map(sub, bs_, outs)) == prompts_less_one and min(outs, default=1) >= 1:
+            decode = [True] * len(ns)  # the common step, without a loop in Python
+        else:
+            decode = [n == 1 and w >= 1 and b == r.n_prompt + w - 1 for r, b, n, w in zip(rs, bs_, ns, outs)]
         chunk: dict[int, int] = {}  # row -> prefill chunk index
         known: dict[int, int] = {}  # row -> tokens the request knew (its logits row is sampled if it reaches them)
+        if admitted or not all(decode):
+            self.settle()  # their outputs are read below
         if admitted:
             b_of = dict(zip(order, bs_))
             for idx in admitted:
@@ -376,6 +399,7 @@ class Mirror:
             self.sent.table_went_back(req.rid)
 
     def _finish(self, req: Req, reason: str, wall: float, engine: float, step: _Step) -> None:
+        self.settle()  # a finished request's outputs are whole
         req.finish_reason, req.status = reason, "finished"
         _stamp(req.metrics, "finished_time", wall, engine)
         self._reset_table(req, [])
@@ -408,27 +432,15 @@ class Mirror:
                 m.engine.preempted_times.append(engine_start)
             counters["num_preemptions"] += len(preempted)
         reqs = self.requests
-        rs = list(map(reqs.get, ids))
         counts = list(map(len, new_tokens)) if self.tokens else new_tokens
-        if self.tokens and None not in rs and counts.count(1) == len(counts):
-            # Decodes (one token each, the common step): the loop below, lean.
-            decoded = cast("list[Req]", rs)  # None is not in it
-            for r in decoded:
-                r.tw.append(wall)
-            for r in decoded:
-                r.te.append(engine)
-            for r, new in zip(decoded, new_tokens):
-                r.output += new
+        decodes = self.tokens and counts.count(1) == len(counts)  # one token each: the common step
+        if decodes and self.defer_decodes:
+            self._decodes.append((ids, list(chain.from_iterable(new_tokens)), wall, engine))
+            if len(self._decodes) >= _DEFER_AT_MOST:
+                self.settle()
         else:
-            for req, new, k in zip(rs, new_tokens, counts):
-                if req is None or not k:
-                    continue
-                req.tw += [wall] * k
-                req.te += [engine] * k
-                if self.tokens:
-                    req.output += new
-                else:
-                    req.n_hidden += k
+            self.settle()  # the deferred tokens come first
+            self._add_outputs(list(map(reqs.get, ids)), new_tokens, counts, decodes, wall, engine)
         generated = sum(counts)
         if self.sent is not None:
             for idx in ids:
@@ -440,6 +452,52 @@ class Mirror:
                 self._finish(req, reason, wall, engine, step)
                 u.finished_ids.append(req.rid)
         self.pending.pop(sid, None)
+
+    def _add_outputs(self, rs: list[Req | None], new_tokens: list, counts: list[int], decodes: bool, wall: float,
+                     engine: float) -> None:
+        if decodes and None not in rs:  # the common step, lean
+            decoded = cast("list[Req]", rs)  # None is not in it
+            for r in decoded:
+                r.tw.append(wall)
+            for r in decoded:
+                r.te.append(engine)
+            for r, new in zip(decoded, new_tokens):
+                r.output += new
+            return
+        for req, new, k in zip(rs, new_tokens, counts):
+            if req is None or not k:
+                continue
+            req.tw += [wall] * k
+            req.te += [engine] * k
+            if self.tokens:
+                req.output += new
+            else:
+                req.n_hidden += k
+
+    def settle(self) -> None:
+        """Give the requests the decode steps deferred so far (`defer_decodes`), a run of steps
+        over the same requests at a time, then the tokens of the blocks hashed meanwhile."""
+        log = self._decodes
+        if log:
+            self._decodes = []
+            reqs = self.requests
+            start = 0
+            for end in range(1, len(log) + 1):
+                if end < len(log) and log[end][0] == log[start][0]:
+                    continue
+                run = log[start:end]
+                walls, engines = [e[2] for e in run], [e[3] for e in run]
+                for req, new in zip(map(reqs.get, run[0][0]), zip(*[e[1] for e in run])):
+                    if req is not None:
+                        req.output += new
+                        req.tw += walls
+                        req.te += engines
+                start = end
+        if self._memo_due:
+            bs, memo = self.block_size, self.memo
+            for b, h, req, i in self._memo_due:
+                memo[b] = (h, req.tokens(i * bs, (i + 1) * bs))
+            self._memo_due = []
 
     # -- what a consumer reads -------------------------------------------------------------------
     @property
@@ -602,6 +660,7 @@ class Mirror:
     def snapshot_dict(self) -> EngineSnapshotDict:
         """The whole EngineSnapshot dict. It is a refresh point: the consumer holds every
         request whole afterwards (a later body's changes continue from it)."""
+        self.settle()
         if self.sent is None:
             self.sent = Sent()
         reqs = self.requests
@@ -633,6 +692,7 @@ class Mirror:
     # -- the wire ----------------------------------------------------------------------------------
     def to_wire(self) -> dict:
         """The whole state, for a joining client (`from_wire` rebuilds it)."""
+        self.settle()
         return {"config": self.config, "model_info": self.model_info, "null_block": self.null_block,
                 "tokens": self.tokens, "finished_keep": self.finished.maxlen, "step": self.step_count,
                 "engine_time": self.engine_time, "counters": self.counters, "usage": self.usage, "free": self.num_free,

@@ -158,7 +158,7 @@ class _Notes:
         self.mirror = Mirror(_config_dict(scheduler.vllm_config, scheduler), _model_info(scheduler.vllm_config),
                              null_block=int(self.pool.null_block.block_id),
                              num_free=int(self.pool.get_num_free_blocks()), finished_keep=settings["finished"],
-                             tokens=settings["tokens"])
+                             tokens=settings["tokens"], defer_decodes=True)
         self.publisher = _Publisher(settings, self.mirror, int(self.mirror.block_size))
         self.notes = PoolNotes(self.pool)
         self.between = new_events()       # block events outside any step (an abort's frees)

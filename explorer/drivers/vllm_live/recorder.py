@@ -46,7 +46,8 @@ from .pool_notes import PoolNotes, new_events
 
 log = logging.getLogger("vllm.kvscope_recorder")  # a child of vLLM's logger: its handler and format
 
-_OUTPUT = attrgetter("request_id", "new_token_ids", "finish_reason")
+_LOOK_EVERY_S = 0.05  # as long as the feed thread's idle wait: an idle recorder looks each time it wakes
+_REQUEST_ID, _NEW_TOKEN_IDS, _FINISH_REASON = map(attrgetter, ("request_id", "new_token_ids", "finish_reason"))
 
 
 def _vllm_config(args: tuple, kwargs: dict) -> Any:
@@ -293,7 +294,9 @@ class _Publisher:
         self.counters = {"published": 0, "unobserved": 0, "errors": 0, "steps": 0, "recorder_ms": 0.0,
                          "recorder_cpu_ms": 0.0, "publisher_cpu_ms": 0.0, "backlog": 0}
         self.by_id: dict[str, int] = {}
+        self.rows: dict[int, tuple[list[str], list[int]]] = {}  # step -> its scheduled requests, names and indices
         self.next_idx = 0
+        self.next_look = 0.0  # when (time.monotonic) subscriptions and snapshot requests are next looked at
         self.int_hashes = kv_events_use_int_hashes()
         self.carry: dict | None = None   # a hand-over in which no step ran: told with the next one
         self.queue: deque = deque()
@@ -341,16 +344,24 @@ class _Publisher:
     def _run(self) -> None:
         zmq = self.zmq
         while self._running:
-            self.wake.wait(0.05)
+            self.wake.wait(_LOOK_EVERY_S)
             self.wake.clear()
             c0 = time.thread_time()
             try:
-                self._count_subscribers()
+                now = time.monotonic()
+                # Subscriptions and snapshot requests are looked at every _LOOK_EVERY_S, not at
+                # every step: reading a socket's flags makes ZMQ take in its commands (syscalls).
+                look = now >= self.next_look
+                if look:
+                    self.next_look = now + _LOOK_EVERY_S
+                    self._count_subscribers()
                 self.counters["backlog"] = max(self.counters["backlog"], len(self.queue))
                 while self.queue:
                     self._publish(self.queue.popleft())
-                    time.sleep(0)  # let vLLM's scheduler thread have the GIL between steps
-                self._answer_snapshot()
+                    if self.queue:
+                        time.sleep(0)  # let vLLM's scheduler thread have the GIL between steps
+                if look:
+                    self._answer_snapshot()
             except zmq.ZMQError:
                 if self._running:
                     log.exception("kvscope recorder: the feed's sockets failed")
@@ -412,6 +423,7 @@ class _Publisher:
         zmq = self.zmq
         if not self.rep.get(zmq.EVENTS) & zmq.POLLIN:  # the common case, without raising zmq.Again
             return
+        self._count_subscribers()  # a joining client subscribes before it asks: its steps must be sent
         try:
             request = self.rep.recv(zmq.NOBLOCK)
         except zmq.Again:
@@ -492,6 +504,7 @@ class _Publisher:
         c = out.scheduled_cached_reqs
         rids = list(out.num_scheduled_tokens)
         order = indices(rids)
+        self.rows[sid] = (rids, order)
         new_tables, cached_tables = tables
         return ["s", sid, order, list(out.num_scheduled_tokens.values()),
                 [[self._index(d.req_id), d.num_computed_tokens, t] for d, t in zip(out.scheduled_new_reqs, new_tables)],
@@ -500,16 +513,27 @@ class _Publisher:
                 indices(out.preempted_req_ids or ()), budget]
 
     def _update_op(self, cap: _Cap, result: Any, wall: float, step_s: float) -> list:
-        outs = [_OUTPUT(o) for eco in (result or {}).values() for o in eco.outputs]
+        scheduled = None
+        if cap.sid is not None:
+            scheduled = self.rows.pop(cap.sid, None)
+            if len(self.rows) > 4:  # steps whose update never came (an engine error): forget them
+                for sid in [s for s in self.rows if s < cap.sid]:
+                    del self.rows[sid]
+        clients = list((result or {}).values())  # one EngineCoreOutputs per front-end client
+        outs = clients[0].outputs if len(clients) == 1 else [o for eco in clients for o in eco.outputs]
         out = cap.out
         if not outs and (out is None or not out.total_num_scheduled_tokens):
             return ["x", cap.sid]  # nothing ran (vLLM tells its workers about finished requests)
-        rids, new, reasons = zip(*outs) if outs else ((), (), ())
-        ids = self._indices(rids)
+        # Column by column: no tuple per request (each would be one more object for the collector).
+        rids, new, reasons = (list(map(_REQUEST_ID, outs)), list(map(_NEW_TOKEN_IDS, outs)),
+                              list(map(_FINISH_REASON, outs)))
+        # vLLM reports a step's requests in the order it scheduled them (the common case): their
+        # indices are the schedule's, already looked up.
+        ids = scheduled[1] if scheduled is not None and rids == scheduled[0] else self._indices(rids)
         finished = [] if reasons.count(None) == len(reasons) else \
             [[k, r.name.lower()] for k, r in enumerate(reasons) if r is not None]
         return ["u", cap.sid, wall, step_s, cap.schedule_s, cap.update_s, ids,
-                list(new) if self.tokens else list(map(len, new)), finished, cap.events]
+                new if self.tokens else list(map(len, new)), finished, cap.events]
 
     def close(self) -> None:
         self._running = False

@@ -14,6 +14,7 @@ GIL time it takes there), the bytes a step message carries, and the gaps the sub
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import threading
@@ -77,6 +78,11 @@ def _steps(num_blocks: int, num_running: int, prompt_len: int, steps: int, recor
     sched = bare_scheduler(block_size=BLOCK_SIZE, num_blocks=num_blocks, max_model_len=prompt_len + 1024,
                            max_num_batched_tokens=8192, max_num_seqs=num_running,
                            scheduler_cls=RecordingScheduler if record else None)
+    # vLLM's engine core freezes its start-up heap once its scheduler is built (freeze_gc_heap):
+    # the pool's blocks are then out of the collector's reach. Without it, whichever thread
+    # happens to trigger a full collection pays for walking every block.
+    gc.collect()
+    gc.freeze()
     drain = None
     if record:
         drain = Drain(feed)
@@ -125,12 +131,15 @@ def _steps(num_blocks: int, num_running: int, prompt_len: int, steps: int, recor
         result["gaps"] = drain.gaps() + (c["published"] - len(drain.seqs))
         sched.shutdown()
         drain.close()
+    gc.unfreeze()  # the next size's start-up heap is frozen on its own
     return result
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=30, help="decode steps timed per round")
+    # 256: the recorder's mirror holds up to 256 decode steps before it settles them (mirror.py,
+    # _DEFER_AT_MOST); a window that long pays for one settle, as a server does every 256 steps.
+    ap.add_argument("--steps", type=int, default=256, help="decode steps timed per round")
     ap.add_argument("--rounds", type=int, default=3, help="rounds per size, plain and recorder alternated")
     ap.add_argument("--forward-ms", type=float, default=10.0,
                     help="the model's step the scheduler thread waits for between schedule and update (0: none)")

@@ -295,6 +295,7 @@ class _Publisher:
                          "recorder_cpu_ms": 0.0, "publisher_cpu_ms": 0.0, "backlog": 0}
         self.by_id: dict[str, int] = {}
         self.rows: dict[int, tuple[list[str], list[int]]] = {}  # step -> its scheduled requests, names and indices
+        self.last_rows: tuple[list[str], list[int]] = ([], [])  # the last schedule's, until a request arrives
         self.next_idx = 0
         self.next_look = 0.0  # when (time.monotonic) subscriptions and snapshot requests are next looked at
         self.int_hashes = kv_events_use_int_hashes()
@@ -482,6 +483,7 @@ class _Publisher:
 
     def _arrive_op(self, request: Any) -> list:
         rid = request.request_id
+        self.last_rows = ([], [])  # a name may come back with a new request
         prompt = list(request.prompt_token_ids or ())
         n = len(prompt)
         sp = getattr(request, "sampling_params", None)
@@ -503,7 +505,13 @@ class _Publisher:
         indices = self._indices
         c = out.scheduled_cached_reqs
         rids = list(out.num_scheduled_tokens)
-        order = indices(rids)
+        # The same batch as the last step (decodes): vLLM's same name objects, compared by identity
+        # first, so no request's name is hashed again (each would be a cache miss on this thread).
+        if rids == self.last_rows[0]:
+            order = self.last_rows[1]
+        else:
+            order = indices(rids)
+            self.last_rows = (rids, order)
         self.rows[sid] = (rids, order)
         new_tables, cached_tables = tables
         return ["s", sid, order, list(out.num_scheduled_tokens.values()),

@@ -37,7 +37,7 @@ from .workloads import Workload, random_workload
 
 MAX_ITERATIONS = 20_000
 ABORT_CHANCE = 0.04
-PLANTED = ("events-by-latest-schedule", "abort-frees-unseen", "sync-scheduler-under-async")
+PLANTED = ("events-by-latest-schedule", "abort-frees-unseen", "sync-scheduler-under-async", "names-kept")
 
 
 class Difference(AssertionError):
@@ -305,6 +305,7 @@ class Run:
                     self.abort(in_flight=True)
                 self.update(queue.pop())
             if it > last_arrival and not queue and not self.s.has_requests():
+                self._check_names_forgotten()
                 return self.counts
         raise Difference(f"the workload did not finish in {MAX_ITERATIONS} iterations")
 
@@ -321,6 +322,15 @@ class Run:
         if pub.subscribers <= before:
             raise Difference("the client never subscribed")
         self.clients.append([src, src.snapshot().to_dict()])
+
+    def _check_names_forgotten(self) -> None:
+        """Every request finished: the recorder holds none of their names (nothing leaks)."""
+        pub = self.s._rec.publisher
+        if not pub.flush(10):
+            raise Difference("the recorder did not publish every step in 10 s")
+        if pub.by_id or pub.names:
+            raise Difference(f"every request finished, yet the recorder still names {sorted(pub.by_id)[:5]} "
+                             f"({len(pub.by_id)} names, {len(pub.names)} indices)")
 
     def close(self) -> None:
         for src, _ in self.clients:
@@ -480,6 +490,8 @@ def planted(bug: str):
         cls, name = recorder.PoolNotes, "take"
     elif bug == "sync-scheduler-under-async":  # the recorder subclasses Scheduler whatever the config says
         cls, name, patch = recorder.RecordingScheduler, "__new__", lambda c, *a, **k: object.__new__(c)
+    elif bug == "names-kept":  # a finished request's name is never forgotten
+        cls, name, patch = recorder._Publisher, "_forget_finished", lambda self, ops: None
     else:
         raise ValueError(f"unknown bug {bug!r}; one of {PLANTED}")
     original_attr = cls.__dict__[name]

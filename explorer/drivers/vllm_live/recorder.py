@@ -14,8 +14,9 @@ On vLLM's scheduler thread the recorder only takes what the step touched: refere
 SchedulerOutput and the EngineCoreOutputs, the block ids of the block pool's calls
 (pool_notes.py), and at the end of each update the refcount and hash of each block that
 changed and, when a queue moved, the queues' request ids. A thread of its own
-(`_Publisher`) turns that into the compact body mirror.py spells, applies it to its
-`Mirror` (a joining client's snapshot), and publishes it without blocking: no subscriber,
+(`_Publisher`) turns that into the compact body mirror.py spells, publishes it without
+blocking, and applies the bodies to its `Mirror` (a joining client's snapshot) in runs, and
+always before a snapshot is taken: no subscriber,
 or one that does not read, costs a counter, never a wait.
 
 Each step is keyed by its SchedulerOutput, so vLLM's async scheduling (schedule N+1 before
@@ -47,6 +48,10 @@ from .pool_notes import PoolNotes, new_events
 log = logging.getLogger("vllm.kvscope_recorder")  # a child of vLLM's logger: its handler and format
 
 _LOOK_EVERY_S = 0.05  # as long as the feed thread's idle wait: an idle recorder looks each time it wakes
+# Bodies are applied to the recorder's mirror in runs of this many (and before a snapshot):
+# applied one per step, between vLLM's steps, the mirror's requests are out of this thread's
+# caches each time, and applying took twice as long.
+_APPLY_EVERY = 32
 _REQUEST_ID, _NEW_TOKEN_IDS, _FINISH_REASON = map(attrgetter, ("request_id", "new_token_ids", "finish_reason"))
 
 
@@ -273,9 +278,10 @@ class _Notes:
 
 class _Publisher:
     """The feed's thread and its two sockets. It turns each hand-over into a body
-    (mirror.py), applies it to the recorder's Mirror and publishes it on an XPUB socket (it
-    tells how many subscribe; with none, a step is applied and counted as `unobserved`),
-    whose per-subscriber queue holds SNDHWM messages: a subscriber that does not read loses
+    (mirror.py) and publishes it on an XPUB socket (it tells how many subscribe; with none,
+    a step is counted as `unobserved`); bodies reach the recorder's Mirror in runs of
+    `_APPLY_EVERY`, and all of them before a snapshot is answered. The XPUB socket's
+    per-subscriber queue holds SNDHWM messages: a subscriber that does not read loses
     the messages past it, and only it. Each message carries a sequence number, so every
     subscriber counts exactly what it missed. Snapshots (the mirror's whole state) are
     answered between steps. Its CPU time is counted in `publisher_cpu_ms`."""
@@ -294,6 +300,8 @@ class _Publisher:
         self.counters = {"published": 0, "unobserved": 0, "errors": 0, "steps": 0, "recorder_ms": 0.0,
                          "recorder_cpu_ms": 0.0, "publisher_cpu_ms": 0.0, "backlog": 0}
         self.by_id: dict[str, int] = {}
+        self.names: dict[int, str] = {}  # by_id reversed
+        self.unapplied: list[dict] = []  # bodies published but not yet applied to the mirror
         self.rows: dict[int, tuple[list[str], list[int]]] = {}  # step -> its scheduled requests, names and indices
         self.last_rows: tuple[list[str], list[int]] = ([], [])  # the last schedule's, until a request arrives
         self.next_idx = 0
@@ -395,11 +403,10 @@ class _Publisher:
         if not any(op[0] in ("u", "f") for op in body["ops"]):
             self.carry = body  # no step ran: its notes wait for the next one
             return
-        self.mirror.apply(body)
-        for op in body["ops"]:
-            if op[0] in ("u", "f"):
-                self._forget_finished()
-                break
+        self.unapplied.append(body)
+        if len(self.unapplied) >= _APPLY_EVERY:
+            self._catch_up()
+        self._forget_finished(body["ops"])
         self.seq += 1
         self.counters["steps"] += 1
         if self.subscribers > 0:
@@ -414,11 +421,24 @@ class _Publisher:
         else:
             self.counters["unobserved"] += 1
 
-    def _forget_finished(self) -> None:
-        live = self.mirror.requests
-        gone = [rid for rid, idx in self.by_id.items() if idx not in live] if len(self.by_id) > len(live) else ()
-        for rid in gone:
-            del self.by_id[rid]
+    def _catch_up(self) -> None:
+        bodies, self.unapplied = self.unapplied, []
+        for body in bodies:
+            self.mirror.apply(body)
+
+    def _forget_finished(self, ops: list) -> None:
+        """Forget the names of the requests these ops finish (a later request may reuse a name)."""
+        for op in ops:
+            if op[0] == "u" and op[8]:
+                gone = [op[6][k] for k, _ in op[8]]
+            elif op[0] == "f":
+                gone = [idx for idx, _ in op[2]]
+            else:
+                continue
+            for idx in gone:
+                rid = self.names.pop(idx, None)
+                if rid is not None and self.by_id.get(rid) == idx:
+                    del self.by_id[rid]
 
     def _answer_snapshot(self) -> None:
         zmq = self.zmq
@@ -437,6 +457,7 @@ class _Publisher:
         except Exception:  # noqa: BLE001
             ok = False
         if ok:
+            self._catch_up()
             reply = {"schema": protocol.SCHEMA_VERSION, "kind": "snapshot", "run_id": self.run_id, "rank": self.rank,
                      "seq": self.seq, "state": self.mirror.to_wire(), "counters": dict(self.counters),
                      "tokens_left_out": not self.tokens}
@@ -450,6 +471,7 @@ class _Publisher:
         idx = self.by_id.get(rid)
         if idx is None:
             idx = self.by_id[rid] = self.next_idx
+            self.names[idx] = rid
             self.next_idx += 1
         return idx
 

@@ -204,7 +204,14 @@ def test_a_request_that_ends_on_a_stop_string_says_so_in_the_words_its_client_sa
 
 
 @pytest.mark.slow
-def test_the_kv_event_tree_holds_exactly_the_pools_hashed_blocks(server, live):
+def test_the_kv_event_tree_holds_exactly_the_pools_hashed_blocks(server, client, live):
+    # Its own hit, just before looking: the earlier tests' hit blocks may have been evicted since
+    # (their nodes leave the tree, and a block stored again starts with no hits).
+    prompt = SYSTEM + "Name a colour."
+    for _ in range(2):
+        r = complete(client, server, prompt, 1)
+    assert live.wait_for(lambda s: any(f["request_id"].startswith(r.id) for f in s.current.snapshot["queues"]["finished"]),
+                         timeout=60)
     # One id for a block everywhere: the pool's hash is the key vLLM's KV events give it.
     pool = {b["hash"] for b in live.current.snapshot["block_pool"]["blocks"] if b["hash"]}
     assert len(pool) >= 3

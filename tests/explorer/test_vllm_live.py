@@ -65,9 +65,14 @@ def complete(client, server, prompt, max_tokens, **extra):
                                      extra_body={"ignore_eos": True, **extra})
 
 
+def finished_as(session, response_id: str) -> list[dict]:
+    """The finished requests whose vLLM ids the OpenAI response id begins."""
+    return [r for r in session.current.snapshot["queues"]["finished"] if r["request_id"].startswith(response_id)]
+
+
 def request_of(session, response_id: str) -> dict:
     """The finished request whose vLLM id the OpenAI response id begins."""
-    found = [r for r in session.current.snapshot["queues"]["finished"] if r["request_id"].startswith(response_id)]
+    found = finished_as(session, response_id)
     assert len(found) == 1, (response_id, [r["request_id"] for r in session.current.snapshot["queues"]["finished"]])
     return found[0]
 
@@ -143,8 +148,7 @@ def test_a_prompt_longer_than_the_budget_is_chunked(server, client, live, tokeni
     n = len(tokenizer.encode(prompt))
     assert n > 2 * BUDGET
     r = complete(client, server, prompt, 3)
-    assert live.wait_for(lambda s: any(f["request_id"].startswith(r.id) for f in s.current.snapshot["queues"]["finished"]),
-                         timeout=60)
+    assert live.wait_for(lambda s: finished_as(s, r.id), timeout=60)
     req = request_of(live, r.id)
     chunks = [x for e in live.history if e.record for x in e.record["scheduled"]
               if x["request_id"] == req["request_id"] and x["is_prefill"]]
@@ -168,8 +172,7 @@ def test_a_burst_runs_out_of_blocks_and_preempts(server, client, live, tokenizer
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda p: complete(client, server, p, 150), prompts))
     ids = [a.id for a in answers]
-    assert live.wait_for(lambda s: all(any(f["request_id"].startswith(i) for f in s.current.snapshot["queues"]["finished"])
-                                       for i in ids), timeout=60)
+    assert live.wait_for(lambda s: all(finished_as(s, i) for i in ids), timeout=60)
     preempted = [(e.step, rid) for e in live.history if e.record for rid in e.record["preempted"]]
     assert preempted, "8 requests growing to 7 blocks each cannot all fit 39 blocks"
     step, victim = preempted[0]
@@ -198,8 +201,7 @@ def test_a_request_that_ends_on_a_stop_string_says_so_in_the_words_its_client_sa
     stop = words[len(words) // 2]
     r = client.completions.create(model=server.model, prompt=prompt, max_tokens=12, temperature=0.0, stop=[stop])
     assert r.choices[0].finish_reason == "stop"
-    assert live.wait_for(lambda s: any(f["request_id"].startswith(r.id) for f in s.current.snapshot["queues"]["finished"]),
-                         timeout=60)
+    assert live.wait_for(lambda s: finished_as(s, r.id), timeout=60)
     assert request_of(live, r.id)["finish_reason"] == f"stop string {stop!r} (the server's front end ended it)"
 
 
@@ -210,8 +212,7 @@ def test_the_kv_event_tree_holds_exactly_the_pools_hashed_blocks(server, client,
     prompt = SYSTEM + "Name a colour."
     for _ in range(2):
         r = complete(client, server, prompt, 1)
-    assert live.wait_for(lambda s: any(f["request_id"].startswith(r.id) for f in s.current.snapshot["queues"]["finished"]),
-                         timeout=60)
+    assert live.wait_for(lambda s: finished_as(s, r.id), timeout=60)
     # One id for a block everywhere: the pool's hash is the key vLLM's KV events give it.
     pool = {b["hash"] for b in live.current.snapshot["block_pool"]["blocks"] if b["hash"]}
     assert len(pool) >= 3
@@ -255,8 +256,7 @@ def test_a_stalled_subscriber_never_stalls_the_server_or_the_others_and_its_drop
         assert all(a.usage.completion_tokens == 300 for a in answers)
         assert time.monotonic() - t0 < 180
         # The Session reading beside it lost nothing: ZMQ drops per subscriber.
-        assert live.wait_for(lambda s: all(any(f["request_id"].startswith(a.id) for f in
-                                                s.current.snapshot["queues"]["finished"]) for a in answers), timeout=60)
+        assert live.wait_for(lambda s: all(finished_as(s, a.id) for a in answers), timeout=60)
         after = live.feed_status()
         assert after["missed"] == before["missed"] and after["applied"] - before["applied"] >= 300
         # The stalled one got a few (its HWM and socket buffers), and the sequence numbers show the rest dropped.

@@ -14,7 +14,7 @@ from engine.model import cpu_linear
 from engine.model.cpu_linear import NATIVE_MAX_ROWS, PackedLinear
 from engine.model.layers import RMSNorm, RotaryEmbedding, SwiGLU
 
-from .test_torch_decode import _decode_batch, _reference
+from .test_torch_decode import _decode_batch, assert_attention_close
 
 kernels = native()
 pytestmark = pytest.mark.skipif(kernels is None, reason="native CPU kernels need gcc and an AVX2 CPU")
@@ -148,8 +148,21 @@ def test_paged_decode_attention_matches_whole_context_attention(lengths, score_s
     q_big = q_big.view(-1, *q.shape[1:])
     out = torch.zeros(q_big.shape)
     kernels.paged_decode_attention(q_big, k_cache, v_cache, rows, torch.tensor(lengths), meta.block_tables, out)
-    torch.testing.assert_close(out[rows], _reference(q, k_cache, v_cache, meta), rtol=1e-5, atol=1e-5)
+    assert_attention_close(out[rows], q, k_cache, v_cache, meta)
     assert not out[rows - 1].any()  # other rows untouched
+
+
+@pytest.mark.parametrize("score_scale", [1.0, 30.0])
+def test_the_attention_check_catches_a_decode_that_reads_one_token_too_few(score_scale):
+    """The tolerance above is the output's fp32 error scale, not a fixed atol: a kernel that
+    drops each context's last token (an off-by-one in seq_lens) still fails it."""
+    lengths = [33, 2, 100, 64, 7, 9, 128, 250]
+    q, k_cache, v_cache, meta = _decode_batch(lengths, seed=len(lengths))
+    q, out = q * score_scale, torch.zeros(q.shape)
+    kernels.paged_decode_attention(q, k_cache, v_cache, torch.arange(len(lengths)), torch.tensor(lengths) - 1,
+                                   meta.block_tables, out)
+    with pytest.raises(AssertionError, match="fp32 error scale"):
+        assert_attention_close(out, q, k_cache, v_cache, meta)
 
 
 def test_reshape_and_cache_stores_strided_rows_at_their_slots_and_skips_minus_one():
@@ -185,7 +198,7 @@ def test_paged_decode_attention_splits_few_decodes_between_the_threads(threads, 
         kernels.paged_decode_attention(q, k_cache, v_cache, torch.arange(2), torch.tensor(lengths), meta.block_tables, out)
     finally:
         torch.set_num_threads(before)
-    torch.testing.assert_close(out, _reference(q, k_cache.float(), v_cache.float(), meta), rtol=1e-5, atol=1e-5)
+    assert_attention_close(out, q, k_cache, v_cache, meta)
 
 
 def test_paged_decode_attention_reads_a_bf16_cache_in_fp32():
@@ -197,7 +210,7 @@ def test_paged_decode_attention_reads_a_bf16_cache_in_fp32():
     rows = torch.arange(len(lengths))
     out = torch.zeros(q.shape)
     kernels.paged_decode_attention(q, k16, v16, rows, torch.tensor(lengths), meta.block_tables, out)
-    torch.testing.assert_close(out, _reference(q, k16.float(), v16.float(), meta), rtol=1e-5, atol=1e-5)
+    assert_attention_close(out, q, k16, v16, meta)
 
 
 # (9, 3, 64): the default model's heads (two groups of four query heads and one alone, 64 values

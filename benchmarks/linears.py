@@ -2,15 +2,16 @@
 linears at each row count, through both of a PackedLinear's paths (engine/model/cpu_linear.py),
 then whole decode steps at each batch size, as one native call and layer by layer on oneDNN.
 
-A PackedLinear multiplies up to the measured limit of rows (cpu_linear.NATIVE_MAX_ROWS) with
-kvscope's panels and more with oneDNN; a pure-decode step of that
-many rows runs as one native call (engine/runner/native_decode.py). The step is what the limit
-is set by: the layer-by-layer step also pays Python and oneDNN's per-call costs, so the whole
-step crosses later than the linears alone.
+A PackedLinear multiplies up to this machine's limit of rows with kvscope's panels and more
+with oneDNN, and a pure-decode step up to its own limit runs as one native call
+(engine/runner/native_decode.py): the engine measures both at first use and keeps them
+(engine/runner/crossover.py). The layer-by-layer step also pays Python and oneDNN's per-call
+costs, so the whole step crosses later than the linears alone. This bench prints the same
+comparisons at more row counts, with the engine's own limits and where they came from.
 Where the two cross depends on the CPU: the panels stream the weights at the read bandwidth and
 do fp32 FMAs on AVX2, oneDNN's blocked GEMM uses whatever the CPU has (AVX-512, and AMX tiles
 for a bf16 engine's bf16 copy). `python -m explorer bench-linears` prints both for one model
-and dtype, so the crossover in cpu_linear.py's table is measured on each CPU kind, not guessed.
+and dtype: the tables behind the engine's limits, at more row counts.
 
 Every layer's linears run back to back (q/k/v, o, gate/up, down: as a forward reads them, the
 whole set far past the L3), so each pass reads its weights from DRAM, as a real step does.
@@ -75,8 +76,8 @@ def bench_linears(dtype: str = "float32", model: str | None = None, rows: tuple[
     out(f"CPU {cpu_summary()}; torch CPU kernels: {torch.backends.cpu.get_cpu_capability()}, "
         f"{torch.get_num_threads()} threads; {kernel_variants_line()}")
     out(f"model {info['name']} ({dtype}): {len(linears)} layer linears, native {dtype} panels {weight_mb:.0f} MB, "
-        f"oneDNN in {info['cpu_gemm_dtype']}; median of {reps} passes; the engine uses the panels up to "
-        f"{linears[0].native_max_rows} rows here (NATIVE_MAX_ROWS)")
+        f"oneDNN in {info['cpu_gemm_dtype']}; median of {reps} passes")
+    out(f"the engine here: {info['native_rows_source']}")
     out(f"{'rows':>6} {'panels ms':>10} {'oneDNN ms':>10}  faster")
     table = []
     for n in rows:
@@ -87,7 +88,8 @@ def bench_linears(dtype: str = "float32", model: str | None = None, rows: tuple[
     out(f"oneDNN faster from {onednn_from} rows" if onednn_from else "the panels faster at every row count measured")
     steps = step_crossover(llm, step_rows, reps, out) if step_rows else []
     step_from = next((r["rows"] for r in steps if r["layer_by_layer_ms"] < r["native_ms"]), None)
-    return {"rows": table, "onednn_faster_from": onednn_from, "native_max_rows": linears[0].native_max_rows,
+    return {"rows": table, "onednn_faster_from": onednn_from, "native_linear_rows": info["native_linear_rows"],
+            "native_decode_rows": info["native_decode"], "native_rows_source": info["native_rows_source"],
             "steps": steps, "layer_by_layer_faster_from": step_from,
             "cpu_gemm_dtype": info["cpu_gemm_dtype"], "dtype": dtype}
 
@@ -103,9 +105,9 @@ def step_crossover(llm: LLM, step_rows: tuple[int, ...], reps: int, out=print) -
         out(f"whole steps: no native decode here ({runner.native_decode_off_reason})")
         return []
     own_limit, own_decode = linears[0].native_max_rows, runner.native_decode
-    for lin in linears:  # a native call as large as the largest batch measured
-        lin.native_max_rows = max(step_rows)
-    big = NativeDecode(runner.model, runner.kv_caches, runner.block_size, own_decode.max_blocks * runner.block_size)
+    # a native call as large as the largest batch measured
+    big = NativeDecode(runner.model, runner.kv_caches, runner.block_size, own_decode.max_blocks * runner.block_size,
+                       max(step_rows))
     out(f"whole decode steps, best of {reps} rounds (each the median of its steps):")
     out(f"{'rows':>6} {'native ms':>10} {'layer-by-layer oneDNN ms':>25}  faster")
     table = []

@@ -63,7 +63,7 @@ class ForwardInputs:
                    list(meta.decode_seq_ids), list(logits_indices))
 
     def run(self, runner: Any) -> None:
-        from ..runner.model_runner import Batch
+        from ..runner.batch import Batch
 
         batch = Batch(self.input_ids, self.positions, self.query_start_loc, self.seq_lens, self.slot_mapping,
                       self.block_tables, self.logits_indices)

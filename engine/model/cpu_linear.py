@@ -7,10 +7,11 @@ every call and streams it at a fraction of the memory bandwidth for such skinny 
 packed layouts do better, each where it is best: the native kernel (engine/cpu_kernels) reads
 each weight panel once per step at the machine's full read bandwidth, and oneDNN's blocked GEMM
 catches up once there are enough rows to be bound by arithmetic. A CPU that does more
-arithmetic per cycle in oneDNN (AVX-512, AMX for a bf16 copy) moves that crossover, so it is
-measured per CPU kind (`python -m explorer bench-linears`; the tables per kind, dated, are in
-docs/performance.md) and kept in NATIVE_MAX_ROWS. A PackedLinear keeps both copies (twice the
-weight memory of the packed layers) and picks by row count.
+arithmetic per cycle in oneDNN (AVX-512, AMX for a bf16 copy) moves that crossover, so the
+engine measures it on the machine at first use (engine/runner/crossover.py; `python -m explorer
+bench-linears` prints the full tables, and docs/performance.md keeps them per kind, dated). A
+PackedLinear keeps both copies (twice the weight memory of the packed layers) and picks by row
+count.
 
 A bf16 engine's panels are bf16 (engine/dtypes.py): the same values in half the bytes, widened
 to fp32 in registers, so a decode streams half the bytes.
@@ -46,17 +47,17 @@ from torch import nn
 from ..cpu_kernels import ROUND_INPUT, ROUND_OUTPUT, native
 from ..dtypes import dtype_name
 
-# Up to this many rows a linear (and a whole pure-decode step) runs on the native panels, above
-# it on oneDNN. The crossover of whole decode steps, measured on every CPU kind and kernel build
-# so far in both dtypes (docs/performance.md; `python -m explorer bench-linears` measures it):
-# the panels win at 64 rows and lose from 96. A kind that measures otherwise makes this a table.
-NATIVE_MAX_ROWS = 64
+# A PackedLinear takes the panels up to this many rows until the runner gives it this machine's
+# measured crossover (engine/runner/crossover.py: measured once per CPU, model and dtype, and
+# kept). 64 is where the AMD EPYC kinds cross (docs/performance.md); an Intel Xeon with AMX
+# crosses far lower in bf16, which is why the engine measures instead of keeping one number.
+UNMEASURED_MAX_ROWS = 64
 
 
 def native_max_rows(panel_dtype: torch.dtype) -> int:
-    """The row limit of the native panels (NATIVE_MAX_ROWS, the same for either panel dtype);
+    """The row limit a PackedLinear starts with (UNMEASURED_MAX_ROWS, for either panel dtype);
     0 where the native kernels do not run."""
-    return 0 if native() is None else NATIVE_MAX_ROWS
+    return 0 if native() is None else UNMEASURED_MAX_ROWS
 
 
 def cpu_packing_available() -> bool:
@@ -87,8 +88,8 @@ def rounding_for(panel_dtype: torch.dtype, lm_head: bool = False) -> int:
 
 class PackedLinear(nn.Module):
     """y = x W^T + b with W held in oneDNN's blocked layout and, where kvscope's native CPU
-    kernels run, in 16-column panels for inputs of at most `native_max_rows` rows (this CPU
-    kind's crossover, NATIVE_MAX_ROWS; inference only).
+    kernels run, in 16-column panels for inputs of at most `native_max_rows` rows (this
+    machine's crossover, which the runner sets: runner/crossover.py; inference only).
     The panels are fp32, or bf16 for a bf16 engine (its weights are bf16 values: nothing is
     lost, and a decode streams half the bytes); the panels' sums are fp32 either way.
     oneDNN's copy is in `gemm_dtype` (gemm_dtype_for): fp32, or bf16 where the CPU multiplies

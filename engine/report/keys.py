@@ -240,6 +240,8 @@ class INFO(Keys):
     CUDA_GRAPHS_OFF: Final = "cuda_graphs_off"
     NATIVE_DECODE: Final = "native_decode"
     NATIVE_DECODE_OFF: Final = "native_decode_off"
+    NATIVE_LINEAR_ROWS: Final = "native_linear_rows"
+    NATIVE_ROWS_SOURCE: Final = "native_rows_source"
     CPU_GEMM_DTYPE: Final = "cpu_gemm_dtype"
     KV_BYTES_PER_BLOCK: Final = "kv_bytes_per_block"
     INTERMEDIATE_SIZE: Final = "intermediate_size"

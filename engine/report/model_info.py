@@ -27,6 +27,8 @@ def model_info(config: EngineConfig, spec: ModelSpec, runner: ModelRunner, tp_fa
             INFO.CUDA_GRAPHS_OFF: runner.graph_off_reason,
             INFO.NATIVE_DECODE: None if runner.native_decode is None else runner.native_decode.max_rows,
             INFO.NATIVE_DECODE_OFF: runner.native_decode_off_reason,
+            INFO.NATIVE_LINEAR_ROWS: None if runner.crossover is None else runner.crossover.linear_max_rows,
+            INFO.NATIVE_ROWS_SOURCE: None if runner.crossover is None else runner.crossover.describe(),
             # oneDNN's dtype for prefill-sized linears on a CPU (None: not packed, e.g. on a GPU).
             INFO.CPU_GEMM_DTYPE: None if gemm is None else dtype_name(gemm),
             INFO.KV_BYTES_PER_BLOCK: runner.bytes_per_block, **tp_facts}

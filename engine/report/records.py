@@ -15,7 +15,8 @@ from ..core.block_pool import BlockEvents, BlockPool
 from ..core.hashing import hash_hex
 from ..core.scheduler import Scheduler, SchedulerOutput
 from ..request import Request
-from ..runner.model_runner import Batch, ModelRunnerOutput
+from ..runner.batch import Batch
+from ..runner.model_runner import ModelRunnerOutput
 from ..runner.sampler import SampleResult
 from .schema import (
     BATCH,

@@ -258,6 +258,8 @@ class ModelInfoDict(TypedDict, total=False):
     cuda_graphs_off: str | None
     native_decode: int | None
     native_decode_off: str | None
+    native_linear_rows: int | None   # a CPU linear of up to this many rows runs on the native panels
+    native_rows_source: str | None   # where both limits come from (runner/crossover.py's describe())
     cpu_gemm_dtype: str | None
     kv_bytes_per_block: int | None
     intermediate_size: int | None

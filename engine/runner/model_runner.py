@@ -7,7 +7,7 @@ and runs its own shard; each worker runs the same runner class on its shard."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -18,11 +18,10 @@ from ..dtypes import compute_dtype, resolve_dtype
 from ..model import CausalLM, ModelSpec, load_weights
 from ..model.cpu_linear import cpu_packing_available
 from ..parallel.parallel_state import SINGLE, TensorParallel
+from . import crossover
+from .batch import Batch
 from .cuda_graphs import DecodeGraphs, why_no_graphs
 from .native_decode import NativeDecode, why_no_native_decode
-
-if TYPE_CHECKING:
-    from ..report.schema import BatchDict
 
 
 @dataclass
@@ -71,25 +70,6 @@ def build_model(config: EngineConfig, spec: ModelSpec, max_model_len: int, devic
     return model
 
 
-@dataclass
-class Batch:
-    """The packed inputs of one step, as plain lists (for the StepRecord) and tensors."""
-
-    input_ids: list[int]
-    positions: list[int]
-    query_start_loc: list[int]
-    seq_lens: list[int]
-    slot_mapping: list[int]
-    block_tables: list[list[int]]
-    logits_indices: list[int]
-
-    def to_dict(self) -> BatchDict:
-        """The StepRecord's `batch` (the lists themselves: the record copies them)."""
-        return {"input_ids": self.input_ids, "positions": self.positions, "query_start_loc": self.query_start_loc,
-                "seq_lens": self.seq_lens, "slot_mapping": self.slot_mapping, "block_tables": self.block_tables,
-                "logits_indices": self.logits_indices}
-
-
 class ModelRunner:
     """Model + KV pools. `kv_caches[layer] = (k, v)`, each [num_blocks, block_size, KVH, D]
     (KVH: this rank's KV heads). `tp`/`num_blocks` are given on worker ranks; on rank 0 of a
@@ -129,8 +109,16 @@ class ModelRunner:
             # On a CPU, decode steps run as one native call where they can (native_decode.py).
             self.native_decode_off_reason = why_no_native_decode(config.enforce_eager, self.device, self.dtype,
                                                                  self.backend.name, self.tp.size, self.model)
-            self.native_decode = None if self.native_decode_off_reason else NativeDecode(
-                self.model, self.kv_caches, self.block_size, max_model_len)
+            # Where this machine's panels stop being faster than oneDNN (crossover.py): measured
+            # once per CPU, model and dtype; None where nothing runs on the panels.
+            self.crossover = crossover.resolve(self)
+            if self.crossover is not None:
+                crossover.apply(self, self.crossover)
+                if self.native_decode_off_reason is None and self.crossover.decode_max_rows == 0:
+                    self.native_decode_off_reason = ("slower than layer by layer at every batch size on this CPU "
+                                                     f"({self.crossover.source})")
+            self.native_decode = None if self.native_decode_off_reason or self.crossover is None else NativeDecode(
+                self.model, self.kv_caches, self.block_size, max_model_len, self.crossover.decode_max_rows)
         except BaseException:
             self.shutdown()
             raise

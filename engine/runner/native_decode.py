@@ -11,8 +11,8 @@ bits. The runner's prepare writes a step's token ids, positions, slots and block
 its lists into the call's own arrays, so nothing between two calls builds a tensor.
 
 Like CUDA graphs it covers only what it can: steps whose every row is a one-token decode, at
-most this CPU kind's crossover of them (cpu_linear.NATIVE_MAX_ROWS: above it, oneDNN's GEMM layer by
-layer is the faster step); prefills, mixed
+most this machine's crossover of them (measured at first use, crossover.py: above it, oneDNN's GEMM
+layer by layer is the faster step); prefills, mixed
 steps, attention probes and larger batches run layer by layer. The StepRecord's
 `timings_ms.forward_path` says which ran ('native_decode' or 'eager'), and model_info's
 `native_decode_off` says why it is off where it is."""
@@ -58,17 +58,17 @@ def why_no_native_decode(enforce_eager: bool, device: torch.device, dtype: torch
 
 
 class NativeDecode:
-    """Runs a pure-decode step of up to `max_rows` rows (the panels' limit, native_max_rows) as
+    """Runs a pure-decode step of up to `max_rows` rows (this machine's crossover, crossover.py) as
     one kv_decode_forward call. Built once per runner: the weight and KV-pool addresses are
     fixed, only the batch changes."""
 
     def __init__(self, model: CausalLM, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], block_size: int,
-                 max_model_len: int) -> None:
+                 max_model_len: int, max_rows: int) -> None:
         kernels, head = native(), model.packed_lm_head
         if kernels is None or head is None:  # why_no_native_decode says so first
             raise RuntimeError("the native decode needs kvscope's native kernels and a packed LM head")
         self.kernels: NativeCpuKernels = kernels
-        self.max_rows = head.native_max_rows
+        self.max_rows = max_rows
         spec = model.spec
         layers = model.decoder_layers()
         rope = layers[0].self_attn.rope

@@ -98,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Time the model's layer linears (weights from DRAM, as a step reads them) through kvscope's "
                     "native panels and through oneDNN's GEMM at 1 to 1024 rows, then whole decode steps of 16 to "
                     "128 requests as one native call and layer by layer on oneDNN, and print where oneDNN becomes "
-                    "the faster one: the crossover behind NATIVE_MAX_ROWS, measured on this CPU kind.")
+                    "the faster one, beside the limits the engine measured here at first use and kept "
+                    "(KVSCOPE_NATIVE_MAX_ROWS sets them; delete ~/.cache/kvscope/crossover.json to measure again).")
     bench_linears.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     bench_linears.add_argument("--model", default=None, help="local HF model folder (default: SmolLM2-135M-Instruct)")
     bench_linears.add_argument("--reps", type=_positive_int, default=5, help="timed passes per row count (default 5)")

@@ -78,6 +78,29 @@ def check_native_cpu_kernels() -> Check:
                  "torch's kernels instead, slower", "apt-get install gcc")
 
 
+def check_native_crossover() -> Check:
+    """Where this CPU's native panels give way to oneDNN: measured by the first engine of each
+    model and dtype on this machine, kept in the cache folder (engine/runner/crossover.py)."""
+    try:
+        from engine.runner.crossover import ENV_VAR, cache_path, kept_for_this_cpu, setting
+    except Exception as exc:  # noqa: BLE001
+        return Check("native crossover", "missing", f"engine not importable: {exc}", f"{PIP} -e .")
+    try:
+        chosen = setting()
+    except ValueError as exc:  # every engine would refuse to start: say so here
+        return Check("native crossover", "missing", str(exc), f"unset {ENV_VAR} or give it a row count")
+    if chosen is not None:
+        return Check("native crossover", "ok", f"set by {ENV_VAR}: panels up to {chosen[0]} rows per linear and "
+                     f"{chosen[1]} per decode step, for every model")
+    kept = kept_for_this_cpu()
+    if not kept:
+        return Check("native crossover", "optional", "not measured on this CPU yet: the first engine of each model "
+                     "and dtype measures it at load (a few seconds) and keeps it in " + str(cache_path()))
+    lines = "; ".join(f"{c.key.split(' | ', 3)[3]}: {c.linear_max_rows} rows per linear, {c.decode_max_rows} per "
+                      f"decode step ({c.measured_at[:10]})" for c in kept)
+    return Check("native crossover", "ok", f"{lines} (kept in {cache_path()}; delete it to measure again)")
+
+
 def check_gpu_extras() -> list[Check]:
     """triton and flash-attn only matter with a GPU: absent elsewhere is fine."""
     has_gpu = False
@@ -176,8 +199,8 @@ def check_notebook() -> Check:
 
 
 CHECKS: list[Callable[[], Check | list[Check]]] = [
-    check_python, check_torch, check_native_cpu_kernels, check_gpu_extras, check_packages, check_default_model,
-    check_test_tools, check_notebook,
+    check_python, check_torch, check_native_cpu_kernels, check_native_crossover, check_gpu_extras, check_packages,
+    check_default_model, check_test_tools, check_notebook,
 ]
 
 

@@ -7,9 +7,9 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.cpu_kernels import DISABLE_ENV_VAR, cache_clear
-from engine.model.cpu_linear import NATIVE_MAX_ROWS
+from engine.runner.crossover import LINEAR_ROWS
 
-PANELS_LIMIT = NATIVE_MAX_ROWS  # past it, every CPU kind's linears run on oneDNN
+PANELS_LIMIT = max(LINEAR_ROWS)  # the largest limit a machine can measure: past it, every machine's linears run on oneDNN
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ",
            "Once upon a time, in a land far away, there lived a dragon who", "1, 2, 3, 4,"]
@@ -109,7 +109,7 @@ def test_bf16_prefix_hit_attends_to_what_a_fresh_prompt_does(bf16_llm):
     assert cached_first == 0 and cached_hit >= 32 and tokens_hit == tokens_first
 
 
-LONG_PROMPT = "The capital of France is Paris. The capital of Italy is Rome. " * 8 + "The capital of Spain is"
+LONG_PROMPT = "The capital of France is Paris. The capital of Italy is Rome. " * 10 + "The capital of Spain is"
 
 
 @pytest.mark.parametrize("prompt", ["The capital of France is", LONG_PROMPT], ids=["short", "long"])

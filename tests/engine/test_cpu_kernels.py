@@ -11,7 +11,7 @@ from engine.attention.reference_ops import write_kv
 from engine.cpu_kernels import (DISABLE_ENV_VAR, ROUND_INPUT, ROUND_OUTPUT, VARIANTS, cache_clear, load_variant, native,
                                 unavailable_reason, variants)
 from engine.model import cpu_linear
-from engine.model.cpu_linear import NATIVE_MAX_ROWS, PackedLinear
+from engine.model.cpu_linear import UNMEASURED_MAX_ROWS, PackedLinear
 from engine.model.layers import RMSNorm, RotaryEmbedding, SwiGLU
 
 from .test_torch_decode import _decode_batch, assert_attention_close
@@ -110,7 +110,7 @@ def test_kernel_variants_agree(rows, n, k):
 
 @pytest.mark.parametrize("rows", ["one", "limit", "limit+1", "300"])
 def test_packed_linear_takes_the_panels_for_few_rows_and_onednn_for_many(rows, monkeypatch):
-    limit = NATIVE_MAX_ROWS
+    limit = UNMEASURED_MAX_ROWS
     n = {"one": 1, "limit": limit, "limit+1": limit + 1, "300": 300}[rows]
     g = torch.Generator().manual_seed(n)
     w, b, x = torch.randn(64, 48, generator=g), torch.randn(64, generator=g), torch.randn(n, 48, generator=g)
@@ -122,12 +122,12 @@ def test_packed_linear_takes_the_panels_for_few_rows_and_onednn_for_many(rows, m
     assert bool(calls) == (n <= limit)
 
 
-def test_a_layer_packed_here_takes_the_measured_row_limit(monkeypatch):
-    """The limit is read when a layer is packed, for either panel dtype (a changed limit is
-    taken by layers packed after the change)."""
+def test_a_layer_packed_here_starts_with_the_unmeasured_row_limit(monkeypatch):
+    """A PackedLinear starts with UNMEASURED_MAX_ROWS, for either panel dtype, until a runner
+    gives it this machine's measured limit (tests/engine/test_crossover.py)."""
     w = torch.randn(32, 16)
-    assert PackedLinear(w, None).native_max_rows == NATIVE_MAX_ROWS == 64
-    monkeypatch.setattr(cpu_linear, "NATIVE_MAX_ROWS", 5)
+    assert PackedLinear(w, None).native_max_rows == UNMEASURED_MAX_ROWS == 64
+    monkeypatch.setattr(cpu_linear, "UNMEASURED_MAX_ROWS", 5)
     assert PackedLinear(w, None, panel_dtype=torch.bfloat16).native_max_rows == 5
     assert cpu_linear.native_max_rows(torch.float32) == 5
 

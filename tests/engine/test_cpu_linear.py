@@ -7,7 +7,7 @@ from torch import nn
 
 from engine import LLM
 from engine.cpu_kernels import ROUND_INPUT, ROUND_OUTPUT
-from engine.model.cpu_linear import (HUGE_PAGE, NATIVE_MAX_ROWS, PackedLinear, cpu_packing_available, gemm_dtype_for,
+from engine.model.cpu_linear import (HUGE_PAGE, UNMEASURED_MAX_ROWS, PackedLinear, cpu_packing_available, gemm_dtype_for,
                                      huge_page_bytes, onednn_runs_bf16, pack_linear_layers, rounding_for)
 
 pytestmark = pytest.mark.skipif(not cpu_packing_available(), reason="this torch build has no oneDNN")
@@ -28,7 +28,7 @@ def _bf16_linear_case(bias: bool):
     g = torch.Generator().manual_seed(3)
     w = torch.randn(96, 64, generator=g).bfloat16().float()  # a bf16 engine's weights: bf16 values
     b = torch.randn(96, generator=g).bfloat16().float() if bias else None
-    return w, b, torch.randn(NATIVE_MAX_ROWS + 36, 64, generator=g)
+    return w, b, torch.randn(UNMEASURED_MAX_ROWS + 36, 64, generator=g)
 
 
 def _assert_rounds_like_a_bf16_layer(lin: PackedLinear, w, b, x):

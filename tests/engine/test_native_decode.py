@@ -6,7 +6,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.cpu_kernels import DISABLE_ENV_VAR, cache_clear, native
-from engine.model.cpu_linear import native_max_rows
+from engine.runner.crossover import ENV_VAR as ROWS_ENV_VAR
 
 from .test_cpu_bf16 import assert_parts_only_at_near_ties
 
@@ -66,16 +66,18 @@ def test_native_decode_gives_the_layer_by_layer_logits_bit_for_bit(model, dtype,
 def test_step_record_and_model_info_name_the_native_decode(default_model_path):
     llm = LLM(model=str(default_model_path))
     info = llm.engine.model_info
-    assert info["native_decode"] == native_max_rows(torch.float32) > 0 and info["native_decode_off"] is None
+    assert info["native_decode"] == llm.engine.runner.crossover.decode_max_rows > 0 and info["native_decode_off"] is None
     llm.engine.add_request("The capital of France is", SamplingParams(max_tokens=3, ignore_eos=True))
     records = [llm.engine.step() for _ in range(3)]
     assert [r.timings_ms["forward_path"] for r in records] == ["eager", "native_decode", "native_decode"]
 
 
-def test_batches_above_the_native_rows_run_layer_by_layer(tiny_llama_path):
-    """More decodes than this CPU kind's limit: oneDNN's GEMM is the faster step there, so the
-    step runs eager; once requests finish and the batch fits, it runs natively again."""
-    limit = native_max_rows(torch.float32)
+def test_batches_above_the_native_rows_run_layer_by_layer(tiny_llama_path, monkeypatch):
+    """More decodes than the machine's limit (here set, as KVSCOPE_NATIVE_MAX_ROWS sets it):
+    oneDNN's GEMM is the faster step there, so the step runs eager; once requests finish and
+    the batch fits, it runs natively again."""
+    limit = 8
+    monkeypatch.setenv(ROWS_ENV_VAR, str(limit))
     n = limit + 3
     llm = LLM(model=str(tiny_llama_path), max_num_seqs=n + 1)
     eng = llm.engine

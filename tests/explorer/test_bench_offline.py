@@ -6,7 +6,6 @@ import pytest
 
 from engine import LLM
 from engine.cpu_kernels import native
-from engine.model.cpu_linear import NATIVE_MAX_ROWS
 from benchmarks.bandwidth import read_bandwidth_gb_s, read_buffer, stream_steps_against_reads
 from benchmarks.offline import bench
 from tests.oracle.vllm_available import require_vllm
@@ -50,11 +49,13 @@ def test_bench_linears_times_both_paths_of_every_layer_linear(tiny_llama_path, t
     assert res["onednn_faster_from"] == (wins[0] if wins else None) and res["cpu_gemm_dtype"] == "float32"
     assert [r["rows"] for r in res["steps"]] == [2, 80] and all(r["native_ms"] > 0 < r["layer_by_layer_ms"]
                                                                 for r in res["steps"])
-    assert res["native_max_rows"] == NATIVE_MAX_ROWS
+    runner = llm.engine.runner  # the engine's own limits, measured or kept, reported beside the tables
+    assert (res["native_linear_rows"], res["native_decode_rows"]) == (runner.crossover.linear_max_rows,
+                                                                       runner.crossover.decode_max_rows)
     out_file = tmp_path / "linears.json"
     assert main(["bench-linears", "--model", str(tiny_llama_path), "--reps", "1", "--json", str(out_file)]) == 0
     printed = capsys.readouterr().out
-    assert printed.startswith("CPU ") and "NATIVE_MAX_ROWS" in printed and "whole decode steps" in printed
+    assert printed.startswith("CPU ") and "the engine here: native panels up to" in printed and "whole decode steps" in printed
     assert [r["rows"] for r in json.loads(out_file.read_text())["rows"]] == [1, 4, 16, 32, 64, 128, 256, 1024]
 
 

@@ -47,7 +47,7 @@ def table_row(text: str, step: int, label: str) -> str:
     (["lab"], ["--port", "--no-browser", "127.0.0.1"]),
     (["trace"], ["PROMPT", "--max-tokens", "--model", "--block-size", "slot_mapping"]),
     (["doctor"], ["torch", "chromium"]),
-    (["bench-linears"], ["--dtype", "oneDNN", "NATIVE_MAX_ROWS"]),
+    (["bench-linears"], ["--dtype", "oneDNN", "KVSCOPE_NATIVE_MAX_ROWS"]),
 ])
 def test_help_of_every_subcommand(capsys, argv, needles):
     rc, out, _ = run_main(capsys, *argv, "--help")

@@ -240,6 +240,7 @@ class VllmEngine:
                 INFO.MAX_MODEL_LEN: self.max_model_len, INFO.ATTENTION_BACKEND: backend, INFO.CUDA_GRAPHS: None,
                 INFO.CUDA_GRAPHS_OFF: "enforce_eager" if self.config.enforce_eager else None,
                 INFO.NATIVE_DECODE: None, INFO.NATIVE_DECODE_OFF: "kvscope's own engine only",
+                INFO.NATIVE_LINEAR_ROWS: None, INFO.NATIVE_ROWS_SOURCE: None,
                 INFO.CPU_GEMM_DTYPE: None, INFO.KV_BYTES_PER_BLOCK: kv_bytes,
                 INFO.INTERMEDIATE_SIZE: getattr(hf, "intermediate_size", None),
                 INFO.TIE_WORD_EMBEDDINGS: getattr(hf, "tie_word_embeddings", None),

@@ -1,0 +1,28 @@
+"""The packed inputs of one step (vLLM v1's names): what the runner builds from the scheduler's
+decision, the StepRecord shows, and a tensor-parallel worker rebuilds from what rank 0 sent."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..report.schema import BatchDict
+
+
+@dataclass
+class Batch:
+    """The packed inputs of one step, as plain lists (for the StepRecord) and tensors."""
+
+    input_ids: list[int]
+    positions: list[int]
+    query_start_loc: list[int]
+    seq_lens: list[int]
+    slot_mapping: list[int]
+    block_tables: list[list[int]]
+    logits_indices: list[int]
+
+    def to_dict(self) -> BatchDict:
+        """The StepRecord's `batch` (the lists themselves: the record copies them)."""
+        return {"input_ids": self.input_ids, "positions": self.positions, "query_start_loc": self.query_start_loc,
+                "seq_lens": self.seq_lens, "slot_mapping": self.slot_mapping, "block_tables": self.block_tables,
+                "logits_indices": self.logits_indices}

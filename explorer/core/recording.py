@@ -357,7 +357,6 @@ class RecordingWriter:
         self._in_step_finish: set[str] = set()
         self._last_scheduled: dict[str, int] = {}  # request id -> the latest step that scheduled it
         self._seq: dict[str, int] = {}         # request id -> the order the scheduler got it in
-        self._finished_len = -1
         # Steps whose digest waits for the next entry's aborts: (index, record, running requests).
         self._held: list[tuple[int, StepRecordDict, list[RequestDict]]] = []
         self._aborted_before: dict[int, set[str]] = {}     # step -> requests aborted just before it
@@ -464,14 +463,13 @@ class RecordingWriter:
         for r in (*queues[QUEUE.WAITING], *queues[QUEUE.RUNNING]):
             if r[REQ.REQUEST_ID] not in self._before:
                 self._open[r[REQ.REQUEST_ID]] = r
-        finished = queues[QUEUE.FINISHED]
-        if len(finished) != self._finished_len:  # the finished queue only grows
-            self._finished_len = len(finished)
-            for r in finished:
-                rid = r[REQ.REQUEST_ID]
-                if rid not in self._written and rid not in self._before:
-                    self._seq.setdefault(rid, len(self._seq))
-                    self._write_request(r)
+        # By id: a Session keeping its latest max_finished requests holds the queue's length
+        # still while requests keep finishing (each is in the entry of its step: Session).
+        for r in queues[QUEUE.FINISHED]:
+            rid = r[REQ.REQUEST_ID]
+            if rid not in self._written and rid not in self._before:
+                self._seq.setdefault(rid, len(self._seq))
+                self._write_request(r)
 
     def _write_request(self, r: RequestDict) -> None:
         rid = r[REQ.REQUEST_ID]

@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from engine import LLM, EngineConfig, SamplingParams, StepRecord
 from engine.report.changes import apply
@@ -91,6 +91,7 @@ class Session:
             raise ValueError(f"max_finished must be an integer >= 1 (finished requests kept) or None, "
                              f"got {max_finished!r}")
         self._max_finished = max_finished
+        self._finished_shown: set[str] = set()  # set with each history's first entry (_new_history)
         self._driver: EngineDriver = make_driver(engine, llm_or_config, config_fields)
         self._follower = Follower(self.poll)
         self._held: list[str] | None = None  # events held back while a poll applies several steps
@@ -104,14 +105,24 @@ class Session:
         self._history = self._new_history(snap)
 
     def _finished_kept(self, snapshot: EngineSnapshotDict) -> EngineSnapshotDict:
-        """`snapshot` with its finished queue cut to the latest `max_finished` requests."""
+        """`snapshot` with its finished queue cut to the latest `max_finished` requests, and
+        every request that finished since the previous step's entry, however many (aborts
+        between steps included): each finished request is in the entry of a step, where a
+        recording or the why-ledger reads it."""
+        if self._max_finished is None:
+            return snapshot
         queues = snapshot["queues"]
         done = queues["finished"]
-        if self._max_finished is None or len(done) <= self._max_finished:
-            return snapshot
-        return {**snapshot, "queues": {**queues, "finished": done[-self._max_finished:]}}
+        if len(done) > self._max_finished:
+            cut, shown = len(done) - self._max_finished, self._finished_shown
+            done = [r for i, r in enumerate(done) if i >= cut or r["request_id"] not in shown]
+            snapshot = cast(EngineSnapshotDict, {**snapshot, "queues": {**queues, "finished": done}})
+        self._finished_shown = {r["request_id"] for r in done}
+        return snapshot
 
     def _new_history(self, snapshot: EngineSnapshotDict) -> History:
+        # The finished requests a step's entry has shown (_finished_kept's bound spares the rest).
+        self._finished_shown = {r["request_id"] for r in snapshot["queues"]["finished"]}
         return History(HistoryEntry(step=snapshot[SNAP.STEP], record=None, snapshot=snapshot), self._max_history,
                        max_mib=self._max_history_mib)
 

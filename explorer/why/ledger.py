@@ -48,7 +48,7 @@ class WhyLedger:
         self.unmapped = 0                            # cached blocks whose content the ledger could not name
         self.engine: str | None = None
         self._prev: dict | None = None
-        self._finished_len = 0
+        self._finished_ids: set[str] = set()  # the finished queue's requests at the previous entry
         self._tokens_left_out = False
 
     # -- reading a history -----------------------------------------------------------------------
@@ -96,7 +96,6 @@ class WhyLedger:
             self.notes.append(f"the ledger began at step {step}, after the engine had run ({len(hashed)} cached "
                               "blocks): a prefix cached before then counts as never seen until a request computes it "
                               "again")
-        self._finished_len = len(snap["queues"]["finished"])
         self._prev = snap
 
     # -- one step --------------------------------------------------------------------------------
@@ -218,11 +217,11 @@ class WhyLedger:
     def _learn(self, snap: dict) -> None:
         """New requests' prompts and domains; the output tokens known now."""
         queues = snap["queues"]
+        # New finishes by id, against the previous entry's queue: a Session keeping its latest
+        # max_finished requests holds the queue's length still while requests keep finishing.
         finished = queues["finished"]
-        if len(finished) < self._finished_len:
-            self._finished_len = 0
-        fresh = finished[self._finished_len:]
-        self._finished_len = len(finished)
+        fresh = [r for r in finished if r["request_id"] not in self._finished_ids]
+        self._finished_ids = {r["request_id"] for r in finished}
         for r in (*queues["running"], *queues["waiting"], *fresh):
             rid = r["request_id"]
             seq = self.seqs.get(rid)

@@ -120,7 +120,7 @@ def predicted(rec) -> dict:
     self_row = summarize(replay(rec, arrivals="timed", step_model=model), rec)
     return {k: row[k] for k in ("preemptions", "ttft_p50", "ttft_p90")} | {
         "hit_tokens": res.hit_tokens + res.resumed_hit_tokens, "new_request_hit_tokens": res.hit_tokens,
-        "model": model.error_text(), "a_predicted_ttft_p50": self_row["ttft_p50"]}
+        "model": model.error_text(), "a_predicted_ttft_p50": self_row["ttft_p50"], "step_model": model}
 
 
 def _num(x) -> str:
@@ -135,6 +135,7 @@ def _err(p, m):
 
 def main(argv: list[str] | None = None) -> int:
     from engine.default_model import default_model_path
+    from explorer.whatif.step_model import score
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=3)
@@ -152,8 +153,10 @@ def main(argv: list[str] | None = None) -> int:
         pred = predicted(rec_a)
         rec_b, hist_b, count_b = run_server(model, B, plan, folder, f"b{rep}")
         real = measured(rec_b, hist_b, count_b)
+        cross = score(pred["step_model"], rec_b)  # A's model on B's real steps: the error B's times inherit
         print(f"rep {rep + 1}: A measured TTFT p50 {measured(rec_a, hist_a, count_a)['ttft_p50']:.3f} s, predicted "
-              f"{pred['a_predicted_ttft_p50']:.3f} s; {pred['model']}")
+              f"{pred['a_predicted_ttft_p50']:.3f} s; {pred['model']}; A's model on B's recorded steps: "
+              f"{cross[0]:.0%} per step, {cross[1]:.0%} on the total")
         for k in errors:
             e = _err(pred[k], real[k])
             if e is not None:

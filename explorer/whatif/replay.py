@@ -177,10 +177,11 @@ def build_scheduler(rec: Recording, v: Variant) -> Any:
                               long_prefill_token_threshold_adaptive=s.long_prefill_token_threshold_adaptive,
                               policy=s.policy, watermark=s.watermark,
                               prefix_caching_hash_algo=s.prefix_caching_hash_algo, scheduler_cls=_CLASS[0])
-    except Exception as exc:  # noqa: BLE001 - vLLM's config validation: its words, one line
+    except ValueError as exc:  # vLLM's config validation (pydantic's errors are ValueErrors): its words, one line
         from .settings import SettingRejected
 
         raise SettingRejected(f"vLLM refuses {v.label}: {_one_line(exc)}") from None
+    # Anything else is a bug (kvscope's or vLLM's), never a refusal: it propagates as itself.
 
 
 def _one_line(exc: BaseException) -> str:

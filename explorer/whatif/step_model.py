@@ -12,10 +12,14 @@ server's own overhead between steps included), else the step's own time; on the 
 the step's own time. `admission_delay` is, on the wall clock, how long after its arrival a
 request reaching an idle server is first scheduled (the API server's tokenizing and hand-off).
 
-The held-out error is measured on 5 folds (every 5th step held out in turn): `step_error` is
-the median relative error of one held-out step, `total_error` the largest relative error of a
-fold's summed time (what a TTFT, a sum of steps, inherits). Both are printed beside every
-prediction made with the model.
+The held-out error is measured on 5 contiguous folds (each fifth of the run held out in turn,
+fitted on the other four): neighbouring steps do nearly the same work, so holding out every
+5th step would score the model on steps it had all but seen. `step_error` is the median
+relative error of one held-out step, `total_error` the largest relative error of a fold's
+summed time (what a TTFT, a sum of steps, inherits). Both are printed beside every prediction
+made with the model. `score` measures the same two errors of a fitted model on another
+recording's steps: a model fitted at setting A scored on a real run at setting B is the error a
+what-if inherits when it predicts B from A (benchmarks/whatif_reality.py prints it).
 """
 from __future__ import annotations
 
@@ -82,28 +86,45 @@ def step_costs(rec: Recording) -> tuple[np.ndarray, np.ndarray]:
 
 def fit(rec: Recording) -> StepTimeModel:
     """The model of `rec`'s steps; NoStepTimings when it has fewer than MIN_STEPS timed ones."""
-    x, y = step_costs(rec)
-    keep = np.isfinite(y) & (y > 0)
-    x, y = x[keep], y[keep]
+    x, y = _timed(rec)
     if len(y) < MIN_STEPS:
         raise NoStepTimings(f"this recording ({rec.source.engine}) has {len(y)} timed steps; a step-time model needs "
                             f"at least {MIN_STEPS}: give one fitted on another recording of the same server "
                             "(step_model=fit(Recording.load(...)), or --step-times-from FILE)")
     coef = _nonnegative_fit(x, y)
     step_errors, total_errors = [], []
-    idx = np.arange(len(y))
+    fold = np.arange(len(y)) * FOLDS // len(y)  # 0 for the first fifth of the steps, ... 4 for the last
     for k in range(FOLDS):
-        test = idx % FOLDS == k
-        if test.all() or not test.any():
-            continue
+        test = fold == k
         c = _nonnegative_fit(x[~test], y[~test])
-        pred = x[test] @ c
-        step_errors.extend(np.abs(pred - y[test]) / y[test])
-        total_errors.append(abs(pred.sum() - y[test].sum()) / y[test].sum())
+        errors, total = _errors(x[test] @ c, y[test])
+        step_errors.extend(errors)
+        total_errors.append(total)
     c0, cp, cd, cc = (float(c) for c in coef)  # one weight per feature column (step_costs: four)
     return StepTimeModel(coefficients=(c0, cp, cd, cc), step_error=float(np.median(step_errors)),
                          total_error=float(max(total_errors)), num_steps=len(y), clock=rec.source.clock,
                          admission_delay=admission_delay(rec), source=rec.source.engine)
+
+
+def score(model: StepTimeModel, rec: Recording) -> tuple[float, float]:
+    """(median |relative error| of a step, |relative error| of the summed time) of `model` on
+    `rec`'s timed steps: a model fitted on one run scored on another (another setting, another
+    day) says how far its predictions there can be trusted."""
+    x, y = _timed(rec)
+    if not len(y):
+        raise NoStepTimings(f"this recording ({rec.source.engine}) has no timed steps to score a model on")
+    errors, total = _errors(x @ np.asarray(model.coefficients), y)
+    return float(np.median(errors)), total
+
+
+def _timed(rec: Recording) -> tuple[np.ndarray, np.ndarray]:
+    x, y = step_costs(rec)
+    keep = np.isfinite(y) & (y > 0)
+    return x[keep], y[keep]
+
+
+def _errors(pred: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
+    return np.abs(pred - y) / y, float(abs(pred.sum() - y.sum()) / y.sum())
 
 
 def _nonnegative_fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:

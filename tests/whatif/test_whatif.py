@@ -77,6 +77,21 @@ def test_settings_vllm_refuses_get_one_clear_line(kvscope_run, changes, says):
     assert "\n" not in str(err.value)
 
 
+def test_a_bug_building_the_scheduler_is_an_error_never_a_refusal(kvscope_run, monkeypatch):
+    """Only vLLM's config validation (a ValueError) is a refusal; anything else propagates as
+    itself, so a sweep cannot show a bug as 'rejected'."""
+    from explorer.drivers.vllm import bare
+
+    _, rec, _ = kvscope_run
+
+    def broken(**kwargs):
+        raise TypeError("planted: a bug, not a setting")
+
+    monkeypatch.setattr(bare, "bare_scheduler", broken)
+    with pytest.raises(TypeError, match="planted"):
+        replay(rec, variant(rec, num_blocks=17))
+
+
 def test_a_block_size_vllms_cpu_attention_cannot_use(kvscope_run):
     _, rec, _ = kvscope_run
     as_vllm = dataclasses.replace(rec, source=dataclasses.replace(rec.source, engine="vLLM 0.32.0", device="cpu"))

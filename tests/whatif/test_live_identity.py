@@ -47,12 +47,14 @@ def recorded(request, default_model_path, tmp_path_factory):
         live = Session.attach(srv.feed, snapshot_address=srv.snapshots)
         writer = RecordingWriter(path)
         writer.follow(live)
-        # Beside it, `python -m explorer attach FEED --record FILE` (its function, stopped by an event).
+        # Beside it, `python -m explorer attach FEED --record FILE` (its function, stopped by an event),
+        # keeping 3 finished requests of the 12: its recording must still hold every one.
         from explorer.apps.attach import run_attach
 
         stop, by_cli = threading.Event(), path.with_name("attach-cli.kvrec.gz")
         cli = threading.Thread(target=run_attach, args=(srv.feed,), kwargs={"record": str(by_cli), "stop": stop,
-                                                                     "snapshot_address": srv.snapshots})
+                                                                     "snapshot_address": srv.snapshots,
+                                                                     "max_finished": 3})
         cli.start()
         time.sleep(3.0)   # it joins before any traffic
         client = srv.client(timeout=300)
@@ -113,7 +115,8 @@ def test_a_real_servers_recording_replays_with_0_differences(recorded):
     assert identity(rec).ok
     # The attach command's recording of the same feed: the same steps, the same requests (unless the
     # feed dropped steps for that subscriber, a slow reader's documented fate: then its file says so).
-    assert len(by_cli.requests) == len(rec.requests)
+    assert sorted(r.request_id for r in by_cli.requests) == sorted(r.request_id for r in rec.requests)
+    assert all(r.finish_reason is not None for r in by_cli.requests)   # 12 finished, the follower kept 3
     if any("are missing" in n for n in by_cli.source.notes):
         assert len(by_cli.steps) < len(rec.steps)
     else:

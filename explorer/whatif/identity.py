@@ -15,6 +15,7 @@ from typing import Any
 
 from ..core.recording import Recording, step_decisions
 from .replay import ReplayResult, replay
+from .settings import Variant
 
 FIELDS = ("scheduled", "new", "preempted", "finished", "tables")
 _SAY = {"scheduled": "scheduled [request, tokens, computed before, prefix hits]", "new": "admitted",
@@ -62,11 +63,18 @@ class IdentityReport:
         return head + "".join(f"\n  note: {n}" for n in self.notes)
 
 
-def identity(rec: Recording, entries: Iterable[Any] | None = None, *, limit: int = 1000) -> IdentityReport:
+def identity(rec: Recording, entries: Iterable[Any] | None = None, *, limit: int = 1000,
+             at: Variant | None = None) -> IdentityReport:
     """Replay `rec` at its own settings with its recorded arrival steps and compare every step:
     with the file's digests, or (given the history `entries` it was written from) field by field.
-    Stops collecting at `limit` differences."""
-    res = replay(rec, arrivals="step", digests=True, keep_steps=entries is not None)
+    Stops collecting at `limit` differences.
+
+    `at`: replay at that variant instead and compare with `entries` of a real run at those
+    settings whose requests arrived (and were aborted) before the same steps as in `rec`: a
+    what-if held to the recorded arrival steps must equal such a run, step for step."""
+    if at is not None and entries is None:
+        raise ValueError("identity at another setting compares with a real run at it: give its history entries")
+    res = replay(rec, at, arrivals="step", digests=True, keep_steps=entries is not None)
     report = IdentityReport(num_steps=len(rec.steps), replay=res, notes=list(rec.source.notes))
     got: dict[int, Any] = dict(zip(res.steps, res.details if entries is not None else res.digests))
     want: dict[int, Any]  # each step's decisions (given the entries), else its digest
@@ -77,6 +85,7 @@ def identity(rec: Recording, entries: Iterable[Any] | None = None, *, limit: int
     else:
         want = dict(zip(rec.steps.step, rec.steps.digest))
     diffs = report.differences
+    last = max(want, default=rec.last_step) if entries is not None else rec.last_step  # the run compared with
     for step in sorted(set(want) | set(got)):
         if len(diffs) >= limit:
             break
@@ -84,7 +93,7 @@ def identity(rec: Recording, entries: Iterable[Any] | None = None, *, limit: int
             diffs.append(Difference(step, "step", "a step", "no step (the replay ran out of work, or skipped it)"))
             continue
         if step not in want:
-            if step > rec.last_step:  # past the recording's end (requests still in flight then): not recorded
+            if step > last:  # past the recording's end (requests still in flight then): not recorded
                 continue
             diffs.append(Difference(step, "step", "no step", f"a step ({_brief(got[step])})"))
             continue

@@ -74,3 +74,29 @@ def test_vllm_in_process_recording_replays_with_0_differences(vllm_run):
     assert identity(rec).ok
     late = _late(rec, "3")
     assert identity(late).first_step == 4
+
+
+
+def test_a_what_if_held_to_the_recorded_arrival_steps_equals_a_real_run_there(vllm_run, default_model_path):
+    """vLLM in process at another setting (a larger pool, a larger budget), the same workload with
+    each request added (and the victim aborted) before the same step as in the recorded run: the
+    what-if replay of the recording at that setting makes every decision of the real run, step
+    by step; and the replay at a setting the run did not have (the budget one token off) does not."""
+    from explorer import Session
+    from explorer.whatif import variant
+
+    s, rec = vllm_run
+    b = Session(engine="vllm", model=str(default_model_path), block_size=32, num_kv_blocks=16,
+                max_num_batched_tokens=64, max_num_seqs=4, max_model_len=256)
+    try:
+        drive(b)
+        report = identity(rec, b.history, at=variant(rec, num_blocks=16, max_num_batched_tokens=64))
+        off = identity(rec, b.history, at=variant(rec, num_blocks=16, max_num_batched_tokens=63))
+    finally:
+        b._driver.shutdown()
+    assert b.metrics["summary"]["num_preemptions"] < s.metrics["summary"]["num_preemptions"]  # it really differs
+    assert len(b.history) != len(s.history) or b.records != s.records
+    assert report.ok and report.num_steps == len(rec.steps), report.text()
+    assert not off.ok
+    with pytest.raises(ValueError, match="give its history entries"):
+        identity(rec, at=variant(rec, num_blocks=16))

@@ -117,9 +117,10 @@ def sampled_output(scheduler: Any, out: Any, token_of: Any) -> Any:
     ids = list(out.num_scheduled_tokens)
     sampled = {}
     for rid in ids:
-        req = scheduler.requests[rid]
-        # schedule() already advanced num_computed_tokens.
-        if req.num_computed_tokens >= req.num_tokens:
+        req = scheduler.requests.get(rid)
+        # None: it finished since this step was scheduled (async scheduling: the step before it
+        # ended it), and vLLM's update skips it. Else schedule() already advanced num_computed_tokens.
+        if req is not None and req.num_computed_tokens >= req.num_tokens:
             sampled[rid] = token_of(rid, len(req.output_token_ids))
     return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                              sampled_token_ids=[[sampled[r]] if r in sampled else [] for r in ids]), sampled

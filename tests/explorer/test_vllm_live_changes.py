@@ -7,6 +7,7 @@ caught, then the two places where the records used to part from vLLM's state, on
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 
@@ -97,8 +98,6 @@ def _step(run) -> None:
 
 def _received(src, pub) -> list[dict]:
     """Every record the recorder published, once the client holds them, as dicts."""
-    import time
-
     assert pub.flush()
     end = time.monotonic() + 10
     while src.counters["received"] < pub.counters["published"] and time.monotonic() < end:
@@ -248,3 +247,44 @@ def test_a_recorder_that_cannot_bind_logs_one_error_and_its_engine_core_schedule
     finally:
         logger.removeHandler(handler)
         taken.close()
+
+
+def test_a_step_the_recorder_cannot_record_stops_it_out_loud_and_vllm_schedules_on(harness, monkeypatch):
+    """A bug turning one hand-over into a body: the recorder never publishes a later step on a
+    state that no longer matches the server's, nor answers a snapshot from it. Its subscribers
+    get a 'stopped' message whose seq skips the lost step (counted as missed, its words in the
+    notes), a client joining later gets the same words, and vLLM schedules every request."""
+    from explorer.drivers.vllm_live.client import LiveSource
+
+    run = _scheduler(harness, False)
+    src, pub, _ = _joined(run)
+    try:
+        _step(run)
+        assert len(_received(src, pub)) == 1
+        real = type(pub)._body
+        calls = []
+
+        def broken(self, handover):
+            calls.append(1)
+            if len(calls) == 1:
+                raise TypeError("planted: a field the recorder cannot read")
+            return real(self, handover)
+
+        monkeypatch.setattr(type(pub), "_body", broken)
+        steps = 1
+        while run.s.has_requests() and steps < 200:
+            _step(run)
+            steps += 1
+        assert not run.s.running and not run.s.waiting            # vLLM went on as without kvscope
+        assert pub.flush() and pub.stopped is not None and "TypeError: planted" in pub.stopped
+        assert pub.counters["errors"] == 1 and pub.counters["unrecorded"] == steps - 2
+        assert pub.counters["published"] == 1                     # nothing after the lost step
+        end = time.monotonic() + 10
+        while src.stopped is None and time.monotonic() < end:
+            time.sleep(0.01)
+        assert src.stopped == pub.stopped and src.status()["missed"] == 1 and src.notes[-1] == pub.stopped
+        with pytest.raises(ValueError, match="could not record step seq 2 .*restart it to follow it again"):
+            LiveSource(run.feed, snapshot_address=run.snapshots, timeout=5)
+    finally:
+        src.close()
+        run.close()

@@ -69,6 +69,7 @@ class LiveSource:
         self.counters = {"received": 0, "applied": 0, "rejected": 0, "dropped_here": 0, "missed": 0,
                          "resyncs": 0, "stale": 0, "rebased": 0}
         self.last_rejection: str | None = None
+        self.stopped: str | None = None   # the recorder's words when it stopped recording
         self.notes: list[str] = []
         self.server_counters: dict = {}
         self.tokens_left_out = False
@@ -163,11 +164,24 @@ class LiveSource:
                 self.counters["rejected"] += 1
                 self.last_rejection = str(exc)
                 continue
+            if msg.get("kind") == "stopped":
+                self._stopped(msg)
+                continue
             with self._qlock:
                 if len(self._queue) >= self._max_queue:  # a slow notebook: the oldest step goes
                     self._queue.popleft()
                     self.counters["dropped_here"] += 1
                 self._queue.append(msg)
+
+    def _stopped(self, msg: dict) -> None:
+        """The recorder stopped: the step it lost is counted as missed, its words kept in the
+        notes (and logged); the panels keep the last state that came."""
+        if msg["run_id"] != self.run_id or self.stopped is not None:
+            return
+        self.stopped = msg["error"]
+        self.counters["missed"] += max(0, msg["seq"] - self.seq - len(self._queue))
+        self.notes.append(self.stopped)
+        log.warning(self.stopped)
 
     # -- the Source protocol ------------------------------------------------------------------------
     @property
@@ -292,6 +306,8 @@ class LiveSource:
         them may have been dropped. True when a fresh snapshot is ahead of the state held here and
         the steps it is ahead by still have not come a grace period later: a slow step (a busy
         server takes seconds) or a message still on its way is waited for, never overtaken."""
+        if self.stopped is not None:  # no snapshot comes from a recorder that stopped
+            return False
         now = time.monotonic()
         if self._ahead is not None:
             msg, seen = self._ahead
@@ -351,7 +367,7 @@ class LiveSource:
         status = {"address": self.address, "rank": self.rank, "run_id": self.run_id, "seq": self.seq,
                   "pending": len(self._queue), **self.counters, "last_rejection": self.last_rejection,
                   "server": dict(self.server_counters), "tokens_left_out": self.tokens_left_out,
-                  "scheduled_ahead": self.scheduled_ahead, "notes": list(self.notes)}
+                  "scheduled_ahead": self.scheduled_ahead, "stopped": self.stopped, "notes": list(self.notes)}
         if self.kv_events is not None:
             status["kv_events"] = dict(self.kv_events.counters)
         return status

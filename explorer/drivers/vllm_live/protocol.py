@@ -114,6 +114,11 @@ def decode(frames: list[bytes], kind: str | None = None) -> dict:
     if msg["schema"] != SCHEMA_VERSION:
         raise FeedError(f"schema {msg['schema']!r} from the server, this kvscope reads schema {SCHEMA_VERSION}: "
                         "run the same kvscope version in the server and the notebook")
+    if msg.get("kind") == "error" and isinstance(msg.get("error"), str):  # the recorder's own words
+        raise FeedError(msg["error"])
+    if kind is None and msg.get("kind") == "stopped" and isinstance(msg.get("error"), str) \
+            and isinstance(msg.get("seq"), int):
+        return msg  # the recorder stopped (a step it could not record): the client says why
     want = kind or "step"
     if msg.get("kind") != want or not isinstance(msg.get("run_id"), str) or not isinstance(msg.get("seq"), int):
         raise FeedError(f"a {msg.get('kind')!r} message where a {want!r} one with run_id and seq was expected")

@@ -298,7 +298,9 @@ class _Publisher:
         self.seq = 0
         self.subscribers = 0
         self.counters = {"published": 0, "unobserved": 0, "errors": 0, "steps": 0, "recorder_ms": 0.0,
-                         "recorder_cpu_ms": 0.0, "publisher_cpu_ms": 0.0, "backlog": 0}
+                         "recorder_cpu_ms": 0.0, "publisher_cpu_ms": 0.0, "backlog": 0, "unrecorded": 0}
+        # Why the recorder stopped (a step it could not turn into a body): None while it records.
+        self.stopped: str | None = None
         self.by_id: dict[str, int] = {}
         self.names: dict[int, str] = {}  # by_id reversed
         self.unapplied: list[dict] = []  # bodies published but not yet applied to the mirror
@@ -396,7 +398,14 @@ class _Publisher:
                 self.subscribers = max(0, self.subscribers - 1)
 
     def _publish(self, handover: tuple) -> None:
-        body = self._body(handover)
+        if self.stopped is not None:
+            self.counters["unrecorded"] += 1
+            return
+        try:
+            body = self._body(handover)
+        except Exception as exc:  # noqa: BLE001 - the recorder must never take the server down
+            self._stop(exc)
+            return
         if self.carry is not None:
             body = _merged(self.carry, body)
             self.carry = None
@@ -420,6 +429,24 @@ class _Publisher:
                 log.exception("kvscope recorder: publishing failed")
         else:
             self.counters["unobserved"] += 1
+
+    def _stop(self, exc: Exception) -> None:
+        """A step that could not be recorded: the mirror no longer matches the server and no
+        later body would apply, so the recorder stops, and says so to every subscriber (a
+        'stopped' message whose seq skips the lost step: a gap no snapshot can fill) and to
+        every snapshot request. The server goes on serving."""
+        self.seq += 1
+        self.counters["errors"] += 1
+        self.stopped = (f"the recorder could not record step seq {self.seq} ({type(exc).__name__}: {exc}; the "
+                        "server's log has the traceback): its state no longer matches the server's, so it stopped; "
+                        "the server keeps serving; restart it to follow it again")
+        log.exception("kvscope recorder: %s", self.stopped)
+        msg = {"schema": protocol.SCHEMA_VERSION, "kind": "stopped", "run_id": self.run_id, "rank": self.rank,
+               "seq": self.seq, "error": self.stopped, "counters": dict(self.counters)}
+        try:
+            self.pub.send_multipart((protocol.TOPIC, protocol.encode(msg)), self.zmq.NOBLOCK)
+        except self.zmq.ZMQError:
+            pass  # at a subscriber's HWM: it learns from its snapshot request instead
 
     def _catch_up(self) -> None:
         bodies, self.unapplied = self.unapplied, []
@@ -456,7 +483,9 @@ class _Publisher:
             ok = isinstance(ask, dict) and ask.get("schema") == protocol.SCHEMA_VERSION
         except Exception:  # noqa: BLE001
             ok = False
-        if ok:
+        if ok and self.stopped is not None:
+            reply = {"schema": protocol.SCHEMA_VERSION, "kind": "error", "error": self.stopped}
+        elif ok:
             self._catch_up()
             reply = {"schema": protocol.SCHEMA_VERSION, "kind": "snapshot", "run_id": self.run_id, "rank": self.rank,
                      "seq": self.seq, "state": self.mirror.to_wire(), "counters": dict(self.counters),

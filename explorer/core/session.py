@@ -244,19 +244,28 @@ class Session:
                     break
                 rec = self.source.step()
                 event = self._append(rec)
-            records.append(rec)
+            if event != "abort":   # a change between steps is no step
+                records.append(rec)
             self._notify(event)
         return records
 
     def _append(self, rec: StepRecord) -> str:
         """Add a step's entry: the previous snapshot with its changes applied ('step'), or, for
-        changes that restart the history (a new server run), a history that starts again ('reset')."""
+        changes that restart the history (a new server run), a history that starts again ('reset'),
+        or, for changes between two steps, the latest entry brought up to date ('abort')."""
         record = rec.to_dict()
         changes = record[REC.CHANGES]
         if CHANGES.RESTART in changes:
             snapshot = changes[CHANGES.SNAPSHOT]
             self._history = self._new_history(snapshot)
             return "reset"  # why: the source's notes
+        if rec.step == self.current.step and CHANGES.SNAPSHOT not in changes and not record[REC.SCHEDULED]:
+            # A change between two steps (a live server's abort while nothing ran: the feed
+            # carries it under the last step's number): the latest entry shows the state as it
+            # is now, as after an action here (_apply_actions), and no step is added, so the
+            # history's steps stay vLLM's. The finished bound spares it until the next step.
+            self._history.replace_last(apply(self.current.snapshot, changes))
+            return "abort"
         if CHANGES.SNAPSHOT not in changes and rec.step != self.current.step + 1:
             # A step this history never saw (taken on the engine directly): its changes went with
             # it, so the state comes whole, never from a guess.

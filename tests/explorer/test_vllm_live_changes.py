@@ -70,13 +70,17 @@ def test_each_record_and_state_equal_vllms_soak(harness):
 
 
 # -- the two partings, one at a time -----------------------------------------------------------------
-def _scheduler(harness, async_: bool):
+def _scheduler(harness, async_: bool, block_size: int = 4):
+    """Two requests sharing half a prompt, in blocks of `block_size` (a multiple of 32 where a
+    recording is replayed as a CPU server's: vLLM's CPU attention takes no other)."""
     from tests.oracle.workloads import OracleRequest, Workload
 
-    prompt = tuple(range(1, 41))
-    w = Workload(block_size=4, num_blocks=40, max_num_batched_tokens=64, max_num_seqs=4, max_model_len=128,
-                 enable_prefix_caching=True, enable_chunked_prefill=True, scheduler_reserve_full_isl=True,
-                 requests=(OracleRequest("a", prompt, 30, 0), OracleRequest("b", prompt[:20] + (7,) * 10, 30, 0)))
+    k = block_size // 4
+    prompt = tuple(range(1, 40 * k + 1))
+    w = Workload(block_size=block_size, num_blocks=40, max_num_batched_tokens=64 * k, max_num_seqs=4,
+                 max_model_len=128 * k, enable_prefix_caching=True, enable_chunked_prefill=True,
+                 scheduler_reserve_full_isl=True,
+                 requests=(OracleRequest("a", prompt, 30, 0), OracleRequest("b", prompt[:20 * k] + (7,) * 10 * k, 30, 0)))
     run = harness.Run(w, seed=0, async_=async_)
     for r in w.requests:
         run.side.add(r)
@@ -288,3 +292,40 @@ def test_a_step_the_recorder_cannot_record_stops_it_out_loud_and_vllm_schedules_
     finally:
         src.close()
         run.close()
+
+
+@pytest.mark.parametrize("async_", [False, True], ids=["sync", "async"])
+def test_an_abort_between_steps_goes_through_the_recording_and_identity(harness, async_, tmp_path):
+    """A request aborted between two steps (a client gone while nothing ran) reaches a live
+    Session as a feed step with no schedule; the Session's recording replays through vLLM's own
+    scheduler with 0 differences, the abort taken before the same step."""
+    from vllm.v1.request import RequestStatus
+
+    from explorer import Session
+    from explorer.core.recording import Recording, save_recording
+    from explorer.whatif import identity
+
+    run = _scheduler(harness, async_, block_size=32)
+    live = Session.attach(run.feed, snapshot_address=run.snapshots, timeout=5)
+    pub = run.s._rec.publisher
+    try:
+        while not pub.subscribers:
+            pub.wake.set()
+        for _ in range(4):
+            _step(run)
+        run.s.finish_requests("b", RequestStatus.FINISHED_ABORTED)   # between steps: nothing in flight
+        while run.s.has_requests():
+            _step(run)
+        assert pub.flush()
+        assert live.wait_for(lambda s: s.feed_status()["seq"] >= pub.seq, timeout=10)
+        assert live.current.step == pub.counters["steps"] - 1   # the abort's body is no step
+        rec = Recording.load(save_recording(live, tmp_path / "abort.kvrec"))
+    finally:
+        live.close()
+        run.close()
+    b = rec.request("b")
+    assert b.finish_reason == "abort" and b.aborted_before_step is not None and not b.aborted_during_step
+    assert rec.request("a").finish_reason == "length"
+    report = identity(rec, live.history)
+    assert report.ok, report.text()
+    assert identity(rec).ok

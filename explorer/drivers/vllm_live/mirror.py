@@ -297,8 +297,10 @@ class Mirror:
         if body["queues"] is not None:
             self.running, self.waiting = list(body["queues"][0]), list(body["queues"][1])
         self.num_free, self.usage = body["free"], body["usage"]
-        if step.update is None:  # no step ran (an abort between steps): an empty record carries it
-            self.step_count += 1
+        if step.update is None:
+            # No step ran (an abort between steps): its record keeps the last step's number and
+            # schedules nothing, and a Session brings its latest entry up to date with it
+            # (Session._append) instead of adding a step vLLM never ran.
             step.update = _Update(None, body.get("wall") or time.time(), 0.0, 0.0, 0.0, [], [], [], {})
         self.scheduled_ahead = (self.step_count + 1) if self.pending else None
         record = None

@@ -565,7 +565,14 @@ class RecordingWriter:
         after each of its 'step' events (a live session announces one per poll, however many
         steps it applied). Returns the unsubscribe function."""
         def catch_up(event: str = "step", s: Any = session) -> None:
-            if event != "step" or self._closed:
+            if self._closed:
+                return
+            if event == "abort" and self._f is not None:
+                # The latest entry brought up to date between steps (a live server's abort while
+                # nothing ran): the request is written now, not only if another step comes.
+                self._note_requests(s.current.snapshot, None)
+                return
+            if event != "step":
                 return
             history = s.history
             i = len(history)

@@ -302,11 +302,14 @@ def test_an_abort_between_steps_goes_through_the_recording_and_identity(harness,
     from vllm.v1.request import RequestStatus
 
     from explorer import Session
-    from explorer.core.recording import Recording, save_recording
+    from explorer.core.recording import Recording, RecordingWriter, save_recording
     from explorer.whatif import identity
 
     run = _scheduler(harness, async_, block_size=32)
     live = Session.attach(run.feed, snapshot_address=run.snapshots, timeout=5)
+    followed = RecordingWriter(tmp_path / "followed.kvrec")   # as `explorer attach --record` writes
+    followed.follow(live)
+    live.follow(0.01)
     pub = run.s._rec.publisher
     try:
         while not pub.subscribers:
@@ -314,18 +317,25 @@ def test_an_abort_between_steps_goes_through_the_recording_and_identity(harness,
         for _ in range(4):
             _step(run)
         run.s.finish_requests("b", RequestStatus.FINISHED_ABORTED)   # between steps: nothing in flight
-        while run.s.has_requests():
+        for _ in range(3):
             _step(run)
+        assert pub.flush() and live.wait_for(lambda s: s.feed_status()["seq"] >= pub.seq, timeout=10)
+        run.s.finish_requests("a", RequestStatus.FINISHED_ABORTED)   # ... and the last one, then no step
         assert pub.flush()
         assert live.wait_for(lambda s: s.feed_status()["seq"] >= pub.seq, timeout=10)
-        assert live.current.step == pub.counters["steps"] - 1   # the abort's body is no step
+        assert live.current.step == pub.counters["steps"] - 2   # the aborts' bodies are no steps
+        assert [r["request_id"] for r in live.current.snapshot["queues"]["finished"]] == ["b", "a"]
+        live.pause()
         rec = Recording.load(save_recording(live, tmp_path / "abort.kvrec"))
+        by_follower = Recording.load(followed.close())
     finally:
         live.close()
         run.close()
-    b = rec.request("b")
-    assert b.finish_reason == "abort" and b.aborted_before_step is not None and not b.aborted_during_step
-    assert rec.request("a").finish_reason == "length"
+    for r in (rec, by_follower):
+        assert {x.request_id: x.finish_reason for x in r.requests} == {"a": "abort", "b": "abort"}
+        assert not any(x.aborted_during_step for x in r.requests)
+        assert r.request("b").aborted_before_step == 5 and r.request("a").aborted_before_step == 8
+    assert by_follower.steps.digest == rec.steps.digest
     report = identity(rec, live.history)
     assert report.ok, report.text()
-    assert identity(rec).ok
+    assert identity(rec).ok and identity(by_follower).ok

@@ -10,6 +10,8 @@ of this step those the scheduler served before it: running requests, then earlie
 - else 'never_seen'.
 Each named eviction is checked in the records: the block was evicted in that step, held that
 hash before it, and the named request holds it after (or the step's batch gives it to it).
+`pool_problems` checks the same classes a second way, from the pool alone (which hashes it held
+before each lookup), so the two rules do not simply restate the ledger's.
 """
 from __future__ import annotations
 
@@ -132,4 +134,47 @@ def check(ledger, history) -> list[str]:
                 if ev.by not in holders:
                     problems.append(f"request {rid}: block {ev.block} evicted at step {ev.step} is not held by "
                                     f"#{ev.by} after it (held by {sorted(holders)})")
+    return problems
+
+
+def pool_problems(ledger, history, hash_block) -> list[str]:
+    """Each first admission's 'evicted' and 'never seen' blocks against the pool itself, read at
+    each lookup (no use of who computed what): a block called evicted had its hash in the pool
+    in some entry before the lookup, and the chain of its prefix was broken then (a block of it
+    not cached before the step, or evicted in it); a block called never seen had its hash in no
+    pool before the lookup. `hash_block(parent, tokens)` is the engine's block hash (hex: 16
+    digits), for the full blocks the lookup covers (vLLM leaves the last token's block out)."""
+    problems = []
+    firsts: dict[int, list] = {}
+    for rid, why in ledger.requests.items():
+        if why.first is not None:
+            firsts.setdefault(why.first.step, []).append((rid, why.first))
+    ever: set[str] = set()
+    before = None
+    bs = ledger.block_size
+    for e in history:
+        if before is not None and e.record is not None:
+            pool = before.snapshot["block_pool"]["blocks"]
+            cached = {b["hash"] for b in pool if b["hash"] is not None}
+            evicted_now = {pool[b]["hash"] for b in e.record["blocks"]["evicted"]}
+            for rid, a in firsts.get(e.step, ()):
+                prompt = list(_prompt(history, rid))
+                hashes, parent = [], None
+                for j in range((len(prompt) - 1) // bs):
+                    parent = hash_block(parent, prompt[j * bs:(j + 1) * bs])
+                    hashes.append(f"{parent:016x}")
+                for s in a.spans:
+                    for j in range(s.start // bs, min(len(hashes), (s.end - 1) // bs + 1)):
+                        if s.cls == "evicted":
+                            if hashes[j] not in ever:
+                                problems.append(f"request {rid}, block {j}: called evicted at step {e.step}, but its "
+                                                "hash was in no pool before")
+                            elif all(h in cached and h not in evicted_now for h in hashes[:j + 1]):
+                                problems.append(f"request {rid}, block {j}: called evicted at step {e.step}, but its "
+                                                "whole prefix was cached at the lookup")
+                        elif s.cls == "never_seen" and hashes[j] in ever:
+                            problems.append(f"request {rid}, block {j}: called never seen at step {e.step}, but its "
+                                            "hash was in the pool before")
+        ever.update(b["hash"] for b in e.snapshot["block_pool"]["blocks"] if b["hash"] is not None)
+        before = e
     return problems

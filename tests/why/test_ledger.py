@@ -35,6 +35,38 @@ def test_a_brute_force_over_the_history_agrees(kvscope_runs):
         assert oracle.check(ledger, s.history) == [], f"seed {seed}"
 
 
+def test_the_pool_at_each_lookup_agrees(kvscope_runs):
+    """Read from the pool, not from who computed what: every block called evicted had been
+    cached and its chain was broken at the lookup, and no block called never seen had been."""
+    from engine.core.hashing import hash_block
+
+    checked = 0
+    for seed, s in kvscope_runs:
+        ledger = WhyLedger().feed(s.history)
+        assert oracle.pool_problems(ledger, s.history, hash_block) == [], f"seed {seed}"
+        checked += sum(w.first.classes.get("evicted", 0) for w in ledger.requests.values() if w.first)
+    assert checked > 0
+
+
+@pytest.mark.parametrize("swap", [("evicted", "never_seen"), ("never_seen", "evicted")])
+def test_a_planted_mislabel_is_caught_by_the_pool(kvscope_runs, monkeypatch, swap):
+    from engine.core.hashing import hash_block
+
+    real = WhyLedger._missed_block
+    true_cls, planted = swap
+
+    def mislabel(self, seq, j):
+        cls, detail, ev = real(self, seq, j)
+        if cls == true_cls or (cls is None and true_cls == "never_seen"):
+            return planted, "", None
+        return cls, detail, ev
+
+    monkeypatch.setattr(WhyLedger, "_missed_block", mislabel)
+    caught = [p for seed, s in kvscope_runs for p in oracle.pool_problems(WhyLedger().feed(s.history), s.history,
+                                                                          hash_block)]
+    assert any(f"called {planted.replace('_', ' ')}" in p for p in caught), caught
+
+
 def test_a_planted_mislabel_is_caught(kvscope_runs, monkeypatch):
     real = WhyLedger._missed_block
 

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-A = {"num_gpu_blocks": 32, "max_num_batched_tokens": 256}
+A = {"num_gpu_blocks": 24, "max_num_batched_tokens": 256}
 VARIANTS = {"SMALL": {"num_gpu_blocks": 20, "max_num_batched_tokens": 64},
             "LARGE": {"num_gpu_blocks": 96, "max_num_batched_tokens": 256}}
 BLOCK, MAX_LEN, SEQS = 32, 512, 16

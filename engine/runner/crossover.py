@@ -60,7 +60,7 @@ STEP_CONTEXT = 32  # tokens each measured decode reads: attention is a small, eq
 Table = tuple[tuple[int, float, float], ...]  # (rows, panels or native ms, oneDNN or layer-by-layer ms)
 
 
-class ModelRunner(Protocol):
+class MeasuredRunner(Protocol):
     """What the measurement reads of the runner (model_runner.ModelRunner, which imports this
     module to measure itself at load)."""
 
@@ -137,7 +137,7 @@ def cpu_key() -> str:
     return f"{name} [{' '.join(f for f in CROSSOVER_FLAGS if f in flags)}] x{torch.get_num_threads()}"
 
 
-def crossover_key(runner: ModelRunner) -> str:
+def crossover_key(runner: MeasuredRunner) -> str:
     s, kernels = runner.spec, native()
     shard = f"/tp{runner.tp.size}" if runner.tp.size > 1 else ""
     return (f"{cpu_key()} | kernels {kernels.variant if kernels else 'off'} | torch {torch.__version__} | "
@@ -190,7 +190,7 @@ def store(found: Crossover, path: Path | None = None) -> None:
         pass  # a read-only cache: the next engine measures again
 
 
-def resolve(runner: ModelRunner) -> Crossover | None:
+def resolve(runner: MeasuredRunner) -> Crossover | None:
     """This runner's limits: the setting, else the cached measurement, else a measurement now
     (kept for the next engine). None where nothing runs on the panels (no native kernels)."""
     linears = packed_linears(runner)
@@ -207,18 +207,18 @@ def resolve(runner: ModelRunner) -> Crossover | None:
     return found
 
 
-def packed_linears(runner: ModelRunner) -> list[PackedLinear]:
+def packed_linears(runner: MeasuredRunner) -> list[PackedLinear]:
     """Every PackedLinear with native panels (the layers' and the LM head), in forward order."""
     return [m for m in runner.model.modules() if isinstance(m, PackedLinear) and m.panels is not None]
 
 
-def apply(runner: ModelRunner, found: Crossover) -> None:
+def apply(runner: MeasuredRunner, found: Crossover) -> None:
     """Sets every packed linear's limit (the native decode takes its own at construction)."""
     for lin in packed_linears(runner):
         lin.native_max_rows = found.linear_max_rows
 
 
-def measure(runner: ModelRunner, linears: list[PackedLinear], key: str) -> Crossover:
+def measure(runner: MeasuredRunner, linears: list[PackedLinear], key: str) -> Crossover:
     t0 = time.perf_counter()
     layer_linears = [lin for lin in linears if lin is not runner.model.packed_lm_head]
     table = measure_linears(layer_linears)
@@ -262,7 +262,7 @@ def measure_linears(linears: list[PackedLinear], rows: tuple[int, ...] = LINEAR_
 
 
 @torch.inference_mode()
-def measure_steps(runner: ModelRunner, linears: list[PackedLinear], rows: tuple[int, ...] = STEP_ROWS,
+def measure_steps(runner: MeasuredRunner, linears: list[PackedLinear], rows: tuple[int, ...] = STEP_ROWS,
                   reps: int = REPS) -> Table:
     """Pure-decode steps of each batch size as one native call and layer by layer with every
     linear on oneDNN (as the runner runs a batch past the limit, its packed inputs and attention

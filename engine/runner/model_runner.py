@@ -115,8 +115,9 @@ class ModelRunner:
             if self.crossover is not None:
                 crossover.apply(self, self.crossover)
                 if self.native_decode_off_reason is None and self.crossover.decode_max_rows == 0:
-                    self.native_decode_off_reason = ("slower than layer by layer at every batch size on this CPU "
-                                                     f"({self.crossover.source})")
+                    self.native_decode_off_reason = (
+                        f"{crossover.ENV_VAR} sets no decode rows" if self.crossover.source == crossover.ENV_VAR else
+                        f"slower than layer by layer at every batch size on this CPU ({self.crossover.source})")
             self.native_decode = None if self.native_decode_off_reason or self.crossover is None else NativeDecode(
                 self.model, self.kv_caches, self.block_size, max_model_len, self.crossover.decode_max_rows)
         except BaseException:

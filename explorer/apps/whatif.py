@@ -47,6 +47,11 @@ def add_whatif_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arrivals", choices=("timed", "step"), default="timed",
                    help="timed (default): arrivals at their recorded times on a clock moved by predicted step times; "
                         "step: at their recorded steps (exact, no latency predictions)")
+    p.add_argument("--target", default=None, metavar="'ttft_p90<=0.3,preemptions==0'",
+                   help="search for the cheapest setting that meets these conditions on the sweep's figures "
+                        "(latencies in seconds or with ms, rates as 0.2 or 20%%) and say it in one sentence")
+    p.add_argument("--search", choices=("num_blocks", "max_num_batched_tokens"), default="num_blocks",
+                   help="the knob --target searches along (default num_blocks), at every combination of the others")
     p.add_argument("--processes", type=int, default=None, help="parallel replays (default: the CPUs)")
     p.add_argument("--identity", action="store_true", help="only check that the recording replays with 0 differences")
     p.add_argument("--trace", action="store_true",
@@ -77,8 +82,8 @@ def run_whatif(args: argparse.Namespace) -> int:
             return 0 if report.ok else 1
         knobs = {knob: getattr(args, knob) for _, knob, _, _ in _LISTS}
         knobs.update({knob: getattr(args, flag[2:].replace("-", "_")) for flag, knob in _BOOLS})
-        result = sweep(rec, arrivals=args.arrivals, step_model=model, processes=args.processes,
-                       **{k: v for k, v in knobs.items() if v is not None})
+        result = sweep(rec, arrivals=args.arrivals, step_model=model, processes=args.processes, target=args.target,
+                       search=args.search, **{k: v for k, v in knobs.items() if v is not None})
     except (RecordingError, NoStepTimings, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -88,5 +93,6 @@ def run_whatif(args: argparse.Namespace) -> int:
 
         with open(args.json, "w") as f:
             json.dump({"rows": result.rows, "recorded": result.recorded,
+                       "answer": result.answer.sentence if result.answer is not None else None,
                        "step_model": result.step_model.to_dict() if result.step_model else None}, f, indent=1)
     return 0

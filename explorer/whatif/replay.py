@@ -24,7 +24,10 @@ Arrivals:
 """
 from __future__ import annotations
 
+import contextlib
+import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -105,6 +108,7 @@ class ReplayResult:
     seconds: float = 0.0              # the replay's own time here
     scheduler_seconds: float = 0.0    # of which inside vLLM's schedule() and update_from_output()
     step_model: StepTimeModel | None = None
+    vllm_log: list[str] = field(default_factory=list)   # what vLLM logged while it built the scheduler
 
     @property
     def hit_rate(self) -> float | None:
@@ -150,16 +154,43 @@ _CLASS: list[type] = []
 
 def load_vllm() -> type:
     """Import what a replay uses of vLLM (seconds, once per process: a sweep does it before it
-    forks its workers, so they share it) and return the replay's Scheduler class."""
+    forks its workers, so they share it) and return the replay's Scheduler class. What vLLM
+    prints while it imports folds into one line, its log one click away, as a vLLM start does."""
     if not _CLASS:
-        from ..drivers.vllm import bare  # noqa: F401 - first: it sets vLLM's environment before vLLM reads it
+        from ..drivers.vllm.startup import StartupLog
 
-        # isort: split
-        import vllm.v1.outputs  # noqa: F401
-        from vllm import SamplingParams  # noqa: F401
+        with StartupLog("vLLM's scheduler for the replays", show="vllm" not in sys.modules):
+            from ..drivers.vllm import bare  # noqa: F401 - first: it sets vLLM's environment before vLLM reads it
+
+            # isort: split
+            import vllm.v1.outputs  # noqa: F401
+            from vllm import SamplingParams  # noqa: F401
 
         _CLASS.append(_scheduler_class())
     return _CLASS[0]
+
+
+@contextlib.contextmanager
+def vllm_log() -> Iterator[list[str]]:
+    """vLLM's log lines while the block runs, kept in a list instead of printed (a sweep builds
+    a scheduler per replay in each worker, and each would print vLLM's config notes again)."""
+    import logging
+
+    logger = logging.getLogger("vllm")
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        """Each record's level and message, appended to `lines`."""
+
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(f"{record.levelname} {record.getMessage()}")
+
+    saved, propagate = logger.handlers[:], logger.propagate
+    logger.handlers, logger.propagate = [Keep()], False
+    try:
+        yield lines
+    finally:
+        logger.handlers, logger.propagate = saved, propagate
 
 
 def build_scheduler(rec: Recording, v: Variant) -> Any:
@@ -213,8 +244,9 @@ class _Replay:
 
         self.rec, self.v, self.arrivals, self.model = rec, v, arrivals, model
         self.keep, self.want_digests = keep, digests
-        self.s = build_scheduler(rec, v)
-        self.result = ReplayResult(variant=v, arrivals=arrivals, step_model=model)
+        with vllm_log() as said:
+            self.s = build_scheduler(rec, v)
+        self.result = ReplayResult(variant=v, arrivals=arrivals, step_model=model, vllm_log=said)
         self.outputs = {r.request_id: r.output_token_ids for r in rec.requests}
         self.filler = {r.request_id: r.prompt_token_ids[-1] for r in rec.requests}
         st = v.settings

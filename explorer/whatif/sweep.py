@@ -27,11 +27,17 @@ from typing import Any, cast
 
 import numpy as np
 
-from ..core.recording import Recording
+from ..core.recording import Recording, Settings
 from .replay import ReplayError, ReplayResult, load_vllm, replay
-from .settings import KNOBS, MEMORY_KNOBS, SettingRejected, Variant, label_of, variant
+from .settings import KNOBS, MEMORY_KNOBS, SettingRejected, Variant, kv_bytes_per_token, label_of, variant
 from .step_model import StepTimeModel, fit
+from .target import SEARCH_KNOBS, Answer, parse_target
+from .target import search as find_cheapest
 
+_COLUMN_ORDER = ("block_size", "num_blocks", "max_num_batched_tokens", "max_num_seqs")
+_COLUMN_NAMES = {"block_size": "block", "num_blocks": "blocks", "max_num_batched_tokens": "budget",
+                 "max_num_seqs": "max seqs", "enable_prefix_caching": "prefix cache",
+                 "enable_chunked_prefill": "chunked", "long_prefill_token_threshold": "long prefill"}
 SERIES_POINTS = 2000   # per-step series kept per setting (evenly thinned above this)
 METRICS = ("steps", "hit_tokens", "hit_rate", "preemptions", "recomputed_tokens", "max_waiting", "mean_waiting",
            "max_kv_usage", "mean_kv_usage", "ttft_p50", "ttft_p90", "itl_p50", "itl_p90", "e2e_p50", "e2e_p90")
@@ -84,7 +90,7 @@ def summarize(res: ReplayResult, rec: Recording) -> dict:
         "mean_waiting": float(np.mean(res.num_waiting)) if res.steps else 0,
         "max_kv_usage": max(res.kv_usage, default=0.0),
         "mean_kv_usage": float(np.mean(res.kv_usage)) if res.steps else 0,
-        "replay_seconds": res.seconds, "scheduler_seconds": res.scheduler_seconds}
+        "replay_seconds": res.seconds, "scheduler_seconds": res.scheduler_seconds, "vllm_log": res.vllm_log}
     if res.arrivals == "timed":
         arrival = {r: cast(float, reqs[r].arrival) for r in done}  # the replay sets every request's arrival
         out.update(latencies(arrival, {r: reqs[r].first_token_time for r in done},
@@ -105,21 +111,54 @@ _WORKER: dict[str, Any] = {}
 
 def _init(rec: Recording, model: StepTimeModel | None, arrivals: str) -> None:
     _WORKER.update(rec=rec, model=model, arrivals=arrivals)
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
 
 def run_one(job: tuple[int, Variant]) -> dict:
     """Replay the worker's recording at one checked setting."""
     index, v = job
     rec, model, arrivals = _WORKER["rec"], _WORKER["model"], _WORKER["arrivals"]
+    per_token = kv_bytes_per_token(rec)
+    tokens = v.settings.num_blocks * v.settings.block_size
     row: dict[str, Any] = {"index": index, "changes": dict(v.changed), "label": v.label,
-                           "settings": v.settings.to_dict()}
+                           "settings": v.settings.to_dict(), "kv_tokens": tokens,
+                           "kv_bytes": None if per_token is None else int(tokens * per_token)}
     try:
         res = replay(rec, v, arrivals=arrivals, step_model=model)
         row.update(status="ok", **summarize(res, rec))
     except (SettingRejected, ReplayError) as exc:
         row.update(status="rejected" if isinstance(exc, SettingRejected) else "failed", error=str(exc))
     return row
+
+
+class _Replays:
+    """The replays of one sweep: in this process, or in forked workers kept open across the
+    search's rounds."""
+
+    def __init__(self, rec: Recording, model: StepTimeModel | None, arrivals: str, processes: int,
+                 report: Callable[[int, dict], None]) -> None:
+        self.processes, self.report, self.done = processes, report, 0
+        self.pool: Any = None
+        if processes == 1:
+            _init(rec, model, arrivals)
+            return
+        fork = sys.platform.startswith("linux")
+        if fork:
+            load_vllm()  # imported once here, shared by the forked workers
+        ctx = multiprocessing.get_context("fork" if fork else "spawn")
+        self.pool = ctx.Pool(processes, initializer=_init, initargs=(rec, model, arrivals))
+
+    def run(self, runs: list[tuple[int, Variant]]) -> list[dict]:
+        rows = []
+        for row in self.pool.imap_unordered(run_one, runs) if self.pool is not None else map(run_one, runs):
+            rows.append(row)
+            self.done += 1
+            self.report(self.done, row)
+        return rows
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool.join()
 
 
 def plan(rec: Recording, jobs: list[dict]) -> tuple[list[tuple[int, Variant]], list[dict]]:
@@ -154,6 +193,7 @@ class SweepResult:
     recorded: dict = field(default_factory=dict)
     seconds: float = 0.0
     processes: int = 1
+    answer: Answer | None = None    # with a target: the cheapest setting that meets it
 
     @property
     def ok_rows(self) -> list[dict]:
@@ -168,32 +208,40 @@ class SweepResult:
         return (steps / sched if sched else None), (steps / whole if whole else None)
 
     def table(self) -> str:
-        """The sweep as a plain-text table (what the CLI prints)."""
+        """The sweep as a plain-text table (what the CLI prints): every row's full settings (the
+        four that size and pace a run, and any other the sweep varies) and its KV memory; the
+        refused settings after it, one line per reason; the answer when a target was searched."""
         timed = self.arrivals == "timed"
-        head = ["setting", "steps", "hit tokens", "hit rate", "preempt", "recomputed", "max queue", "max KV"]
+        knobs = self.setting_columns()
+        head = ["", *(_COLUMN_NAMES.get(k, k) for k in knobs), "KV memory", "steps", "hit tokens", "hit rate",
+                                                           "preempt", "recomputed", "max queue", "max KV"]
+        latency = ("ttft_p50", "ttft_p90", "itl_p50", "itl_p90", "e2e_p50", "e2e_p90")
         if timed:
             head += ["TTFT p50", "TTFT p90", "ITL p50", "ITL p90", "E2E p50", "E2E p90"]
         rows = [head]
         if timed and self.recorded:
-            rows.append(["measured in the recording"] + [""] * 7 + [_ms(self.recorded.get(k)) for k in
-                        ("ttft_p50", "ttft_p90", "itl_p50", "itl_p90", "e2e_p50", "e2e_p90")])
+            rows.append(["measured", *[""] * (len(knobs) + 8), *(_ms(self.recorded.get(k)) for k in latency)])
+        per_token = kv_bytes_per_token(self.recording)
         for r in self.rows:
-            if r.get("status") != "ok":
-                rows.append([r["label"], f"{r.get('status')}: {r.get('error')}"])
+            if "steps" not in r:
                 continue
-            line = [r["label"], str(r["steps"]), str(r["hit_tokens"]), _pct(r["hit_rate"]), str(r["preemptions"]),
-                    str(r["recomputed_tokens"]), str(r["max_waiting"]), _pct(r["max_kv_usage"])]
+            best = self.answer.best if self.answer is not None else None
+            mark = ("answer" if best is not None and r is best.best else "as recorded" if not r["changes"]
+                    else "searched" if r.get("searched") else "")
+            line = [mark, *(_show(r["settings"][k]) for k in knobs), _memory(r["kv_tokens"], per_token)]
+            line += [str(r["steps"]), str(r["hit_tokens"]), _pct(r["hit_rate"]), str(r["preemptions"]),
+                     str(r["recomputed_tokens"]), str(r["max_waiting"]), _pct(r["max_kv_usage"])]
             if timed:
-                line += [_ms(r[k]) for k in ("ttft_p50", "ttft_p90", "itl_p50", "itl_p90", "e2e_p50", "e2e_p90")]
+                line += [_ms(r[k]) for k in latency]
             rows.append(line)
-        widths = [max(len(row[i]) for row in rows if len(row) > i and len(row) == len(head)) for i in range(len(head))]
-        lines = []
-        for row in rows:
-            if len(row) != len(head):   # a refused setting: its reason on one line
-                lines.append(f"{row[0]:<{widths[0]}}  {row[1]}")
-            else:
-                lines.append("  ".join(c.ljust(widths[0]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(row)))
+        widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+        lines = ["  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(row))
+                 for row in rows]
+        for reason, labels in self.refusals().items():
+            lines.append(f"refused ({'; '.join(labels)}): {reason}")
         notes = [self.recording.summary()]
+        if self.answer is not None:
+            notes.insert(0, self.answer.sentence)
         if self.step_model is not None and timed:
             notes.append("predicted TTFT / ITL / E2E (seconds): " + self.step_model.error_text())
         alone, whole = self.scheduler_steps_per_s()
@@ -201,17 +249,45 @@ class SweepResult:
             notes.append(f"vLLM's scheduler alone: {alone:,.0f} steps/s; the replay with kvscope's bookkeeping: "
                          f"{whole:,.0f} steps/s (one process); {len(self.rows)} settings in {self.seconds:.1f} s on "
                          f"{self.processes} process(es)")
+        said = self.vllm_log()
+        if said:
+            notes.append(f"vLLM's log as it built the replays' schedulers ({len(said)} distinct line"
+                         f"{'s' if len(said) != 1 else ''}): " + " \u00b7 ".join(said))
         notes += [f"note: {n}" for n in self.recording.source.notes]
         return "\n".join([*lines, "", *notes])
 
+    def vllm_log(self) -> list[str]:
+        """The distinct lines vLLM logged while it built the replays' schedulers (kept, not printed
+        once per replay)."""
+        return list(dict.fromkeys(line for r in self.rows for line in r.get("vllm_log", ())))
+
+    def setting_columns(self) -> list[str]:
+        """The settings every row names: block size, pool, budget and max_num_seqs, and any other
+        knob that differs between the rows."""
+        varied = [k for k in KNOBS if k not in _COLUMN_ORDER and
+                  len({str(r["settings"][k]) for r in self.rows if "settings" in r}) > 1]
+        return [*_COLUMN_ORDER, *varied]
+
+    def refusals(self) -> dict[str, list[str]]:
+        """Each reason a setting did not run, with the settings it turned away."""
+        out: dict[str, list[str]] = {}
+        for r in self.rows:
+            if r.get("status") != "ok":
+                out.setdefault(f"{r.get('status')}: {r.get('error')}", []).append(r["label"])
+        return out
+
     def to_frame(self) -> Any:
-        """The rows as a pandas DataFrame (one row per setting, the settings that changed as columns)."""
+        """The rows as a pandas DataFrame (one row per setting: every setting, its KV memory,
+        whether the target search replayed it, the metrics)."""
         import pandas as pd
 
         flat = []
         for r in self.rows:
-            flat.append({"setting": r["label"], **r.get("changes", {}), "status": r.get("status"),
-                         "error": r.get("error"), **{k: r.get(k) for k in METRICS}})
+            flat.append({"setting": r["label"], **{k: r.get("settings", {}).get(k, r["changes"].get(k))
+                                                   for k in self.setting_columns()},
+                         "kv_tokens": r.get("kv_tokens"), "kv_bytes": r.get("kv_bytes"),
+                         "searched": bool(r.get("searched")), "status": r.get("status"), "error": r.get("error"),
+                         **{k: r.get(k) for k in METRICS}})
         return pd.DataFrame(flat)
 
     def charts(self) -> dict[str, Any]:
@@ -220,6 +296,12 @@ class SweepResult:
         from .charts import sweep_charts
 
         return sweep_charts(self)
+
+    def findings(self) -> list[str]:
+        """What the figures show, in sentences read from the rows (explorer.whatif.charts.findings)."""
+        from .charts import findings
+
+        return findings(self)
 
     def _repr_html_(self) -> str:
         import html
@@ -231,18 +313,39 @@ def _ms(x: float | None) -> str:
     return "-" if x is None else (f"{x * 1e3:.0f}ms" if x < 1 else f"{x:.2f}s")
 
 
+def _show(v: Any) -> str:
+    return ("on" if v else "off") if isinstance(v, bool) else str(v)
+
+
+def _memory(tokens: int, per_token: float | None) -> str:
+    return f"{tokens:,} tok" if per_token is None else f"{tokens * per_token / 2**20:,.1f} MiB"
+
+
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.0%}"
 
 
 def sweep(rec: Recording, *, arrivals: str = "timed", step_model: StepTimeModel | None = None,
-          processes: int | None = None, progress: bool | Callable[[int, int, dict], None] = True,
-          include_recorded: bool = True, **settings: Any) -> SweepResult:
+          processes: int | None = None, progress: bool | Callable[[int, int | None, dict], None] = True,
+          include_recorded: bool = True, target: Any = None, search: str = "num_blocks",
+          search_range: tuple[int, int] | None = None, **settings: Any) -> SweepResult:
     """Replay `rec` at every combination of `settings` (what-if knobs: explorer.whatif.settings
-    KNOBS and MEMORY_KNOBS, each a value or a list), `processes` at a time (default: the CPUs)."""
+    KNOBS and MEMORY_KNOBS, each a value or a list), `processes` at a time (default: the CPUs).
+
+    With `target` ('ttft_p90<=0.3,preemptions==0', see explorer.whatif.target), it then searches
+    along `search` (num_blocks or max_num_batched_tokens; over `search_range`, default from the
+    least vLLM accepts to where more changes nothing) at every combination of the other knobs,
+    and `result.answer` says the cheapest setting that meets the target."""
     unknown = set(settings) - set(KNOBS) - set(MEMORY_KNOBS)
     if unknown:
         raise ValueError(f"unknown what-if setting(s) {sorted(unknown)}; known: {list(KNOBS + MEMORY_KNOBS)}")
+    conditions = parse_target(target) if target is not None else None
+    if conditions is not None:
+        if search not in SEARCH_KNOBS:
+            raise ValueError(f"search must be one of {SEARCH_KNOBS}, got {search!r}")
+        sizing = [k for k in MEMORY_KNOBS if settings.get(k) is not None]
+        if search == "num_blocks" and sizing:
+            raise ValueError(f"search=num_blocks sizes the pool itself: leave out {sizing[0]}")
     t0 = time.perf_counter()
     if arrivals == "timed" and step_model is None:
         step_model = fit(rec)
@@ -251,31 +354,36 @@ def sweep(rec: Recording, *, arrivals: str = "timed", step_model: StepTimeModel 
         jobs.insert(0, {})
     runs, rows = plan(rec, jobs)
     processes = max(1, min(processes or os.cpu_count() or 1, len(runs) or 1))
-    report = _progress(progress, len(runs))
-    done = 0
-    if processes == 1:
-        _init(rec, step_model, arrivals)
-        for job in runs:
-            rows.append(run_one(job))
-            done += 1
-            report(done, rows[-1])
-    else:
-        fork = sys.platform.startswith("linux")
-        if fork:
-            load_vllm()  # imported once here, shared by the forked workers
-        ctx = multiprocessing.get_context("fork" if fork else "spawn")
-        with ctx.Pool(processes, initializer=_init, initargs=(rec, step_model, arrivals)) as pool:
-            for row in pool.imap_unordered(run_one, runs):
-                rows.append(row)
-                done += 1
-                report(done, row)
-    rows.sort(key=lambda r: r["index"])
-    return SweepResult(rows=rows, recording=rec, step_model=step_model, arrivals=arrivals,
+    replays = _Replays(rec, step_model, arrivals, processes, _progress(progress, len(runs)))
+    answer = None
+    try:
+        rows += replays.run(runs)
+        if conditions is not None:
+            known = {Settings(**r["settings"]): r for r in rows if "settings" in r}
+            combos = grid(**{k: v for k, v in settings.items() if k != search})
+            answer = find_cheapest(rec, conditions, search, combos, replays.run, known, span=search_range,
+                                   width=processes, first_index=len(jobs))
+            rows += [r for r in known.values() if r.get("searched")]
+    finally:
+        replays.close()
+    recorded_first = [r for r in rows if r["index"] == 0 and not r.get("changes")]
+    rest = sorted((r for r in rows if r not in recorded_first), key=_order)
+    return SweepResult(rows=recorded_first + rest, recording=rec, step_model=step_model, arrivals=arrivals,
                        recorded=recorded_latencies(rec) if rec.requests and rec.requests[0].token_times else {},
-                       seconds=time.perf_counter() - t0, processes=processes)
+                       seconds=time.perf_counter() - t0, processes=processes, answer=answer)
+
+
+def _order(row: dict) -> tuple:
+    """Rows by their settings (the pool last, so that one pool's series reads down the table);
+    a refused one by where the grid listed it."""
+    s = row.get("settings")
+    if s is None:
+        return (1, row["index"])
+    return (0, *(str(s[k]) if isinstance(s[k], str) else s[k] for k in _COLUMN_ORDER))
 
 
 def _progress(progress: Any, total: int) -> Callable[[int, dict], None]:
+    """What a replay's end reports; past the grid's `total` the search's replays count on."""
     if callable(progress):
         return lambda done, row: progress(done, total, row)
     if not progress:
@@ -284,7 +392,8 @@ def _progress(progress: Any, total: int) -> Callable[[int, dict], None]:
 
     def say(done: int, row: dict) -> None:
         what = row.get("status", "?")
-        print(f"[whatif] {done}/{total} {row['label']}: {what} ({time.perf_counter() - start:.1f} s)",
+        of = f"/{total}" if done <= total else " (searching)"
+        print(f"[whatif] {done}{of} {row['label']}: {what} ({time.perf_counter() - start:.1f} s)",
               file=sys.stderr, flush=True)
 
     return say

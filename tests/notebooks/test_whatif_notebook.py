@@ -12,7 +12,7 @@ from .headless import assert_stored_clean_with_checks, chapter_cells, chapter_te
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOK = REPO / "notebooks" / "whatif.ipynb"
 CHAPTERS = ["1. Record a server's traffic", "2. Identity: the same settings, the same steps",
-            "3. One what-if, step by step", "4. A sweep", "5. Read the charts"]
+            "3. One what-if, step by step", "4. A sweep, and the operator's answer", "5. Read the charts"]
 
 
 def read_notebook():
@@ -31,5 +31,8 @@ def test_whatif_notebook_runs_against_a_real_server(tmp_path_factory, default_mo
                                   "kvscope-whatif-notebook-test")
     text = chapter_texts(nb)
     assert "0 differences" in text["2. Identity: the same settings, the same steps"]
-    assert "held-out error" in text["4. A sweep"]
+    assert "held-out error" in text["4. A sweep, and the operator's answer"]
+    answer = text["4. A sweep, and the operator's answer"]
+    assert "The cheapest setting that meets preemptions == 0 and ttft_p90 <= " in answer or "No setting searched" in answer
+    assert "As the pool grows:" in text["5. Read the charts"]
     assert sum(widget_views(c) for c in chapter_cells(nb)["3. One what-if, step by step"] if c.cell_type == "code") >= 1

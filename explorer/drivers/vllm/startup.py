@@ -231,7 +231,7 @@ class StartupLog:
         log = ("" if running else
                f'<details data-testid="kvs-vllm-start-log"><summary style="cursor:pointer;color:#555">'
                f'vLLM\'s start-up log ({lines} lines)</summary><pre style="max-height:320px;overflow:auto;'
-               f'font-size:11px">{html.escape(self.log_text)}</pre></details>')
+               f'font-size:11px">{html.escape(_ANSI.sub("", self.log_text))}</pre></details>')
         return (f'<div class="kvs-vllm-start" data-testid="kvs-vllm-start" data-running="{str(running).lower()}" '
                 f'style="font-family:sans-serif;font-size:12px;color:{color}"><b>{html.escape(self.title)}</b> '
                 f'{html.escape(text)}</div>{log}')

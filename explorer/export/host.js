@@ -29,7 +29,8 @@
  *   BlockPoolPanel.block_detail without `step` (the shown step is added here)
  * @typedef {{__array__: ("B"|"H"|"h"), values: number[]}} PackedColumn  a bytes trait (Python array typecode)
  * @typedef {{requests: string[], default: string, samples: Object<string, Object>}} SamplerChoices
- * @typedef {{summary: Object, requests: Object<string, Object>, default: string}} WhyChoices  the why panel's, sent once
+ * @typedef {{summary: Array<[number, Object]>, requests: Object<string, Array<[number, Object]>>,
+ *   default: Array<[number, string]>}} WhyChoices  the why panel's states, one item per step where they change
  *   the SamplerPanel's `sample` for each request the user could select; `default`: what "" selects
  * @typedef {{rows: Array<Object>, clock: string, clock_note: string}} LatencyState  LatencyPanel's traits
  */
@@ -122,6 +123,17 @@ const WHY_OFF = "this page is a recording: causes are proven when it is written 
 
 // The panels render() draws from more than their own state of the step; every other panel shows
 // exactly its VIEWS entry, as the binder sent it (explorer/ui/views.py STEP_VIEWS, a new panel too).
+/** The last state of `changes` ([step, state] items in step order) at or before `step`.
+ * @template T @param {Array<[number, T]>} changes @param {number} step @param {T} before @returns {T} */
+function atStep(changes, step, before) {
+  let out = before;
+  for (const [at, state] of changes || []) {
+    if (at > step) break;
+    out = state;
+  }
+  return out;
+}
+
 const HOST_DRAWN = new Set(["controls", "blocks", "sampler", "timeline", "attention", "why"]);
 
 const HOST = {
@@ -154,12 +166,15 @@ const HOST = {
     drawCaption(v.step);
   },
 
-  /** The WhyPanel's traits: the run's summary and the chosen request's why (made in Python). */
+  /** The WhyPanel's traits as they stood after the shown step: the run's summary and the chosen
+   * request's why (made in Python, one item per step where they change). */
   whyState() {
-    const w = DATA.why || { summary: {}, requests: {}, default: "" };
+    const w = DATA.why || { summary: [], requests: {}, default: [] };
+    const step = VIEWS[this.viewIndex].step;
     const picked = String(this.models.why.get("request_id") || "");
-    const rid = get(w.requests, picked, undefined) !== undefined ? picked : w.default;
-    return { summary: w.summary, request: rid ? w.requests[rid] : {} };
+    const rid = get(w.requests, picked, undefined) !== undefined ? picked : atStep(w.default, step, "");
+    const request = rid ? atStep(w.requests[rid], step, { request_id: rid, known: false }) : {};
+    return { summary: atStep(w.summary, step, {}), request };
   },
 
   /** The SamplerPanel's traits for the selected request (views.sampler_state, from Python). */

@@ -222,8 +222,10 @@ def render_html(data: dict, *, defaults: dict | None = None, sources: dict | Non
     if "blocks" in panels or "slots" in panels:
         pair = (f'<div class="kvs-export-row kvs-export-wrap">{slot("blocks", "flex: 1 1 440px; min-width: 0")}'
                 f'{slot("slots", "flex: 1 1 440px; min-width: 0")}</div>')
-    body = "".join([slot("controls"), row, slot("why"), pair,
-                    *(slot(n) for n in ("tree", "attention", "timeline", "latency")),
+    # The Dashboard's order: the queues, the pool and the slots above a laptop's fold, the chosen
+    # request's why and the prefix tree under the pool they are tied to.
+    body = "".join([slot("controls"), row, pair,
+                    *(slot(n) for n in ("why", "tree", "attention", "timeline", "latency")),
                     *(slot(n) for n in panels if n not in PANEL_NAMES)])  # a new panel: last, as in the Dashboard
     limit = (f'<div class="kvs-export-limit" data-testid="kvs-export-limit">{esc(meta["notice"])}</div>'
              if meta.get("notice") else "")

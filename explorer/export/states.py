@@ -46,13 +46,19 @@ def step_views(entries: Sequence[Any], token_text: views.TokenText, ledger: WhyL
 
 
 def why_views(ledger: WhyLedger, entries: Sequence[Any], token_text: views.TokenText, proof: Any = None) -> dict:
-    """The why panel's states, sent once (a request's admission does not change with the shown
-    step): the run's summary, each admitted request's state, and the one shown by default."""
+    """The why panel's states as [step, state] lists, one item per step where they change (an
+    admission, a preemption): the page shows the last item at or before the shown step, as the
+    Dashboard draws the panel for its scrubbed step. The summary (from the first entry's step:
+    nothing admitted yet), each admitted request's state, and the request shown by default."""
     snapshot = views.entry_parts(entries[-1])[2] if entries else {}
+    first = int(views.entry_parts(entries[0])[0]) if entries else 0
+    steps = sorted({first, *why_view.change_steps(ledger)})
+    summary = [[s, why_view.summary_state(ledger, proof, step=s)] for s in steps]
     admitted = [rid for rid, w in ledger.requests.items() if w.admissions]
-    return {"summary": why_view.summary_state(ledger, proof),
-            "requests": {rid: why_view.request_state(ledger, rid, snapshot, token_text) for rid in admitted},
-            "default": admitted[-1] if admitted else ""}
+    return {"summary": summary,
+            "requests": {rid: [[s, why_view.request_state(ledger, rid, snapshot, token_text, s)]
+                               for s in why_view.change_steps(ledger, rid)] for rid in admitted},
+            "default": [[s, why_view.latest_admitted(ledger, s)] for s in why_view.change_steps(ledger)]}
 
 
 def _entry_views(entry: Any, caption: str, sampler: dict, details: _DetailCache, ledger: WhyLedger) -> dict:

@@ -153,7 +153,7 @@ class SessionBinder:
             "controls": lambda: self._render_controls(record, snapshot),
             "queues": lambda: p["queues"].show(views.queues_state(record, snapshot,
                                                                   why=why_view.why_rows(fed, step))),
-            "why": lambda: self._render_why(snapshot),
+            "why": lambda: self._render_why(snapshot, None if live else step),
             "tree": lambda: p["tree"].show({"tree": why_view.tree_state(
                 fed, step, snapshot, self.token_text, kv_events=getattr(self.session.source, "kv_events", None))}),
             # The pool, the slots, the latency charts and any new panel of one entry alone.
@@ -204,15 +204,15 @@ class SessionBinder:
             "run_summary": {**views.run_summary(history), "can_save": run_writer.WRITER is not None},
         })
 
-    def _render_why(self, snapshot: dict) -> None:
+    def _render_why(self, snapshot: dict, step: int | None) -> None:
+        """The why panel as it stood after the shown step (`step`; None: the latest, the whole run)."""
         panel, why = self.panels["why"], self.why
         rid = panel.request_id or (self.panels["queues"].selected if "queues" in self.panels else "")
         with why.lock:
-            panel.summary = why_view.summary_state(why.ledger, why.proof)
-            if not rid and why.ledger.requests:  # nothing chosen: the latest admitted request
-                admitted = [r for r, w in why.ledger.requests.items() if w.admissions]
-                rid = admitted[-1] if admitted else ""
-            panel.request = why_view.request_state(why.ledger, rid, snapshot, self.token_text) if rid else {}
+            panel.summary = why_view.summary_state(why.ledger, why.proof, step=step)
+            if not rid:  # nothing chosen: the latest admitted request by the shown step
+                rid = why_view.latest_admitted(why.ledger, step)
+            panel.request = why_view.request_state(why.ledger, rid, snapshot, self.token_text, step) if rid else {}
         panel.proving = why.proving
 
     def _render_sampler(self, snapshot: dict) -> None:
@@ -514,7 +514,7 @@ class SessionBinder:
             self._render_sampler(snap)
         if "why" in p:
             with p["why"].hold_sync():
-                self._render_why(snap)
+                self._render_why(snap, None if self.view_index is None else int(getattr(entry, "step", 0) or 0))
         if "attention" in p:
             self._render_attention(snap, int(getattr(entry, "step", 0) or 0), probe=True)
 

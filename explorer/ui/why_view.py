@@ -58,7 +58,8 @@ def tree_state(ledger: WhyLedger, step: int, snapshot: dict, token_text: TokenTe
             if len(keep) < max_nodes and y.stored and y.stored[0] <= step:
                 keep[y.key] = y
     rows: list[dict[str, Any]] = []
-    for n in _depth_first(keep, ledger):
+    ordered, holds = _depth_first(keep, ledger, present)
+    for n in ordered:
         hits = [(s, rid) for s, rid in n.hits if s <= step]
         evictions = [e for e in n.evictions if e.step <= step]
         lifeline = [0] * bins
@@ -77,6 +78,8 @@ def tree_state(ledger: WhyLedger, step: int, snapshot: dict, token_text: TokenTe
             "evictions": [{"step": e.step, "by": e.by, "block": e.block, "age_steps": e.lru_age_steps,
                            "age_s": e.lru_age_s} for e in evictions],
             "unused": unused, "lifeline": lifeline,
+            # Evicted, and nothing under it cached at the shown step: folded under the panel's toggle.
+            "folded": not holds.get(n.key, False),
             "domain": _domain_words(n.domain),
         })
     out: dict[str, Any] = {"step": step, "first_step": first, "last_step": last, "bins": bins, "nodes": rows,
@@ -100,18 +103,31 @@ def kv_events_agreement(kv: Any, present: set[str], not_drawn: int) -> dict:
             "only_here": ours_only[:5], "only_in_events": theirs_only[:5], "counters": dict(kv.counters)}
 
 
-def _depth_first(keep: dict[bytes, Node], ledger: WhyLedger) -> list[Node]:
+def _depth_first(keep: dict[bytes, Node], ledger: WhyLedger,
+                 present: dict[bytes, bool]) -> tuple[list[Node], dict[bytes, bool]]:
+    """The kept nodes in tree order, at every level the subtrees that hold a cached prefix at the
+    shown step first (then the oldest first): the cache as it is leads, what it lost follows."""
     children: dict[bytes | None, list[Node]] = {}
     for n in keep.values():
         parent = n.parent if n.parent in keep else None
         children.setdefault(parent, []).append(n)
+    cached = dict.fromkeys(keep, False)   # the node or a descendant is cached at the shown step
+    for n in keep.values():
+        x: Node | None = n if present.get(n.key) else None
+        while x is not None and not cached[x.key]:
+            cached[x.key] = True
+            x = keep.get(x.parent) if x.parent is not None else None
+
+    def order(nodes: list[Node]) -> list[Node]:   # reversed: the stack pops the first one first
+        return sorted(nodes, key=lambda n: (not cached[n.key], n.stored[0]), reverse=True)
+
     out: list[Node] = []
-    stack = sorted(children.get(None, []), key=lambda n: n.stored[0], reverse=True)
+    stack = order(children.get(None, []))
     while stack:
         n = stack.pop()
         out.append(n)
-        stack.extend(sorted(children.get(n.key, []), key=lambda c: c.stored[0], reverse=True))
-    return out
+        stack.extend(order(children.get(n.key, [])))
+    return out, cached
 
 
 def _parent_id(n: Node, ledger: WhyLedger, keep: dict) -> str | None:
@@ -143,17 +159,34 @@ def why_rows(ledger: WhyLedger, step: int | None = None) -> dict[str, dict]:
     return out
 
 
-def request_state(ledger: WhyLedger, rid: str, snapshot: dict, token_text: TokenText) -> dict:
+def latest_admitted(ledger: WhyLedger, step: int | None = None) -> str:
+    """The request the why panel shows when none is chosen: the latest admitted by `step`."""
+    admitted = [(w.admissions[0].step, n, rid) for n, (rid, w) in enumerate(ledger.requests.items())
+                if w.admissions and (step is None or w.admissions[0].step <= step)]
+    return max(admitted)[2] if admitted else ""
+
+
+def change_steps(ledger: WhyLedger, rid: str | None = None) -> list[int]:
+    """The steps at which the why panel's summary (or request `rid`'s state) changes: its
+    admissions and preemptions."""
+    whys = [ledger.requests[rid]] if rid is not None else list(ledger.requests.values())
+    return sorted({a.step for w in whys for a in w.admissions} | {p.step for w in whys for p in w.preemptions})
+
+
+def request_state(ledger: WhyLedger, rid: str, snapshot: dict, token_text: TokenText,
+                  step: int | None = None) -> dict:
     """The why panel's request: its prompt token by token with each token's class, each
-    admission's counts, where it leaves the longest shared prefix, evictions, preemptions, proofs."""
+    admission's counts, where it leaves the longest shared prefix, evictions, preemptions, proofs;
+    as it stood after `step` when given (a request not admitted by then is not known yet)."""
     why: RequestWhy | None = ledger.requests.get(rid)
-    if why is None:
+    admitted = [a for a in why.admissions if step is None or a.step <= step] if why is not None else []
+    if why is None or not admitted:
         return {"request_id": rid, "known": False}
     seq = ledger.seqs[rid]
     prompt = seq.tokens[:seq.prompt_len]
     shown = prompt[:MAX_PROMPT_TOKENS]
     admissions = []
-    for a in why.admissions:
+    for a in admitted:
         div = None
         if a.divergence is not None:
             d = a.divergence
@@ -166,14 +199,17 @@ def request_state(ledger: WhyLedger, rid: str, snapshot: dict, token_text: Token
                            "classes": a.classes, "spans": [s.to_list() for s in a.spans], "divergence": div,
                            "evictions": [e.text() for e in a.evictions], "lost": a.lost, "notes": a.notes,
                            "seen": a.seen, "seen_by": a.seen_by})
+    preemptions = [{"text": p.text(at=step), "proof": p.proof} for p in why.preemptions
+                   if step is None or p.step <= step]
     return {"request_id": rid, "known": True, "prompt_len": why.prompt_len, "why": why.why(),
             "domain": _domain_words(why.domain), "tokens": token_text(shown), "tokens_cut": len(prompt) - len(shown),
-            "admissions": admissions, "preemptions": [{"text": p.text(), "proof": p.proof} for p in why.preemptions],
-            "proofs": why.proofs}
+            "admissions": admissions, "preemptions": preemptions, "proofs": why.proofs}
 
 
-def summary_state(ledger: WhyLedger, proof: Any = None, engine: str | None = None) -> dict:
-    s = ledger.summary()
+def summary_state(ledger: WhyLedger, proof: Any = None, engine: str | None = None, step: int | None = None) -> dict:
+    """The run's summary for the why panel (as it stood after `step`, when given), with the
+    proofs' findings where they were made."""
+    s = ledger.summary(step)
     d = s.to_dict()
     d["rows"] = s.rows()
     d["classes_known"] = CLASS_LOOKS

@@ -345,10 +345,11 @@ class WhyLedger:
         for why in self.requests.values():
             why.check()
 
-    def summary(self) -> Any:
+    def summary(self, step: int | None = None) -> Any:
+        """The run's RunSummary (as it stood after `step`, when given)."""
         from .summary import RunSummary
 
-        return RunSummary.of(self)
+        return RunSummary.of(self, step)
 
 
 def _count(spans: list[Span]) -> dict[str, int]:

@@ -138,7 +138,8 @@ class PreemptionWhy:
     def to_dict(self) -> dict:
         return dict(self.__dict__)
 
-    def text(self) -> str:
+    def text(self, at: int | None = None) -> str:
+        """In words; `at`: as known at that step (a re-admission after it is not said)."""
         need = f"{self.needed_blocks} block{'s' if self.needed_blocks != 1 else ''}"
         if self.for_request is None:
             cause = "the pool ran out of free blocks"
@@ -151,7 +152,7 @@ class PreemptionWhy:
                 "before the step")
         text = (f"step {self.step}: #{self.victim} preempted, losing {self.lost_tokens} computed tokens: {cause} "
                 f"({pool}); it freed {len(self.freed_blocks)} blocks")
-        if self.recomputed_tokens is not None:
+        if self.recomputed_tokens is not None and (at is None or (self.readmitted_step or 0) <= at):
             text += f"; re-admitted at step {self.readmitted_step}, it computed {self.recomputed_tokens} tokens again"
         return text
 

@@ -29,11 +29,16 @@ class RunSummary:
     notes: list[str] = field(default_factory=list)
 
     @classmethod
-    def of(cls, ledger: Any) -> RunSummary:
-        s = cls(engine=ledger.engine, notes=list(ledger.notes), preemptions=len(ledger.preemptions))
+    def of(cls, ledger: Any, step: int | None = None) -> RunSummary:
+        """The run's summary, or as it stood after `step` (admissions and preemptions up to it)."""
+        upto = (lambda s: True) if step is None else (lambda s: s <= step)
+        s = cls(engine=ledger.engine, notes=list(ledger.notes),
+                preemptions=sum(1 for p in ledger.preemptions if upto(p.step)))
         bs = ledger.block_size or 1
         for why in ledger.requests.values():
             for a in why.admissions:
+                if not upto(a.step):
+                    continue
                 into = s.classes if not a.resumed else s.readmission_classes
                 for k, n in a.classes.items():
                     into[k] = into.get(k, 0) + n
@@ -62,7 +67,8 @@ class RunSummary:
                 f"({100 * rate:.0f}%); {fraction_text(self.classes)}")
         if self.readmissions:
             again = self.readmission_classes
-            head += (f". {self.preemptions} preemptions: {self.readmissions} re-admissions looked up "
+            head += (f". {self.preemptions} preemption{'s' if self.preemptions != 1 else ''}: {self.readmissions} "
+                     f"re-admission{'s' if self.readmissions != 1 else ''} looked up "
                      f"{self.readmission_tokens} tokens again, found {again.get('hit', 0)} still cached and computed "
                      f"{again.get('recomputed', 0)} again")
         return head

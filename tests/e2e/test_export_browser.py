@@ -165,8 +165,12 @@ def _python_panels(s, i: int, texts) -> dict:
     pool = views.block_pool_state(e.record, e.snapshot)
     pool.pop("blocks")
     pool = {k: list(v) if isinstance(v, bytes) else v for k, v in pool.items()}
-    why = why_view.why_rows(WhyLedger().feed(s.history), e.step)
+    ledger = WhyLedger().feed(s.history)
+    why = why_view.why_rows(ledger, e.step)
+    rid = why_view.latest_admitted(ledger, e.step)   # the why panel as it stood after the shown step
     out = {"queues": views.queues_state(e.record, e.snapshot, why=why), "blocks": pool,
+           "why": {"summary": why_view.summary_state(ledger, step=e.step),
+                   "request": why_view.request_state(ledger, rid, e.snapshot, texts, e.step) if rid else {}},
            "slots": views.shown_slot_mapping(e.record, e.snapshot, texts),
            "controls": {"info": views.controls_info(e.record, e.snapshot),
                         "caption": history_captions(s.history)[i]},
@@ -274,6 +278,14 @@ def test_timeline_links_captions_and_engine_actions_are_off(page, recorded, view
     page.wait_for_function("() => [...document.querySelectorAll('.kvs-panel')].every(p => p.dataset.step === '1')",
                            timeout=READY_MS)
     assert page.inner_text('[data-testid="kvs-export-caption"]') == recorded["captions"][1]
+    # The why panel says the run as it stood after the shown step, not the whole run's.
+    ledger = WhyLedger().feed(s.history)
+    assert page.inner_text('[data-testid="kvs-why-summary-text"]') == ledger.summary(1).text() != ledger.summary().text()
+    # The Dashboard's order: the pool above the why panel, and at a laptop's 1366 x 768 above the fold.
+    page.evaluate("() => window.scrollTo(0, 0)")
+    pool_top = page.locator('[data-testid="kvs-block-pool"]').bounding_box()["y"]
+    assert pool_top < page.locator('[data-testid="kvs-why-summary"]').bounding_box()["y"]
+    assert pool_top < viewport[1]
     scrub(page, 0)
     page.wait_for_selector('[data-testid="kvs-queues"][data-step="0"]', timeout=READY_MS)
     assert page.inner_text('[data-testid="kvs-export-caption"]') == recorded["captions"][0]

@@ -145,10 +145,20 @@ def test_export_is_one_self_contained_file_that_loads_back(recorded, tmp_path: P
                                 [6, "a bigger budget"]]
     # Panel states, not the history: no record or snapshot, no view code in the host.
     assert set(data) == {"format", "version", "meta", "timeline", "captions", "views", "why"}
-    assert set(data["why"]) == {"summary", "requests", "default"} and data["why"]["summary"]["prompt_tokens"] > 0
+    assert set(data["why"]) == {"summary", "requests", "default"} and data["why"]["summary"][-1][1]["prompt_tokens"] > 0
     assert "function queuesState" not in page and "function blockPoolState" not in page
     shared = next(d for d in data["views"][-1]["block_details"] if d["token_ids"][:1] == SHARED[:1])
     assert shared["tokens"][0] == s.engine.tokenizer.decode([SHARED[0]])
+
+
+def at_step(changes: list, step: int, before: Any) -> Any:
+    """What the page's host.js atStep picks: the last [step, state] item at or before `step`."""
+    out = before
+    for at, state in changes:
+        if at > step:
+            break
+        out = state
+    return out
 
 
 def _shown(panel: Any, state: dict) -> dict:
@@ -179,6 +189,12 @@ def test_the_page_embeds_what_the_dashboard_shows_at_every_step(recorded, tmp_pa
             assert got["attention"] == _shown(dash.attention, got["attention"]), i
             assert got["controls"] == _shown(dash.controls, got["controls"]), i
             assert got["latency"] == views.latency_state(entry.snapshot), i
+            # The why panel as it stood after this step: what the page picks from its change lists.
+            why = data["why"]
+            rid = at_step(why["default"], entry.step, "")
+            assert at_step(why["summary"], entry.step, {}) == json.loads(json.dumps(dash.why.summary)), i
+            want_request = at_step(why["requests"].get(rid, []), entry.step, {"request_id": rid, "known": False})
+            assert (want_request if rid else {}) == json.loads(json.dumps(dash.why.request)), i
             details = [dash.blocks.block_detail(b) for b in range(dash.blocks.num_blocks)]
             assert [{**d, "step": got["step"]} for d in got["block_details"]] == details, i
             sampler = got["sampler"]
@@ -191,6 +207,9 @@ def test_the_page_embeds_what_the_dashboard_shows_at_every_step(recorded, tmp_pa
                 want = views.sampler_state(s.history[: i + 1], entry.snapshot, rid, texts)
                 assert sampler["samples"][rid] == want["sample"] and sampler["requests"] == want["requests"], (i, rid)
         assert data["timeline"] == _shown(dash.timeline, data["timeline"])
+        # It moves with the step: the first step's summary knows fewer requests than the run's.
+        assert at_step(data["why"]["summary"], s.history[0].step, {})["requests"] < data["why"]["summary"][-1][1][
+            "requests"]
     finally:
         dash.close_binding()
 
@@ -235,8 +254,10 @@ def test_cli_export_records_a_python_workload(tiny_qwen3_path: Path, tmp_path: P
     work.write_text(PY_WORKLOAD)
     out = tmp_path / "out.html"
     rc = cli.main(["export", str(out), "--workload", str(work), "--model", str(tiny_qwen3_path), "--max-steps", "50"])
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert rc == 0 and out.is_file()
+    assert "Loading weights" not in captured.err   # the CLI's own line says the load; no bar draws over it
     assert re.search(r"wrote .*out\.html \(\d+\.\d\d MB, 3 steps\)", printed), printed
     data = export.load_export(out)
     assert data["meta"]["title"] == "from a Python file" and data["captions"] == [[0, "one request"]]

@@ -122,3 +122,26 @@ def test_a_history_with_missing_steps_says_so(kvscope_runs, bad):
     entries = [e for i, e in enumerate(s.history) if i not in (5, 6)] if bad else list(s.history)
     ledger = WhyLedger().feed(entries)
     assert any("were not in the history" in n for n in ledger.notes) == bool(bad)
+
+
+def test_the_why_panel_at_a_scrubbed_step_is_the_ledger_of_the_run_up_to_it(kvscope_runs):
+    """The why panel at step k (summary, each request, the default request) from the whole run's
+    ledger equals what a ledger that read only the history up to k says: nothing of later steps."""
+    from explorer.ui import why_view
+
+    def texts(ids):
+        return [str(t) for t in ids]
+
+    for _, s in kvscope_runs:
+        whole = WhyLedger().feed(s.history)
+        assert whole.preemptions   # the steps checked include preemptions and re-admissions
+        for i in sorted({1, len(s.history) // 3, len(s.history) // 2, *(
+                j for j, e in enumerate(s.history) if e.record and e.record["preempted"])}):
+            step = s.history[i].step
+            upto = WhyLedger().feed(s.history[:i + 1])
+            want, got = upto.summary().to_dict(), whole.summary(step).to_dict()
+            assert {**got, "notes": []} == {**want, "notes": []}, step
+            assert why_view.latest_admitted(whole, step) == why_view.latest_admitted(upto)
+            for rid in whole.requests:
+                assert why_view.request_state(whole, rid, {}, texts, step) == why_view.request_state(
+                    upto, rid, {}, texts), (step, rid)

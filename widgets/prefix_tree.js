@@ -12,7 +12,7 @@
  *   present: boolean, blocks: number[], owners: string[], users: string[], first_by: string,
  *   hits: number, stored: number[], evictions: {step: number, by: (string|null), block: number,
  *   age_steps: (number|null), age_s: (number|null)}[], unused: boolean, lifeline: number[],
- *   domain: string}} TreeNode
+ *   domain: string, folded: boolean}} TreeNode
  */
 
 const TREE_LOOK = { present: KVS_MARKS.hashed, gone: "#bdbdbd", hit: KVS_MARKS.cache, evicted: "#c62828", cursor: "#111" };
@@ -70,6 +70,36 @@ function nodeTitle(n) {
 }
 
 /** @param {KvsRenderContext} ctx */
+/** What a row's colours and marks mean. */
+function treeLegend() {
+  return kvsEl("div", { class: "kvs-legend kvs-tree-legend" }, [
+    kvsSwatch({ fill: TREE_LOOK.present, border: TREE_LOOK.present }, "holds a block"),
+    kvsSwatch({ fill: "#fff", border: TREE_LOOK.gone, dashed: true }, "evicted (no block)"),
+    kvsSwatch({ fill: TREE_LOOK.hit, border: TREE_LOOK.hit }, "hits over the run"),
+    kvsSwatch({ fill: "#fff", border: TREE_LOOK.evicted, icon: "\u2715" }, "an eviction"),
+    kvsSwatch({ fill: "#fff3e0", border: "#e65100" }, "evicted unused"),
+  ]);
+}
+
+/** One node's row: its id, text, blocks at the shown step, hits and lifeline.
+ * @param {TreeNode} n @param {Object} t the tree @param {boolean} isPinned
+ * @param {{onmouseenter: Function, onmouseleave: Function, onclick: Function}} on */
+function treeRow(n, t, isPinned, on) {
+  return kvsEl("div", {
+    class: `kvs-tree-row${n.present ? "" : " kvs-tree-gone"}${n.unused ? " kvs-tree-unused" : ""}${isPinned ? " kvs-tree-pinned" : ""}`,
+    "data-testid": "kvs-tree-node", "data-key": n.id, "data-present": n.present ? "true" : "false",
+    "data-blocks": n.blocks.join(" "), "data-hits": n.hits, title: nodeTitle(n), ...on,
+  }, [
+    kvsEl("span", { class: "kvs-tree-indent", style: { width: `${Math.min(n.depth, 12) * 12}px` } }),
+    kvsEl("span", { class: "kvs-mono kvs-tree-id", text: n.id }),
+    kvsEl("span", { class: "kvs-tree-text", text: kvsTok(n.text) }),
+    kvsEl("span", { class: "kvs-chip kvs-tree-blocks", "data-testid": "kvs-tree-blocks",
+      text: n.present ? (n.blocks.length ? `block ${n.blocks.join(", ")}` : "cached") : "evicted" }),
+    kvsEl("span", { class: `kvs-tree-hits${n.hits ? "" : " kvs-muted"}`, text: `hits ${n.hits}` }),
+    lifeline(n, t),
+  ]);
+}
+
 function render({ model, el }) {
   const root = kvsRoot(el, model, "kvs-prefix-tree");
   const sender = kvsSender(model);
@@ -80,18 +110,15 @@ function render({ model, el }) {
   const live = kvsEl("button", { class: "kvs-tree-live", "data-testid": "kvs-tree-live", text: "live", title: "back to the latest step" });
   const counts = kvsEl("span", { class: "kvs-tree-counts", "data-testid": "kvs-tree-counts" });
   const agree = kvsEl("span", { class: "kvs-tree-agree", "data-testid": "kvs-tree-agree" });
-  const bar = kvsEl("div", { class: "kvs-tree-bar" }, [stepLabel, slider, live, counts, agree]);
-  const legend = kvsEl("div", { class: "kvs-legend kvs-tree-legend" }, [
-    kvsSwatch({ fill: TREE_LOOK.present, border: TREE_LOOK.present }, "holds a block"),
-    kvsSwatch({ fill: "#fff", border: TREE_LOOK.gone, dashed: true }, "evicted (no block)"),
-    kvsSwatch({ fill: TREE_LOOK.hit, border: TREE_LOOK.hit }, "hits over the run"),
-    kvsSwatch({ fill: "#fff", border: TREE_LOOK.evicted, icon: "\u2715" }, "an eviction"),
-    kvsSwatch({ fill: "#fff3e0", border: "#e65100" }, "evicted unused"),
-  ]);
+  // Evicted prefixes with nothing cached under them fold away: the cache as it is comes first.
+  const fold = kvsEl("button", { class: "kvs-tree-fold", "data-testid": "kvs-tree-fold",
+    title: "evicted prefixes with no cached prefix under them" });
+  const bar = kvsEl("div", { class: "kvs-tree-bar" }, [stepLabel, slider, live, counts, fold, agree]);
+  const legend = treeLegend();
   const rows = kvsEl("div", { class: "kvs-tree-rows", "data-testid": "kvs-tree-rows" });
   const detail = kvsEl("div", { class: "kvs-tree-detail", "data-testid": "kvs-tree-detail" });
   root.append(title, bar, legend, rows, detail);
-  let focus = null, pinned = null;
+  let focus = null, pinned = null, unfolded = false;
   /** @type {[HTMLElement, TreeNode][]} */
   let drawn = [];
   const link = kvsLink(model, (f) => { focus = f; light(); });
@@ -99,6 +126,7 @@ function render({ model, el }) {
   slider.addEventListener("change", () => sender.send({ action: "scrub_step", step: Number(slider.value) }));
   slider.addEventListener("input", () => { stepLabel.textContent = `step ${slider.value}`; });
   live.addEventListener("click", () => sender.send({ action: "live" }));
+  fold.addEventListener("click", () => { unfolded = !unfolded; draw(); });
 
   /** @param {TreeNode} n */
   const nodeFocus = (n) => ({ source: "tree", blocks: n.blocks.length ? n.blocks : null,
@@ -135,29 +163,30 @@ function render({ model, el }) {
     agree.textContent = kv ? (kv.agree ? `vLLM's KV events: ${kv.blocks} blocks, the same prefixes \u2713`
       : `vLLM's KV events differ: ${kv.blocks} blocks; only here ${kv.only_here.join(", ") || "-"}, only in events ${kv.only_in_events.join(", ") || "-"}`) : "";
     agree.className = `kvs-tree-agree ${kv && !kv.agree ? "kvs-tree-warn" : ""}`;
+    const folded = nodes.filter((n) => n.folded).length;
+    fold.hidden = !folded;
+    fold.textContent = unfolded ? `hide ${kvsCount(folded, "evicted prefix", "evicted prefixes")}`
+      : `show ${kvsCount(folded, "evicted prefix", "evicted prefixes")}`;
+    fold.dataset.unfolded = String(unfolded);
     drawn = [];
     if (!nodes.length) {
       rows.replaceChildren(kvsEl("span", { class: "kvs-muted", "data-testid": "kvs-tree-empty", text: "no block was cached by this step" }));
       showDetail(null);
       return;
     }
-    rows.replaceChildren(...nodes.map((n) => {
-      const row = kvsEl("div", {
-        class: `kvs-tree-row${n.present ? "" : " kvs-tree-gone"}${n.unused ? " kvs-tree-unused" : ""}${pinned === n.id ? " kvs-tree-pinned" : ""}`,
-        "data-testid": "kvs-tree-node", "data-key": n.id, "data-present": n.present ? "true" : "false",
-        "data-blocks": n.blocks.join(" "), "data-hits": n.hits, title: nodeTitle(n),
+    const visible = nodes.filter((n) => unfolded || !n.folded);
+    if (!visible.length) {
+      rows.replaceChildren(kvsEl("span", { class: "kvs-muted", "data-testid": "kvs-tree-empty",
+        text: "nothing is cached at this step: every prefix was evicted (show them above)" }));
+      showDetail(null);
+      return;
+    }
+    rows.replaceChildren(...visible.map((n) => {
+      const row = treeRow(n, t, pinned === n.id, {
         onmouseenter: () => { link.hover(nodeFocus(n)); if (!pinned) showDetail(n); },
         onmouseleave: () => link.leave("tree"),
         onclick: () => { pinned = pinned === n.id ? null : n.id; link.pin(nodeFocus(n)); showDetail(pinned ? n : null); draw(); },
-      }, [
-        kvsEl("span", { class: "kvs-tree-indent", style: { width: `${Math.min(n.depth, 12) * 12}px` } }),
-        kvsEl("span", { class: "kvs-mono kvs-tree-id", text: n.id }),
-        kvsEl("span", { class: "kvs-tree-text", text: kvsTok(n.text) }),
-        kvsEl("span", { class: "kvs-chip kvs-tree-blocks", "data-testid": "kvs-tree-blocks",
-          text: n.present ? (n.blocks.length ? `block ${n.blocks.join(", ")}` : "cached") : "evicted" }),
-        kvsEl("span", { class: `kvs-tree-hits${n.hits ? "" : " kvs-muted"}`, text: `hits ${n.hits}` }),
-        lifeline(n, t),
-      ]);
+      });
       drawn.push([row, n]);
       return row;
     }));

@@ -21,7 +21,9 @@ class PrefixTreePanel(Panel):
     hash), parent, depth, num_tokens, text, present (cached at the shown step), blocks (the
     block ids holding it then), owners, users (who stored and hit it), first_by, hits (until
     the shown step), stored ([step]), evictions ([{step, by, block, age_steps, age_s}]), unused
-    (evicted without a hit), lifeline ([hits per bin of the run]), domain}``; `kv_events`: vLLM's
+    (evicted without a hit), lifeline ([hits per bin of the run]), domain, folded (evicted with
+    nothing cached under it: hidden behind the panel's "show N evicted prefixes" toggle)}``;
+    cached subtrees come first at every level. `kv_events`: vLLM's
     own tree from its KV events against this one (a live server), or None.
     Hovering a node lights its blocks in the pool (kvsLink) and a block lights its node; a click
     pins it and shows its detail. Browser actions: ``scrub_step {step}`` (the panel's slider:

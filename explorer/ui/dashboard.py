@@ -267,7 +267,7 @@ class SessionBinder:
             return
         if rid not in targets:  # a chosen request that held no KV at this step: say why, never probe
             att.request_id = rid
-            att.clear(views.no_kv_note(rid, step, snapshot))
+            att.clear(views.no_kv_note(rid, step, snapshot, self._shown_record(), self._snapshot_before()))
             return
         # The engine's cache holds the latest step's KV only: a probe now reads that step.
         if not (probe and self.view_index is None):
@@ -305,6 +305,12 @@ class SessionBinder:
     def _shown_record(self) -> dict:
         entry = self.shown_entry()
         return (getattr(entry, "record", None) or {}) if entry is not None else {}
+
+    def _snapshot_before(self) -> dict | None:
+        """The snapshot of the entry before the shown one (None at the first)."""
+        history = self.session.history
+        i = len(history) - 1 if self.view_index is None else min(self.view_index, len(history) - 1)
+        return (getattr(history[i - 1], "snapshot", None) or None) if i >= 1 else None
 
     # ---- Session events ----
     def _on_event(self, event: str, _session: Any = None) -> None:

@@ -433,14 +433,25 @@ def attention_note(snapshot: dict) -> str:
     return "no request yet: add one and step"
 
 
-def no_kv_note(rid: str, step: int, snapshot: dict) -> str:
+def no_kv_note(rid: str, step: int, snapshot: dict, record: dict | None = None, before: dict | None = None) -> str:
     """Why request `rid` has no attention to read at `step` (it is not among `probe_targets`):
-    not added yet, waiting, or finished; and which requests do hold KV then."""
+    not added yet, preempted (in this step, from `record`, with the tokens it had computed in
+    `before`, the previous step's snapshot; or earlier), waiting, or finished; and which
+    requests do hold KV then."""
     req = next((r for r in all_requests(snapshot) if r[REQ.REQUEST_ID] == rid), None)
     if req is None:
         why = f"#{rid} did not exist yet at step {step} (it was added later)"
     elif req.get(REQ.STATUS) == "finished":
         return f"#{rid} had finished by step {step}: its KV blocks were freed"
+    elif rid in ((record or {}).get(REC.PREEMPTED) or ()):
+        had = next((r.get(REQ.NUM_COMPUTED_TOKENS) for r in all_requests(before or {}) if r[REQ.REQUEST_ID] == rid),
+                   None)
+        lost = f"its {count(int(had), 'computed token')}" if had else "its computed tokens"
+        why = (f"#{rid} holds no KV at step {step}: it was preempted in this step, {lost} freed; it waits to be "
+               "re-admitted")
+    elif req.get(REQ.NUM_PREEMPTIONS):
+        why = (f"#{rid} holds no KV at step {step}: it was preempted earlier (its KV freed) and waits to be "
+               "re-admitted")
     else:
         why = f"#{rid} holds no KV at step {step}: it was waiting, its prompt not computed yet"
     held = probe_targets(snapshot)

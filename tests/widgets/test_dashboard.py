@@ -494,3 +494,26 @@ def test_an_empty_required_field_is_an_error_naming_it_not_a_default(dash: Dashb
     send(dash.controls, action="add", prompt="Hi", max_tokens=2, temperature=0)
     assert dash.controls.error == "" and len(views.all_requests(s.current.snapshot)) == 1
     assert dash.controls.engine == "kvscope"
+
+
+def test_attention_at_a_preemption_step_says_the_request_was_preempted_then(dash: Dashboard) -> None:
+    """Pinned to a request preempted in the shown step, the attention panel says so, with the
+    tokens it had computed (the previous step's count), never that its prompt was not computed."""
+    s = dash.session
+    s.reset(num_kv_blocks=12, block_size=16, max_num_batched_tokens=64)
+    for i in range(4):   # four 40-token prompts that grow past the 11 usable blocks together
+        s.add_request([300 + 9 * i + k for k in range(40)], max_tokens=30, temperature=0.0, ignore_eos=True)
+    send(dash.controls, action="step", n=40)
+    index = next(i for i, e in enumerate(s.history) if e.record and e.record["preempted"])
+    rid = s.history[index].record["preempted"][0]
+    had = next(r["num_computed_tokens"] for r in s.history[index - 1].snapshot["queues"]["running"]
+               if r["request_id"] == rid)
+    send(dash.queues, action="select", request_id=rid)
+    send(dash.controls, action="scrub", index=index)
+    step = s.history[index].step
+    assert dash.attention.probs == b"" and dash.attention.message.startswith(
+        f"#{rid} holds no KV at step {step}: it was preempted in this step, its {had} computed tokens freed")
+    after = next(r for r in views.all_requests(s.history[index + 1].snapshot) if r["request_id"] == rid)
+    if not after["num_computed_tokens"] and rid not in s.history[index + 1].record["preempted"]:
+        send(dash.controls, action="scrub", index=index + 1)   # still waiting a step later
+        assert "it was preempted earlier (its KV freed) and waits to be re-admitted" in dash.attention.message

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import runpy
 from collections.abc import Callable
 from pathlib import Path
@@ -219,7 +220,16 @@ def record_workload(workload: str | Path = "walkthrough", *, model: str | None =
             raise ValueError(f"workload: expected a .json or .py file, got {path.name!r}")
     spec_config.update({k: v for k, v in (config or {}).items() if v is not None})
     say(f"[kvscope] loading the model ({model or spec_model or 'default: SmolLM2-135M-Instruct'}) ...")
-    session = Session(model or spec_model, **spec_config)
+    # That line is the load's progress: the engine's own weights bar would draw over the next one.
+    quiet = os.environ.get("KVSCOPE_QUIET")
+    os.environ["KVSCOPE_QUIET"] = "1"
+    try:
+        session = Session(model or spec_model, **spec_config)
+    finally:
+        if quiet is None:
+            del os.environ["KVSCOPE_QUIET"]
+        else:
+            os.environ["KVSCOPE_QUIET"] = quiet
     captions = Captions(session)
     say(f"[kvscope] recording {'the walkthrough story' if str(workload) == 'walkthrough' else workload} ...")
     runner(session, captions)

@@ -77,12 +77,13 @@ function buildConfirm() {
   return { el, text, save, discard, cancel };
 }
 
-/** "3 steps and 2 requests (1 unfinished)": what a new engine would discard; "" when nothing. */
+/** "3 steps and 2 requests, 1 of them unfinished": what a new engine would discard; "" when nothing
+ * (explorer/ui/views.py run_words says it the same way). */
 function runWords(run) {
   const steps = Number(run.steps) || 0, requests = Number(run.requests) || 0, open = Number(run.unfinished) || 0;
   const parts = [];
   if (steps) parts.push(kvsCount(steps, "step"));
-  if (requests) parts.push(kvsCount(requests, "request") + (open ? ` (${open} unfinished)` : ""));
+  if (requests) parts.push(kvsCount(requests, "request") + (open ? `, ${open} of them unfinished` : ""));
   return parts.join(" and ");
 }
 

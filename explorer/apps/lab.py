@@ -143,6 +143,10 @@ def lab_launch(root_dir: Path, port: int, *, notebook: str | None = NOTEBOOK, op
         "--ServerApp.port_retries=0",
         f"--ServerApp.root_dir={root_dir}",
         f"--ServerApp.open_browser={open_browser}",
+        # Voila's Lab extension reads the deprecated ServerApp.token while it links (the token is
+        # IdentityProvider's, from JUPYTER_TOKEN) and turns traitlets' deprecation warnings back
+        # on, so Lab would warn about a setting nobody made. `explorer app` runs Voila on its own.
+        "--ServerApp.jpserver_extensions={'voila.server_extension': False}",
     ]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         argv.append("--allow-root")  # Jupyter refuses to run as root without it

@@ -484,13 +484,14 @@ def run_summary(history: Sequence[Any]) -> dict:
 
 
 def run_words(summary: dict) -> str:
-    """"59 steps and 10 requests (4 unfinished)" ("" when there is nothing to lose)."""
+    """"59 steps and 10 requests, 4 of them unfinished" ("" when there is nothing to lose): no
+    brackets, so a notice may put the whole in brackets."""
     parts = []
     if summary.get("steps"):
         parts.append(count(summary["steps"], "step"))
     if summary.get("requests"):
         open_ = summary.get("unfinished") or 0
-        parts.append(count(summary["requests"], "request") + (f" ({open_} unfinished)" if open_ else ""))
+        parts.append(count(summary["requests"], "request") + (f", {open_} of them unfinished" if open_ else ""))
     return " and ".join(parts)
 
 

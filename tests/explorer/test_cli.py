@@ -281,6 +281,7 @@ def test_lab_on_a_busy_port_starts_on_another_and_stops_by_pid(tmp_path):
             with pytest.raises(urllib.error.HTTPError) as denied:  # token auth is on
                 urllib.request.urlopen(status, timeout=5)
             assert denied.value.code == 403
+            assert "ServerApp.token config is deprecated" not in log_path.read_text()   # no setting of ours
         finally:
             proc.send_signal(signal.SIGTERM)
             try:

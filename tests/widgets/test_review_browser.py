@@ -84,7 +84,7 @@ def test_enter_in_the_pool_field_keeps_the_run_and_apply_asks_before_it_rebuilds
     page.click('[data-testid="kvs-pool-apply"]')
     page.wait_for_selector('[data-testid="kvs-rebuild-confirm"]:visible')
     question = page.inner_text('[data-testid="kvs-rebuild-text"]')
-    assert "3 steps and 2 requests (2 unfinished)" in question, question
+    assert "3 steps and 2 requests, 2 of them unfinished" in question, question
     page.click('[data-testid="kvs-rebuild-cancel"]')
     assert not page.is_visible('[data-testid="kvs-rebuild-confirm"]')
     assert s.engine.config.num_kv_blocks == 48 and len(s.history) == 4
@@ -97,7 +97,8 @@ def test_enter_in_the_pool_field_keeps_the_run_and_apply_asks_before_it_rebuilds
     saved = list(tmp_path.glob("kvscope-run-*.html"))
     assert len(saved) == 1 and saved[0].stat().st_size > 10_000
     notice = page.inner_text('[data-testid="kvs-notice"]')
-    assert str(saved[0]) in notice and "3 steps and 2 requests" in notice, notice
+    assert str(saved[0]) in notice and "(3 steps and 2 requests, 2 of them unfinished)" in notice, notice
+    assert "))" not in notice   # no brackets inside brackets
     # With nothing to lose, Reset asks nothing.
     page.click('[data-testid="kvs-reset-btn"]')
     idle(page)

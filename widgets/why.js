@@ -7,7 +7,7 @@
 // scheduler). Linked: hovering the request lights it in the other panels (kvsLink).
 
 /**
- * The traits this panel reads (explorer/ui/why_view.py): `summary`, `request`, `proving`.
+ * The traits this panel reads (explorer/ui/why_view.py): `summary`, `request`, `proving`, `prove_off`.
  * @typedef {{key: string, label: string, tip: string}} WhyClass
  */
 
@@ -62,8 +62,8 @@ const VERDICT_LOOK = { proven: "#2e7d32", "partly proven": "#f9a825", confirmed:
 function render({ model, el }) {
   const root = kvsRoot(el, model, "kvs-why");
   const sender = kvsSender(model);
-  const prove = kvsEl("button", { class: "kvs-why-prove", "data-testid": "kvs-why-prove", text: "Prove causes",
-    title: "replay this run through vLLM's own scheduler, once per cause removed: a cause counts as proven where removing it makes the tokens hit" });
+  const proveTip = "replay this run through vLLM's own scheduler, once per cause removed: a cause counts as proven where removing it makes the tokens hit";
+  const prove = kvsEl("button", { class: "kvs-why-prove", "data-testid": "kvs-why-prove", text: "Prove causes", title: proveTip });
   const proving = kvsEl("span", { class: "kvs-why-proving", "data-testid": "kvs-why-proving" });
   const title = kvsEl("div", { class: "kvs-title" }, ["Why: the prompt and the prefix cache", prove, proving]);
   const summary = kvsEl("div", { class: "kvs-why-summary", "data-testid": "kvs-why-summary" });
@@ -142,11 +142,14 @@ function render({ model, el }) {
     const p = model.get("proving") || "";
     proving.textContent = p;
     proving.classList.toggle("kvs-why-failed", p.startsWith("could not"));
-    prove.disabled = p.startsWith("proving");
+    const off = model.get("prove_off") || "";   // a page that cannot prove (an export) says why
+    prove.disabled = !!off || p.startsWith("proving");
+    prove.title = off || proveTip;
   }
   kvsOnChange(model, KVS_PANELS.why.summary, kvsBatched(() => { drawSummary(); drawRequest(); }));
   kvsOnChange(model, KVS_PANELS.why.request, kvsBatched(drawRequest));
   model.on("change:proving", drawProving);
+  model.on("change:prove_off", drawProving);
   drawSummary();
   drawRequest();
   drawProving();

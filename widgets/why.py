@@ -25,8 +25,9 @@ class WhyPanel(Panel):
     known, prompt_len, why, domain, tokens ([text]), admissions ([{step, tokens, hit, resumed,
     classes, spans ([[start, end, class, detail]]), divergence, evictions, lost, notes}]),
     preemptions ([{text, proof}]), proofs ({class: {verdict, says, replay, ...}})}`` or {}.
-    `proving` says a proof is running (or why it failed). Browser actions: ``prove`` (replay the
-    run and prove each cause) and ``select {request_id}``."""
+    `proving` says a proof is running (or why it failed); `prove_off`, when set, why this page
+    cannot prove (an export: a recording): the button is off and says so. Browser actions:
+    ``prove`` (replay the run and prove each cause) and ``select {request_id}``."""
 
     NAME = "why"
     PARTS: ClassVar[dict[str, type]] = {"summary": WhySummaryState, "request": WhyRequestState}
@@ -36,4 +37,5 @@ class WhyPanel(Panel):
     summary = t.Dict({}).tag(sync=True)
     request = t.Dict({}).tag(sync=True)
     proving = t.Unicode("").tag(sync=True)
+    prove_off = t.Unicode("").tag(sync=True)
     request_id = t.Unicode("").tag(sync=True)

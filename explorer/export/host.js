@@ -174,7 +174,7 @@ const HOST = {
     const picked = String(this.models.why.get("request_id") || "");
     const rid = get(w.requests, picked, undefined) !== undefined ? picked : atStep(w.default, step, "");
     const request = rid ? atStep(w.requests[rid], step, { request_id: rid, known: false }) : {};
-    return { summary: atStep(w.summary, step, {}), request };
+    return { summary: atStep(w.summary, step, {}), request, prove_off: WHY_OFF };
   },
 
   /** The SamplerPanel's traits for the selected request (views.sampler_state, from Python). */
@@ -225,7 +225,6 @@ const HOST = {
       return;
     }
     if (name === "queues" && action === "select") m.queues.update({ selected: String(c.request_id || "") });
-    if (name === "why" && action === "prove") { m.why.update({ proving: WHY_OFF }); return; }
     if (name === "sampler" && action === "select") m.sampler.update({ request_id: String(c.request_id || "") });
     if (name === "attention" && action === "select") {
       const s = {};

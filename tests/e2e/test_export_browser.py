@@ -281,6 +281,9 @@ def test_timeline_links_captions_and_engine_actions_are_off(page, recorded, view
     # The why panel says the run as it stood after the shown step, not the whole run's.
     ledger = WhyLedger().feed(s.history)
     assert page.inner_text('[data-testid="kvs-why-summary-text"]') == ledger.summary(1).text() != ledger.summary().text()
+    # Proving needs a kernel: the button is off and its tip says why (no live button that can only refuse).
+    prove = page.locator('[data-testid="kvs-why-prove"]')
+    assert prove.is_disabled() and prove.get_attribute("title").startswith("this page is a recording")
     # The Dashboard's order: the pool above the why panel, and at a laptop's 1366 x 768 above the fold.
     page.evaluate("() => window.scrollTo(0, 0)")
     pool_top = page.locator('[data-testid="kvs-block-pool"]').bounding_box()["y"]

@@ -153,6 +153,21 @@ function kvsEl(tag, attrs = {}, children = []) {
   return node;
 }
 
+// A value axis that one outlier must not flatten: cut at this percentile (with headroom) when the
+// largest value is more than `ratio` times it, and at least `min` values are drawn. The timeline's
+// ms axis and the TTFT/ITL charts share it; what passes the cut is drawn at the top with a mark.
+const KVS_CUT = { percentile: 0.95, ratio: 1.5, headroom: 1.1, min: 5 };
+
+/** The axis top for `values`: their largest, or the cut. @param {number[]} values @returns {{cap: number, cut: boolean}} */
+function kvsCutScale(values) {
+  const max = values.reduce((a, b) => Math.max(a, b), 1e-6);   // no spread: thousands of gaps
+  if (values.length < KVS_CUT.min) return { cap: max, cut: false };
+  const sorted = [...values].sort((a, b) => a - b);
+  const p = sorted[Math.floor(KVS_CUT.percentile * (sorted.length - 1))];
+  if (!(p > 0) || max <= p * KVS_CUT.ratio) return { cap: max, cut: false };
+  return { cap: p * KVS_CUT.headroom, cut: true };
+}
+
 // "1 token", "3 tokens": a count with its noun in the right number.
 /** @param {number} n @param {string} noun @param {string} [plural] */
 function kvsCount(n, noun, plural = `${noun}s`) { return `${n} ${Number(n) === 1 ? noun : plural}`; }

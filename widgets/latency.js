@@ -21,6 +21,7 @@ const TILT_SIN = Math.sin((TILT_DEG * Math.PI) / 180), TILT_COS = Math.cos((TILT
 const PLOT_H = 140, TOP = 26, LEFT = 52, RIGHT = 12, AXIS_TITLE_H = 18;
 const MIN_SLOT_PX = 16;      // the narrowest column a request gets (tilted labels need no more)
 const MAX_BINS = 20;
+const LOG_BINS_RATIO = 10;   // a distribution whose largest value is this many times its smallest gets log bins
 
 /**
  * A request id as an axis label: whole when short, else its head and tail around an ellipsis,
@@ -91,9 +92,19 @@ function perRequestChart(o) {
   if (tilt) slot = Math.max(MIN_SLOT_PX, (o.width - left - RIGHT) / n);
   const width = Math.max(o.width, left + RIGHT + n * slot);
   const bottom = tilt ? Math.ceil(labelPx * TILT_SIN + LABEL_PX * TILT_COS) + 8 : LABEL_PX + 8;
-  const vmax = Math.max(1e-6, ...o.columns.flatMap((c) => c.values));
-  const { svg, y, base } = chartFrame({ width, bottom, title: o.title, yTitle: `ms (${o.clock})`, xTitle: "request",
-    vmax, testid: o.testid, left });
+  // One slow request must not flatten the rest: the axis is cut (kvsCutScale) and what passes it
+  // is drawn at the top, marked, its real value in its tooltip.
+  const { cap, cut } = kvsCutScale(o.columns.flatMap((c) => c.values));
+  const { svg, y: yOf, base } = chartFrame({ width, bottom, title: o.title, yTitle: `ms (${o.clock})`, xTitle: "request",
+    vmax: cap, testid: o.testid, left, ticks: (v) => `${tickText(v)}${cut && v === cap ? "\u2191" : ""}` });
+  const y = (/** @type {number} */ v) => yOf(Math.min(v, cap));
+  const above = (/** @type {number} */ mx, /** @type {number} */ v, /** @type {string} */ tip) => {
+    if (v <= cap) return;
+    const mark = kvsSvg("text", { x: mx + 7, y: TOP + 9, "text-anchor": "middle", class: "kvs-lat-outlier", "data-ms": v.toFixed(1) },
+      "\u2191");
+    mark.append(kvsSvg("title", {}, `${tip} (above this axis, cut at the ${Math.round(KVS_CUT.percentile * 100)}th percentile)`));
+    svg.append(mark);
+  };
   o.columns.forEach((c, k) => {
     const x = left + k * slot, mid = x + slot / 2;
     if (o.kind === "bar" && c.values.length) {
@@ -101,6 +112,7 @@ function perRequestChart(o) {
         height: base - y(c.values[0]), fill: o.color });
       bar.append(kvsSvg("title", {}, `#${c.full}: ${c.values[0].toFixed(2)} ms`));
       svg.append(bar);
+      above(mid, c.values[0], `#${c.full}: ${c.values[0].toFixed(2)} ms`);
     } else if (c.values.length) {
       c.values.forEach((v, j) => {
         const dot = kvsSvg("circle", { cx: x + slot * (0.25 + 0.5 * ((j * 0.618) % 1)), cy: y(v), r: 2.2, fill: o.color,
@@ -108,6 +120,8 @@ function perRequestChart(o) {
         dot.append(kvsSvg("title", {}, `#${c.full} gap ${j + 1}: ${v.toFixed(2)} ms`));
         svg.append(dot);
       });
+      const worst = c.values.reduce((a, b) => Math.max(a, b), 0);
+      above(mid, worst, `#${c.full}: its slowest gap ${worst.toFixed(2)} ms`);
       const mean = c.values.reduce((a, b) => a + b, 0) / c.values.length;
       const line = kvsSvg("line", { x1: x + slot * 0.1, x2: x + slot * 0.9, y1: y(mean), y2: y(mean), class: "kvs-lat-mean" });
       line.append(kvsSvg("title", {}, `#${c.full}: mean ${mean.toFixed(2)} ms over ${kvsCount(c.values.length, "gap")}`));
@@ -130,22 +144,30 @@ function perRequestChart(o) {
  */
 function histogram(o) {
   const vs = o.values;
-  const lo = Math.min(...vs), hi = Math.max(...vs);
+  const lo = vs.reduce((a, b) => Math.min(a, b), Infinity), hi = vs.reduce((a, b) => Math.max(a, b), -Infinity);
   const bins = hi > lo ? Math.max(1, Math.min(MAX_BINS, Math.ceil(Math.sqrt(vs.length)))) : 1;  // all equal: one bar
-  const span = hi > lo ? hi - lo : 1;
+  // Over a wide range (a few slow gaps among thousands of fast ones) the bins are even in log(ms):
+  // linear bins would put nearly everything in the first bar.
+  const log = lo > 0 && hi / lo >= LOG_BINS_RATIO;
+  const at = (/** @type {number} */ f) => (log ? lo * (hi / lo) ** f : lo + f * (hi > lo ? hi - lo : 1));
+  const binOf = (/** @type {number} */ v) => Math.min(bins - 1, Math.floor(
+    (log ? Math.log(v / lo) / Math.log(hi / lo) : (v - lo) / (hi > lo ? hi - lo : 1)) * bins));
   const counts = new Array(bins).fill(0);
-  for (const v of vs) counts[Math.min(bins - 1, Math.floor(((v - lo) / span) * bins))] += 1;
-  const { svg, y, base } = chartFrame({ width: o.width, bottom: LABEL_PX + 8, title: o.title, yTitle: "count",
-    xTitle: `ms (${o.clock})`, vmax: Math.max(1, ...counts), testid: o.testid, ticks: countText });
+  for (const v of vs) counts[binOf(v)] += 1;
+  const { svg, y, base } = chartFrame({ width: o.width, bottom: LABEL_PX + 8, title: log ? `${o.title} (log bins)` : o.title,
+    yTitle: "count", xTitle: `ms (${o.clock}${log ? ", log scale" : ""})`, vmax: Math.max(1, ...counts), testid: o.testid,
+    ticks: countText });
+  svg.setAttribute("data-bins", log ? "log" : "linear");
   const plotW = o.width - LEFT - RIGHT, bw = plotW / bins;
   counts.forEach((c, k) => {
     if (!c) return;
-    const from = lo + (k * span) / bins, to = lo + ((k + 1) * span) / bins;
-    const bar = kvsSvg("rect", { x: LEFT + k * bw + 1, y: y(c), width: Math.max(1, bw - 2), height: base - y(c), fill: o.color });
-    bar.append(kvsSvg("title", {}, `${tickText(from)}\u2013${tickText(to)} ms: ${c}`));
+    const bar = kvsSvg("rect", { x: LEFT + k * bw + 1, y: y(c), width: Math.max(1, bw - 2), height: base - y(c), fill: o.color,
+      class: "kvs-lat-bin" });
+    bar.append(kvsSvg("title", {}, `${tickText(at(k / bins))}\u2013${tickText(at((k + 1) / bins))} ms: ${c}`));
     svg.append(bar);
   });
   const ends = hi > lo ? [[LEFT, lo, "start"], [LEFT + plotW, hi, "end"]] : [[LEFT + plotW / 2, lo, "middle"]];
+  if (log) ends.push([LEFT + plotW / 2, at(0.5), "middle"]);   // the middle of a log axis is not the mean of its ends
   for (const [x, v, anchor] of ends) {
     svg.append(kvsSvg("text", { x, y: base + LABEL_PX + 2, "text-anchor": anchor, class: "kvs-lat-axis" }, tickText(Number(v))));
   }
@@ -169,7 +191,7 @@ function latencyCharts(rows, width, clock) {
   const charts = [
     perRequestChart({ title: "Time to first token per request", columns: labelled(ttft, (r) => [Number(r.time_to_first_token)]),
       color: LAT_COLORS.ttft, kind: "bar", width, clock, testid: "kvs-lat-ttft" }),
-    perRequestChart({ title: "Inter-token latency per request (dots: each gap, line: mean)",
+    perRequestChart({ title: "ITL per request (dot: a gap, line: its mean)",
       columns: labelled(gaps, (r) => r.inter_token_latency), color: LAT_COLORS.itl, kind: "dots", width, clock, testid: "kvs-lat-itl" }),
   ];
   if (ttft.length) {

@@ -20,8 +20,6 @@ const MIN_PART_PX = 2;         // the shortest prefill part stacked on decodes
 const MARK_LANE = 13, TOK_H = 110, TIME_H = 80, ROW_H = 12, GAP = 18, AXIS_H = 24;
 const MIN_WIDTH = 320, FALLBACK_WIDTH = 900, MIN_LEFT = 48, RIGHT = 8, TICK_SPACING_PX = 40;
 const LABEL_CHARS = 20, LABEL_CHAR_PX = 5.6;  // the axis font is 9px
-// The ms axis: cut at this percentile when the slowest step is more than OUTLIER_RATIO times it.
-const MS_PERCENTILE = 0.95, OUTLIER_RATIO = 1.5, MS_HEADROOM = 1.1, MIN_STEPS_FOR_CUT = 5;
 
 const EMPTY_HINT = "no steps yet: add a request and press Step";
 
@@ -63,19 +61,6 @@ function stepSpan(all, shown, window) {
 function tokenScale(top, h) {
   const frac = (v) => Math.sqrt(Math.min(Math.max(v, 0), top) / top);
   return { top, y: (v) => frac(v) * h, height: (v) => (v > 0 ? Math.max(MIN_BAR_PX, frac(v) * h) : 0) };
-}
-
-/**
- * The ms axis: the largest step, or a high percentile of the steps when one is far slower.
- * @param {number[]} ms @returns {{cap: number, cut: boolean}}
- */
-function msScale(ms) {
-  const max = Math.max(1e-6, ...ms);
-  if (ms.length < MIN_STEPS_FOR_CUT) return { cap: max, cut: false };
-  const sorted = [...ms].sort((a, b) => a - b);
-  const p = sorted[Math.floor(MS_PERCENTILE * (sorted.length - 1))];
-  if (!(p > 0) || max <= p * OUTLIER_RATIO) return { cap: max, cut: false };
-  return { cap: p * MS_HEADROOM, cut: true };
 }
 
 function rowLabel(rid) {
@@ -191,14 +176,14 @@ function drawTimes(out, S, span, L, ctx) {
   const total = (i) => TIME_PARTS.reduce((a, [k]) => a + partMs(k, i), 0);
   const idx = [];
   for (let i = span.startIdx; i <= span.endIdx; i++) idx.push(i);
-  const { cap, cut } = msScale(idx.map(total));
+  const { cap, cut } = kvsCutScale(idx.map(total));   // the ms axis
   const fmt = (v) => v.toFixed(v < 10 ? 1 : 0);
   out.append(kvsSvg("text", { x: 2, y: y0 - 4, class: "kvs-axis" }, "ms"),
     kvsSvg("text", { x: L.left - 4, y: y0 + 8, class: "kvs-axis kvs-ms-max", "text-anchor": "end", "data-cut": cut ? "true" : "false" }, `${fmt(cap)}${cut ? "\u2191" : ""}`));
   for (const i of idx) {
     const x = L.xOf(i), t = total(i), scale = t > cap ? cap / t : 1;
     const text = `step ${S.step[i]}: ${TIME_PARTS.map(([k]) => `${k} ${partMs(k, i).toFixed(2)}`).join(", ")} ms \u00b7 ${pathText(S, i)}`
-      + (t > cap ? `\n${fmt(t)} ms in all: above this axis (cut at the ${Math.round(MS_PERCENTILE * 100)}th percentile of the steps in view)` : "");
+      + (t > cap ? `\n${fmt(t)} ms in all: above this axis (cut at the ${Math.round(KVS_CUT.percentile * 100)}th percentile of the steps in view)` : "");
     let acc = 0;
     for (const [k, color] of TIME_PARTS) {
       const v = partMs(k, i);

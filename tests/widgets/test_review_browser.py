@@ -333,3 +333,41 @@ def test_ttft_itl_charts_label_every_request_and_nothing_overlaps(browser: Any, 
         assert page.evaluate(OUTSIDE_ITS_CHART) == []
     finally:
         page.close()
+
+
+def test_one_slow_gap_does_not_flatten_the_itl_charts(browser: Any, fresh_session: Any) -> None:
+    """A live server's ITL: thousands of gaps near one value and a few far slower (a request that
+    waited). The per-request axis is cut with the slow gap marked at the top (its real value in
+    the tooltip), the distribution's bins are even in log(ms), and at a laptop's Lab width every
+    title fits its chart."""
+    from explorer.ui import views
+    from widgets import LatencyPanel
+
+    s = fresh_session
+    for k in range(6):
+        s.add_request(f"Request {k} says", max_tokens=24, temperature=0.0, ignore_eos=True)
+    s.run_until_idle()
+    state = views.latency_state(s.current.snapshot)
+    gaps = [g for r in state["rows"] for g in r["inter_token_latency"]]
+    slow = 80 * max(gaps)   # one gap far slower than all the engine's real ones
+    state["rows"][0]["inter_token_latency"][3] = slow
+    panel = LatencyPanel()
+    panel.show(state)
+    page = browser.new_page(viewport=LAPTOP)
+    front = MiniFrontend(page, {"latency": panel}, body_width=LAB_OUTPUT_WIDTH_AT_1366)
+    try:
+        page.wait_for_selector('[data-testid="kvs-lat-itl-dist"]')
+        axis = page.locator('[data-testid="kvs-lat-itl"] text.kvs-lat-axis:not(.kvs-lat-tick)').all_text_contents()
+        top = axis[-1]   # the y axis' ticks: 0, the middle, the top
+        assert top.endswith("\u2191") and float(top[:-1].replace(",", "")) < slow * 1e3 / 10, axis
+        marks = [float(m) for m in page.eval_on_selector_all('[data-testid="kvs-lat-itl"] .kvs-lat-outlier',
+                                                             "ms => ms.map(m => m.dataset.ms)")]
+        cap = float(top[:-1].replace(",", ""))
+        assert any(m == pytest.approx(slow * 1e3, abs=0.1) for m in marks) and all(m > cap for m in marks), marks
+        dist = page.locator('[data-testid="kvs-lat-itl-dist"]')
+        assert dist.get_attribute("data-bins") == "log" and dist.locator("rect.kvs-lat-bin").count() >= 3
+        assert page.evaluate(OUTSIDE_ITS_CHART) == []   # the titles fit at 1366
+        assert page.evaluate(OVERLAPS, '[data-testid="kvs-lat-itl"] text:not(.kvs-lat-tick)') == []
+        assert front.errors() == []
+    finally:
+        page.close()

@@ -36,12 +36,14 @@ test("the token axis is a square root, and a non-empty bar is never thinner than
 
 test("the ms axis is cut at a high percentile only when one step is far slower", () => {
   const even = Array.from({ length: 50 }, (_, i) => 10 + (i % 5));
-  assert.deepEqual({ ...timeline.msScale(even) }, { cap: 14, cut: false });
+  assert.deepEqual({ ...timeline.kvsCutScale(even) }, { cap: 14, cut: false });
   const spike = [...even, 900];       // one slow step (a first compile, a preemption)
-  const s = timeline.msScale(spike);
+  const s = timeline.kvsCutScale(spike);
   assert.equal(s.cut, true);
   assert.ok(s.cap < 100 && s.cap >= 14, `${s.cap}`);
-  assert.deepEqual({ ...timeline.msScale([5, 900]) }, { cap: 900, cut: false });  // too few steps to cut
+  assert.deepEqual({ ...timeline.kvsCutScale([5, 900]) }, { cap: 900, cut: false });  // too few steps to cut
+  const gaps = Array.from({ length: 200_000 }, (_, i) => 60 + (i % 17));   // a long run's ITL: no spread limit
+  assert.equal(timeline.kvsCutScale([...gaps, 5929]).cut, true);
 });
 
 test("long request ids are cut in the middle, keeping both ends", () => {

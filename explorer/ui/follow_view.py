@@ -36,12 +36,16 @@ def follow_panel(session: Any, binder: Any = None) -> Any:
         last[0] = now
         status = session.feed_status() | {"engine": session.engine_name}
         parked = None
+        shown = int(session.current.step)
         if binder is not None:
             panel.link_group = binder.link_group  # held and released with the Dashboard's panels
+            entry = binder.shown_entry()
+            shown = int(entry.step) if entry is not None else shown
             if binder.view_index is not None and session.following:
-                parked = int(binder.shown_entry().step)
-        panel.show({"following": session.following, "status": status, "parked_at": parked,
-                    "step": int(session.current.step)})
+                parked = shown
+        # `step` is the step the Dashboard shows, as every panel's is: the browser's Pause holds
+        # the panels at the step the panels last said (a parked view stays parked, not the latest).
+        panel.show({"following": session.following, "status": status, "parked_at": parked, "step": shown})
 
     def on_action(content: dict) -> None:
         action = content.get("action")

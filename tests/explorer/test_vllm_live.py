@@ -493,6 +493,9 @@ def test_pause_shows_the_step_the_browser_held_and_follow_returns_to_the_latest(
         while panel.parked_at is None and time.monotonic() < end:
             time.sleep(0.05)
         assert panel.parked_at == dash.binder.shown_entry().step and dash.queues.step != 6
+        # The browser's Pause holds the panels at the step they last said: the follow panel's
+        # says the parked step too, never the latest (it would jump the view to step 6).
+        assert panel.step == panel.parked_at
         panel.dispatch({"action": "follow"})   # already following: Follow brings the view back
         assert dash.binder.view_index is None and dash.queues.step == 6
     finally:

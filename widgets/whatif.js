@@ -5,7 +5,7 @@
 
 const WHATIF_RUNS = ["a", "b"];
 const WHATIF_LINE = { a: "#455a64", b: "#ef6c00" };
-const WHATIF_STRIP_H = 54, WHATIF_PAD = 4;
+const WHATIF_STRIP_H = 54, WHATIF_PAD = 4, WHATIF_AXIS_W = 34;   // the strip's y scale (0-100% KV) in its left margin
 const WHATIF_PART_COLOR = "#c62828";
 
 /**
@@ -20,10 +20,15 @@ function whatifRow(s) { return `${s[0]}|${s[1]}|${s[2]}|${s[3]}`; }
 function whatifStrip(model, strip, n) {
   const S = model.get("steps") || {}, i = model.get("index"), p = model.get("parting") || {};
   const w = Math.max(200, strip.clientWidth || 600);
-  const x = (k) => WHATIF_PAD + (n > 1 ? (k / (n - 1)) * (w - 2 * WHATIF_PAD) : 0);
+  const x = (k) => WHATIF_AXIS_W + (n > 1 ? (k / (n - 1)) * (w - WHATIF_AXIS_W - WHATIF_PAD) : 0);
   const y = (u) => WHATIF_STRIP_H - WHATIF_PAD - u * (WHATIF_STRIP_H - 2 * WHATIF_PAD);
   const svg = kvsSvg("svg", { width: w, height: WHATIF_STRIP_H, role: "img",
                              "aria-label": "KV usage per step of both runs" });
+  for (const u of [0, 0.5, 1]) {   // the y scale: the pool's share in use
+    svg.append(kvsSvg("line", { x1: WHATIF_AXIS_W, x2: w - WHATIF_PAD, y1: y(u), y2: y(u), stroke: "#e0e0e0" }),
+      kvsSvg("text", { x: WHATIF_AXIS_W - 4, y: y(u) + 3, "text-anchor": "end", "font-size": 9, fill: "#666",
+        class: "kvs-whatif-tick" }, `${u * 100}%`));
+  }
   for (const k of WHATIF_RUNS) {
     const run = S[k];
     if (!run || !run.kv_usage.length) continue;
@@ -109,7 +114,8 @@ function render({ model, el }) {
   jump.addEventListener("click", () => { const p = model.get("parting") || {}; if (p.index !== undefined) go(p.index); });
   strip.addEventListener("click", (ev) => {
     const box = strip.getBoundingClientRect();
-    go(Math.round(((ev.clientX - box.left - WHATIF_PAD) / Math.max(1, box.width - 2 * WHATIF_PAD)) * (count() - 1)));
+    const at = (ev.clientX - box.left - WHATIF_AXIS_W) / Math.max(1, box.width - WHATIF_AXIS_W - WHATIF_PAD);
+    go(Math.max(0, Math.round(at * (count() - 1))));
   });
 
   const draw = kvsBatched(() => {

@@ -57,6 +57,14 @@ def test_the_whatif_view_marks_and_explains_the_first_parting(browser, panel):
         page.wait_for_function("(i) => document.querySelector('[data-testid=kvs-whatif]').dataset.index === String(i)",
                                arg=p["index"])
         assert page.locator(".kvs-whatif-diff").count() >= 1
+        # The KV-usage strip has its y scale, and a click on its far right lands on the last step.
+        ticks = page.locator('[data-testid="kvs-whatif-strip"] .kvs-whatif-tick').all_text_contents()
+        assert ticks == ["0%", "50%", "100%"]
+        box = page.locator('[data-testid="kvs-whatif-strip"] svg').bounding_box()
+        page.mouse.click(box["x"] + box["width"] - 2, box["y"] + box["height"] / 2)
+        last = max(len(steps["a"]["step"]), len(steps["b"]["step"])) - 1
+        page.wait_for_function("(i) => document.querySelector('[data-testid=kvs-whatif]').dataset.index === String(i)",
+                               arg=last)
         assert front.errors() == []
     finally:
         page.close()

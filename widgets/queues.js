@@ -10,7 +10,7 @@
  * `selected` is the linked request's id.
  * @typedef {{num_tokens: number, num_computed_before: number, is_prefill: boolean,
  *   num_cached_tokens: number, chunk_index: (number|null)}} Scheduled  this step's part of a request
- * @typedef {{request_id: string, status: string, prompt_text: string, output_text: string,
+ * @typedef {{request_id: string, label: string, status: string, prompt_text: string, output_text: string,
  *   num_prompt_tokens: number, num_output_tokens: number, max_tokens: (number|null),
  *   num_computed_tokens: number, num_cached_tokens: number, num_preemptions: number,
  *   finish_reason: (string|null), num_blocks: number, scheduled: (Scheduled|null),
@@ -90,7 +90,9 @@ function whyChip(why) {
 function card(row, selected, act, link) {
   const rid = row.request_id;
   const head = kvsEl("div", { class: "kvs-card-head" }, [
-    kvsEl("span", { class: "kvs-chip kvs-rid", style: { background: kvsColor(rid, true), borderColor: kvsColor(rid) }, text: `#${rid}` }),
+    // The request's short label ("#17" for a long vLLM id, as the captions say it); its id on hover.
+    kvsEl("span", { class: "kvs-chip kvs-rid", style: { background: kvsColor(rid, true), borderColor: kvsColor(rid) },
+      text: row.label || `#${rid}`, title: `request ${rid}` }),
     kvsEl("span", { class: `kvs-status-${row.status}`, text: row.status + (row.finish_reason ? ` (${row.finish_reason})` : "") }),
     scheduledBadge(row.scheduled),
     row.num_preemptions ? kvsEl("span", { class: "kvs-chip kvs-preempt", title: "times preempted", text: `preempted \u00d7${row.num_preemptions}` }) : null,

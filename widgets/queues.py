@@ -19,7 +19,8 @@ class QueuesPanel(Panel):
     """The engine's three queues, one card per request.
 
     `queues` is ``{"waiting": [row], "running": [row], "finished": [row]}`` with rows
-    as built by ``explorer.ui.views.queues_state``: request_id, status, prompt_text,
+    as built by ``explorer.ui.views.queues_state``: request_id, label (its short name, "#17"
+    for a long vLLM id; the id shows on hover), status, prompt_text,
     output_text, token counts (prompt, output, computed, cached), num_preemptions,
     finish_reason and ``scheduled`` (what this step ran for it, or None).
     Browser actions: ``select {request_id}`` (sets `selected`; the Dashboard points

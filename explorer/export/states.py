@@ -16,12 +16,13 @@ lists; `unpack_views` gives back exactly the states `step_views` made.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from engine.config import SCHEDULER_KNOBS
 from widgets.block_pool import block_detail
 
+from ..core.labels import RequestLabels
 from ..ui import captions as _captions
 from ..ui import views, why_view
 from ..ui.dashboard import POOL_KEYS
@@ -38,10 +39,11 @@ def step_views(entries: Sequence[Any], token_text: views.TokenText, ledger: WhyL
     `ledger`: the why-ledger of the whole run (read from `entries` when not given)."""
     entries = list(entries)
     ledger = ledger if ledger is not None else WhyLedger().feed(entries)
-    captions = _captions.CaptionCache().captions(entries)  # the binder's captions, entry by entry
+    names = RequestLabels().see_entries(entries).name   # "#17" for a long vLLM id, as the Dashboard says it
+    captions = _captions.CaptionCache(names).captions(entries)  # the binder's captions, entry by entry
     samplers = sampler_views(entries, token_text)
     details = _DetailCache(token_text)
-    return [_entry_views(entry, caption, sampler, details, ledger)
+    return [_entry_views(entry, caption, sampler, details, ledger, names)
             for entry, caption, sampler in zip(entries, captions, samplers)]
 
 
@@ -61,7 +63,8 @@ def why_views(ledger: WhyLedger, entries: Sequence[Any], token_text: views.Token
             "default": [[s, why_view.latest_admitted(ledger, s)] for s in why_view.change_steps(ledger)]}
 
 
-def _entry_views(entry: Any, caption: str, sampler: dict, details: _DetailCache, ledger: WhyLedger) -> dict:
+def _entry_views(entry: Any, caption: str, sampler: dict, details: _DetailCache, ledger: WhyLedger,
+                 names: Callable[[str], str]) -> dict:
     """What the binder sends each panel with `entry` on display (a recording's controls show
     the budgets the step ran under and the pool it ran on), and each block's hover detail
     without its `step`: the page adds the shown step, so a block that did not change costs
@@ -77,7 +80,7 @@ def _entry_views(entry: Any, caption: str, sampler: dict, details: _DetailCache,
                      "budget": views.budgets_ran_under(record, snapshot,
                                                        {k: config[k] for k in SCHEDULER_KNOBS if k in config}),
                      "pool": {k: config[k] for k in POOL_KEYS if k in config}, "caption": caption},
-        "queues": views.queues_state(record, snapshot, why=why_view.why_rows(ledger, step)),
+        "queues": views.queues_state(record, snapshot, why=why_view.why_rows(ledger, step), names=names),
         "tree": {"tree": why_view.tree_state(ledger, step, snapshot, details.token_text)},
         "block_details": [details.detail(blocks, i) for i in range(len(blocks))],
         "sampler": sampler,

@@ -13,7 +13,7 @@ Example: "#0-#2 decode 1 token each; #0 needed a new block and none was free →
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from engine.report.schema import REC
@@ -34,20 +34,22 @@ BATCH_SOURCE_WORDS = {
 }
 
 
-def step_caption(record: dict | None, snapshot: dict | None = None, before: dict | None = None) -> str:
-    """What step `record` did, in words (see the module docstring for the arguments)."""
+def step_caption(record: dict | None, snapshot: dict | None = None, before: dict | None = None,
+                 names: Callable[[str], str] | None = None) -> str:
+    """What step `record` did, in words (see the module docstring for the arguments); `names`
+    gives a request's name (explorer.core.labels: "#17" for a long vLLM id; default "#" + id)."""
     snapshot = snapshot or {}
     if not record or int(record.get("step", 0) or 0) <= 0:
         return _start_caption(snapshot)
-    return _Step(record, snapshot, before).caption()
+    return _Step(record, snapshot, before, names).caption()
 
 
-def history_captions(entries: Sequence[Any]) -> list[str]:
+def history_captions(entries: Sequence[Any], names: Callable[[str], str] | None = None) -> list[str]:
     """The caption of every history entry (each with its predecessor's snapshot as `before`)."""
     out, prev = [], None
     for entry in entries:
         record, snapshot = _parts(entry)
-        out.append(step_caption(record, snapshot, prev))
+        out.append(step_caption(record, snapshot, prev, names))
         prev = snapshot
     return out
 
@@ -70,14 +72,19 @@ def _s(n: int) -> str:
     return "" if n == 1 else "s"
 
 
-def ids_text(rids: Iterable[str]) -> str:
-    """'#0-#2' for a run of three or more consecutive numeric ids, else '#0, #5'."""
-    rids = list(rids)
-    if len(rids) >= 3 and all(r.isdigit() for r in rids):
-        nums = [int(r) for r in rids]
+def _hash_name(rid: str) -> str:
+    return f"#{rid}"
+
+
+def ids_text(rids: Iterable[str], names: Callable[[str], str] = _hash_name) -> str:
+    """'#0-#2' for a run of three or more consecutive numbers, else '#0, #5' (each id by its
+    name: a long vLLM id by its short label)."""
+    shown = [names(r) for r in rids]
+    if len(shown) >= 3 and all(n[1:].isdigit() for n in shown):
+        nums = [int(n[1:]) for n in shown]
         if nums == list(range(nums[0], nums[0] + len(nums))):
-            return f"#{rids[0]}-#{rids[-1]}"
-    return ", ".join(f"#{r}" for r in rids)
+            return f"{shown[0]}-{shown[-1]}"
+    return ", ".join(shown)
 
 
 def _blocks_text(blocks: Sequence[int]) -> str:
@@ -91,7 +98,9 @@ def _ceil_div(a: int, b: int) -> int:
 class _Step:
     """The facts one caption needs, gathered once from the record and the two snapshots."""
 
-    def __init__(self, record: dict, snapshot: dict, before: dict | None) -> None:
+    def __init__(self, record: dict, snapshot: dict, before: dict | None,
+                 names: Callable[[str], str] | None = None) -> None:
+        self.name = names or _hash_name
         self.rec = record
         self.before = before
         pool = snapshot.get("block_pool") or {}
@@ -142,7 +151,7 @@ class _Step:
         # decode; it is still an admission (with prefix hits), so it gets its own clause.
         decodes = [s["request_id"] for s in self.sched if not s.get("is_prefill") and s["request_id"] not in self.new]
         if decodes:
-            parts.append(f"{ids_text(decodes)} decode 1 token{' each' if len(decodes) > 1 else ''}")
+            parts.append(f"{ids_text(decodes, self.name)} decode 1 token{' each' if len(decodes) > 1 else ''}")
         used = 0
         for s in self.sched:
             if s.get("is_prefill") or s["request_id"] in self.new:
@@ -187,7 +196,7 @@ class _Step:
         again = int(r.get("num_preemptions") or 0) > 0 and prompt is not None and total > prompt
         resumed = again and rid in self.new
         verb, kind = ("recompute", "tokens") if again else ("prefill", "prompt tokens")
-        head = f"#{rid}" + (" resumed after its preemption:" if resumed else "")
+        head = self.name(rid) + (" resumed after its preemption:" if resumed else "")
         if cached:
             nb = cached // self.bs if self.bs else 0
             head += f" reused {nb} cached block{_s(nb)} ({cached} tokens) from the prefix cache"
@@ -244,16 +253,16 @@ class _Step:
         freed = self._freed_by(victims)
         if trigger is not None:
             blocks = "a new block" if need <= 1 else f"{need} new blocks"
-            why = f"#{trigger} needed {blocks} and {'none was' if need <= 1 else 'not enough were'} free"
+            why = f"{self.name(trigger)} needed {blocks} and {'none was' if need <= 1 else 'not enough were'} free"
         else:
             why = "the pool ran out of free KV blocks"
         if trigger is not None and victims == [trigger]:
             what = "preempted itself (it was the newest running request)"
         elif trigger is not None and trigger in victims:
             others = [v for v in victims if v != trigger]
-            what = f"preempted {ids_text(others)}, then itself (newest running first)"
+            what = f"preempted {ids_text(others, self.name)}, then itself (newest running first)"
         elif len(victims) == 1:
-            what = f"preempted #{victims[0]} (newest running)"
+            what = f"preempted {self.name(victims[0])} (newest running)"
         else:
             what = f"preempted {' then '.join('#' + v for v in victims)} (newest running first)"
         text = f"{why} {ARROW} {what}"
@@ -304,7 +313,7 @@ class _Step:
             got = [b for b in table[skip:] if b in alloc_set and b not in seen]
             if got:
                 seen.update(got)
-                per.append(f"{_blocks_text(got)} to #{rid}")
+                per.append(f"{_blocks_text(got)} to {self.name(rid)}")
         self._unattributed_alloc = [b for b in allocated if b not in seen]
         rest = self._unattributed_alloc
         if rest:
@@ -325,7 +334,7 @@ class _Step:
             why = "aborted"
         else:
             why = reason or "done"
-        text = f"#{rid} finished ({why})"
+        text = f"{self.name(rid)} finished ({why})"
         extra = self._unattributed_alloc if len(self.finished) == 1 else []
         freed = self._freed_by([rid], extra)
         if freed:
@@ -343,7 +352,7 @@ class _Step:
         head = waiting[0]
         more = f" (and {len(waiting) - 1} more behind it)" if len(waiting) > 1 else ""
         if self.preempted:
-            return f"#{head} waits{more}: a step that preempts admits no waiting request"
+            return f"{self.name(head)} waits{more}: a step that preempts admits no waiting request"
         left = self.budget - used
         seqs = self.budgets.get("max_num_seqs")
         running = len(self.before_running) + len(self.new)
@@ -363,11 +372,11 @@ class _Step:
             full = self.budgets.get("scheduler_reserve_full_isl", True)
             need = _ceil_div(known if full else min(known, left), self.bs)
             if need <= free:
-                return f"#{head} waits{more}"
+                return f"{self.name(head)} waits{more}"
             what = "its whole sequence" if full else "its first chunk"
             why = f"not enough free KV blocks for {what} ({known if full else min(known, left)} tokens need " \
                   f"{need} blocks, {max(0, free)} free)"
-        return f"#{head} waits{more}: {why}"
+        return f"{self.name(head)} waits{more}: {why}"
 
 
 def _quote(text: Any, token_id: Any) -> str:
@@ -381,8 +390,9 @@ class CaptionCache:
     record, its snapshot and its predecessor's snapshot, held here and compared by identity
     (the Session replaces the latest snapshot when requests are added or aborted)."""
 
-    def __init__(self) -> None:
+    def __init__(self, names: Callable[[str], str] | None = None) -> None:
         self._memo: dict[tuple[int, int, int], tuple] = {}
+        self.names = names   # a request's name in the words (explorer.core.labels)
 
     def captions(self, entries: Sequence[Any]) -> list[str]:
         """One caption per entry, as `history_captions` gives them."""
@@ -407,6 +417,6 @@ class CaptionCache:
         key = (id(record), id(snapshot), id(prev))
         hit = self._memo.get(key)
         if hit is None or hit[0] is not record or hit[1] is not snapshot or hit[2] is not prev:
-            hit = (record, snapshot, prev, step_caption(record, snapshot, prev))
+            hit = (record, snapshot, prev, step_caption(record, snapshot, prev, self.names))
         memo[key] = hit
         return hit[3]

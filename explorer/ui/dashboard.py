@@ -25,6 +25,7 @@ import widgets
 from engine.config import SCHEDULER_KNOBS
 from widgets.attention import prepare_probe
 
+from ..core.labels import RequestLabels
 from . import captions, presets, run_writer, tp_view, views, why_view
 
 _log = logging.getLogger(__name__)
@@ -75,7 +76,10 @@ class SessionBinder:
         self._attention_pinned = False  # ... or the attention panel's
         self._timeline_key: tuple | None = None
         self._timeline_state: Mapping[str, Any] = {}
-        self._captions = captions.CaptionCache()  # one plain-language line per step, kept per entry
+        # A request's name in every panel and caption: "#17" for a long vLLM id, kept for the view's life.
+        self.labels = RequestLabels()
+        self._labels_from = -1   # the first step whose entry the labels have not read yet
+        self._captions = captions.CaptionCache(self.labels.name)  # one plain-language line per step, kept per entry
         # Attention weights of earlier steps, as captured live: (step, request, layer) -> probe
         # ready to show (widgets.attention.prepare_probe). The history keeps no KV, so a
         # scrubbed step shows its own capture or says it has none, never another step's.
@@ -145,14 +149,15 @@ class SessionBinder:
         step = int(getattr(entry, "step", 0) or snapshot.get("step", 0) or 0)
         live = self.view_index is None
         p = self.panels
+        self._see_requests()
         ledger = self.why.feed(self.session.history) if {"why", "tree", "queues"} & p.keys() else None
         # Only the draws of panels in `p` run: the queues' and the tree's find the ledger fed.
         fed = cast(why_view.WhyLedger, ledger)
         # In this order: the attention panel reads the queues' selection.
         draws: dict[str, Callable[[], None]] = {
             "controls": lambda: self._render_controls(record, snapshot),
-            "queues": lambda: p["queues"].show(views.queues_state(record, snapshot,
-                                                                  why=why_view.why_rows(fed, step))),
+            "queues": lambda: p["queues"].show(views.queues_state(record, snapshot, why=why_view.why_rows(fed, step),
+                                                                  names=self.labels.name)),
             "why": lambda: self._render_why(snapshot, None if live else step),
             "tree": lambda: p["tree"].show({"tree": why_view.tree_state(
                 fed, step, snapshot, self.token_text, kv_events=getattr(self.session.source, "kv_events", None))}),
@@ -317,6 +322,8 @@ class SessionBinder:
         try:
             if event == "reset":
                 self.view_index = None
+                self.labels.clear()   # a new engine's ids start again
+                self._labels_from = -1
                 self.why.reset()
                 self._probes.clear()  # a new engine counts its steps from 0 again
                 self._forget_selections()
@@ -356,7 +363,19 @@ class SessionBinder:
         for panel in p.values():
             panel.link_group = self.link_group
 
+    def _see_requests(self) -> None:
+        """Number the requests of the entries added since the last draw (the latest entry again:
+        an add or an abort replaces it), so a label names the same request at every step."""
+        history = self.session.history
+        start = len(history)
+        while start > 0 and int(history[start - 1].step) >= self._labels_from:
+            start -= 1
+        self.labels.see_entries(history[start:])
+        if len(history):
+            self._labels_from = int(history[-1].step)
+
     def _render_controls_only(self) -> None:
+        self._see_requests()
         if "controls" in self.panels:
             entry = self.shown_entry()
             self._render_controls(entry.record or views.EMPTY_RECORD, entry.snapshot or {})

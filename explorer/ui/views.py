@@ -89,9 +89,10 @@ def _clip(text: str | None, limit: int) -> str:
 
 
 def queues_state(record: dict | None, snapshot: dict, *, max_finished: int = 50, max_text: int = 400,
-                 why: dict[str, dict] | None = None) -> QueuesState:
-    """QueuesPanel traits: one row per request, with what this step scheduled for it, and (given
-    `why`, explorer.ui.why_view.why_rows) why its prompt hit or missed the prefix cache."""
+                 why: dict[str, dict] | None = None, names: Callable[[str], str] | None = None) -> QueuesState:
+    """QueuesPanel traits: one row per request, with what this step scheduled for it, its name
+    (`names`: explorer.core.labels, "#17" for a long vLLM id; the card keeps the id on hover), and
+    (given `why`, explorer.ui.why_view.why_rows) why its prompt hit or missed the prefix cache."""
     record = record or EMPTY_RECORD
     scheduled = {s[SCHED.REQUEST_ID]: s for s in record.get(REC.SCHEDULED, [])}
     sampled = record.get(REC.SAMPLED, {})
@@ -100,7 +101,8 @@ def queues_state(record: dict | None, snapshot: dict, *, max_finished: int = 50,
         rid = req[REQ.REQUEST_ID]
         s = scheduled.get(rid)
         return {
-            "request_id": rid, "status": req.get(REQ.STATUS, ""),
+            "request_id": rid, "label": names(rid) if names is not None else f"#{rid}",
+            "status": req.get(REQ.STATUS, ""),
             "prompt_text": _clip(req.get(REQ.PROMPT_TEXT), max_text),
             "output_text": _clip(req.get(REQ.OUTPUT_TEXT), max_text),
             "num_prompt_tokens": len(req.get(REQ.PROMPT_TOKEN_IDS, [])),

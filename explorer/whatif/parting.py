@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..core.labels import RequestLabels
 from ..core.recording import Recording
 from .replay import ReplayResult, StepDetail
 
@@ -70,34 +71,44 @@ def explain(rec: Recording, a: ReplayResult, b: ReplayResult, i: int) -> tuple[s
     da, db = a.details[i], b.details[i]
     sa, sb = _schedule(da), _schedule(db)
     prompt = {r.request_id: len(r.prompt_token_ids) for r in rec.requests}
+    labels = RequestLabels()
+    labels.see(r.request_id for r in sorted(rec.requests, key=lambda r: r.arrival_seq))
+
+    def req(rid: str | None) -> str:
+        """"req 3", or "req #17" for a long vLLM id (its place in the recording's arrivals)."""
+        name = labels.name(str(rid))
+        return f"req {name[1:] if name == f'#{rid}' else name}"
+
     head = f"step {db.step}: with {b.variant.label}"
     pa = {p.victim: p for p in da.preemptions}
     for p in db.preemptions:
         if p.victim not in pa:
             if p.for_request == p.victim:  # vLLM preempts the request itself when it is the last one running
-                return (f"{head}, req {p.victim} finds no free block for its {_kind(sb, p.victim, prompt)} "
+                return (f"{head}, {req(p.victim)} finds no free block for its {_kind(sb, p.victim, prompt)} "
                         f"and, the last request running, is preempted itself (as recorded it kept its blocks)",
                         [p.victim])
-            why = f" for req {p.for_request}'s {_kind(sb, p.for_request, prompt)}" if p.for_request else ""
-            return f"{head}, req {p.victim} is preempted to make room{why} (as recorded it kept its blocks)", [p.victim]
+            why = f" for {req(p.for_request)}'s {_kind(sb, p.for_request, prompt)}" if p.for_request else ""
+            return (f"{head}, {req(p.victim)} is preempted to make room{why} (as recorded it kept its blocks)",
+                    [p.victim])
     pb = {p.victim: p for p in db.preemptions}
     for p in da.preemptions:
         if p.victim not in pb:
-            return (f"{head}, req {p.victim} keeps its blocks: as recorded it was preempted for req {p.for_request}'s "
-                    f"{_kind(sa, p.for_request, prompt)}; here {db.free_blocks} blocks are still free after the step",
+            return (f"{head}, {req(p.victim)} keeps its blocks: as recorded it was preempted for "
+                    f"{req(p.for_request)}'s {_kind(sa, p.for_request, prompt)}; here {db.free_blocks} blocks are "
+                    "still free after the step",
                     [p.victim])
     for rid in sorted(set(sa) & set(sb)):
         if sa[rid][2] != sb[rid][2]:
-            return (f"{head}, req {rid} finds {sb[rid][2]} of its tokens in the prefix cache instead of {sa[rid][2]} "
+            return (f"{head}, {req(rid)} finds {sb[rid][2]} of its tokens in the prefix cache instead of {sa[rid][2]} "
                     f"({_hit_cause(a, b, rid)})", [rid])
     for rid in sorted(set(sa) - set(sb)):
-        return f"{head}, req {rid} is not scheduled (as recorded it was): {_held_back(b, i, rid)}", [rid]
+        return f"{head}, {req(rid)} is not scheduled (as recorded it was): {_held_back(b, i, rid)}", [rid]
     for rid in sorted(set(sb) - set(sa)):
-        return (f"{head}, req {rid} is scheduled ({sb[rid][0]} tokens), one step before the recorded run could: "
+        return (f"{head}, {req(rid)} is scheduled ({sb[rid][0]} tokens), one step before the recorded run could: "
                 f"{_held_back(a, i, rid)} there", [rid])
     for rid in sorted(set(sa) & set(sb)):
         if sa[rid][:2] != sb[rid][:2]:
-            return (f"{head}, req {rid} computes {sb[rid][0]} tokens from position {sb[rid][1]} "
+            return (f"{head}, {req(rid)} computes {sb[rid][0]} tokens from position {sb[rid][1]} "
                     f"instead of {sa[rid][0]} from {sa[rid][1]} ({_budget_cause(b, db)})", [rid])
     fa, fb = set(da.decisions["finished"]), set(db.decisions["finished"])
     names = sorted(fa ^ fb)

@@ -192,3 +192,21 @@ def test_the_cache_gives_the_same_captions_and_follows_a_refreshed_snapshot(make
     s.step(1)
     assert cache.captions(s.history) == history_captions(s.history)
     assert "#1 waits: the 16-token budget is used up" in cache.caption(s.history, 2)
+
+
+def test_long_ids_are_numbered_in_first_seen_order_and_never_renumbered():
+    from explorer.core.labels import RequestLabels
+
+    labels = RequestLabels()
+    long_ids = [f"cmpl-{k:02d}ae5d185520b8dfff-0-8d04f5d6" for k in range(4)]
+    labels.see([long_ids[0], "7", long_ids[1]])
+    assert [labels.name(r) for r in (long_ids[0], "7", long_ids[1])] == ["#1", "#7", "#3"]
+    labels.see([long_ids[2], long_ids[0]])          # a known id keeps its number
+    assert labels.name(long_ids[0]) == "#1" and labels.name(long_ids[2]) == "#4"
+    labels.see(["5", long_ids[3]])                  # "#6" is free; the short id "5" is its own name
+    assert labels.name(long_ids[3]) == "#6"
+    clash = RequestLabels()
+    clash.see(["2", "cmpl-aaaaaaaaaaaaaaaa-0-1234", "cmpl-bbbbbbbbbbbbbbbb-0-5678"])
+    assert clash.name("cmpl-aaaaaaaaaaaaaaaa-0-1234") == "#2\u00b71234"   # "#2" is the short id's
+    assert ids_text(long_ids[:3], labels.name) == "#1, #3, #4"
+    assert ids_text(["4", "5", "6"]) == "#4-#6"

@@ -371,3 +371,28 @@ def test_one_slow_gap_does_not_flatten_the_itl_charts(browser: Any, fresh_sessio
         assert front.errors() == []
     finally:
         page.close()
+
+
+def test_long_request_ids_get_short_stable_labels_with_the_id_on_hover(ui) -> None:
+    """A live server's ids ("cmpl-...") are named "#N" in the captions and on the queue cards (N:
+    the order the view first saw them), the same at every step; the card keeps the id on hover."""
+    page, front, binder = ui
+    s = binder.session
+    for k, rid in enumerate(VLLM_IDS[:8]):
+        s.add_request(f"Request {k} says", max_tokens=6, temperature=0.0, ignore_eos=True, request_id=rid)
+    binder.render()
+    s.step(3)
+    front.sync()
+    wait_step(page, 3)
+    caption = binder.panels["controls"].caption
+    assert "#1-#8 decode 1 token each" in caption and "cmpl-" not in caption, caption
+    chip = page.locator(f'.kvs-card[data-request-id="{VLLM_IDS[2]}"] .kvs-rid')
+    assert chip.inner_text() == "#3" and chip.get_attribute("title") == f"request {VLLM_IDS[2]}"
+    s.add_request("A late one", max_tokens=2, temperature=0.0, ignore_eos=True, request_id=VLLM_IDS[8])
+    s.run_until_idle()
+    front.sync()
+    binder.scrub(1)   # an earlier step: the same request, the same name
+    front.sync()
+    wait_step(page, 1)
+    assert page.locator(f'.kvs-card[data-request-id="{VLLM_IDS[2]}"] .kvs-rid').inner_text() == "#3"
+    assert binder.labels.name(VLLM_IDS[8]) == "#9"

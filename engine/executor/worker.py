@@ -107,7 +107,7 @@ def _serve(args: WorkerArgs, conn: Any) -> None:
     from ..parallel.parallel_state import COLLECTIVE_TIMEOUT, TensorParallel, new_group
     from ..runner.model_runner import ModelRunner, build_model
 
-    # tqdm (the weight loader's progress bar, disabled here but still made) would otherwise
+    # tqdm (the weight loader's console bar, engine/progress.py, where this rank draws it) would otherwise
     # create a multiprocessing RLock: a named semaphore wherever multiprocessing's start method
     # is not fork (in a spawn child, as workers once were; everywhere with Python 3.14's
     # forkserver default). os._exit below leaves it behind, and the resource tracker reports

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from tqdm.auto import tqdm
 
 from ..parallel.sharding import shard_bounds, split_dim
+from ..progress import progress
 from .decoder import CausalLM
 
 # HF name fragment -> (our packed parameter, shard index). Shard offsets come from the shapes.
@@ -56,8 +56,8 @@ def load_weights(model: CausalLM, folder: str | Path) -> None:
     for path in files:  # headers only: cheap
         with safe_open(str(path), framework="pt") as f:
             total += len(f.keys())
-    bar = tqdm(total=total, desc="Loading weights", unit="tensor", leave=False,
-               disable=model.tp.rank != 0 or os.environ.get("KVSCOPE_QUIET") == "1")
+    bar = progress(total, "Loading weights", "tensor",
+                   disable=model.tp.rank != 0 or os.environ.get("KVSCOPE_QUIET") == "1")
     for path in files:
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():

@@ -8,12 +8,13 @@ outputs must show what the engine really did.
 """
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import pytest
 
-from .headless import chapter_cells, execute_headless, output_text, widget_views
+from .headless import WIDGET_VIEW, chapter_cells, execute_headless, output_text, widget_views
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOK = REPO / "notebooks" / "walkthrough.ipynb"
@@ -66,10 +67,21 @@ def test_every_chapter_has_its_heading_in_order_and_ends_with_a_check():
 
 # ---- the notebook executed ---------------------------------------------------------------
 
+# Appended to the run (not to the notebook): the widgets the kernel still holds at the end.
+OPEN_WIDGETS = "KVS_OPEN_WIDGETS "
+PROBE = ("import json as _json, ipywidgets.widgets.widget as _w\n"
+         f"print({OPEN_WIDGETS!r} + _json.dumps(sorted(_w._instances)))")
+
+
 @pytest.fixture(scope="module")
 def executed(tmp_path_factory: pytest.TempPathFactory, default_model_path: Path):
-    """The walkthrough after a headless run: (notebook, seconds, errors)."""
-    return execute_headless(read_notebook(), NOTEBOOK, tmp_path_factory.mktemp("jupyter"),
+    """The walkthrough after a headless run: (notebook, seconds, errors), its last cell the
+    probe of the widgets still open."""
+    import nbformat
+
+    nb = read_notebook()
+    nb.cells.append(nbformat.v4.new_code_cell(PROBE))
+    return execute_headless(nb, NOTEBOOK, tmp_path_factory.mktemp("jupyter"),
                             kernel_name=KERNEL_NAME, cell_timeout_s=CELL_TIMEOUT_S)
 
 
@@ -112,3 +124,18 @@ def test_walkthrough_shows_the_dashboard_and_a_panel_in_every_chapter(executed):
     assert sum(widget_views(c) for c in chapters["1. Setup"] if c.cell_type == "code") >= 1  # the Dashboard
     for title in CHAPTERS[2:]:
         assert sum(widget_views(c) for c in chapters[title] if c.cell_type == "code") >= 1, title
+
+
+@pytest.mark.slow
+def test_every_widget_the_saved_notebook_shows_is_still_open(executed):
+    """Run All, save, reopen: JupyterLab draws each widget view in the outputs from the model
+    the kernel still holds. A widget closed after it was displayed (a progress bar that removes
+    itself) would say "Error displaying widget: model not found" there."""
+    nb, _, _ = executed
+    probe = output_text(nb.cells[-1])
+    assert OPEN_WIDGETS in probe, probe
+    open_now = set(json.loads(probe.split(OPEN_WIDGETS, 1)[1].splitlines()[0]))
+    shown = [(i, out["data"][WIDGET_VIEW]["model_id"]) for i, c in enumerate(nb.cells) if c.cell_type == "code"
+             for out in c.get("outputs", []) if WIDGET_VIEW in out.get("data", {})]
+    assert shown and open_now
+    assert [(i, m) for i, m in shown if m not in open_now] == []

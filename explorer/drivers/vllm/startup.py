@@ -21,15 +21,11 @@ import threading
 import time
 from typing import Any
 
+from engine.progress import in_notebook
+
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 TICK_S = 0.5          # how often the progress line is redrawn
 LAST_LINE_CHARS = 140  # the progress line shows this much of vLLM's latest output
-
-
-def _in_notebook() -> bool:
-    shell = sys.modules.get("IPython")
-    ip = shell.get_ipython() if shell is not None else None
-    return ip is not None and getattr(ip, "kernel", None) is not None
 
 
 def last_line(text: str) -> str:
@@ -88,7 +84,7 @@ class StartupLog:
         self._streams: tuple[Any, Any] = (None, None)
         self._swapped: list[tuple[Any, Any]] = []
         self._bars: list[tuple[Any, type]] = []  # (module, its notebook progress bar) while vLLM starts
-        self._notebook = _in_notebook()
+        self._notebook = in_notebook()
 
     # -- capture ---------------------------------------------------------------------------
     def __enter__(self) -> StartupLog:

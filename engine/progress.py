@@ -1,0 +1,71 @@
+"""The progress line of the engine's long waits (loading weights, converting the default model),
+in a terminal and in a notebook.
+
+In a terminal it is tqdm's console bar. In a notebook it is one HTML line updated in place,
+never a widget: tqdm's notebook bar is an ipywidget, and one that closes itself (leave=False)
+leaves the saved notebook an output whose model no longer exists, which JupyterLab shows as
+"Error displaying widget: model not found" when the notebook is opened again.
+"""
+from __future__ import annotations
+
+import html
+import sys
+import time
+from typing import Any
+
+REDRAW_S = 0.2   # the notebook line is redrawn at most this often
+
+
+def in_notebook() -> bool:
+    """Whether this process is a Jupyter kernel (IPython with a kernel attached)."""
+    shell = sys.modules.get("IPython")
+    ip = shell.get_ipython() if shell is not None else None
+    return ip is not None and getattr(ip, "kernel", None) is not None
+
+
+class _Silent:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class _NotebookLine:
+    """`desc: done/total unit`, one HTML output redrawn in place; emptied at close unless `leave`."""
+
+    def __init__(self, total: int, desc: str, unit: str, leave: bool) -> None:
+        from IPython.display import HTML, display
+
+        self._html = HTML
+        self.total, self.desc, self.unit, self.leave = total, desc, unit, leave
+        self.done, self._drawn = 0, 0.0
+        self._handle = display(HTML(self._text()), display_id=True)
+
+    def _text(self) -> str:
+        return (f'<div class="kvs-progress" style="font-family:sans-serif;font-size:12px;color:#555">'
+                f'{html.escape(self.desc)}: {self.done}/{self.total} {html.escape(self.unit)}s</div>')
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        now = time.monotonic()
+        if now - self._drawn >= REDRAW_S or self.done >= self.total:
+            self._drawn = now
+            if self._handle is not None:
+                self._handle.update(self._html(self._text()))
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.update(self._html(self._text() if self.leave else ""))
+
+
+def progress(total: int, desc: str, unit: str, *, disable: bool = False, leave: bool = False) -> Any:
+    """A bar with update(n) and close(): tqdm's console bar, an HTML line in a notebook, or
+    nothing (`disable`)."""
+    if disable:
+        return _Silent()
+    if in_notebook():
+        return _NotebookLine(total, desc, unit, leave)
+    from tqdm.std import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, leave=leave)

@@ -396,3 +396,27 @@ def test_long_request_ids_get_short_stable_labels_with_the_id_on_hover(ui) -> No
     wait_step(page, 1)
     assert page.locator(f'.kvs-card[data-request-id="{VLLM_IDS[2]}"] .kvs-rid').inner_text() == "#3"
     assert binder.labels.name(VLLM_IDS[8]) == "#9"
+
+
+def test_attention_at_a_preemption_step_says_it_in_the_browser(ui) -> None:
+    """The walkthrough's steps (a tiny pool, a burst, a pinned request, scrubbed to the step that
+    preempted it): the attention panel says the request was preempted then, with its tokens."""
+    page, front, binder = ui
+    s = binder.session
+    s.reset(num_kv_blocks=12, block_size=16, max_num_batched_tokens=64)
+    for i in range(4):
+        s.add_request([300 + 9 * i + k for k in range(40)], max_tokens=30, temperature=0.0, ignore_eos=True)
+    s.step(40)
+    index = next(i for i, e in enumerate(s.history) if e.record and e.record["preempted"])
+    rid = s.history[index].record["preempted"][0]
+    front.sync()
+    binder.scrub(index)
+    front.sync()
+    step = s.history[index].step
+    wait_step(page, step)
+    page.click(f'[data-testid="kvs-queue-waiting"] .kvs-card[data-request-id="{rid}"]')
+    page.wait_for_function("(w) => (document.querySelector('[data-testid=kvs-attn-message]') || {}).textContent"
+                           "?.includes(w)", arg="it was preempted in this step")
+    message = page.inner_text('[data-testid="kvs-attn-message"]')
+    assert message.startswith(f"#{rid} holds no KV at step {step}: it was preempted in this step, its ") and \
+        "prompt not computed yet" not in message

@@ -214,7 +214,7 @@ class SweepResult:
         timed = self.arrivals == "timed"
         knobs = self.setting_columns()
         head = ["", *(_COLUMN_NAMES.get(k, k) for k in knobs), "KV memory", "steps", "hit tokens", "hit rate",
-                                                           "preempt", "recomputed", "max queue", "max KV"]
+                "preempt", "recomputed", "max queue", "max KV"]
         latency = ("ttft_p50", "ttft_p90", "itl_p50", "itl_p90", "e2e_p50", "e2e_p90")
         if timed:
             head += ["TTFT p50", "TTFT p90", "ITL p50", "ITL p90", "E2E p50", "E2E p90"]
@@ -237,8 +237,8 @@ class SweepResult:
         widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
         lines = ["  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(row))
                  for row in rows]
-        for reason, labels in self.refusals().items():
-            lines.append(f"refused ({'; '.join(labels)}): {reason}")
+        for (status, reason), labels in self.refusals().items():
+            lines.append(f"{status} ({'; '.join(labels)}): {reason}")
         notes = [self.recording.summary()]
         if self.answer is not None:
             notes.insert(0, self.answer.sentence)
@@ -268,12 +268,13 @@ class SweepResult:
                   len({str(r["settings"][k]) for r in self.rows if "settings" in r}) > 1]
         return [*_COLUMN_ORDER, *varied]
 
-    def refusals(self) -> dict[str, list[str]]:
-        """Each reason a setting did not run, with the settings it turned away."""
-        out: dict[str, list[str]] = {}
+    def refusals(self) -> dict[tuple[str, str], list[str]]:
+        """Each (status, reason) a setting did not run for ('rejected': vLLM would refuse it;
+        'failed': the replay could not end), with the settings it turned away."""
+        out: dict[tuple[str, str], list[str]] = {}
         for r in self.rows:
             if r.get("status") != "ok":
-                out.setdefault(f"{r.get('status')}: {r.get('error')}", []).append(r["label"])
+                out.setdefault((str(r.get("status")), str(r.get("error"))), []).append(r["label"])
         return out
 
     def to_frame(self) -> Any:

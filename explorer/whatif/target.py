@@ -171,7 +171,7 @@ class Answer:
             return f"No setting searched meets {wants} ({tried}). At the top of each range: {misses}."
         assert f.best is not None
         below = (f"; {_knob_value(self.knob, f.below)} misses it ({misses_text(self.target, f.below)})"
-                 if f.below is not None else f" (the least {self.knob} vLLM accepts here)")
+                 if f.below is not None else f" (the bottom of the {self.knob} range searched, {f.lo})")
         return (f"The cheapest setting that meets {wants}: {_setting(f.best)}, "
                 f"{memory_text(f.best, self.kv_bytes_per_token)}{below}; {tried}.")
 

@@ -115,8 +115,8 @@ def test_a_sweep_runs_every_setting_and_refuses_the_bad_ones_alone(kvscope_run):
         assert r["ttft_p50"] <= r["ttft_p90"] and r["steps"] == len(replay(rec, variant(rec, **r["changes"]))
                                                                    .steps)
     text = res.table()
-    assert text.count("rejected: num_blocks 10 is too small") == 1 and "held-out error" in text   # one line per reason
-    assert "refused (num_blocks=10, budget=16; num_blocks=10, budget=48): rejected" in text
+    assert text.count("num_blocks 10 is too small") == 1 and "held-out error" in text   # one line per reason
+    assert "rejected (num_blocks=10, budget=16; num_blocks=10, budget=48): num_blocks 10 is too small" in text
     assert "vLLM's scheduler alone:" in text and "steps/s" in text
     figs = res.charts()
     assert set(figs) == {"hit_rate", "ttft_p90", "preemptions"}
@@ -132,7 +132,7 @@ def test_the_cli_prints_the_table_and_refuses_a_damaged_file(kvscope_run, tmp_pa
     out = tmp_path / "rows.json"
     assert cli_main(["whatif", str(path), "--num-blocks", "10,17", "--processes", "1", "--json", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "as recorded" in text and "refused (num_blocks=10): rejected: num_blocks 10 is too small" in text
+    assert "as recorded" in text and "rejected (num_blocks=10): num_blocks 10 is too small" in text
     lines = text.splitlines()   # every row names its block size and pool (then budget, max_num_seqs)
     assert lines[1].split()[:6] == ["as", "recorded", "16", "20", "48", "4"] and lines[2].split()[:4] == [
         "16", "17", "48", "4"]

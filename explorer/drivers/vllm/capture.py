@@ -53,11 +53,9 @@ class StepCapture:
 
     `now` is the capture events go to. Between `end()` and the next `begin()` it collects
     what happens outside a step (an abort's frees), which the next step then reports: blocks
-    that change between steps show in the next record rather than vanish. `hook_scheduler`
-    False: the scheduler is the recorder's own subclass, which routes its calls itself."""
+    that change between steps show in the next record rather than vanish."""
 
-    def __init__(self, scheduler: Any, runner: Any | None, executor: Any = None, *,
-                 hook_scheduler: bool = True) -> None:
+    def __init__(self, scheduler: Any, runner: Any | None, executor: Any = None) -> None:
         self.scheduler = scheduler
         self.pool = scheduler.kv_cache_manager.block_pool
         self.runner = runner  # None where the model runs in worker processes (tensor parallel)
@@ -65,9 +63,8 @@ class StepCapture:
         self.now = Capture()
         self._cached_now: set[int] = set()
         self._originals: list[tuple[Any, str]] = []
-        if hook_scheduler:
-            self._wrap(scheduler, "schedule", self._schedule)
-            self._wrap(scheduler, "update_from_output", self._update_from_output)
+        self._wrap(scheduler, "schedule", self._schedule)
+        self._wrap(scheduler, "update_from_output", self._update_from_output)
         pool_hooks: list[tuple[str, Callable[..., Any]]] = [
             ("get_new_blocks", self._get_new_blocks), ("touch", self._touch),
             ("cache_full_blocks", self._cache_full_blocks), ("free_blocks", self._free_blocks),

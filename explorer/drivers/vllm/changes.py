@@ -1,16 +1,11 @@
-"""One vLLM scheduler as a producer of changes (engine/report/changes.py explains the contract).
+"""vLLM in process (engine.py) as a producer of changes (engine/report/changes.py explains the
+contract). A live server's recorder has its own producer, explorer/drivers/vllm_live/mirror.py.
 
-vLLM in process (engine.py) and the server's recorder (vllm_live/recorder.py) each own a
-`ChangeTracker`. Every step notes what it touched, O(what it did), with or without anyone
+`ChangeTracker`: every step notes what it touched, O(what it did), with or without anyone
 listening: the blocks of its events and every block that lost a reference, the requests it
 scheduled, preempted or that arrived or were aborted, and from which block of each request's
 table tokens may have been written. `changes()` turns the notes into the step's changes and
-makes now the refresh point. The recorder's whole snapshots are refresh points too
-(`whole_pool`): a client that joined with one and a client that followed every step hold the
-same state.
-
-Block dicts are kept between refreshes for the recorder's snapshots, so a whole snapshot
-rebuilds only the dirty ones: O(pool) pointers, not a dict per block per step.
+makes now the refresh point.
 """
 from __future__ import annotations
 
@@ -18,9 +13,7 @@ from typing import Any, cast
 
 from engine.report.changes import Sent
 from engine.report.schema import (
-    BLOCK,
     CHANGES,
-    POOL,
     QUEUE,
     REQ,
     BlockDict,
@@ -71,7 +64,6 @@ class ChangeTracker:
         self.records = records    # the owner's: scheduler, pool, requests, block size, block dicts
         self.tables = tables
         self.sent = Sent()        # what the consumer holds of each request (by the id shown)
-        self.blocks: list[BlockDict] | None = None   # every block's dict as last refreshed (the recorder's)
         self.dirty_blocks: set[int] = set()
         self.dirty_from: dict[str, int] = {}    # vLLM id -> first table index whose block may hold new tokens
         self.dirty_requests: set[str] = set()   # vLLM ids
@@ -136,31 +128,6 @@ class ChangeTracker:
                 CHANGES.FINISHED: [view.finished_dict(e) for e in finished], CHANGES.BLOCKS: blocks,
                 CHANGES.NUM_FREE_BLOCKS: int(view.pool.get_num_free_blocks()), CHANGES.METRICS: view.metrics}
 
-    def whole_pool(self, running: list, tables: dict[str, list[int]]) -> dict:
-        """The whole pool, for a snapshot that is a refresh point (the recorder's): the kept block
-        dicts with the dirty ones rebuilt, owners from the running requests' tables; afterwards
-        the consumer holds every tracked request whole."""
-        view = self.records
-        held: dict[int, list[int]] = {}
-        owners: dict[int, list[str]] = {}
-        for r in running:
-            table = tables[r.request_id]
-            self._hold(r, table, 0, held)
-            for b in table:
-                owners.setdefault(b, []).append(view.external[r.request_id])
-        if self.blocks is None:
-            self.blocks = [view.block_dict(blk, held.get(blk.block_id), []) for blk in view.pool.blocks]
-        else:
-            self._refresh_blocks(held)
-        blocks = [b if b[BLOCK.BLOCK_ID] not in owners else {**b, BLOCK.OWNERS: owners[b[BLOCK.BLOCK_ID]]}
-                  for b in self.blocks]
-        for e in view.requests.values():
-            table = tables.get(e.internal_id, [])
-            self.sent.hold(e.request_id, e.req.output_token_ids, table, e.metrics)
-        self._forget_notes()
-        return {POOL.NUM_BLOCKS: int(view.pool.num_gpu_blocks), POOL.BLOCK_SIZE: view.block_size,
-                POOL.NUM_FREE_BLOCKS: int(view.pool.get_num_free_blocks()), POOL.BLOCKS: blocks}
-
     def forget(self, finished: list[RequestState]) -> None:
         """Finished requests leave the notes (a server with no subscriber for days keeps none)."""
         for e in finished:
@@ -181,11 +148,7 @@ class ChangeTracker:
         """Rebuild the dirty blocks (and those `held` names) from the pool as it is now."""
         view = self.records
         pool = view.pool.blocks
-        fresh = [view.block_dict(pool[b], held.get(b), []) for b in sorted(self.dirty_blocks | held.keys())]
-        if self.blocks is not None:
-            for d in fresh:
-                self.blocks[d[BLOCK.BLOCK_ID]] = d
-        return fresh
+        return [view.block_dict(pool[b], held.get(b), []) for b in sorted(self.dirty_blocks | held.keys())]
 
     def _request_change(self, e: RequestState, table: list[int]) -> RequestChangeDict:
         """A request's change: its small fields, its growing lists from what the consumer holds."""

@@ -18,7 +18,9 @@ case. `--churn N` makes every timed step one of change: N running requests end (
 and N new ones arrive and are prefilled, and halfway through the window a second client joins
 (subscribes and asks for a snapshot, which the recorder's thread builds). `--async` drives
 vLLM's AsyncScheduler as a GPU server's engine core does (step N+1 scheduled before step N's
-update), with kvscope's recorder subclassing it.
+update), with kvscope's recorder subclassing it. `--hooks-only` measures the part of the
+recorder that runs inside vLLM's block-pool calls alone: the same steps on vLLM's Scheduler
+with and without the recorder's pool hooks (pool_notes.py), no thread, no feed.
 """
 from __future__ import annotations
 
@@ -116,8 +118,9 @@ def _join(snapshot: str, feed: str) -> Drain:
 
 
 def _steps(num_blocks: int, num_running: int, prompt_len: int, steps: int, record: bool, forward_s: float,
-           churn: int = 0, async_: bool = False) -> dict:
-    """Median ms per scheduler step once every request decodes (and the recorder's counters)."""
+           churn: int = 0, async_: bool = False, hooks: bool = False) -> dict:
+    """Median ms per scheduler step once every request decodes (and the recorder's counters);
+    `hooks`: vLLM's Scheduler with the recorder's pool hooks alone."""
     from vllm.sampling_params import SamplingParams
 
     from explorer.drivers.vllm_live import protocol
@@ -132,6 +135,10 @@ def _steps(num_blocks: int, num_running: int, prompt_len: int, steps: int, recor
     sched = bare_scheduler(block_size=BLOCK_SIZE, num_blocks=num_blocks, max_model_len=prompt_len + 1024,
                            max_num_batched_tokens=8192, max_num_seqs=num_running,
                            scheduler_cls=recorder_cls if record else None, async_scheduling=async_)
+    if hooks:
+        from explorer.drivers.vllm_live.pool_notes import PoolNotes
+
+        PoolNotes(sched.kv_cache_manager.block_pool)
     recorder_zmq = _zmq_threads() - before_zmq   # the recorder's context (the subscribers' come later)
     # vLLM's engine core freezes its start-up heap once its scheduler is built (freeze_gc_heap):
     # the pool's blocks are then out of the collector's reach. Without it, whichever thread
@@ -231,7 +238,12 @@ def main(argv: list[str] | None = None) -> None:
                     help="requests that end and arrive in every timed step, and a client joining midway (0: none)")
     ap.add_argument("--async", dest="async_", action="store_true", help="vLLM's AsyncScheduler (a GPU server's)")
     ap.add_argument("--sizes", default=None, help="only these sizes, by blocks: e.g. 60000")
+    ap.add_argument("--hooks-only", action="store_true",
+                    help="only the recorder's block-pool hooks on vLLM's Scheduler (no thread, no feed)")
     args = ap.parse_args(argv)
+    if args.hooks_only:
+        _hooks_only(args)
+        return
     sizes = [s for s in SIZES if args.sizes is None or str(s[0]) in args.sizes.split(",")]
     what = (f"{args.churn} requests ending and {args.churn} arriving every step, a client joining midway"
             if args.churn else "every request decoding")
@@ -261,6 +273,24 @@ def main(argv: list[str] | None = None) -> None:
               f"{statistics.median(sched_cpu):>19.3f} {statistics.median(thread_cpu):>22.3f} "
               f"{statistics.median(zmq_cpu):>14.3f} {together:>10.3f} "
               f"{statistics.median(size) / 1024:>10.1f} {gaps:>5}", flush=True)
+
+
+def _hooks_only(args: argparse.Namespace) -> None:
+    sizes = [s for s in SIZES if args.sizes is None or str(s[0]) in args.sizes.split(",")]
+    print(f"the recorder's block-pool hooks alone ({cpu_summary()}); vLLM's Scheduler without a model, block size "
+          f"{BLOCK_SIZE}, {args.churn} requests ending and arriving every step, medians of {args.rounds} rounds x "
+          f"{args.steps} steps, plain and hooked alternated", flush=True)
+    print(f"{'blocks':>7} {'running':>7} {'context':>7}  {'vLLM step ms':>12} {'+ hooks ms':>10}")
+    for blocks, running, prompt in sizes:
+        plain, hooked = [], []
+        for k in range(args.rounds):
+            for with_hooks in ((False, True) if k % 2 == 0 else (True, False)):
+                ms = _steps(blocks, running, prompt, args.steps, False, args.forward_ms / 1e3, args.churn,
+                            args.async_, hooks=with_hooks)["step_ms"]
+                (hooked if with_hooks else plain).append(ms)
+        base = statistics.median(plain)
+        print(f"{blocks:>7} {running:>7} {prompt:>7}  {base:>12.2f} {statistics.median(hooked) - base:>10.2f}",
+              flush=True)
 
 
 if __name__ == "__main__":

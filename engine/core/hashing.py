@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import struct
 
-import xxhash
+try:
+    from xxhash import xxh64_intdigest
+except ImportError:  # a Python without the C extension (a browser's): the same hash, in Python
+    from .xxh64 import xxh64_intdigest  # type: ignore[assignment]
 
 
 def hash_block(parent_hash: int | None, token_ids: list[int]) -> int:
     """xxh64 of the parent's hash (8 LE bytes; nothing for the first block) then the
     block's token ids as little-endian int64. Chaining makes a hit imply the whole prefix matches."""
-    h = xxhash.xxh64()
-    if parent_hash is not None:
-        h.update(struct.pack("<Q", parent_hash))
-    h.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
-    return h.intdigest()
+    tokens = struct.pack(f"<{len(token_ids)}q", *token_ids)
+    return xxh64_intdigest(tokens if parent_hash is None else struct.pack("<Q", parent_hash) + tokens)
 
 
 def hash_hex(value: int | None) -> str | None:

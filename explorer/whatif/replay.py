@@ -25,7 +25,6 @@ Arrivals:
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -33,7 +32,7 @@ from typing import Any, cast
 
 from ..core.recording import Recording, decisions_digest
 from ..drivers.vllm.records import computed_before
-from .settings import Variant
+from .settings import VLLM_TITLE, Variant
 from .settings import variant as make_variant
 from .step_model import StepTimeModel
 
@@ -157,9 +156,9 @@ def load_vllm() -> type:
     forks its workers, so they share it) and return the replay's Scheduler class. What vLLM
     prints while it imports folds into one line, its log one click away, as a vLLM start does."""
     if not _CLASS:
-        from ..drivers.vllm.startup import StartupLog
+        from ..drivers.vllm.startup import first_vllm_import
 
-        with StartupLog("vLLM's scheduler for the replays", show="vllm" not in sys.modules):
+        with first_vllm_import(VLLM_TITLE):
             from ..drivers.vllm import bare  # noqa: F401 - first: it sets vLLM's environment before vLLM reads it
 
             # isort: split
@@ -238,6 +237,7 @@ def replay(rec: Recording, v: Variant | None = None, *, arrivals: str = "step", 
 class _Replay:
     def __init__(self, rec: Recording, v: Variant, arrivals: str, model: StepTimeModel | None, keep: bool,
                  digests: bool, max_steps: int | None) -> None:
+        load_vllm()   # first: vLLM's first import prints, and load_vllm folds that into one line
         from vllm import SamplingParams
 
         from ..drivers.vllm.bare import bare_request

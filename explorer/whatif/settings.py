@@ -25,6 +25,7 @@ KNOBS = ("block_size", "num_blocks", "max_num_batched_tokens", "max_num_seqs", "
          "policy", "scheduler_reserve_full_isl", "watermark")
 MEMORY_KNOBS = ("kv_memory_fraction", "kv_cache_memory_bytes")
 POLICIES = ("fcfs", "priority")
+VLLM_TITLE = "vLLM's scheduler for the replays"   # the line vLLM's first import folds into
 assert set(KNOBS) <= SETTINGS_FIELDS
 
 
@@ -165,13 +166,16 @@ def _fits(block_size: int, allowed: Any) -> bool:
 def _kernel_block_sizes(device: str | None) -> tuple[str, str, list] | None:
     """(shown, backend, sizes) of the attention backend a server on `device` uses, from vLLM's
     own backend class (None: unknown device, no check)."""
+    from ..drivers.vllm.startup import first_vllm_import
+
+    if device not in ("cpu", "cuda"):
+        return None
     try:
-        if device == "cpu":
-            from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend as backend
-        elif device == "cuda":
-            from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend as backend
-        else:
-            return None
+        with first_vllm_import(VLLM_TITLE):   # often vLLM's first import in a process
+            if device == "cpu":
+                from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend as backend
+            else:
+                from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend as backend
         sizes = list(backend.get_supported_kernel_block_sizes())
     except Exception:  # noqa: BLE001 - a backend that does not import here: vLLM's CacheConfig checks remain
         return None

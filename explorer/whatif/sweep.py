@@ -16,6 +16,7 @@ would refuse gets its one-line reason and the others run.
 """
 from __future__ import annotations
 
+import html
 import itertools
 import multiprocessing
 import os
@@ -305,8 +306,6 @@ class SweepResult:
         return findings(self)
 
     def _repr_html_(self) -> str:
-        import html
-
         return f"<pre>{html.escape(self.table())}</pre>"
 
 
@@ -390,11 +389,29 @@ def _progress(progress: Any, total: int) -> Callable[[int, dict], None]:
     if not progress:
         return lambda done, row: None
     start = time.perf_counter()
+    line = _notebook_line()
 
     def say(done: int, row: dict) -> None:
         what = row.get("status", "?")
         of = f"/{total}" if done <= total else " (searching)"
-        print(f"[whatif] {done}{of} {row['label']}: {what} ({time.perf_counter() - start:.1f} s)",
-              file=sys.stderr, flush=True)
+        text = f"[whatif] {done}{of} {row['label']}: {what} ({time.perf_counter() - start:.1f} s)"
+        if line is not None:   # a notebook: one line redrawn in place, not a red stderr box per replay
+            from IPython.display import HTML
+
+            line.update(HTML(f'<div style="font-family:sans-serif;font-size:12px;color:#555">{html.escape(text)}'
+                             '</div>'))
+        else:
+            print(text, file=sys.stderr, flush=True)
 
     return say
+
+
+def _notebook_line() -> Any:
+    """A display handle to redraw progress in place, in a notebook kernel (None elsewhere)."""
+    from engine.progress import in_notebook
+
+    if not in_notebook():
+        return None
+    from IPython.display import HTML, display
+
+    return display(HTML(""), display_id=True)

@@ -231,3 +231,9 @@ class StartupLog:
         return (f'<div class="kvs-vllm-start" data-testid="kvs-vllm-start" data-running="{str(running).lower()}" '
                 f'style="font-family:sans-serif;font-size:12px;color:{color}"><b>{html.escape(self.title)}</b> '
                 f'{html.escape(text)}</div>{log}')
+
+
+def first_vllm_import(title: str) -> StartupLog:
+    """Fold what vLLM prints while it is first imported into one line titled `title` (its log
+    one click away), as a vLLM start does; after the first import, a capture that shows nothing."""
+    return StartupLog(title, show="vllm" not in sys.modules)

@@ -111,6 +111,25 @@ def test_dashboard_follows_a_live_server_and_pause_holds_it(vllm_server, run_not
     stats = follow.get_by_test_id("kvs-follow-lost").inner_text()
     assert "missed 0" in stats and "dropped here 0" in stats, stats
     save_screenshot(page, "attach-3-caught-up")
+
+    # -- Parked: scrubbed back while following, new steps come, Pause holds the parked step ------
+    latest = data_step(dash, "kvs-queues")
+    page.eval_on_selector('.kvs-dashboard [data-testid="kvs-history-slider"]',
+                          "(el) => { el.value = String(Number(el.max) - 3); el.dispatchEvent(new Event('input')); "
+                          "el.dispatchEvent(new Event('change')); }")
+    page.wait_for_function(f"""() => Number(document.querySelector('.kvs-dashboard [data-testid="kvs-queues"]')"""
+                           f"""?.dataset.step) < {latest}""", timeout=TIMEOUT_MS)
+    parked = data_step(dash, "kvs-queues")
+    r3 = client.completions.create(model=srv.model, prompt="Count to five:", max_tokens=6, temperature=0,
+                                   extra_body={"ignore_eos": True})
+    assert r3.usage.completion_tokens == 6
+    follow.get_by_test_id("kvs-follow-state").filter(has_text=f"parked at step {parked}").wait_for(timeout=TIMEOUT_MS)
+    toggle.click()   # Pause, from the parked view
+    page.wait_for_function("""() => document.querySelector('[data-testid="kvs-follow-toggle"]')?.textContent === 'Follow'""",
+                           timeout=TIMEOUT_MS)
+    time.sleep(1.0)
+    assert data_step(dash, "kvs-queues") == parked   # not the latest step
+    toggle.click()   # Follow again, for the tests after this one
     assert page.console_errors == [], page.console_errors
 
 

@@ -15,7 +15,8 @@ LONG_ID_CHARS = 12   # ids longer than this get a "#N" label
 
 
 class RequestLabels:
-    """rid -> "#N" for long ids, in first-seen order; `name(rid)` for any id."""
+    """rid -> "#N" for long ids, in first-seen order; `name(rid)` for any id. It keeps one short
+    string per request the view has seen (a label must outlive the entries a bounded history drops)."""
 
     def __init__(self) -> None:
         self._labels: dict[str, str] = {}
@@ -55,7 +56,3 @@ class RequestLabels:
     def name(self, rid: str) -> str:
         """"#17" for a long id, "#3" for the short id "3"."""
         return self._labels.get(rid) or f"#{rid}"
-
-    def labelled(self) -> dict[str, str]:
-        """The long ids' labels (what a panel shows instead of the id)."""
-        return dict(self._labels)

@@ -78,7 +78,7 @@ class SessionBinder:
         self._timeline_state: Mapping[str, Any] = {}
         # A request's name in every panel and caption: "#17" for a long vLLM id, kept for the view's life.
         self.labels = RequestLabels()
-        self._labels_from = -1   # the first step whose entry the labels have not read yet
+        self._labels_from = -1   # the latest step the labels read (read again: an add or an abort replaces it)
         self._captions = captions.CaptionCache(self.labels.name)  # one plain-language line per step, kept per entry
         # Attention weights of earlier steps, as captured live: (step, request, layer) -> probe
         # ready to show (widgets.attention.prepare_probe). The history keeps no KV, so a

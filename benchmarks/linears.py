@@ -26,7 +26,7 @@ import torch
 from engine import LLM, SamplingParams
 from engine.cpu_kernels import native, unavailable_reason, variants_not_running
 from engine.model.cpu_linear import PackedLinear
-from engine.runner.native_decode import NativeDecode
+from engine.runner.native_decode import NativeDecode, why_no_native_decode
 
 from explorer.apps.machine import cpu_summary
 
@@ -101,12 +101,16 @@ def step_crossover(llm: LLM, step_rows: tuple[int, ...], reps: int, out=print) -
     eng = llm.engine
     runner = eng.runner
     linears = [m for m in runner.model.modules() if isinstance(m, PackedLinear)]
-    if runner.native_decode is None:
-        out(f"whole steps: no native decode here ({runner.native_decode_off_reason})")
+    # Timed wherever the native decode can run, also where this machine's measured limit turned
+    # it off (that measurement is what this table shows again).
+    cannot = why_no_native_decode(eng.config.enforce_eager, runner.device, runner.dtype, runner.backend.name,
+                                  runner.tp.size, runner.model)
+    if cannot is not None:
+        out(f"whole steps: no native decode here ({cannot})")
         return []
     own_limit, own_decode = linears[0].native_max_rows, runner.native_decode
     # a native call as large as the largest batch measured
-    big = NativeDecode(runner.model, runner.kv_caches, runner.block_size, own_decode.max_blocks * runner.block_size,
+    big = NativeDecode(runner.model, runner.kv_caches, runner.block_size, int(eng.config.max_model_len or 0),
                        max(step_rows))
     out(f"whole decode steps, best of {reps} rounds (each the median of its steps):")
     out(f"{'rows':>6} {'native ms':>10} {'layer-by-layer oneDNN ms':>25}  faster")

@@ -22,13 +22,19 @@ Each limit is the last row count before the first at which the panels are clearl
 takes a few seconds for the default model and is done once: `crossover.json` in the cache
 folder keeps it under a key naming the CPU (its model name and the flags the paths depend on),
 the thread count, the kernel build, torch's version, the dtype and the model's shapes.
-KVSCOPE_NATIVE_MAX_ROWS sets the limits instead ("N" for both, "LINEAR,DECODE" for each)."""
+KVSCOPE_NATIVE_MAX_ROWS sets the limits instead ("N" for both, "LINEAR,DECODE" for each).
+
+A measurement taken while other processes (or other virtual machines: steal time) kept the CPUs
+busy, BUSY_CPUS on average or more, is used by that engine only, never kept: the native kernels'
+OpenMP threads suffer far more than oneDNN's from a shared core (a 2-core run beside a test
+suite measured the panels 3x slower at one row and turned them off), and a kept entry would
+rule every later engine."""
 from __future__ import annotations
 
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Protocol
@@ -53,6 +59,7 @@ STEP_ROWS = (1, 4, 8, 16, 32, 48, 64, 96, 128)
 # path: repeated passes on a shared 2-core host differ by a few percent.
 CLEAR_LOSS = 1.05
 REPS = 2
+BUSY_CPUS = 0.5    # others' CPU use during a measurement from which it is not kept (see the module doc)
 # The flags whose presence moves the crossover: the panels' build and oneDNN's arithmetic.
 CROSSOVER_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
 STEP_CONTEXT = 32  # tokens each measured decode reads: attention is a small, equal part of either step
@@ -81,7 +88,7 @@ class Crossover:
 
     linear_max_rows: int
     decode_max_rows: int        # 0: the native decode is slower at every batch size measured
-    source: str                 # 'measured' (now), 'cached' (an earlier measurement), or ENV_VAR
+    source: str                 # 'measured' (now), 'busy' (now, not kept), 'cached' (earlier), or ENV_VAR
     key: str
     measured_at: str = ""       # ISO time of the measurement ('' for a setting)
     seconds: float = 0.0        # what the measurement took
@@ -92,6 +99,8 @@ class Crossover:
         """One line: the limits and their origin (doctor, bench-linears, model_info)."""
         when = f"{self.measured_at[:16].replace('T', ' ')} UTC in {self.seconds:.1f} s"
         origin = {ENV_VAR: f"set by {ENV_VAR}", "measured": f"measured on this CPU at load, {when}",
+                  "busy": f"measured on this CPU at load, {when}, while it was busy: not kept, the next engine "
+                          "measures again",
                   "cached": f"measured on this CPU {when}, kept in {cache_path()}"}[self.source]
         return (f"native panels up to {self.linear_max_rows} rows per linear and {self.decode_max_rows} "
                 f"per decode step ({origin})")
@@ -202,9 +211,34 @@ def resolve(runner: MeasuredRunner) -> Crossover | None:
         return Crossover(chosen[0], chosen[1], ENV_VAR, key)
     found = load_cached(key)
     if found is None or (runner.native_decode_off_reason is None and not found.steps):
+        before, t0 = cpu_seconds(), time.perf_counter()
         found = measure(runner, linears, key)  # (a cached entry without steps: measured where the decode was off)
-        store(found)
+        others = others_cpus(before, cpu_seconds(), time.perf_counter() - t0)
+        if others is None or others < BUSY_CPUS:
+            store(found)
+        else:
+            found = replace(found, source="busy")
     return found
+
+
+def cpu_seconds() -> tuple[float, float] | None:
+    """(CPU seconds every process has used, steal time included; this process's), or None where
+    /proc/stat is not there."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    idle = ticks[3] + ticks[4]   # idle and iowait: the rest (user, nice, system, irq, softirq, steal) is busy
+    t = os.times()
+    return (sum(ticks) - idle) / os.sysconf("SC_CLK_TCK"), t.user + t.system
+
+
+def others_cpus(before: tuple[float, float] | None, after: tuple[float, float] | None, wall: float) -> float | None:
+    """How many CPUs other processes kept busy on average between two `cpu_seconds` readings."""
+    if before is None or after is None or wall <= 0:
+        return None
+    return max(0.0, (after[0] - before[0]) - (after[1] - before[1])) / wall
 
 
 def packed_linears(runner: MeasuredRunner) -> list[PackedLinear]:

@@ -86,6 +86,26 @@ def test_an_engine_measures_once_and_the_next_takes_what_was_kept(tiny_llama_pat
     assert len(json.loads(kept.read_text())["entries"]) == 2
 
 
+def test_a_measurement_on_busy_cpus_is_used_but_not_kept(tiny_llama_path, kept):
+    """Other processes keep every CPU busy while the first engine measures: it runs on what it
+    measured, says so, and keeps nothing; the next engine, on idle CPUs, measures and keeps."""
+    import os
+    import subprocess
+    import sys
+
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+    try:
+        busy = LLM(model=str(tiny_llama_path)).engine
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
+    assert busy.runner.crossover.source == "busy" and not kept.exists()
+    assert "while it was busy: not kept" in busy.model_info["native_rows_source"]
+    calm = LLM(model=str(tiny_llama_path)).engine
+    assert calm.runner.crossover.source == "measured" and kept.exists()
+
+
 def test_where_the_panels_measured_slower_the_engine_runs_onednn(tiny_llama_path, kept):
     """A machine whose measurement says the panels lose from 2 rows and the native decode at
     every size (as oneDNN's AMX tiles make an Intel Xeon's bf16): the engine takes the panels for

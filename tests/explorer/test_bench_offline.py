@@ -51,7 +51,7 @@ def test_bench_linears_times_both_paths_of_every_layer_linear(tiny_llama_path, t
                                                                 for r in res["steps"])
     runner = llm.engine.runner  # the engine's own limits, measured or kept, reported beside the tables
     assert (res["native_linear_rows"], res["native_decode_rows"]) == (runner.crossover.linear_max_rows,
-                                                                       runner.crossover.decode_max_rows)
+                                                                       runner.crossover.decode_max_rows or None)
     out_file = tmp_path / "linears.json"
     assert main(["bench-linears", "--model", str(tiny_llama_path), "--reps", "1", "--json", str(out_file)]) == 0
     printed = capsys.readouterr().out

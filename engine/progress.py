@@ -31,32 +31,44 @@ class _Silent:
         pass
 
 
-class _NotebookLine:
-    """`desc: done/total unit`, one HTML output redrawn in place; emptied at close unless `leave`."""
+class NotebookLine:
+    """One line of text in a notebook cell's output, redrawn in place (an HTML output, never a
+    widget); `show("")` empties it."""
 
-    def __init__(self, total: int, desc: str, unit: str, leave: bool) -> None:
+    def __init__(self) -> None:
         from IPython.display import HTML, display
 
         self._html = HTML
+        self._handle = display(HTML(""), display_id=True)
+
+    def show(self, text: str) -> None:
+        if self._handle is not None:
+            self._handle.update(self._html(
+                f'<div class="kvs-progress" style="font-family:sans-serif;font-size:12px;color:#555">'
+                f'{html.escape(text)}</div>' if text else ""))
+
+
+class _NotebookBar:
+    """`desc: done/total units` on a NotebookLine; emptied at close unless `leave`."""
+
+    def __init__(self, total: int, desc: str, unit: str, leave: bool) -> None:
         self.total, self.desc, self.unit, self.leave = total, desc, unit, leave
         self.done, self._drawn = 0, 0.0
-        self._handle = display(HTML(self._text()), display_id=True)
+        self.line = NotebookLine()
+        self.line.show(self._text())
 
     def _text(self) -> str:
-        return (f'<div class="kvs-progress" style="font-family:sans-serif;font-size:12px;color:#555">'
-                f'{html.escape(self.desc)}: {self.done}/{self.total} {html.escape(self.unit)}s</div>')
+        return f"{self.desc}: {self.done}/{self.total} {self.unit}s"
 
     def update(self, n: int = 1) -> None:
         self.done += n
         now = time.monotonic()
         if now - self._drawn >= REDRAW_S or self.done >= self.total:
             self._drawn = now
-            if self._handle is not None:
-                self._handle.update(self._html(self._text()))
+            self.line.show(self._text())
 
     def close(self) -> None:
-        if self._handle is not None:
-            self._handle.update(self._html(self._text() if self.leave else ""))
+        self.line.show(self._text() if self.leave else "")
 
 
 def progress(total: int, desc: str, unit: str, *, disable: bool = False, leave: bool = False) -> Any:
@@ -65,7 +77,7 @@ def progress(total: int, desc: str, unit: str, *, disable: bool = False, leave: 
     if disable:
         return _Silent()
     if in_notebook():
-        return _NotebookLine(total, desc, unit, leave)
+        return _NotebookBar(total, desc, unit, leave)
     from tqdm.std import tqdm
 
     return tqdm(total=total, desc=desc, unit=unit, leave=leave)

@@ -1,7 +1,7 @@
 """XXH64 in plain Python: the prefix cache's block hash where the xxhash C extension is absent.
 
 A browser's Python (Pyodide) has no xxhash wheel; this is the same function (XXH64, as the C
-library computes it; tests/engine/test_xxh64.py checks it against the extension), so a block's
+library computes it; tests/engine/test_core_without_torch.py checks it against the extension), so a block's
 hash, and so every prefix hit, is the same whichever one runs. It is far slower than the C
 extension (docs/performance.md), so the engine uses the extension wherever it is installed
 (engine/core/hashing.py).

@@ -54,13 +54,14 @@ def why_views(ledger: WhyLedger, entries: Sequence[Any], token_text: views.Token
     nothing admitted yet), each admitted request's state, and the request shown by default."""
     snapshot = views.entry_parts(entries[-1])[2] if entries else {}
     first = int(views.entry_parts(entries[0])[0]) if entries else 0
-    steps = sorted({first, *why_view.change_steps(ledger)})
+    changes = why_view.change_steps(ledger)
+    steps = sorted({first, *changes})
     summary = [[s, why_view.summary_state(ledger, proof, step=s)] for s in steps]
     admitted = [rid for rid, w in ledger.requests.items() if w.admissions]
     return {"summary": summary,
             "requests": {rid: [[s, why_view.request_state(ledger, rid, snapshot, token_text, s)]
                                for s in why_view.change_steps(ledger, rid)] for rid in admitted},
-            "default": [[s, why_view.latest_admitted(ledger, s)] for s in why_view.change_steps(ledger)]}
+            "default": [[s, why_view.latest_admitted(ledger, s)] for s in changes]}
 
 
 def _entry_views(entry: Any, caption: str, sampler: dict, details: _DetailCache, ledger: WhyLedger,

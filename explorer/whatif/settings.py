@@ -58,10 +58,12 @@ _SHORT = {"max_num_batched_tokens": "budget", "max_num_seqs": "max_seqs", "enabl
 
 def label_of(changes: dict) -> str:
     """A what-if's settings in a few words ("as recorded" when none)."""
-    return ", ".join(f"{_SHORT.get(k, k)}={_show(v)}" for k, v in changes.items() if v is not None) or "as recorded"
+    said = ", ".join(f"{_SHORT.get(k, k)}={value_text(v)}" for k, v in changes.items() if v is not None)
+    return said or "as recorded"
 
 
-def _show(v: Any) -> str:
+def value_text(v: Any) -> str:
+    """A setting's value in words: "on" / "off" for a switch."""
     if isinstance(v, bool):
         return "on" if v else "off"
     return str(v)

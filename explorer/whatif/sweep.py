@@ -30,7 +30,16 @@ import numpy as np
 
 from ..core.recording import Recording, Settings
 from .replay import ReplayError, ReplayResult, load_vllm, replay
-from .settings import KNOBS, MEMORY_KNOBS, SettingRejected, Variant, kv_bytes_per_token, label_of, variant
+from .settings import (
+    KNOBS,
+    MEMORY_KNOBS,
+    SettingRejected,
+    Variant,
+    kv_bytes_per_token,
+    label_of,
+    value_text,
+    variant,
+)
 from .step_model import StepTimeModel, fit
 from .target import SEARCH_KNOBS, Answer, parse_target
 from .target import search as find_cheapest
@@ -137,7 +146,7 @@ class _Replays:
 
     def __init__(self, rec: Recording, model: StepTimeModel | None, arrivals: str, processes: int,
                  report: Callable[[int, dict], None]) -> None:
-        self.processes, self.report, self.done = processes, report, 0
+        self.report, self.done = report, 0
         self.pool: Any = None
         if processes == 1:
             _init(rec, model, arrivals)
@@ -223,13 +232,13 @@ class SweepResult:
         if timed and self.recorded:
             rows.append(["measured", *[""] * (len(knobs) + 8), *(_ms(self.recorded.get(k)) for k in latency)])
         per_token = kv_bytes_per_token(self.recording)
+        best = self.answer.best if self.answer is not None else None
         for r in self.rows:
             if "steps" not in r:
                 continue
-            best = self.answer.best if self.answer is not None else None
             mark = ("answer" if best is not None and r is best.best else "as recorded" if not r["changes"]
                     else "searched" if r.get("searched") else "")
-            line = [mark, *(_show(r["settings"][k]) for k in knobs), _memory(r["kv_tokens"], per_token)]
+            line = [mark, *(value_text(r["settings"][k]) for k in knobs), _memory(r["kv_tokens"], per_token)]
             line += [str(r["steps"]), str(r["hit_tokens"]), _pct(r["hit_rate"]), str(r["preemptions"]),
                      str(r["recomputed_tokens"]), str(r["max_waiting"]), _pct(r["max_kv_usage"])]
             if timed:
@@ -313,10 +322,6 @@ def _ms(x: float | None) -> str:
     return "-" if x is None else (f"{x * 1e3:.0f}ms" if x < 1 else f"{x:.2f}s")
 
 
-def _show(v: Any) -> str:
-    return ("on" if v else "off") if isinstance(v, bool) else str(v)
-
-
 def _memory(tokens: int, per_token: float | None) -> str:
     return f"{tokens:,} tok" if per_token is None else f"{tokens * per_token / 2**20:,.1f} MiB"
 
@@ -388,30 +393,18 @@ def _progress(progress: Any, total: int) -> Callable[[int, dict], None]:
         return lambda done, row: progress(done, total, row)
     if not progress:
         return lambda done, row: None
+    from engine.progress import NotebookLine, in_notebook
+
     start = time.perf_counter()
-    line = _notebook_line()
+    line = NotebookLine() if in_notebook() else None   # a notebook: one line, not a red stderr box per replay
 
     def say(done: int, row: dict) -> None:
         what = row.get("status", "?")
         of = f"/{total}" if done <= total else " (searching)"
         text = f"[whatif] {done}{of} {row['label']}: {what} ({time.perf_counter() - start:.1f} s)"
-        if line is not None:   # a notebook: one line redrawn in place, not a red stderr box per replay
-            from IPython.display import HTML
-
-            line.update(HTML(f'<div style="font-family:sans-serif;font-size:12px;color:#555">{html.escape(text)}'
-                             '</div>'))
+        if line is not None:
+            line.show(text)
         else:
             print(text, file=sys.stderr, flush=True)
 
     return say
-
-
-def _notebook_line() -> Any:
-    """A display handle to redraw progress in place, in a notebook kernel (None elsewhere)."""
-    from engine.progress import in_notebook
-
-    if not in_notebook():
-        return None
-    from IPython.display import HTML, display
-
-    return display(HTML(""), display_id=True)

@@ -116,11 +116,6 @@ def bounds(rec: Recording, knob: str, s: Settings) -> tuple[int, int]:
     raise ValueError(f"search must be one of {SEARCH_KNOBS}, got {knob!r}")
 
 
-def kv_tokens(row: Mapping[str, Any]) -> int:
-    s = row["settings"]
-    return int(s["num_blocks"]) * int(s["block_size"])
-
-
 @dataclass
 class Found:
     """One combination of the other knobs: the least value of the searched knob that meets the
@@ -148,7 +143,7 @@ class Answer:
 
     @property
     def best(self) -> Found | None:
-        hits = [(kv_tokens(f.best), f.best["settings"][self.knob], self._margin(f.best), len(f.best["changes"]), i)
+        hits = [(f.best["kv_tokens"], f.best["settings"][self.knob], self._margin(f.best), len(f.best["changes"]), i)
                 for i, f in enumerate(self.found) if f.best is not None]
         return self.found[min(hits)[-1]] if hits else None
 
@@ -188,7 +183,7 @@ def _setting(row: Mapping[str, Any]) -> str:
 
 
 def memory_text(row: Mapping[str, Any], per_token: float | None) -> str:
-    tokens = kv_tokens(row)
+    tokens = row["kv_tokens"]
     if per_token is None:
         return f"{tokens:,} tokens of KV"
     return f"{tokens:,} tokens = {tokens * per_token / 2**20:,.1f} MiB of KV"

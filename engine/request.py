@@ -113,6 +113,9 @@ class Request:
         self.num_cached_blocks = 0         # leading blocks of block_table registered in the prefix cache
         self.num_preemptions = 0
         self.num_prefill_chunks = 0        # prefill chunks since the latest admission
+        # Async scheduling (engine/core/async_scheduler.py): tokens already scheduled as the input
+        # of a step but not sampled yet, because the step that samples them is still in flight.
+        self.num_output_placeholders = 0
         self.finish_reason: str | None = None
         self.metrics = RequestMetrics()
         self.last_scheduled: tuple[int, int] | None = None  # [start, end) positions of its last step
@@ -122,6 +125,12 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.all_token_ids)
+
+    @property
+    def num_tokens_with_placeholders(self) -> int:
+        """The tokens the scheduler plans with: the known ones plus those still being sampled
+        (num_tokens under synchronous scheduling, where nothing is left in flight)."""
+        return self.num_tokens + self.num_output_placeholders
 
     @property
     def num_prompt_tokens(self) -> int:

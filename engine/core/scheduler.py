@@ -31,6 +31,7 @@ class ScheduledRequest:
     is_prefill: bool
     chunk_index: int | None  # index of this prefill chunk since admission; None for decode
     sample: bool             # this step computes all the request's known tokens: sample its logits
+    num_placeholder_inputs: int = 0  # AsyncScheduler: inputs that a step in flight has yet to sample
 
 
 @dataclass
@@ -50,9 +51,7 @@ class Scheduler:
     """Owns the waiting / running / finished queues and the KV cache manager."""
 
     def __init__(self, config: EngineConfig, kv: KVCacheManager, max_model_len: int) -> None:
-        self.config = config
-        self.kv = kv
-        self.max_model_len = max_model_len
+        self.config, self.kv, self.max_model_len = config, kv, max_model_len
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # in admission order: the last is the preemption victim
         self.finished: list[Request] = []
@@ -102,7 +101,7 @@ class Scheduler:
                 break
             if req.status != RequestStatus.RUNNING:  # preempted earlier in this loop
                 continue
-            num_new = req.num_tokens - req.num_computed_tokens
+            num_new = req.num_tokens_with_placeholders - req.num_computed_tokens
             if num_new > budget:
                 if not self.config.enable_chunked_prefill:
                     continue
@@ -169,9 +168,8 @@ class Scheduler:
     # -- after the forward -----------------------------------------------------------------
     def update_from_output(self, out: SchedulerOutput, sampled: dict[str, int],
                            now_wall: float, now_engine: float) -> list[str]:
-        """Advance computed counts, append the sampled tokens (`sampled`: request id -> token),
-        finish requests that stop; returns the finished ids. The blocks these tokens fill were
-        registered in the prefix cache when they were allocated."""
+        """Advance computed counts, append the sampled tokens (`sampled`: request id -> token) and
+        finish requests that stop; returns the finished ids. Their blocks were cached at allocation."""
         finished = []
         for s in out.scheduled:
             req = s.request
@@ -182,19 +180,21 @@ class Scheduler:
                 self.num_computed_prompt_tokens += s.num_tokens
             if s.sample:
                 req.append_output(sampled[req.request_id])
-                self.num_generated_tokens += 1
-                req.metrics.record("token_times", now_wall, now_engine)
-                reason = req.check_stop(self.max_model_len)
-                if reason:
-                    self.finish(req, reason)
-                    req.metrics.record("finished_time", now_wall, now_engine)
+                if self._count_token_and_stop(req, now_wall, now_engine):
                     finished.append(req.request_id)
         return finished
 
+    def _count_token_and_stop(self, req: Request, now_wall: float, now_engine: float) -> bool:  # True: finished
+        self.num_generated_tokens += 1
+        req.metrics.record("token_times", now_wall, now_engine)
+        if reason := req.check_stop(self.max_model_len):
+            self.finish(req, reason)
+            req.metrics.record("finished_time", now_wall, now_engine)
+        return reason is not None
+
     @staticmethod
     def _scheduled(req: Request, num_new: int, cached: int) -> ScheduledRequest:
-        before = req.num_computed_tokens
-        is_decode = num_new == 1 and before == req.num_tokens - 1 and before >= req.num_prompt_tokens
+        before, planned = req.num_computed_tokens, req.num_tokens_with_placeholders
+        is_decode = num_new == 1 and before == planned - 1 and before >= req.num_prompt_tokens
         return ScheduledRequest(req, num_new, before, cached, not is_decode,
-                                None if is_decode else req.num_prefill_chunks,
-                                sample=before + num_new == req.num_tokens)
+                                None if is_decode else req.num_prefill_chunks, sample=before + num_new == planned)

@@ -4,7 +4,14 @@ scheduled request starts from (prefix hits included), admissions, preemptions, f
 queues, every running request's block ids and computed tokens, the free queue in order,
 and which blocks hold a cached hash.
 
-    python -m tests.oracle.differential --workloads 1000 [--seed 0]
+    python -m tests.oracle.differential --workloads 1000 [--seed 0] [--async [--queue-depth 2]]
+
+`--async`: kvscope's AsyncScheduler against vLLM's, driven as vLLM's engine core drives it on a
+GPU (a batch queue of two: step N+1 is scheduled before step N's update). Both are compared
+after every schedule and every update, on the above plus which rows sample, which inputs are
+placeholders, each running request's placeholders and each live request's output count.
+`--check-planted [--async]` plants each known fault in turn and prints the first seed that
+catches it.
 
 On a difference it shrinks the workload and prints it as a Python literal with the step,
 the field and both engines' values. The last line is JSON counts; exit status 1 on any
@@ -17,13 +24,17 @@ import gc
 import json
 import sys
 import time
+from collections import deque
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from .kvscope_side import KvscopeScheduler
 from .workloads import Workload, random_workload, shrink_candidates
 
 MAX_STEPS = 20_000
+QUEUE_DEPTH = 2  # vLLM's engine core batch queue under async scheduling
 
 
 @dataclass
@@ -47,27 +58,47 @@ class Counts:
     admissions_with_hits: int = 0
     hit_tokens: int = 0
     same_step_hit_blocks: int = 0
+    # Async only: steps scheduled while another was in flight, and preempted requests found
+    # waiting for their stale outputs when a step was scheduled (needs a queue deeper than 2).
+    scheduled_ahead: int | None = None
+    waiting_for_stale: int | None = None
     differences: int = 0
     failures: list[str] = field(default_factory=list)
 
-    def add(self, other: "Counts") -> None:
+    def add(self, other: Counts) -> None:
         for name in ("workloads", "steps", "preemptions", "admissions_with_hits", "hit_tokens",
                      "same_step_hit_blocks", "differences"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name in ("scheduled_ahead", "waiting_for_stale"):
+            if getattr(other, name) is not None:
+                setattr(self, name, (getattr(self, name) or 0) + getattr(other, name))
         self.failures += other.failures
 
     def summary(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != "failures"}
+        return {k: v for k, v in self.__dict__.items() if k != "failures" and v is not None}
+
+    def count_schedule(self, record: dict, running_before: set[str], events) -> None:
+        """Count what one schedule exercised (`events`: kvscope's block events of it)."""
+        self.steps += 1
+        self.preemptions += len(record["preempted"])
+        admitted = [r for r in record["scheduled"] if r not in running_before]
+        hits = [record["computed_before"][r] for r in admitted if record["computed_before"][r] > 0]
+        self.admissions_with_hits += len(hits)
+        self.hit_tokens += sum(hits)
+        self.same_step_hit_blocks += len(set(events.hits) & set(events.cached))
 
 
 def _first_difference(a: dict, b: dict) -> str | None:
     return next((k for k in a if a[k] != b[k]), None)
 
 
-def run_workload(w: Workload) -> tuple[Counts, Divergence | None]:
-    """Step both schedulers until both are idle and every request has arrived."""
+def run_workload(w: Workload, async_: bool = False, depth: int = QUEUE_DEPTH) -> tuple[Counts, Divergence | None]:
+    """Step both schedulers until both are idle and every request has arrived (`async_`: see
+    run_workload_async, with up to `depth` steps in flight)."""
     from .vllm_side import VllmScheduler
 
+    if async_:
+        return run_workload_async(w, depth)
     ours, theirs = KvscopeScheduler(w), VllmScheduler(w)
     counts = Counts(workloads=1)
     last_arrival = max(r.arrival_step for r in w.requests)
@@ -85,21 +116,63 @@ def run_workload(w: Workload) -> tuple[Counts, Divergence | None]:
             if key is not None:
                 counts.differences = 1
                 return counts, Divergence(step, key, a[key], b[key], before)
-        counts.steps += 1
-        counts.preemptions += len(mine["preempted"])
-        admitted = [r for r in mine["scheduled"] if r not in running_before]
-        hits = [mine["computed_before"][r] for r in admitted if mine["computed_before"][r] > 0]
-        counts.admissions_with_hits += len(hits)
-        counts.hit_tokens += sum(hits)
-        events = ours.events
-        counts.same_step_hit_blocks += len(set(events.hits) & set(events.cached))
+        counts.count_schedule(mine, running_before, ours.events)
         running_before = set(state["running"])
         if step > last_arrival and not state["running"] and not state["waiting"]:
             return counts, None
     raise RuntimeError(f"workload did not finish in {MAX_STEPS} steps: {w!r}")
 
 
-def shrink(w: Workload, budget_s: float = 60.0) -> Workload:
+def run_workload_async(w: Workload, depth: int = QUEUE_DEPTH) -> tuple[Counts, Divergence | None]:
+    """Both AsyncSchedulers, called in the order of vLLM's EngineCore.step_with_batch_queue (as
+    tests/oracle/live_differential.py's Run.run): while fewer than `depth` steps are in flight and
+    vLLM has requests, schedule one and go on (after the next arrivals) to schedule again;
+    otherwise update the oldest step in flight. Compared after every schedule and every update."""
+    from .vllm_side import VllmScheduler
+
+    ours, theirs = KvscopeScheduler(w, async_scheduling=True), VllmScheduler(w, async_scheduling=True)
+    counts = Counts(workloads=1, scheduled_ahead=0, waiting_for_stale=0)
+    last_arrival = max(r.arrival_step for r in w.requests)
+    in_flight: deque = deque()  # (step, kvscope's output, vLLM's output), newest first
+    step = 0
+
+    def compare(n: int, when: str, records: tuple[dict, dict], before: dict) -> Divergence | None:
+        states = ours.state() | ours.async_state(), theirs.state() | theirs.async_state()
+        for a, b in (records, states):
+            key = _first_difference(a, b)
+            if key is not None:
+                counts.differences = 1
+                return Divergence(n, f"{key} (after {when} it)", a[key], b[key], before)
+        return None
+
+    for it in range(MAX_STEPS):
+        for r in w.requests:
+            if r.arrival_step == it:
+                ours.add(r)
+                theirs.add(r)
+        if theirs.has_requests() and len(in_flight) < depth:
+            step += 1
+            before = ours.state()
+            counts.waiting_for_stale = (counts.waiting_for_stale or 0) + theirs.num_waiting_for_stale_outputs()
+            (mine_out, mine), (their_out, other) = ours.schedule(), theirs.schedule()
+            if div := compare(step, "scheduling", (mine, other), before):
+                return counts, div
+            counts.count_schedule(mine, set(before["running"]), ours.events)
+            counts.scheduled_ahead = (counts.scheduled_ahead or 0) + bool(in_flight)
+            in_flight.appendleft((step, mine_out, their_out))
+            if len(in_flight) < depth and theirs.has_requests():
+                continue  # vLLM's engine core schedules again before it waits for a result
+        if in_flight:
+            oldest, mine_out, their_out = in_flight.pop()
+            before = ours.state()
+            if div := compare(oldest, "updating", (ours.update(mine_out), theirs.update(their_out)), before):
+                return counts, div
+        if it > last_arrival and not in_flight and not theirs.has_requests():
+            return counts, None
+    raise RuntimeError(f"workload did not finish in {MAX_STEPS} iterations: {w!r}")
+
+
+def shrink(w: Workload, budget_s: float = 60.0, async_: bool = False, depth: int = QUEUE_DEPTH) -> Workload:
     """The smallest workload still diverging that greedy shrinking finds within budget_s."""
     deadline = time.monotonic() + budget_s
     improved = True
@@ -108,36 +181,66 @@ def shrink(w: Workload, budget_s: float = 60.0) -> Workload:
         for candidate in shrink_candidates(w):
             if time.monotonic() > deadline:
                 break
-            if run_workload(candidate)[1] is not None:
+            if run_workload(candidate, async_, depth)[1] is not None:
                 w, improved = candidate, True
                 break
     return w
 
 
-def run_many(seeds: range, shrink_budget_s: float = 60.0, max_reports: int = 3) -> Counts:
+def run_many(seeds: range, shrink_budget_s: float = 60.0, max_reports: int = 3, async_: bool = False,
+             depth: int = QUEUE_DEPTH) -> Counts:
     total = Counts()
     for seed in seeds:
         w = random_workload(seed)
-        counts, div = run_workload(w)
+        counts, div = run_workload(w, async_, depth)
         total.add(counts)
         if div is not None and len(total.failures) < max_reports:
-            small = shrink(w, shrink_budget_s)
-            _, small_div = run_workload(small)
+            small = shrink(w, shrink_budget_s, async_, depth)
+            _, small_div = run_workload(small, async_, depth)
+            assert small_div is not None  # shrinking keeps only workloads that still diverge
             total.failures.append(f"seed {seed} diverges; shrunk reproduction:\n{small!r}\n{small_div.describe()}")
     return total
 
 
 PLANTED_BUGS = ("cache-after-forward", "dedup-full-blocks", "admit-on-first-chunk")
+# Ways an async scheduler goes wrong, planted in kvscope's AsyncScheduler in turn, each with the
+# queue depth that shows it: a request waits for stale outputs only with more than 2 in flight.
+ASYNC_PLANTED_BUGS = {"cache-past-placeholders": 2, "placeholders-kept-on-preempt": 2, "schedule-past-max-tokens": 2,
+                      "stale-output-dropped": 2, "readmitted-before-stale-outputs": 3}
 
 
 @contextmanager
 def planted(bug: str):
-    """Put back one of the three ways kvscope used to differ from vLLM (issue 14), to show
-    this harness catches each."""
+    """Put back one of the three ways kvscope used to differ from vLLM (issue 14), or plant one
+    of the ways an async scheduler goes wrong (ASYNC_PLANTED_BUGS), to show this harness
+    catches each."""
+    from engine.core.async_scheduler import AsyncScheduler
     from engine.core.block_pool import BlockPool
     from engine.core.kv_cache_manager import KVCacheManager
+    from engine.core.scheduler import Scheduler
 
-    if bug == "cache-after-forward":  # blocks findable only from the next step on
+    cls: type
+    patch: Callable[..., Any]
+    if bug == "cache-past-placeholders":  # a landed token's block is cached before its KV is computed
+        cls, name = AsyncScheduler, "_cache_landed"
+        patch = lambda self, req: self.kv.cache_blocks(req, min(req.num_computed_tokens, req.num_tokens))  # noqa: E731
+    elif bug == "placeholders-kept-on-preempt":  # a preempted request resumes with its old placeholders
+        cls, name = AsyncScheduler, "_preempt"
+        preempt = cls._preempt
+
+        def patch(self, req):
+            kept = req.num_output_placeholders
+            preempt(self, req)
+            req.num_output_placeholders = kept
+    elif bug == "schedule-past-max-tokens":  # one step more for a request whose last token is in flight
+        cls, name, patch = AsyncScheduler, "_ends_in_flight", lambda self, req: False
+    elif bug == "stale-output-dropped":  # the token of a step in flight at a preemption is thrown away
+        cls, name = AsyncScheduler, "_land_token"
+        land_token = cls._land_token
+        patch = lambda self, req, token, stale, *now: not stale and land_token(self, req, token, stale, *now)  # noqa: E731
+    elif bug == "readmitted-before-stale-outputs":  # a preempted request resumes before its last outputs land
+        cls, name, patch = AsyncScheduler, "_schedule_waiting", Scheduler._schedule_waiting
+    elif bug == "cache-after-forward":  # blocks findable only from the next step on
         cls, name = KVCacheManager, "cache_blocks"
         cache_blocks = cls.cache_blocks
         patch = lambda self, req, n: cache_blocks(self, req, min(n, req.num_computed_tokens))  # noqa: E731
@@ -150,7 +253,7 @@ def planted(bug: str):
         allocate = cls.allocate_slots
         patch = lambda self, req, n, hits=(), full_sequence_must_fit=False: allocate(self, req, n, hits)  # noqa: E731
     else:
-        raise ValueError(f"unknown bug {bug!r}; one of {PLANTED_BUGS}")
+        raise ValueError(f"unknown bug {bug!r}; one of {[*PLANTED_BUGS, *ASYNC_PLANTED_BUGS]}")
     original = getattr(cls, name)
     setattr(cls, name, patch)
     try:
@@ -160,8 +263,10 @@ def planted(bug: str):
 
 
 def first_divergent_seed(bug: str, max_workloads: int = 300) -> int | None:
+    async_, depth = bug in ASYNC_PLANTED_BUGS, ASYNC_PLANTED_BUGS.get(bug, QUEUE_DEPTH)
     with planted(bug):
-        return next((seed for seed in range(max_workloads) if run_workload(random_workload(seed))[1]), None)
+        return next((seed for seed in range(max_workloads)
+                     if run_workload(random_workload(seed), async_, depth)[1]), None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -170,20 +275,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="first workload seed")
     ap.add_argument("--shrink-seconds", type=float, default=60.0)
     ap.add_argument("--check-planted", action="store_true",
-                    help="instead: put back each old difference in turn and print the first seed that catches it")
+                    help="instead: put back each old difference (with --async: plant each async fault) in turn "
+                         "and print the first seed that catches it")
+    ap.add_argument("--async", dest="async_", action="store_true",
+                    help="kvscope's AsyncScheduler against vLLM's, in vLLM's engine-core batch-queue order")
+    ap.add_argument("--queue-depth", type=int, default=QUEUE_DEPTH,
+                    help="with --async: steps in flight at most (vLLM's batch queue holds 2; a deeper queue, as "
+                         "pipeline parallelism keeps, also leaves requests waiting for stale outputs)")
     args = ap.parse_args(argv)
+    if args.queue_depth < 1:
+        ap.error("--queue-depth must be at least 1")
     from . import vllm_side  # noqa: F401  (import vLLM once, before timing)
     # vLLM's import leaves millions of long-lived objects; keep the cyclic GC from rescanning
     # them every few thousand allocations (it tripled the run time).
     gc.freeze()
     if args.check_planted:
-        print(json.dumps({bug: first_divergent_seed(bug) for bug in PLANTED_BUGS}))
+        bugs = ASYNC_PLANTED_BUGS if args.async_ else PLANTED_BUGS
+        print(json.dumps({bug: first_divergent_seed(bug) for bug in bugs}))
         return 0
     t0 = time.monotonic()
-    total = run_many(range(args.seed, args.seed + args.workloads), args.shrink_seconds)
+    total = run_many(range(args.seed, args.seed + args.workloads), args.shrink_seconds, async_=args.async_,
+                     depth=args.queue_depth)
     for failure in total.failures:
         print(failure, file=sys.stderr)
-    print(f"differential vs vLLM 0.32 scheduler: {args.workloads} workloads in {time.monotonic() - t0:.0f} s")
+    which = "AsyncScheduler" if args.async_ else "scheduler"
+    print(f"differential vs vLLM 0.32 {which}: {args.workloads} workloads in {time.monotonic() - t0:.0f} s")
     print(json.dumps(total.summary()))
     return 1 if total.differences else 0
 

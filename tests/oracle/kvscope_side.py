@@ -1,12 +1,14 @@
 """kvscope's Scheduler + KVCacheManager + BlockPool, stepped without a model: the same objects
-and the same post-step update (`Scheduler.update_from_output`) that LLMEngine.step() runs."""
+and the same post-step update (`Scheduler.update_from_output`) that LLMEngine.step() runs.
+With `async_scheduling`, kvscope's AsyncScheduler, scheduled and updated separately."""
 from __future__ import annotations
 
 from engine.config import EngineConfig
+from engine.core.async_scheduler import AsyncScheduler
 from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.request import Request
 from engine.sampling_params import SamplingParams
-from engine.core.scheduler import Scheduler
 
 from .workloads import OracleRequest, Workload
 
@@ -14,7 +16,7 @@ from .workloads import OracleRequest, Workload
 class KvscopeScheduler:
     name = "kvscope"
 
-    def __init__(self, w: Workload) -> None:
+    def __init__(self, w: Workload, async_scheduling: bool = False) -> None:
         self.w = w
         config = EngineConfig(block_size=w.block_size, num_kv_blocks=w.num_blocks,
                               max_num_batched_tokens=w.max_num_batched_tokens, max_num_seqs=w.max_num_seqs,
@@ -22,21 +24,42 @@ class KvscopeScheduler:
                               enable_chunked_prefill=w.enable_chunked_prefill,
                               scheduler_reserve_full_isl=w.scheduler_reserve_full_isl)
         self.kv = KVCacheManager(w.num_blocks, w.block_size, w.enable_prefix_caching, w.max_model_len)
-        self.scheduler = Scheduler(config, self.kv, w.max_model_len)
+        self.scheduler = (AsyncScheduler if async_scheduling else Scheduler)(config, self.kv, w.max_model_len)
+        self.async_ = async_scheduling
+        self.requests: dict[str, Request] = {}
 
     def add(self, r: OracleRequest) -> None:
         params = SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True)
-        self.scheduler.add(Request(r.request_id, list(r.prompt), params, eos_token_id=None))
+        req = self.requests[r.request_id] = Request(r.request_id, list(r.prompt), params, eos_token_id=None)
+        self.scheduler.add(req)
 
     def step(self) -> dict:
+        out, record = self.schedule()
+        return record | self.update(out)
+
+    def schedule(self) -> tuple[SchedulerOutput, dict]:
         out = self.scheduler.schedule()
-        sampled = {s.request.request_id: self.w.sampled_token(s.request.request_id, len(s.request.output_token_ids))
-                   for s in out.scheduled if s.sample}
-        finished = self.scheduler.update_from_output(out, sampled, 0.0, 0.0)
-        self.events = self.kv.pool.take_events()  # this step's block events, as the engine takes them
-        return {"scheduled": {s.request.request_id: s.num_tokens for s in out.scheduled},
-                "computed_before": {s.request.request_id: s.num_computed_before for s in out.scheduled},
-                "preempted": sorted(out.preempted), "finished": sorted(finished), "sampled": sampled}
+        # The block events of the schedule, where allocations cache blocks and admissions hit them
+        # (a synchronous update adds none of either; an async one caches what landed tokens complete).
+        self.events = self.kv.pool.take_events()
+        record = {"scheduled": {s.request.request_id: s.num_tokens for s in out.scheduled},
+                  "computed_before": {s.request.request_id: s.num_computed_before for s in out.scheduled},
+                  "preempted": sorted(out.preempted)}
+        if self.async_:
+            record["sampling"] = sorted(s.request.request_id for s in out.scheduled if s.sample)
+            record["placeholder_inputs"] = {s.request.request_id: s.num_placeholder_inputs for s in out.scheduled
+                                            if s.num_placeholder_inputs}
+        return out, record
+
+    def update(self, out: SchedulerOutput) -> dict:
+        # As a model runner does: a token for every row that samples, also for a request that
+        # finished while the step was in flight (async), whose token the scheduler must drop.
+        tokens = {s.request.request_id: self.w.sampled_token(s.request.request_id, len(s.request.output_token_ids))
+                  for s in out.scheduled if s.sample}
+        alive = {rid: t for rid, t in tokens.items() if not self.requests[rid].is_finished}
+        finished = self.scheduler.update_from_output(out, tokens, 0.0, 0.0)
+        self.kv.pool.take_events()  # what an async update caches is no schedule's same-step hit
+        return {"finished": sorted(finished), "sampled": alive}
 
     def state(self) -> dict:
         sch, pool = self.scheduler, self.kv.pool
@@ -45,3 +68,10 @@ class KvscopeScheduler:
                 "num_computed_tokens": {r.request_id: r.num_computed_tokens for r in sch.running},
                 "free_queue": list(pool.free_queue),
                 "cached_blocks": [b.block_id for b in pool.blocks if b.block_hash is not None]}
+
+    def async_state(self) -> dict:
+        """What async scheduling adds: each running request's placeholders, and every live
+        request's outputs (stale outputs land on preempted ones)."""
+        sch = self.scheduler
+        return {"placeholders": {r.request_id: r.num_output_placeholders for r in sch.running},
+                "num_output_tokens": {r.request_id: len(r.output_token_ids) for r in (*sch.waiting, *sch.running)}}

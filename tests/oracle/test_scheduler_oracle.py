@@ -1,7 +1,8 @@
 """kvscope's scheduling and KV-cache decisions against vLLM 0.32's real v1 Scheduler and
 KVCacheManager (tests/oracle/differential.py), on 500 seeded random workloads per CI run
-(about 40 s on 2 cores) and 20,000 under `pytest -m soak`. Each runs in its own process: vLLM's import changes
-process-wide state (logging, threads) that the other tests should not inherit."""
+(about 40 s on 2 cores) and 20,000 under `pytest -m soak`; the same for kvscope's AsyncScheduler
+against vLLM's, step N+1 scheduled before step N's update. Each runs in its own process: vLLM's
+import changes process-wide state (logging, threads) that the other tests should not inherit."""
 from __future__ import annotations
 
 import json
@@ -25,13 +26,14 @@ def _differential(*args: str, timeout: int) -> tuple[subprocess.CompletedProcess
     return proc, json.loads(last)
 
 
-def _assert_identical(workloads: int, timeout: int) -> None:
-    proc, counts = _differential("--workloads", str(workloads), timeout=timeout)
-    ORACLE_COUNTS.append(f"scheduler differential: {json.dumps(counts)}")
+def _assert_identical(workloads: int, timeout: int, *args: str) -> dict:
+    proc, counts = _differential("--workloads", str(workloads), *args, timeout=timeout)
+    ORACLE_COUNTS.append(f"scheduler differential{' ' if args else ''}{' '.join(args)}: {json.dumps(counts)}")
     assert proc.returncode == 0, f"kvscope decided differently from vLLM:\n{proc.stderr[-6000:]}"
     assert counts["workloads"] == workloads and counts["differences"] == 0
     # The workloads really exercise what is compared.
     assert counts["preemptions"] > 0 and counts["hit_tokens"] > 0 and counts["same_step_hit_blocks"] > 0
+    return counts
 
 
 @pytest.mark.slow
@@ -50,4 +52,34 @@ def test_the_harness_catches_each_difference_kvscope_used_to_have():
     proc, first_seed = _differential("--check-planted", timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert set(first_seed) == {"cache-after-forward", "dedup-full-blocks", "admit-on-first-chunk"}
+    assert all(seed is not None for seed in first_seed.values()), first_seed
+
+
+@pytest.mark.slow
+def test_async_scheduler_decides_exactly_as_vllm_on_500_workloads():
+    counts = _assert_identical(500, 1200, "--async")
+    assert counts["scheduled_ahead"] > 0  # steps scheduled while the one before was in flight
+
+
+@pytest.mark.soak
+def test_async_scheduler_decides_exactly_as_vllm_on_20000_workloads():
+    counts = _assert_identical(20_000, 6 * 3600, "--async")
+    assert counts["scheduled_ahead"] > 0
+
+
+@pytest.mark.slow
+def test_async_scheduler_with_three_steps_in_flight_decides_as_vllm():
+    # Only a queue deeper than vLLM's two leaves a preempted request waiting for stale outputs.
+    counts = _assert_identical(200, 900, "--async", "--queue-depth", "3")
+    assert counts["scheduled_ahead"] > 0 and counts["waiting_for_stale"] > 0
+
+
+@pytest.mark.slow
+def test_the_harness_catches_each_async_fault():
+    # Caching past the placeholders, placeholders kept on preemption, a step past max_tokens,
+    # stale outputs dropped, a request readmitted before its stale outputs land.
+    proc, first_seed = _differential("--check-planted", "--async", timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert set(first_seed) == {"cache-past-placeholders", "placeholders-kept-on-preempt", "schedule-past-max-tokens",
+                               "stale-output-dropped", "readmitted-before-stale-outputs"}
     assert all(seed is not None for seed in first_seed.values()), first_seed

@@ -17,7 +17,7 @@ from .report.change_notes import ChangeNotes
 from .report.invariants import check_invariants
 from .report.model_info import model_info, tensor_parallel_facts
 from .report.probe import AttentionProbe, probe_attention
-from .report.records import EngineSnapshot, StepRecord, changes_to_come, engine_snapshot, step_record
+from .report.records import EngineSnapshot, StepRecord, changes_to_come, engine_snapshot, gc_paused, step_record
 from .report.schema import METRICS, TIME, ChangesDict, EngineMetricsDict, ModelInfoDict, TimingsDict
 from .request import Request, abortable
 from .runner.forward_timer import ForwardTimer
@@ -143,6 +143,7 @@ class LLMEngine:
         return new
 
     # -- the step -----------------------------------------------------------------------
+    @gc_paused()   # a step makes many small containers and no cycle: no collection walks the heap mid-step
     def step(self) -> StepRecord:
         """Advance one scheduler step and report exactly what it did."""
         t0 = time.perf_counter()

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 from .sampling_params import SamplingParams
 
 if TYPE_CHECKING:  # no torch at run time: engine/core, which imports this module, stays torch-free
+    from collections.abc import Callable, Sequence
+
     import torch
 
     from .report.schema import ClockDict, ClockLatenciesDict, RequestMetricsDict
@@ -121,6 +123,7 @@ class Request:
         self.last_scheduled: tuple[int, int] | None = None  # [start, end) positions of its last step
         self.generator: torch.Generator | None = None  # when params.seed is set
         self._text_cache: dict[str, tuple[int, str]] = {}
+        self._output_text: Callable[[Sequence[int]], str] | None = None   # set by the first cached_text("output")
 
     @property
     def num_tokens(self) -> int:
@@ -145,6 +148,11 @@ class Request:
         for every request's text after every step). The output reads as vLLM returns it, without
         special tokens (a finished chat answer does not end in `<|im_end|>`), where `decode`
         offers that (engine.tokenizer.fast_decoder's `without_special`)."""
+        if which != "prompt" and hasattr(decode, "output_text"):
+            # Decoded as the tokens arrive, not whole again (engine.tokenizer.OutputText).
+            if self._output_text is None:
+                self._output_text = decode.output_text()
+            return self._output_text(self.output_token_ids)
         ids = self.prompt_token_ids if which == "prompt" else self.output_token_ids
         if which != "prompt":
             decode = getattr(decode, "without_special", decode)

@@ -109,12 +109,14 @@ class NativeCpuKernels:
         return out
 
     def linear(self, x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | None,
-               rounding: int = 0) -> torch.Tensor:
+               rounding: int = 0, out: torch.Tensor | None = None) -> torch.Tensor:
         """x [M, K] @ W^T + bias -> [M, N], W given as pack_panels' output. `rounding` (ROUND_INPUT,
         ROUND_OUTPUT, or both): x's rows rounded to bf16 values before the products (x itself is
-        left as it is), y rounded after the bias; the sums are fp32 either way."""
+        left as it is), y rounded after the bias; the sums are fp32 either way. `out`: a
+        contiguous fp32 [M, N] tensor to write y into (else a new one)."""
         m, k = x.shape
-        y = torch.empty((m, n), dtype=torch.float32)
+        y = torch.empty((m, n), dtype=torch.float32) if out is None else out
+        assert y.shape == (m, n) and y.dtype == torch.float32 and y.is_contiguous(), "out: contiguous fp32 [M, N]"
         self.lib.kv_linear(x.data_ptr(), m, k, panels.data_ptr(), _is_bf16(panels), n,
                            None if bias is None else bias.data_ptr(), y.data_ptr(), rounding)
         return y

@@ -98,12 +98,12 @@ class PackedLinear(nn.Module):
     values to bf16."""
 
     # Buffers (register_buffer: nn.Module's stubs cannot say their types).
-    packed_weight: torch.Tensor
+    packed_weight: torch.Tensor | None   # None: no oneDNN copy (LogitsHead multiplies many rows its own way)
     panels: torch.Tensor | None     # None where the native kernels do not build
     gemm_bias: torch.Tensor | None
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
-                 panel_dtype: torch.dtype = torch.float32, gemm_dtype: torch.dtype = torch.float32,
+                 panel_dtype: torch.dtype = torch.float32, gemm_dtype: torch.dtype | None = torch.float32,
                  rounding: int = 0) -> None:
         super().__init__()
         if gemm_dtype == torch.bfloat16 and rounding != ROUND_INPUT | ROUND_OUTPUT:
@@ -111,8 +111,8 @@ class PackedLinear(nn.Module):
         self.out_features, self.in_features = weight.shape
         weight = weight.detach()
         self.gemm_dtype, self.rounding = gemm_dtype, rounding
-        self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(weight.to(gemm_dtype)),
-                             persistent=False)
+        self.register_buffer("packed_weight", None if gemm_dtype is None else
+                             torch.ops.mkldnn._reorder_linear_weight(weight.to(gemm_dtype)), persistent=False)
         kernels = native()
         self.native = kernels
         self.register_buffer("panels", None if kernels is None else kernels.pack_panels(weight, panel_dtype),
@@ -120,7 +120,8 @@ class PackedLinear(nn.Module):
         self.native_max_rows = native_max_rows(panel_dtype)
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
         # oneDNN takes the bias in the weight's dtype.
-        self.register_buffer("gemm_bias", None if self.bias is None else self.bias.to(gemm_dtype), persistent=False)
+        self.register_buffer("gemm_bias", None if self.bias is None or gemm_dtype is None else self.bias.to(gemm_dtype),
+                             persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()
@@ -138,6 +139,8 @@ class PackedLinear(nn.Module):
         """oneDNN's product over its packed copy (x: contiguous fp32), rounded where the panels
         round: a bf16 copy takes the rows in bf16 and gives bf16; an fp32 copy gets the rounding
         done around it."""
+        if self.packed_weight is None:
+            raise RuntimeError("this PackedLinear keeps no oneDNN copy (gemm_dtype None)")
         if self.rounding & ROUND_INPUT:
             x_in = x.to(torch.bfloat16).to(self.gemm_dtype)  # the second .to: a no-op for a bf16 copy
         else:
@@ -152,8 +155,8 @@ class PackedLinear(nn.Module):
             f", native {dtype_name(self.panels.dtype)} panels up to {self.native_max_rows} rows"
         rounds = " and ".join(name for flag, name in ((ROUND_INPUT, "input"), (ROUND_OUTPUT, "output"))
                               if self.rounding & flag)
-        return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"packed for oneDNN in {dtype_name(self.gemm_dtype)}{native_note}"
+        gemm = "no oneDNN copy" if self.gemm_dtype is None else f"packed for oneDNN in {dtype_name(self.gemm_dtype)}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, {gemm}{native_note}"
                 + (f", {rounds} rounded to bf16" if rounds else ""))
 
 

@@ -12,8 +12,9 @@ from ..attention import AttentionBackend, AttentionMetadata
 from ..cpu_kernels import native
 from ..parallel.layers import RowParallelLinear, VocabParallelEmbedding
 from ..parallel.parallel_state import SINGLE, TensorParallel
-from .cpu_linear import PackedLinear, gemm_dtype_for, pack_linear_layers, place_panels_on_huge_pages, rounding_for
+from .cpu_linear import PackedLinear, gemm_dtype_for, pack_linear_layers, place_panels_on_huge_pages
 from .layers import RMSNorm, RotaryEmbedding, SwiGLU
+from .logits_head import LogitsHead
 from .spec import ModelSpec
 
 
@@ -93,7 +94,7 @@ class CausalLM(nn.Module):
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.lm_head = None if spec.tie_word_embeddings else \
             nn.Linear(spec.hidden_size, spec.vocab_size // tp.size, bias=False)
-        self.packed_lm_head: PackedLinear | None = None  # set by pack_for_cpu()
+        self.packed_lm_head: LogitsHead | None = None  # set by pack_for_cpu()
         self.gemm_dtype: torch.dtype | None = None  # oneDNN's dtype for prefill-sized linears, set by pack_for_cpu()
 
     def decoder_layers(self) -> list[DecoderLayer]:
@@ -114,10 +115,9 @@ class CausalLM(nn.Module):
             if isinstance(module, (RMSNorm, RotaryEmbedding, SwiGLU)):
                 module.native = kernels
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        # The head rounds its input only (fp32 logits), so its oneDNN copy is fp32 in any engine;
-        # prefill multiplies only the sampled rows by it, mostly on the panels.
-        self.packed_lm_head = PackedLinear(weight, None, panel_dtype, torch.float32,
-                                           rounding_for(panel_dtype, lm_head=True))
+        # The head rounds its input only (fp32 logits); prefill multiplies only the sampled rows
+        # by it, mostly on the panels (logits_head.py: where its many-row product goes).
+        self.packed_lm_head = LogitsHead(weight, panel_dtype)
         self.lm_head = None  # the packed copy replaces an untied head (a tied one stays the embedding)
         # A decode step streams every panel: in one huge-page buffer, in the order it reads them.
         place_panels_on_huge_pages([m for m in self.modules() if isinstance(m, PackedLinear)])

@@ -33,6 +33,7 @@ class ChangeNotes:
         self.requests = set()
         pool = scheduler.kv.pool
         blocks = pool.take_touched()
+        holders: dict[int, tuple[Request, int]] = {}   # block -> a scheduled request holding it, and where
         if out is not None:
             touched.update(s.request.request_id for s in out.scheduled)
             touched.update(out.preempted)
@@ -42,7 +43,10 @@ class ChangeNotes:
             bs = config.block_size
             for s in out.scheduled:  # the blocks its new tokens were written into
                 table = s.request.block_table
-                blocks.update(table[s.num_computed_before // bs:(s.num_computed_before + s.num_tokens - 1) // bs + 1])
+                for i in range(s.num_computed_before // bs, min((s.num_computed_before + s.num_tokens - 1) // bs + 1,
+                                                                len(table))):
+                    blocks.add(table[i])
+                    holders[table[i]] = (s.request, i)
         finished = scheduler.finished[self._finished_sent:]
         self._finished_sent = len(scheduler.finished)
         done = {r.request_id for r in finished}
@@ -57,7 +61,8 @@ class ChangeNotes:
             CHANGES.QUEUES: {QUEUE.WAITING: [r.request_id for r in scheduler.waiting],
                              QUEUE.RUNNING: [r.request_id for r in scheduler.running]},
             CHANGES.FINISHED: [request_dict(r, decode) for r in finished],
-            CHANGES.BLOCKS: block_dicts(pool, config.block_size, list(scheduler.running), blocks) if blocks else [],
+            CHANGES.BLOCKS: block_dicts(pool, config.block_size, list(scheduler.running), blocks, holders)
+            if blocks else [],
             CHANGES.NUM_FREE_BLOCKS: pool.num_free_blocks, CHANGES.METRICS: metrics.copy()}
         if self.config_changed:
             changes[CHANGES.CONFIG] = config.to_dict()

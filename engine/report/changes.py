@@ -30,7 +30,7 @@ A tail that does not fit the state held raises `OutOfStep`, never a silent guess
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from ..request import ClockEvents, RequestMetrics
 from .schema import (
@@ -211,6 +211,9 @@ def _owners(running: list[RequestDict], wanted: set[int]) -> dict[int, list[str]
 
 
 # -- the producer side -------------------------------------------------------------------------
+_FIRST_SEEN = frozenset(FIRST_SEEN)
+
+
 class Sent:
     """What the consumer holds of each request's growing lists (after the last refresh point),
     so a producer sends only their tails. A request's block table only grows while it runs;
@@ -243,15 +246,8 @@ class Sent:
         held = self._held.get(rid)
         if held is None:
             held = self._held[rid] = [0, 0, 0, 0]
-        else:
-            fields = fields.copy()
-            fields.pop(RCHANGE.PROMPT_TOKEN_IDS, None)  # FIRST_SEEN
-            fields.pop(RCHANGE.PROMPT_TEXT, None)
-            fields.pop(RCHANGE.MAX_TOKENS, None)
-            fields.pop(RCHANGE.SAMPLING_PARAMS, None)
-            fields.pop(RCHANGE.PRIORITY, None)
-            fields.pop(RCHANGE.CACHE_SALT, None)
-            fields.pop(RCHANGE.LORA_NAME, None)
+        elif any(k in fields for k in _FIRST_SEEN):   # kvscope's engine leaves them out itself
+            fields = cast("RequestFieldsDict", {k: v for k, v in fields.items() if k not in _FIRST_SEEN})
         start, table_from = min(held[0], len(output)), min(held[1], len(table))
         change: RequestChangeDict = {
             **fields, RCHANGE.OUTPUT_FROM: start, RCHANGE.OUTPUT_TAIL: list(output[start:]),

@@ -14,7 +14,7 @@ from ..config import SCHEDULER_KNOBS, EngineConfig
 from ..core.block_pool import BlockEvents, BlockPool
 from ..core.hashing import hash_hex
 from ..core.scheduler import Scheduler, SchedulerOutput
-from ..request import Request
+from ..request import Request, RequestStatus
 from ..runner.batch import Batch
 from ..runner.model_runner import ModelRunnerOutput
 from ..runner.sampler import SampleResult
@@ -205,19 +205,38 @@ def block_pool_dict(pool: BlockPool, block_size: int, live: list[Request]) -> Bl
             POOL.NUM_FREE_BLOCKS: pool.num_free_blocks, POOL.BLOCKS: block_dicts(pool, block_size, live)}
 
 
-def block_dicts(pool: BlockPool, block_size: int, live: list[Request], only: set[int] | None = None) -> list[BlockDict]:
+def block_dicts(pool: BlockPool, block_size: int, live: list[Request], only: set[int] | None = None,
+                holders: Mapping[int, tuple[Request, int]] | None = None) -> list[BlockDict]:
     """The dicts of every block (or of the block ids in `only`, in id order); a block's owners
-    are the `live` requests holding it, its tokens those of its first owner (else its cached ones)."""
+    are the `live` requests holding it, its tokens those of its first owner (else its cached ones).
+    `holders`: block id -> (a request, the block's index in its table) known to hold it (a step's
+    scheduled request, for the blocks its new tokens went into). A block that one running request
+    holds (ref count 1) is then its own answer; only the others are searched for in every table,
+    so a decode step's record costs O(its blocks), not O(every table)."""
     owners: dict[int, list[str]] = {}
     tokens: dict[int, list[int]] = {}
-    for req in live:
-        for i, b in enumerate(req.block_table):
-            if only is not None and b not in only:
-                continue
-            owners.setdefault(b, []).append(req.request_id)
-            if b not in tokens:
-                lo = i * block_size
-                tokens[b] = req.all_token_ids[lo:min(lo + block_size, req.num_computed_tokens)]
+
+    def own(req: Request, i: int, b: int) -> None:
+        owners.setdefault(b, []).append(req.request_id)
+        if b not in tokens:
+            lo = i * block_size
+            tokens[b] = req.all_token_ids[lo:min(lo + block_size, req.num_computed_tokens)]
+
+    search = only
+    if only is not None and holders:
+        search = set()
+        for b in only:
+            ref, held = pool.blocks[b].ref_count, holders.get(b)
+            if ref == 1 and held is not None and held[0].status == RequestStatus.RUNNING \
+                    and held[0].block_table[held[1]] == b:
+                own(held[0], held[1], b)
+            elif ref > 0:   # held by requests the hints do not name (a free block has no owner)
+                search.add(b)
+    if search is None or search:
+        for req in live:
+            for i, b in enumerate(req.block_table):
+                if search is None or b in search:
+                    own(req, i, b)
     blocks: list[BlockDict] = []
     for blk in (pool.blocks if only is None else [pool.blocks[b] for b in sorted(only)]):
         b = blk.block_id

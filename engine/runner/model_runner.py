@@ -22,6 +22,7 @@ from . import crossover
 from .batch import Batch
 from .cuda_graphs import DecodeGraphs, why_no_graphs
 from .native_decode import NativeDecode, why_no_native_decode
+from .padded_tables import PaddedTables
 
 
 @dataclass
@@ -89,6 +90,7 @@ class ModelRunner:
             self.device = resolve_device(config.device) if tp is None else tp.device
             self.dtype = resolve_dtype(config.dtype, self.device)
             self.block_size = config.block_size
+            self._padded_tables = PaddedTables()   # each step's block tables, in one buffer kept across steps
             self.backend = get_attention_backend(config.attention_backend, self.device, self.block_size, self.dtype)
             if model is None:  # else: weights shared with an earlier engine (read-only at inference)
                 model = build_model(config, spec, max_model_len, self.device, self.dtype, self.tp)
@@ -258,8 +260,7 @@ class ModelRunner:
         max_blocks = max((len(t) for t in batch.block_tables), default=1) or 1
         # Padded on the host and copied once: a copy per sequence costs a host-to-device
         # transfer each on a GPU (hundreds per step at large batches).
-        padded = torch.tensor([t + [0] * (max_blocks - len(t)) for t in batch.block_tables],
-                              dtype=torch.long).reshape(-1, max_blocks).to(dev)
+        padded = self._padded_tables(batch.block_tables, max_blocks).to(dev)
         meta = AttentionMetadata(
             query_start_loc=batch.query_start_loc, seq_lens=batch.seq_lens, context_lens=ctx_lens,
             slot_mapping=torch.tensor(batch.slot_mapping, dtype=torch.long, device=dev),

@@ -7,6 +7,7 @@ from torch import nn
 
 from engine import LLM
 from engine.cpu_kernels import ROUND_INPUT, ROUND_OUTPUT
+from engine.model.logits_head import LogitsHead
 from engine.model.cpu_linear import (HUGE_PAGE, UNMEASURED_MAX_ROWS, PackedLinear, cpu_packing_available, gemm_dtype_for,
                                      huge_page_bytes, onednn_runs_bf16, pack_linear_layers, rounding_for)
 
@@ -22,6 +23,25 @@ def test_packed_linear_matches_f_linear(rows, bias):
     torch.testing.assert_close(PackedLinear(w, b)(x), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(PackedLinear(w, b)(x[:, ::1].t().contiguous().t()), F.linear(x, w, b),
                                rtol=1e-5, atol=1e-5)  # a non-contiguous input too
+
+
+@pytest.mark.parametrize("panel_dtype", [torch.float32, torch.bfloat16])
+def test_logits_head_reuses_one_workspace_and_gives_the_heads_product(panel_dtype):
+    """The head's logits: the product of the rows (rounded to bf16 values in a bf16 engine) by
+    the weight, on the panels for few rows and the GEMM for many, in one workspace that grows to
+    the most rows asked for and is reused after (a fresh 100+ MB tensor a step was mapped and
+    unmapped each time: logits_head.py)."""
+    g = torch.Generator().manual_seed(7)
+    w = torch.randn(1000, 48, generator=g).to(panel_dtype).float()
+    head = LogitsHead(w, panel_dtype)
+    rounded = (lambda x: x.bfloat16().float()) if panel_dtype == torch.bfloat16 else (lambda x: x)
+    addresses = []
+    for rows in (3, UNMEASURED_MAX_ROWS + 40, 5, UNMEASURED_MAX_ROWS + 40):
+        x = torch.randn(rows, 48, generator=g)
+        got = head(x)
+        torch.testing.assert_close(got, rounded(x) @ w.t(), rtol=1e-5, atol=1e-5)
+        addresses.append(got.data_ptr())
+    assert addresses[1] == addresses[2] == addresses[3] and head.packed_weight is None
 
 
 def _bf16_linear_case(bias: bool):
@@ -83,9 +103,9 @@ def test_bf16_engine_packs_onednn_in_bf16_only_where_the_cpu_multiplies_bf16(tin
     packed = [m for m in model.layers.modules() if isinstance(m, PackedLinear)]
     assert {lin.packed_weight.dtype for lin in packed} == {want} and {lin.gemm_dtype for lin in packed} == {want}
     assert {lin.rounding for lin in packed} == {ROUND_INPUT | ROUND_OUTPUT}
-    # The head gives fp32 logits: an fp32 oneDNN copy, its input rounded only.
+    # The head gives fp32 logits: its many-row GEMM reads an fp32 copy, its input rounded only.
     head = model.packed_lm_head
-    assert (head.packed_weight.dtype, head.rounding) == (torch.float32, ROUND_INPUT)
+    assert (head.packed_weight, head.weight_t.dtype, head.rounding) == (None, torch.float32, ROUND_INPUT)
     assert engine.model_info["cpu_gemm_dtype"] == str(want).removeprefix("torch.")
     assert LLM(model=str(tiny_qwen3_path), device="cpu", dtype="float32").engine.model_info["cpu_gemm_dtype"] \
         == "float32"

@@ -1,0 +1,159 @@
+"""The host work around the forward, per step (`python -m benchmarks.host_path`).
+
+A tiny random Qwen3 (2 layers, hidden 64, Qwen's 151,936-token vocabulary) makes the model's
+own work small, so what is left of a step is the engine's Python and memory traffic: what a
+GPU's forward would have to hide. For each size every request decodes, with 512-2,048 tokens of
+context; the step loop is timed from the caller (what `step()` frees when it returns counts),
+with records on (what a Session needs) and off. Printed per step, medians:
+
+- schedule, prepare, update: the engine's own timings;
+- record: `step_record` and the step's changes (records on only);
+- other: the rest of the loop's wall that is neither forward nor sample nor the above
+  (frees after the step returns, the engine's bookkeeping);
+- host: the loop's wall less the forward and the sampler, the goal's figure;
+- gc: the cyclic garbage collector's time per step, wherever it ran (inside the columns above);
+- and, with `--vllm`, the vLLM recorder at the same size (benchmarks.recorder_scale): the
+  scheduler thread's added time and the recorder thread's CPU, beside kvscope's record.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import random
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from explorer.apps.machine import cpu_summary
+
+SIZES = (16, 64, 256)
+CONTEXT = (512, 2048)
+BLOCK_SIZE = 16
+
+
+class _Clock:
+    """Adds up the time spent in wrapped calls."""
+
+    def __init__(self) -> None:
+        self.s = 0.0
+
+    def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.s += time.perf_counter() - t
+        return timed
+
+
+def _gc_clock() -> tuple[list[float], Callable[[str, dict], None]]:
+    spent: list[float] = []
+    started = [0.0]
+
+    def callback(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            spent.append(time.perf_counter() - started[0])
+    return spent, callback
+
+
+def measure(model: Path, num_requests: int, record: bool, steps: int) -> dict[str, float]:
+    """Median ms per decode step at `num_requests` requests (and gc's mean)."""
+    import engine.llm_engine as loop
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+    from engine.sampling_params import SamplingParams
+
+    blocks_each = -(-(CONTEXT[1] + steps + 64) // BLOCK_SIZE)
+    eng = LLMEngine(EngineConfig(model=str(model), block_size=BLOCK_SIZE, num_kv_blocks=num_requests * blocks_each + 1,
+                                 max_num_seqs=num_requests, max_num_batched_tokens=16_384, max_model_len=4096,
+                                 record_steps=record))
+    rng = random.Random(0)
+    params = SamplingParams(temperature=0.0, max_tokens=CONTEXT[1], ignore_eos=True)
+    for i in range(num_requests):   # distinct prompts: no prefix sharing
+        eng.add_request([3 + (i * 7919 + j) % 1000 for j in range(rng.randint(*CONTEXT))], params)
+    while eng.scheduler.waiting or any(r.num_computed_tokens < r.num_prompt_tokens for r in eng.scheduler.running):
+        eng.step()
+    for _ in range(3):
+        eng.step()
+    record_clock = _Clock()
+    plain_record, plain_changes = loop.step_record, eng._step_changes
+    loop.step_record = record_clock.wrap(plain_record)  # type: ignore[assignment]
+    eng._step_changes = record_clock.wrap(plain_changes)  # type: ignore[method-assign]
+    spent, callback = _gc_clock()
+    gc.callbacks.append(callback)
+    rows: dict[str, list[float]] = {}
+    try:
+        t = time.perf_counter()
+        for _ in range(steps):
+            record_clock.s = 0.0
+            rec = eng.step()
+            now = time.perf_counter()
+            ms = rec.timings_ms
+            row = {"schedule": ms["schedule"], "prepare": ms["prepare"], "forward": ms["forward"],
+                   "sample": ms["sample"], "update": ms["update"], "record": record_clock.s * 1e3,
+                   "wall": (now - t) * 1e3}
+            for k, v in row.items():
+                rows.setdefault(k, []).append(v)
+            t = now
+    finally:
+        gc.callbacks.remove(callback)
+        loop.step_record = plain_record  # type: ignore[assignment]
+        eng.shutdown()
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    med["gc"] = sum(spent) * 1e3 / steps
+    med["host"] = med["wall"] - med["forward"] - med["sample"]
+    med["other"] = med["host"] - med["schedule"] - med["prepare"] - med["update"] - med["record"]
+    return med
+
+
+def vllm_recorder(num_requests: int, steps: int) -> dict[str, float]:
+    """The vLLM recorder at this size (benchmarks.recorder_scale: vLLM's Scheduler without a model)."""
+    from . import recorder_scale
+
+    blocks = num_requests * -(-(CONTEXT[1] + steps + 64) // BLOCK_SIZE) + 1
+    prompt = sum(CONTEXT) // 2
+    plain = recorder_scale._steps(blocks, num_requests, prompt, steps, False, 0.005)
+    rec = recorder_scale._steps(blocks, num_requests, prompt, steps, True, 0.005)
+    return {"added": rec["step_ms"] - plain["step_ms"], "thread": rec["thread_cpu_ms"]}
+
+
+COLUMNS = ("schedule", "prepare", "update", "record", "other", "host", "gc", "forward", "sample")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default=",".join(map(str, SIZES)), help="decoding requests, comma-separated")
+    ap.add_argument("--steps", type=int, default=20, help="decode steps timed per size")
+    ap.add_argument("--vllm", action="store_true", help="also time the vLLM recorder at each size (imports vLLM)")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("KVSCOPE_QUIET", "1")          # no weight-loading bar between the rows
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    from benchmarks.checkpoints import write_tiny_qwen3
+
+    sizes = [int(s) for s in args.sizes.split(",")]
+    with tempfile.TemporaryDirectory() as tmp:
+        model = write_tiny_qwen3(Path(tmp) / "tiny-qwen3")
+        print(f"host work per decode step ({cpu_summary()}); tiny Qwen3, every request decoding with "
+              f"{CONTEXT[0]}-{CONTEXT[1]} tokens of context, block size {BLOCK_SIZE}; medians of {args.steps} steps, "
+              "ms", flush=True)
+        print(f"{'requests':>8} {'records':>7} " + " ".join(f"{c:>8}" for c in COLUMNS)
+              + ("  vLLM recorder: +sched ms, thread CPU ms" if args.vllm else ""))
+        for n in sizes:
+            for record in (False, True):
+                med = measure(model, n, record, args.steps)
+                line = f"{n:>8} {'on' if record else 'off':>7} " + " ".join(f"{med[c]:>8.2f}" for c in COLUMNS)
+                if args.vllm and record:
+                    v = vllm_recorder(n, max(args.steps, 64))
+                    line += f"  {v['added']:>+6.2f} {v['thread']:>6.2f}"
+                print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -30,9 +30,15 @@ class Decoder:
         self._spell = spell
         self.without_special = without_special
         self._backend = backend
+        self._one: dict[int, str] = {}   # one token's text: each step's sampled tokens, spelled again and again
 
     def __call__(self, ids: Sequence[int]) -> str:
-        return self._spell(ids)
+        if len(ids) != 1:
+            return self._spell(ids)
+        text = self._one.get(ids[0])
+        if text is None:
+            text = self._one[ids[0]] = self._spell(ids)
+        return text
 
     def output_text(self) -> Callable[[Sequence[int]], str]:
         """ids -> their text without special tokens, for one growing list of output ids (decoded

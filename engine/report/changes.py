@@ -246,7 +246,7 @@ class Sent:
         held = self._held.get(rid)
         if held is None:
             held = self._held[rid] = [0, 0, 0, 0]
-        elif any(k in fields for k in _FIRST_SEEN):   # kvscope's engine leaves them out itself
+        elif not _FIRST_SEEN.isdisjoint(fields):   # kvscope's engine leaves them out itself
             fields = cast("RequestFieldsDict", {k: v for k, v in fields.items() if k not in _FIRST_SEEN})
         start, table_from = min(held[0], len(output)), min(held[1], len(table))
         change: RequestChangeDict = {

@@ -29,3 +29,12 @@ def test_output_text_streams_and_equals_the_whole_decode_at_every_length(which, 
     text = decode.output_text()
     text([300, 301, 302])
     assert text([400]) == decode.without_special([400])
+
+
+def test_one_tokens_text_is_kept_and_equals_the_tokenizers(tiny_qwen3_path):
+    """A step spells each sampled token; the decoder keeps each token's text after the first time."""
+    tokenizer = load_tokenizer(tiny_qwen3_path)
+    decode = fast_decoder(tokenizer)
+    for token in (0, 198, 151645, 9625, 198):
+        assert decode([token]) == decode((token,)) == tokenizer.decode([token])
+    assert decode([9625, 198]) == tokenizer.decode([9625, 198]) and len(decode._one) == 4

@@ -140,7 +140,10 @@ def main(argv: list[str] | None = None) -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         model = write_tiny_qwen3(Path(tmp) / "tiny-qwen3")
-        print(f"host work per decode step ({cpu_summary()}); tiny Qwen3, every request decoding with "
+        import torch
+
+        gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
+        print(f"host work per decode step ({cpu_summary()}{gpu}); tiny Qwen3, every request decoding with "
               f"{CONTEXT[0]}-{CONTEXT[1]} tokens of context, block size {BLOCK_SIZE}; medians of {args.steps} steps, "
               "ms", flush=True)
         print(f"{'requests':>8} {'records':>7} " + " ".join(f"{c:>8}" for c in COLUMNS)

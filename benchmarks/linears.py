@@ -18,16 +18,13 @@ whole set far past the L3), so each pass reads its weights from DRAM, as a real 
 """
 from __future__ import annotations
 
-import statistics
-import time
-
 import torch
 
-from engine import LLM, SamplingParams
+from engine import LLM
 from engine.cpu_kernels import native, unavailable_reason, variants_not_running
 from engine.model.cpu_linear import PackedLinear
-from engine.runner.native_decode import NativeDecode, why_no_native_decode
-
+from engine.runner import crossover
+from engine.runner.native_decode import why_no_native_decode
 from explorer.apps.machine import cpu_summary
 
 ROWS = (1, 4, 16, 32, 64, 128, 256, 1024)
@@ -47,27 +44,13 @@ def layer_linears(llm: LLM) -> list[PackedLinear]:
     return [m for m in llm.engine.runner.model.layers.modules() if isinstance(m, PackedLinear)]
 
 
-def pass_seconds(linears: list[PackedLinear], rows: int, path: str, reps: int) -> float:
-    """Median seconds of `reps` passes of `rows` fp32 rows through every linear by one path
-    ('panels' or 'onednn'); one untimed pass first (oneDNN builds its primitive per shape)."""
-    inputs = {n: torch.randn(rows, n) for n in {lin.in_features for lin in linears}}
-    runs = []
-    with torch.inference_mode():
-        for i in range(reps + 1):
-            t0 = time.perf_counter()
-            for lin in linears:
-                getattr(lin, f"{path}_linear")(inputs[lin.in_features])
-            if i:
-                runs.append(time.perf_counter() - t0)
-    return statistics.median(runs)
-
-
 def bench_linears(dtype: str = "float32", model: str | None = None, rows: tuple[int, ...] = ROWS,
                   reps: int = 5, step_rows: tuple[int, ...] = STEP_ROWS, out=print) -> dict:
     """Both paths at each row count, in ms per pass over the model's layer linears, then whole
-    decode steps both ways at each of `step_rows` (none: skipped); returns both tables and the
-    first row count at which oneDNN was faster in each (None: never)."""
-    llm = LLM(model=model, dtype=dtype, num_kv_blocks=max((*step_rows, 1)) * 4 + 8)
+    decode steps both ways at each of `step_rows` (none: skipped): the engine's own measurements
+    (crossover.measure_linears, measure_steps), best of `reps`, at every row count asked for.
+    Returns both tables and the first row count at which oneDNN was faster in each (None: never)."""
+    llm = LLM(model=model, dtype=dtype)
     linears = layer_linears(llm)
     if not linears or linears[0].panels is None:
         raise RuntimeError("the native panels are off here (no native CPU kernels): nothing to compare")
@@ -76,12 +59,11 @@ def bench_linears(dtype: str = "float32", model: str | None = None, rows: tuple[
     out(f"CPU {cpu_summary()}; torch CPU kernels: {torch.backends.cpu.get_cpu_capability()}, "
         f"{torch.get_num_threads()} threads; {kernel_variants_line()}")
     out(f"model {info['name']} ({dtype}): {len(linears)} layer linears, native {dtype} panels {weight_mb:.0f} MB, "
-        f"oneDNN in {info['cpu_gemm_dtype']}; median of {reps} passes")
+        f"oneDNN in {info['cpu_gemm_dtype']}; best of {reps} passes")
     out(f"the engine here: {info['native_rows_source']}")
     out(f"{'rows':>6} {'panels ms':>10} {'oneDNN ms':>10}  faster")
     table = []
-    for n in rows:
-        panels, onednn = (pass_seconds(linears, n, path, reps) * 1e3 for path in ("panels", "onednn"))
+    for n, panels, onednn in crossover.measure_linears(linears, rows, reps, every_row=True):
         table.append({"rows": n, "panels_ms": panels, "onednn_ms": onednn})
         out(f"{n:>6} {panels:>10.1f} {onednn:>10.1f}  {'panels' if panels < onednn else 'oneDNN'}")
     onednn_from = next((r["rows"] for r in table if r["onednn_ms"] < r["panels_ms"]), None)
@@ -95,55 +77,22 @@ def bench_linears(dtype: str = "float32", model: str | None = None, rows: tuple[
 
 
 def step_crossover(llm: LLM, step_rows: tuple[int, ...], reps: int, out=print) -> list[dict]:
-    """Whole pure-decode steps of each batch size in `step_rows`: as one native call (the panels)
-    and layer by layer with every linear on oneDNN, alternated, best of `reps` rounds of each
-    (each round: the median of its steps). The engine's own limit is set back afterwards."""
+    """Whole pure-decode steps of each batch size in `step_rows`, as one native call and layer by
+    layer with every linear on oneDNN (crossover.measure_steps: the forward to the logits, through
+    a throwaway KV pool), wherever the native decode can run, also where this machine's measured
+    limit turned it off (that measurement is what this table shows again)."""
     eng = llm.engine
     runner = eng.runner
-    linears = [m for m in runner.model.modules() if isinstance(m, PackedLinear)]
-    # Timed wherever the native decode can run, also where this machine's measured limit turned
-    # it off (that measurement is what this table shows again).
     cannot = why_no_native_decode(eng.config.enforce_eager, runner.device, runner.dtype, runner.backend.name,
                                   runner.tp.size, runner.model)
     if cannot is not None:
         out(f"whole steps: no native decode here ({cannot})")
         return []
-    own_limit, own_decode = linears[0].native_max_rows, runner.native_decode
-    # a native call as large as the largest batch measured
-    big = NativeDecode(runner.model, runner.kv_caches, runner.block_size, int(eng.config.max_model_len or 0),
-                       max(step_rows))
-    out(f"whole decode steps, best of {reps} rounds (each the median of its steps):")
+    out(f"whole decode steps, best of {reps}:")
     out(f"{'rows':>6} {'native ms':>10} {'layer-by-layer oneDNN ms':>25}  faster")
     table = []
-    try:
-        for n in step_rows:
-            best = {True: float("inf"), False: float("inf")}
-            for _ in range(reps):
-                for native_step in (True, False):
-                    runner.native_decode = big if native_step else None
-                    for lin in linears:
-                        lin.native_max_rows = max(step_rows) if native_step else 0
-                    best[native_step] = min(best[native_step], _decode_step_ms(eng, n))
-            table.append({"rows": n, "native_ms": best[True], "layer_by_layer_ms": best[False]})
-            out(f"{n:>6} {best[True]:>10.1f} {best[False]:>25.1f}  "
-                f"{'native' if best[True] <= best[False] else 'layer by layer'}")
-    finally:
-        runner.native_decode = own_decode
-        for lin in linears:
-            lin.native_max_rows = own_limit
+    for n, native_ms, layer_ms in crossover.measure_steps(runner, crossover.packed_linears(runner), step_rows, reps,
+                                                          every_row=True):
+        table.append({"rows": n, "native_ms": native_ms, "layer_by_layer_ms": layer_ms})
+        out(f"{n:>6} {native_ms:>10.1f} {layer_ms:>25.1f}  {'native' if native_ms <= layer_ms else 'layer by layer'}")
     return table
-
-
-def _decode_step_ms(eng, rows: int, steps: int = 4) -> float:
-    """Median ms of the pure-decode steps of `rows` short greedy requests (their prefills untimed)."""
-    for i in range(rows):
-        eng.add_request([100 + i, 200, 300, 400 + i], SamplingParams(max_tokens=steps + 1, ignore_eos=True,
-                                                                     temperature=0.0))
-    times = []
-    while eng.has_unfinished_requests():
-        t0 = time.perf_counter()
-        rec = eng.step()
-        ms = (time.perf_counter() - t0) * 1e3
-        if len(rec.scheduled) == rows and not any(s["is_prefill"] for s in rec.scheduled):
-            times.append(ms)
-    return statistics.median(times)

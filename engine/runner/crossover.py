@@ -262,22 +262,23 @@ def measure(runner: MeasuredRunner, linears: list[PackedLinear], key: str) -> Cr
                      table, steps)
 
 
-def _ascending(candidates: tuple[int, ...], timed) -> Table:
+def _ascending(candidates: tuple[int, ...], timed, every_row: bool = False) -> Table:
     """Times both paths at each row count (`timed(rows)` -> (ours ms, theirs ms)), upwards,
-    stopping after two row counts in a row that the panels clearly lose: past them the arithmetic
-    only grows in oneDNN's favour."""
+    stopping after two row counts in a row that the panels clearly lose (past them the arithmetic
+    only grows in oneDNN's favour), unless `every_row` (the bench's full tables)."""
     table, losses = [], 0
     for rows in candidates:
         ours, theirs = timed(rows)
         table.append((rows, round(ours, 3), round(theirs, 3)))
         losses = losses + 1 if ours > CLEAR_LOSS * theirs else 0
-        if losses == 2:
+        if losses == 2 and not every_row:
             break
     return tuple(table)
 
 
 @torch.inference_mode()
-def measure_linears(linears: list[PackedLinear], rows: tuple[int, ...] = LINEAR_ROWS, reps: int = REPS) -> Table:
+def measure_linears(linears: list[PackedLinear], rows: tuple[int, ...] = LINEAR_ROWS, reps: int = REPS,
+                    every_row: bool = False) -> Table:
     """The layer linears, every one in a forward's order (the set far past the L3, so each pass
     streams its weights from DRAM as a step does), both paths alternated: best of `reps` passes
     after one untimed pass each (oneDNN builds its primitive per shape)."""
@@ -292,12 +293,12 @@ def measure_linears(linears: list[PackedLinear], rows: tuple[int, ...] = LINEAR_
                 if i:
                     best[path] = min(best[path], (time.perf_counter() - t0) * 1e3)
         return best["panels"], best["onednn"]
-    return _ascending(rows, timed)
+    return _ascending(rows, timed, every_row)
 
 
 @torch.inference_mode()
 def measure_steps(runner: MeasuredRunner, linears: list[PackedLinear], rows: tuple[int, ...] = STEP_ROWS,
-                  reps: int = REPS) -> Table:
+                  reps: int = REPS, every_row: bool = False) -> Table:
     """Pure-decode steps of each batch size as one native call and layer by layer with every
     linear on oneDNN (as the runner runs a batch past the limit, its packed inputs and attention
     metadata built each time), through a throwaway KV pool, alternated: best of `reps` after one
@@ -338,7 +339,7 @@ def measure_steps(runner: MeasuredRunner, linears: list[PackedLinear], rows: tup
     for lin in linears:  # layer by layer past the limit: every linear on oneDNN
         lin.native_max_rows = 0
     try:
-        return _ascending(rows, timed)
+        return _ascending(rows, timed, every_row)
     finally:
         for lin, limit in zip(linears, own):
             lin.native_max_rows = limit

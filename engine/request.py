@@ -113,6 +113,11 @@ class Request:
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []  # hashes of full blocks of all_token_ids, in order
         self.num_cached_blocks = 0         # leading blocks of block_table registered in the prefix cache
+        # With several KV cache groups (engine/core/hybrid_kv_cache.py), `block_table` is the
+        # full-attention group's and these are the others' (a sliding window's), one table each.
+        self.extra_block_tables: list[list[int]] = []
+        self.shared_prefix_boundary = 0    # a sliding group's prefix worth caching (see find_longest_cache_hit)
+        self.num_in_flight_tokens = 0      # scheduled in steps not updated yet (AsyncScheduler)
         self.num_preemptions = 0
         self.num_prefill_chunks = 0        # prefill chunks since the latest admission
         # Async scheduling (engine/core/async_scheduler.py): tokens already scheduled as the input

@@ -51,6 +51,7 @@ class AsyncScheduler(Scheduler):
             # Inputs past its known tokens are the outputs of the step in flight.
             s.num_placeholder_inputs = max(0, s.num_computed_before + s.num_tokens - req.num_tokens)
             req.num_computed_tokens += s.num_tokens
+            req.num_in_flight_tokens += s.num_tokens  # a sliding window frees none of them yet
             req.last_scheduled = (s.num_computed_before, req.num_computed_tokens)
             if s.is_prefill:
                 req.num_prefill_chunks += 1
@@ -117,6 +118,7 @@ class AsyncScheduler(Scheduler):
         finished = []
         for s in out.scheduled:
             req = s.request
+            req.num_in_flight_tokens -= s.num_tokens
             stale = self._land_stale(req.request_id)
             if s.is_prefill:
                 self.num_computed_prompt_tokens += s.num_tokens

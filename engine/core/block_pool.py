@@ -23,6 +23,7 @@ class KVBlock:
     ref_count: int = 0
     block_hash: int | None = None
     token_ids: tuple[int, ...] = ()  # the full block's tokens, stored when its hash is registered
+    kv_cache_group_id: int = 0  # the group whose hash it holds: equal hashes of two groups are two entries
 
 
 class BlockEventsDict(TypedDict):
@@ -69,8 +70,9 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(1, num_blocks))
-        # hash -> the blocks registered under it, in registration order (an ordered set).
-        self.cached_blocks_of_hash: dict[int, dict[int, None]] = {}
+        # hash -> the blocks registered under it, in registration order (an ordered set). Group 0's
+        # key is the hash itself; another KV cache group's is (group, hash), as vLLM keys by both.
+        self.cached_blocks_of_hash: dict[int | tuple[int, int], dict[int, None]] = {}
         self._events = BlockEvents()  # since the last take_events()
         # Every block whose refcount, hash or place changed since the last take_touched(): what
         # a step's changes must resend (a shared block that lost one reference has no event).
@@ -86,9 +88,9 @@ class BlockPool:
         """Fraction of allocatable blocks in use (vLLM's kv_cache_usage)."""
         return 1.0 - self.num_free_blocks / (self.num_blocks - 1)
 
-    def lookup(self, block_hash: int) -> int | None:
-        """The first block still registered under this hash, or None."""
-        blocks = self.cached_blocks_of_hash.get(block_hash)
+    def lookup(self, block_hash: int, group: int = 0) -> int | None:
+        """The first block still registered under this hash (in KV cache group `group`), or None."""
+        blocks = self.cached_blocks_of_hash.get(_key(block_hash, group))
         return next(iter(blocks)) if blocks else None
 
     def is_free(self, block_id: int) -> bool:
@@ -110,6 +112,8 @@ class BlockPool:
     def touch(self, block_ids: list[int]) -> None:
         """Take prefix-cache hits: bump refcounts, pulling free cached blocks out of the queue."""
         for b in block_ids:
+            if b == NULL_BLOCK_ID:  # a sliding window's padding: nobody's to take
+                continue
             block = self.blocks[b]
             if block.ref_count == 0:
                 del self.free_queue[b]
@@ -141,6 +145,8 @@ class BlockPool:
         the rest at the head keeping this order, so the next allocation reuses them first."""
         to_head = []
         for b in block_ids_in_free_order:
+            if b == NULL_BLOCK_ID:  # a sliding window's padding: never referenced, never freed
+                continue
             block = self.blocks[b]
             block.ref_count -= 1
             self._touched.add(b)
@@ -156,20 +162,21 @@ class BlockPool:
             self.free_queue[b] = None
             self.free_queue.move_to_end(b, last=False)
 
-    def register(self, block_id: int, block_hash: int, token_ids: list[int]) -> None:
+    def register(self, block_id: int, block_hash: int, token_ids: list[int], group: int = 0) -> None:
         """Make a full block findable by its hash, also when another block already holds the
         same hash (vLLM keeps both, so block tables stay append-only)."""
         block = self.blocks[block_id]
-        block.block_hash, block.token_ids = block_hash, tuple(token_ids)
-        self.cached_blocks_of_hash.setdefault(block_hash, {})[block_id] = None
+        block.block_hash, block.token_ids, block.kv_cache_group_id = block_hash, tuple(token_ids), group
+        self.cached_blocks_of_hash.setdefault(_key(block_hash, group), {})[block_id] = None
         self._events.cached.append(block_id)
         self._touched.add(block_id)
 
     def _unregister(self, block: KVBlock, block_hash: int) -> None:
-        blocks = self.cached_blocks_of_hash[block_hash]
+        key = _key(block_hash, block.kv_cache_group_id)
+        blocks = self.cached_blocks_of_hash[key]
         del blocks[block.block_id]
         if not blocks:
-            del self.cached_blocks_of_hash[block_hash]
+            del self.cached_blocks_of_hash[key]
         block.block_hash, block.token_ids = None, ()
 
     def reset_prefix_cache(self) -> None:
@@ -179,3 +186,8 @@ class BlockPool:
                 self._touched.add(block.block_id)
             block.block_hash, block.token_ids = None, ()
         self.cached_blocks_of_hash.clear()
+
+
+def _key(block_hash: int, group: int) -> int | tuple[int, int]:
+    """The prefix cache's key: group 0's is the bare hash (one group: the keys as ever)."""
+    return block_hash if group == 0 else (group, block_hash)

@@ -1,5 +1,7 @@
 """Per-request block tables on top of the BlockPool: prefix-cache lookup, slot allocation,
-registration of full blocks (at allocation, as vLLM's KVCacheManager does), and freeing."""
+registration of full blocks (at allocation, as vLLM's KVCacheManager does), and freeing.
+With several KV cache groups (full attention + sliding window) the work goes to
+engine/core/hybrid_kv_cache.py; with one (the default) it runs here."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -7,22 +9,31 @@ from collections.abc import Sequence
 from ..request import Request
 from .block_pool import BlockPool
 from .hashing import extend_block_hashes
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+from .hybrid_kv_cache import HybridKVCacheCoordinator
+from .kv_cache_groups import FullAttentionSpec, KVCacheSpec, cdiv
 
 
 class KVCacheManager:
     """Allocates KV blocks to requests and runs the prefix cache (full blocks only)."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool, max_model_len: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool, max_model_len: int,
+                 kv_cache_groups: Sequence[KVCacheSpec] | None = None, max_in_flight_tokens: int | None = None,
+                 prefix_cache_retention_interval: int | None = 0) -> None:
+        """`kv_cache_groups`: one spec per group, full attention first (None: one full-attention
+        group). With a sliding window, `max_in_flight_tokens` (vLLM's: max_num_batched_tokens per
+        step in flight; default max_model_len) bounds what admission reserves, and
+        `prefix_cache_retention_interval` (vLLM's setting, 0 by default) which blocks it caches."""
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.pool = BlockPool(num_blocks)
         self.enable_prefix_caching = enable_prefix_caching
         self.prefix_cache_queries = 0  # tokens looked up (vLLM counts tokens)
         self.prefix_cache_hits = 0     # tokens found
+        if kv_cache_groups is not None and not isinstance(kv_cache_groups[0], FullAttentionSpec):
+            raise ValueError("the first KV cache group must be full attention (its table is block_table)")
+        self.hybrid = None if kv_cache_groups is None or len(kv_cache_groups) < 2 else HybridKVCacheCoordinator(
+            kv_cache_groups, self.pool, block_size, max_model_len,
+            max_model_len if max_in_flight_tokens is None else max_in_flight_tokens, prefix_cache_retention_interval)
 
     def set_prefix_caching(self, enabled: bool) -> None:
         if self.enable_prefix_caching and not enabled:
@@ -36,6 +47,8 @@ class KVCacheManager:
         logits sampled (a full hit recomputes the last block)."""
         if not self.enable_prefix_caching:
             return [], 0
+        if self.hybrid is not None:
+            return self.hybrid.find_longest_cache_hit(req, req.num_tokens - 1)
         extend_block_hashes(req.block_hashes, req.all_token_ids, self.block_size)
         max_hit_blocks = (req.num_tokens - 1) // self.block_size
         hits = []
@@ -59,6 +72,9 @@ class KVCacheManager:
 
         `full_sequence_must_fit` (vLLM's scheduler_reserve_full_isl, for admissions): refuse
         unless blocks for the request's whole known sequence fit, not only this chunk's."""
+        if self.hybrid is not None:
+            return self.hybrid.allocate_slots(req, num_new_tokens, computed_blocks, full_sequence_must_fit,
+                                              self.enable_prefix_caching)
         bs = self.block_size
         num_computed = req.num_computed_tokens + len(computed_blocks) * bs
         # Hits on free cached blocks also consume free-queue entries.
@@ -87,6 +103,8 @@ class KVCacheManager:
         """Register the request's full blocks among its first `num_tokens` tokens."""
         if not self.enable_prefix_caching:
             return
+        if self.hybrid is not None:
+            return self.hybrid.cache_blocks(req, num_tokens)
         bs = self.block_size
         extend_block_hashes(req.block_hashes, req.all_token_ids, bs)
         num_full = num_tokens // bs
@@ -96,6 +114,8 @@ class KVCacheManager:
 
     def free(self, req: Request) -> None:
         """Return the request's blocks, last block first (see BlockPool.free)."""
+        if self.hybrid is not None:
+            return self.hybrid.free(req)
         self.pool.free(list(reversed(req.block_table)))
         req.block_table = []
         req.num_cached_blocks = 0

@@ -5,13 +5,16 @@ queues, every running request's block ids and computed tokens, the free queue in
 and which blocks hold a cached hash.
 
     python -m tests.oracle.differential --workloads 1000 [--seed 0] [--async [--queue-depth 2]]
+                                        [--groups full+sliding]
 
 `--async`: kvscope's AsyncScheduler against vLLM's, driven as vLLM's engine core drives it on a
 GPU (a batch queue of two: step N+1 is scheduled before step N's update). Both are compared
 after every schedule and every update, on the above plus which rows sample, which inputs are
 placeholders, each running request's placeholders and each live request's output count.
-`--check-planted [--async]` plants each known fault in turn and prints the first seed that
-catches it.
+`--groups full+sliding`: each workload adds a KV cache group of sliding-window layers (a random
+window of 1-64 tokens) beside the full-attention one, as Gemma 3 and gpt-oss have; then every
+group's block table is compared. `--check-planted [--async | --groups full+sliding]` plants
+each known fault in turn and prints the first seed that catches it.
 
 On a difference it shrinks the workload and prints it as a Python literal with the step,
 the field and both engines' values. The last line is JSON counts; exit status 1 on any
@@ -31,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .kvscope_side import KvscopeScheduler
-from .workloads import Workload, random_workload, shrink_candidates
+from .workloads import GROUPS, Workload, random_workload, shrink_candidates
 
 MAX_STEPS = 20_000
 QUEUE_DEPTH = 2  # vLLM's engine core batch queue under async scheduling
@@ -62,6 +65,8 @@ class Counts:
     # waiting for their stale outputs when a step was scheduled (needs a queue deeper than 2).
     scheduled_ahead: int | None = None
     waiting_for_stale: int | None = None
+    # Sliding-window groups only: blocks freed because they left the window.
+    window_freed_blocks: int | None = None
     differences: int = 0
     failures: list[str] = field(default_factory=list)
 
@@ -69,7 +74,7 @@ class Counts:
         for name in ("workloads", "steps", "preemptions", "admissions_with_hits", "hit_tokens",
                      "same_step_hit_blocks", "differences"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        for name in ("scheduled_ahead", "waiting_for_stale"):
+        for name in ("scheduled_ahead", "waiting_for_stale", "window_freed_blocks"):
             if getattr(other, name) is not None:
                 setattr(self, name, (getattr(self, name) or 0) + getattr(other, name))
         self.failures += other.failures
@@ -118,6 +123,7 @@ def run_workload(w: Workload, async_: bool = False, depth: int = QUEUE_DEPTH) ->
                 return counts, Divergence(step, key, a[key], b[key], before)
         counts.count_schedule(mine, running_before, ours.events)
         running_before = set(state["running"])
+        counts.window_freed_blocks = ours.num_blocks_left_window
         if step > last_arrival and not state["running"] and not state["waiting"]:
             return counts, None
     raise RuntimeError(f"workload did not finish in {MAX_STEPS} steps: {w!r}")
@@ -159,6 +165,7 @@ def run_workload_async(w: Workload, depth: int = QUEUE_DEPTH) -> tuple[Counts, D
                 return counts, div
             counts.count_schedule(mine, set(before["running"]), ours.events)
             counts.scheduled_ahead = (counts.scheduled_ahead or 0) + bool(in_flight)
+            counts.window_freed_blocks = ours.num_blocks_left_window
             in_flight.appendleft((step, mine_out, their_out))
             if len(in_flight) < depth and theirs.has_requests():
                 continue  # vLLM's engine core schedules again before it waits for a result
@@ -188,10 +195,10 @@ def shrink(w: Workload, budget_s: float = 60.0, async_: bool = False, depth: int
 
 
 def run_many(seeds: range, shrink_budget_s: float = 60.0, max_reports: int = 3, async_: bool = False,
-             depth: int = QUEUE_DEPTH) -> Counts:
+             depth: int = QUEUE_DEPTH, groups: str = "full") -> Counts:
     total = Counts()
     for seed in seeds:
-        w = random_workload(seed)
+        w = random_workload(seed, groups)
         counts, div = run_workload(w, async_, depth)
         total.add(counts)
         if div is not None and len(total.failures) < max_reports:
@@ -205,6 +212,8 @@ def run_many(seeds: range, shrink_budget_s: float = 60.0, max_reports: int = 3, 
 PLANTED_BUGS = ("cache-after-forward", "dedup-full-blocks", "admit-on-first-chunk")
 # Ways an async scheduler goes wrong, planted in kvscope's AsyncScheduler in turn, each with the
 # queue depth that shows it: a request waits for stale outputs only with more than 2 in flight.
+# Ways KV cache groups go wrong, planted in kvscope's hybrid coordinator (with --groups full+sliding).
+GROUPS_PLANTED_BUGS = ("no-hit-intersection", "sliding-blocks-kept", "no-admission-cap")
 ASYNC_PLANTED_BUGS = {"cache-past-placeholders": 2, "placeholders-kept-on-preempt": 2, "schedule-past-max-tokens": 2,
                       "stale-output-dropped": 2, "readmitted-before-stale-outputs": 3}
 
@@ -216,6 +225,8 @@ def planted(bug: str):
     catches each."""
     from engine.core.async_scheduler import AsyncScheduler
     from engine.core.block_pool import BlockPool
+    from engine.core.hybrid_kv_cache import GroupedHits, HybridKVCacheCoordinator
+    from engine.core.kv_cache_groups import SlidingWindowSpec
     from engine.core.kv_cache_manager import KVCacheManager
     from engine.core.scheduler import Scheduler
 
@@ -240,6 +251,18 @@ def planted(bug: str):
         patch = lambda self, req, token, stale, *now: not stale and land_token(self, req, token, stale, *now)  # noqa: E731
     elif bug == "readmitted-before-stale-outputs":  # a preempted request resumes before its last outputs land
         cls, name, patch = AsyncScheduler, "_schedule_waiting", Scheduler._schedule_waiting
+    elif bug == "no-hit-intersection":  # each group's hit found alone; the full group's length is taken
+        cls, name = HybridKVCacheCoordinator, "find_longest_cache_hit"
+        find = cls.find_longest_cache_hit
+
+        def patch(self, req, max_length):
+            found = find(self, req, max_length)[0].by_group
+            alone = self.specs[1].find_longest_cache_hit(self.pool, req.block_hashes, max_length, 1, self.block_size)
+            return GroupedHits([found[0], alone]), len(found[0]) * self.block_size
+    elif bug == "sliding-blocks-kept":  # blocks that left the window are never freed
+        cls, name, patch = HybridKVCacheCoordinator, "remove_skipped_blocks", lambda self, req, tables, n: None
+    elif bug == "no-admission-cap":  # admission reserves a sliding group's whole sequence
+        cls, name, patch = SlidingWindowSpec, "admission_cap", lambda self, *args: None
     elif bug == "cache-after-forward":  # blocks findable only from the next step on
         cls, name = KVCacheManager, "cache_blocks"
         cache_blocks = cls.cache_blocks
@@ -253,7 +276,7 @@ def planted(bug: str):
         allocate = cls.allocate_slots
         patch = lambda self, req, n, hits=(), full_sequence_must_fit=False: allocate(self, req, n, hits)  # noqa: E731
     else:
-        raise ValueError(f"unknown bug {bug!r}; one of {[*PLANTED_BUGS, *ASYNC_PLANTED_BUGS]}")
+        raise ValueError(f"unknown bug {bug!r}; one of {[*PLANTED_BUGS, *ASYNC_PLANTED_BUGS, *GROUPS_PLANTED_BUGS]}")
     original = getattr(cls, name)
     setattr(cls, name, patch)
     try:
@@ -262,11 +285,11 @@ def planted(bug: str):
         setattr(cls, name, original)
 
 
-def first_divergent_seed(bug: str, max_workloads: int = 300) -> int | None:
+def first_divergent_seed(bug: str, max_workloads: int = 300, groups: str = "full") -> int | None:
     async_, depth = bug in ASYNC_PLANTED_BUGS, ASYNC_PLANTED_BUGS.get(bug, QUEUE_DEPTH)
     with planted(bug):
         return next((seed for seed in range(max_workloads)
-                     if run_workload(random_workload(seed), async_, depth)[1]), None)
+                     if run_workload(random_workload(seed, groups), async_, depth)[1]), None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -282,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--queue-depth", type=int, default=QUEUE_DEPTH,
                     help="with --async: steps in flight at most (vLLM's batch queue holds 2; a deeper queue, as "
                          "pipeline parallelism keeps, also leaves requests waiting for stale outputs)")
+    ap.add_argument("--groups", choices=GROUPS, default="full",
+                    help="KV cache groups: full attention only, or full attention + a sliding window")
     args = ap.parse_args(argv)
     if args.queue_depth < 1:
         ap.error("--queue-depth must be at least 1")
@@ -290,15 +315,18 @@ def main(argv: list[str] | None = None) -> int:
     # them every few thousand allocations (it tripled the run time).
     gc.freeze()
     if args.check_planted:
+        if args.groups != "full":
+            print(json.dumps({bug: first_divergent_seed(bug, groups=args.groups) for bug in GROUPS_PLANTED_BUGS}))
+            return 0
         bugs = ASYNC_PLANTED_BUGS if args.async_ else PLANTED_BUGS
         print(json.dumps({bug: first_divergent_seed(bug) for bug in bugs}))
         return 0
     t0 = time.monotonic()
     total = run_many(range(args.seed, args.seed + args.workloads), args.shrink_seconds, async_=args.async_,
-                     depth=args.queue_depth)
+                     depth=args.queue_depth, groups=args.groups)
     for failure in total.failures:
         print(failure, file=sys.stderr)
-    which = "AsyncScheduler" if args.async_ else "scheduler"
+    which = ("AsyncScheduler" if args.async_ else "scheduler") + ("" if args.groups == "full" else f", {args.groups}")
     print(f"differential vs vLLM 0.32 {which}: {args.workloads} workloads in {time.monotonic() - t0:.0f} s")
     print(json.dumps(total.summary()))
     return 1 if total.differences else 0

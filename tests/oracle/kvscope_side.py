@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from engine.config import EngineConfig
 from engine.core.async_scheduler import AsyncScheduler
+from engine.core.kv_cache_groups import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.request import Request
@@ -23,7 +24,14 @@ class KvscopeScheduler:
                               max_model_len=w.max_model_len, enable_prefix_caching=w.enable_prefix_caching,
                               enable_chunked_prefill=w.enable_chunked_prefill,
                               scheduler_reserve_full_isl=w.scheduler_reserve_full_isl)
-        self.kv = KVCacheManager(w.num_blocks, w.block_size, w.enable_prefix_caching, w.max_model_len)
+        groups: list[KVCacheSpec] | None = None
+        if w.sliding_window is not None:
+            groups = [FullAttentionSpec(), SlidingWindowSpec(w.sliding_window)]
+        # vLLM reserves for one step in flight per concurrent batch (two under async scheduling).
+        in_flight = w.max_num_batched_tokens * (2 if async_scheduling else 1)
+        self.kv = KVCacheManager(w.num_blocks, w.block_size, w.enable_prefix_caching, w.max_model_len,
+                                 kv_cache_groups=groups, max_in_flight_tokens=in_flight,
+                                 prefix_cache_retention_interval=w.prefix_cache_retention_interval)
         self.scheduler = (AsyncScheduler if async_scheduling else Scheduler)(config, self.kv, w.max_model_len)
         self.async_ = async_scheduling
         self.requests: dict[str, Request] = {}
@@ -64,10 +72,20 @@ class KvscopeScheduler:
     def state(self) -> dict:
         sch, pool = self.scheduler, self.kv.pool
         return {"waiting": [r.request_id for r in sch.waiting], "running": [r.request_id for r in sch.running],
-                "block_tables": {r.request_id: list(r.block_table) for r in sch.running},
+                "block_tables": {r.request_id: self._tables(r) for r in sch.running},
                 "num_computed_tokens": {r.request_id: r.num_computed_tokens for r in sch.running},
                 "free_queue": list(pool.free_queue),
                 "cached_blocks": [b.block_id for b in pool.blocks if b.block_hash is not None]}
+
+    def _tables(self, r: Request) -> list[int] | list[list[int]]:
+        """One group: its block table; several: every group's (vLLM's get_block_ids)."""
+        if self.kv.hybrid is None:
+            return list(r.block_table)
+        return [list(t) for t in self.kv.hybrid.tables(r)]
+
+    @property
+    def num_blocks_left_window(self) -> int | None:
+        return None if self.kv.hybrid is None else self.kv.hybrid.num_blocks_left_window
 
     def async_state(self) -> dict:
         """What async scheduling adds: each running request's placeholders, and every live

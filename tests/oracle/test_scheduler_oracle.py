@@ -1,7 +1,8 @@
 """kvscope's scheduling and KV-cache decisions against vLLM 0.32's real v1 Scheduler and
 KVCacheManager (tests/oracle/differential.py), on 500 seeded random workloads per CI run
 (about 40 s on 2 cores) and 20,000 under `pytest -m soak`; the same for kvscope's AsyncScheduler
-against vLLM's, step N+1 scheduled before step N's update. Each runs in its own process: vLLM's
+against vLLM's, step N+1 scheduled before step N's update; and the same with a sliding-window KV
+cache group beside the full-attention one (`--groups full+sliding`). Each runs in its own process: vLLM's
 import changes process-wide state (logging, threads) that the other tests should not inherit."""
 from __future__ import annotations
 
@@ -82,4 +83,36 @@ def test_the_harness_catches_each_async_fault():
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert set(first_seed) == {"cache-past-placeholders", "placeholders-kept-on-preempt", "schedule-past-max-tokens",
                                "stale-output-dropped", "readmitted-before-stale-outputs"}
+    assert all(seed is not None for seed in first_seed.values()), first_seed
+
+
+def _assert_identical_with_sliding_window(workloads: int, timeout: int, *args: str) -> dict:
+    counts = _assert_identical(workloads, timeout, "--groups", "full+sliding", *args)
+    assert counts["window_freed_blocks"] > 0  # blocks really left the window and were freed
+    return counts
+
+
+@pytest.mark.slow
+def test_sliding_window_groups_decide_exactly_as_vllm_on_500_workloads():
+    _assert_identical_with_sliding_window(500, 1200)
+
+
+@pytest.mark.slow
+def test_sliding_window_groups_under_async_scheduling_decide_as_vllm():
+    counts = _assert_identical_with_sliding_window(200, 900, "--async")
+    assert counts["scheduled_ahead"] > 0
+
+
+@pytest.mark.soak
+def test_sliding_window_groups_decide_exactly_as_vllm_on_20000_workloads():
+    _assert_identical_with_sliding_window(20_000, 6 * 3600)
+
+
+@pytest.mark.slow
+def test_the_harness_catches_each_kv_cache_group_fault():
+    # The groups' hits not intersected, blocks kept after they left the window, admission
+    # reserving a sliding group's whole sequence.
+    proc, first_seed = _differential("--check-planted", "--groups", "full+sliding", timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert set(first_seed) == {"no-hit-intersection", "sliding-blocks-kept", "no-admission-cap"}
     assert all(seed is not None for seed in first_seed.values()), first_seed

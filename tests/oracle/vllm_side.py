@@ -36,7 +36,9 @@ class VllmScheduler:
                                         max_num_seqs=w.max_num_seqs, enable_chunked_prefill=w.enable_chunked_prefill,
                                         enable_prefix_caching=w.enable_prefix_caching,
                                         scheduler_reserve_full_isl=w.scheduler_reserve_full_isl,
-                                        scheduler_cls=scheduler_cls, async_scheduling=async_scheduling)
+                                        scheduler_cls=scheduler_cls, async_scheduling=async_scheduling,
+                                        sliding_window=w.sliding_window,
+                                        prefix_cache_retention_interval=w.prefix_cache_retention_interval)
         self.block_pool = self.scheduler.kv_cache_manager.block_pool
         self.requests_seen: dict = {}  # every request added (vLLM drops finished ones)
         self.sampling: dict[int, list[str]] = {}  # id(SchedulerOutput) -> its rows that sample
@@ -107,10 +109,16 @@ class VllmScheduler:
     def state(self) -> dict:
         sch, kv = self.scheduler, self.scheduler.kv_cache_manager
         return {"waiting": [r.request_id for r in sch.waiting], "running": [r.request_id for r in sch.running],
-                "block_tables": {r.request_id: list(kv.get_block_ids(r.request_id)[0]) for r in sch.running},
+                "block_tables": {r.request_id: self._tables(kv.get_block_ids(r.request_id)) for r in sch.running},
                 "num_computed_tokens": {r.request_id: r.num_computed_tokens for r in sch.running},
                 "free_queue": [b.block_id for b in self.block_pool.free_block_queue.get_all_free_blocks()],
                 "cached_blocks": [b.block_id for b in self.block_pool.blocks if b.block_hash is not None]}
+
+    def _tables(self, per_group: tuple) -> list[int] | list[list[int]]:
+        """One group: its block ids; several: every group's (the null block is 0)."""
+        if self.w.sliding_window is None:
+            return list(per_group[0])
+        return [list(ids) for ids in per_group]
 
     def async_state(self) -> dict:
         sch = self.scheduler

@@ -30,6 +30,10 @@ class Workload:
     enable_chunked_prefill: bool
     scheduler_reserve_full_isl: bool
     requests: tuple[OracleRequest, ...] = field(default_factory=tuple)
+    # A second KV cache group of sliding-window layers (None: full attention only), with vLLM's
+    # prefix_cache_retention_interval (which of its blocks are cached).
+    sliding_window: int | None = None
+    prefix_cache_retention_interval: int | None = 0
 
     def sampled_token(self, request_id: str, index: int) -> int:
         """The token both engines 'sample' as output number `index`: a fixed function over a
@@ -38,8 +42,9 @@ class Workload:
 
     def is_feasible(self) -> bool:
         """Every request fits the pool and max_model_len on its own (both engines reject others)."""
+        groups = 1 if self.sliding_window is None else 2  # each group holds its own blocks
         return all(len(r.prompt) + r.max_tokens <= self.max_model_len
-                   and -(-(len(r.prompt) + r.max_tokens) // self.block_size) <= self.num_blocks - 1
+                   and groups * -(-(len(r.prompt) + r.max_tokens) // self.block_size) <= self.num_blocks - 1
                    for r in self.requests)
 
 
@@ -49,8 +54,25 @@ def _prompt(rng: random.Random, shared: list[int], alphabet: int) -> tuple[int, 
     return tuple((prefix + own)[:300])
 
 
-def random_workload(seed: int) -> Workload:
-    """One workload, fully determined by `seed`."""
+GROUPS = ("full", "full+sliding")
+
+
+def random_workload(seed: int, groups: str = "full") -> Workload:
+    """One workload, fully determined by `seed` (and `groups`: 'full+sliding' adds a sliding-window
+    group to the same requests and knobs, with a random window, and a pool that holds the largest
+    request in both groups)."""
+    w = _full_attention_workload(seed)
+    if groups == "full":
+        return w
+    rng = random.Random(f"sliding-{seed}")
+    window = rng.choice([rng.randint(1, 8), rng.randint(1, 64)])
+    need_one = -(-max(len(r.prompt) + r.max_tokens for r in w.requests) // w.block_size)
+    num_blocks = 1 + 2 * need_one + rng.choice([0, rng.randint(0, need_one), rng.randint(0, 4 * need_one)])
+    return replace(w, num_blocks=num_blocks, sliding_window=window,
+                   prefix_cache_retention_interval=rng.choice([0, 0, None, w.block_size * rng.randint(1, 8)]))
+
+
+def _full_attention_workload(seed: int) -> Workload:
     rng = random.Random(seed)
     block_size = rng.choice([1, 4, 16])
     alphabet = rng.choice([1, 2, 3, 8])

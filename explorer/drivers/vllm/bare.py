@@ -33,18 +33,22 @@ def bare_scheduler(*, block_size: int, num_blocks: int, max_model_len: int, max_
                    scheduler_reserve_full_isl: bool = True, long_prefill_token_threshold: int = 0,
                    long_prefill_token_threshold_adaptive: bool = False, policy: str = "fcfs",
                    watermark: float = 0.0, prefix_caching_hash_algo: str = "sha256",
-                   scheduler_cls: type | None = None, async_scheduling: bool = False) -> Any:
+                   scheduler_cls: type | None = None, async_scheduling: bool = False,
+                   sliding_window: int | None = None, prefix_cache_retention_interval: int | None = 0) -> Any:
     """A vLLM Scheduler (or `scheduler_cls`, a subclass of it) over a pool of `num_blocks`
     blocks (the null block included). `long_prefill_token_threshold` (0: off) and its adaptive
     floor, `policy` ('fcfs' | 'priority'), `watermark` and `prefix_caching_hash_algo` are
     vLLM's own settings of those names; vLLM validates each. `async_scheduling`: the config
     says so, as a GPU server's does (vLLM's CPU platform turns it off, so it is set after the
     config is built); the caller then schedules step N+1 before updating step N, as vLLM's
-    engine core does."""
+    engine core does. `sliding_window` (tokens): a second KV cache group of sliding-window
+    layers beside the full-attention one (as Gemma 3 or gpt-oss have), each group its own block
+    table over the one pool; `prefix_cache_retention_interval` is then vLLM's setting of that
+    name (which sliding-window blocks it caches; 0 by default, as vLLM's CacheConfig)."""
     import torch
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
     from vllm.v1.structured_output import StructuredOutputManager
 
     model = ModelConfig(model=str(_model_dir()), dtype="float32", skip_tokenizer_init=True,
@@ -62,8 +66,14 @@ def bare_scheduler(*, block_size: int, num_blocks: int, max_model_len: int, max_
     vllm_config = VllmConfig(model_config=model, scheduler_config=sched, cache_config=cache)
     vllm_config.scheduler_config.async_scheduling = async_scheduling
     spec = FullAttentionSpec(block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
-    kv_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
-                              kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
+    groups = [KVCacheGroupSpec(["layer"], spec)]
+    extra: dict[str, Any] = {}
+    if sliding_window is not None:
+        window = SlidingWindowSpec(block_size, num_kv_heads=1, head_size=1, dtype=torch.float32,
+                                   sliding_window=sliding_window)
+        groups.append(KVCacheGroupSpec(["sliding_layer"], window))
+        extra["prefix_cache_retention_interval"] = prefix_cache_retention_interval
+    kv_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups, **extra)
     return (scheduler_cls or Scheduler)(vllm_config=vllm_config, kv_cache_config=kv_config, block_size=block_size,
                                         structured_output_manager=StructuredOutputManager(vllm_config),
                                         log_stats=True)

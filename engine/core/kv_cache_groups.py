@@ -1,0 +1,126 @@
+"""KV cache groups (vLLM v1's kv_cache_groups): layers of one attention kind share one block table
+per request. A model mixing full-attention and sliding-window layers has two groups over the one
+BlockPool; each group decides alone what a prefix hit is, what it may free and what it caches.
+
+The groups here share the engine's block size (the scheduler block size and the hash block size
+are that size too), and nothing speculative runs, so a hit is a whole number of blocks.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .block_pool import NULL_BLOCK_ID, BlockPool
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class FullAttentionSpec:
+    """Layers that attend to every earlier token: their blocks stay until the request ends."""
+
+    def skipped_tokens(self, num_computed_tokens: int) -> int:
+        return 0
+
+    def find_longest_cache_hit(self, pool: BlockPool, hashes: list[int], max_length: int, group: int,
+                               block_size: int) -> list[int]:
+        """The cached blocks of the longest run from the first block (chained hashes: a miss ends it)."""
+        hits = []
+        for h in hashes[:max_length // block_size]:
+            b = pool.lookup(h, group)
+            if b is None:
+                break
+            hits.append(b)
+        return hits
+
+    def admission_cap(self, block_size: int, max_in_flight_tokens: int, max_model_len: int) -> int | None:
+        return None
+
+    def cacheable_mask(self, start: int, end: int, block_size: int, retention_interval: int | None,
+                       boundaries: list[int]) -> list[bool] | None:
+        return None  # every full block can serve a hit
+
+
+@dataclass(frozen=True)
+class SlidingWindowSpec:
+    """Layers whose token t attends to tokens (t - sliding_window, t] only: blocks wholly before
+    the window of the next token are freed (the null block takes their place in the table), and
+    a prefix hit only needs the blocks the window of its first computed token reads."""
+    sliding_window: int
+
+    def skipped_tokens(self, num_computed_tokens: int) -> int:
+        """Tokens before the window of the next token to compute (the next token sees the
+        sliding_window - 1 before it)."""
+        return max(0, num_computed_tokens - self.sliding_window + 1)
+
+    def contiguous_blocks_for_hit(self, block_size: int) -> int:
+        return cdiv(self.sliding_window - 1, block_size)
+
+    def find_longest_cache_hit(self, pool: BlockPool, hashes: list[int], max_length: int, group: int,
+                               block_size: int) -> list[int]:
+        """The longest hit whose last `contiguous_blocks_for_hit` blocks are cached, searched from
+        the right; the blocks before that run are the null block (no one reads them). Without such
+        a run, the run of cached blocks from the first block, however short."""
+        need = self.contiguous_blocks_for_hit(block_size)
+        hits = [NULL_BLOCK_ID] * (max_length // block_size)
+        run = 0
+        for i in range(len(hits) - 1, -1, -1):
+            b = pool.lookup(hashes[i], group)
+            if b is None:
+                run = 0
+                continue
+            hits[i] = b
+            run += 1
+            if run >= need:
+                return hits[:i + run]
+        return hits[:run]
+
+    def admission_cap(self, block_size: int, max_in_flight_tokens: int, max_model_len: int) -> int | None:
+        """The most blocks a request can hold at once: the window behind its computed tokens plus
+        the tokens still in flight, and one more because a window rarely starts on a block's edge.
+        Admission reserves no more than this for the group (vLLM's
+        SlidingWindowSpec.max_admission_blocks_per_request)."""
+        return cdiv(min(self.sliding_window - 1 + max_in_flight_tokens, max_model_len), block_size) + 1
+
+    def cacheable_mask(self, start: int, end: int, block_size: int, retention_interval: int | None,
+                       boundaries: list[int]) -> list[bool] | None:
+        """Which of blocks [start, end) are worth registering: only a hit's last `need` blocks are
+        ever read, so only the runs that end where a hit can end. `retention_interval` None: every
+        block boundary (all blocks, unless the window needs none); 0 (vLLM's default): only the
+        runs ending at `boundaries` (where a resend of the prompt, or a sibling sharing a prefix
+        with it, would hit); n > 0: also one run per n tokens."""
+        need = self.contiguous_blocks_for_hit(block_size)
+        mask = [False] * (end - start)
+        per_segment = block_size if retention_interval is None else retention_interval
+        if per_segment:
+            blocks_per_segment = per_segment // block_size
+            if need >= blocks_per_segment:
+                return None
+            for i in range(start, end):
+                mask[i - start] = i % blocks_per_segment >= blocks_per_segment - need
+        if retention_interval is not None:
+            for boundary in boundaries:
+                last = boundary // block_size  # the run ends before the block holding the boundary
+                for j in range(max(start, last - need), min(end, last)):
+                    mask[j - start] = True
+        return mask
+
+
+KVCacheSpec = FullAttentionSpec | SlidingWindowSpec
+
+
+def blocks_to_allocate(spec: KVCacheSpec, table: list[int], hits: list[int], num_tokens: int,
+                       num_computed_tokens: int, block_size: int, cap: int | None, pool: BlockPool) -> int:
+    """Blocks one group takes from the free queue to hold `num_tokens` (with `hits` taken now):
+    new ones, plus the free cached hits that leave the queue. `cap`: admission's per-request
+    ceiling (a sliding window's). Blocks the window already skips are not needed."""
+    required = cdiv(num_tokens, block_size)
+    if cap is not None:
+        required = min(required, cap)
+    if not hits:  # a running request, or an admission without hits: its table is all it holds
+        return max(required - len(table), 0)
+    skipped_blocks = spec.skipped_tokens(num_computed_tokens) // block_size
+    new = max(required - max(skipped_blocks, len(hits) + len(table)), 0)
+    kept_hits = hits[max(0, skipped_blocks - len(table)):]
+    return new + sum(1 for b in kept_hits if b != NULL_BLOCK_ID and pool.blocks[b].ref_count == 0)

@@ -63,6 +63,11 @@ def _gc_clock() -> tuple[list[float], Callable[[str, dict], None]]:
     return spent, callback
 
 
+def _pool_blocks(num_requests: int, steps: int) -> int:
+    """A pool every request fits in at its longest context and all the steps timed (and the null block)."""
+    return num_requests * -(-(CONTEXT[1] + steps + 64) // BLOCK_SIZE) + 1
+
+
 def measure(model: Path, num_requests: int, record: bool, steps: int) -> dict[str, float]:
     """Median ms per decode step at `num_requests` requests (and gc's mean)."""
     import engine.llm_engine as loop
@@ -70,10 +75,9 @@ def measure(model: Path, num_requests: int, record: bool, steps: int) -> dict[st
     from engine.llm_engine import LLMEngine
     from engine.sampling_params import SamplingParams
 
-    blocks_each = -(-(CONTEXT[1] + steps + 64) // BLOCK_SIZE)
-    eng = LLMEngine(EngineConfig(model=str(model), block_size=BLOCK_SIZE, num_kv_blocks=num_requests * blocks_each + 1,
-                                 max_num_seqs=num_requests, max_num_batched_tokens=16_384, max_model_len=4096,
-                                 record_steps=record))
+    eng = LLMEngine(EngineConfig(model=str(model), block_size=BLOCK_SIZE,
+                                 num_kv_blocks=_pool_blocks(num_requests, steps), max_num_seqs=num_requests,
+                                 max_num_batched_tokens=16_384, max_model_len=4096, record_steps=record))
     rng = random.Random(0)
     params = SamplingParams(temperature=0.0, max_tokens=CONTEXT[1], ignore_eos=True)
     for i in range(num_requests):   # distinct prompts: no prefix sharing
@@ -84,7 +88,7 @@ def measure(model: Path, num_requests: int, record: bool, steps: int) -> dict[st
         eng.step()
     record_clock = _Clock()
     plain_record, plain_changes = loop.step_record, eng._step_changes
-    loop.step_record = record_clock.wrap(plain_record)  # type: ignore[assignment]
+    loop.step_record = record_clock.wrap(plain_record)
     eng._step_changes = record_clock.wrap(plain_changes)  # type: ignore[method-assign]
     spent, callback = _gc_clock()
     gc.callbacks.append(callback)
@@ -104,7 +108,7 @@ def measure(model: Path, num_requests: int, record: bool, steps: int) -> dict[st
             t = now
     finally:
         gc.callbacks.remove(callback)
-        loop.step_record = plain_record  # type: ignore[assignment]
+        loop.step_record = plain_record
         eng.shutdown()
     med = {k: statistics.median(v) for k, v in rows.items()}
     med["gc"] = sum(spent) * 1e3 / steps
@@ -117,7 +121,7 @@ def vllm_recorder(num_requests: int, steps: int) -> dict[str, float]:
     """The vLLM recorder at this size (benchmarks.recorder_scale: vLLM's Scheduler without a model)."""
     from . import recorder_scale
 
-    blocks = num_requests * -(-(CONTEXT[1] + steps + 64) // BLOCK_SIZE) + 1
+    blocks = _pool_blocks(num_requests, steps)
     prompt = sum(CONTEXT) // 2
     plain = recorder_scale._steps(blocks, num_requests, prompt, steps, False, 0.005)
     rec = recorder_scale._steps(blocks, num_requests, prompt, steps, True, 0.005)

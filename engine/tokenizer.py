@@ -42,8 +42,8 @@ class Decoder:
 
     def output_text(self) -> Callable[[Sequence[int]], str]:
         """ids -> their text without special tokens, for one growing list of output ids (decoded
-        whole each time where tokenizers has no DecodeStream: before 0.21)."""
-        if self._backend is None or not _streams():
+        whole each time without a backend that streams: tokenizers before 0.21)."""
+        if self._backend is None:
             return self.without_special
         return OutputText(self._backend, self.without_special)
 
@@ -101,4 +101,4 @@ def fast_decoder(tokenizer: Any) -> Decoder:
     if backend is None:
         return Decoder(lambda ids: tokenizer.decode(ids), lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
     return Decoder(lambda ids: backend.decode(list(ids), skip_special_tokens=False),
-                   lambda ids: backend.decode(list(ids), skip_special_tokens=True), backend)
+                   lambda ids: backend.decode(list(ids), skip_special_tokens=True), backend if _streams() else None)

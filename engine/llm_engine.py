@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from .config import EngineConfig, with_live_knobs
+from .core.kv_cache_groups import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
 from .core.kv_cache_manager import KVCacheManager
 from .core.scheduler import Scheduler, SchedulerOutput
 from .executor.executor import WorkerGroup
@@ -25,6 +26,14 @@ from .runner.model_runner import ModelRunner, resolve_device
 from .runner.sampler import Sampler
 from .sampling_params import SamplingParams
 from .tokenizer import fast_decoder, load_tokenizer
+
+
+def kv_cache_specs(spec: ModelSpec) -> list[KVCacheSpec] | None:
+    """The model's KV cache groups as the KV cache manager takes them (None: one full-attention
+    group), in the order of ModelSpec.kv_cache_group_layers."""
+    if spec.sliding_window is None:
+        return None
+    return [FullAttentionSpec(), SlidingWindowSpec(spec.sliding_window)]
 
 
 class LLMEngine:
@@ -60,7 +69,8 @@ class LLMEngine:
         self.decode = fast_decoder(self.tokenizer)
         self.config: EngineConfig = config.replace(num_kv_blocks=self.runner.num_blocks)
         self.kv = KVCacheManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching,
-                                 max_model_len)
+                                 max_model_len, kv_cache_groups=kv_cache_specs(spec),
+                                 max_in_flight_tokens=config.max_num_batched_tokens)
         self.scheduler = Scheduler(self.config, self.kv, max_model_len)
         self.sampler = Sampler(config.seed)
         self.forward_timer = ForwardTimer(self.runner.device)

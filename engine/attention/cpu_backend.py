@@ -38,7 +38,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
         q = _rows_contiguous(q)
         prompts = meta.derived(_prompt_plan)
         if prompts is not None:
-            self.kernels.paged_prefill_attention(q, k_cache, v_cache, *prompts, out)
+            self.kernels.paged_prefill_attention(q, k_cache, v_cache, *prompts, out, meta.sliding_window)
         if meta.decode_seq_ids:
             self.decode(q, k_cache, v_cache, meta, out)
         return out
@@ -51,7 +51,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
     def decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                meta: AttentionMetadata, out: torch.Tensor) -> None:
         tables, lens, rows = meta.decode_inputs()
-        self.kernels.paged_decode_attention(_rows_contiguous(q), k_cache, v_cache, rows, lens, tables, out)
+        self.kernels.paged_decode_attention(_rows_contiguous(q), k_cache, v_cache, rows, lens, tables, out,
+                                            meta.sliding_window)
 
 
 def _rows_contiguous(x: torch.Tensor) -> torch.Tensor:

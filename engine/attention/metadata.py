@@ -33,6 +33,11 @@ class AttentionMetadata:
     # attention probabilities in `probe_probs`.
     probe_layer: int | None = None
     probe_probs: torch.Tensor | None = None
+    # KV cache groups (vLLM's kv_cache_groups): this metadata is group 0's (full attention);
+    # `other_groups` holds the rest, each with its own slot mapping and block tables over the
+    # same rows. A sliding-window group's queries read their last `sliding_window` positions.
+    sliding_window: int | None = None
+    other_groups: list[AttentionMetadata] = field(default_factory=list)
     # What kernel backends derive from the fields above (see `derived`); per step, never shared.
     _derived: dict[Callable[[AttentionMetadata], Any], Any] = field(default_factory=dict, init=False, repr=False,
                                                                     compare=False)
@@ -44,6 +49,10 @@ class AttentionMetadata:
     @property
     def probing(self) -> bool:
         return self.probe_layer is not None
+
+    def group(self, index: int) -> AttentionMetadata:
+        """The metadata of KV cache group `index` (0: this one)."""
+        return self if index == 0 else self.other_groups[index - 1]
 
     def decode_inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(decode_block_tables, decode_seq_lens, decode_rows): the runner sets all three

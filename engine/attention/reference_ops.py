@@ -39,10 +39,14 @@ def gather_context(cache: torch.Tensor, block_table: torch.Tensor, length: int,
     return cache.index_select(0, block_table[:nblocks]).flatten(0, 1)[:length].to(dtype or cache.dtype)
 
 
-def causal_mask(num_queries: int, context_len: int, seq_len: int, device: torch.device) -> torch.Tensor:
-    """Query j sits at position context_len + j and sees keys 0 .. context_len + j."""
+def causal_mask(num_queries: int, context_len: int, seq_len: int, device: torch.device,
+                sliding_window: int | None = None) -> torch.Tensor:
+    """Query j sits at position context_len + j and sees keys 0 .. context_len + j; with a
+    sliding window, only the last `sliding_window` of them (transformers' and vLLM's window)."""
     q_pos = torch.arange(context_len, context_len + num_queries, device=device)[:, None]
-    return torch.arange(seq_len, device=device)[None, :] <= q_pos
+    k_pos = torch.arange(seq_len, device=device)[None, :]
+    mask = k_pos <= q_pos
+    return mask if sliding_window is None else mask & (k_pos > q_pos - sliding_window)
 
 
 def attention_probs(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
@@ -63,4 +67,5 @@ def probe_probs_from_cache(q: torch.Tensor, k_cache: torch.Tensor, meta: Attenti
         s, e = meta.query_start_loc[i], meta.query_start_loc[i + 1]
         ctx, seq_len = meta.context_lens[i], meta.seq_lens[i]
         ks = gather_context(k_cache, meta.block_tables[i], seq_len)
-        meta.probe_probs = attention_probs(q[s:e], ks, causal_mask(e - s, ctx, seq_len, q.device), kvh)
+        mask = causal_mask(e - s, ctx, seq_len, q.device, meta.sliding_window)
+        meta.probe_probs = attention_probs(q[s:e], ks, mask, kvh)

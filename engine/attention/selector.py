@@ -11,15 +11,21 @@ from .backend import AttentionBackend
 
 
 def get_attention_backend(name: str, device: torch.device, block_size: int = 16,
-                          dtype: torch.dtype = torch.float32) -> AttentionBackend:
+                          dtype: torch.dtype = torch.float32, sliding_window: int | None = None) -> AttentionBackend:
     """Resolve 'auto' and build the backend; a clear error when one cannot run here.
 
     'auto' on a GPU: flash_attn where it is installed and the cache suits it (block_size a
     multiple of 256, fp16/bf16), else our triton kernels, else the torch reference. On a CPU
     in fp32 or bf16 (fp32 arithmetic over a bf16 cache, engine/dtypes.py): the cpu backend
-    (native decode kernel) where kvscope's native kernels build; otherwise the torch reference."""
+    (native decode kernel) where kvscope's native kernels build; otherwise the torch reference.
+    A model with sliding-window layers (`sliding_window`) runs on the cpu or torch backend,
+    which honour the window; 'auto' on a GPU takes the torch reference for it."""
+    if sliding_window is not None and name in ("triton", "flash_attn"):
+        raise ValueError(f"attention_backend {name!r} does not honour sliding windows yet, and this model has "
+                         f"sliding-window layers ({sliding_window} tokens); use attention_backend='torch' "
+                         "(or 'cpu' on a CPU)")
     if name == "auto":
-        if device.type == "cuda":
+        if device.type == "cuda" and sliding_window is None:
             if block_size % 256 == 0 and dtype in (torch.float16, torch.bfloat16):
                 try:
                     return _flash_attn()

@@ -23,26 +23,33 @@ class TorchAttentionBackend(AttentionBackend):
         probing = meta.probing
         if not probing:
             self.write_kv(k, v, k_cache, v_cache, meta)
-        decode_set = set(meta.decode_seq_ids)
+        window = meta.sliding_window
+        # The batched decode path attends to whole contexts: a sliding window's decodes take
+        # the masked path below, one sequence at a time.
+        batched_decodes = not probing and window is None
+        decode_set = set(meta.decode_seq_ids) if batched_decodes else set()
         out = q.new_empty(q.shape)
         kvh = k.shape[1]
         for i in range(meta.num_seqs):
-            if i in decode_set and not probing:
+            if i in decode_set:
                 continue
             s, e = meta.query_start_loc[i], meta.query_start_loc[i + 1]
             ctx, seq_len = meta.context_lens[i], meta.seq_lens[i]
             if ctx == 0 and not probing:
                 # Nothing cached before: the fresh K/V are the whole context.
-                ks, vs, mask = as_cached(k[s:e], k_cache), as_cached(v[s:e], v_cache), None
+                ks, vs = as_cached(k[s:e], k_cache), as_cached(v[s:e], v_cache)
             else:
+                # A sliding group's blocks before the window are the null block: read, then masked.
                 ks = gather_context(k_cache, meta.block_tables[i], seq_len, q.dtype)
                 vs = gather_context(v_cache, meta.block_tables[i], seq_len, q.dtype)
-                mask = causal_mask(e - s, ctx, seq_len, q.device) if e - s > 1 else None
+            # SDPA's own causal mask where it is the whole mask (no window, no cached context).
+            plain = window is None and ((ctx == 0 and not probing) or e - s == 1)
+            mask = None if plain else causal_mask(e - s, ctx, seq_len, q.device, window)
             if probing and layer == meta.probe_layer:
                 full_mask = mask if mask is not None else causal_mask(e - s, ctx, seq_len, q.device)
                 meta.probe_probs = attention_probs(q[s:e], ks, full_mask, kvh)
             out[s:e] = _sdpa(q[s:e], ks, vs, mask, causal=mask is None and e - s > 1)
-        if meta.decode_seq_ids and not probing:
+        if decode_set:
             self.decode(q, k_cache, v_cache, meta, out)
         return out
 

@@ -78,9 +78,9 @@ _SIGNATURES = {
     "kv_rope_inplace": (None, [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64]),
     "kv_silu_and_mul": (None, [_ptr, _i64, _i64, _ptr]),
     "kv_paged_decode_attention": (None, [_ptr, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _i64,
-                                         _i64, _i64, _i64, _f32, _ptr]),
+                                         _i64, _i64, _i64, _i64, _f32, _ptr]),
     "kv_paged_prefill_attention": (None, [_ptr, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64,
-                                          _i64, _i64, _i64, _f32, _ptr]),
+                                          _i64, _i64, _i64, _i64, _f32, _ptr]),
     "kv_greedy_top": (None, [_ptr, _i64, _i64, _i64, _ptr, _ptr]),
     "kv_decode_forward": (None, [ctypes.POINTER(DecoderPointers), ctypes.POINTER(DecodeBatchPointers)]),
     "kv_read_streams": (ctypes.c_double, [_ptr, _i64]),
@@ -153,30 +153,32 @@ class NativeCpuKernels:
 
     def paged_decode_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                rows: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
-                               out: torch.Tensor) -> None:
-        """Writes out[rows[i]] = attention of q[rows[i]] over decode i's cached context; q's
-        rows may be strided (each row contiguous), out is contiguous."""
+                               out: torch.Tensor, window: int | None = None) -> None:
+        """Writes out[rows[i]] = attention of q[rows[i]] over decode i's cached context (its last
+        `window` positions with a sliding window); q's rows may be strided (each row
+        contiguous), out is contiguous."""
         _, h, d = q.shape
         _, block_size, kvh, _ = k_cache.shape
         self.lib.kv_paged_decode_attention(
             q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), _is_bf16(k_cache), rows.data_ptr(),
             seq_lens.data_ptr(),
             block_tables.data_ptr(), block_tables.stride(0), rows.shape[0], h, kvh, d, block_size,
-            d ** -0.5, out.data_ptr())
+            window or 0, d ** -0.5, out.data_ptr())
 
     def paged_prefill_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                 q_starts: torch.Tensor, q_lens: torch.Tensor, ctx_lens: torch.Tensor,
-                                block_tables: torch.Tensor, out: torch.Tensor) -> None:
+                                block_tables: torch.Tensor, out: torch.Tensor, window: int | None = None) -> None:
         """Writes the causal attention of sequence i's query rows q[q_starts[i] : + q_lens[i]]
-        (positions ctx_lens[i] ..) over its context in the caches, read through row i of
-        block_tables, into the same rows of out. The step's own K/V must be stored first. q's
+        (positions ctx_lens[i] ..) over its context in the caches (each query's last `window`
+        positions with a sliding window), read through row i of block_tables, into the same rows
+        of out. The step's own K/V must be stored first. q's
         rows may be strided (each row contiguous), out is contiguous; int64 index tensors."""
         _, h, d = q.shape
         _, block_size, kvh, _ = k_cache.shape
         self.lib.kv_paged_prefill_attention(
             q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), _is_bf16(k_cache), q_starts.data_ptr(),
             q_lens.data_ptr(), ctx_lens.data_ptr(), block_tables.data_ptr(), block_tables.stride(0), q_starts.shape[0],
-            h, kvh, d, block_size, d ** -0.5, out.data_ptr())
+            h, kvh, d, block_size, window or 0, d ** -0.5, out.data_ptr())
 
     def greedy_top(self, logits: torch.Tensor, k: int) -> tuple[list[list[int]], list[list[float]]]:
         """For each row of logits [rows, vocab] (contiguous fp32): the ids of its k largest

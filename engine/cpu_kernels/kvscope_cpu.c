@@ -76,6 +76,12 @@ static inline void thread_share(int64_t n, int64_t *lo, int64_t *hi) {
     *hi = min64(n, *lo + share);
 }
 
+/* The first key position a query at position seq_len - 1 reads: 0, or with a sliding window
+ * of `window` tokens (its own included; 0: none) the window's first. */
+static inline int64_t window_start(int64_t seq_len, int64_t window) {
+    return window > 0 && seq_len > window ? seq_len - window : 0;
+}
+
 /* ---- bf16 <-> fp32 ---------------------------------------------------------------------- */
 
 static inline uint16_t bf16_round(float f) {  /* round to nearest even (no NaNs arise here) */
@@ -963,7 +969,8 @@ static inline unsigned int flush_denormals(void) {
 /* Single-query attention of each decode over its own context, read through its block table.
  * q: [T, h, d] with rows q_stride floats apart (a view into the packed qkv projection);
  * out: [T, h, d] contiguous; rows[i] is decode i's query row; caches: [blocks, block_size, kvh, d]
- * in fp32 or (bf16) bf16; tables: [n, table_stride] block ids; d a multiple of 8.
+ * in fp32 or (bf16) bf16; tables: [n, table_stride] block ids; d a multiple of 8; `window` > 0:
+ * a sliding window of that many positions (the blocks before it are never read).
  *
  * With at least as many decodes as threads, one task per decode (a task per (decode, KV head)
  * read a third of each row at a stride and waited on DRAM latency: 4x slower on a real model's
@@ -975,23 +982,25 @@ static inline unsigned int flush_denormals(void) {
 static inline __attribute__((always_inline)) void decode_attention(
         const int bf16, const float *q, int64_t q_stride, const void *k_cache, const void *v_cache,
         const int64_t *rows, const int64_t *seq_lens, const int64_t *tables, int64_t table_stride, int64_t n,
-        int64_t h, int64_t kvh, int64_t d, int64_t block_size, float scale, float *out, float *scores, float *parts) {
+        int64_t h, int64_t kvh, int64_t d, int64_t block_size, int64_t window, float scale, float *out, float *scores,
+        float *parts) {
     const int64_t threads = omp_get_num_threads(), stride = part_floats(h, d);
     float *mine = parts + omp_get_thread_num() * stride;
     const unsigned int csr = flush_denormals();
     if (n >= threads) {
         #pragma omp for schedule(dynamic, 1)
         for (int64_t i = 0; i < n; i++) {
-            attend_part(bf16, q + rows[i] * q_stride, k_cache, v_cache, tables + i * table_stride, 0, seq_lens[i], h,
-                        kvh, d, block_size, scale, scores, mine);
+            attend_part(bf16, q + rows[i] * q_stride, k_cache, v_cache, tables + i * table_stride,
+                        window_start(seq_lens[i], window), seq_lens[i], h, kvh, d, block_size, scale, scores, mine);
             for (int64_t j = 0; j < h; j++) combine_parts(mine, 1, stride, h, d, j, out + (rows[i] * h + j) * d);
         }
     } else {
         for (int64_t i = 0; i < n; i++) {
             int64_t t0, t1;
-            thread_share(seq_lens[i], &t0, &t1);
-            attend_part(bf16, q + rows[i] * q_stride, k_cache, v_cache, tables + i * table_stride, t0, t1, h, kvh, d,
-                        block_size, scale, scores, mine);
+            const int64_t first = window_start(seq_lens[i], window);
+            thread_share(seq_lens[i] - first, &t0, &t1);
+            attend_part(bf16, q + rows[i] * q_stride, k_cache, v_cache, tables + i * table_stride, first + t0,
+                        first + t1, h, kvh, d, block_size, scale, scores, mine);
             #pragma omp barrier
             #pragma omp for schedule(static)
             for (int64_t j = 0; j < h; j++) combine_parts(parts, threads, stride, h, d, j, out + (rows[i] * h + j) * d);
@@ -1003,13 +1012,14 @@ static inline __attribute__((always_inline)) void decode_attention(
 static void decode_attention_body(const float *q, int64_t q_stride, const void *k_cache, const void *v_cache, int bf16,
                                   const int64_t *rows, const int64_t *seq_lens, const int64_t *tables,
                                   int64_t table_stride, int64_t n, int64_t h, int64_t kvh, int64_t d,
-                                  int64_t block_size, float scale, float *out, float *scores, float *parts) {
+                                  int64_t block_size, int64_t window, float scale, float *out, float *scores,
+                                  float *parts) {
     if (bf16)
         decode_attention(1, q, q_stride, k_cache, v_cache, rows, seq_lens, tables, table_stride, n, h, kvh, d,
-                         block_size, scale, out, scores, parts);
+                         block_size, window, scale, out, scores, parts);
     else
         decode_attention(0, q, q_stride, k_cache, v_cache, rows, seq_lens, tables, table_stride, n, h, kvh, d,
-                         block_size, scale, out, scores, parts);
+                         block_size, window, scale, out, scores, parts);
 }
 
 static int64_t longest(const int64_t *seq_lens, int64_t n) {
@@ -1021,14 +1031,14 @@ static int64_t longest(const int64_t *seq_lens, int64_t n) {
 void kv_paged_decode_attention(const float *q, int64_t q_stride, const void *k_cache, const void *v_cache,
                                int64_t bf16, const int64_t *rows, const int64_t *seq_lens, const int64_t *tables,
                                int64_t table_stride, int64_t n, int64_t h, int64_t kvh, int64_t d,
-                               int64_t block_size, float scale, float *out) {
+                               int64_t block_size, int64_t window, float scale, float *out) {
     const int64_t max_len = longest(seq_lens, n);
     float *parts = malloc((size_t)(omp_get_max_threads() * part_floats(h, d)) * sizeof(float));
     #pragma omp parallel
     {
         float *scores = malloc((size_t)(h * max_len) * sizeof(float));
         decode_attention_body(q, q_stride, k_cache, v_cache, (int)bf16, rows, seq_lens, tables, table_stride, n, h, kvh, d,
-                              block_size, scale, out, scores, parts);
+                              block_size, window, scale, out, scores, parts);
         free(scores);
     }
     free(parts);
@@ -1059,10 +1069,13 @@ static inline int64_t prefill_scratch_floats(int64_t d) {
     return 2 * d * TILE_ROWS + 2 * CHUNK_KEYS * d + CHUNK_KEYS * TILE_ROWS;
 }
 
-/* All ones in the lanes whose query position (lane_pos) is at or past key position t: the
- * lanes that see that key. */
-static inline __m256 lanes_seeing(__m256i lane_pos, int64_t t) {
-    return _mm256_castsi256_ps(_mm256_cmpgt_epi32(lane_pos, _mm256_set1_epi32((int32_t)(t - 1))));
+/* All ones in the lanes that see key position t: their query position (lane_pos) is at or
+ * past t, and with a sliding window (window > 0) fewer than `window` positions past it. */
+static inline __m256 lanes_seeing(__m256i lane_pos, int64_t t, int64_t window) {
+    const __m256i at_or_past = _mm256_cmpgt_epi32(lane_pos, _mm256_set1_epi32((int32_t)(t - 1)));
+    if (window <= 0) return _mm256_castsi256_ps(at_or_past);
+    const __m256i within = _mm256_cmpgt_epi32(_mm256_set1_epi32((int32_t)(t + window)), lane_pos);
+    return _mm256_castsi256_ps(_mm256_and_si256(at_or_past, within));
 }
 
 /* dst[0:d] = the d values (fp32 or bf16) at src, in fp32. */
@@ -1075,7 +1088,7 @@ static inline __attribute__((always_inline)) void widen_row(const int bf16, cons
 static inline __attribute__((always_inline)) void prefill_tile(
         const int bf16, const float *q, int64_t q_stride, const void *k_cache, const void *v_cache,
         const int64_t *table, int64_t q_start, int64_t ctx, int64_t pair0, int64_t npairs, int64_t c, int64_t g,
-        int64_t h, int64_t kvh, int64_t d, int64_t block_size, float scale, float *out, float *w) {
+        int64_t h, int64_t kvh, int64_t d, int64_t block_size, int64_t window, float scale, float *out, float *w) {
     float *qt = w, *ot = qt + d * TILE_ROWS, *kc = ot + d * TILE_ROWS, *vc = kc + CHUNK_KEYS * d;
     float *p = vc + CHUNK_KEYS * d;
     const int64_t value_bytes = bf16 ? 2 : 4, row_bytes = kvh * d * value_bytes, at = c * d * value_bytes;
@@ -1097,7 +1110,11 @@ static inline __attribute__((always_inline)) void prefill_tile(
     }
     const __m256 vscale = _mm256_set1_ps(scale);
     const int64_t end = ctx + (pair0 + npairs - 1) / g + 1;  /* past the tile's last query position */
-    for (int64_t t0 = 0; t0 < end; t0 += CHUNK_KEYS) {
+    /* A sliding window: the walk starts at the chunk holding the first key the tile's first
+     * query sees. A lane whose window starts later sees nothing in the first chunks: its max
+     * stays -inf and its sums 0 there (the rescale of an all -inf chunk is taken as 1). */
+    const int64_t first_key = window_start(ctx + pair0 / g + 1, window);
+    for (int64_t t0 = first_key / CHUNK_KEYS * CHUNK_KEYS; t0 < end; t0 += CHUNK_KEYS) {
         const int64_t nk = min64(CHUNK_KEYS, end - t0);
         for (int64_t k = 0; k < nk; k++) {
             const int64_t t = t0 + k, slot = table[t / block_size] * block_size + t % block_size;
@@ -1129,16 +1146,19 @@ static inline __attribute__((always_inline)) void prefill_tile(
             __m256 mx = m[v];
             for (int64_t k = 0; k < nk; k++) {
                 const __m256 s = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_loadu_ps(p + k * TILE_ROWS + 8 * v),
-                                                  lanes_seeing(lane_pos[v], t0 + k));
+                                                  lanes_seeing(lane_pos[v], t0 + k, window));
                 mx = _mm256_max_ps(mx, s);
             }
             corr[v] = exp256(_mm256_sub_ps(m[v], mx));
+            if (window > 0)  /* -inf - -inf: nothing seen yet, nothing to rescale */
+                corr[v] = _mm256_blendv_ps(corr[v], _mm256_set1_ps(1.0f),
+                                           _mm256_cmp_ps(mx, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ));
             m[v] = mx;
             l[v] = _mm256_mul_ps(l[v], corr[v]);
             for (int64_t k = 0; k < nk; k++) {
                 float *pk = p + k * TILE_ROWS + 8 * v;
                 const __m256 e = _mm256_and_ps(exp256(_mm256_sub_ps(_mm256_loadu_ps(pk), mx)),
-                                               lanes_seeing(lane_pos[v], t0 + k));
+                                               lanes_seeing(lane_pos[v], t0 + k, window));
                 _mm256_storeu_ps(pk, e);
                 l[v] = _mm256_add_ps(l[v], e);
             }
@@ -1174,25 +1194,25 @@ static inline __attribute__((always_inline)) void prefill_tile(
 static void prefill_tile_any(const int bf16, const float *q, int64_t q_stride, const void *k_cache,
                              const void *v_cache, const int64_t *table, int64_t q_start, int64_t ctx, int64_t pair0,
                              int64_t npairs, int64_t c, int64_t g, int64_t h, int64_t kvh, int64_t d,
-                             int64_t block_size, float scale, float *out, float *w) {
+                             int64_t block_size, int64_t window, float scale, float *out, float *w) {
     if (bf16)
         prefill_tile(1, q, q_stride, k_cache, v_cache, table, q_start, ctx, pair0, npairs, c, g, h, kvh, d,
-                     block_size, scale, out, w);
+                     block_size, window, scale, out, w);
     else
         prefill_tile(0, q, q_stride, k_cache, v_cache, table, q_start, ctx, pair0, npairs, c, g, h, kvh, d,
-                     block_size, scale, out, w);
+                     block_size, window, scale, out, w);
 }
 
 /* Sequence i's queries are rows q_starts[i] .. + q_lens[i] of q ([T, h, d], rows q_stride floats
  * apart, each row contiguous), at positions ctx_lens[i] ..; its context, these rows' K/V
  * included, is in the caches ([blocks, block_size, kvh, d], fp32 or bf16) through row i of
  * tables ([n, table_stride]). Writes their rows of out ([T, h, d], contiguous); d a multiple
- * of 8. Tasks go to the threads as they free up, the costliest (a sequence's last tiles, which
+ * of 8. `window` > 0: a sliding window, each query reads its last `window` positions only. Tasks go to the threads as they free up, the costliest (a sequence's last tiles, which
  * read its longest context) first. */
 void kv_paged_prefill_attention(const float *q, int64_t q_stride, const void *k_cache, const void *v_cache,
                                 int64_t bf16, const int64_t *q_starts, const int64_t *q_lens, const int64_t *ctx_lens,
                                 const int64_t *tables, int64_t table_stride, int64_t n, int64_t h, int64_t kvh,
-                                int64_t d, int64_t block_size, float scale, float *out) {
+                                int64_t d, int64_t block_size, int64_t window, float scale, float *out) {
     const int64_t g = h / kvh;
     int64_t *first = malloc((size_t)(n + 1) * sizeof(int64_t));  /* sequence i's tasks start at first[i] */
     first[0] = 0;
@@ -1210,7 +1230,7 @@ void kv_paged_prefill_attention(const float *q, int64_t q_stride, const void *k_
             const int64_t c = local % kvh, pair0 = (tiles - 1 - local / kvh) * TILE_ROWS;
             prefill_tile_any((int)bf16, q, q_stride, k_cache, v_cache, tables + i * table_stride, q_starts[i],
                              ctx_lens[i], pair0, min64(TILE_ROWS, q_lens[i] * g - pair0), c, g, h, kvh, d,
-                             block_size, scale, out, w);
+                             block_size, window, scale, out, w);
         }
         _mm_setcsr(csr);
         free(w);
@@ -1317,7 +1337,7 @@ void kv_decode_forward(const kv_decoder *m, const kv_decode_batch *b) {
             reshape_and_cache_body(b->qkv + q_size, qkv_n, b->qkv + q_size + kv_size, qkv_n, l->k_cache, l->v_cache,
                                    bf16, b->slots, rows, kv_size);
             decode_attention_body(b->qkv, qkv_n, l->k_cache, l->v_cache, bf16, b->decode_rows, b->seq_lens, b->block_tables,
-                                  b->table_stride, rows, m->heads, m->kv_heads, d, m->block_size, m->attn_scale,
+                                  b->table_stride, rows, m->heads, m->kv_heads, d, m->block_size, 0, m->attn_scale,
                                   b->attn, scores, parts);
             linear_body(b->attn, ROUNDED_INPUT(b->attn, q_size), rows, q_size, l->o_panels, bf16, hidden, NULL, b->x);
             ROUNDED(b->x, hidden);

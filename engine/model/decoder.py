@@ -36,6 +36,9 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
         self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
         self.rope = rope
+        # Its KV cache group: 0 for full attention, 1 for a sliding window (the step's
+        # metadata for that group carries the group's block tables, slots and window).
+        self.kv_group = 1 if spec.is_sliding(layer) else 0
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
                 backend: AttentionBackend, meta: AttentionMetadata) -> torch.Tensor:
@@ -52,7 +55,7 @@ class Attention(nn.Module):
             if self.q_norm is not None and self.k_norm is not None:  # both or neither (spec.qk_norm)
                 q, k = self.q_norm(q), self.k_norm(k)
             q, k = self.rope(positions, q, k)
-        o = backend.forward(self.layer, q, k, v, kv_cache[0], kv_cache[1], meta)
+        o = backend.forward(self.layer, q, k, v, kv_cache[0], kv_cache[1], meta.group(self.kv_group))
         return self.o_proj(o.reshape(t, self.q_size))
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+LAYER_TYPES = ("full_attention", "sliding_attention")  # transformers' names for config.layer_types
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,10 @@ class ModelSpec:
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None
     torch_dtype: str
+    # One per layer, transformers' names: 'sliding_attention' layers attend to their last
+    # `sliding_window` positions (their own included), 'full_attention' ones to all.
+    layer_types: tuple[str, ...] = ()
+    sliding_window: int | None = None
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> ModelSpec:
@@ -50,6 +55,7 @@ class ModelSpec:
         if gen_path.exists():
             eos = json.loads(gen_path.read_text()).get("eos_token_id", eos)
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+        layer_types, window = _attention_layers(cfg, folder)
         return cls(
             model_type=model_type,
             vocab_size=cfg["vocab_size"],
@@ -68,7 +74,42 @@ class ModelSpec:
             eos_token_ids=eos_ids,
             bos_token_id=cfg.get("bos_token_id"),
             torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32"),
+            layer_types=layer_types,
+            sliding_window=window,
         )
+
+    def is_sliding(self, layer: int) -> bool:
+        return self.sliding_window is not None and self.layer_types[layer] == "sliding_attention"
+
+    def kv_cache_group_layers(self) -> list[list[int]]:
+        """The layers of each KV cache group (vLLM's kv_cache_groups): the full-attention
+        layers, then the sliding-window ones where the model has any. Each group has its own
+        block table per request; a group's layers share it."""
+        full = [i for i in range(self.num_layers) if not self.is_sliding(i)]
+        sliding = [i for i in range(self.num_layers) if self.is_sliding(i)]
+        return [full, sliding] if sliding else [full]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _attention_layers(cfg: dict[str, Any], folder: str | Path) -> tuple[tuple[str, ...], int | None]:
+    """(layer types, sliding window) as transformers reads them for Qwen2/Qwen3: the window
+    counts only with `use_sliding_window`, and without `layer_types` the layers from
+    `max_window_layers` on slide. Llama's layers are all full."""
+    n = cfg["num_hidden_layers"]
+    window = cfg.get("sliding_window") if cfg.get("use_sliding_window", False) else None
+    types = cfg.get("layer_types")
+    if types is None:
+        first_sliding = cfg.get("max_window_layers", n)
+        types = ["sliding_attention" if window is not None and i >= first_sliding else "full_attention"
+                 for i in range(n)]
+    if len(types) != n or any(t not in LAYER_TYPES for t in types):
+        raise ValueError(f"layer_types in {folder}/config.json must name {n} layers, each one of "
+                         f"{', '.join(LAYER_TYPES)}; got {types!r}")
+    if window is not None and (not isinstance(window, int) or window < 1):
+        raise ValueError(f"sliding_window in {folder}/config.json must be a positive number of tokens, got {window!r}")
+    if window is not None and all(t == "sliding_attention" for t in types):
+        raise ValueError(f"every layer of {folder}/config.json is sliding_attention: kvscope needs at least one "
+                         "full_attention layer (its first KV cache group is full attention)")
+    return tuple(types), window if "sliding_attention" in types else None

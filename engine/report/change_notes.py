@@ -41,12 +41,14 @@ class ChangeNotes:
             for rid in out.preempted:
                 self.sent.table_went_back(rid)
             bs = config.block_size
-            for s in out.scheduled:  # the blocks its new tokens were written into
-                table = s.request.block_table
-                for i in range(s.num_computed_before // bs, min((s.num_computed_before + s.num_tokens - 1) // bs + 1,
-                                                                len(table))):
-                    blocks.add(table[i])
-                    holders[table[i]] = (s.request, i)
+            for s in out.scheduled:  # the blocks its new tokens were written into, in every KV cache group
+                first = s.num_computed_before // bs
+                last = (s.num_computed_before + s.num_tokens - 1) // bs
+                for group, table in enumerate((s.request.block_table, *s.request.extra_block_tables)):
+                    for i in range(first, min(last + 1, len(table))):
+                        blocks.add(table[i])
+                        if group == 0:  # records.block_dicts reads a holder's block_table
+                            holders[table[i]] = (s.request, i)
         finished = scheduler.finished[self._finished_sent:]
         self._finished_sent = len(scheduler.finished)
         done = {r.request_id for r in finished}

@@ -72,7 +72,7 @@ def probe_attention(requests: dict[str, Request], request_id: str, layer: int, h
             "not holding computed KV (waiting or preempted)"
         raise ValueError(f"request_id {request_id!r} is {state}: attention can only be probed while it runs")
     start, end = req.last_scheduled
-    probs = runner.probe(req.all_token_ids, start, end, req.block_table, layer)
+    probs = runner.probe(req.all_token_ids, start, end, req.block_table, layer, req.extra_block_tables)
     if probs is None:  # the runner gathers every rank's heads on rank 0, this engine's
         raise RuntimeError("the runner returned no attention probabilities on rank 0")
     heads = list(range(spec.num_heads)) if head is None else [head]
@@ -81,5 +81,6 @@ def probe_attention(requests: dict[str, Request], request_id: str, layer: int, h
     return AttentionProbe(
         request_id=request_id, layer=layer, heads=heads, kv_head_of_head=[h // group for h in heads],
         query_positions=list(range(start, end)), context_len=end, block_size=runner.block_size,
-        block_table=list(req.block_table), token_ids=context, tokens=[decode([t]) for t in context],
+        block_table=list(req.extra_block_tables[0] if spec.is_sliding(layer) else req.block_table),  # the layer's group
+        token_ids=context, tokens=[decode([t]) for t in context],
         probs=probs[heads].cpu())

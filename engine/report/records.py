@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from ..config import SCHEDULER_KNOBS, EngineConfig
-from ..core.block_pool import BlockEvents, BlockPool
+from ..core.block_pool import NULL_BLOCK_ID, BlockEvents, BlockPool
 from ..core.hashing import hash_hex
 from ..core.scheduler import Scheduler, SchedulerOutput
 from ..request import Request, RequestStatus
@@ -234,9 +234,10 @@ def block_dicts(pool: BlockPool, block_size: int, live: list[Request], only: set
                 search.add(b)
     if search is None or search:
         for req in live:
-            for i, b in enumerate(req.block_table):
-                if search is None or b in search:
-                    own(req, i, b)
+            for table in (req.block_table, *req.extra_block_tables):  # every KV cache group's
+                for i, b in enumerate(table):
+                    if b != NULL_BLOCK_ID and (search is None or b in search):
+                        own(req, i, b)
     blocks: list[BlockDict] = []
     for blk in (pool.blocks if only is None else [pool.blocks[b] for b in sorted(only)]):
         b = blk.block_id

@@ -2,7 +2,7 @@
 decision, the StepRecord shows, and a tensor-parallel worker rebuilds from what rank 0 sent."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -20,6 +20,10 @@ class Batch:
     slot_mapping: list[int]
     block_tables: list[list[int]]
     logits_indices: list[int]
+    # KV cache groups past the first (a model's sliding-window layers): each group's slot
+    # mapping and block tables over the same rows, in group order.
+    group_slot_mappings: list[list[int]] = field(default_factory=list)
+    group_block_tables: list[list[list[int]]] = field(default_factory=list)
 
     def to_dict(self) -> BatchDict:
         """The StepRecord's `batch` (the lists themselves: the record copies them)."""

@@ -6,6 +6,7 @@ worker processes (`engine.executor.WorkerGroup`), sends each step's inputs to th
 and runs its own shard; each worker runs the same runner class on its shard."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,7 +92,19 @@ class ModelRunner:
             self.dtype = resolve_dtype(config.dtype, self.device)
             self.block_size = config.block_size
             self._padded_tables = PaddedTables()   # each step's block tables, in one buffer kept across steps
-            self.backend = get_attention_backend(config.attention_backend, self.device, self.block_size, self.dtype)
+            # KV cache groups (vLLM's kv_cache_groups): full-attention layers, then sliding-window
+            # ones. Layer i of every group shares pool tensor i (a block belongs to one group at a
+            # time, so the groups never write the same slot), as vLLM lays its pools out.
+            self.kv_groups = spec.kv_cache_group_layers()
+            self.sliding_window = spec.sliding_window
+            self.groups_off_reason = None if len(self.kv_groups) == 1 else \
+                "the sliding-window layers' own block tables take the layer-by-layer path"
+            self._padded_group_tables = [PaddedTables() for _ in self.kv_groups[1:]]
+            if len(self.kv_groups) > 1 and self.tp.size > 1:
+                raise ValueError("tensor_parallel_size > 1 is not supported for a model with sliding-window layers; "
+                                 "use tensor_parallel_size=1")
+            self.backend = get_attention_backend(config.attention_backend, self.device, self.block_size, self.dtype,
+                                                 sliding_window=spec.sliding_window)
             if model is None:  # else: weights shared with an earlier engine (read-only at inference)
                 model = build_model(config, spec, max_model_len, self.device, self.dtype, self.tp)
             self.model = model
@@ -99,18 +112,16 @@ class ModelRunner:
             # own, which build_model chose (wider for bf16 on a CPU: dtypes.py).
             self.compute_dtype = model.norm.weight.dtype
             self.num_blocks = num_blocks or config.num_kv_blocks or self._blocks_from_memory()
-            shape = (self.num_blocks, self.block_size, spec.num_kv_heads // self.tp.size, spec.head_dim)
-            self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
-                               torch.zeros(shape, dtype=self.dtype, device=self.device))
-                              for _ in range(spec.num_layers)]
+            self.kv_caches = self._kv_pools(self.num_blocks)
             # Decode steps replay CUDA graphs where they can; why not is shown in model_info.
-            self.graph_off_reason = why_no_graphs(config.enforce_eager, self.device, self.backend.name, self.tp.size)
+            self.graph_off_reason = self.groups_off_reason or why_no_graphs(
+                config.enforce_eager, self.device, self.backend.name, self.tp.size)
             self.graphs = None if self.graph_off_reason else DecodeGraphs(
                 self.model, self.kv_caches, self.backend, max_num_seqs=config.max_num_seqs,
                 max_model_len=max_model_len, block_size=self.block_size, device=self.device)
             # On a CPU, decode steps run as one native call where they can (native_decode.py).
-            self.native_decode_off_reason = why_no_native_decode(config.enforce_eager, self.device, self.dtype,
-                                                                 self.backend.name, self.tp.size, self.model)
+            self.native_decode_off_reason = self.groups_off_reason or why_no_native_decode(
+                config.enforce_eager, self.device, self.dtype, self.backend.name, self.tp.size, self.model)
             # Where this machine's panels stop being faster than oneDNN (crossover.py): measured
             # once per CPU, model and dtype; None where nothing runs on the panels.
             self.crossover = crossover.resolve(self)
@@ -134,10 +145,28 @@ class ModelRunner:
             self.workers.connect(self.num_blocks)
 
     @property
+    def num_pool_tensors(self) -> int:
+        """K and V tensors pairs in the pool: one per layer of the largest KV cache group."""
+        return max(len(layers) for layers in self.kv_groups)
+
+    def _kv_pools(self, num_blocks: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each layer's (K, V) pool tensors, [num_blocks, block_size, KVH, D]: layer i of each
+        KV cache group gets pair i."""
+        shape = (num_blocks, self.block_size, self.spec.num_kv_heads // self.tp.size, self.spec.head_dim)
+        pairs = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
+                  torch.zeros(shape, dtype=self.dtype, device=self.device)) for _ in range(self.num_pool_tensors)]
+        caches = [pairs[0]] * self.spec.num_layers
+        for layers in self.kv_groups:
+            for i, layer in enumerate(layers):
+                caches[layer] = pairs[i]
+        return caches
+
+    @property
     def bytes_per_block(self) -> int:
-        """KV bytes of one block over all layers and all ranks."""
+        """KV bytes of one block over all layers and all ranks (of one group: a block holds the
+        K/V of one group's layers)."""
         s = self.spec
-        return 2 * s.num_layers * self.block_size * s.num_kv_heads * s.head_dim * self.dtype.itemsize
+        return 2 * self.num_pool_tensors * self.block_size * s.num_kv_heads * s.head_dim * self.dtype.itemsize
 
     @property
     def bytes_per_block_per_rank(self) -> int:
@@ -191,19 +220,22 @@ class ModelRunner:
         seq_len = min(num_tokens, cfg.max_model_len or num_tokens)
         lens = [seq_len] * (num_tokens // seq_len) + ([num_tokens % seq_len] if num_tokens % seq_len else [])
         blocks_per_seq = [-(-n // bs) for n in lens]
-        shape = (1 + sum(blocks_per_seq), bs, self.spec.num_kv_heads // self.tp.size, self.spec.head_dim)
-        caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
-                   torch.zeros(shape, dtype=self.dtype, device=self.device)) for _ in range(self.spec.num_layers)]
-        tables, next_block = [], 1
-        for nb in blocks_per_seq:
-            tables.append(list(range(next_block, next_block + nb)))
-            next_block += nb
+        caches = self._kv_pools(1 + len(self.kv_groups) * sum(blocks_per_seq))
+        group_tables, next_block = [], 1
+        for _ in self.kv_groups:  # each group its own blocks
+            tables = []
+            for nb in blocks_per_seq:
+                tables.append(list(range(next_block, next_block + nb)))
+                next_block += nb
+            group_tables.append(tables)
         qsl = [0]
         for n in lens:
             qsl.append(qsl[-1] + n)
         positions = [p for n in lens for p in range(n)]
-        slots = [t[p // bs] * bs + p % bs for t, n in zip(tables, lens) for p in range(n)]
-        batch = Batch([0] * num_tokens, positions, qsl, list(lens), slots, tables, [])
+        group_slots = [[t[p // bs] * bs + p % bs for t, n in zip(tables, lens) for p in range(n)]
+                       for tables in group_tables]
+        batch = Batch([0] * num_tokens, positions, qsl, list(lens), group_slots[0], group_tables[0], [],
+                      group_slots[1:], group_tables[1:])
         meta = self.metadata(batch, [0] * len(lens), [])
         ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
         pos = torch.tensor(positions, dtype=torch.long, device=self.device)
@@ -227,6 +259,9 @@ class ModelRunner:
         slots: list[int] = []
         qsl, seq_lens, ctx_lens, logits_idx, decode_ids = [0], [], [], [], []
         tables: list[list[int]] = []
+        others = len(self.kv_groups) - 1
+        group_slots: list[list[int]] = [[] for _ in range(others)]
+        group_tables: list[list[list[int]]] = [[] for _ in range(others)]
         for i, s in enumerate(out.scheduled):
             req, start, n = s.request, s.num_computed_before, s.num_tokens
             end = start + n
@@ -234,6 +269,9 @@ class ModelRunner:
             positions.extend(range(start, end))
             table = req.block_table
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            for g, extra in enumerate(req.extra_block_tables[:others]):
+                group_slots[g].extend(extra[p // bs] * bs + p % bs for p in range(start, end))
+                group_tables[g].append(list(extra))
             qsl.append(qsl[-1] + n)
             seq_lens.append(end)
             ctx_lens.append(start)
@@ -242,7 +280,7 @@ class ModelRunner:
                 logits_idx.append(qsl[-1] - 1)
             if n == 1 and start > 0:
                 decode_ids.append(i)
-        batch = Batch(input_ids, positions, qsl, seq_lens, slots, tables, logits_idx)
+        batch = Batch(input_ids, positions, qsl, seq_lens, slots, tables, logits_idx, group_slots, group_tables)
         if self.native_decode is not None and self.native_decode.takes(len(input_ids), len(decode_ids),
                                                                         len(logits_idx), tables):
             # A pure-decode step runs as one native call reading the lists above (forward with
@@ -255,19 +293,34 @@ class ModelRunner:
                 torch.tensor(positions, dtype=torch.long, device=dev))
 
     def metadata(self, batch: Batch, ctx_lens: list[int], decode_ids: list[int]) -> AttentionMetadata:
-        """Attention metadata (tensors on this runner's device) for a packed batch."""
+        """Attention metadata (tensors on this runner's device) for a packed batch: group 0's,
+        with every other KV cache group's in `other_groups`."""
+        if len(batch.group_block_tables) != len(self.kv_groups) - 1:
+            raise ValueError(f"a batch for {len(self.kv_groups)} KV cache groups carries the block tables of "
+                             f"{1 + len(batch.group_block_tables)}")
+        meta = self._group_metadata(batch, batch.slot_mapping, batch.block_tables, ctx_lens, decode_ids,
+                                    self._padded_tables)
+        meta.other_groups = [
+            self._group_metadata(batch, slots, tables, ctx_lens, decode_ids, padder, self.sliding_window)
+            for slots, tables, padder in zip(batch.group_slot_mappings, batch.group_block_tables,
+                                             self._padded_group_tables)]
+        return meta
+
+    def _group_metadata(self, batch: Batch, slot_mapping: list[int], block_tables: list[list[int]],
+                        ctx_lens: list[int], decode_ids: list[int], padder: PaddedTables,
+                        sliding_window: int | None = None) -> AttentionMetadata:
         dev = self.device
-        max_blocks = max((len(t) for t in batch.block_tables), default=1) or 1
+        max_blocks = max((len(t) for t in block_tables), default=1) or 1
         # Padded on the host and copied once: a copy per sequence costs a host-to-device
         # transfer each on a GPU (hundreds per step at large batches).
-        padded = self._padded_tables(batch.block_tables, max_blocks).to(dev)
+        padded = padder(block_tables, max_blocks).to(dev)
         meta = AttentionMetadata(
             query_start_loc=batch.query_start_loc, seq_lens=batch.seq_lens, context_lens=ctx_lens,
-            slot_mapping=torch.tensor(batch.slot_mapping, dtype=torch.long, device=dev),
-            block_tables=padded, block_size=self.block_size, decode_seq_ids=decode_ids)
+            slot_mapping=torch.tensor(slot_mapping, dtype=torch.long, device=dev),
+            block_tables=padded, block_size=self.block_size, decode_seq_ids=decode_ids, sliding_window=sliding_window)
         if decode_ids:
             # decode_ids ascend, so all of them are 0..n-1 (a pure-decode step): no index needed.
-            every = len(decode_ids) == len(batch.block_tables)
+            every = len(decode_ids) == len(block_tables)
             meta.decode_block_tables = padded if every else \
                 padded[torch.tensor(decode_ids, dtype=torch.long, device=dev)]
             meta.decode_seq_lens = torch.tensor([batch.seq_lens[i] for i in decode_ids], device=dev)
@@ -323,27 +376,31 @@ class ModelRunner:
 
     @torch.inference_mode()
     def probe(self, token_ids: list[int], start: int, end: int, block_table: list[int],
-              layer: int) -> torch.Tensor | None:
+              layer: int, group_tables: Sequence[list[int]] = ()) -> torch.Tensor | None:
         """Attention probabilities [H, end-start, end] of layer `layer` for query positions
         start..end-1 of one sequence whose K/V (positions 0..end-1) are already in the pools.
         Re-runs layers 0..layer for those positions, reading all context from the paged cache
         and writing nothing, so the numbers are those the step itself computed. With tensor
-        parallelism every rank re-runs its heads and rank 0 gathers all of them."""
+        parallelism every rank re-runs its heads and rank 0 gathers all of them. `group_tables`:
+        the sequence's block tables in the other KV cache groups (sliding-window layers')."""
         if self.workers is not None:
             self.workers.send("probe", (list(token_ids[:end]), start, end, list(block_table), layer))
             with self.workers.guard():
-                return self._probe(token_ids, start, end, block_table, layer)
-        return self._probe(token_ids, start, end, block_table, layer)
+                return self._probe(token_ids, start, end, block_table, layer, group_tables)
+        return self._probe(token_ids, start, end, block_table, layer, group_tables)
 
     def _probe(self, token_ids: list[int], start: int, end: int, block_table: list[int],
-               layer: int) -> torch.Tensor | None:
-        batch = Batch(token_ids[start:end], list(range(start, end)), [0, end - start], [end],
-                      [-1] * (end - start), [list(block_table)], [])
+               layer: int, group_tables: Sequence[list[int]] = ()) -> torch.Tensor | None:
+        nothing = [-1] * (end - start)
+        batch = Batch(token_ids[start:end], list(range(start, end)), [0, end - start], [end], nothing,
+                      [list(block_table)], [], [nothing for _ in group_tables], [[list(t)] for t in group_tables])
         meta = self.metadata(batch, [start], [])
-        meta.probe_layer = layer
+        for group in (meta, *meta.other_groups):
+            group.probe_layer = layer
         ids = torch.tensor(batch.input_ids, dtype=torch.long, device=self.device)
         pos = torch.tensor(batch.positions, dtype=torch.long, device=self.device)
         self.model(ids, pos, self.kv_caches, self.backend, meta, num_layers=layer + 1)
+        meta = meta.group(1 if self.spec.is_sliding(layer) else 0)
         if meta.probe_probs is None:
             raise RuntimeError(f"attention backend {self.backend.name!r} kept no probabilities for layer {layer}")
         return self.tp.gather_to_first(meta.probe_probs, dim=0)

@@ -49,10 +49,10 @@ def read_bandwidth_gb_s(passes: int = 7) -> float:
 def stream_steps_against_reads(llm: LLM, prompt: list[int], max_tokens: int, weights_sized: torch.Tensor) -> dict:
     """One greedy request run step by step from an empty prefix cache, each decode step followed
     by a read of `weights_sized` (read_buffer of the weights' bytes: a one-row step reads every
-    weight once, so that read is its floor). Pairing each step with a read in the same second compares the two under the same
-    neighbours: a floor from the best of a few reads against a mean step counts the machine's
-    quietest moment against its average one (one minute's reads of the same bytes spread by a third
-    on the 2-core AMD EPYC)."""
+    weight once, so that read is its floor). Pairing each step with a read in the same second
+    compares the two under the same neighbours: a floor from the best of a few reads against a mean
+    step counts the machine's quietest moment against its average one (one minute's reads of the
+    same bytes spread by a third on the 2-core AMD EPYC)."""
     eng = llm.engine
     eng.kv.pool.reset_prefix_cache()
     eng.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))

@@ -122,7 +122,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--min-len", type=int, default=100)
     ap.add_argument("--max-len", type=int, default=1024)
-    ap.add_argument("--hf-requests", type=int, default=32, help="requests in the like-for-like run against transformers")
+    ap.add_argument("--hf-requests", type=int, default=32,
+                    help="requests in the like-for-like run against transformers")
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                     help="cpu: a smoke run of the bench itself (with --shape tiny), not a measurement")
@@ -137,16 +138,17 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = random_checkpoint(Path(tmp), args.shape)
         where = name if args.device == "cuda" else f"CPU {cpu_summary()}"   # the CPU's vector extensions
-        print(f"{where}, torch {torch.__version__}; {args.shape}-shaped random Qwen3 weights, bf16; {args.requests} requests, "
-              f"lengths {args.min_len}-{args.max_len}", flush=True)
+        print(f"{where}, torch {torch.__version__}; {args.shape}-shaped random Qwen3 weights, bf16; "
+              f"{args.requests} requests, lengths {args.min_len}-{args.max_len}", flush=True)
         for label, eager in (("eager", True), ("cuda_graphs", False)):
             llm = engine_llm(path, eager, args.device)
             r = run_engine(llm, prompts, max_tokens)
             sub = run_engine(llm, prompts[:args.hf_requests], max_tokens[:args.hf_requests])
             results[label] = {k: v for k, v in r.items() if k != "outputs"} | {"subset_tok_s": sub["tok_s"]}
             share = f", {100 * r['decode_bandwidth'] / peak:.0f}% of {peak / 1e12:.1f} TB/s" if peak else ""
-            print(f"engine {label:>11}: {r['tok_s']:8.0f} output tok/s ({r['output_tokens']} tokens in {r['seconds']:.1f} s); "
-                  f"decode steps {r['decode_steps']}; decode bandwidth {r['decode_bandwidth'] / 1e12:.2f} TB/s{share}",
+            print(f"engine {label:>11}: {r['tok_s']:8.0f} output tok/s "
+                  f"({r['output_tokens']} tokens in {r['seconds']:.1f} s); decode steps {r['decode_steps']}; "
+                  f"decode bandwidth {r['decode_bandwidth'] / 1e12:.2f} TB/s{share}",
                   flush=True)
             llm.shutdown()
             del llm

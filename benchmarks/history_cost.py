@@ -4,7 +4,8 @@ change (`python -m benchmarks.history_cost`)."""
 from __future__ import annotations
 
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from engine.report.changes import apply
 from explorer.core.history import history_bytes

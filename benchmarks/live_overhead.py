@@ -17,7 +17,7 @@ import statistics
 import threading
 import time
 import urllib.request
-from typing import Sequence
+from collections.abc import Sequence
 
 from explorer.drivers.vllm_live.server import VllmServer
 
@@ -81,7 +81,8 @@ class Drain:
 
 def measure(model: str, *, rounds: int = 3, num_requests: int = 8, prompt_words: int = 60, max_tokens: int = 64,
             num_gpu_blocks: int = 128, progress=print) -> dict:
-    prompts = [f"Request {i}: " + "tell me about the sea and its ships " * (prompt_words // 8) for i in range(num_requests)]
+    prompts = [f"Request {i}: " + "tell me about the sea and its ships " * (prompt_words // 8)
+               for i in range(num_requests)]
     common = dict(num_gpu_blocks=num_gpu_blocks, max_num_batched_tokens=256, kv_events=False)
     plain = VllmServer(model, recorder=False, **common)
     rec = VllmServer(model, recorder=True, **common)
@@ -110,7 +111,8 @@ def measure(model: str, *, rounds: int = 3, num_requests: int = 8, prompt_words:
                         if first and last.get("steps", 0) > first.get("steps", 0):
                             steps = last["steps"] - first["steps"]
                             out["recorder_ms_per_step"] = (last["recorder_ms"] - first["recorder_ms"]) / steps
-                            out["recorder_cpu_ms_per_step"] = (last["recorder_cpu_ms"] - first["recorder_cpu_ms"]) / steps
+                            out["recorder_cpu_ms_per_step"] = (
+                                last["recorder_cpu_ms"] - first["recorder_cpu_ms"]) / steps
                         drain.close()
                 else:
                     out = one_round(rec, prompts, max_tokens)
@@ -119,7 +121,8 @@ def measure(model: str, *, rounds: int = 3, num_requests: int = 8, prompt_words:
                 progress(f"round {r + 1} {name:>24}: {out['tok_s']:7.1f} tok/s, ITL {out['itl_ms']:6.1f} ms"
                          + (f", {out['messages']} feed messages read" if "messages" in out else "")
                          + (f", recorder {out['recorder_ms_per_step']:.2f} ms/step on the scheduler thread "
-                            f"({out['recorder_cpu_ms_per_step']:.2f} ms of CPU)" if "recorder_ms_per_step" in out else ""))
+                            f"({out['recorder_cpu_ms_per_step']:.2f} ms of CPU)"
+                            if "recorder_ms_per_step" in out else ""))
     finally:
         plain.stop()
         rec.stop()
@@ -162,8 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "recorder_ms_per_step" in rs:
         itl = out["summary"]["plain"]["median_itl_ms"]
         print(f"the recorder's own time per step (median of the rounds): {rs['recorder_ms_per_step']:.2f} ms wall "
-              f"= {rs['recorder_ms_per_step'] / itl * 100:.1f}% of plain's ITL; {rs['recorder_cpu_ms_per_step']:.2f} ms "
-              f"of CPU = {rs['recorder_cpu_ms_per_step'] / itl * 100:.1f}%")
+              f"= {rs['recorder_ms_per_step'] / itl * 100:.1f}% of plain's ITL; "
+              f"{rs['recorder_cpu_ms_per_step']:.2f} ms of CPU = {rs['recorder_cpu_ms_per_step'] / itl * 100:.1f}%")
     return 0
 
 

@@ -21,7 +21,6 @@ import torch
 from engine import LLM, SamplingParams
 from explorer.apps.machine import cpu_summary
 
-
 BENCH_KV_BYTES = 2 * 2**30
 
 
@@ -206,6 +205,7 @@ def bench(reps: int = 3, scale: float = 1.0, dtype: str = "float32", model: str 
 def _start_vllm(folder: str, dtype: str, eager: bool, out):
     """vLLM's CPU build in its own process, or None (with the reason printed) where it is absent."""
     from explorer.drivers.vllm.config import VllmUnavailable
+
     from .vllm_side import VllmBenchSide
 
     try:
@@ -236,7 +236,8 @@ def summarize(wl: Workload, eng_runs: list[RunResult], hf_runs: list[RunResult],
            "prompt_tokens_computed": eng_runs[-1].prompt_tokens_computed}
     if vllm_runs:
         vllm_tps = [r.output_tokens / r.seconds for r in vllm_runs]
-        row.update(vllm_tok_s=med(vllm_tps), vllm_tok_s_spread=spread(vllm_tps), vllm_ratio=med(eng_tps) / med(vllm_tps),
+        row.update(vllm_tok_s=med(vllm_tps), vllm_tok_s_spread=spread(vllm_tps),
+                   vllm_ratio=med(eng_tps) / med(vllm_tps),
                    same_tokens_vllm=matching(eng_runs[0].output_ids, vllm_runs[0].output_ids))
         if wl.name == "stream":  # one request: its seconds / tokens is vLLM's per-token time (TTFT included)
             row["vllm_ms_per_token"] = 1e3 * med([r.seconds / r.output_tokens for r in vllm_runs])

@@ -25,11 +25,13 @@ import json
 import math
 import random
 import statistics
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from time import perf_counter
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from explorer.core import session as session_module
+
 from .ui_common import WATCHED_PANELS, BenchUnavailable  # noqa: F401 (BenchUnavailable: raised by both parts)
 
 DEFAULT_REQUESTS = 64
@@ -153,7 +155,7 @@ class StepTimer:
         # The Session builds each step's snapshot from the step's changes, not with engine.snapshot().
         self._patches.attribute(session_module, "apply", self._wrap_snapshot)
 
-    def watch(self, binder: Any) -> "StepTimer":
+    def watch(self, binder: Any) -> StepTimer:
         """Time `binder.render` after each step (the Dashboard's view update)."""
         self._patches.instance(binder, "render", self._wrap_render)
         return self
@@ -242,7 +244,7 @@ class ViewProfiler:
         self._bucket: dict | None = None
         self._pack = _packer()
 
-    def __enter__(self) -> "ViewProfiler":
+    def __enter__(self) -> ViewProfiler:
         import ipywidgets
 
         from explorer.ui import views
@@ -418,7 +420,8 @@ def format_python(res: dict) -> list[str]:
     lines.append(f"  payload per widget per step (median):  {'messages':>8} {'JSON KiB':>10} {'binary KiB':>11}")
     for name, w in res["widgets"].items():
         lines.append(f"    {name:<36} {_fmt(w['messages']['median'], 0):>8} "
-                     f"{_fmt(w['json_bytes']['median'] / 1024, 1):>10} {_fmt(w['buffer_bytes']['median'] / 1024, 1):>11}")
+                     f"{_fmt(w['json_bytes']['median'] / 1024, 1):>10} "
+                     f"{_fmt(w['buffer_bytes']['median'] / 1024, 1):>11}")
     return lines
 
 

@@ -13,14 +13,13 @@ from __future__ import annotations
 import json
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import nbformat
 
-from .ui_common import WATCHED_PANELS, BenchUnavailable
-
 from .lab_harness import CHROMIUM_ARGS, REPO, LabUI, find_chromium, start_lab_server
+from .ui_common import WATCHED_PANELS, BenchUnavailable
 
 NOTEBOOK = "bench_ui.ipynb"
 KERNEL_LOG = "kernel_steps.jsonl"

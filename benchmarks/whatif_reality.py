@@ -95,7 +95,8 @@ def server_counters(http: str) -> dict:
         text = r.read().decode()
     out = {}
     for key, name in (("hit_tokens", "vllm:prefix_cache_hits_total"), ("preemptions", "vllm:num_preemptions_total")):
-        values = [float(m.group(1)) for m in re.finditer(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M)]
+        pattern = rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+]+)$"
+        values = [float(m.group(1)) for m in re.finditer(pattern, text, re.M)]
         out[key] = int(sum(values)) if values else None
     return out
 

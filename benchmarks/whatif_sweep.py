@@ -16,7 +16,7 @@ import argparse
 import random
 import time
 
-from explorer.core.recording import Recording, RecordedRequest, RecordedSteps, Settings, Source
+from explorer.core.recording import RecordedRequest, RecordedSteps, Recording, Settings, Source
 from explorer.whatif import identity, replay, sweep
 from explorer.whatif.step_model import StepTimeModel
 
@@ -50,8 +50,8 @@ def synthetic(num_requests: int, rate: float, seed: int = 0) -> Recording:
         MODEL.predict(p, d, c) for p, d, c in zip(res.prefill_tokens, res.decode_requests, res.context_tokens)],
         busy=[True] * res.num_steps, prefill_tokens=list(res.prefill_tokens), decode_requests=list(res.decode_requests),
         context_tokens=list(res.context_tokens), digest=list(res.digests))
-    return Recording(settings=BASE, source=Source(engine="synthetic", clock="wall", notes=["made by benchmarks/whatif_sweep.py"]),
-                     requests=reqs, steps=steps)
+    source = Source(engine="synthetic", clock="wall", notes=["made by benchmarks/whatif_sweep.py"])
+    return Recording(settings=BASE, source=source, requests=reqs, steps=steps)
 
 
 def main(argv: list[str] | None = None) -> int:

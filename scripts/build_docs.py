@@ -345,7 +345,8 @@ def build_walkthrough(stage: Path, wanted: set[int] | None, timeout_s: int) -> d
     wanted = numbers if wanted is None else wanted
     unknown = wanted - numbers
     if unknown:
-        raise SystemExit(f"--chapters: no chapter {sorted(unknown)} (the walkthrough has {min(numbers)}-{max(numbers)})")
+        raise SystemExit(f"--chapters: no chapter {sorted(unknown)} "
+                         f"(the walkthrough has {min(numbers)}-{max(numbers)})")
     folder = stage / "walkthrough"
     replays = folder / "replays"
     replays.mkdir(parents=True)
@@ -381,8 +382,8 @@ SIDE_BY_SIDE_CONFIG = {"block_size": 32, "num_kv_blocks": 14, "max_num_batched_t
 def record_side_by_side(out: Path) -> None:
     """(In a process of its own: vLLM sets its threads and environment.) SIDE_BY_SIDE on vLLM
     and on kvscope, stepped together (explorer.apps.side_by_side.compare); one replay per engine."""
-    from explorer.export import page as export
     from explorer.apps.side_by_side import compare
+    from explorer.export import page as export
 
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -395,10 +396,12 @@ def record_side_by_side(out: Path) -> None:
         snap = session.current.snapshot
         blocks = snap["block_pool"]["blocks"]
         held = [b for b in blocks if b["owners"]] or [b for b in blocks if b["block_id"] > 0]
-        files.append({"file": f"{key}.html", "engine": name, "bytes": result.bytes, "first_step": session.history[0].step,
+        files.append({"file": f"{key}.html", "engine": name, "bytes": result.bytes,
+                      "first_step": session.history[0].step,
                       "last_step": session.current.step, "steps_included": result.steps_included,
                       "notice": result.notice, "own_steps": True, "num_blocks": len(blocks),
-                      "queues": {q: [r["request_id"] for r in snap["queues"][q]] for q in ("waiting", "running", "finished")},
+                      "queues": {q: [r["request_id"] for r in snap["queues"][q]]
+                                 for q in ("waiting", "running", "finished")},
                       "hover_block": {k: held[0][k] for k in ("block_id", "owners", "ref_count")}})
     (out / "manifest.json").write_text(json.dumps({
         "replays": files, "differing_steps": cmp.differing_steps, "num_steps": cmp.num_steps,
@@ -520,8 +523,9 @@ def whatif_section(stage: Path, record: bool) -> list[tuple[str, int]]:
     data = json.loads((out / "manifest.json").read_text())
     cfg = ", ".join(f"{k}={v}" for k, v in data["config"].items())
     lines += [f"Recorded when this site was built: five greedy requests on kvscope's engine (the default model; "
-              f"{cfg}), four sharing a long system prompt, one added while they decode ({data['summary']}; the recording "
-              f"is {data['file_bytes'] / 1e3:.0f} kB). Replayed through vLLM 0.32's own scheduler at its own settings:",
+              f"{cfg}), four sharing a long system prompt, one added while they decode ({data['summary']}; "
+              f"the recording is {data['file_bytes'] / 1e3:.0f} kB). Replayed through vLLM 0.32's own scheduler "
+              "at its own settings:",
               "", f"    {data['identity'].splitlines()[0]}", "",
               f"Then with {', '.join(f'{k}={v}' for k, v in data['variant'].items())}: "
               + (f"**{html.escape(data['parting']['text'])}**." if data["parting"] else "the two runs never part."),
@@ -529,7 +533,8 @@ def whatif_section(stage: Path, record: bool) -> list[tuple[str, int]]:
               'title="What-if: the recorded run and a smaller pool"></iframe>', "",
               '<p class="kvs-replay-link"><a href="whatif-replays/whatif.html">Open the what-if view on a page of its '
               'own</a>.</p>', "", "### The sweep", "",
-              "Prefix-hit rate against pool size (exact; from `res.charts()` in a notebook, drawn here without script):",
+              "Prefix-hit rate against pool size (exact; from `res.charts()` in a notebook, drawn here "
+              "without script):",
               "", '<div class="kvs-nb-html" data-testid="kvs-whatif-sweep-chart">',
               (out / "sweep.svg").read_text(), "</div>", "", "```text", data["table"], "```"]
     page.write_text(page.read_text() + "\n".join(lines) + "\n")

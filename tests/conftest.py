@@ -15,8 +15,9 @@ if not _torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 # ------------------------------- end: Triton on CPU ------------------------------------
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -47,7 +48,8 @@ def default_model_path() -> Path:
     Missing, it fails the tests that need it (make test installs it), except where
     KVSCOPE_TESTS_WITHOUT_DEFAULT_MODEL=1 says its absence is expected (scripts/gpu_check.sh
     on a GPU machine that was not carried its wheel): there they skip and say why."""
-    from engine.default_model import DefaultModelError, default_model_path as resolve
+    from engine.default_model import DefaultModelError
+    from engine.default_model import default_model_path as resolve
 
     try:
         return resolve()

@@ -163,8 +163,8 @@ def check_replay(page, holder, f: dict) -> None:
     assert last_index == f["steps_included"] - 1
     slider.evaluate("(el, i) => { el.value = String(i); el.dispatchEvent(new Event('input')); }", last_index)
     last = f["last_step"]
-    frame.wait_for_function("(k) => [...document.querySelectorAll('.kvs-panel')].every(p => p.dataset.step === String(k))",
-                            arg=last, timeout=READY_MS)
+    frame.wait_for_function("(k) => [...document.querySelectorAll('.kvs-panel')]"
+                            ".every(p => p.dataset.step === String(k))", arg=last, timeout=READY_MS)
     assert frame.inner_text('[data-testid="kvs-history-label"]') == f"step {last} of {last}"
     # The queues panel shows that step: its data-step and the requests in each queue.
     assert frame.get_attribute('[data-testid="kvs-queues"]', "data-step") == str(last)
@@ -181,7 +181,7 @@ def check_replay(page, holder, f: dict) -> None:
     box = canvas.bounding_box()
     cell = 26  # widgets/block_pool.js: cells of 26 px up to 256 blocks
     assert f["num_blocks"] <= 256
-    ncols = int(round(box["width"] / cell))
+    ncols = round(box["width"] / cell)
     x = box["x"] + (block["block_id"] % ncols) * cell + cell / 2
     y = box["y"] + (block["block_id"] // ncols) * cell + cell / 2
     page.mouse.move(x - 3, y - 3)

@@ -1,12 +1,11 @@
 """Fixtures of the browser tests (the machinery is in benchmarks/lab_harness.py)."""
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
-
-import pytest
 
 import nbformat
+import pytest
 
 from benchmarks.lab_harness import TEST_OUTPUT, LabServer, LabUI, start_lab_server
 

@@ -12,14 +12,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
-from explorer.apps.lab import free_port
-
 from benchmarks.lab_harness import REPO, focus_pixels_js, isolated_jupyter_env
+from explorer.apps.lab import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -128,7 +127,8 @@ def test_the_page_loads_steps_and_shows_bad_input(page, app: App) -> None:
             else outside.append(r.url))
     page.goto(app.url, timeout=DASHBOARD_TIMEOUT_MS)
     # Progress first (the model loads in a worker thread), then the Dashboard replaces it.
-    page.wait_for_selector('[data-testid="kvs-app-loading"], [data-testid="kvs-controls"]', timeout=DASHBOARD_TIMEOUT_MS)
+    page.wait_for_selector('[data-testid="kvs-app-loading"], [data-testid="kvs-controls"]',
+                           timeout=DASHBOARD_TIMEOUT_MS)
     page.wait_for_selector('[data-testid="kvs-controls"]', timeout=DASHBOARD_TIMEOUT_MS)
     assert page.locator('[data-testid="kvs-app-loading"]').count() == 0
     assert page.title() == "kvscope"

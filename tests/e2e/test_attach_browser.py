@@ -14,6 +14,8 @@ from tests.oracle.vllm_available import require_vllm
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 TIMEOUT_MS = 120_000
+# The follow toggle offers Follow: the view is paused.
+PAUSED = """() => document.querySelector('[data-testid="kvs-follow-toggle"]')?.textContent === 'Follow'"""
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +42,8 @@ def wait_panels_at(page, step: int, testids=("kvs-queues", "kvs-block-pool", "kv
     after another (queues first, slots after the pool), so they arrive a moment apart."""
     for testid in testids:
         page.wait_for_function(
-            f"""() => Number(document.querySelector('.kvs-dashboard [data-testid="{testid}"]')?.dataset.step) === {step}""",
-            timeout=10_000)
+            f"""() => Number(document.querySelector('.kvs-dashboard [data-testid="{testid}"]')?.dataset.step)"""
+            f""" === {step}""", timeout=10_000)
 
 
 def test_dashboard_follows_a_live_server_and_pause_holds_it(vllm_server, run_notebook, page,
@@ -68,8 +70,8 @@ def test_dashboard_follows_a_live_server_and_pause_holds_it(vllm_server, run_not
     assert r.usage.completion_tokens == 6
     # A prefill and five decodes at least: the panels reach the server's step (applied in the kernel's thread).
     page.wait_for_function(
-        f"""() => Number(document.querySelector('.kvs-dashboard [data-testid="kvs-queues"]')?.dataset.step) >= {start + 6}""",
-        timeout=TIMEOUT_MS)
+        f"""() => Number(document.querySelector('.kvs-dashboard [data-testid="kvs-queues"]')?.dataset.step)"""
+        f""" >= {start + 6}""", timeout=TIMEOUT_MS)
     finished = dash.get_by_test_id("kvs-queue-finished")
     finished.locator(f'[data-request-id^="{r.id}"]').first.wait_for(timeout=TIMEOUT_MS)
     wait_panels_at(page, data_step(dash, "kvs-queues"))   # the server is idle now: no step follows
@@ -92,8 +94,7 @@ def test_dashboard_follows_a_live_server_and_pause_holds_it(vllm_server, run_not
 
     # -- Pause: the server goes on, the panels hold --------------------------------------------
     toggle.click()
-    page.wait_for_function("""() => document.querySelector('[data-testid="kvs-follow-toggle"]')?.textContent === 'Follow'""",
-                           timeout=TIMEOUT_MS)
+    page.wait_for_function(PAUSED, timeout=TIMEOUT_MS)
     held = data_step(dash, "kvs-queues")
     r2 = client.completions.create(model=srv.model, prompt="Name three colours:", max_tokens=6, temperature=0,
                                    extra_body={"ignore_eos": True})
@@ -125,8 +126,7 @@ def test_dashboard_follows_a_live_server_and_pause_holds_it(vllm_server, run_not
     assert r3.usage.completion_tokens == 6
     follow.get_by_test_id("kvs-follow-state").filter(has_text=f"parked at step {parked}").wait_for(timeout=TIMEOUT_MS)
     toggle.click()   # Pause, from the parked view
-    page.wait_for_function("""() => document.querySelector('[data-testid="kvs-follow-toggle"]')?.textContent === 'Follow'""",
-                           timeout=TIMEOUT_MS)
+    page.wait_for_function(PAUSED, timeout=TIMEOUT_MS)
     time.sleep(1.0)
     assert data_step(dash, "kvs-queues") == parked   # not the latest step
     toggle.click()   # Follow again, for the tests after this one
@@ -215,8 +215,7 @@ def test_the_why_panel_and_the_prefix_tree_explain_a_live_requests_prefix_hits(v
         card = dash.get_by_test_id("kvs-queue-running").locator(f'[data-request-id^="{rid}"]').first
         card.wait_for(timeout=TIMEOUT_MS)
         toggle.click()   # Pause: the shown step holds while the request runs on
-        page.wait_for_function("""() => document.querySelector('[data-testid="kvs-follow-toggle"]')?.textContent === 'Follow'""",
-                               timeout=TIMEOUT_MS)
+        page.wait_for_function(PAUSED, timeout=TIMEOUT_MS)
         card = dash.get_by_test_id("kvs-queue-running").locator(f'[data-request-id^="{rid}"]').first
         chip = card.get_by_test_id("kvs-why-chip")
         assert chip.get_attribute("data-class") in ("below_block", "never_seen"), chip.inner_text()  # what it missed

@@ -27,9 +27,9 @@ SPEC = {
     "requests": [
         *({"prompt": [500 + 7 * i + k for k in range(40)], "max_tokens": 20, "ignore_eos": True,
            "request_id": f"r{i}"} for i in range(3)),
-        {"prompt": SHARED + [7, 8, 9], "max_tokens": 4, "at_step": 1, "request_id": "10",
+        {"prompt": [*SHARED, 7, 8, 9], "max_tokens": 4, "at_step": 1, "request_id": "10",
          "caption": "request 10 arrives"},
-        {"prompt": SHARED + [4, 5], "max_tokens": 4, "at_step": 3, "request_id": "2"},
+        {"prompt": [*SHARED, 4, 5], "max_tokens": 4, "at_step": 3, "request_id": "2"},
     ],
     "captions": {"0": "three requests arrive"},
 }
@@ -93,9 +93,7 @@ def test_scrub_back_hover_a_block_and_nothing_leaves_the_file(page, recorded) ->
     k = next(e.step for e in history if e.record and e.record["preempted"])
     assert 0 < k < last
     entry = s.entry(k)
-    scrub(page, k)
-    page.wait_for_function("(k) => [...document.querySelectorAll('.kvs-panel')].every(p => p.dataset.step === String(k))",
-                           arg=k, timeout=READY_MS)
+    show(page, k)
     assert page.get_attribute('[data-testid="kvs-controls"]', "data-live") == "false"
     assert page.inner_text('[data-testid="kvs-history-label"]') == f"step {k} of {last}"
 
@@ -136,8 +134,9 @@ def test_scrub_back_hover_a_block_and_nothing_leaves_the_file(page, recorded) ->
     page.mouse.move(x, y)
     tip = page.locator('[data-testid="kvs-block-tooltip"]')
     tip.wait_for(state="visible", timeout=10_000)
+    token_ids = json.dumps(block["token_ids"], separators=(",", ":"))
     page.wait_for_function("(ids) => document.querySelector('[data-testid=\"kvs-block-tooltip\"]').textContent"
-                           ".includes('tokens ' + ids)", arg=json.dumps(block["token_ids"], separators=(",", ":")), timeout=10_000)
+                           ".includes('tokens ' + ids)", arg=token_ids, timeout=10_000)
     text = tip.inner_text()
     assert text.startswith(f"block {block['block_id']} \u00b7") and f"owner #{block['owners'][0]}" in text
     page.mouse.click(x, y)  # pin it: the detail box keeps it
@@ -182,8 +181,8 @@ def _python_panels(s, i: int, texts) -> dict:
 
 def show(page, index: int) -> None:
     scrub(page, index)
-    page.wait_for_function("(k) => [...document.querySelectorAll('.kvs-panel')].every(p => p.dataset.step === String(k))",
-                           arg=index, timeout=READY_MS)
+    page.wait_for_function("(k) => [...document.querySelectorAll('.kvs-panel')]"
+                           ".every(p => p.dataset.step === String(k))", arg=index, timeout=READY_MS)
 
 
 def test_the_panels_hold_explorer_views_states_at_scrubbed_steps(page, recorded) -> None:
@@ -235,7 +234,8 @@ def bar_at(page, fx: float) -> tuple[float, float, str]:
         const svg = document.querySelector('[data-testid="kvs-timeline-chart"]');
         svg.scrollIntoView({block: "center"});
         const bars = [...svg.querySelectorAll('g.kvs-step-bar > rect:first-child')].map(r => r.getBoundingClientRect());
-        const x = bars[0].left + fx * (bars[bars.length - 1].right - bars[0].left), y = bars[0].top + bars[0].height / 2;
+        const x = bars[0].left + fx * (bars[bars.length - 1].right - bars[0].left);
+        const y = bars[0].top + bars[0].height / 2;
         const g = document.elementFromPoint(x, y).closest('g.kvs-step-bar');
         return [x, y, g ? g.dataset.step : null];
     }""", fx))
@@ -250,7 +250,8 @@ def test_timeline_links_captions_and_engine_actions_are_off(page, recorded, view
     for tid in ("kvs-step-btn", "kvs-run-btn", "kvs-play-btn", "kvs-reset-btn"):
         assert page.is_disabled(f'[data-testid="{tid}"]'), tid
     assert not page.is_visible('[data-testid="kvs-add-form"]')
-    assert not page.is_visible('[data-testid="kvs-drawer-toggle"]') and not page.is_visible('[data-testid="kvs-pool-apply"]')
+    assert not page.is_visible('[data-testid="kvs-drawer-toggle"]')
+    assert not page.is_visible('[data-testid="kvs-pool-apply"]')
     assert "make lab" in page.inner_text('[data-testid="kvs-export-notice"]')
     # A recording has no "Live": its own last step instead.
     assert not page.is_visible('[data-testid="kvs-live-btn"]') and page.is_visible('[data-testid="kvs-export-last"]')
@@ -261,7 +262,8 @@ def test_timeline_links_captions_and_engine_actions_are_off(page, recorded, view
     scrub(page, mid)
     page.wait_for_selector(f'[data-testid="kvs-timeline-cursor"][data-step="{mid}"]', timeout=READY_MS)
     chart = page.locator('[data-testid="kvs-timeline-chart"]')
-    assert (chart.get_attribute("data-first-step"), chart.get_attribute("data-last-step")) == (str(steps[0]), str(steps[-1]))
+    first_last = (chart.get_attribute("data-first-step"), chart.get_attribute("data-last-step"))
+    assert first_last == (str(steps[0]), str(steps[-1]))
     assert page.locator('[data-testid="kvs-timeline-chart"] g.kvs-step-bar').count() == len(steps)
     assert f"all {len(steps)} steps" in page.inner_text('[data-testid="kvs-timeline-sub"]')
     # A click anywhere on a bar lands on that bar's step (here at a fifth and at mid-width).
@@ -280,7 +282,8 @@ def test_timeline_links_captions_and_engine_actions_are_off(page, recorded, view
     assert page.inner_text('[data-testid="kvs-export-caption"]') == recorded["captions"][1]
     # The why panel says the run as it stood after the shown step, not the whole run's.
     ledger = WhyLedger().feed(s.history)
-    assert page.inner_text('[data-testid="kvs-why-summary-text"]') == ledger.summary(1).text() != ledger.summary().text()
+    summary = page.inner_text('[data-testid="kvs-why-summary-text"]')
+    assert summary == ledger.summary(1).text() != ledger.summary().text()
     # Proving needs a kernel: the button is off and its tip says why (no live button that can only refuse).
     prove = page.locator('[data-testid="kvs-why-prove"]')
     assert prove.is_disabled() and prove.get_attribute("title").startswith("this page is a recording")
@@ -306,7 +309,8 @@ def test_timeline_links_captions_and_engine_actions_are_off(page, recorded, view
     page.wait_for_selector(f'[data-testid="kvs-latency"][data-step="{last}"]', timeout=READY_MS)
     rows = views.latency_rows(s.current.snapshot)
     head = page.inner_text('[data-testid="kvs-latency"] .kvs-lat-head')
-    assert head.startswith(f"{len(rows)} requests \u00b7 {sum(r['time_to_first_token'] is not None for r in rows)} with a first token")
+    with_first_token = sum(r["time_to_first_token"] is not None for r in rows)
+    assert head.startswith(f"{len(rows)} requests \u00b7 {with_first_token} with a first token")
     assert page.locator('[data-testid="kvs-latency"] svg').count() == 4  # the notebook's four charts, by its own ESM
     itl_ticks = page.locator('[data-testid="kvs-lat-itl"] .kvs-lat-tick').count()
     assert itl_ticks == sum(bool(r["inter_token_latency"]) for r in rows)  # every request labelled

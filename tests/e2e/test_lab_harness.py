@@ -34,7 +34,10 @@ SCRATCH_CELLS = [
           btn.dataset.testid = "scratch-step-btn";
           const panel = document.createElement("div");
           panel.dataset.testid = "scratch-panel";
-          const draw = () => { panel.dataset.step = model.get("step"); panel.textContent = "step " + model.get("step"); };
+          const draw = () => {
+            panel.dataset.step = model.get("step");
+            panel.textContent = "step " + model.get("step");
+          };
           btn.addEventListener("click", () => model.send({ action: "step" }));
           model.on("change:step", draw);
           draw();

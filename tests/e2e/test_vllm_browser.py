@@ -175,7 +175,8 @@ def test_vllm_dashboard_in_a_real_browser(tmp_path, lab_factory, page, lab_ui, s
     # said what vLLM was doing, never its warnings (they are counted at the end, in the log).
     assert "Loading safetensors checkpoint shards" in log.locator("pre").inner_text()
     assert page.evaluate("""() => [...document.querySelectorAll('.jp-OutputArea-output')].filter((o) =>
-        o.textContent.includes('Loading safetensors') && !o.querySelector('[data-testid=kvs-vllm-start]')).length""") == 0
+        o.textContent.includes('Loading safetensors')
+        && !o.querySelector('[data-testid=kvs-vllm-start]')).length""") == 0
     assert progress and not [line for line in progress if "WARNING" in line or "Warning:" in line], progress
     # -- the dashboard says it shows vLLM (a badge), and why max_num_seqs is not 256 -------
     wait_engine_label(page)

@@ -66,7 +66,8 @@ def panel_tops(page, dash) -> dict[str, float]:
 
 def timeline_bars(dash) -> list[dict]:
     """Every step drawn in the dashboard's timeline: its step, and its prefill / decode bar heights."""
-    return dash.get_by_test_id("kvs-timeline-chart").first.evaluate("""svg => [...svg.querySelectorAll('g.kvs-step-bar')]
+    chart = dash.get_by_test_id("kvs-timeline-chart").first
+    return chart.evaluate("""svg => [...svg.querySelectorAll('g.kvs-step-bar')]
         .map(g => ({step: Number(g.dataset.step),
                     prefill: g.querySelector('.kvs-bar-prefill')?.getBoundingClientRect().height || 0,
                     decode: g.querySelector('.kvs-bar-decode')?.getBoundingClientRect().height || 0}))""")

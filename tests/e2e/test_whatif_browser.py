@@ -46,7 +46,8 @@ def test_the_whatif_view_marks_and_explains_the_first_parting(browser, panel):
         assert panel.index == p["index"] + 1
         assert page.inner_text('[data-testid="kvs-whatif-parting"]').startswith("First parting: ")
         steps = panel.steps
-        assert page.inner_text('[data-testid="kvs-whatif-a-step"]').startswith(f"step {steps['a']['step'][p['index'] + 1]}")
+        a_step = steps["a"]["step"][p["index"] + 1]
+        assert page.inner_text('[data-testid="kvs-whatif-a-step"]').startswith(f"step {a_step}")
         # The slider to the first step: the same schedule on both sides, no row marked different.
         page.eval_on_selector('[data-testid="kvs-whatif-slider"]',
                               "(e) => { e.value = '0'; e.dispatchEvent(new Event('input')); }")

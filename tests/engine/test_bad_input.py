@@ -91,5 +91,5 @@ def test_live_budget_change_is_validated(llm):
 
 
 def test_missing_model_folder_is_a_clear_error(tmp_path):
-    with pytest.raises(ValueError, match="config.json"):
+    with pytest.raises(ValueError, match=r"config\.json"):
         LLM(model=str(tmp_path))

@@ -9,7 +9,8 @@ from engine import LLM, SamplingParams
 from engine.cpu_kernels import DISABLE_ENV_VAR, cache_clear
 from engine.runner.crossover import LINEAR_ROWS
 
-PANELS_LIMIT = max(LINEAR_ROWS)  # the largest limit a machine can measure: past it, every machine's linears run on oneDNN
+# The largest limit a machine can measure: past it, every machine's linears run on oneDNN.
+PANELS_LIMIT = max(LINEAR_ROWS)
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ",
            "Once upon a time, in a land far away, there lived a dragon who", "1, 2, 3, 4,"]

@@ -1,6 +1,8 @@
 """kvscope's native CPU kernels (engine/cpu_kernels) against torch: the panel linear at every
 row count the engine sends it, the paged decode attention over random block tables, and the
 engine that picks them (its greedy tokens against the torch backend's: test_native_decode.py)."""
+from itertools import pairwise
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -8,8 +10,16 @@ import torch.nn.functional as F
 from engine import SamplingParams
 from engine.attention import get_attention_backend
 from engine.attention.reference_ops import write_kv
-from engine.cpu_kernels import (DISABLE_ENV_VAR, ROUND_INPUT, ROUND_OUTPUT, VARIANTS, cache_clear, load_variant, native,
-                                unavailable_reason, variants)
+from engine.cpu_kernels import (
+    DISABLE_ENV_VAR,
+    ROUND_INPUT,
+    ROUND_OUTPUT,
+    cache_clear,
+    load_variant,
+    native,
+    unavailable_reason,
+    variants,
+)
 from engine.model import cpu_linear
 from engine.model.cpu_linear import UNMEASURED_MAX_ROWS, PackedLinear
 from engine.model.layers import RMSNorm, RotaryEmbedding, SwiGLU
@@ -178,7 +188,8 @@ def test_reshape_and_cache_stores_strided_rows_at_their_slots_and_skips_minus_on
     kernels.reshape_and_cache(k, v, k_cache, v_cache, slots)
     assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
     # A bf16 cache: each value rounded to nearest even, exactly as torch's .to(torch.bfloat16).
-    k16, v16 = torch.zeros(blocks, bs, kvh, d, dtype=torch.bfloat16), torch.zeros(blocks, bs, kvh, d, dtype=torch.bfloat16)
+    k16 = torch.zeros(blocks, bs, kvh, d, dtype=torch.bfloat16)
+    v16 = torch.zeros(blocks, bs, kvh, d, dtype=torch.bfloat16)
     kernels.reshape_and_cache(k * 1.001, v, k16, v16, slots)
     assert torch.equal(k16, (want_k * 1.001).to(torch.bfloat16)) and torch.equal(v16, want_v.to(torch.bfloat16))
 
@@ -195,7 +206,8 @@ def test_paged_decode_attention_splits_few_decodes_between_the_threads(threads, 
     out, before = torch.zeros(q.shape), torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        kernels.paged_decode_attention(q, k_cache, v_cache, torch.arange(2), torch.tensor(lengths), meta.block_tables, out)
+        kernels.paged_decode_attention(q, k_cache, v_cache, torch.arange(2), torch.tensor(lengths),
+                                       meta.block_tables, out)
     finally:
         torch.set_num_threads(before)
     assert_attention_close(out, q, k_cache, v_cache, meta)
@@ -308,7 +320,7 @@ def test_paged_prefill_attention_gives_a_row_the_same_bits_in_any_chunk_or_batch
     whole = _prefill(each, q[:200], k_cache, v_cache, tables[:1], [200], [0])
     for cuts in ([0, 24, 77, 200], [0, 1, 17, 199, 200], [0, 160, 200]):
         chunks = [_prefill(each, q[a:b], k_cache, v_cache, tables[:1], [b - a], [a], threads=3)
-                  for a, b in zip(cuts, cuts[1:])]
+                  for a, b in pairwise(cuts)]
         assert torch.equal(torch.cat(chunks), whole), cuts
     both = _prefill(each, torch.cat([q[200:], q[:200]]), k_cache, v_cache, tables.flip(0), [90, 200], [0, 0], threads=1)
     assert torch.equal(both[90:], whole)
@@ -319,7 +331,7 @@ def test_cpu_backend_is_auto_in_fp32_and_bf16_and_names_why_not():
     assert get_attention_backend("auto", cpu, 16, torch.float32).name == "cpu"
     assert get_attention_backend("auto", cpu, 16, torch.bfloat16).name == "cpu"  # fp32 arithmetic, bf16 KV
     assert get_attention_backend("auto", cpu, 16, torch.float16).name == "torch"
-    with pytest.raises(ValueError, match="attention_backend 'cpu'.*float32 or bfloat16, got cpu and float16"):
+    with pytest.raises(ValueError, match=r"attention_backend 'cpu'.*float32 or bfloat16, got cpu and float16"):
         get_attention_backend("cpu", cpu, 16, torch.float16)
 
 
@@ -329,7 +341,7 @@ def test_disabling_native_kernels_falls_back_to_torch(monkeypatch):
     try:
         assert native() is None and DISABLE_ENV_VAR in unavailable_reason()
         assert get_attention_backend("auto", torch.device("cpu"), 16, torch.float32).name == "torch"
-        with pytest.raises(ValueError, match="attention_backend 'cpu'.*KVSCOPE_NATIVE_CPU=0"):
+        with pytest.raises(ValueError, match=r"attention_backend 'cpu'.*KVSCOPE_NATIVE_CPU=0"):
             get_attention_backend("cpu", torch.device("cpu"), 16, torch.float32)
     finally:
         monkeypatch.delenv(DISABLE_ENV_VAR)

@@ -1,5 +1,7 @@
 """Linears with packed weights on a CPU (fp32 arithmetic): same products as F.linear, used by
 the CPU engine in fp32 and in bf16."""
+from itertools import pairwise
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -7,9 +9,18 @@ from torch import nn
 
 from engine import LLM
 from engine.cpu_kernels import ROUND_INPUT, ROUND_OUTPUT
+from engine.model.cpu_linear import (
+    HUGE_PAGE,
+    UNMEASURED_MAX_ROWS,
+    PackedLinear,
+    cpu_packing_available,
+    gemm_dtype_for,
+    huge_page_bytes,
+    onednn_runs_bf16,
+    pack_linear_layers,
+    rounding_for,
+)
 from engine.model.logits_head import LogitsHead
-from engine.model.cpu_linear import (HUGE_PAGE, UNMEASURED_MAX_ROWS, PackedLinear, cpu_packing_available, gemm_dtype_for,
-                                     huge_page_bytes, onednn_runs_bf16, pack_linear_layers, rounding_for)
 
 pytestmark = pytest.mark.skipif(not cpu_packing_available(), reason="this torch build has no oneDNN")
 
@@ -137,7 +148,7 @@ def test_cpu_engine_packs_its_linears(tiny_qwen3_path, dtype):
         assert {lin.panels.dtype for lin in packed} == {getattr(torch, dtype)}
         assert packed[-1] is model.packed_lm_head and packed[0] is model.layers[0].self_attn.qkv_proj
         assert packed[0].panels.data_ptr() % HUGE_PAGE == 0
-        for a, b in zip(packed, packed[1:]):
+        for a, b in pairwise(packed):
             end = a.panels.data_ptr() + a.panels.numel() * a.panels.element_size()
             assert end <= b.panels.data_ptr() < end + 64 and b.panels.data_ptr() % 64 == 0
 

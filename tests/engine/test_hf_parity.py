@@ -50,7 +50,7 @@ def _random_prompts(vocab: int, seed: int = 0) -> list[list[int]]:
     # (and registered) before the second is admitted.
     prompts = [shared + [rng.randrange(vocab) for _ in range(5)]]
     prompts += [[rng.randrange(vocab) for _ in range(n)] for n in (1, 3, 17, 33, 70, 130)]
-    return prompts + [shared + [rng.randrange(vocab) for _ in range(9)]]
+    return [*prompts, shared + [rng.randrange(vocab) for _ in range(9)]]
 
 
 def test_tiny_qwen3_matches_transformers(tiny_qwen3_path):

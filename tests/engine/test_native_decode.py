@@ -69,7 +69,8 @@ def test_native_decode_gives_the_layer_by_layer_logits_bit_for_bit(model, dtype,
 def test_step_record_and_model_info_name_the_native_decode(default_model_path):
     llm = LLM(model=str(default_model_path))
     info = llm.engine.model_info
-    assert info["native_decode"] == llm.engine.runner.crossover.decode_max_rows > 0 and info["native_decode_off"] is None
+    assert info["native_decode"] == llm.engine.runner.crossover.decode_max_rows > 0
+    assert info["native_decode_off"] is None
     llm.engine.add_request("The capital of France is", SamplingParams(max_tokens=3, ignore_eos=True))
     records = [llm.engine.step() for _ in range(3)]
     assert [r.timings_ms["forward_path"] for r in records] == ["eager", "native_decode", "native_decode"]

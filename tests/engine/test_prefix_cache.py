@@ -50,11 +50,11 @@ def test_full_hit_recomputes_the_last_block(tiny_qwen3_path):
 def test_freed_cached_block_is_hit_from_the_free_queue_then_evicted_lazily(tiny_qwen3_path):
     llm = LLM(model=str(tiny_qwen3_path), block_size=16, num_kv_blocks=6, check_invariants=True)
     eng = llm.engine
-    run_all(llm, [SHARED + [1]], greedy(1, ignore_eos=True))      # blocks 1-4 used, 1-3 cached, all freed
+    run_all(llm, [[*SHARED, 1]], greedy(1, ignore_eos=True))      # blocks 1-4 used, 1-3 cached, all freed
     snap = eng.snapshot().to_dict()["block_pool"]
     assert snap["num_free_blocks"] == 5
     assert [b["hash"] is not None for b in snap["blocks"][1:4]] == [True, True, True]
-    eng.add_request(SHARED + [2], greedy(1, ignore_eos=True))
+    eng.add_request([*SHARED, 2], greedy(1, ignore_eos=True))
     rec = eng.step()
     assert rec.blocks["hits"] == [1, 2, 3] and rec.blocks["evicted"] == []
     eng.step() if eng.has_unfinished_requests() else None
@@ -70,7 +70,7 @@ def _admitted_together(tiny_qwen3_path, **config):
     """Three requests sharing SHARED, added before the first step; budget for all at once."""
     llm = LLM(model=str(tiny_qwen3_path), block_size=16, check_invariants=True, **config)
     eng = llm.engine
-    ids = [eng.add_request(p, greedy(4, ignore_eos=True)) for p in (A, B, SHARED + [300, 301])]
+    ids = [eng.add_request(p, greedy(4, ignore_eos=True)) for p in (A, B, [*SHARED, 300, 301])]
     records = []
     while eng.has_unfinished_requests():
         records.append(eng.step())

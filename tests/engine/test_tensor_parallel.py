@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.parallel import TensorParallelError, check_tensor_parallel
 from engine.model import ModelSpec
+from engine.parallel import TensorParallelError, check_tensor_parallel
 
 # A small pool and budget: mixed batches chunk long prompts, hit the prefix cache and preempt.
 POOL = dict(block_size=16, num_kv_blocks=12, max_num_batched_tokens=64, check_invariants=True)
@@ -212,7 +212,7 @@ def test_interrupt_mid_step_stops_the_workers_then_a_killed_worker_is_a_clear_er
             eng.step()
     finally:
         second.shutdown()
-    assert not child_pids() & set(pids + [pid])
+    assert not child_pids() & {*pids, pid}
 
 
 def test_a_failing_worker_s_own_error_reaches_the_caller(tiny_qwen3_path, qwen3):

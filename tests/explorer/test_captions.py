@@ -93,9 +93,9 @@ def test_a_one_token_last_chunk_says_attention_runs_it_as_a_decode(make_session)
 def test_prefix_cache_hits_are_counted_in_blocks_and_tokens(make_session) -> None:
     s = make_session()
     shared = list(range(1000, 1032))  # two full blocks
-    s.add_request(shared + [7, 8, 9], max_tokens=2, **GREEDY)
+    s.add_request([*shared, 7, 8, 9], max_tokens=2, **GREEDY)
     s.step(1)
-    s.add_request(shared + [10, 11], max_tokens=2, **GREEDY)
+    s.add_request([*shared, 10, 11], max_tokens=2, **GREEDY)
     s.step(1)
     c = captions_by_step(s)[2]
     assert "#1 reused 2 cached blocks (32 tokens) from the prefix cache, prefill the other 2 of 34 prompt tokens" in c
@@ -103,8 +103,8 @@ def test_prefix_cache_hits_are_counted_in_blocks_and_tokens(make_session) -> Non
     assert s.current.record["blocks"]["hits"] == [1, 2]
     # Both arrive before one step: the second hits blocks this very step computes.
     s = make_session()
-    s.add_request(shared + [7, 8, 9], max_tokens=2, **GREEDY)
-    s.add_request(shared + [10, 11], max_tokens=2, **GREEDY)
+    s.add_request([*shared, 7, 8, 9], max_tokens=2, **GREEDY)
+    s.add_request([*shared, 10, 11], max_tokens=2, **GREEDY)
     s.step(1)
     c = captions_by_step(s)[1]
     assert ("#1 reused 2 cached blocks (32 tokens) from the prefix cache (a same-step hit: computed by this very "

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.lab_harness import isolated_jupyter_env
 from explorer.apps import doctor, lab
 from explorer.apps.cli import main
-from benchmarks.lab_harness import isolated_jupyter_env
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -152,7 +152,8 @@ def test_doctor_reports_the_setup():
     buf = io.StringIO()
     rc = doctor.run_doctor(out=buf)
     text = buf.getvalue()
-    for name in ("python", "torch", "device", "native CPU kernels", "triton", "flash-attn", "default model", "chromium"):
+    names = ("python", "torch", "device", "native CPU kernels", "triton", "flash-attn", "default model", "chromium")
+    for name in names:
         assert re.search(rf"^(ok  |--  |MISS) {re.escape(name)}\s", text, re.MULTILINE), name
     assert rc == (1 if "\nMISS " in "\n" + text else 0)
 

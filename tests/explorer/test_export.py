@@ -109,7 +109,8 @@ def test_history_snapshots_share_what_their_step_did_not_change(recorded) -> Non
 # -0.0 == 0.0 is the one equality JSON tells apart; no snapshot holds a negative zero.
 _scalars = st.none() | st.booleans() | st.integers(-5, 300) | st.text(max_size=12) \
     | st.floats(allow_nan=False, allow_infinity=False).filter(lambda x: x != 0 or math.copysign(1.0, x) > 0)
-_json = st.recursive(_scalars, lambda kids: st.lists(kids, max_size=5) | st.dictionaries(st.text(max_size=4), kids, max_size=5),
+_json = st.recursive(_scalars,
+                     lambda kids: st.lists(kids, max_size=5) | st.dictionaries(st.text(max_size=4), kids, max_size=5),
                      max_leaves=20)
 
 
@@ -281,7 +282,8 @@ def test_help_names_export_and_app(capsys) -> None:
         cli.main(["--help"])
     out = capsys.readouterr().out
     assert "export" in out and "app" in out
-    for sub, needles in (("export", ["--workload", "--max-steps", "walkthrough"]), ("app", ["--port", "127.0.0.1", "Voila"])):
+    for sub, needles in (("export", ["--workload", "--max-steps", "walkthrough"]),
+                         ("app", ["--port", "127.0.0.1", "Voila"])):
         with pytest.raises(SystemExit):
             cli.main([sub, "--help"])
         text = capsys.readouterr().out
@@ -301,7 +303,8 @@ def test_app_launch_binds_localhost_with_a_token_outside_argv(tmp_path: Path) ->
     assert launch.token not in " ".join(launch.argv) and launch.env["JUPYTER_TOKEN"] == launch.token
     assert launch.url == f"http://127.0.0.1:8123/?token={launch.token}"
     root = Path(launch.env["JUPYTER_PATH"].split(":")[0])
-    assert (root / "voila" / "templates" / "kvscope" / "conf.json").is_file() and launch.env["JUPYTER_PATH"].endswith(":/x")
+    assert (root / "voila" / "templates" / "kvscope" / "conf.json").is_file()
+    assert launch.env["JUPYTER_PATH"].endswith(":/x")
 
 
 def test_loading_dashboard_outside_a_kernel_loop_builds_in_place(recorded) -> None:

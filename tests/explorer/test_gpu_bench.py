@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from engine.cpu_kernels import native
 from benchmarks.gpu import main, workload
+from engine.cpu_kernels import native
 
 
 def test_gpu_bench_runs_on_cpu_with_a_tiny_model(tmp_path, capsys):

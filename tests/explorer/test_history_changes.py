@@ -129,7 +129,8 @@ def test_kvscope_emits_only_keys_the_record_schema_defines(llm):
 
     busy_workload(s, check, tag="schema-")
     problems = [p for record, snapshot in emitted
-                for p in ([] if record is None else schema.record_problems(record)) + schema.snapshot_problems(snapshot)]
+                for p in (([] if record is None else schema.record_problems(record))
+                          + schema.snapshot_problems(snapshot))]
     assert problems == []
     assert len(emitted) > 20 and all(r is not None for r, _ in emitted[-5:])
 
@@ -155,7 +156,7 @@ def test_key_constants_are_the_schemas_keys():
     assert set(schema.EVENT_BITS) == set(schema.EV.ALL) == set(schema.EVENT_MEANINGS)
     assert sorted(schema.EVENT_BITS.values()) == [1, 2, 4, 8, 16, 32]
     with pytest.raises(AttributeError):
-        schema.SCHED.NUM_TOKENZ
+        _ = schema.SCHED.NUM_TOKENZ
 
 
 def test_changes_made_on_the_engine_behind_the_sessions_back_still_show(llm):

@@ -67,7 +67,8 @@ def check_step(s, rec) -> None:
                                                                         for x in rec.scheduled}
     computed = {d.req_id: d.num_computed_tokens for d in out.scheduled_new_reqs}
     computed |= dict(zip(out.scheduled_cached_reqs.req_ids, out.scheduled_cached_reqs.num_computed_tokens))
-    assert {ext[i]: c for i, c in computed.items()} == {x["request_id"]: x["num_computed_before"] for x in rec.scheduled}
+    assert {ext[i]: c for i, c in computed.items()} == {x["request_id"]: x["num_computed_before"]
+                                                        for x in rec.scheduled}
     assert sorted(rec.preempted) == external(eng, out.preempted_req_ids or ())
     for d in out.scheduled_new_reqs:  # blocks vLLM handed out in this step were recorded as allocated or hits
         assert set(d.block_ids[0]) <= set(rec.blocks["allocated"]) | set(rec.blocks["hits"])
@@ -82,7 +83,8 @@ def check_step(s, rec) -> None:
     for k, x in enumerate(rec.scheduled):
         lo, hi = b["query_start_loc"][k], b["query_start_loc"][k + 1]
         assert hi - lo == x["num_tokens"]
-        assert b["positions"][lo:hi] == list(range(x["num_computed_before"], x["num_computed_before"] + x["num_tokens"]))
+        before = x["num_computed_before"]
+        assert b["positions"][lo:hi] == list(range(before, before + x["num_tokens"]))
         table = b["block_tables"][k]
         assert b["slot_mapping"][lo:hi] == [table[p // bs] * bs + p % bs for p in b["positions"][lo:hi]]
         assert b["seq_lens"][k] == x["num_computed_before"] + x["num_tokens"]
@@ -143,7 +145,8 @@ def test_records_match_vllms_scheduler_output_and_block_pool_through_chunks_hits
     assert seen["preempted"] == ["r2"]                  # decodes outgrow the 13 usable blocks: newest goes
     assert seen["resumed_hits"] > 0                     # and comes back on its own cached blocks
     rows = s.metrics["requests"]
-    assert all(r["time_to_first_token"] is not None and r["time_to_first_token"] > 0 for r in rows if r["request_id"] in ("r1", "r2"))
+    assert all(r["time_to_first_token"] is not None and r["time_to_first_token"] > 0
+               for r in rows if r["request_id"] in ("r1", "r2"))
 
 
 def test_vllm_emits_only_keys_the_record_schema_defines(session):

@@ -65,7 +65,7 @@ def test_each_record_and_state_equal_vllms_soak(harness):
     from tests.oracle.workloads import random_workload
 
     for seed in random.Random(7).sample(range(10_000), 300):
-        counts, failure = harness.run_workload(random_workload(seed), seed, async_=False)
+        _, failure = harness.run_workload(random_workload(seed), seed, async_=False)
         assert failure is None, f"seed {seed}: {failure}"
 
 
@@ -80,7 +80,8 @@ def _scheduler(harness, async_: bool, block_size: int = 4):
     w = Workload(block_size=block_size, num_blocks=40, max_num_batched_tokens=64 * k, max_num_seqs=4,
                  max_model_len=128 * k, enable_prefix_caching=True, enable_chunked_prefill=True,
                  scheduler_reserve_full_isl=True,
-                 requests=(OracleRequest("a", prompt, 30, 0), OracleRequest("b", prompt[:20 * k] + (7,) * 10 * k, 30, 0)))
+                 requests=(OracleRequest("a", prompt, 30, 0),
+                           OracleRequest("b", prompt[:20 * k] + (7,) * 10 * k, 30, 0)))
     run = harness.Run(w, seed=0, async_=async_)
     for r in w.requests:
         run.side.add(r)
@@ -155,8 +156,9 @@ def test_the_first_step_after_a_client_joins_carries_its_batch(harness, async_):
 
 @pytest.mark.parametrize("async_", [False, True], ids=["sync", "async"])
 def test_an_abort_while_its_step_runs_frees_its_blocks_in_that_step(harness, async_):
-    from engine.report.changes import apply
     from vllm.v1.request import RequestStatus
+
+    from engine.report.changes import apply
 
     run = _scheduler(harness, async_)
     src, pub, state = _joined(run)
@@ -171,7 +173,8 @@ def test_an_abort_while_its_step_runs_frees_its_blocks_in_that_step(harness, asy
         _update(run, out)                            # ... and ends
         (rec,) = _received(src, pub)   # the abort is that step's: no record of its own
         state = apply(state, rec["changes"])
-        assert "b" in rec["finished"] and set(held) <= set(rec["blocks"]["freed"]) | set(run.s.kv_cache_manager.get_block_ids("a")[0])
+        assert "b" in rec["finished"]
+        assert set(held) <= set(rec["blocks"]["freed"]) | set(run.s.kv_cache_manager.get_block_ids("a")[0])
         blocks = state["block_pool"]["blocks"]
         pool = run.s.kv_cache_manager.block_pool.blocks
         for b in held:   # freed in this very step: the refcount vLLM has, and b owns none
@@ -287,7 +290,7 @@ def test_a_step_the_recorder_cannot_record_stops_it_out_loud_and_vllm_schedules_
         while src.stopped is None and time.monotonic() < end:
             time.sleep(0.01)
         assert src.stopped == pub.stopped and src.status()["missed"] == 1 and src.notes[-1] == pub.stopped
-        with pytest.raises(ValueError, match="could not record step seq 2 .*restart it to follow it again"):
+        with pytest.raises(ValueError, match=r"could not record step seq 2 .*restart it to follow it again"):
             LiveSource(run.feed, snapshot_address=run.snapshots, timeout=5)
     finally:
         src.close()

@@ -76,7 +76,7 @@ def test_one_attach_follows_both_ranks_and_each_records_what_it_ran(dp_server, f
     summary = fleet.routing_summary([r for r in fleet.routing() if _ours(r["request_id"], traffic)])
     assert summary["requests"] == len(traffic) and all(n > 0 for n in summary["per_rank"]), summary
     for a in traffic:   # each answer is one rank's finished request, with what that rank generated
-        (rank, req), = [(k, r) for k, r in fleet.requests() if r["request_id"].startswith(a.id)]
+        (_, req), = [(k, r) for k, r in fleet.requests() if r["request_id"].startswith(a.id)]
         assert len(req["output_token_ids"]) == a.usage.completion_tokens
         assert len(req["prompt_token_ids"]) == a.usage.prompt_tokens
     counters = _metrics(dp_server)
@@ -109,8 +109,9 @@ def test_the_routing_loss_is_what_the_ranks_pools_held_at_each_arrival(fleet, tr
     import bisect
 
     import vllm.v1.core.kv_cache_utils as kv
-    from explorer.drivers.vllm_live.protocol import event_key
     from vllm.utils.hashing import get_hash_fn_by_name
+
+    from explorer.drivers.vllm_live.protocol import event_key
 
     hash_fn = get_hash_fn_by_name("sha256")   # vLLM's default prefix-caching hash
     kv.init_none_hash(hash_fn)

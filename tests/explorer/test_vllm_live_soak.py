@@ -47,12 +47,13 @@ def _follow_a_recorder(monkeypatch, bounds: dict, steps: int) -> tuple[list[int]
     window, requests made, feed status, RSS growth in MiB over the run, MiB the run allocated
     and still held at its end)."""
     require_vllm()
+    from vllm.sampling_params import SamplingParams
+
     from explorer import Session
     from explorer.drivers.vllm.bare import bare_request, bare_scheduler, sampled_output
     from explorer.drivers.vllm_live import protocol
     from explorer.drivers.vllm_live.recorder import RecordingScheduler
     from explorer.drivers.vllm_live.server import free_port_run
-    from vllm.sampling_params import SamplingParams
 
     base = free_port_run(2)
     monkeypatch.setenv(protocol.ENV_FEED, f"tcp://127.0.0.1:{base}")

@@ -39,7 +39,7 @@ def test_gpu_defaults_bf16_triton_graphs_and_a_memory_sized_pool(tiny_qwen3_path
     assert info["device"].startswith("cuda") and info["dtype"] == "bfloat16"
     assert info["attention_backend"] == "triton"
     assert info["cuda_graphs"][:4] == [1, 2, 4, 8] and info["cuda_graphs_off"] is None
-    free, total = torch.cuda.mem_get_info()
+    _, total = torch.cuda.mem_get_info()
     kv_bytes = llm.engine.runner.num_blocks * llm.engine.runner.bytes_per_block
     assert 0 < kv_bytes <= 0.3 * total
 
@@ -68,7 +68,7 @@ def test_cuda_graphs_replay_buckets_and_give_the_eager_tokens(tiny_qwen3_path):
 
 def test_chunked_prefill_prefix_hits_and_preemption_on_gpu(tiny_qwen3_path):
     shared = list(range(300, 364))
-    prompts = [shared + [1, 2, 3], shared + [4, 5], list(range(2000, 2300))]
+    prompts = [[*shared, 1, 2, 3], [*shared, 4, 5], list(range(2000, 2300))]
     ref = run_all(gpu_llm(tiny_qwen3_path, dtype="float32", attention_backend="torch", enable_prefix_caching=False),
                   prompts, greedy(20, ignore_eos=True))
     tight = gpu_llm(tiny_qwen3_path, dtype="float32", max_num_batched_tokens=64, num_kv_blocks=30,

@@ -14,9 +14,9 @@ import torch
 
 pytest.importorskip("triton", reason="the triton package is not installed (pip install -e '.[dev]')")
 
-from engine.attention.selector import get_attention_backend  # noqa: E402
+from engine.attention.selector import get_attention_backend
 
-from .paged_cases import run_backends  # noqa: E402
+from .paged_cases import run_backends
 
 BF16_TOL = {"atol": 2e-2, "rtol": 2e-2}
 

@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("triton", reason="the triton package is not installed (pip install -e '.[dev]')")
 
-from benchmarks.triton_aot import DEFAULT_SHAPES, CompiledKernelReport, KernelShape, problems  # noqa: E402
+from benchmarks.triton_aot import DEFAULT_SHAPES, CompiledKernelReport, KernelShape, problems
 
 ROOT = Path(__file__).resolve().parents[2]
 KERNELS = {"_store_kvcache_kernel", "_paged_decode_kernel", "_paged_prefill_kernel"}

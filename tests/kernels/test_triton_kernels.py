@@ -13,13 +13,11 @@ import torch
 
 pytest.importorskip("triton", reason="the triton package is not installed (pip install -e '.[dev]')")
 
-from engine.attention.reference_ops import attention_probs, causal_mask, gather_context, write_kv  # noqa: E402
-from engine.attention.triton_backend import TritonAttentionBackend  # noqa: E402
-from engine.attention.triton_kernels import (  # noqa: E402
-    paged_decode_attention, paged_prefill_attention, store_kvcache)
+from engine.attention.reference_ops import attention_probs, causal_mask, gather_context, write_kv
+from engine.attention.triton_backend import TritonAttentionBackend
+from engine.attention.triton_kernels import paged_decode_attention, paged_prefill_attention, store_kvcache
 
-from .paged_cases import DEVICE, caches, random_tables, run_backends  # noqa: E402
-
+from .paged_cases import DEVICE, caches, random_tables, run_backends
 
 # (block_size, num_heads, num_kv_heads, head_dim): GQA groups 1, 2, 3 and 4, head dims 16,
 # 64 and a non-power-of-two 24 (padded to 32 inside the kernels), block sizes 1 .. 32.
@@ -144,7 +142,7 @@ def test_paged_prefill_matches_reference(block_size, h, kvh, d):
     ctx = [c for c, _ in PREFILL_SEQS]
     i32 = lambda xs: torch.tensor(xs, dtype=torch.int32, device=DEVICE)  # noqa: E731
     out = paged_prefill_attention(q, k_cache, v_cache, i32(qsl), i32(seq_lens), i32(ctx), tables, d ** -0.5)
-    for i, (c, n) in enumerate(PREFILL_SEQS):
+    for i, (c, _) in enumerate(PREFILL_SEQS):
         s, e = qsl[i], qsl[i + 1]
         ref = _reference(q[s:e], k_cache, v_cache, tables[i], c, seq_lens[i])
         torch.testing.assert_close(out[s:e], ref, atol=1e-4, rtol=1e-4)
@@ -224,14 +222,15 @@ def test_engine_triton_backend_matches_torch(tiny_qwen3_path):
 
     prompts = [
         list(range(1000, 1021)),               # 21 tokens: chunked at budget 16
-        list(range(1000, 1016)) + [7, 8, 9],   # shares two full blocks with the first: a prefix hit
+        [*range(1000, 1016), 7, 8, 9],   # shares two full blocks with the first: a prefix hit
         [42, 43, 44],
     ]
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     runs = {}
     for backend in ("torch", "triton"):
-        llm = LLM(model=str(tiny_qwen3_path), attention_backend=backend, device="cpu" if DEVICE.type == "cpu" else "cuda",
-                  dtype="float32", block_size=8, max_num_batched_tokens=16, num_kv_blocks=32, seed=0)
+        llm = LLM(model=str(tiny_qwen3_path), attention_backend=backend,
+                  device="cpu" if DEVICE.type == "cpu" else "cuda", dtype="float32", block_size=8,
+                  max_num_batched_tokens=16, num_kv_blocks=32, seed=0)
         assert llm.engine.runner.backend.name == backend
         eng = llm.engine
         ids = [eng.add_request(p, params) for p in prompts]
@@ -260,7 +259,7 @@ def test_half_precision_kernels_small(dtype):
     out = paged_prefill_attention(q, k_cache, v_cache, t(qsl), t(seq_lens), t([c for c, _ in seqs]), tables,
                                   24 ** -0.5)
     assert out.dtype == dtype
-    for i, (c, n) in enumerate(seqs):
+    for i, (c, _) in enumerate(seqs):
         s, e = qsl[i], qsl[i + 1]
         ref = _reference(q[s:e], k_cache, v_cache, tables[i], c, seq_lens[i])
         torch.testing.assert_close(out[s:e].float(), ref, **_tol(dtype))
@@ -276,7 +275,7 @@ def test_gpu_half_precision_kernels(dtype, block_size, h, kvh, d):
     ctx = [c for c, _ in seqs]
     t = lambda xs: torch.tensor(xs, dtype=torch.int32, device=DEVICE)  # noqa: E731
     out = paged_prefill_attention(q, k_cache, v_cache, t(qsl), t(seq_lens), t(ctx), tables, d ** -0.5)
-    for i, (c, n) in enumerate(seqs):
+    for i, (c, _) in enumerate(seqs):
         s, e = qsl[i], qsl[i + 1]
         ref = _reference(q[s:e], k_cache, v_cache, tables[i], c, seq_lens[i])
         torch.testing.assert_close(out[s:e].float(), ref, **_tol(dtype))

@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
-from engine import default_model as dm
-
 from benchmarks import checkpoints
+from engine import default_model as dm
 
 QWEN_PROMPT_IDS = [785, 6722, 315, 9625, 374]  # "The capital of France is" in Qwen3's tokenizer
 
@@ -176,7 +175,7 @@ def test_validate_explains_that_pytorch_bin_weights_are_not_supported(tmp_path):
     folder = _fake_model_folder(tmp_path / "m")
     (folder / "model.safetensors").unlink()
     (folder / "pytorch_model.bin").write_bytes(b"")
-    with pytest.raises(ValueError, match="pytorch_model.bin"):
+    with pytest.raises(ValueError, match=r"pytorch_model\.bin"):
         dm.validate_model_folder(folder)
 
 
@@ -189,7 +188,7 @@ def test_validate_rejects_an_unsupported_model_type(tmp_path):
 def test_validate_rejects_unreadable_config_and_missing_folder(tmp_path):
     folder = _fake_model_folder(tmp_path / "m")
     (folder / "config.json").write_text("{not json")
-    with pytest.raises(ValueError, match="config.json .* not readable JSON"):
+    with pytest.raises(ValueError, match=r"config\.json .* not readable JSON"):
         dm.validate_model_folder(folder)
     with pytest.raises(ValueError, match="does not exist"):
         dm.validate_model_folder(tmp_path / "nowhere")

@@ -218,7 +218,6 @@ def test_a_shipped_module_importing_the_benchmarks_is_found():
 
 def test_the_wheel_ships_the_drivers_and_not_the_benchmarks():
     import tomllib
-
     from setuptools import find_packages
 
     include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]

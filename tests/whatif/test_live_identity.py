@@ -40,7 +40,8 @@ def recorded(request, default_model_path, tmp_path_factory):
 
     srv = VllmServer(default_model_path, num_gpu_blocks=NUM_BLOCKS, block_size=BLOCK, max_model_len=1024,
                      max_num_batched_tokens=BUDGET, max_num_seqs=8, kv_events=False,
-                     log=os.environ.get("KVSCOPE_LIVE_TEST_LOG"), env={"OMP_NUM_THREADS": "2", **EXECUTORS[request.param]})
+                     log=os.environ.get("KVSCOPE_LIVE_TEST_LOG"),
+                     env={"OMP_NUM_THREADS": "2", **EXECUTORS[request.param]})
     path = tmp_path_factory.mktemp("live") / "server.kvrec.gz"
     try:
         srv.start().wait_ready(600)

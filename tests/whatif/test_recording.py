@@ -40,7 +40,8 @@ def test_arrivals_are_the_steps_that_first_saw_each_request(kvscope_run):
 def test_settings_and_round_trip(kvscope_run, tmp_path):
     _, rec, path = kvscope_run
     s = rec.settings
-    assert (s.block_size, s.num_blocks, s.max_num_batched_tokens, s.max_num_seqs, s.max_model_len) == (16, 20, 48, 4, 256)
+    sizes = (s.block_size, s.num_blocks, s.max_num_batched_tokens, s.max_num_seqs, s.max_model_len)
+    assert sizes == (16, 20, 48, 4, 256)
     assert s.policy == "fcfs" and s.prefix_caching_hash_algo == "sha256" and s.long_prefill_token_threshold == 0
     plain = rec.save(tmp_path / "copy.kvrec")
     again = Recording.load(plain)
@@ -73,7 +74,11 @@ def test_the_writer_is_incremental_and_bounded(kvscope_run, tmp_path):
             assert set(writer._open) == {r["request_id"] for r in q["running"] + q["waiting"]}
             assert writer._written == {r["request_id"] for r in q["finished"]}
     writer.close()
-    same = lambda p: dataclasses.replace(rec, source=dataclasses.replace(rec.source, created=Recording.load(p).source.created))  # noqa: E731
+
+    def same(p):   # rec, with the creation time of the file at p
+        created = Recording.load(p).source.created
+        return dataclasses.replace(rec, source=dataclasses.replace(rec.source, created=created))
+
     assert Recording.load(path) == same(path)
     followed = RecordingWriter(tmp_path / "followed.kvrec")   # what a live session's follower writes
     unsubscribe = followed.follow(s)
@@ -106,11 +111,11 @@ def test_a_truncated_gzip_and_binary_junk(kvscope_run, tmp_path):
     _, _, path = kvscope_run
     cut = tmp_path / "cut.kvrec.gz"
     cut.write_bytes(path.read_bytes()[:200])
-    with pytest.raises(RecordingError, match="damaged|ends without"):
+    with pytest.raises(RecordingError, match=r"damaged|ends without"):
         Recording.load(cut)
     junk = tmp_path / "junk.kvrec"
     junk.write_bytes(bytes(range(256)))
-    with pytest.raises(RecordingError, match="damaged|not a kvscope recording"):
+    with pytest.raises(RecordingError, match=r"damaged|not a kvscope recording"):
         Recording.load(junk)
     with pytest.raises(RecordingError, match="no such file"):
         Recording.load(tmp_path / "missing.kvrec")

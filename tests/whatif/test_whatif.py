@@ -9,7 +9,7 @@ import pytest
 
 from explorer.apps.cli import main as cli_main
 from explorer.core.recording import RecordingError
-from explorer.whatif import (SettingRejected, first_parting, fit, load_trace, replay, sweep, variant)
+from explorer.whatif import SettingRejected, first_parting, fit, load_trace, replay, sweep, variant
 from explorer.whatif.mooncake import unit_tokens
 
 pytestmark = pytest.mark.slow
@@ -128,7 +128,7 @@ def test_a_sweep_runs_every_setting_and_refuses_the_bad_ones_alone(kvscope_run):
 
 
 def test_the_cli_prints_the_table_and_refuses_a_damaged_file(kvscope_run, tmp_path, capsys):
-    _, rec, path = kvscope_run
+    _, _, path = kvscope_run
     out = tmp_path / "rows.json"
     assert cli_main(["whatif", str(path), "--num-blocks", "10,17", "--processes", "1", "--json", str(out)]) == 0
     text = capsys.readouterr().out
@@ -136,7 +136,7 @@ def test_the_cli_prints_the_table_and_refuses_a_damaged_file(kvscope_run, tmp_pa
     lines = text.splitlines()   # every row names its block size and pool (then budget, max_num_seqs)
     assert lines[1].split()[:6] == ["as", "recorded", "16", "20", "48", "4"] and lines[2].split()[:4] == [
         "16", "17", "48", "4"]
-    assert [r["label"] for r in json.loads(out.read_text())["rows"]][0] == "as recorded"
+    assert json.loads(out.read_text())["rows"][0]["label"] == "as recorded"
     assert cli_main(["whatif", str(path), "--identity"]) == 0
     assert "0 differences" in capsys.readouterr().out
     bad = tmp_path / "bad.kvrec"

@@ -84,5 +84,5 @@ def test_a_new_panel_reaches_the_dashboard_and_the_export(computed_panel: type[P
 
 
 def test_a_panel_name_is_taken_once(computed_panel: type[Panel]) -> None:
-    with pytest.raises(TypeError, match="panel name 'queues' is taken by widgets.queues.QueuesPanel"):
+    with pytest.raises(TypeError, match=r"panel name 'queues' is taken by widgets\.queues\.QueuesPanel"):
         type("OtherQueues", (Panel,), {"NAME": "queues"})

@@ -6,7 +6,8 @@ redraw, errors show inline. The JupyterLab end-to-end suite is tests/e2e.
 """
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -138,8 +139,8 @@ def test_a_same_step_hit_has_its_own_highlight_legend_entry_and_detail(ui) -> No
     page, front, binder = ui
     s = binder.session
     shared = list(range(1000, 1032))  # two full blocks of 16
-    s.add_request(shared + [7, 8, 9], max_tokens=2, temperature=0.0, ignore_eos=True)
-    rid_b = s.add_request(shared + [10, 11], max_tokens=2, temperature=0.0, ignore_eos=True)
+    s.add_request([*shared, 7, 8, 9], max_tokens=2, temperature=0.0, ignore_eos=True)
+    rid_b = s.add_request([*shared, 10, 11], max_tokens=2, temperature=0.0, ignore_eos=True)
     s.step(1)
     rec = s.current.record
     assert rec["blocks"]["same_step_hits"] == [1, 2] and rec["blocks"]["allocated"] == [1, 2, 3, 4]

@@ -6,7 +6,8 @@ real Lab check is tests/e2e/test_lab_keyboard.py). Panels run their real ESM aga
 Session (tests/widgets/minifrontend.py)."""
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 

@@ -2,17 +2,27 @@
 from __future__ import annotations
 
 from array import array
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import ipywidgets as W
 import pytest
 
 from engine.config import SCHEDULER_KNOBS
 from explorer import Dashboard
-from explorer.ui import views, why_view
 from explorer.ui import dashboard as dash_mod
-from widgets import (AttentionPanel, BlockPoolPanel, ControlsPanel, LatencyPanel, Panel, QueuesPanel, SamplerPanel,
-                     SlotMappingPanel, TimelinePanel)
+from explorer.ui import views, why_view
+from widgets import (
+    AttentionPanel,
+    BlockPoolPanel,
+    ControlsPanel,
+    LatencyPanel,
+    Panel,
+    QueuesPanel,
+    SamplerPanel,
+    SlotMappingPanel,
+    TimelinePanel,
+)
 
 from .conftest import BASE_CONFIG, send
 
@@ -452,7 +462,8 @@ def test_the_chat_template_switch_wraps_the_prompt_as_one_user_turn(dash: Dashbo
 def test_the_latency_panel_follows_the_shown_step_on_the_engine_clock(dash: Dashboard) -> None:
     lat = dash.latency
     assert lat.rows == [] and lat.clock == "engine clock" and "only while a step executes" in lat.clock_note
-    dash.session.add_request("Hi there", max_tokens=3, temperature=0.0, request_id="a-very-long-request-id-from-a-script")
+    dash.session.add_request("Hi there", max_tokens=3, temperature=0.0,
+                             request_id="a-very-long-request-id-from-a-script")
     dash.session.step(3)
     (row,) = lat.rows
     assert row["request_id"] == "a-very-long-request-id-from-a-script" and len(row["inter_token_latency"]) == 2
@@ -476,7 +487,8 @@ def test_presets_follow_the_chat_template_switch_and_say_that_they_stepped(dash:
     assert s.current.record["blocks"]["hits"], "the templated pair still shares its system turn's blocks"
     send(dash.controls, action="preset", name="burst", n=3, max_tokens=2, temperature=0, chat_template=True)
     waiting = s.current.snapshot["queues"]["waiting"]
-    assert len(waiting) == 3 and all(r["prompt_text"].startswith("<|im_start|>user\nWrite a long story") for r in waiting)
+    assert len(waiting) == 3
+    assert all(r["prompt_text"].startswith("<|im_start|>user\nWrite a long story") for r in waiting)
     assert "no step run" in dash.controls.notice
     send(dash.controls, action="preset", name="burst", n=1, max_tokens=2, temperature=0, chat_template=False)
     assert s.current.snapshot["queues"]["waiting"][-1]["prompt_text"].startswith("Write a long story")

@@ -156,8 +156,10 @@ def test_request_colours_stay_clear_of_the_event_and_mark_colours() -> None:
     # or a mark (the sampled row, the linked-highlight halo). CIE76 distance >= 25 is
     # "clearly another colour"; the requests also differ from each other.
     common = (WIDGETS_DIR / "_common.js").read_text()
-    requests = re.findall(r'"(#[0-9a-f]{6})"', re.search(r"^const KVS_REQUEST_COLORS = \[(.*?)\];", common, re.M | re.S).group(1))
-    marks = dict(re.findall(r'(\w+): "(#[0-9a-f]{6})"', re.search(r"^const KVS_MARKS = \{(.*?)\};", common, re.M | re.S).group(1)))
+    colors_js = re.search(r"^const KVS_REQUEST_COLORS = \[(.*?)\];", common, re.M | re.S).group(1)
+    requests = re.findall(r'"(#[0-9a-f]{6})"', colors_js)
+    marks_js = re.search(r"^const KVS_MARKS = \{(.*?)\};", common, re.M | re.S).group(1)
+    marks = dict(re.findall(r'(\w+): "(#[0-9a-f]{6})"', marks_js))
     events = {label: colour for _, _, label, colour, _ in _js_events(common)}
     assert len(requests) >= 10 and len(set(requests)) == len(requests) and len(events) == 6
     reserved = {**events, "sampled": marks["sampled"], "focus": marks["focus"], "cache": marks["cache"]}
@@ -173,7 +175,8 @@ def test_request_colours_stay_clear_of_the_event_and_mark_colours() -> None:
 def test_a_frozen_panel_answers_the_same_actions_in_both_languages() -> None:
     # A still sends (_common.js) and answers (widgets/_base.py) only hover look-ups.
     common = (WIDGETS_DIR / "_common.js").read_text()
-    js = set(re.findall(r'"(\w+)"', re.search(r"^const KVS_FROZEN_ACTIONS = new Set\(\[(.*?)\]\);", common, re.M).group(1)))
+    actions_js = re.search(r"^const KVS_FROZEN_ACTIONS = new Set\(\[(.*?)\]\);", common, re.M).group(1)
+    js = set(re.findall(r'"(\w+)"', actions_js))
     assert js == set(Panel.FROZEN_ACTIONS) == {"block_detail"}
 
 

@@ -22,7 +22,8 @@ def tsc() -> Path:
     if shutil.which("node") is None:
         pytest.skip("node is not installed (scripts/setup.sh --with-browser installs it)")
     if not TSC.exists():
-        pytest.fail(f"typescript is not installed at {TSC}: run `bash scripts/setup.sh --with-browser` (make test does)")
+        pytest.fail(f"typescript is not installed at {TSC}: "
+                    "run `bash scripts/setup.sh --with-browser` (make test does)")
     return TSC
 
 

@@ -4,7 +4,8 @@ a desktop's width. The Dashboard's own layout in a real widget manager is checke
 tests/e2e/test_app_mode.py."""
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -31,9 +32,9 @@ def shared_prefix(fresh_session: Any) -> Any:
     """Request 0 computes two shared blocks in step 1; request 1 hits them in step 2
     (0 holds blocks [1, 2, 3], 1 holds [1, 2, 4]; step 2 decodes 0 and prefills 1)."""
     s = fresh_session
-    s.add_request(SHARED + [7, 8, 9], max_tokens=4, temperature=0.0, ignore_eos=True)
+    s.add_request([*SHARED, 7, 8, 9], max_tokens=4, temperature=0.0, ignore_eos=True)
     s.step(1)
-    s.add_request(SHARED + [10, 11], max_tokens=4, temperature=0.0, ignore_eos=True)
+    s.add_request([*SHARED, 10, 11], max_tokens=4, temperature=0.0, ignore_eos=True)
     s.step(1)
     running = {r["request_id"]: r["block_table"] for r in s.current.snapshot["queues"]["running"]}
     assert running == {"0": [1, 2, 3], "1": [1, 2, 4]}
@@ -73,11 +74,12 @@ def pool_focus_pixels(page: Any, block: int, host: str = "blocks") -> int:
 
 def lit(page: Any, selector: str) -> list[str]:
     return page.eval_on_selector_all(selector, "els => els.filter((e) => e.classList.contains('kvs-lit') || "
-                                               "e.classList.contains('kvs-lit-strong')).map((e) => e.dataset.block ?? e.dataset.requestId)")
+                                               "e.classList.contains('kvs-lit-strong'))"
+                                               ".map((e) => e.dataset.block ?? e.dataset.requestId)")
 
 
 def test_hovering_a_slot_cell_lights_its_block_request_and_token_everywhere(live) -> None:
-    page, binder = live
+    page, _ = live
     cell = page.locator('[data-testid="kvs-seg-1"] .kvs-cell[data-pos="32"]')
     assert cell.get_attribute("data-block") == "4"
     assert pool_focus_pixels(page, 4) == 0
@@ -138,7 +140,8 @@ def test_the_decode_attention_view_has_token_labels_blocks_and_prompt_marks(live
     texts = views.token_texts(s.engine.tokenizer)(ids)
     tok = [t.replace("\n", "\u21b5").replace("\t", "\u21e5").replace(" ", "\u00b7") for t in texts]
     expected = [t if len(t) <= 10 else t[:9] + "\u2026" for t in tok]
-    labels = bars.locator("text.kvs-attn-xlabel").evaluate_all("els => els.map((e) => [Number(e.dataset.pos), e.textContent])")
+    labels = bars.locator("text.kvs-attn-xlabel").evaluate_all(
+        "els => els.map((e) => [Number(e.dataset.pos), e.textContent])")
     assert labels == [[i, t] for i, t in enumerate(expected)]    # one label per key token
     blocks = bars.locator("text.kvs-attn-blabel").evaluate_all("els => els.map((e) => e.textContent)")
     assert blocks == ["b1", "b2", "b3"]                           # banded by KV block
@@ -149,7 +152,8 @@ def test_the_decode_attention_view_has_token_labels_blocks_and_prompt_marks(live
     # Hovering a key lights its block in the pool, and request 0's cells in that block.
     bars.locator('g.kvs-attn-col[data-pos="33"]').hover()
     assert pool_focus_pixels(page, 3) > 40 and pool_focus_pixels(page, 4) == 0
-    assert page.eval_on_selector_all(".kvs-slot-mapping .kvs-cell.kvs-lit", "els => els.map((e) => e.dataset.pos)") == ["35"]
+    assert page.eval_on_selector_all(".kvs-slot-mapping .kvs-cell.kvs-lit",
+                                     "els => els.map((e) => e.dataset.pos)") == ["35"]
     # The prefill of request 1 is a heatmap; its colour scale is labelled.
     page.select_option('[data-testid="kvs-attn-request"]', "1")
     page.wait_for_function("() => document.querySelector('[data-testid=kvs-attn-sub]').textContent.includes('#1')")
@@ -176,14 +180,16 @@ def test_a_frozen_still_ignores_clicks_lights_nothing_and_says_when_it_froze(bro
         # Clicks on the still: a card, a head, a block, a table entry. None takes.
         sq = '.kvs-host[data-panel="still_queues"]'
         page.click(f'{sq} [data-testid="kvs-req-1"]', force=True)
-        page.click('.kvs-host[data-panel="still_attention"] [data-testid="kvs-head-3"]', force=True)
-        page.click('.kvs-host[data-panel="still_blocks"] [data-testid="kvs-bt-1"] .kvs-bt-cell[data-block="4"]', force=True)
-        sb = page.locator('.kvs-host[data-panel="still_blocks"] [data-testid="kvs-pool-canvas"]').bounding_box()
+        sa, sbp = '.kvs-host[data-panel="still_attention"]', '.kvs-host[data-panel="still_blocks"]'
+        page.click(f'{sa} [data-testid="kvs-head-3"]', force=True)
+        page.click(f'{sbp} [data-testid="kvs-bt-1"] .kvs-bt-cell[data-block="4"]', force=True)
+        sb = page.locator(f'{sbp} [data-testid="kvs-pool-canvas"]').bounding_box()
         page.mouse.click(sb["x"] + 2 * 26 + 13, sb["y"] + 13)
         page.wait_for_timeout(300)  # what a click would have sent has had time to come back
         assert "kvs-selected" not in page.get_attribute(f'{sq} [data-testid="kvs-req-1"]', "class")
-        assert (still.panels["queues"].selected, still.panels["attention"].head, still.panels["blocks"].selected) == ("", 0, -1)
-        assert "kvs-on" not in page.get_attribute('.kvs-host[data-panel="still_attention"] [data-testid="kvs-head-3"]', "class")
+        assert (still.panels["queues"].selected, still.panels["attention"].head,
+                still.panels["blocks"].selected) == ("", 0, -1)
+        assert "kvs-on" not in page.get_attribute(f'{sa} [data-testid="kvs-head-3"]', "class")
         # Hovering the still lights nothing, in the still or in the live panels.
         page.hover('.kvs-host[data-panel="still_slots"] [data-testid="kvs-seg-1"] .kvs-cell[data-pos="32"]')
         page.mouse.move(sb["x"] + 4 * 26 + 13, sb["y"] + 13)
@@ -193,13 +199,14 @@ def test_a_frozen_still_ignores_clicks_lights_nothing_and_says_when_it_froze(bro
         page.hover('.kvs-host[data-panel="slots"] [data-testid="kvs-seg-1"] .kvs-cell[data-pos="32"]')
         assert pool_focus_pixels(page, 4) > 40 and pool_focus_pixels(page, 4, "still_blocks") == 0
         page.click('.kvs-host[data-panel="queues"] [data-testid="kvs-req-1"]')
-        page.wait_for_function("() => document.querySelector('.kvs-host[data-panel=\"queues\"] [data-testid=kvs-req-1]')"
-                               ".classList.contains('kvs-selected')")
+        page.wait_for_function("() => document.querySelector('.kvs-host[data-panel=\"queues\"] "
+                               "[data-testid=kvs-req-1]').classList.contains('kvs-selected')")
         assert binder.panels["queues"].selected == "1"
         # A live panel collapses to its title and back.
         slots = '.kvs-host[data-panel="slots"]'
         page.click(f'{slots} [data-testid="kvs-collapse"]')
-        assert not page.is_visible(f'{slots} [data-testid="kvs-batch-strip"]') and page.is_visible(f"{slots} .kvs-title")
+        assert not page.is_visible(f'{slots} [data-testid="kvs-batch-strip"]')
+        assert page.is_visible(f"{slots} .kvs-title")
         page.click(f'{slots} [data-testid="kvs-collapse"]')
         assert page.is_visible(f'{slots} [data-testid="kvs-batch-strip"]')
         assert front.errors() == []

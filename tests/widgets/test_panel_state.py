@@ -4,7 +4,7 @@ returns exactly those fields, and the browser's copy of the field lists (widgets
 which the panels' listeners read) is generated from them."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -35,7 +35,7 @@ def test_a_field_without_a_trait_or_of_another_type_is_named() -> None:
         missing: list      # no trait at all
 
     class PlantedPanel(widgets.QueuesPanel):
-        PARTS = {"draw": Planted}
+        PARTS: ClassVar[dict[str, type]] = {"draw": Planted}
 
     assert trait_problems(PlantedPanel) == ["PlantedPanel.draw.selected: Unicode trait, annotated <class 'int'>",
                                             "PlantedPanel.draw.missing: no synced trait"]

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -51,8 +52,8 @@ def wait_step(page: Any, step: int) -> None:
 
 def idle(page: Any) -> None:
     # No action sent yet leaves data-pending unset.
-    page.wait_for_function("() => (document.querySelector('[data-testid=kvs-controls]').dataset.pending || '0') === '0'",
-                           timeout=60_000)
+    page.wait_for_function("() => (document.querySelector('[data-testid=kvs-controls]').dataset.pending || '0')"
+                           " === '0'", timeout=60_000)
 
 
 def a_run(front: MiniFrontend, binder: SessionBinder, steps: int = 3) -> None:
@@ -174,7 +175,8 @@ def test_ten_fast_arrow_presses_on_the_history_slider_move_ten_steps(ui) -> None
     assert page.inner_text('[data-testid="kvs-history-label"]') == "step 2 of 12"
     page.keyboard.press("ArrowRight")  # and back up, all at once
     page.evaluate("""() => { const s = document.querySelector('[data-testid=kvs-history-slider]');
-        for (let i = 0; i < 3; i++) s.dispatchEvent(new KeyboardEvent('keydown', {key: 'ArrowRight', bubbles: true})); }""")
+        const right = () => new KeyboardEvent('keydown', {key: 'ArrowRight', bubbles: true});
+        for (let i = 0; i < 3; i++) s.dispatchEvent(right()); }""")
     wait_step(page, 6)
     idle(page)
     assert binder.view_index == 6 and page.input_value('[data-testid="kvs-history-slider"]') == "6"
@@ -196,7 +198,8 @@ def test_the_status_line_is_whole_at_a_laptops_width(ui) -> None:
     assert box["x"] >= controls["x"] and box["x"] + box["width"] <= controls["x"] + controls["width"] + 1
 
 
-def test_a_feed_batch_is_marked_derived_in_the_slot_mapping_panel_and_its_caption(browser: Any, fresh_session: Any) -> None:
+def test_a_feed_batch_is_marked_derived_in_the_slot_mapping_panel_and_its_caption(browser: Any,
+                                                                                  fresh_session: Any) -> None:
     # A live server's recorder adds batch_source to the records it publishes (docs/attach.md); the
     # rest of such a record has this shape, so a real kvscope record carries the key here.
     from explorer.ui import captions, views
@@ -217,8 +220,8 @@ def test_a_feed_batch_is_marked_derived_in_the_slot_mapping_panel_and_its_captio
             panel.show(views.shown_slot_mapping(record, s.current.snapshot, text))
             front.sync()
             if words:
-                page.wait_for_function("(w) => document.querySelector('[data-testid=kvs-batch-source]').textContent === w",
-                                       arg=words)
+                page.wait_for_function(
+                    "(w) => document.querySelector('[data-testid=kvs-batch-source]').textContent === w", arg=words)
                 assert badge.is_visible() and badge.get_attribute("data-source") == source
                 caption = captions.step_caption(record, s.current.snapshot)
                 if source == "scheduler":  # derived: the caption says so too
@@ -253,7 +256,8 @@ def test_a_finished_chat_answer_reads_without_its_end_token_and_a_pool_error_say
         s.run_until_idle()
         front.sync()
         (done,) = s.current.snapshot["queues"]["finished"]
-        assert done["finish_reason"] == "stop" and s.engine.tokenizer.decode(done["output_token_ids"][-1:]) == "<|im_end|>"
+        assert done["finish_reason"] == "stop"
+        assert s.engine.tokenizer.decode(done["output_token_ids"][-1:]) == "<|im_end|>"
         card = page.locator(f'[data-testid="kvs-req-{rid}"] .kvs-output-text')
         card.wait_for()
         assert "Paris" in card.inner_text() and "<|im_end|>" not in card.inner_text(), card.inner_text()
@@ -263,7 +267,8 @@ def test_a_finished_chat_answer_reads_without_its_end_token_and_a_pool_error_say
         page.click('[data-testid="kvs-add-btn"]')
         page.wait_for_selector('[data-testid="kvs-error"]:visible')
         error = page.inner_text('[data-testid="kvs-error"]')
-        assert "num_kv_blocks=12" in error and "lower max_tokens, shorten the prompt, or use num_kv_blocks >= " in error, error
+        assert "num_kv_blocks=12" in error, error
+        assert "lower max_tokens, shorten the prompt, or use num_kv_blocks >= " in error, error
         assert page.get_attribute('[data-testid="kvs-prompt"]', "aria-invalid") == "true"
         assert front.errors() == []
     finally:
@@ -277,14 +282,17 @@ OVERLAPS = """(sel) => {
   const boxes = [...document.querySelectorAll(sel)].map((e) => e.getBoundingClientRect());
   const hits = [];
   boxes.forEach((a, i) => boxes.forEach((b, j) => {
-    if (i < j && a.left < b.right - 1 && b.left < a.right - 1 && a.top < b.bottom - 1 && b.top < a.bottom - 1) hits.push([i, j]);
+    if (i < j && a.left < b.right - 1 && b.left < a.right - 1 && a.top < b.bottom - 1 && b.top < a.bottom - 1) {
+      hits.push([i, j]);
+    }
   }));
   return hits; }"""
 CROSSES = """([a, b]) => {
   const rect = (e) => e.getBoundingClientRect();
   const over = (p, q) => p.left < q.right - 1 && q.left < p.right - 1 && p.top < q.bottom - 1 && q.top < p.bottom - 1;
   const bs = [...document.querySelectorAll(b)].map(rect);
-  return [...document.querySelectorAll(a)].filter((e) => bs.some((q) => over(rect(e), q))).map((e) => e.textContent); }"""
+  return [...document.querySelectorAll(a)].filter((e) => bs.some((q) => over(rect(e), q)))
+    .map((e) => e.textContent); }"""
 OUTSIDE_ITS_CHART = """() => [...document.querySelectorAll('.kvs-lat-chart text')].filter((t) => {
   const r = t.getBoundingClientRect(), s = t.closest('svg').getBoundingClientRect();
   return r.left < s.left - 1 || r.right > s.right + 1 || r.top < s.top - 1 || r.bottom > s.bottom + 1;

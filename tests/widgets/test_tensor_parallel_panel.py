@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from engine.parallel.sharding import rank_ranges, sharding_layout
 from engine.model import ModelSpec
+from engine.parallel.sharding import rank_ranges, sharding_layout
 from explorer.ui.tp_view import tensor_parallel_panel, tensor_parallel_state
 from widgets import Panel
 from widgets.tensor_parallel import TensorParallelPanel
@@ -87,7 +87,8 @@ def test_panel_esm_parses_imports_nothing_and_keeps_the_conventions(tmp_path: Pa
 
 
 @pytest.mark.slow
-def test_panel_draws_one_stripe_per_rank_and_the_collectives(smol_like: ModelSpec, tmp_path: Path, browser: Any) -> None:
+def test_panel_draws_one_stripe_per_rank_and_the_collectives(smol_like: ModelSpec, tmp_path: Path,
+                                                             browser: Any) -> None:
     from .minifrontend import MiniFrontend
 
     panel = TensorParallelPanel()
@@ -112,7 +113,8 @@ def test_panel_draws_one_stripe_per_rank_and_the_collectives(smol_like: ModelSpe
         page.close()
 
 
-def test_dashboard_shows_the_sharding_panel_only_with_tensor_parallelism(tiny_qwen3_path: Path, fresh_session: Any) -> None:
+def test_dashboard_shows_the_sharding_panel_only_with_tensor_parallelism(tiny_qwen3_path: Path,
+                                                                         fresh_session: Any) -> None:
     from explorer import Dashboard, Session
 
     assert not hasattr(Dashboard(fresh_session), "tensor_parallel")

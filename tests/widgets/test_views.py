@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from array import array
+from itertools import pairwise
 
 from explorer.ui import views
 
@@ -67,8 +68,8 @@ def test_a_same_step_hit_has_its_own_event_bit_and_table_mark(fresh_session) -> 
     # allocated, so B, admitted after A in the same step, hits blocks whose KV this very
     # step computes (vLLM 0.32's allocate_slots caches at allocation).
     s = fresh_session
-    a = s.add_request(SHARED_IDS + [7, 8, 9], max_tokens=2, temperature=0.0, ignore_eos=True)
-    b = s.add_request(SHARED_IDS + [10, 11], max_tokens=2, temperature=0.0, ignore_eos=True)
+    a = s.add_request([*SHARED_IDS, 7, 8, 9], max_tokens=2, temperature=0.0, ignore_eos=True)
+    b = s.add_request([*SHARED_IDS, 10, 11], max_tokens=2, temperature=0.0, ignore_eos=True)
     s.step(1)
     e = s.current
     rec, running = e.record, {r["request_id"]: r for r in e.snapshot["queues"]["running"]}
@@ -88,7 +89,7 @@ def test_a_same_step_hit_has_its_own_event_bit_and_table_mark(fresh_session) -> 
     assert (tables[b]["hits"], tables[b]["same_step_hits"]) == ([0, 1], [0, 1])
 
     # A hit in a later step is an ordinary prefix hit: the hit bit, not the same-step one.
-    c = s.add_request(SHARED_IDS + [12, 13], max_tokens=2, temperature=0.0, ignore_eos=True)
+    c = s.add_request([*SHARED_IDS, 12, 13], max_tokens=2, temperature=0.0, ignore_eos=True)
     s.step(1)
     e = s.current
     assert e.record["blocks"]["hits"] == shared and e.record["blocks"]["same_step_hits"] == []
@@ -124,7 +125,7 @@ def test_slot_mapping_segments_follow_query_start_loc(fresh_session) -> None:
     texts = views.token_texts(s.engine.tokenizer)
     state = views.slot_mapping_state(rec, texts)
     qsl = rec["batch"]["query_start_loc"]
-    assert [(g["start"], g["end"]) for g in state["segments"]] == list(zip(qsl, qsl[1:]))
+    assert [(g["start"], g["end"]) for g in state["segments"]] == list(pairwise(qsl))
     assert [g["is_prefill"] for g in state["segments"]] == [False, True]
     assert state["slot_mapping"] == rec["batch"]["slot_mapping"]
     assert state["tokens"] == [s.engine.tokenizer.decode([i]) for i in rec["batch"]["input_ids"]]
@@ -256,9 +257,9 @@ def test_a_shared_block_lists_every_owner_and_hits_stay_marked_in_the_table(fres
     # names both owners of each shared block (drawn in both colours), and B's table marks the
     # two entries as from the cache in the step of the hit and in every step after it.
     s = fresh_session
-    a = s.add_request(SHARED_IDS + [7, 8, 9], max_tokens=4, temperature=0.0, ignore_eos=True)
+    a = s.add_request([*SHARED_IDS, 7, 8, 9], max_tokens=4, temperature=0.0, ignore_eos=True)
     s.step(1)
-    b = s.add_request(SHARED_IDS + [10, 11], max_tokens=4, temperature=0.0, ignore_eos=True)
+    b = s.add_request([*SHARED_IDS, 10, 11], max_tokens=4, temperature=0.0, ignore_eos=True)
     s.step(1)
     e = s.current
     state = views.block_pool_state(e.record, e.snapshot)

@@ -126,6 +126,8 @@ class LLMEngine:
         req = self.input_processor.process(prompt, params, request_id, self.requests, self.config,
                                            self.runner.num_blocks)
         req.metrics.record("arrival_time", time.time(), self.engine_time)
+        if self.kv.hybrid is not None:  # records show each group's hit (set again at admission)
+            req.group_hit_tokens = [0] * len(self.kv.hybrid.specs)
         self.requests[req.request_id] = req
         self.scheduler.add(req)
         self.notes.requests.add(req.request_id)

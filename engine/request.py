@@ -116,6 +116,7 @@ class Request:
         # With several KV cache groups (engine/core/hybrid_kv_cache.py), `block_table` is the
         # full-attention group's and these are the others' (a sliding window's), one table each.
         self.extra_block_tables: list[list[int]] = []
+        self.group_hit_tokens: list[int] = []   # each KV cache group's own prefix hit at admission (several groups)
         self.shared_prefix_boundary = 0    # a sliding group's prefix worth caching (see find_longest_cache_hit)
         self.num_in_flight_tokens = 0      # scheduled in steps not updated yet (AsyncScheduler)
         self.num_preemptions = 0

@@ -105,6 +105,7 @@ const KVS_PANELS = {
    "tokens",
    "positions",
    "slot_mapping",
+   "group_slot_mappings",
    "segments",
    "query_start_loc",
    "logits_indices",

@@ -93,7 +93,9 @@ const KVS_SCHEMA = {
   "num_prompt_tokens",
   "num_output_tokens",
   "cache_salt",
-  "lora_name"
+  "lora_name",
+  "group_block_tables",
+  "group_hit_tokens"
  ],
  "block": [
   "block_id",

@@ -262,7 +262,45 @@ function tableRow(r, bs, link, sender, tableCells) {
     onmouseleave: () => link.leave("blocks"),
     onclick: () => link.pin({ source: "blocks", blocks: null, requests: [rid] }),
   });
-  return kvsEl("div", { class: "kvs-bt-row", "data-testid": `kvs-bt-${rid}`, "data-request-id": rid }, [chip, ...cells]);
+  const groups = r.groups || [];
+  if (!groups.length) return kvsEl("div", { class: "kvs-bt-row", "data-testid": `kvs-bt-${rid}`, "data-request-id": rid }, [chip, ...cells]);
+  // Several KV cache groups (sliding-window layers): the first row is group 0's, each other
+  // group's table follows on a row of its own, each named with its prefix hit.
+  return kvsEl("div", { class: "kvs-bt-groups", "data-testid": `kvs-bt-${rid}`, "data-request-id": rid }, [
+    kvsEl("div", { class: "kvs-bt-row" }, [chip, groupTag(groups[0]), ...cells]),
+    ...groups.slice(1).map((g, k) => kvsEl("div", { class: "kvs-bt-row kvs-bt-group", "data-group": k + 1 }, [
+      groupTag(g), ...g.block_table.map((b, logical) => groupCell(r, g, b, logical, bs, link, sender, tableCells))])),
+  ]);
+}
+
+/** A KV cache group's name on its block-table row, with its own prefix hit (and whether it cut the request's). */
+function groupTag(g) {
+  const hit = g.hit_tokens == null ? "" : ` \u00b7 hit ${g.hit_tokens}`;
+  return kvsEl("span", {
+    class: `kvs-bt-group-tag${g.cut ? " kvs-bt-cut" : ""}`, "data-testid": "kvs-bt-group-tag",
+    text: `${g.label}${hit}${g.cut ? " \u2190 cut" : ""}`,
+    title: g.cut ? "this group's prefix hit was the shortest: the request's hit is cut to it (every group must hit)"
+      : "this group's own prefix hit when the request was admitted (the request's is the shortest of the groups')",
+  });
+}
+
+/** One entry of another group's table: a block, or the null block 0 where a block left the sliding window. */
+function groupCell(r, g, b, logical, bs, link, sender, tableCells) {
+  const rid = r.request_id, range = `positions ${logical * bs}\u2013${(logical + 1) * bs - 1}`;
+  if (b === 0) {
+    return kvsEl("span", { class: "kvs-bt-cell kvs-bt-null", "data-block": 0, "data-logical": logical, text: "\u2205",
+      title: `#${rid} ${g.label}: logical ${logical} (${range}) \u2192 the null block: these tokens left the window, their block was freed` });
+  }
+  const cell = kvsEl("span", {
+    class: `kvs-bt-cell${(logical + 1) * bs <= r.num_computed_tokens ? "" : " kvs-bt-partial"}`,
+    "data-block": b, "data-logical": logical, text: String(b),
+    title: `#${rid} ${g.label}: logical ${logical} (${range}) \u2192 physical ${b}`,
+    onclick: () => { link.pin({ source: "blocks", blocks: [b], requests: [rid] }); sender.send({ action: "select_block", block_id: b }); },
+    onmouseenter: () => link.hover({ source: "blocks", blocks: [b], requests: [rid] }),
+    onmouseleave: () => link.leave("blocks"),
+  });
+  tableCells.push([cell, rid, b]);
+  return cell;
 }
 
 /**

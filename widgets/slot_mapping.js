@@ -90,7 +90,7 @@ function cacheCell(L, s, c) {
 
 /** A request's rows of the batch, grouped by the KV block each lands in. */
 function rowCells(L, s, data) {
-  const { ids, toks, pos, slots, logits, bs } = data;
+  const { ids, toks, pos, slots, groupSlots, logits, bs } = data;
   const groups = [];
   let group = null, groupBlock = null;
   const last = Math.min(s.end, ids.length);
@@ -112,6 +112,9 @@ function rowCells(L, s, data) {
     }, [
       kvsEl("div", { class: "kvs-cell-tok", text: kvsTok(toks[r]) || ids[r] }),
       kvsEl("div", { class: "kvs-cell-slot", text: `${pos[r]}\u2192${slot}` }),
+      // Other KV cache groups (sliding-window layers) write this token's K/V to a slot of their own.
+      ...groupSlots.map((g, k) => kvsEl("div", { class: "kvs-cell-slot kvs-cell-group-slot", "data-group": k + 1,
+        title: `${(s.groups || [])[k]?.label || `group ${k + 1}`}: slot ${g[r]}`, text: `\u21b3${g[r]}` })),
     ]);
     group.append(L.add(cell, block, s.request_id, pos[r], { source: "slots", blocks: [block], requests: [s.request_id], tokens: [[s.request_id, pos[r]]] }));
     if (sampled) {
@@ -125,7 +128,8 @@ function rowCells(L, s, data) {
 /** One scheduled request: a decode on one compact row, a prefill chunk with its cells under a head. */
 function segmentRow(L, s, data) {
   const reqFocus = { source: "slots", blocks: null, requests: [s.request_id], tokens: null };
-  const table = `block_table [${(s.block_table || []).join(", ")}]`;
+  const table = [`block_table [${(s.block_table || []).join(", ")}]`,
+    ...(s.groups || []).map((g) => `${g.label} [${g.block_table.join(", ")}]`)].join(" \u00b7 ");
   if (!s.is_prefill) {
     return kvsEl("div", { class: "kvs-seg kvs-seg-decode", "data-testid": `kvs-seg-${s.request_id}`, style: { borderLeftColor: kvsColor(s.request_id) } }, [
       L.bind(chip(s.request_id), reqFocus),
@@ -162,7 +166,8 @@ function render({ model, el }) {
     const segs = model.get("segments"), qsl = model.get("query_start_loc"), nrows = model.get("num_rows");
     const logits = new Set(model.get("logits_indices"));
     const data = { ids: model.get("input_ids"), toks: model.get("tokens"), pos: model.get("positions"),
-      slots: model.get("slot_mapping"), logits, bs: model.get("block_size") };
+      slots: model.get("slot_mapping"), groupSlots: model.get("group_slot_mappings") || [], logits,
+      bs: model.get("block_size") };
     L.reset();
     const [badge, why] = model.get("batch_source_words") || [];
     source.textContent = badge || "";

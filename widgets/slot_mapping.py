@@ -14,6 +14,7 @@ class SlotMappingState(TypedDict):
     tokens: list[str]
     positions: list[int]
     slot_mapping: list[int]
+    group_slot_mappings: list[list[int]]
     segments: list[dict]
     query_start_loc: list[int]
     logits_indices: list[int]
@@ -28,7 +29,9 @@ class SlotMappingPanel(Panel):
     """The flattened batch the model ran in this step (vLLM v1 names).
 
     Columns, one entry per batch row: `input_ids`, `tokens` (their texts),
-    `positions`, `slot_mapping` (slot = block * block_size + offset). `segments` has
+    `positions`, `slot_mapping` (slot = block * block_size + offset); a model with more KV cache
+    groups (sliding-window layers) adds each other group's slots in `group_slot_mappings`, and
+    each segment its `groups` ({label, block_table}). `segments` has
     one entry per scheduled request: request_id, start/end rows (query_start_loc),
     is_prefill, chunk_index, num_computed_before, num_cached_tokens, seq_len,
     block_table, sampled_text, and cached_blocks (a prefix hit in this step: one
@@ -51,6 +54,7 @@ class SlotMappingPanel(Panel):
     tokens: t.List[Any] = t.List([]).tag(sync=True)
     positions: t.List[Any] = t.List([]).tag(sync=True)
     slot_mapping: t.List[Any] = t.List([]).tag(sync=True)
+    group_slot_mappings: t.List[Any] = t.List([]).tag(sync=True)   # per other KV cache group: its slots
     segments: t.List[Any] = t.List([]).tag(sync=True)
     query_start_loc: t.List[Any] = t.List([]).tag(sync=True)
     logits_indices: t.List[Any] = t.List([]).tag(sync=True)

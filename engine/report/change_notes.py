@@ -12,7 +12,7 @@ from ..config import EngineConfig
 from ..core.scheduler import Scheduler, SchedulerOutput
 from ..request import Request
 from .changes import Sent
-from .records import Decode, block_dicts, request_dict
+from .records import Decode, block_dicts, group_fields, request_dict
 from .schema import CHANGES, QUEUE, REQ, ChangesDict, EngineMetricsDict, RequestChangeDict, RequestFieldsDict
 
 
@@ -82,7 +82,7 @@ class ChangeNotes:
         fields: RequestFieldsDict = {REQ.REQUEST_ID: req.request_id, REQ.STATUS: req.status.value,
                   REQ.NUM_COMPUTED_TOKENS: req.num_computed_tokens, REQ.NUM_CACHED_TOKENS: req.num_cached_tokens,
                   REQ.NUM_PREEMPTIONS: req.num_preemptions, REQ.FINISH_REASON: req.finish_reason,
-                  REQ.OUTPUT_TEXT: req.cached_text("output", decode)}
+                  REQ.OUTPUT_TEXT: req.cached_text("output", decode), **group_fields(req)}
         if not self.sent.knows(req.request_id):
             fields.update({REQ.PROMPT_TOKEN_IDS: list(req.prompt_token_ids),
                            REQ.PROMPT_TEXT: req.prompt_text if req.prompt_text is not None

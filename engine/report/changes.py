@@ -160,6 +160,10 @@ def _request(old: RequestDict | None, change: RequestChangeDict, rid: str) -> Re
         new[REQ.NUM_PROMPT_TOKENS] = change[RCHANGE.NUM_PROMPT_TOKENS]
     if RCHANGE.NUM_OUTPUT_TOKENS in change:
         new[REQ.NUM_OUTPUT_TOKENS] = change[RCHANGE.NUM_OUTPUT_TOKENS]
+    if RCHANGE.GROUP_BLOCK_TABLES in change:  # several KV cache groups: their tables come whole
+        new[REQ.GROUP_BLOCK_TABLES] = change[RCHANGE.GROUP_BLOCK_TABLES]
+    if RCHANGE.GROUP_HIT_TOKENS in change:
+        new[REQ.GROUP_HIT_TOKENS] = change[RCHANGE.GROUP_HIT_TOKENS]
     return new
 
 
@@ -204,9 +208,10 @@ def _owners(running: list[RequestDict], wanted: set[int]) -> dict[int, list[str]
     """For the blocks in `wanted`: the running requests whose block table holds them, in queue order."""
     owners: dict[int, list[str]] = {}
     for r in running:
-        for b in r[REQ.BLOCK_TABLE]:
-            if b in wanted:
-                owners.setdefault(b, []).append(r[REQ.REQUEST_ID])
+        for table in (r[REQ.BLOCK_TABLE], *r.get(REQ.GROUP_BLOCK_TABLES, ())):  # every KV cache group's
+            for b in table:
+                if b in wanted and b != 0:  # the null block (in a sliding group's table) has no owner
+                    owners.setdefault(b, []).append(r[REQ.REQUEST_ID])
     return owners
 
 

@@ -70,6 +70,8 @@ class BATCH(Keys):
     SLOT_MAPPING: Final = "slot_mapping"
     BLOCK_TABLES: Final = "block_tables"
     LOGITS_INDICES: Final = "logits_indices"
+    GROUP_SLOT_MAPPINGS: Final = "group_slot_mappings"
+    GROUP_BLOCK_TABLES: Final = "group_block_tables"
 
 
 class SAMPLE(Keys):
@@ -159,6 +161,8 @@ class REQ(Keys):
     NUM_OUTPUT_TOKENS: Final = "num_output_tokens"
     CACHE_SALT: Final = "cache_salt"
     LORA_NAME: Final = "lora_name"
+    GROUP_BLOCK_TABLES: Final = "group_block_tables"
+    GROUP_HIT_TOKENS: Final = "group_hit_tokens"
 
 
 class RMETRICS(Keys):
@@ -259,6 +263,7 @@ class INFO(Keys):
     KV_BYTES_PER_RANK: Final = "kv_bytes_per_rank"
     TENSOR_PARALLEL: Final = "tensor_parallel"
     LIVE: Final = "live"
+    KV_CACHE_GROUPS: Final = "kv_cache_groups"
 
 
 class CHANGES(Keys):
@@ -296,6 +301,8 @@ class RCHANGE(Keys):
     LORA_NAME: Final = "lora_name"
     NUM_PROMPT_TOKENS: Final = "num_prompt_tokens"
     NUM_OUTPUT_TOKENS: Final = "num_output_tokens"
+    GROUP_BLOCK_TABLES: Final = "group_block_tables"
+    GROUP_HIT_TOKENS: Final = "group_hit_tokens"
     OUTPUT_FROM: Final = "output_from"
     OUTPUT_TAIL: Final = "output_tail"
     TABLE_FROM: Final = "table_from"

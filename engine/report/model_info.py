@@ -1,7 +1,7 @@
 """The model and tensor-parallel facts a snapshot carries (`model_info`)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..dtypes import dtype_name
 from ..parallel.sharding import rank_ranges, sharding_layout
@@ -31,7 +31,14 @@ def model_info(config: EngineConfig, spec: ModelSpec, runner: ModelRunner, tp_fa
             INFO.NATIVE_ROWS_SOURCE: None if runner.crossover is None else runner.crossover.describe(),
             # oneDNN's dtype for prefill-sized linears on a CPU (None: not packed, e.g. on a GPU).
             INFO.CPU_GEMM_DTYPE: None if gemm is None else dtype_name(gemm),
-            INFO.KV_BYTES_PER_BLOCK: runner.bytes_per_block, **tp_facts}
+            INFO.KV_BYTES_PER_BLOCK: runner.bytes_per_block, INFO.KV_CACHE_GROUPS: kv_cache_groups(spec), **tp_facts}
+
+
+def kv_cache_groups(spec: ModelSpec) -> list[dict[str, Any]]:
+    """ModelInfoDict's kv_cache_groups: each group's kind, window and layers, in group order."""
+    return [{"kind": "sliding_window" if spec.is_sliding(layers[0]) else "full_attention",
+             "sliding_window": spec.sliding_window if spec.is_sliding(layers[0]) else None, "layers": layers}
+            for layers in spec.kv_cache_group_layers()]
 
 
 def tensor_parallel_facts(spec: ModelSpec, runner: ModelRunner) -> ModelInfoDict:

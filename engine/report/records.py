@@ -41,6 +41,7 @@ from .schema import (
     ModelInfoDict,
     QueuesDict,
     RequestDict,
+    RequestFieldsDict,
     SampledDict,
     ScheduledDict,
     StepRecordDict,
@@ -132,7 +133,25 @@ def _batch_copy(b: BatchDict) -> BatchDict:
             BATCH.QUERY_START_LOC: list(b[BATCH.QUERY_START_LOC]), BATCH.SEQ_LENS: list(b[BATCH.SEQ_LENS]),
             BATCH.SLOT_MAPPING: list(b[BATCH.SLOT_MAPPING]),
             BATCH.BLOCK_TABLES: [list(t) for t in b[BATCH.BLOCK_TABLES]],
-            BATCH.LOGITS_INDICES: list(b[BATCH.LOGITS_INDICES])}
+            BATCH.LOGITS_INDICES: list(b[BATCH.LOGITS_INDICES])} | _group_batch_copy(b)
+
+
+def _group_batch_copy(b: BatchDict) -> BatchDict:
+    """The other KV cache groups' part of a batch, copied (nothing for one group)."""
+    if BATCH.GROUP_BLOCK_TABLES not in b:
+        return cast(BatchDict, {})
+    return cast(BatchDict, {BATCH.GROUP_SLOT_MAPPINGS: [list(s) for s in b.get(BATCH.GROUP_SLOT_MAPPINGS, [])],
+                            BATCH.GROUP_BLOCK_TABLES: [[list(t) for t in g] for g in b[BATCH.GROUP_BLOCK_TABLES]]})
+
+
+def group_fields(req: Request) -> RequestFieldsDict:
+    """A request's tables in the KV cache groups past the first and every group's hit (nothing in
+    an engine of one group; the engine gives each request of a multi-group one a hit per group)."""
+    hits = req.group_hit_tokens
+    if not hits:
+        return cast(RequestFieldsDict, {})
+    tables = [list(t) for t in req.extra_block_tables] or [[] for _ in hits[1:]]  # none held: empty
+    return cast(RequestFieldsDict, {REQ.GROUP_BLOCK_TABLES: tables, REQ.GROUP_HIT_TOKENS: list(hits)})
 
 
 def _events_copy(e: BlockEventsDict) -> BlockEventsDict:
@@ -159,6 +178,7 @@ def request_dict(req: Request, decode: Decode) -> RequestDict:
         REQ.SAMPLING_PARAMS: req.params.to_dict(),
         REQ.PRIORITY: 0,  # kvscope's policies order by arrival
         REQ.METRICS: req.metrics.to_dict(),
+        **group_fields(req),
     }
 
 

@@ -69,8 +69,8 @@ class ScheduledDict(TypedDict):
     chunk_index: int | None   # which prefill chunk (from 0); None for a decode
 
 
-class BatchDict(TypedDict):
-    """The packed batch (vLLM v1's names); `block_tables` per scheduled request, valid entries only."""
+class _BatchFields(TypedDict):
+    """The keys every BatchDict has."""
     input_ids: list[int]
     positions: list[int]
     query_start_loc: list[int]
@@ -78,6 +78,14 @@ class BatchDict(TypedDict):
     slot_mapping: list[int]
     block_tables: list[list[int]]
     logits_indices: list[int]
+
+
+class BatchDict(_BatchFields, total=False):
+    """The packed batch (vLLM v1's names); `block_tables` per scheduled request, valid entries
+    only. Those of KV cache group 0 (full attention); a model with more groups (sliding-window
+    layers) adds each other group's slot mapping and block tables, in group order."""
+    group_slot_mappings: list[list[int]]
+    group_block_tables: list[list[list[int]]]
 
 
 class SampledDict(TypedDict):
@@ -197,6 +205,11 @@ class RequestDict(_RequestFields, total=False):
     num_output_tokens: int
     cache_salt: str        # vLLM's Request.cache_salt, where set
     lora_name: str         # vLLM's Request.lora_request.lora_name, where set
+    # A model with several KV cache groups (model_info's kv_cache_groups): the request's block
+    # table in each group after the first (the null block 0 where blocks left a sliding window),
+    # and each group's own prefix-hit length when it was admitted (the hit is the shortest).
+    group_block_tables: list[list[int]]
+    group_hit_tokens: list[int]
 
 
 class QueuesDict(TypedDict):
@@ -277,6 +290,9 @@ class ModelInfoDict(TypedDict, total=False):
     kv_bytes_per_rank: int
     tensor_parallel: dict[str, Any]   # per-rank facts (engine/report/model_info.py)
     live: bool              # a live server's recorder says so (its times are on the wall clock)
+    # One per KV cache group, vLLM's kv_cache_groups: {"kind": "full_attention" or
+    # "sliding_window", "sliding_window": tokens or None, "layers": [layer indices]}.
+    kv_cache_groups: list[dict[str, Any]]
 
 
 class EngineSnapshotDict(TypedDict):
@@ -326,6 +342,10 @@ class RequestFieldsDict(_RequestStateFields, total=False):
     lora_name: str
     num_prompt_tokens: int        # token ids left out (KVSCOPE_FEED_TOKENS=0)
     num_output_tokens: int
+    # Several KV cache groups: sent whole with each change (a sliding table is not append-only:
+    # blocks that leave the window turn into the null block).
+    group_block_tables: list[list[int]]
+    group_hit_tokens: list[int]
 
 
 class RequestChangeDict(RequestFieldsDict):

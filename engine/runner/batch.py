@@ -27,6 +27,11 @@ class Batch:
 
     def to_dict(self) -> BatchDict:
         """The StepRecord's `batch` (the lists themselves: the record copies them)."""
-        return {"input_ids": self.input_ids, "positions": self.positions, "query_start_loc": self.query_start_loc,
-                "seq_lens": self.seq_lens, "slot_mapping": self.slot_mapping, "block_tables": self.block_tables,
-                "logits_indices": self.logits_indices}
+        batch: BatchDict = {
+            "input_ids": self.input_ids, "positions": self.positions, "query_start_loc": self.query_start_loc,
+            "seq_lens": self.seq_lens, "slot_mapping": self.slot_mapping, "block_tables": self.block_tables,
+            "logits_indices": self.logits_indices}
+        if self.group_block_tables:
+            batch["group_slot_mappings"] = self.group_slot_mappings
+            batch["group_block_tables"] = self.group_block_tables
+        return batch

@@ -173,6 +173,7 @@ def block_pool_state(record: dict | None, snapshot: dict) -> BlockPoolState:
     hit_blocks = {s[SCHED.REQUEST_ID]: s.get(SCHED.NUM_CACHED_TOKENS, 0) // block_size
                   for s in record.get(REC.SCHEDULED, []) if s[SCHED.REQUEST_ID] in admitted}
     same_step = set(record_blocks.get(EV.SAME_STEP_HITS, []))
+    labels = group_labels(snapshot)
     tables = []
     for r in (snapshot.get(SNAP.QUEUES) or {}).get(QUEUE.RUNNING, []):
         table = list(r.get(REQ.BLOCK_TABLE, []))
@@ -182,13 +183,37 @@ def block_pool_state(record: dict | None, snapshot: dict) -> BlockPoolState:
         # Entries whose KV came from the prefix cache when the request was (last) admitted:
         # marked for as long as it runs, not only in the step of the hit.
         cached = list(range(min(int(r.get(REQ.NUM_CACHED_TOKENS) or 0) // block_size, len(table))))
-        tables.append({"request_id": r[REQ.REQUEST_ID], "block_table": table,
-                       "num_computed_tokens": r.get(REQ.NUM_COMPUTED_TOKENS, 0),
-                       "hits": hits, "same_step_hits": [i for i in hits if table[i] in same_step],
-                       "cached": cached})
+        row = {"request_id": r[REQ.REQUEST_ID], "block_table": table,
+               "num_computed_tokens": r.get(REQ.NUM_COMPUTED_TOKENS, 0),
+               "hits": hits, "same_step_hits": [i for i in hits if table[i] in same_step], "cached": cached}
+        if len(labels) > 1:
+            row["groups"] = group_rows(r, labels)
+        tables.append(row)
     return {"num_blocks": n, "block_size": block_size, "status": status.tobytes(),
             "ref_count": ref.tobytes(), "owner": owner.tobytes(), "events": events.tobytes(),
             "owners": owners, "shared": shared, "block_tables": tables, "counts": counts, "blocks": blocks}
+
+
+def group_labels(snapshot: Mapping[str, Any]) -> list[str]:
+    """A short name for each KV cache group of the snapshot's model ("full attention",
+    "sliding window 4096"); one entry where the model has one group (or says nothing of them)."""
+    groups = (snapshot.get(SNAP.MODEL_INFO) or {}).get(INFO.KV_CACHE_GROUPS) or []
+    return [f"sliding window {g['sliding_window']}" if g.get("sliding_window") else "full attention"
+            for g in groups] or ["full attention"]
+
+
+def group_rows(req: Mapping[str, Any], labels: list[str]) -> list[dict[str, Any]]:
+    """A request's block table in each KV cache group, as the block-table rows show them: the
+    group's name, its table (0: the null block, where a block left a sliding window), its own
+    prefix hit when the request was admitted, and whether that hit is the one that cut the
+    request's (the groups' hits are intersected: the shortest wins)."""
+    hits = list(req.get(REQ.GROUP_HIT_TOKENS) or [])
+    tables = [list(req.get(REQ.BLOCK_TABLE, [])), *(req.get(REQ.GROUP_BLOCK_TABLES) or [])]
+    shortest = min(hits) if hits else None
+    cut = shortest is not None and max(hits) > shortest
+    return [{"label": label, "block_table": table, "hit_tokens": hits[g] if g < len(hits) else None,
+             "cut": bool(cut and g < len(hits) and hits[g] == shortest)}
+            for g, (label, table) in enumerate(zip(labels, tables))]
 
 
 def slot_mapping_state(record: dict | None, token_text: TokenText, *, block_size: int = 16,
@@ -206,6 +231,9 @@ def slot_mapping_state(record: dict | None, token_text: TokenText, *, block_size
     tables = list(batch.get(BATCH.BLOCK_TABLES, []))
     sampled = record.get(REC.SAMPLED, {})
     known = {r[REQ.REQUEST_ID]: r for r in all_requests(snapshot or {})}
+    # Other KV cache groups (sliding-window layers): their own slots and tables over the same rows.
+    group_tables = list(batch.get(BATCH.GROUP_BLOCK_TABLES, []))
+    labels = group_labels(snapshot or {})[1:]
     segments = []
     for k, s in enumerate(record.get(REC.SCHEDULED, [])):
         start = qsl[k] if k < len(qsl) else 0
@@ -220,11 +248,15 @@ def slot_mapping_state(record: dict | None, token_text: TokenText, *, block_size
                          "block_table": table,
                          "sampled_text": (sampled.get(rid) or {}).get(SAMPLE.TEXT),
                          "cached_blocks": _cached_blocks(s.get(SCHED.NUM_CACHED_TOKENS, 0), table, block_size,
-                                                         known.get(rid), token_text)})
+                                                         known.get(rid), token_text),
+                         "groups": [{"label": labels[g] if g < len(labels) else f"group {g + 1}",
+                                     "block_table": list(tables_g[k]) if k < len(tables_g) else []}
+                                    for g, tables_g in enumerate(group_tables)]})
     shown = ids[:max_rows]
     return {"input_ids": shown, "tokens": token_text(shown),
             "positions": list(batch.get(BATCH.POSITIONS, []))[:max_rows],
             "slot_mapping": list(batch.get(BATCH.SLOT_MAPPING, []))[:max_rows], "segments": segments,
+            "group_slot_mappings": [list(m)[:max_rows] for m in batch.get(BATCH.GROUP_SLOT_MAPPINGS, [])],
             "query_start_loc": qsl, "logits_indices": list(batch.get(BATCH.LOGITS_INDICES, [])),
             "block_size": block_size, "num_rows": len(ids), "truncated": max(0, len(ids) - max_rows),
             **batch_source_state(record)}

@@ -237,3 +237,35 @@ def test_the_probe_of_a_sliding_layer_sees_only_the_window(mixed_model):
         assert probs[:, j, pos - WINDOW + 1 if pos >= WINDOW else 0:pos + 1].min() > 0
         torch.testing.assert_close(probs[:, j].sum(-1), torch.ones(probs.shape[0]))
     assert probe.block_table == engine.requests[rid].extra_block_tables[0] and end == probe.query_positions[-1] + 1
+
+
+# -- what the explorer reads --------------------------------------------------------------------
+def test_the_history_built_from_changes_equals_the_snapshots_with_both_groups(mixed_model):
+    """Chunks, shared prefixes, preemption, an abort and a budget change on a pool of 21 blocks:
+    every entry the Session builds from the records' changes equals the engine's whole snapshot,
+    the sliding group's tables and each group's hits included, and fits the record schema."""
+    from engine.report import schema
+    from explorer import Session
+    from tests.explorer.test_history_changes import busy_workload
+
+    s = Session(LLM(model=str(mixed_model), num_kv_blocks=21, block_size=16, max_num_batched_tokens=96,
+                    max_num_seqs=4, attention_backend="torch"))
+    problems: list[str] = []
+    seen_tables = 0
+
+    def check() -> None:
+        nonlocal seen_tables
+        full = s.engine.snapshot().to_dict()
+        assert s.current.snapshot == full, f"step {s.current.step}"
+        record = s.current.record
+        problems.extend(schema.snapshot_problems(full) + ([] if record is None else schema.record_problems(record)))
+        running = full["queues"]["running"]
+        assert all(len(r["group_block_tables"]) == 1 and len(r["group_hit_tokens"]) == 2 for r in running)
+        seen_tables += sum(1 for r in running if 0 in r["group_block_tables"][0])  # a block left the window
+
+    seen = busy_workload(s, check)
+    assert seen["chunks"] and seen["preempted"] and seen["finished"] == 5
+    assert seen_tables and problems == []
+    info = s.engine.model_info["kv_cache_groups"]
+    assert info == [{"kind": "full_attention", "sliding_window": None, "layers": [0, 3]},
+                    {"kind": "sliding_window", "sliding_window": WINDOW, "layers": [1, 2]}]

@@ -524,7 +524,8 @@ class Mirror:
         budget = sched.op[11] if sched is not None else None
         if sched is not None:
             order, ns, bs_ = sched.order, sched.op[3], sched.before
-            batch = cast(BatchDict, {k: [] for k in BATCH.ALL})  # every BatchDict key, filled below
+            # every key a BatchDict always has, filled below (one KV cache group: none of the optional ones)
+            batch = cast(BatchDict, {k: [] for k in BATCH.ALL if k in BatchDict.__required_keys__})
             ids_, pos_, slots_, qsl, seq_lens, tables, logits = (batch[BATCH.INPUT_IDS], batch[BATCH.POSITIONS],
                                                                  batch[BATCH.SLOT_MAPPING], [0], batch[BATCH.SEQ_LENS],
                                                                  batch[BATCH.BLOCK_TABLES], batch[BATCH.LOGITS_INDICES])

@@ -18,15 +18,15 @@ def get_attention_backend(name: str, device: torch.device, block_size: int = 16,
     multiple of 256, fp16/bf16), else our triton kernels, else the torch reference. On a CPU
     in fp32 or bf16 (fp32 arithmetic over a bf16 cache, engine/dtypes.py): the cpu backend
     (native decode kernel) where kvscope's native kernels build; otherwise the torch reference.
-    A model with sliding-window layers (`sliding_window`) runs on the cpu or torch backend,
-    which honour the window; 'auto' on a GPU takes the torch reference for it."""
-    if sliding_window is not None and name in ("triton", "flash_attn"):
-        raise ValueError(f"attention_backend {name!r} does not honour sliding windows yet, and this model has "
-                         f"sliding-window layers ({sliding_window} tokens); use attention_backend='torch' "
-                         "(or 'cpu' on a CPU)")
+    A model with sliding-window layers (`sliding_window`) runs on the cpu, torch or triton
+    backend, which honour the window; 'auto' on a GPU passes flash_attn over for it."""
+    if sliding_window is not None and name == "flash_attn":
+        raise ValueError(f"attention_backend 'flash_attn' does not honour sliding windows yet, and this model has "
+                         f"sliding-window layers ({sliding_window} tokens); use attention_backend='triton' "
+                         "(or 'torch')")
     if name == "auto":
-        if device.type == "cuda" and sliding_window is None:
-            if block_size % 256 == 0 and dtype in (torch.float16, torch.bfloat16):
+        if device.type == "cuda":
+            if block_size % 256 == 0 and dtype in (torch.float16, torch.bfloat16) and sliding_window is None:
                 try:
                     return _flash_attn()
                 except ImportError:

@@ -48,16 +48,17 @@ class TritonAttentionBackend(AttentionBackend):
         if decodes and len(meta.decode_seq_ids) == q.shape[0]:
             # A pure decode step: row b is decode sequence b.
             tables, lens, _ = meta.decode_inputs()
-            return paged_decode_attention(q, k_cache, v_cache, tables, lens, scale)
+            return paged_decode_attention(q, k_cache, v_cache, tables, lens, scale, window=meta.sliding_window)
         out = q.new_empty(q.shape)
         pre = inputs["prefill"]
         if pre is not None:
             paged_prefill_attention(q, k_cache, v_cache, pre["query_start"], pre["seq_lens"],
                                     pre["context_lens"], pre["block_tables"], scale,
-                                    out=out, max_query_len=pre["max_query_len"])
+                                    out=out, max_query_len=pre["max_query_len"], window=meta.sliding_window)
         if decodes:
             tables, lens, rows = meta.decode_inputs()
-            dec = paged_decode_attention(q.index_select(0, rows), k_cache, v_cache, tables, lens, scale)
+            dec = paged_decode_attention(q.index_select(0, rows), k_cache, v_cache, tables, lens, scale,
+                                         window=meta.sliding_window)
             out.index_copy_(0, rows, dec)
         return out
 

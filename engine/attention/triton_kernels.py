@@ -95,9 +95,12 @@ def _load_kv_tile(k_cache_ptr, v_cache_ptr, table_ptr, pos, n_mask, offs_d, d_ma
 def _online_softmax_step(m_i, l_i, acc, s, v, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     # Fold one tile of masked scores s (log2 domain) and its values v into the running max
     # m_i, denominator l_i and numerator acc, rescaling what was accumulated to the new max.
+    # A row that has seen no key yet (a sliding window starting past this tile) keeps -inf
+    # and zeros: its rescale is taken against 0 instead of -inf - -inf (NaN).
     m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_ref)
+    p = tl.exp2(s - m_ref[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
     return m_new, l_i, acc
@@ -110,6 +113,7 @@ def _online_softmax_step(m_i, l_i, acc, s, v, DOT_DTYPE: tl.constexpr, DOT_PRECI
 def _paged_decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, out_ptr,
     qk_scale,  # softmax scale * log2(e)
+    window,    # a sliding window: the last `window` positions only (0: every position)
     stride_qb, stride_qh, stride_ob, stride_oh,
     stride_cb, stride_cs, stride_ch, stride_bt,
     GROUP: tl.constexpr,       # query heads per KV head (GQA)
@@ -140,7 +144,9 @@ def _paged_decode_kernel(
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)  # running max (log2 domain)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)                 # running softmax denominator
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)        # running numerator @ V
-    for start in range(0, seq_len, BLOCK_N):
+    # A sliding window's blocks before it are the null block: the walk starts at the window.
+    first = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
+    for start in range(first, seq_len, BLOCK_N):
         pos = start + offs_n
         n_mask = pos < seq_len
         k, v = _load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr + b * stride_bt, pos, n_mask,
@@ -157,9 +163,10 @@ def _paged_decode_kernel(
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                           out: torch.Tensor | None = None) -> torch.Tensor:
+                           out: torch.Tensor | None = None, window: int | None = None) -> torch.Tensor:
     """One query per sequence: q [B, H, D] attends to the first seq_lens[b] cached tokens of
-    sequence b, read through block_tables [B, max_blocks]. Returns [B, H, D] (in `out` if given)."""
+    sequence b (the last `window` of them with a sliding window), read through block_tables
+    [B, max_blocks]. Returns [B, H, D] (in `out` if given)."""
     bsz, h, d = q.shape
     kvh = k_cache.shape[2]
     if h % kvh:
@@ -174,7 +181,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     group = h // kvh
     _paged_decode_kernel[(bsz, kvh)](
         q, k_cache, v_cache, block_tables, seq_lens, out,
-        scale * LOG2E,
+        scale * LOG2E, window or 0,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         GROUP=group, HEAD_DIM=d,
@@ -196,6 +203,7 @@ def _paged_prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr,
     query_start_ptr, seq_lens_ptr, context_lens_ptr, out_ptr,
     qk_scale,  # softmax scale * log2(e)
+    window,    # a sliding window: each row sees its last `window` positions only (0: all before it)
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cb, stride_cs, stride_ch, stride_bt,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -237,16 +245,20 @@ def _paged_prefill_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     # Causality: no row of this tile sees past its last query position.
     kv_end = tl.minimum(seq_len, ctx_len + (tile + 1) * BLOCK_M)
-    for start in range(0, kv_end, BLOCK_N):
+    # A sliding window: nothing before the window of the tile's first row is read (those
+    # blocks are the null block), and each row masks the keys before its own window.
+    kv_start = tl.where(window > 0, tl.maximum(ctx_len + tile * BLOCK_M - window + 1, 0), 0)
+    for start in range(kv_start, kv_end, BLOCK_N):
         pos = start + offs_n
         n_mask = pos < kv_end
         k, v = _load_kv_tile(k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_bt, pos, n_mask,
                              offs_d, d_mask, kvh, stride_cb, stride_cs, stride_ch, BLOCK_SIZE, DOT_DTYPE)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale   # [BLOCK_M, BLOCK_N]
         visible = n_mask[None, :] & (pos[None, :] <= q_pos[:, None])
+        visible = visible & ((window <= 0) | (pos[None, :] > q_pos[:, None] - window))
         s = tl.where(visible, s, float("-inf"))
-        # Every row sees key 0 in the first iteration, so m_i is finite from then on and a
-        # fully masked later tile contributes exp2(-inf) = 0 (no NaN).
+        # A fully masked tile contributes exp2(-inf) = 0 (_online_softmax_step keeps a row
+        # that has seen nothing yet at -inf without a NaN).
         m_i, l_i, acc = _online_softmax_step(m_i, l_i, acc, s, v, DOT_DTYPE, DOT_PRECISION)
 
     out = acc / l_i[:, None]
@@ -258,11 +270,12 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
                             context_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
                             out: torch.Tensor | None = None,
-                            max_query_len: int | None = None) -> torch.Tensor:
+                            max_query_len: int | None = None, window: int | None = None) -> torch.Tensor:
     """Varlen causal attention over the paged cache. Sequence i owns the query rows
     query_start_loc[i] .. query_start_loc[i] + seq_lens[i] - context_lens[i] - 1 of q [T, H, D]
     (positions context_lens[i] .. seq_lens[i] - 1) and attends to its first seq_lens[i] cached
-    tokens through block_tables[i]. The K/V of these rows must already be in the cache.
+    tokens through block_tables[i] (each row its last `window` positions with a sliding window).
+    The K/V of these rows must already be in the cache.
 
     query_start_loc may carry the usual trailing total (num_seqs + 1 entries) or not; only
     its first num_seqs entries are read, so a subset of a batch's sequences can be run, with
@@ -289,7 +302,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     grid = (num_seqs, h, triton.cdiv(max_query_len, block_m))
     _paged_prefill_kernel[grid](
         q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, context_lens, out,
-        scale * LOG2E,
+        scale * LOG2E, window or 0,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         GROUP=h // kvh, HEAD_DIM=d,

@@ -66,11 +66,10 @@ def test_bad_layer_types_name_the_field(tmp_path, cfg, message):
         _spec(tmp_path, **({"use_sliding_window": True, "sliding_window": 8} | cfg))
 
 
-def test_the_kernels_that_ignore_windows_refuse_a_sliding_model():
+def test_flash_attn_refuses_a_sliding_model():
     cpu = torch.device("cpu")
-    for name in ("triton", "flash_attn"):
-        with pytest.raises(ValueError, match=rf"attention_backend '{name}' does not honour sliding windows"):
-            get_attention_backend(name, cpu, 16, torch.float32, sliding_window=WINDOW)
+    with pytest.raises(ValueError, match=r"attention_backend 'flash_attn' does not honour sliding windows"):
+        get_attention_backend("flash_attn", cpu, 256, torch.bfloat16, sliding_window=WINDOW)
     assert get_attention_backend("torch", cpu, 16, torch.float32, sliding_window=WINDOW).name == "torch"
 
 
@@ -165,11 +164,42 @@ def test_paged_decode_attention_reads_only_the_window(lengths, window):
         torch.testing.assert_close(out[i:i + 1], want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("window", [1, 20])
+def test_the_triton_kernels_read_only_the_window(window):
+    """The Triton decode and prefill kernels (under Triton's interpreter on a CPU) over a window:
+    a chunk after cached tokens and decodes longer and shorter than the window."""
+    pytest.importorskip("triton", reason="the triton package is not installed")
+    from engine.attention.triton_kernels import paged_decode_attention, paged_prefill_attention
+
+    h, kvh, d = 4, 2, 16
+    q_lens, ctx_lens = [7, 30], [0, 37]
+    lengths = [c + n for c, n in zip(ctx_lens, q_lens)]
+    k_cache, v_cache, tables = _cache(lengths, kvh, d, torch.float32, seed=window)
+    q = torch.randn(sum(q_lens), h, d, generator=torch.Generator().manual_seed(1))
+    qsl = torch.tensor([0, q_lens[0]], dtype=torch.int32)
+    out = paged_prefill_attention(q, k_cache, v_cache, qsl, torch.tensor(lengths, dtype=torch.int32),
+                                  torch.tensor(ctx_lens, dtype=torch.int32), tables, d ** -0.5, window=window)
+    at = 0
+    for i, (n, ctx) in enumerate(zip(q_lens, ctx_lens)):
+        want = _windowed_attention(q[at:at + n], k_cache, v_cache, tables[i], ctx, window)
+        torch.testing.assert_close(out[at:at + n], want, rtol=1e-4, atol=1e-4)
+        at += n
+    dec = paged_decode_attention(q[:2], k_cache, v_cache, tables, torch.tensor(lengths), d ** -0.5, window=window)
+    for i, n in enumerate(lengths):
+        want = _windowed_attention(q[i:i + 1], k_cache, v_cache, tables[i], n - 1, window)
+        torch.testing.assert_close(dec[i:i + 1], want, rtol=1e-4, atol=1e-4)
+
+
 # -- the engine against transformers --------------------------------------------------------------
 BACKENDS = ["torch", pytest.param("cpu", marks=needs_kernels)]
+try:
+    import triton  # noqa: F401
+    BACKENDS_WITH_TRITON = [*BACKENDS, "triton"]   # under Triton's interpreter on a CPU (tests/conftest.py)
+except ImportError:
+    BACKENDS_WITH_TRITON = BACKENDS
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BACKENDS_WITH_TRITON)
 def test_a_mixed_model_gives_transformers_tokens_alone_batched_and_chunked(mixed_model, backend):
     """Greedy tokens equal transformers' generate, one prompt at a time and all together in 48-token
     steps (chunked prompts), while the sliding group frees the blocks that leave its window."""

@@ -1,6 +1,6 @@
 """KV cache groups (vLLM v1's kv_cache_groups): layers of one attention kind share one block table
-per request. A model mixing full-attention and sliding-window layers has two groups over the one
-BlockPool; each group decides alone what a prefix hit is, what it may free and what it caches.
+per request. A model mixing full-attention and sliding-window (or Mamba) layers has two groups over
+the one BlockPool; each group decides alone what a prefix hit is, what it may free and what it caches.
 
 The groups here share the engine's block size (the scheduler block size and the hash block size
 are that size too), and nothing speculative runs, so a hit is a whole number of blocks.
@@ -107,7 +107,42 @@ class SlidingWindowSpec:
         return mask
 
 
-KVCacheSpec = FullAttentionSpec | SlidingWindowSpec
+@dataclass(frozen=True)
+class MambaSpec:
+    """Mamba (state-space) layers, cached in vLLM's "align" mode: a request's state after token t
+    lives in the block of position t, only the latest state is read, and a state is worth keeping
+    only where it ends a block. Its table is the null block but for the one or two states still
+    in use. A hit is the one cached state furthest to the right, with null blocks before it."""
+
+    def skipped_tokens(self, num_computed_tokens: int) -> int:
+        return max(0, num_computed_tokens - 1)  # only the last computed token's state is read
+
+    def find_longest_cache_hit(self, pool: BlockPool, hashes: list[int], max_length: int, group: int,
+                               block_size: int) -> list[int]:
+        for i in range(max_length // block_size - 1, -1, -1):
+            if (b := pool.lookup(hashes[i], group)) is not None:
+                return [NULL_BLOCK_ID] * i + [b]
+        return []
+
+    def admission_cap(self, block_size: int, max_in_flight_tokens: int, max_model_len: int) -> int | None:
+        return None  # MambaStates.blocks_to_allocate asks for one state block at most anyway
+
+    def cacheable_mask(self, start: int, end: int, block_size: int, retention_interval: int | None,
+                       boundaries: list[int]) -> list[bool] | None:
+        """Which of blocks [start, end) to register: `retention_interval` None: every state; 0
+        (vLLM's default): only the states ending where a hit can resume (`boundaries`, floored to a
+        block); n > 0: also the state ending each n-token segment."""
+        if retention_interval is None or 0 < retention_interval <= block_size:
+            return None
+        per_segment = retention_interval // block_size
+        mask = [bool(per_segment) and (i + 1) % per_segment == 0 for i in range(start, end)]
+        for boundary in boundaries:
+            if start <= boundary // block_size - 1 < end:
+                mask[boundary // block_size - 1 - start] = True
+        return mask
+
+
+KVCacheSpec = FullAttentionSpec | SlidingWindowSpec | MambaSpec
 
 
 def blocks_to_allocate(spec: KVCacheSpec, table: list[int], hits: list[int], num_tokens: int,

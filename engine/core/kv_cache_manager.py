@@ -45,10 +45,10 @@ class KVCacheManager:
 
         At most num_tokens - 1 tokens may hit, so at least one token is computed and its
         logits sampled (a full hit recomputes the last block)."""
+        if self.hybrid is not None:  # caching off: a lookup of nothing (every group's hit 0)
+            return self.hybrid.find_longest_cache_hit(req, req.num_tokens - 1 if self.enable_prefix_caching else 0)
         if not self.enable_prefix_caching:
             return [], 0
-        if self.hybrid is not None:
-            return self.hybrid.find_longest_cache_hit(req, req.num_tokens - 1)
         extend_block_hashes(req.block_hashes, req.all_token_ids, self.block_size)
         max_hit_blocks = (req.num_tokens - 1) // self.block_size
         hits = []

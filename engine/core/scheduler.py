@@ -101,11 +101,10 @@ class Scheduler:
                 break
             if req.status != RequestStatus.RUNNING:  # preempted earlier in this loop
                 continue
-            num_new = req.num_tokens_with_placeholders - req.num_computed_tokens
-            if num_new > budget:
-                if not self.config.enable_chunked_prefill:
-                    continue
-                num_new = budget
+            num_new = self._chunk_size(req, req.num_computed_tokens, req.num_tokens_with_placeholders
+                                       - req.num_computed_tokens, budget, self.config.enable_chunked_prefill)
+            if not num_new:
+                continue
             while (new_blocks := self.kv.allocate_slots(req, num_new)) is None:
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -126,15 +125,12 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
             hits, num_cached = self.kv.get_computed_blocks(req)
-            num_new = req.num_tokens - num_cached
-            if num_new > budget:
-                # A resumed request whose prompt + outputs outgrew the whole budget must be
-                # chunked even with chunking off, or it could never run again.
-                must_chunk = num_new > self.config.max_num_batched_tokens
-                may_chunk = allow_chunk and not (chunk_only_first and out.scheduled)
-                if not (may_chunk or must_chunk):
-                    break
-                num_new = budget
+            # A resumed request whose prompt + outputs outgrew the whole budget must be chunked
+            # even with chunking off, or it could never run again.
+            may_chunk = (allow_chunk and not (chunk_only_first and out.scheduled)) or \
+                req.num_tokens - num_cached > self.config.max_num_batched_tokens
+            if not (num_new := self._chunk_size(req, num_cached, req.num_tokens - num_cached, budget, may_chunk)):
+                break
             if self.kv.allocate_slots(req, num_new, hits,
                                       full_sequence_must_fit=self.config.scheduler_reserve_full_isl) is None:
                 break
@@ -149,6 +145,10 @@ class Scheduler:
             out.new_requests.append(req.request_id)
             budget -= num_new
         return budget
+
+    def _chunk_size(self, req: Request, start: int, num_new: int, budget: int, may_chunk: bool) -> int:
+        """How many of `num_new` tokens from position `start` this step computes (0: none)."""
+        return num_new if num_new <= budget else budget if may_chunk else 0
 
     def _schedule_prefill_first(self, out: SchedulerOutput) -> None:
         budget = out.token_budget

@@ -5,7 +5,7 @@ queues, every running request's block ids and computed tokens, the free queue in
 and which blocks hold a cached hash.
 
     python -m tests.oracle.differential --workloads 1000 [--seed 0] [--async [--queue-depth 2]]
-                                        [--groups full+sliding]
+                                        [--groups full+sliding | full+mamba]
 
 `--async`: kvscope's AsyncScheduler against vLLM's, driven as vLLM's engine core drives it on a
 GPU (a batch queue of two: step N+1 is scheduled before step N's update). Both are compared
@@ -13,8 +13,11 @@ after every schedule and every update, on the above plus which rows sample, whic
 placeholders, each running request's placeholders and each live request's output count.
 `--groups full+sliding`: each workload adds a KV cache group of sliding-window layers (a random
 window of 1-64 tokens) beside the full-attention one, as Gemma 3 and gpt-oss have; then every
-group's block table is compared. `--check-planted [--async | --groups full+sliding]` plants
-each known fault in turn and prints the first seed that catches it.
+group's block table is compared. `--groups full+mamba`: the second group is Mamba layers in
+vLLM's "align" cache mode instead (kvscope's MambaAlignedScheduler, whose prefill chunks end
+where a Mamba state can be cached), over workloads whose prompts resend, extend or cut earlier
+ones. `--check-planted [--async | --groups full+sliding | --groups full+mamba]` plants each known
+fault in turn and prints the first seed that catches it.
 
 On a difference it shrinks the workload and prints it as a Python literal with the step,
 the field and both engines' values. The last line is JSON counts; exit status 1 on any
@@ -31,6 +34,7 @@ from collections import deque
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 from .kvscope_side import KvscopeScheduler
@@ -67,6 +71,10 @@ class Counts:
     waiting_for_stale: int | None = None
     # Sliding-window groups only: blocks freed because they left the window.
     window_freed_blocks: int | None = None
+    # Mamba groups only: state blocks freed because a later state replaced them, and admissions
+    # whose hit the Mamba group cut short of what full attention alone had cached.
+    mamba_states_freed: int | None = None
+    hits_cut_by_mamba: int | None = None
     differences: int = 0
     failures: list[str] = field(default_factory=list)
 
@@ -74,7 +82,8 @@ class Counts:
         for name in ("workloads", "steps", "preemptions", "admissions_with_hits", "hit_tokens",
                      "same_step_hit_blocks", "differences"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        for name in ("scheduled_ahead", "waiting_for_stale", "window_freed_blocks"):
+        for name in ("scheduled_ahead", "waiting_for_stale", "window_freed_blocks", "mamba_states_freed",
+                     "hits_cut_by_mamba"):
             if getattr(other, name) is not None:
                 setattr(self, name, (getattr(self, name) or 0) + getattr(other, name))
         self.failures += other.failures
@@ -91,6 +100,12 @@ class Counts:
         self.admissions_with_hits += len(hits)
         self.hit_tokens += sum(hits)
         self.same_step_hit_blocks += len(set(events.hits) & set(events.cached))
+
+
+    def count_groups(self, ours: KvscopeScheduler) -> None:
+        """What a second KV cache group did so far (kvscope's running totals)."""
+        self.window_freed_blocks = ours.num_blocks_left_window
+        self.mamba_states_freed, self.hits_cut_by_mamba = ours.num_mamba_states_freed, ours.num_hits_cut_by_mamba
 
 
 def _first_difference(a: dict, b: dict) -> str | None:
@@ -123,7 +138,7 @@ def run_workload(w: Workload, async_: bool = False, depth: int = QUEUE_DEPTH) ->
                 return counts, Divergence(step, key, a[key], b[key], before)
         counts.count_schedule(mine, running_before, ours.events)
         running_before = set(state["running"])
-        counts.window_freed_blocks = ours.num_blocks_left_window
+        counts.count_groups(ours)
         if step > last_arrival and not state["running"] and not state["waiting"]:
             return counts, None
     raise RuntimeError(f"workload did not finish in {MAX_STEPS} steps: {w!r}")
@@ -165,7 +180,7 @@ def run_workload_async(w: Workload, depth: int = QUEUE_DEPTH) -> tuple[Counts, D
                 return counts, div
             counts.count_schedule(mine, set(before["running"]), ours.events)
             counts.scheduled_ahead = (counts.scheduled_ahead or 0) + bool(in_flight)
-            counts.window_freed_blocks = ours.num_blocks_left_window
+            counts.count_groups(ours)
             in_flight.appendleft((step, mine_out, their_out))
             if len(in_flight) < depth and theirs.has_requests():
                 continue  # vLLM's engine core schedules again before it waits for a result
@@ -214,6 +229,9 @@ PLANTED_BUGS = ("cache-after-forward", "dedup-full-blocks", "admit-on-first-chun
 # queue depth that shows it: a request waits for stale outputs only with more than 2 in flight.
 # Ways KV cache groups go wrong, planted in kvscope's hybrid coordinator (with --groups full+sliding).
 GROUPS_PLANTED_BUGS = ("no-hit-intersection", "sliding-blocks-kept", "no-admission-cap")
+# Ways a Mamba group in align mode goes wrong, planted in kvscope's Mamba code (with --groups full+mamba).
+MAMBA_PLANTED_BUGS = ("mamba-states-kept", "mamba-hit-from-the-left", "chunks-not-aligned", "same-step-mamba-hit",
+                      "mamba-states-cached-densely")
 ASYNC_PLANTED_BUGS = {"cache-past-placeholders": 2, "placeholders-kept-on-preempt": 2, "schedule-past-max-tokens": 2,
                       "stale-output-dropped": 2, "readmitted-before-stale-outputs": 3}
 
@@ -223,14 +241,16 @@ def planted(bug: str):
     """Put back one of the three ways kvscope used to differ from vLLM (issue 14), or plant one
     of the ways an async scheduler goes wrong (ASYNC_PLANTED_BUGS), to show this harness
     catches each."""
+    from engine.core import mamba_scheduler
     from engine.core.async_scheduler import AsyncScheduler
     from engine.core.block_pool import BlockPool
     from engine.core.hybrid_kv_cache import GroupedHits, HybridKVCacheCoordinator
-    from engine.core.kv_cache_groups import SlidingWindowSpec
+    from engine.core.kv_cache_groups import FullAttentionSpec, MambaSpec, SlidingWindowSpec
     from engine.core.kv_cache_manager import KVCacheManager
+    from engine.core.mamba_group import MambaStates
     from engine.core.scheduler import Scheduler
 
-    cls: type
+    cls: type | ModuleType
     patch: Callable[..., Any]
     if bug == "cache-past-placeholders":  # a landed token's block is cached before its KV is computed
         cls, name = AsyncScheduler, "_cache_landed"
@@ -256,13 +276,31 @@ def planted(bug: str):
         find = cls.find_longest_cache_hit
 
         def patch(self, req, max_length):
-            found = find(self, req, max_length)[0].by_group
+            found = find(self, req, max_length)[0]
             alone = self.specs[1].find_longest_cache_hit(self.pool, req.block_hashes, max_length, 1, self.block_size)
-            return GroupedHits([found[0], alone]), len(found[0]) * self.block_size
+            return GroupedHits([found.by_group[0], alone], found.tokens_by_group), len(found) * self.block_size
     elif bug == "sliding-blocks-kept":  # blocks that left the window are never freed
         cls, name, patch = HybridKVCacheCoordinator, "remove_skipped_blocks", lambda self, req, tables, n: None
     elif bug == "no-admission-cap":  # admission reserves a sliding group's whole sequence
         cls, name, patch = SlidingWindowSpec, "admission_cap", lambda self, *args: None
+    elif bug == "mamba-states-kept":  # a state block is never freed once a later state replaced it
+        cls, name, patch = MambaStates, "remove_skipped", lambda self, *args: None
+    elif bug == "mamba-hit-from-the-left":  # a Mamba hit taken as full attention's: the run of cached blocks
+        cls, name, patch = MambaSpec, "find_longest_cache_hit", FullAttentionSpec.find_longest_cache_hit
+    elif bug == "chunks-not-aligned":  # prefill chunks end wherever the budget ends them
+        cls, name, patch = mamba_scheduler, "aligned_chunk_tokens", lambda start, num_new, *args: num_new
+    elif bug == "same-step-mamba-hit":  # an admission hits a state this very step writes
+        cls, name = MambaStates, "blocks_to_allocate"
+        blocks_to_allocate = cls.blocks_to_allocate
+
+        def patch(self, *args):
+            self.cached_this_step, written = set(), self.cached_this_step
+            try:
+                return blocks_to_allocate(self, *args)
+            finally:
+                self.cached_this_step = written
+    elif bug == "mamba-states-cached-densely":  # every state cached, whatever the retention interval
+        cls, name, patch = MambaSpec, "cacheable_mask", lambda self, *args: None
     elif bug == "cache-after-forward":  # blocks findable only from the next step on
         cls, name = KVCacheManager, "cache_blocks"
         cache_blocks = cls.cache_blocks
@@ -276,7 +314,8 @@ def planted(bug: str):
         allocate = cls.allocate_slots
         patch = lambda self, req, n, hits=(), full_sequence_must_fit=False: allocate(self, req, n, hits)  # noqa: E731
     else:
-        raise ValueError(f"unknown bug {bug!r}; one of {[*PLANTED_BUGS, *ASYNC_PLANTED_BUGS, *GROUPS_PLANTED_BUGS]}")
+        raise ValueError(f"unknown bug {bug!r}; one of "
+                         f"{[*PLANTED_BUGS, *ASYNC_PLANTED_BUGS, *GROUPS_PLANTED_BUGS, *MAMBA_PLANTED_BUGS]}")
     original = getattr(cls, name)
     setattr(cls, name, patch)
     try:
@@ -306,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --async: steps in flight at most (vLLM's batch queue holds 2; a deeper queue, as "
                          "pipeline parallelism keeps, also leaves requests waiting for stale outputs)")
     ap.add_argument("--groups", choices=GROUPS, default="full",
-                    help="KV cache groups: full attention only, or full attention + a sliding window")
+                    help="KV cache groups: full attention only, or full attention + a sliding window or Mamba layers")
     args = ap.parse_args(argv)
     if args.queue_depth < 1:
         ap.error("--queue-depth must be at least 1")
@@ -316,7 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     gc.freeze()
     if args.check_planted:
         if args.groups != "full":
-            print(json.dumps({bug: first_divergent_seed(bug, groups=args.groups) for bug in GROUPS_PLANTED_BUGS}))
+            bugs = MAMBA_PLANTED_BUGS if args.groups == "full+mamba" else GROUPS_PLANTED_BUGS
+            print(json.dumps({bug: first_divergent_seed(bug, groups=args.groups) for bug in bugs}))
             return 0
         bugs = ASYNC_PLANTED_BUGS if args.async_ else PLANTED_BUGS
         print(json.dumps({bug: first_divergent_seed(bug) for bug in bugs}))

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from engine.config import EngineConfig
 from engine.core.async_scheduler import AsyncScheduler
-from engine.core.kv_cache_groups import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
+from engine.core.kv_cache_groups import FullAttentionSpec, KVCacheSpec, MambaSpec, SlidingWindowSpec
 from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.mamba_scheduler import MambaAlignedAsyncScheduler, MambaAlignedScheduler
 from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.request import Request
 from engine.sampling_params import SamplingParams
@@ -27,14 +28,18 @@ class KvscopeScheduler:
         groups: list[KVCacheSpec] | None = None
         if w.sliding_window is not None:
             groups = [FullAttentionSpec(), SlidingWindowSpec(w.sliding_window)]
+        elif w.mamba_align:
+            groups = [FullAttentionSpec(), MambaSpec()]
         # vLLM reserves for one step in flight per concurrent batch (two under async scheduling).
         in_flight = w.max_num_batched_tokens * (2 if async_scheduling else 1)
         self.kv = KVCacheManager(w.num_blocks, w.block_size, w.enable_prefix_caching, w.max_model_len,
                                  kv_cache_groups=groups, max_in_flight_tokens=in_flight,
                                  prefix_cache_retention_interval=w.prefix_cache_retention_interval)
-        self.scheduler = (AsyncScheduler if async_scheduling else Scheduler)(config, self.kv, w.max_model_len)
+        classes = (MambaAlignedScheduler, MambaAlignedAsyncScheduler) if w.mamba_align else (Scheduler, AsyncScheduler)
+        self.scheduler = classes[1 if async_scheduling else 0](config, self.kv, w.max_model_len)
         self.async_ = async_scheduling
         self.requests: dict[str, Request] = {}
+        self.hits_cut = 0
 
     def add(self, r: OracleRequest) -> None:
         params = SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True)
@@ -50,6 +55,9 @@ class KvscopeScheduler:
         # The block events of the schedule, where allocations cache blocks and admissions hit them
         # (a synchronous update adds none of either; an async one caches what landed tokens complete).
         self.events = self.kv.pool.take_events()
+        # An admission whose full-attention hit was longer than the one all groups share.
+        self.hits_cut += sum(1 for s in out.scheduled if s.request.request_id in out.new_requests
+                             and s.request.shared_prefix_boundary > s.num_computed_before)
         record = {"scheduled": {s.request.request_id: s.num_tokens for s in out.scheduled},
                   "computed_before": {s.request.request_id: s.num_computed_before for s in out.scheduled},
                   "preempted": sorted(out.preempted)}
@@ -85,7 +93,17 @@ class KvscopeScheduler:
 
     @property
     def num_blocks_left_window(self) -> int | None:
-        return None if self.kv.hybrid is None else self.kv.hybrid.num_blocks_left_window
+        if self.w.sliding_window is None or self.kv.hybrid is None:
+            return None
+        return self.kv.hybrid.num_blocks_left_window
+
+    @property
+    def num_hits_cut_by_mamba(self) -> int | None:
+        return self.hits_cut if self.w.mamba_align else None
+
+    @property
+    def num_mamba_states_freed(self) -> int | None:
+        return self.kv.hybrid.mamba.num_freed if self.w.mamba_align and self.kv.hybrid is not None else None
 
     def async_state(self) -> dict:
         """What async scheduling adds: each running request's placeholders, and every live

@@ -58,7 +58,7 @@ class Counts:
     differences: int = 0
     failures: list[str] = field(default_factory=list)
 
-    def add(self, other: "Counts") -> None:
+    def add(self, other: Counts) -> None:
         for k, v in other.__dict__.items():
             if k != "failures":
                 setattr(self, k, getattr(self, k) + v)
@@ -142,9 +142,10 @@ class Truth:
                            "is_free": blk.ref_cnt == 0 and not blk.is_null})
 
         def req(r, table: list[int]) -> dict:
-            return {"request_id": r.request_id, "status": _status(r.status), "prompt_token_ids": list(r.prompt_token_ids),
-                    "output_token_ids": list(r.output_token_ids), "num_computed_tokens": r.num_computed_tokens,
-                    "block_table": table, "num_preemptions": r.num_preemptions}
+            return {"request_id": r.request_id, "status": _status(r.status),
+                    "prompt_token_ids": list(r.prompt_token_ids), "output_token_ids": list(r.output_token_ids),
+                    "num_computed_tokens": r.num_computed_tokens, "block_table": table,
+                    "num_preemptions": r.num_preemptions}
 
         waiting = [*s.waiting, *(getattr(s, "kv_holding_waiting", ()) or ())]
         return {"waiting": [req(r, []) for r in waiting], "running": [req(r, tables[r.request_id]) for r in running],
@@ -388,7 +389,8 @@ class Run:
             whole = src.snapshot().to_dict()
             diff = whole != state and _first_difference(whole, state)
             if diff:
-                raise Difference(f"client {k}, step {state['step']}: its whole snapshot differs from the changes at {diff}")
+                raise Difference(f"client {k}, step {state['step']}: its whole snapshot differs from the changes "
+                                 f"at {diff}")
             self._check_finished(state)
 
     def _check_finished(self, state: dict) -> None:
@@ -517,7 +519,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workloads", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0, help="first workload seed")
-    ap.add_argument("--async", dest="async_", action="store_true", help="vLLM's AsyncScheduler, as a GPU server runs it")
+    ap.add_argument("--async", dest="async_", action="store_true",
+                    help="vLLM's AsyncScheduler, as a GPU server runs it")
     ap.add_argument("--plant", choices=PLANTED, help="put back one fault; exit 0 when a workload catches it")
     args = ap.parse_args(argv)
     import gc

@@ -2,7 +2,8 @@
 KVCacheManager (tests/oracle/differential.py), on 500 seeded random workloads per CI run
 (about 40 s on 2 cores) and 20,000 under `pytest -m soak`; the same for kvscope's AsyncScheduler
 against vLLM's, step N+1 scheduled before step N's update; and the same with a sliding-window KV
-cache group beside the full-attention one (`--groups full+sliding`). Each runs in its own process: vLLM's
+cache group beside the full-attention one (`--groups full+sliding`), or a Mamba group in vLLM's
+align cache mode (`--groups full+mamba`). Each runs in its own process: vLLM's
 import changes process-wide state (logging, threads) that the other tests should not inherit."""
 from __future__ import annotations
 
@@ -27,13 +28,14 @@ def _differential(*args: str, timeout: int) -> tuple[subprocess.CompletedProcess
     return proc, json.loads(last)
 
 
-def _assert_identical(workloads: int, timeout: int, *args: str) -> dict:
+def _assert_identical(workloads: int, timeout: int, *args: str, same_step_hits: bool = True) -> dict:
     proc, counts = _differential("--workloads", str(workloads), *args, timeout=timeout)
     ORACLE_COUNTS.append(f"scheduler differential{' ' if args else ''}{' '.join(args)}: {json.dumps(counts)}")
     assert proc.returncode == 0, f"kvscope decided differently from vLLM:\n{proc.stderr[-6000:]}"
     assert counts["workloads"] == workloads and counts["differences"] == 0
-    # The workloads really exercise what is compared.
-    assert counts["preemptions"] > 0 and counts["hit_tokens"] > 0 and counts["same_step_hit_blocks"] > 0
+    # The workloads really exercise what is compared (`same_step_hits` False: they cannot happen).
+    assert counts["preemptions"] > 0 and counts["hit_tokens"] > 0
+    assert (counts["same_step_hit_blocks"] > 0) == same_step_hits
     return counts
 
 
@@ -115,4 +117,34 @@ def test_the_harness_catches_each_kv_cache_group_fault():
     proc, first_seed = _differential("--check-planted", "--groups", "full+sliding", timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert set(first_seed) == {"no-hit-intersection", "sliding-blocks-kept", "no-admission-cap"}
+    assert all(seed is not None for seed in first_seed.values()), first_seed
+
+
+def _assert_identical_with_mamba(workloads: int, timeout: int, *args: str) -> dict:
+    # A hit on a state the same step writes waits a step (and a hit needs a Mamba state).
+    counts = _assert_identical(workloads, timeout, "--groups", "full+mamba", *args, same_step_hits=False)
+    # States really were replaced and freed, and hits both taken and cut short by the Mamba group.
+    assert counts["mamba_states_freed"] > 0 and counts["hits_cut_by_mamba"] > 0
+    return counts
+
+
+@pytest.mark.slow
+def test_mamba_align_groups_decide_exactly_as_vllm_on_500_workloads():
+    _assert_identical_with_mamba(500, 1200)
+
+
+@pytest.mark.soak
+def test_mamba_align_groups_decide_exactly_as_vllm_on_20000_workloads():
+    _assert_identical_with_mamba(20_000, 6 * 3600)
+
+
+@pytest.mark.slow
+def test_the_harness_catches_each_mamba_align_fault():
+    # Replaced states kept, a Mamba hit taken as a run from the left, prefill chunks not ending on
+    # block boundaries, a hit on a state this very step writes, every state cached whatever the
+    # retention interval.
+    proc, first_seed = _differential("--check-planted", "--groups", "full+mamba", timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert set(first_seed) == {"mamba-states-kept", "mamba-hit-from-the-left", "chunks-not-aligned",
+                               "same-step-mamba-hit", "mamba-states-cached-densely"}
     assert all(seed is not None for seed in first_seed.values()), first_seed

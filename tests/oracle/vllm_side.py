@@ -29,6 +29,8 @@ class VllmScheduler:
         updates the previous one)."""
         if scheduler_cls is None:
             scheduler_cls = AsyncScheduler if async_scheduling else Scheduler
+        if w.mamba_align:
+            scheduler_cls = _with_mamba_group(scheduler_cls, w.prefix_cache_retention_interval)
         self.w = w
         self.async_ = async_scheduling
         self.scheduler = bare_scheduler(block_size=w.block_size, num_blocks=w.num_blocks,
@@ -116,7 +118,7 @@ class VllmScheduler:
 
     def _tables(self, per_group: tuple) -> list[int] | list[list[int]]:
         """One group: its block ids; several: every group's (the null block is 0)."""
-        if self.w.sliding_window is None:
+        if self.w.sliding_window is None and not self.w.mamba_align:
             return list(per_group[0])
         return [list(ids) for ids in per_group]
 
@@ -124,3 +126,22 @@ class VllmScheduler:
         sch = self.scheduler
         return {"placeholders": {r.request_id: r.num_output_placeholders for r in sch.running},
                 "num_output_tokens": {r.request_id: len(r.output_token_ids) for r in (*sch.waiting, *sch.running)}}
+
+
+def _with_mamba_group(scheduler_cls: type, retention_interval: int | None):
+    """A stand-in for `scheduler_cls` that bare_scheduler builds as it would the class: the same
+    configs and arguments, but a KVCacheConfig whose second group is Mamba layers (one state of
+    one float, never read: the scheduler sees only the spec) and the cache config's
+    mamba_cache_mode 'align', as vLLM's engine core gives a hybrid model with prefix caching."""
+    import torch
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, MambaSpec
+
+    def build(*, vllm_config, kv_cache_config, block_size: int, **kwargs):
+        vllm_config.cache_config.mamba_cache_mode = "align"
+        mamba = MambaSpec(block_size=block_size, shapes=((1,),), dtypes=(torch.float32,), mamba_cache_mode="align")
+        groups = [kv_cache_config.kv_cache_groups[0], KVCacheGroupSpec(["mamba_layer"], mamba)]
+        config = KVCacheConfig(num_blocks=kv_cache_config.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups,
+                               prefix_cache_retention_interval=retention_interval)
+        return scheduler_cls(vllm_config=vllm_config, kv_cache_config=config, block_size=block_size, **kwargs)
+
+    return build

@@ -2,6 +2,7 @@
 layers runs two KV cache groups, each with its own block table, slots and window, and gives
 transformers' own tokens; the native CPU kernels and the torch path honour the window."""
 import json
+import random
 from itertools import pairwise
 from pathlib import Path
 
@@ -28,7 +29,6 @@ def mixed_model(tiny_checkpoint) -> Path:
 
 
 def _prompts(vocab: int = 151_000) -> list[list[int]]:
-    import random
     rng = random.Random(3)
     # Longer than the window (blocks leave it during the prompt and the decode), a chunk's
     # worth and less, and one shorter than the window.
@@ -299,3 +299,24 @@ def test_the_history_built_from_changes_equals_the_snapshots_with_both_groups(mi
     info = s.engine.model_info["kv_cache_groups"]
     assert info == [{"kind": "full_attention", "sliding_window": None, "layers": [0, 3]},
                     {"kind": "sliding_window", "sliding_window": WINDOW, "layers": [1, 2]}]
+
+
+def test_each_groups_hit_is_recorded_and_the_sliding_one_cuts_a_sibling(mixed_model):
+    """A 100-token shared prefix: after a request that went 60 tokens past it, a sibling hits 96
+    tokens in the full group and none in the sliding one (it cached only the run ending at the
+    first prompt's end), so its hit is 0; the sibling after it hits 96 in both."""
+    rng = random.Random(9)
+    shared = [rng.randrange(200, 20000) for _ in range(100)]
+    llm = LLM(model=str(mixed_model), check_invariants=True, attention_backend="torch")
+
+    def run(prompt: list[int]) -> dict:
+        rid = llm.engine.add_request(prompt, greedy(2))
+        while llm.engine.has_unfinished_requests():
+            llm.engine.step()
+        return next(r for r in llm.engine.snapshot().to_dict()["queues"]["finished"] if r["request_id"] == rid)
+
+    run(shared + [rng.randrange(200, 20000) for _ in range(60)])
+    second = run([*shared, 5, 6, 7])
+    assert second["group_hit_tokens"] == [96, 0] and second["num_cached_tokens"] == 0
+    third = run([*shared, 8, 9])
+    assert third["group_hit_tokens"] == [96, 96] and third["num_cached_tokens"] == 96

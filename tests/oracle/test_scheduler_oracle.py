@@ -110,13 +110,20 @@ def test_sliding_window_groups_decide_exactly_as_vllm_on_20000_workloads():
     _assert_identical_with_sliding_window(20_000, 6 * 3600)
 
 
+# The faults planted per kind of group. Sliding: the groups' hits not intersected, blocks kept
+# after they left the window, admission reserving a sliding group's whole sequence. Mamba:
+# replaced states kept, a Mamba hit taken as a run from the left, prefill chunks not ending on
+# block boundaries, a hit on a state this very step writes, every state cached whatever the
+# retention interval.
 @pytest.mark.slow
-def test_the_harness_catches_each_kv_cache_group_fault():
-    # The groups' hits not intersected, blocks kept after they left the window, admission
-    # reserving a sliding group's whole sequence.
-    proc, first_seed = _differential("--check-planted", "--groups", "full+sliding", timeout=900)
+@pytest.mark.parametrize("groups,faults", [
+    ("full+sliding", {"no-hit-intersection", "sliding-blocks-kept", "no-admission-cap"}),
+    ("full+mamba", {"mamba-states-kept", "mamba-hit-from-the-left", "chunks-not-aligned", "same-step-mamba-hit",
+                    "mamba-states-cached-densely"})])
+def test_the_harness_catches_each_kv_cache_group_fault(groups, faults):
+    proc, first_seed = _differential("--check-planted", "--groups", groups, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert set(first_seed) == {"no-hit-intersection", "sliding-blocks-kept", "no-admission-cap"}
+    assert set(first_seed) == faults
     assert all(seed is not None for seed in first_seed.values()), first_seed
 
 
@@ -136,15 +143,3 @@ def test_mamba_align_groups_decide_exactly_as_vllm_on_500_workloads():
 @pytest.mark.soak
 def test_mamba_align_groups_decide_exactly_as_vllm_on_20000_workloads():
     _assert_identical_with_mamba(20_000, 6 * 3600)
-
-
-@pytest.mark.slow
-def test_the_harness_catches_each_mamba_align_fault():
-    # Replaced states kept, a Mamba hit taken as a run from the left, prefill chunks not ending on
-    # block boundaries, a hit on a state this very step writes, every state cached whatever the
-    # retention interval.
-    proc, first_seed = _differential("--check-planted", "--groups", "full+mamba", timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert set(first_seed) == {"mamba-states-kept", "mamba-hit-from-the-left", "chunks-not-aligned",
-                               "same-step-mamba-hit", "mamba-states-cached-densely"}
-    assert all(seed is not None for seed in first_seed.values()), first_seed

@@ -28,7 +28,7 @@ const KVS_MARKS = {
 // colour (the same fact); an eviction the evicted event's.
 const KVS_WHY_LOOKS = {
   hit: KVS_MARKS.cache, evicted: "#c62828", below_block: "#f9a825", never_seen: "#9e9e9e",
-  other_domain: "#8d6e63", recomputed: "#ef6c00", caching_off: "#546e7a",
+  other_domain: "#8d6e63", recomputed: "#ef6c00", caching_off: "#546e7a", group_cut: "#6a1b9a",
 };
 // Requests: twelve colours, neighbours far apart; numeric ids take them in turn.
 const KVS_REQUEST_COLORS = ["#909bdf", "#c9a25e", "#c059c0", "#84bf40", "#506a7c", "#f3ae91",

@@ -120,7 +120,7 @@ class WhyLedger:
         for rid in new:
             x = scheduled.get(rid)
             if x is not None and rid in self.seqs:
-                self._admit(step, rid, x, rec, caching)
+                self._admit(step, rid, x, rec, caching, _group_hits(snap, rid))
                 self.seen.computed(self.seqs[rid], int(x["num_computed_before"]) + int(x["num_tokens"]))
             self._apply(events.get(rank[rid], ()), step, rec)
         self._settle(snap, prev, step, rec)
@@ -237,7 +237,10 @@ class WhyLedger:
                 self.requests[rid] = RequestWhy(rid, len(r["prompt_token_ids"]), domain)
             seq.grow(r.get("output_token_ids") or [])
 
-    def _admit(self, step: int, rid: str, x: dict, rec: dict, caching: bool) -> None:
+    def _admit(self, step: int, rid: str, x: dict, rec: dict, caching: bool,
+               group_hits: tuple[int, int, str] | None = None) -> None:
+        """`group_hits`: with several KV cache groups, (the full-attention group's own hit, the
+        shortest group's, that group's name) when this admission took them."""
         seq, why = self.seqs[rid], self.requests[rid]
         resumed = bool(why.admissions)
         # The tokens its lookup covered: the prompt, or (re-admitted) every token known before this step.
@@ -268,8 +271,14 @@ class WhyLedger:
             put(cut, end, "never_seen")
 
         put(0, hit, "hit")
+        # Blocks the full-attention group found but another group's shorter hit cut off.
+        cut_end = hit
+        if group_hits is not None and group_hits[1] == hit < group_hits[0]:
+            cut_end = group_hits[0]
+            put(hit, cut_end, "group_cut",
+                f"full attention had tokens 0-{cut_end - 1} cached; the {group_hits[2]} group's hit ended at {hit}")
         hittable = (tokens - 1) // bs
-        for j in range(hit // bs, hittable):
+        for j in range(cut_end // bs, hittable):
             start, end = max(hit, j * bs), (j + 1) * bs
             cls, detail, ev = self._missed_block(seq, j)
             if cls is None:
@@ -357,6 +366,20 @@ def _count(spans: list[Span]) -> dict[str, int]:
     for s in spans:
         out[s.cls] = out.get(s.cls, 0) + s.end - s.start
     return out
+
+
+def _group_hits(snap: dict, rid: str) -> tuple[int, int, str] | None:
+    """(the full-attention group's own hit, the shortest group's, its name) of request `rid` in a
+    snapshot of several KV cache groups (records: REQ.GROUP_HIT_TOKENS); None with one group."""
+    hits = next((r.get("group_hit_tokens") for q in ("running", "finished", "waiting")
+                 for r in snap["queues"][q] if r["request_id"] == rid), None)
+    if not hits:
+        return None
+    groups = (snap.get("model_info") or {}).get("kv_cache_groups") or []
+    g = min(range(len(hits)), key=lambda i: (hits[i], i))
+    group = groups[g] if g < len(groups) else {}
+    name = f"sliding window {group['sliding_window']}" if group.get("sliding_window") else f"KV cache group {g}"
+    return hits[0], hits[g], name
 
 
 def _holders(snap: dict, rec: dict) -> dict[int, tuple[str, int]]:

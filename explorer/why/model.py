@@ -25,6 +25,9 @@ CLASSES = (
     ("recomputed", "recomputed after preemption",
      "tokens this request had computed before it was preempted, computed again at its re-admission"),
     ("caching_off", "prefix caching off", "an earlier request had this prefix, but prefix caching was off"),
+    ("group_cut", "cut by another KV cache group",
+     "the full-attention layers had this prefix cached, but another KV cache group (a sliding window's) hit a "
+     "shorter one, and a hit must hold in every group: the request's hit is the shortest of the groups'"),
 )
 CLASS_KEYS = tuple(c[0] for c in CLASSES)
 LABELS = {c[0]: c[1] for c in CLASSES}

@@ -152,6 +152,11 @@ def prove(ledger: WhyLedger, rec: Recording, replays: Replays | None = None) -> 
             if not spans:
                 continue
             why.proofs[cls] = _prove_spans(spans, hits[control], hits[treatment], replays, control, treatment, words)
+        cut = sum(e - s for s, e in a.positions("group_cut"))
+        if cut:  # the replay builds one full-attention group: a cut by another group is not replayed
+            why.proofs["group_cut"] = {"verdict": "unproven", "tokens": cut, "proven": 0,
+                                       "says": "replays build one full-attention KV cache group, so a hit cut "
+                                               "by another group is not replayed yet"}
         never = a.positions("never_seen")
         if never:
             still = sum(max(0, e - max(s, hits["big"] or 0)) for s, e in never) if hits["big"] is not None else 0

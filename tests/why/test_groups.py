@@ -1,0 +1,35 @@
+"""The why-ledger on a model with two KV cache groups (full attention and a sliding window): tokens
+the full-attention group had cached but the sliding group's shorter hit cut off are classed as
+cut by another group (the hit is the shortest of the groups'), not as evicted."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from explorer import Session
+from explorer.why import WhyLedger
+
+WINDOW = 20
+
+
+@pytest.fixture(scope="module")
+def mixed_model(tiny_checkpoint):
+    return tiny_checkpoint("qwen3", num_layers=4, sliding_window=WINDOW,
+                           layer_types=("full_attention", "sliding_attention", "sliding_attention", "full_attention"))
+
+
+def test_a_hit_cut_by_the_sliding_group_is_classed_as_such(mixed_model):
+    s = Session(str(mixed_model), attention_backend="torch", num_kv_blocks=64, block_size=16)
+    rng = random.Random(9)
+    shared = [rng.randrange(200, 20000) for _ in range(100)]
+    for prompt in ([*shared, *(rng.randrange(200, 20000) for _ in range(60))], [*shared, 5, 6, 7], [*shared, 8, 9]):
+        s.add_request(prompt, max_tokens=2, temperature=0.0, ignore_eos=True)
+        s.run_until_idle()
+    ledger = WhyLedger().feed(s.history)
+    cut = ledger.requests["1"].first
+    assert cut.classes == {"group_cut": 96, "below_block": 4, "never_seen": 3}
+    span = next(sp for sp in cut.spans if sp.cls == "group_cut")
+    assert (span.start, span.end) == (0, 96) and f"sliding window {WINDOW} group's hit ended at 0" in span.detail
+    assert ledger.requests["2"].first.classes["hit"] == 96   # the sibling after it hits in both groups
+    assert "were cut by another KV cache group" in ledger.summary().text()

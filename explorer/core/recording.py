@@ -96,6 +96,9 @@ class Settings:
     policy: str = "fcfs"
     watermark: float = 0.0
     prefix_caching_hash_algo: str = "sha256"
+    # A model with sliding-window layers: the window (tokens) of the KV cache group they form
+    # beside the full-attention one (None: every layer attends to everything).
+    sliding_window: int | None = None
 
     def replace(self, **changes: Any) -> Settings:
         unknown = set(changes) - SETTINGS_FIELDS
@@ -142,7 +145,9 @@ def settings_from_snapshot(snapshot: EngineSnapshotDict) -> tuple[Settings, list
         long_prefill_token_threshold=int(pick("long_prefill_token_threshold", 0)),
         long_prefill_token_threshold_adaptive=bool(pick("long_prefill_token_threshold_adaptive", False)),
         policy=str(policy), watermark=float(pick("watermark", 0.0)),
-        prefix_caching_hash_algo=str(pick("prefix_caching_hash_algo", "sha256")))
+        prefix_caching_hash_algo=str(pick("prefix_caching_hash_algo", "sha256")),
+        sliding_window=next((int(g["sliding_window"]) for g in info.get(INFO.KV_CACHE_GROUPS) or ()
+                             if g.get("sliding_window")), None))
     if config.get("async_scheduling") or info.get(INFO.ASYNC_SCHEDULING):
         notes.append("the server scheduled asynchronously (each step scheduled before the previous one's update): "
                      "a replay schedules synchronously, so steps may differ from the recorded ones")
@@ -717,7 +722,9 @@ def _check_settings(path: Path, n: int, s: Settings) -> None:
         value = getattr(s, name)
         ok = {"int": isinstance(value, int) and not isinstance(value, bool),
               "bool": isinstance(value, bool), "str": isinstance(value, str),
-              "float": isinstance(value, (int, float)) and not isinstance(value, bool)}[kind]
+              "float": isinstance(value, (int, float)) and not isinstance(value, bool),
+              "int | None": value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1),
+              }[kind]
         if not ok:
             raise RecordingError(f"{path}, line {n}: settings.{name} must be a {kind}, got {value!r}")
     for name in ("block_size", "num_blocks", "max_num_batched_tokens", "max_num_seqs", "max_model_len"):

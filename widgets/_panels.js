@@ -32,6 +32,8 @@ const KVS_PANELS = {
    "ref_count",
    "owner",
    "events",
+   "group",
+   "group_labels",
    "owners",
    "shared"
   ],

@@ -36,8 +36,9 @@ function cellSizeFor(n) {
 
 /**
  * What the pool panel draws from: the model's columns, decoded once per change.
- * @typedef {{cols: {status: Uint8Array, ref: Uint16Array, owner: Int16Array, events: Uint8Array},
- *   owners: string[], ownersOf: Map<number, string[]>, lit: Set<number>, geom: {cell: number, ncols: number, n: number}}} PoolState
+ * @typedef {{cols: {status: Uint8Array, ref: Uint16Array, owner: Int16Array, events: Uint8Array, group: Uint8Array},
+ *   owners: string[], groupLabels: string[], ownersOf: Map<number, string[]>, lit: Set<number>,
+ *   geom: {cell: number, ncols: number, n: number}}} PoolState
  */
 function readColumns(P, model) {
   P.cols = {
@@ -45,7 +46,9 @@ function readColumns(P, model) {
     ref: kvsArray(model.get("ref_count"), Uint16Array),
     owner: kvsArray(model.get("owner"), Int16Array),
     events: kvsArray(model.get("events"), Uint8Array),
+    group: kvsArray(model.get("group"), Uint8Array),
   };
+  P.groupLabels = model.get("group_labels") || [];
   P.owners = model.get("owners") || [];
   P.ownersOf = new Map((model.get("shared") || []).map(([b, idx]) => [b, idx.map((k) => P.owners[k])]));
 }
@@ -145,6 +148,11 @@ function drawCell(ctx, P, i, x, y, cell, kind, selected) {
       ctx.fillText(bit[4], x + 6, y + 7);
     }
   }
+  if (P.cols.group[i] > 0) {  // held in another KV cache group's table (a sliding window's): a corner triangle
+    ctx.fillStyle = KVS_WHY_LOOKS.group_cut;
+    ctx.beginPath(); ctx.moveTo(x + 1, y + cell - 1); ctx.lineTo(x + 1, y + cell - 6); ctx.lineTo(x + 6, y + cell - 1);
+    ctx.fill();
+  }
   if (P.cols.ref[i] > 1) {  // shared by several requests: a dark bottom bar
     ctx.fillStyle = "#000";
     ctx.fillRect(x + 1, y + cell - 3, cell - 2, 2);
@@ -173,6 +181,7 @@ function drawCell(ctx, P, i, x, y, cell, kind, selected) {
 /** The legend: every fill, mark and this step's event counts. */
 function legendRows(model) {
   const c = model.get("counts") || {};
+  const groups = model.get("group_labels") || [];
   const evs = KVS_EVENTS.map(([bit, key, name, color, icon, tipText]) => {
     const s = kvsSwatch({ border: color, icon, dashed: bit === SAME_STEP }, `${name} ${c[key] ?? 0}`, `kvs-leg-ev-${key}`, `${name}: ${tipText}`);
     s.classList.add("kvs-leg-event");
@@ -189,6 +198,8 @@ function legendRows(model) {
       kvsSwatch({ fill: kvsColor("0", true) }, "pale = filling", "kvs-leg-partial", "in use and not yet full, so not hashed and not shareable yet"),
       kvsSwatch({ fill: kvsColor("0"), icon: "\u25aa", color: KVS_MARKS.hashed }, "corner = hashed", "kvs-leg-hashed", "a small dark corner: the block is full and its hash is registered in the prefix cache"),
       kvsSwatch({ stripes: [kvsColor("0"), kvsColor("1")] }, "stripes + bar = shared", "kvs-leg-shared", "a block held by several requests (a shared prefix) is drawn in each owner's colour, with a dark bar underneath"),
+      ...(groups.length > 1 ? [kvsSwatch({ fill: kvsColor("0"), icon: "\u25e3", color: KVS_WHY_LOOKS.group_cut },
+        `corner = ${groups[1]}`, "kvs-leg-group", `a purple corner: the block is in a ${groups[1]} group's table (its own KV cache group: the full-attention layers' blocks have none)`)] : []),
       kvsEl("span", { class: "kvs-leg-notation", "data-testid": "kvs-leg-notation", title: "a cell's label: the block id, then its refcount when more than one request holds it" }, [
         kvsEl("b", { class: "kvs-mono", text: "7\u00b72" }), " = block 7, refcount 2"]),
       kvsSwatch({ border: KVS_MARKS.focusInk, fill: KVS_MARKS.focus }, "linked", "kvs-leg-focus", "what you point at in any panel (a slot, a table entry, a request, an attention column) lights up here"),
@@ -204,6 +215,7 @@ function describeBlock(P, i, d) {
   const own = blockOwners(P, i);
   let text = `block ${i} \u00b7 ${STATUS_NAMES[s] ?? "?"} \u00b7 refcount ${P.cols.ref[i]}`;
   if (own.length) text += `\n${own.length > 1 ? "owners" : "owner"} ${own.map((r) => "#" + r).join(" ")}`;
+  if (P.cols.group[i] > 0) text += `\nin the ${P.groupLabels[P.cols.group[i]] ?? "other"} group's tables`;
   if (ev.length) text += `\nthis step: ${ev.join(", ")}`;
   if (P.cols.events[i] & SAME_STEP) text += `\nsame-step ${KVS_SAME_STEP_TIP}`;
   if (d.block_id === i) {
@@ -372,8 +384,8 @@ function render({ model, el }) {
   document.body.append(tip);
 
   /** @type {PoolState} ownersOf: block -> [request ids] of a block with several owners; lit: blocks matching the focus */
-  const P = { cols: { status: new Uint8Array(0), ref: new Uint16Array(0), owner: new Int16Array(0), events: new Uint8Array(0) },
-    owners: [], ownersOf: new Map(), lit: new Set(), geom: { cell: 10, ncols: 1, n: 0 } };
+  const P = { cols: { status: new Uint8Array(0), ref: new Uint16Array(0), owner: new Int16Array(0), events: new Uint8Array(0),
+    group: new Uint8Array(0) }, owners: [], groupLabels: [], ownersOf: new Map(), lit: new Set(), geom: { cell: 10, ncols: 1, n: 0 } };
   let focus = null;          // what another panel (or this one) points at
   const frozen = () => !!model.get("frozen");
 

@@ -19,6 +19,8 @@ class BlockPoolCells(TypedDict):
     ref_count: bytes
     owner: bytes
     events: bytes
+    group: bytes
+    group_labels: list[str]
     owners: list[str]
     shared: list[list]
 
@@ -45,7 +47,8 @@ class BlockPoolPanel(Panel):
     `status` (uint8: 0 null, 1 free, 2 free and cached, 3 in use, 4 in use and
     hashed), `ref_count` (uint16), `owner` (int16 index into `owners`, -1 none) and
     `events` (uint8 bits, the record schema's block event bits: 1 allocated, 2 prefix hit, 4 freed, 8 evicted,
-    16 newly cached, 32 same-step hit, all in this step). `shared` lists the blocks with
+    16 newly cached, 32 same-step hit, all in this step), `group` (uint8: the KV cache group whose
+    table holds it, 0 full attention; `group_labels` names each). `shared` lists the blocks with
     several owners as ``[block_id, [indices into owners]]`` (drawn in every owner's
     colour). A block's hash, owners and
     tokens are fetched on hover: the browser sends ``block_detail {block_id}`` and
@@ -66,6 +69,8 @@ class BlockPoolPanel(Panel):
     ref_count = t.Bytes(b"").tag(sync=True)
     owner = t.Bytes(b"").tag(sync=True)
     events = t.Bytes(b"").tag(sync=True)
+    group = t.Bytes(b"").tag(sync=True)
+    group_labels: t.List[Any] = t.List([]).tag(sync=True)   # each KV cache group's name, group 0 first
     owners: t.List[Any] = t.List([]).tag(sync=True)          # request ids indexed by the `owner` column
     shared: t.List[Any] = t.List([]).tag(sync=True)          # [[block_id, [owner indices]]], several owners
     block_tables: t.List[Any] = t.List([]).tag(sync=True)    # [{request_id, block_table, num_computed_tokens,

@@ -125,8 +125,9 @@ def queues_state(record: dict | None, snapshot: dict, *, max_finished: int = 50,
 
 
 # The block pool's byte columns, one element per block, as `array` typecodes: uint8 status,
-# uint16 ref_count, int16 owner (an index into owners, -1 none), uint8 events.
-BLOCK_COLUMNS = {"status": "B", "ref_count": "H", "owner": "h", "events": "B"}
+# uint16 ref_count, int16 owner (an index into owners, -1 none), uint8 events, uint8 group (the
+# KV cache group whose table holds it: 0 full attention, 1.. the others, e.g. a sliding window's).
+BLOCK_COLUMNS = {"status": "B", "ref_count": "H", "owner": "h", "events": "B", "group": "B"}
 
 
 def block_pool_state(record: dict | None, snapshot: dict) -> BlockPoolState:
@@ -174,6 +175,7 @@ def block_pool_state(record: dict | None, snapshot: dict) -> BlockPoolState:
                   for s in record.get(REC.SCHEDULED, []) if s[SCHED.REQUEST_ID] in admitted}
     same_step = set(record_blocks.get(EV.SAME_STEP_HITS, []))
     labels = group_labels(snapshot)
+    group = array(BLOCK_COLUMNS["group"], bytes(n))
     tables = []
     for r in (snapshot.get(SNAP.QUEUES) or {}).get(QUEUE.RUNNING, []):
         table = list(r.get(REQ.BLOCK_TABLE, []))
@@ -188,9 +190,15 @@ def block_pool_state(record: dict | None, snapshot: dict) -> BlockPoolState:
                "hits": hits, "same_step_hits": [i for i in hits if table[i] in same_step], "cached": cached}
         if len(labels) > 1:
             row["groups"] = group_rows(r, labels)
+            for g, group_table in enumerate(r.get(REQ.GROUP_BLOCK_TABLES) or (), start=1):
+                for b in group_table:
+                    if 0 < b < n:
+                        group[b] = g
         tables.append(row)
     return {"num_blocks": n, "block_size": block_size, "status": status.tobytes(),
             "ref_count": ref.tobytes(), "owner": owner.tobytes(), "events": events.tobytes(),
+            # one KV cache group (most models): no column, the panel draws no group marks
+            "group": group.tobytes() if len(labels) > 1 else b"", "group_labels": labels,
             "owners": owners, "shared": shared, "block_tables": tables, "counts": counts, "blocks": blocks}
 
 

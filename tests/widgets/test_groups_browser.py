@@ -57,6 +57,12 @@ def test_block_tables_and_slots_show_every_kv_cache_group(browser, mixed_session
         assert group_cells.count() == len(sliding)
         assert row.locator(".kvs-bt-group .kvs-bt-null").count() == sliding.count(0) == 6
         assert "left the window" in (row.locator(".kvs-bt-null").first.get_attribute("title") or "")
+        # The pool marks the sliding group's blocks (a corner) and its legend names the group.
+        state = binder.panels["blocks"]
+        held = {b for b in sliding if b}
+        assert {i for i, g in enumerate(state.group) if g} == held
+        assert state.group_labels[1] == f"sliding window {WINDOW}"
+        assert page.locator('[data-testid="kvs-leg-group"]').inner_text() == f"corner = sliding window {WINDOW}"
         # The decode's one row: its slot in group 0 and its own slot in the sliding group.
         batch = s.current.record["batch"]
         slot_lines = page.locator(".kvs-slot-mapping .kvs-cell-group-slot").all_inner_texts()

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.e2e import attach_cell
+from tests.e2e import LAPTOP, attach_cell
 from tests.oracle.vllm_available import require_vllm
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -48,6 +48,7 @@ def wait_panels_at(page, step: int, testids=("kvs-queues", "kvs-block-pool", "kv
 
 def test_dashboard_follows_a_live_server_and_pause_holds_it(vllm_server, run_notebook, page,
                                                             save_screenshot):
+    page.set_viewport_size(LAPTOP)   # the review's laptop: Pause from a parked view must work there too
     srv = vllm_server
     client = srv.client(timeout=120)
     ui = run_notebook("attach.ipynb", attach_cell(srv))

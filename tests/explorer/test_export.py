@@ -2,6 +2,7 @@
 (no browser here: tests/e2e/test_export_browser.py and test_app_mode.py drive chromium)."""
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import re
@@ -263,6 +264,29 @@ def test_cli_export_records_a_python_workload(tiny_qwen3_path: Path, tmp_path: P
     data = export.load_export(out)
     assert data["meta"]["title"] == "from a Python file" and data["captions"] == [[0, "one request"]]
     assert data["views"][0]["controls"]["pool"]["num_kv_blocks"] == 16 == data["views"][0]["blocks"]["num_blocks"]
+
+
+# README.md's "Sharing a run" says what the walkthrough's export weighs ("The walkthrough's run
+# (59 steps) weighs X MB (Y KB gzipped)"): the CLI's own export must weigh that, within 10%.
+README_EXPORT_SIZE = re.compile(r"walkthrough's run \((\d+) steps\)\s+weighs (\d+\.\d+) MB \((\d+) KB gzipped\)")
+
+
+@pytest.mark.slow
+def test_cli_export_of_the_walkthrough_weighs_what_the_readme_says(default_model_path: Path, tmp_path: Path,
+                                                                    capsys) -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    said = README_EXPORT_SIZE.search(readme)
+    assert said, "README.md no longer says what the walkthrough's export weighs"
+    steps, mb, kb = int(said[1]), float(said[2]), int(said[3])
+    out = tmp_path / "walkthrough.html"
+    assert cli.main(["export", str(out)]) == 0   # the default workload: the walkthrough's story
+    printed = capsys.readouterr().out
+    data = out.read_bytes()
+    size, zipped = len(data) / 1e6, len(gzip.compress(data, compresslevel=6)) / 1e3   # gzip's default level
+    print(f"walkthrough export: {size:.2f} MB, {zipped:.0f} KB gzipped (README: {mb} MB, {kb} KB)")
+    assert f"({size:.2f} MB, {steps} steps)" in printed, printed   # the CLI says the size and steps README gives
+    assert abs(size / mb - 1) <= 0.10, f"README says {mb} MB, the export weighs {size:.2f} MB"
+    assert abs(zipped / kb - 1) <= 0.10, f"README says {kb} KB gzipped, the export is {zipped:.0f} KB gzipped"
 
 
 @pytest.mark.parametrize(("argv", "needle"), [

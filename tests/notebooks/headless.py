@@ -1,5 +1,5 @@
 """Executing a notebook headless (nbclient) in a private kernel spec, and reading what its
-cells showed: shared by the walkthrough's and the vLLM notebook's tests."""
+cells showed: shared by the notebooks' tests."""
 from __future__ import annotations
 
 import json
@@ -13,6 +13,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+# vLLM's start-up notes that must fold into one line, never a red stderr box: its CPU build says
+# "Triton is installed, but doesn't include CPU backend. Disabling Triton." then "Triton is not
+# installed...", and each replay process "Reset SSM cache type to float32 ...".
+VLLM_STARTUP_NOTES = ("Reset SSM cache type", "Triton is")
 
 
 def execute_headless(nb, path: Path, home: Path, *, kernel_name: str, cell_timeout_s: int):
@@ -78,6 +82,22 @@ def output_text(cell) -> str:
         elif out.get("output_type") == "error":
             parts.append("\n".join(out.get("traceback", [])))
     return "\n".join(parts)
+
+
+def stderr_text(cell) -> str:
+    """What a code cell wrote to stderr (Jupyter's red boxes)."""
+    return "".join(o.get("text", "") for o in cell.get("outputs", [])
+                   if o.get("output_type") == "stream" and o.get("name") == "stderr")
+
+
+def assert_no_startup_notes_in_stderr(nb, chapters: list[str], also: tuple[str, ...] = ()) -> None:
+    """No cell of these chapters shows vLLM's start-up notes (or any of `also`) as stderr."""
+    cells = chapter_cells(nb)
+    for title in chapters:
+        for cell in cells[title]:
+            err = stderr_text(cell)
+            seen = [note for note in (*VLLM_STARTUP_NOTES, *also) if note in err]
+            assert not seen, (title, seen, err[:500])
 
 
 def widget_views(cell) -> int:

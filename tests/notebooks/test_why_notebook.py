@@ -8,7 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from .headless import assert_stored_clean_with_checks, chapter_texts, execute_headless
+from .headless import (
+    assert_no_startup_notes_in_stderr,
+    assert_stored_clean_with_checks,
+    chapter_texts,
+    execute_headless,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOK = REPO / "notebooks" / "why.ipynb"
@@ -41,3 +46,6 @@ def test_why_notebook_solves_its_mysteries(tmp_path_factory):
     assert "evicted at step" in text["4. A second mystery: the cache forgets"]
     proof = text["5. Prove it: replays through vLLM's own scheduler"]
     assert "evicted: proven" in proof and "evicted: 80 of 80 tokens proven by replay" in proof
+    # vLLM's start-up notes (its scheduler's first import, for the replays) fold into one line:
+    # no red stderr box in any chapter repeats them.
+    assert_no_startup_notes_in_stderr(nb, CHAPTERS)

@@ -106,7 +106,9 @@ def sweep_charts(result: Any) -> dict[str, Any]:
                            customdata=[r["recomputed_tokens"] for r in rows],
                            hovertemplate="%{x}<br>%{y} preemptions, %{customdata} tokens recomputed<extra></extra>"))
     pre.update_layout(title="Preemptions per setting (exact; the label is the count)", yaxis_title="preemptions",
-                      template="plotly_white", title_font_size=12)
+                      template="plotly_white", title_font_size=12, yaxis_rangemode="tozero",
+                      # counts: whole ticks from 0 (plotly's own put them at 0.5 for a top of 3)
+                      yaxis_tick0=0, yaxis_dtick=max(1, -(-max((r["preemptions"] for r in rows), default=0) // 5)))
     figs["preemptions"] = pre
     return figs
 

@@ -27,3 +27,11 @@ def test_one_rate_everywhere_is_said_in_the_title():
     rows = [row(b, 32, i) for i, b in enumerate((34, 40, 80))]
     fig = sweep_charts(sweep_result(rows))["hit_rate"]
     assert fig.layout.title.text.endswith(": the same at every setting (22.9%)"), fig.layout.title.text
+
+
+def test_the_preemptions_axis_counts_in_whole_numbers():
+    rows = review_rows()
+    axis = sweep_charts(sweep_result(rows))["preemptions"].layout.yaxis
+    top = max(r["preemptions"] for r in rows)
+    assert axis.tick0 == 0 and isinstance(axis.dtick, int) and axis.dtick >= 1 and top >= 1
+    assert top // axis.dtick <= 5   # a handful of whole-number ticks up to the highest bar

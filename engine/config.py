@@ -65,6 +65,10 @@ class EngineConfig:
     # known sequence fit the pool. False is the older rule (its first chunk must fit), which
     # over-admits under chunked prefill and then preempts; kept to show the difference.
     scheduler_reserve_full_isl: bool = True
+    # vLLM 0.32's name and default, for a model with sliding-window layers: which of their blocks
+    # the prefix cache keeps. 0: only where a hit can end (a prompt's end, a shared prefix's);
+    # n > 0 (a multiple of block_size): also every n tokens; None: every block.
+    prefix_cache_retention_interval: int | None = 0
     scheduling_policy: str = "unified"
     tensor_parallel_size: int = 1
     enforce_eager: bool = False
@@ -114,6 +118,12 @@ class EngineConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         _positive_int("seed", self.seed, minimum=0)
+        interval = self.prefix_cache_retention_interval
+        if interval is not None:
+            _positive_int("prefix_cache_retention_interval", interval, minimum=0)
+            if interval % self.block_size:
+                raise ValueError(f"prefix_cache_retention_interval must be 0, None or a multiple of block_size "
+                                 f"{self.block_size}, got {interval}")
 
     def resolved_max_model_len(self) -> int:
         """max_model_len of an engine's own config, where LLMEngine always sets it (None is

@@ -70,7 +70,8 @@ class LLMEngine:
         self.config: EngineConfig = config.replace(num_kv_blocks=self.runner.num_blocks)
         self.kv = KVCacheManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching,
                                  max_model_len, kv_cache_groups=kv_cache_specs(spec),
-                                 max_in_flight_tokens=config.max_num_batched_tokens)
+                                 max_in_flight_tokens=config.max_num_batched_tokens,
+                                 prefix_cache_retention_interval=config.prefix_cache_retention_interval)
         self.scheduler = Scheduler(self.config, self.kv, max_model_len)
         self.sampler = Sampler(config.seed)
         self.forward_timer = ForwardTimer(self.runner.device)

@@ -99,6 +99,7 @@ class Settings:
     # A model with sliding-window layers: the window (tokens) of the KV cache group they form
     # beside the full-attention one (None: every layer attends to everything).
     sliding_window: int | None = None
+    prefix_cache_retention_interval: int | None = 0   # vLLM's: which sliding-window blocks stay cached
 
     def replace(self, **changes: Any) -> Settings:
         unknown = set(changes) - SETTINGS_FIELDS
@@ -147,7 +148,9 @@ def settings_from_snapshot(snapshot: EngineSnapshotDict) -> tuple[Settings, list
         policy=str(policy), watermark=float(pick("watermark", 0.0)),
         prefix_caching_hash_algo=str(pick("prefix_caching_hash_algo", "sha256")),
         sliding_window=next((int(g["sliding_window"]) for g in info.get(INFO.KV_CACHE_GROUPS) or ()
-                             if g.get("sliding_window")), None))
+                             if g.get("sliding_window")), None),
+        prefix_cache_retention_interval=config.get("prefix_cache_retention_interval",
+                                                   extra.get("prefix_cache_retention_interval", 0)))
     if config.get("async_scheduling") or info.get(INFO.ASYNC_SCHEDULING):
         notes.append("the server scheduled asynchronously (each step scheduled before the previous one's update): "
                      "a replay schedules synchronously, so steps may differ from the recorded ones")
@@ -723,11 +726,12 @@ def _check_settings(path: Path, n: int, s: Settings) -> None:
         ok = {"int": isinstance(value, int) and not isinstance(value, bool),
               "bool": isinstance(value, bool), "str": isinstance(value, str),
               "float": isinstance(value, (int, float)) and not isinstance(value, bool),
-              "int | None": value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1),
+              "int | None": value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0),
               }[kind]
         if not ok:
             raise RecordingError(f"{path}, line {n}: settings.{name} must be a {kind}, got {value!r}")
-    for name in ("block_size", "num_blocks", "max_num_batched_tokens", "max_num_seqs", "max_model_len"):
+    for name in ("block_size", "num_blocks", "max_num_batched_tokens", "max_num_seqs", "max_model_len",
+                 *(("sliding_window",) if s.sliding_window is not None else ())):
         if getattr(s, name) < 1:
             raise RecordingError(f"{path}, line {n}: settings.{name} must be >= 1, got {getattr(s, name)}")
 

@@ -207,7 +207,8 @@ def build_scheduler(rec: Recording, v: Variant) -> Any:
                               long_prefill_token_threshold_adaptive=s.long_prefill_token_threshold_adaptive,
                               policy=s.policy, watermark=s.watermark,
                               prefix_caching_hash_algo=s.prefix_caching_hash_algo, scheduler_cls=_CLASS[0],
-                              sliding_window=s.sliding_window)
+                              sliding_window=s.sliding_window,
+                              prefix_cache_retention_interval=s.prefix_cache_retention_interval)
     except ValueError as exc:  # vLLM's config validation (pydantic's errors are ValueErrors): its words, one line
         from .settings import SettingRejected
 

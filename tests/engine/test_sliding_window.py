@@ -55,6 +55,16 @@ def test_layer_types_are_read_as_transformers_reads_them(tmp_path):
     assert mixed.kv_cache_group_layers() == [[0, 3], [1, 2]]
 
 
+def test_a_retention_interval_off_the_block_grid_is_refused():
+    from engine.config import EngineConfig
+
+    with pytest.raises(ValueError, match=r"prefix_cache_retention_interval must be 0, None or a multiple of "
+                                         r"block_size 16, got 24"):
+        EngineConfig(prefix_cache_retention_interval=24)
+    with pytest.raises(ValueError, match=r"prefix_cache_retention_interval must be an integer >= 0, got -16"):
+        EngineConfig(prefix_cache_retention_interval=-16)
+
+
 @pytest.mark.parametrize("cfg,message", [
     ({"layer_types": ["full_attention"] * 3}, r"layer_types .* must name 4 layers"),
     ({"layer_types": ["full_attention", "chunked_attention"] * 2}, r"layer_types .*one of full_attention"),
@@ -301,13 +311,17 @@ def test_the_history_built_from_changes_equals_the_snapshots_with_both_groups(mi
                     {"kind": "sliding_window", "sliding_window": WINDOW, "layers": [1, 2]}]
 
 
-def test_each_groups_hit_is_recorded_and_the_sliding_one_cuts_a_sibling(mixed_model):
+@pytest.mark.parametrize("interval,second_hits", [(0, [96, 0]), (16, [96, 96]), (None, [96, 96])])
+def test_each_groups_hit_is_recorded_and_the_sliding_one_cuts_a_sibling(mixed_model, interval, second_hits):
     """A 100-token shared prefix: after a request that went 60 tokens past it, a sibling hits 96
-    tokens in the full group and none in the sliding one (it cached only the run ending at the
-    first prompt's end), so its hit is 0; the sibling after it hits 96 in both."""
+    tokens in the full group. With vLLM's default prefix_cache_retention_interval (0) the sliding
+    group cached only the run ending at the first prompt's end, so the sibling's hit is cut to 0,
+    and the sibling after it hits 96 in both; keeping a run every 16 tokens (or every block) lets
+    the first sibling hit it all."""
     rng = random.Random(9)
     shared = [rng.randrange(200, 20000) for _ in range(100)]
-    llm = LLM(model=str(mixed_model), check_invariants=True, attention_backend="torch")
+    llm = LLM(model=str(mixed_model), check_invariants=True, attention_backend="torch",
+              prefix_cache_retention_interval=interval)
 
     def run(prompt: list[int]) -> dict:
         rid = llm.engine.add_request(prompt, greedy(2))
@@ -317,6 +331,6 @@ def test_each_groups_hit_is_recorded_and_the_sliding_one_cuts_a_sibling(mixed_mo
 
     run(shared + [rng.randrange(200, 20000) for _ in range(60)])
     second = run([*shared, 5, 6, 7])
-    assert second["group_hit_tokens"] == [96, 0] and second["num_cached_tokens"] == 0
+    assert second["group_hit_tokens"] == second_hits and second["num_cached_tokens"] == min(second_hits)
     third = run([*shared, 8, 9])
     assert third["group_hit_tokens"] == [96, 96] and third["num_cached_tokens"] == 96

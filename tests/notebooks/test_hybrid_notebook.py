@@ -1,7 +1,8 @@
 """notebooks/hybrid.ipynb executed headless: kvscope's engine on a model with sliding-window layers
 (a random Qwen3 written by transformers): two KV cache groups, blocks freed as they leave the
 window, a shared prefix that hits in the full group and misses in the sliding one, the sibling
-after it that hits in both, and the Dashboard's rows per group. Every chapter ends with a check."""
+after it that hits in both, vLLM's prefix_cache_retention_interval keeping more of the window's
+blocks, and the Dashboard's rows per group. Every chapter ends with a check."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 NOTEBOOK = REPO / "notebooks" / "hybrid.ipynb"
 CHAPTERS = ["1. A model with sliding-window layers", "2. Blocks leave the window",
             "3. A shared prefix that misses in one group", "4. The sibling after it hits in both",
-            "5. The same in the Dashboard"]
+            "5. Keep more of the sliding group's blocks", "6. The same in the Dashboard"]
 
 
 def read_notebook():
@@ -38,3 +39,4 @@ def test_hybrid_notebook_shows_a_prefix_cut_by_the_sliding_group(tmp_path_factor
     cut = text["3. A shared prefix that misses in one group"]
     assert "full attention hits 96 tokens, sliding window 0" in cut and "'group_cut': 96" in cut
     assert "full attention hits 96 tokens, sliding window 96" in text["4. The sibling after it hits in both"]
+    assert "full attention hits 96 tokens, sliding window 96" in text["5. Keep more of the sliding group's blocks"]

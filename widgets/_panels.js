@@ -8,6 +8,7 @@ const KVS_PANELS = {
    "layer",
    "head",
    "num_layers",
+   "layer_names",
    "kv_head_of_head",
    "thumbs",
    "thumb_heads",

@@ -305,7 +305,8 @@ function render({ model, el }) {
     reqSel.replaceChildren(...(opts.length ? opts : [""]).map((r) => kvsEl("option", { value: r, text: r ? `#${r}` : "(none)" })));
     reqSel.value = cur;
     const nl = model.get("num_layers");
-    layerSel.replaceChildren(...Array.from({ length: Math.max(1, nl) }, (_, i) => kvsEl("option", { value: i, text: i })));
+    const names = model.get("layer_names") || [];  // a sliding-window layer names its window
+    layerSel.replaceChildren(...Array.from({ length: Math.max(1, nl) }, (_, i) => kvsEl("option", { value: i, text: names[i] ?? String(i) })));
     layerSel.value = String(model.get("layer"));
     heads.replaceChildren(...headButtons(model, select));
   }

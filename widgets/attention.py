@@ -16,6 +16,7 @@ class AttentionChoices(TypedDict):
     layer: int
     head: int
     num_layers: int
+    layer_names: list[str]
     kv_head_of_head: list[int]
     thumbs: bytes
     thumb_heads: list[int]
@@ -60,6 +61,7 @@ class AttentionPanel(Panel):
     layer = t.Int(0).tag(sync=True)
     head = t.Int(0).tag(sync=True)
     num_layers = t.Int(0).tag(sync=True)
+    layer_names: t.List[Any] = t.List([]).tag(sync=True)   # the layer picker's words ("1 (window 4096)")
     num_heads = t.Int(0).tag(sync=True)
     kv_head_of_head: t.List[Any] = t.List([]).tag(sync=True)
     context_len = t.Int(0).tag(sync=True)

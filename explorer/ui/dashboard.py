@@ -244,6 +244,7 @@ class SessionBinder:
         with att.hold_sync():
             att.requests = targets
             att.num_layers = shape["num_layers"]
+            att.layer_names = shape["layer_names"]
             if "num_heads" in shape and att.num_heads != shape["num_heads"]:
                 att.num_heads = shape["num_heads"]
                 att.kv_head_of_head = shape["kv_head_of_head"]

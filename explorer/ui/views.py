@@ -572,11 +572,18 @@ def budgets_ran_under(record: dict | None, snapshot: dict, in_force: dict) -> di
 
 
 def attention_shape(snapshot: dict) -> dict:
-    """The AttentionPanel's model traits: `num_layers`, and `num_heads` with each head's KV
-    head (`kv_head_of_head`, GQA) when the model info names both head counts."""
+    """The AttentionPanel's model traits: `num_layers` with each layer's name in the layer
+    picker (`layer_names`: a sliding-window layer says its window), and `num_heads` with each
+    head's KV head (`kv_head_of_head`, GQA) when the model info names both head counts."""
     info = snapshot.get(SNAP.MODEL_INFO) or {}
     heads, kv_heads = int(info.get(INFO.NUM_HEADS) or 0), int(info.get(INFO.NUM_KV_HEADS) or 0)
-    out: dict = {"num_layers": int(info.get(INFO.NUM_LAYERS) or 0)}
+    num_layers = int(info.get(INFO.NUM_LAYERS) or 0)
+    names = [str(i) for i in range(num_layers)]
+    for group in info.get(INFO.KV_CACHE_GROUPS) or ():
+        for layer in group.get("layers") or ():
+            if group.get("sliding_window") and 0 <= layer < num_layers:
+                names[layer] = f"{layer} (window {group['sliding_window']})"
+    out: dict = {"num_layers": num_layers, "layer_names": names}
     if heads and kv_heads:
         out.update(num_heads=heads, kv_head_of_head=[h // (heads // kv_heads) for h in range(heads)])
     return out

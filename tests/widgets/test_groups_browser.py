@@ -1,7 +1,9 @@
 """A model with sliding-window layers in the browser (issue 60's panels): the block-table rows
 show each KV cache group's table, the null block where tokens left the window, each group's own
-prefix hit and the group that cut the request's; the slot mapping shows each group's slot of a
-token. Headless chromium on the panels' real ESM and a real Session (tests/widgets/minifrontend.py)."""
+prefix hit and the group that cut the request's; the pool marks the sliding group's blocks; the
+slot mapping shows each group's slot of a token; the attention panel's layer picker names the
+sliding layers' window. Headless chromium on the panels' real ESM and a real Session
+(tests/widgets/minifrontend.py)."""
 from __future__ import annotations
 
 import random
@@ -48,7 +50,7 @@ def test_block_tables_and_slots_show_every_kv_cache_group(browser, mixed_session
     s.step(2)  # the prompt, then its first decode: the blocks before the window were freed
     req = s.engine.requests[rid]
     sliding = req.extra_block_tables[0]
-    page, front, binder = show(browser, s, ["blocks", "slots"])
+    page, front, binder = show(browser, s, ["blocks", "slots", "attention"])
     try:
         row = page.locator(f'[data-testid="kvs-bt-{rid}"]')
         tags = row.locator('[data-testid="kvs-bt-group-tag"]').all_inner_texts()
@@ -68,6 +70,9 @@ def test_block_tables_and_slots_show_every_kv_cache_group(browser, mixed_session
         slot_lines = page.locator(".kvs-slot-mapping .kvs-cell-group-slot").all_inner_texts()
         assert slot_lines == [f"\u21b3{batch['group_slot_mappings'][0][0]}"]
         assert batch["group_slot_mappings"][0][0] // 16 == sliding[130 // 16]
+        # The attention panel's layer picker says which layers slide.
+        layers = page.locator('[data-testid="kvs-attn-layer"] option').all_inner_texts()
+        assert layers == ["0", f"1 (window {WINDOW})", f"2 (window {WINDOW})", "3"]
         assert front.errors() == []
     finally:
         binder.close()

@@ -171,6 +171,26 @@ def browser(chromium_path: str):
             b.close()
 
 
+# --- JavaScript that node must parse -----------------------------------------------------
+@pytest.fixture
+def assert_node_parses(tmp_path: Path) -> Callable[[str, str], None]:
+    """`check(source, filename)`: `node --check` parses `source` as an ES module (written to
+    `tmp_path / filename`, an .mjs name); the test is skipped where node is not installed."""
+    import shutil
+    import subprocess
+
+    def check(source: str, filename: str) -> None:
+        node = shutil.which("node")
+        if node is None:
+            pytest.skip("node is not installed")
+        module = tmp_path / filename
+        module.write_text(source)
+        result = subprocess.run([node, "--check", str(module)], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+
+    return check
+
+
 # --- flash-attn's transcription ---------------------------------------------------------
 FLASH_BACKEND_MODULE = "engine.attention.flash_attn_backend"
 

@@ -20,10 +20,11 @@ other machines compare wall clocks, so their clocks should agree.
 """
 from __future__ import annotations
 
-import time
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from .follow import wait_until
 
 PROBE_TIMEOUT = 1.0   # seconds a rank past the last one takes to not answer
 
@@ -67,14 +68,11 @@ class Fleet:
 
     def wait_for(self, predicate: Callable[[Fleet], bool], timeout: float = 30.0, interval: float = 0.05) -> bool:
         """Apply steps as they come until `predicate(fleet)` holds or `timeout` passes."""
-        end = time.monotonic() + timeout
-        while True:
+        def ready() -> bool:
             self.poll()
-            if predicate(self):
-                return True
-            if time.monotonic() >= end:
-                return False
-            time.sleep(interval)
+            return predicate(self)
+
+        return wait_until(ready, timeout, interval)
 
     def subscribe(self, callback: Callable[[str, Any], None]) -> Callable[[], None]:
         """`callback(event, session)` after every change of any engine core's Session."""

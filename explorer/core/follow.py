@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 log = logging.getLogger(__name__)
@@ -48,3 +49,15 @@ class Follower:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=timeout)
         return was
+
+
+def wait_until(ready: Callable[[], bool], timeout: float, interval: float) -> bool:
+    """Call `ready()` every `interval` seconds until it returns True (-> True) or `timeout`
+    seconds have passed (-> False); it is called once more at the deadline before giving up."""
+    end = time.monotonic() + timeout
+    while True:
+        if ready():
+            return True
+        if time.monotonic() >= end:
+            return False
+        time.sleep(interval)

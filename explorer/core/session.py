@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-import time
 from collections.abc import Callable
 from typing import Any, Literal, cast
 
@@ -20,7 +19,7 @@ from engine.report.probe import AttentionProbeDict
 from engine.report.schema import CHANGES, QUEUE, REC, SNAP, EngineSnapshotDict, StepRecordDict
 
 from .engine_protocol import Controls, EngineDriver, Source, make_driver
-from .follow import Follower
+from .follow import Follower, wait_until
 from .history import History, HistoryEntry, HistoryWindowDict
 from .metrics import SessionMetricsDict, session_metrics
 
@@ -358,15 +357,12 @@ class Session:
     def wait_for(self, predicate: Callable[[Session], bool], timeout: float = 30.0,
                  interval: float = 0.05) -> bool:
         """Apply steps as they come until `predicate(session)` holds or `timeout` passes."""
-        end = time.monotonic() + timeout
-        while True:
+        def ready() -> bool:
             if not self.following:
                 self.poll()
-            if predicate(self):
-                return True
-            if time.monotonic() >= end:
-                return False
-            time.sleep(interval)
+            return predicate(self)
+
+        return wait_until(ready, timeout, interval)
 
     def feed_status(self) -> dict[str, Any]:
         """What the source did (a live feed's counters, the recorder's, notes: whatever its

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -88,22 +89,25 @@ def run_lockstep(engines: list[LLM], script: dict[int, list[list[int]]], max_tok
     return traces
 
 
-@pytest.fixture(scope="module")
-def qwen3(tiny_qwen3_path):
-    """(TP=1 reference, TP=2 engine) on the tiny Qwen3, both with the small pool."""
-    ref = LLM(str(tiny_qwen3_path), **POOL)
-    tp = LLM(str(tiny_qwen3_path), tensor_parallel_size=2, share_model_with=ref, **POOL)
+def _reference_and_tp(path: Path) -> Iterator[tuple[LLM, LLM]]:
+    """(TP=1 reference, TP=2 engine sharing its weights) on the model at `path`, both with the
+    small pool; the TP engine's workers stop when the fixture ends."""
+    ref = LLM(str(path), **POOL)
+    tp = LLM(str(path), tensor_parallel_size=2, share_model_with=ref, **POOL)
     yield ref, tp
     tp.shutdown()
+
+
+@pytest.fixture(scope="module")
+def qwen3(tiny_qwen3_path):
+    """The tiny Qwen3's pair."""
+    yield from _reference_and_tp(tiny_qwen3_path)
 
 
 @pytest.fixture(scope="module")
 def qwen2(tiny_qwen2_path):
     """The same for the tiny Qwen2 (q/k/v biases, untied LM head)."""
-    ref = LLM(str(tiny_qwen2_path), **POOL)
-    tp = LLM(str(tiny_qwen2_path), tensor_parallel_size=2, share_model_with=ref, **POOL)
-    yield ref, tp
-    tp.shutdown()
+    yield from _reference_and_tp(tiny_qwen2_path)
 
 
 # -- same tokens, same schedule ----------------------------------------------------------

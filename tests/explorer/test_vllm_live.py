@@ -8,10 +8,13 @@ chunked prompt, a preempting burst), then a subscriber that stops reading.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import time
+from collections.abc import Iterator
 
 import pytest
 
+from explorer.core.follow import wait_until
 from tests.oracle.vllm_available import require_vllm
 
 BLOCK = 32
@@ -365,6 +368,18 @@ def stub():
     feed.close()
 
 
+@contextlib.contextmanager
+def attached(stub: StubFeed, **options) -> Iterator:
+    """A Session attached to the stub server's feed, closed when the block ends."""
+    from explorer import Session
+
+    s = Session.attach(stub.feed, snapshot_address=stub.snapshots, **options)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
 def test_an_address_that_does_not_answer_times_out_with_a_clear_message():
     from explorer import Session
 
@@ -376,10 +391,7 @@ def test_an_address_that_does_not_answer_times_out_with_a_clear_message():
 
 
 def test_malformed_foreign_and_other_schema_messages_are_counted_and_skipped(stub):
-    from explorer import Session
-
-    s = Session.attach(stub.feed, snapshot_address=stub.snapshots)
-    try:
+    with attached(stub) as s:
         stub.wait_subscriber()
         stub.pub.send_multipart([stub.protocol.TOPIC, b"\xc1 not msgpack"])
         stub.pub.send_multipart([stub.protocol.TOPIC, stub.protocol.encode({"hello": "world"})])
@@ -393,15 +405,10 @@ def test_malformed_foreign_and_other_schema_messages_are_counted_and_skipped(stu
                 in status["last_rejection"])
         assert status["missed"] == 1   # the other-schema step's seq is a gap in what was applied
         assert status["rebased"] == 1  # so the state came from a fresh snapshot, not from a guess
-    finally:
-        s.close()
 
 
 def test_a_server_restart_resynchronises_and_says_so(stub):
-    from explorer import Session
-
-    s = Session.attach(stub.feed, snapshot_address=stub.snapshots)
-    try:
+    with attached(stub) as s:
         stub.wait_subscriber()
         stub.send_step()
         stub.send_step()
@@ -413,36 +420,26 @@ def test_a_server_restart_resynchronises_and_says_so(stub):
         assert "the server restarted" in s.notes[-1] and "resynchronised" in s.notes[-1]
         stub.send_step()
         assert s.wait_for(lambda s: s.current.step == 2, timeout=5) and len(s.history) == 2
-    finally:
-        s.close()
 
 
 def test_a_slow_notebook_keeps_a_bounded_queue_and_counts_what_it_dropped(stub):
-    from explorer import Session
-
-    s = Session.attach(stub.feed, snapshot_address=stub.snapshots, max_queue=3)
-    try:
+    with attached(stub, max_queue=3) as s:
         stub.wait_subscriber()
         for _ in range(10):
             stub.send_step()
-        end = time.monotonic() + 5
-        while s.feed_status()["received"] < 10 and time.monotonic() < end:
-            time.sleep(0.02)
+        wait_until(lambda: s.feed_status()["received"] >= 10, timeout=5, interval=0.02)
         assert s.source.pending() == 3 and s.feed_status()["dropped_here"] == 7
         # Step 8 follows a gap: the state comes from a fresh snapshot, taken at step 10, shown with
         # step 10's own record; 8 and 9, which it already holds, are dropped as stale.
         assert [r.step for r in s.step(10)] == [10]
         status = s.feed_status()
         assert status["missed"] == 7 and status["rebased"] == 1 and status["stale"] == 2
-    finally:
-        s.close()
 
 
 def test_the_dashboard_of_a_live_session_has_follow_and_pause(stub):
-    from explorer import Dashboard, Session
+    from explorer import Dashboard
 
-    s = Session.attach(stub.feed, snapshot_address=stub.snapshots)
-    try:
+    with attached(stub) as s:
         dash = Dashboard(s)
         panel = dash.follow
         assert panel.following is False and panel.status["run_id"] == "run-a"
@@ -450,9 +447,7 @@ def test_the_dashboard_of_a_live_session_has_follow_and_pause(stub):
         stub.wait_subscriber()
         for _ in range(3):
             stub.send_step()
-        end = time.monotonic() + 5
-        while s.current.step < 3 and time.monotonic() < end:
-            time.sleep(0.02)
+        wait_until(lambda: s.current.step >= 3, timeout=5, interval=0.02)
         assert s.current.step == 3
         assert panel.dispatch({"action": "pause"}) is None and not s.following and panel.following is False
         assert panel.status["applied"] == 3 and panel.step == 3
@@ -462,18 +457,15 @@ def test_the_dashboard_of_a_live_session_has_follow_and_pause(stub):
         assert s.current.step == 3 and s.source.pending() == 1   # paused: it waits in the queue
         with pytest.raises(ValueError, match="follows a live vLLM server"):
             s.add_request("Hello")
-    finally:
-        s.close()
 
 
 def test_pause_shows_the_step_the_browser_held_and_follow_returns_to_the_latest(stub):
     # Pause clicked while the kernel was busy: the browser held the panels at step 2 while the
     # follow thread went on to step 5; when the kernel hears the click, the panels show step 2.
     # Following with the view scrubbed back says it is parked; Follow shows the latest again.
-    from explorer import Dashboard, Session
+    from explorer import Dashboard
 
-    s = Session.attach(stub.feed, snapshot_address=stub.snapshots)
-    try:
+    with attached(stub) as s:
         dash = Dashboard(s)
         panel = dash.follow
         assert panel.link_group == dash.binder.link_group   # held and released with the other panels
@@ -490,17 +482,13 @@ def test_pause_shows_the_step_the_browser_held_and_follow_returns_to_the_latest(
         dash.binder.scrub(1)   # scrubbed back while following: the view is parked, and says so
         stub.send_step()
         assert s.wait_for(lambda s: s.current.step == 6, timeout=5)
-        end = time.monotonic() + 3
-        while panel.parked_at is None and time.monotonic() < end:
-            time.sleep(0.05)
+        wait_until(lambda: panel.parked_at is not None, timeout=3, interval=0.05)
         assert panel.parked_at == dash.binder.shown_entry().step and dash.queues.step != 6
         # The browser's Pause holds the panels at the step they last said: the follow panel's
         # says the parked step too, never the latest (it would jump the view to step 6).
         assert panel.step == panel.parked_at
         panel.dispatch({"action": "follow"})   # already following: Follow brings the view back
         assert dash.binder.view_index is None and dash.queues.step == 6
-    finally:
-        s.close()
 
 
 def test_the_prefix_tree_follows_stored_removed_and_cleared_events():

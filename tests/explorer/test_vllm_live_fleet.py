@@ -6,8 +6,6 @@ test_vllm_live_dp.py; in a browser: tests/e2e/test_fleet_browser.py)."""
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 import time
 
 import pytest
@@ -108,7 +106,7 @@ def test_the_dashboard_of_a_fleet_shows_each_engine_core_beside_the_others(repli
     assert panel.dispatch({"action": "pause"}) is None and not fleet.following and not panel.following
 
 
-def test_the_fleet_panels_javascript_parses_and_loads_nothing(tmp_path):
+def test_the_fleet_panels_javascript_parses_and_loads_nothing(assert_node_parses):
     from widgets.fleet import FleetPanel
 
     esm = str(FleetPanel._esm)
@@ -117,10 +115,4 @@ def test_the_fleet_panels_javascript_parses_and_loads_nothing(tmp_path):
     for testid in ("kvs-fleet", "kvs-fleet-toggle", "kvs-fleet-ranks", "kvs-fleet-routing", "kvs-fleet-loss"):
         assert f'"{testid}"' in esm
     assert ".kvs-panel" in str(FleetPanel._css)
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("node is not installed")
-    module = tmp_path / "fleet.mjs"
-    module.write_text(esm)
-    result = subprocess.run([node, "--check", str(module)], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
+    assert_node_parses(esm, "fleet.mjs")

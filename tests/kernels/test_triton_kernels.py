@@ -136,16 +136,23 @@ def _prefill_case(seed, block_size, h, kvh, d, seqs, dtype=torch.float32):
     return q, k_cache, v_cache, tables, qsl, seq_lens
 
 
-@pytest.mark.parametrize("block_size,h,kvh,d", SHAPES, ids=SHAPE_IDS)
-def test_paged_prefill_matches_reference(block_size, h, kvh, d):
-    q, k_cache, v_cache, tables, qsl, seq_lens = _prefill_case(block_size, block_size, h, kvh, d, PREFILL_SEQS)
-    ctx = [c for c, _ in PREFILL_SEQS]
+def _check_prefill(seed, block_size, h, kvh, d, seqs, dtype=torch.float32) -> torch.Tensor:
+    """paged_prefill_attention over `seqs` ((context, new tokens) per sequence) against the
+    reference, sequence by sequence; returns the kernel's output."""
+    q, k_cache, v_cache, tables, qsl, seq_lens = _prefill_case(seed, block_size, h, kvh, d, seqs, dtype)
     i32 = lambda xs: torch.tensor(xs, dtype=torch.int32, device=DEVICE)  # noqa: E731
+    ctx = [c for c, _ in seqs]
     out = paged_prefill_attention(q, k_cache, v_cache, i32(qsl), i32(seq_lens), i32(ctx), tables, d ** -0.5)
-    for i, (c, _) in enumerate(PREFILL_SEQS):
+    for i, (c, _) in enumerate(seqs):
         s, e = qsl[i], qsl[i + 1]
         ref = _reference(q[s:e], k_cache, v_cache, tables[i], c, seq_lens[i])
-        torch.testing.assert_close(out[s:e], ref, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(out[s:e].float(), ref, **_tol(dtype))
+    return out
+
+
+@pytest.mark.parametrize("block_size,h,kvh,d", SHAPES, ids=SHAPE_IDS)
+def test_paged_prefill_matches_reference(block_size, h, kvh, d):
+    _check_prefill(block_size, block_size, h, kvh, d, PREFILL_SEQS)
 
 
 def test_paged_prefill_on_a_subset_leaves_other_rows_alone():
@@ -253,16 +260,7 @@ def test_engine_triton_backend_matches_torch(tiny_qwen3_path):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_kernels_small(dtype):
     _check_decode(8, 6, 2, 24, [1, 40, 70], dtype=dtype)
-    seqs = [(0, 20), (13, 7), (30, 1)]
-    q, k_cache, v_cache, tables, qsl, seq_lens = _prefill_case(1, 8, 6, 2, 24, seqs, dtype)
-    t = lambda xs: torch.tensor(xs, dtype=torch.int32, device=DEVICE)  # noqa: E731
-    out = paged_prefill_attention(q, k_cache, v_cache, t(qsl), t(seq_lens), t([c for c, _ in seqs]), tables,
-                                  24 ** -0.5)
-    assert out.dtype == dtype
-    for i, (c, _) in enumerate(seqs):
-        s, e = qsl[i], qsl[i + 1]
-        ref = _reference(q[s:e], k_cache, v_cache, tables[i], c, seq_lens[i])
-        torch.testing.assert_close(out[s:e].float(), ref, **_tol(dtype))
+    assert _check_prefill(1, 8, 6, 2, 24, [(0, 20), (13, 7), (30, 1)], dtype).dtype == dtype
 
 
 @pytest.mark.gpu
@@ -270,15 +268,7 @@ def test_half_precision_kernels_small(dtype):
 @pytest.mark.parametrize("block_size,h,kvh,d", [(16, 32, 8, 128), (1, 16, 2, 64), (32, 12, 4, 80)])
 def test_gpu_half_precision_kernels(dtype, block_size, h, kvh, d):
     _check_decode(block_size, h, kvh, d, [1, 100, 517, 2049], dtype=dtype)
-    seqs = [(0, 300), (130, 77), (1000, 1), (7, 64)]
-    q, k_cache, v_cache, tables, qsl, seq_lens = _prefill_case(1, block_size, h, kvh, d, seqs, dtype)
-    ctx = [c for c, _ in seqs]
-    t = lambda xs: torch.tensor(xs, dtype=torch.int32, device=DEVICE)  # noqa: E731
-    out = paged_prefill_attention(q, k_cache, v_cache, t(qsl), t(seq_lens), t(ctx), tables, d ** -0.5)
-    for i, (c, _) in enumerate(seqs):
-        s, e = qsl[i], qsl[i + 1]
-        ref = _reference(q[s:e], k_cache, v_cache, tables[i], c, seq_lens[i])
-        torch.testing.assert_close(out[s:e].float(), ref, **_tol(dtype))
+    _check_prefill(1, block_size, h, kvh, d, [(0, 300), (130, 77), (1000, 1), (7, 64)], dtype)
 
 
 @pytest.mark.gpu

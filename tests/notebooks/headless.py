@@ -12,11 +12,19 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+NOTEBOOKS = REPO / "notebooks"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 # vLLM's start-up notes that must fold into one line, never a red stderr box: its CPU build says
 # "Triton is installed, but doesn't include CPU backend. Disabling Triton." then "Triton is not
 # installed...", and each replay process "Reset SSM cache type to float32 ...".
 VLLM_STARTUP_NOTES = ("Reset SSM cache type", "Triton is")
+
+
+def read_notebook(path: Path):
+    """The notebook at `path`, as stored (nbformat 4)."""
+    import nbformat
+
+    return nbformat.read(path, as_version=4)
 
 
 def execute_headless(nb, path: Path, home: Path, *, kernel_name: str, cell_timeout_s: int):
@@ -53,6 +61,13 @@ def execute_headless(nb, path: Path, home: Path, *, kernel_name: str, cell_timeo
               if c.cell_type == "code" and any(o.get("output_type") == "error" for o in c.get("outputs", []))]
     print(f"\n{path.name} executed in {seconds:.1f} s")
     return nb, seconds, errors
+
+
+def execute_every_cell(nb, path: Path, home: Path, *, kernel_name: str, cell_timeout_s: int):
+    """`execute_headless`, where every cell must pass; returns the executed notebook."""
+    nb, _, errors = execute_headless(nb, path, home, kernel_name=kernel_name, cell_timeout_s=cell_timeout_s)
+    assert errors == [], f"{path.name} cells failed:\n\n" + "\n\n".join(errors)
+    return nb
 
 
 def chapter_cells(nb) -> dict[str, list]:
@@ -134,11 +149,9 @@ def execute_against_a_server(nb, path: Path, home: Path, kernel_name: str):
     before = os.environ.get(LOG_DIR_ENV_VAR)
     os.environ[LOG_DIR_ENV_VAR] = str(home / "vllm-server-logs")
     try:
-        nb, _, errors = execute_headless(nb, path, home, kernel_name=kernel_name, cell_timeout_s=900)
+        return execute_every_cell(nb, path, home, kernel_name=kernel_name, cell_timeout_s=900)
     finally:
         if before is None:
             os.environ.pop(LOG_DIR_ENV_VAR, None)
         else:
             os.environ[LOG_DIR_ENV_VAR] = before
-    assert errors == [], f"{path.name} cells failed:\n\n" + "\n\n".join(errors)
-    return nb

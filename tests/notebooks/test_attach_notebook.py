@@ -4,14 +4,19 @@ Session, and replays the traffic on kvscope's engine. Every chapter ends with a 
 Skipped where vLLM is not installed."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from .headless import assert_stored_clean_with_checks, chapter_cells, chapter_texts, execute_against_a_server, widget_views
+from .headless import (
+    NOTEBOOKS,
+    assert_stored_clean_with_checks,
+    chapter_cells,
+    chapter_texts,
+    execute_against_a_server,
+    read_notebook,
+    widget_views,
+)
 
-REPO = Path(__file__).resolve().parents[2]
-NOTEBOOK = REPO / "notebooks" / "attach.ipynb"
+NOTEBOOK = NOTEBOOKS / "attach.ipynb"
 CHAPTERS = [
     "1. Setup: a vLLM server with kvscope's recorder",
     "2. Attach",
@@ -24,19 +29,13 @@ CHAPTERS = [
 ]
 
 
-def read_notebook():
-    import nbformat
-
-    return nbformat.read(NOTEBOOK, as_version=4)
-
-
 def test_attach_notebook_is_stored_without_outputs_and_each_chapter_ends_with_a_check():
-    assert_stored_clean_with_checks(read_notebook(), CHAPTERS)
+    assert_stored_clean_with_checks(read_notebook(NOTEBOOK), CHAPTERS)
 
 
 @pytest.mark.slow
 def test_attach_notebook_runs_against_a_real_server(tmp_path_factory, default_model_path):
-    nb = execute_against_a_server(read_notebook(), NOTEBOOK, tmp_path_factory.mktemp("jupyter"),
+    nb = execute_against_a_server(read_notebook(NOTEBOOK), NOTEBOOK, tmp_path_factory.mktemp("jupyter"),
                                   "kvscope-attach-notebook-test")
     text = chapter_texts(nb)
     assert "from the prefix cache" in text["3. A shared system prompt: one prefix, two requests, refcount 2"]

@@ -5,34 +5,24 @@ after it that hits in both, vLLM's prefix_cache_retention_interval keeping more 
 blocks, and the Dashboard's rows per group. Every chapter ends with a check."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from .headless import assert_stored_clean_with_checks, chapter_texts, execute_headless
+from .headless import NOTEBOOKS, assert_stored_clean_with_checks, chapter_texts, execute_every_cell, read_notebook
 
-REPO = Path(__file__).resolve().parents[2]
-NOTEBOOK = REPO / "notebooks" / "hybrid.ipynb"
+NOTEBOOK = NOTEBOOKS / "hybrid.ipynb"
 CHAPTERS = ["1. A model with sliding-window layers", "2. Blocks leave the window",
             "3. A shared prefix that misses in one group", "4. The sibling after it hits in both",
             "5. Keep more of the sliding group's blocks", "6. The same in the Dashboard"]
 
 
-def read_notebook():
-    import nbformat
-
-    return nbformat.read(NOTEBOOK, as_version=4)
-
-
 def test_hybrid_notebook_is_stored_without_outputs_and_each_chapter_ends_with_a_check():
-    assert_stored_clean_with_checks(read_notebook(), CHAPTERS)
+    assert_stored_clean_with_checks(read_notebook(NOTEBOOK), CHAPTERS)
 
 
 @pytest.mark.slow
 def test_hybrid_notebook_shows_a_prefix_cut_by_the_sliding_group(tmp_path_factory):
-    nb, _, errors = execute_headless(read_notebook(), NOTEBOOK, tmp_path_factory.mktemp("jupyter"),
-                                     kernel_name="kvscope-hybrid-notebook-test", cell_timeout_s=600)
-    assert errors == [], "hybrid.ipynb cells failed:\n\n" + "\n\n".join(errors)
+    nb = execute_every_cell(read_notebook(NOTEBOOK), NOTEBOOK, tmp_path_factory.mktemp("jupyter"),
+                            kernel_name="kvscope-hybrid-notebook-test", cell_timeout_s=600)
     text = chapter_texts(nb)
     assert "group 1: sliding_window  window 48  layers [1, 2]" in text["1. A model with sliding-window layers"]
     assert "sliding window : [0, 0, 0, 0," in text["2. Blocks leave the window"]

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from .headless import chapter_cells, execute_headless, output_text, widget_views
 from tests.oracle.vllm_available import require_vllm
 
-REPO = Path(__file__).resolve().parents[2]
-NOTEBOOK = REPO / "notebooks" / "vllm.ipynb"
+from .headless import NOTEBOOKS, chapter_cells, execute_headless, output_text, read_notebook, widget_views
+
+NOTEBOOK = NOTEBOOKS / "vllm.ipynb"
 KERNEL_NAME = "kvscope-vllm-notebook-test"
 CELL_TIMEOUT_S = 1200  # one cell: vLLM's start-up on a busy 2-core machine can take minutes
 
@@ -29,19 +29,13 @@ CHAPTERS = [
 ]
 
 
-def read_notebook():
-    import nbformat
-
-    return nbformat.read(NOTEBOOK, as_version=4)
-
-
 def test_notebook_is_stored_without_outputs():
-    code = [c for c in read_notebook().cells if c.cell_type == "code"]
+    code = [c for c in read_notebook(NOTEBOOK).cells if c.cell_type == "code"]
     assert code and all(not c.get("outputs") and c.get("execution_count") is None for c in code)
 
 
 def test_every_chapter_has_its_heading_in_order_and_ends_with_a_check():
-    chapters = chapter_cells(read_notebook())
+    chapters = chapter_cells(read_notebook(NOTEBOOK))
     assert [t for t in chapters if re.match(r"\d+\. ", t)] == CHAPTERS
     for title in CHAPTERS:
         cells = chapters[title]
@@ -54,7 +48,7 @@ def test_every_chapter_has_its_heading_in_order_and_ends_with_a_check():
 def executed(tmp_path_factory: pytest.TempPathFactory, default_model_path: Path):
     """The notebook after a headless run: (notebook, seconds, errors)."""
     require_vllm()
-    return execute_headless(read_notebook(), NOTEBOOK, tmp_path_factory.mktemp("jupyter"),
+    return execute_headless(read_notebook(NOTEBOOK), NOTEBOOK, tmp_path_factory.mktemp("jupyter"),
                             kernel_name=KERNEL_NAME, cell_timeout_s=CELL_TIMEOUT_S)
 
 

@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from .headless import WIDGET_VIEW, chapter_cells, execute_headless, output_text, widget_views
+from .headless import NOTEBOOKS, WIDGET_VIEW, chapter_cells, execute_headless, output_text, read_notebook, widget_views
 
-REPO = Path(__file__).resolve().parents[2]
-NOTEBOOK = REPO / "notebooks" / "walkthrough.ipynb"
+NOTEBOOK = NOTEBOOKS / "walkthrough.ipynb"
 KERNEL_NAME = "kvscope-walkthrough-test"
 CELL_TIMEOUT_S = 900  # one cell; the first model load on a busy 2-core machine can take a minute
 
@@ -39,24 +38,18 @@ CHAPTERS = [
 ]
 
 
-def read_notebook():
-    import nbformat
-
-    return nbformat.read(NOTEBOOK, as_version=4)
-
-
 # ---- the notebook as stored ------------------------------------------------------------
 
 def test_notebook_is_stored_without_outputs():
     """Nothing canned: every output a reader sees is produced by their own engine."""
-    nb = read_notebook()
+    nb = read_notebook(NOTEBOOK)
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert code
     assert [i for i, c in enumerate(code) if c.get("outputs") or c.get("execution_count") is not None] == []
 
 
 def test_every_chapter_has_its_heading_in_order_and_ends_with_a_check():
-    chapters = chapter_cells(read_notebook())
+    chapters = chapter_cells(read_notebook(NOTEBOOK))
     numbered = [title for title in chapters if re.match(r"\d+\. ", title)]
     assert numbered == CHAPTERS
     for title in CHAPTERS:
@@ -79,7 +72,7 @@ def executed(tmp_path_factory: pytest.TempPathFactory, default_model_path: Path)
     probe of the widgets still open."""
     import nbformat
 
-    nb = read_notebook()
+    nb = read_notebook(NOTEBOOK)
     nb.cells.append(nbformat.v4.new_code_cell(PROBE))
     return execute_headless(nb, NOTEBOOK, tmp_path_factory.mktemp("jupyter"),
                             kernel_name=KERNEL_NAME, cell_timeout_s=CELL_TIMEOUT_S)

@@ -3,38 +3,31 @@ default model), records its traffic, replays it (identity, one what-if in the vi
 reads the charts. Every chapter ends with a check. Skipped where vLLM is not installed."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from .headless import (
+    NOTEBOOKS,
     assert_no_startup_notes_in_stderr,
     assert_stored_clean_with_checks,
     chapter_cells,
     chapter_texts,
     execute_against_a_server,
+    read_notebook,
     widget_views,
 )
 
-REPO = Path(__file__).resolve().parents[2]
-NOTEBOOK = REPO / "notebooks" / "whatif.ipynb"
+NOTEBOOK = NOTEBOOKS / "whatif.ipynb"
 CHAPTERS = ["1. Record a server's traffic", "2. Identity: the same settings, the same steps",
             "3. One what-if, step by step", "4. A sweep, and the operator's answer", "5. Read the charts"]
 
 
-def read_notebook():
-    import nbformat
-
-    return nbformat.read(NOTEBOOK, as_version=4)
-
-
 def test_whatif_notebook_is_stored_without_outputs_and_each_chapter_ends_with_a_check():
-    assert_stored_clean_with_checks(read_notebook(), CHAPTERS)
+    assert_stored_clean_with_checks(read_notebook(NOTEBOOK), CHAPTERS)
 
 
 @pytest.mark.slow
 def test_whatif_notebook_runs_against_a_real_server(tmp_path_factory, default_model_path):
-    nb = execute_against_a_server(read_notebook(), NOTEBOOK, tmp_path_factory.mktemp("jupyter"),
+    nb = execute_against_a_server(read_notebook(NOTEBOOK), NOTEBOOK, tmp_path_factory.mktemp("jupyter"),
                                   "kvscope-whatif-notebook-test")
     text = chapter_texts(nb)
     assert "0 differences" in text["2. Identity: the same settings, the same steps"]

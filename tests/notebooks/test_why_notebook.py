@@ -4,32 +4,25 @@ still miss, the evictions and who caused them), each cause proven by a replay th
 scheduler, and the Why panel in the Dashboard. Every chapter ends with a check."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from .headless import (
+    NOTEBOOKS,
     assert_no_startup_notes_in_stderr,
     assert_stored_clean_with_checks,
     chapter_texts,
-    execute_headless,
+    execute_every_cell,
+    read_notebook,
 )
 
-REPO = Path(__file__).resolve().parents[2]
-NOTEBOOK = REPO / "notebooks" / "why.ipynb"
+NOTEBOOK = NOTEBOOKS / "why.ipynb"
 CHAPTERS = ["1. The mystery: a shared system prompt that never hits", "2. Ask why: the first divergent token",
             "3. The fix, and the tokens that still miss", "4. A second mystery: the cache forgets",
             "5. Prove it: replays through vLLM's own scheduler", "6. The same view in the Dashboard"]
 
 
-def read_notebook():
-    import nbformat
-
-    return nbformat.read(NOTEBOOK, as_version=4)
-
-
 def test_why_notebook_is_stored_without_outputs_and_each_chapter_ends_with_a_check():
-    assert_stored_clean_with_checks(read_notebook(), CHAPTERS)
+    assert_stored_clean_with_checks(read_notebook(NOTEBOOK), CHAPTERS)
 
 
 @pytest.mark.slow
@@ -37,9 +30,8 @@ def test_why_notebook_solves_its_mysteries(tmp_path_factory):
     from tests.oracle.vllm_available import require_vllm
 
     require_vllm()   # chapter 5 replays through vLLM's scheduler
-    nb, _, errors = execute_headless(read_notebook(), NOTEBOOK, tmp_path_factory.mktemp("jupyter"),
-                                     kernel_name="kvscope-why-notebook-test", cell_timeout_s=900)
-    assert errors == [], "why.ipynb cells failed:\n\n" + "\n\n".join(errors)
+    nb = execute_every_cell(read_notebook(NOTEBOOK), NOTEBOOK, tmp_path_factory.mktemp("jupyter"),
+                            kernel_name="kvscope-why-notebook-test", cell_timeout_s=900)
     text = chapter_texts(nb)
     assert "0 hit (0%)" in text["1. The mystery: a shared system prompt that never hits"]
     assert "leaves request #0's prefix at token" in text["2. Ask why: the first divergent token"]

@@ -22,3 +22,23 @@ def kvscope_runs(tiny_qwen3_path):
         drive(s, random_workload(seed, block_size=KVSCOPE["block_size"]))
         out.append((seed, s))
     return out
+
+
+@pytest.fixture
+def plant_mislabel(monkeypatch):
+    """`plant(true_cls, planted)`: for one test, the ledger calls `planted` every missed block it
+    would call `true_cls` (a block it found nowhere, class None, counts as never_seen)."""
+    from explorer.why import WhyLedger
+
+    real = WhyLedger._missed_block
+
+    def plant(true_cls: str, planted: str) -> None:
+        def mislabel(self, seq, j):
+            cls, detail, ev = real(self, seq, j)
+            if cls == true_cls or (cls is None and true_cls == "never_seen"):
+                return planted, "", None
+            return cls, detail, ev
+
+        monkeypatch.setattr(WhyLedger, "_missed_block", mislabel)
+
+    return plant

@@ -49,32 +49,18 @@ def test_the_pool_at_each_lookup_agrees(kvscope_runs):
 
 
 @pytest.mark.parametrize("swap", [("evicted", "never_seen"), ("never_seen", "evicted")])
-def test_a_planted_mislabel_is_caught_by_the_pool(kvscope_runs, monkeypatch, swap):
+def test_a_planted_mislabel_is_caught_by_the_pool(kvscope_runs, plant_mislabel, swap):
     from engine.core.hashing import hash_block
 
-    real = WhyLedger._missed_block
     true_cls, planted = swap
-
-    def mislabel(self, seq, j):
-        cls, detail, ev = real(self, seq, j)
-        if cls == true_cls or (cls is None and true_cls == "never_seen"):
-            return planted, "", None
-        return cls, detail, ev
-
-    monkeypatch.setattr(WhyLedger, "_missed_block", mislabel)
+    plant_mislabel(true_cls, planted)
     caught = [p for seed, s in kvscope_runs for p in oracle.pool_problems(WhyLedger().feed(s.history), s.history,
                                                                           hash_block)]
     assert any(f"called {planted.replace('_', ' ')}" in p for p in caught), caught
 
 
-def test_a_planted_mislabel_is_caught(kvscope_runs, monkeypatch):
-    real = WhyLedger._missed_block
-
-    def mislabel(self, seq, j):
-        cls, detail, ev = real(self, seq, j)
-        return ("never_seen", "", None) if cls == "evicted" else (cls, detail, ev)
-
-    monkeypatch.setattr(WhyLedger, "_missed_block", mislabel)
+def test_a_planted_mislabel_is_caught(kvscope_runs, plant_mislabel):
+    plant_mislabel("evicted", "never_seen")
     caught = [p for seed, s in kvscope_runs for p in oracle.check(WhyLedger().feed(s.history), s.history)]
     assert any("oracle evicted, ledger never_seen" in p for p in caught), caught
 

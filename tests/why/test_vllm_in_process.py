@@ -45,13 +45,7 @@ def test_every_prompt_token_is_in_exactly_one_class_and_a_brute_force_agrees(vll
     assert oracle.check(ledger, vllm_history) == []
 
 
-def test_a_planted_mislabel_is_caught_on_vllms_history(vllm_history, monkeypatch):
-    real = WhyLedger._missed_block
-
-    def mislabel(self, seq, j):
-        cls, detail, ev = real(self, seq, j)
-        return ("never_seen", "", None) if cls == "evicted" else (cls, detail, ev)
-
-    monkeypatch.setattr(WhyLedger, "_missed_block", mislabel)
+def test_a_planted_mislabel_is_caught_on_vllms_history(vllm_history, plant_mislabel):
+    plant_mislabel("evicted", "never_seen")
     caught = oracle.check(WhyLedger().feed(vllm_history), vllm_history)
     assert any("oracle evicted, ledger never_seen" in p for p in caught), caught

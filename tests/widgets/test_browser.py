@@ -44,6 +44,20 @@ def wait_step(page: Any, step: int, timeout: float = 30_000) -> None:
         arg=step, timeout=timeout)
 
 
+def hover_block_1(page: Any) -> tuple[str, dict[str, float]]:
+    """Hover block 1 of the pool canvas (the second cell of the first row: 26 px cells for a
+    pool this small) and wait until its tooltip has the token ids, i.e. Python answered the
+    hover's block_detail; returns (the tooltip's text, the canvas's box)."""
+    canvas = page.locator('[data-testid="kvs-pool-canvas"]')
+    canvas.scroll_into_view_if_needed()
+    box = canvas.bounding_box()
+    page.mouse.move(box["x"] + 2, box["y"] + 2)
+    page.mouse.move(box["x"] + 26 + 13, box["y"] + 13)
+    page.wait_for_function("() => document.querySelector('[data-testid=kvs-block-tooltip]')"
+                           ".textContent.includes('tokens')", timeout=10_000)
+    return page.inner_text('[data-testid="kvs-block-tooltip"]'), box
+
+
 def test_every_panel_renders_with_its_test_id_and_step(ui) -> None:
     page, _, _ = ui
     assert set(steps(page).values()) == {"0"}
@@ -117,16 +131,7 @@ def test_block_hover_shows_tokens_and_click_pins(ui) -> None:
     s.add_request("The capital of France is a city with a long history", max_tokens=3, temperature=0.0)
     s.step(1)
     front.sync()
-    canvas = page.locator('[data-testid="kvs-pool-canvas"]')
-    canvas.scroll_into_view_if_needed()
-    box = canvas.bounding_box()
-    # Block 1 is the second cell of the first row (26 px cells for a pool this small).
-    page.mouse.move(box["x"] + 2, box["y"] + 2)
-    page.mouse.move(box["x"] + 26 + 13, box["y"] + 13)
-    # The tooltip gains the token ids once Python answered the hover's block_detail.
-    page.wait_for_function("() => document.querySelector('[data-testid=kvs-block-tooltip]')"
-                           ".textContent.includes('tokens')", timeout=10_000)
-    tip = page.inner_text('[data-testid="kvs-block-tooltip"]')
+    tip, box = hover_block_1(page)
     assert tip.startswith("block 1") and "owner #0" in tip and "785" in tip
     page.mouse.click(box["x"] + 26 + 13, box["y"] + 13)
     page.wait_for_selector('[data-testid="kvs-block-detail"] .kvs-tok')
@@ -171,14 +176,7 @@ def test_a_same_step_hit_has_its_own_highlight_legend_entry_and_detail(ui) -> No
     assert counts["same1"] > 20 and counts["same2"] > 20, counts
     assert counts["alloc3"] == 0 and counts["blue1"] == 0, counts
     # Hover: the tooltip names the event and says why it is safe; a click pins the detail.
-    canvas = page.locator('[data-testid="kvs-pool-canvas"]')
-    canvas.scroll_into_view_if_needed()
-    box = canvas.bounding_box()
-    page.mouse.move(box["x"] + 2, box["y"] + 2)
-    page.mouse.move(box["x"] + 26 + 13, box["y"] + 13)
-    page.wait_for_function("() => document.querySelector('[data-testid=kvs-block-tooltip]')"
-                           ".textContent.includes('tokens')", timeout=10_000)
-    tip = page.inner_text('[data-testid="kvs-block-tooltip"]')
+    tip, box = hover_block_1(page)
     assert "this step: allocated, prefix hit, same-step hit, cached" in tip
     assert "written by this step's forward before any layer reads it" in tip
     page.mouse.click(box["x"] + 26 + 13, box["y"] + 13)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +67,7 @@ def test_panel_follows_a_session_step_by_step(fresh_session: Any) -> None:
         panel.unbind()
 
 
-def test_panel_esm_parses_imports_nothing_and_keeps_the_conventions(tmp_path: Path) -> None:
+def test_panel_esm_parses_imports_nothing_and_keeps_the_conventions(assert_node_parses) -> None:
     esm = str(TensorParallelPanel._esm)
     # The SVG namespace (_common.js's kvsSvg) is an identifier, not a URL anything fetches.
     no_namespace = esm.replace('"http://www.w3.org/2000/svg"', "")
@@ -77,13 +75,7 @@ def test_panel_esm_parses_imports_nothing_and_keeps_the_conventions(tmp_path: Pa
     assert "export default { render }" in esm and 'kvsRoot(el, model, "kvs-tensor-parallel")' in esm
     assert ".kvs-panel" in str(TensorParallelPanel._css)
     assert issubclass(TensorParallelPanel, Panel) and "_handle_custom_msg" not in vars(TensorParallelPanel)
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("node is not installed")
-    module = tmp_path / "tp.mjs"
-    module.write_text(esm)
-    result = subprocess.run([node, "--check", str(module)], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
+    assert_node_parses(esm, "tp.mjs")
 
 
 @pytest.mark.slow

@@ -64,7 +64,7 @@ class StepCapture:
         self._cached_now: set[int] = set()
         self._originals: list[tuple[Any, str]] = []
         self._wrap(scheduler, "schedule", self._schedule)
-        self._wrap(scheduler, "update_from_output", self._update_from_output)
+        self._wrap(scheduler, "update_from_output", self._timed("update"))
         pool_hooks: list[tuple[str, Callable[..., Any]]] = [
             ("get_new_blocks", self._get_new_blocks), ("touch", self._touch),
             ("cache_full_blocks", self._cache_full_blocks), ("free_blocks", self._free_blocks),
@@ -75,8 +75,8 @@ class StepCapture:
             self._wrap(self.pool, name, hook)
         if runner is not None:
             runner_hooks: list[tuple[str, Callable[..., Any]]] = [
-                ("_prepare_inputs", self._prepare_inputs), ("execute_model", self._execute_model),
-                ("sample_tokens", self._sample_tokens)]
+                ("_prepare_inputs", self._timed("prepare")), ("execute_model", self._execute_model),
+                ("sample_tokens", self._timed("sample"))]
             for name, hook in runner_hooks:
                 self._wrap(runner, name, hook)
 
@@ -112,6 +112,18 @@ class StepCapture:
         setattr(obj, name, wrapper)
         self._originals.append((obj, name))
 
+    def _timed(self, key: str) -> Callable[..., Any]:
+        """A hook that only adds the wrapped call's time to the step's `seconds[key]`."""
+
+        def hook(original, *args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.now.seconds[key] += time.perf_counter() - t0
+
+        return hook
+
     # -- scheduler ------------------------------------------------------------------------
     def _schedule(self, original, *args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter()
@@ -123,13 +135,6 @@ class StepCapture:
                            for rid in out.num_scheduled_tokens}
         self.now.token_budget = int(self.scheduler.max_num_scheduled_tokens)
         return out
-
-    def _update_from_output(self, original, *args: Any, **kwargs: Any) -> Any:
-        t0 = time.perf_counter()
-        try:
-            return original(*args, **kwargs)
-        finally:
-            self.now.seconds["update"] += time.perf_counter() - t0
 
     # -- block pool -----------------------------------------------------------------------
     def _get_new_blocks(self, original, num_blocks: int) -> Any:
@@ -183,13 +188,6 @@ class StepCapture:
         return evicted
 
     # -- model runner ---------------------------------------------------------------------
-    def _prepare_inputs(self, original, *args: Any, **kwargs: Any) -> Any:
-        t0 = time.perf_counter()
-        try:
-            return original(*args, **kwargs)
-        finally:
-            self.now.seconds["prepare"] += time.perf_counter() - t0
-
     def _execute_model(self, original, scheduler_output, *args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter()
         result = original(scheduler_output, *args, **kwargs)
@@ -198,14 +196,6 @@ class StepCapture:
         if num_tokens > 0:
             self.now.batch_req_ids, self.now.batch = read_batch(self.runner, num_tokens)
         return result
-
-    def _sample_tokens(self, original, *args: Any, **kwargs: Any) -> Any:
-        t0 = time.perf_counter()
-        try:
-            return original(*args, **kwargs)
-        finally:
-            self.now.seconds["sample"] += time.perf_counter() - t0
-
 
 def read_batch(runner: Any, num_tokens: int) -> tuple[list[str], BatchDict]:
     """The packed batch of the step that just ran, from the model runner's persistent buffers

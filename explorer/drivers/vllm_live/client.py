@@ -146,16 +146,7 @@ class LiveSource:
 
     # -- the feed thread ----------------------------------------------------------------------------
     def _receive(self) -> None:
-        zmq = self.zmq
-        poller = zmq.Poller()
-        poller.register(self._sub, zmq.POLLIN)
-        while self._running:
-            try:
-                if not poller.poll(100):
-                    continue
-                frames = self._sub.recv_multipart(zmq.NOBLOCK)
-            except zmq.ZMQError:
-                return
+        for frames in protocol.received_messages(self.zmq, self._sub, lambda: self._running):
             self.counters["received"] += 1
             self._last_message = time.monotonic()
             try:

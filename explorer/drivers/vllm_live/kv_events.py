@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from .protocol import event_key
+from .protocol import event_key, received_messages
 
 
 def _block_key(h: Any) -> str:
@@ -147,15 +147,7 @@ class KvEventSubscriber:
         import msgspec
         import zmq
 
-        poller = zmq.Poller()
-        poller.register(self._sock, zmq.POLLIN)
-        while self._running:
-            try:
-                if not poller.poll(100):
-                    continue
-                frames = self._sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.ZMQError:
-                return
+        for frames in received_messages(zmq, self._sock, lambda: self._running):
             try:
                 if len(frames) != 3 or len(frames[1]) != 8:
                     raise ValueError(f"{len(frames)} frames, not vLLM's (topic, seq, batch)")

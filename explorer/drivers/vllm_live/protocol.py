@@ -21,7 +21,7 @@ Rank r binds the configured ports + 2r (`rank_addresses`), and every message say
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -137,3 +137,18 @@ def event_key(h: Any) -> str | None:
     if isinstance(h, int):
         return f"{h & 0xFFFFFFFFFFFFFFFF:016x}"
     return bytes(h)[:8].hex()
+
+
+def received_messages(zmq: Any, sock: Any, running: Callable[[], bool]) -> Iterator[list[bytes]]:
+    """Each multipart message `sock` (a SUB socket) receives, looked for every 100 ms while
+    `running()` holds; it ends when `running()` no longer holds or the socket closes (ZMQError)."""
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    while running():
+        try:
+            if not poller.poll(100):
+                continue
+            frames = sock.recv_multipart(zmq.NOBLOCK)
+        except zmq.ZMQError:
+            return
+        yield frames

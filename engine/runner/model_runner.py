@@ -269,9 +269,10 @@ class ModelRunner:
             positions.extend(range(start, end))
             table = req.block_table
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
-            for g, extra in enumerate(req.extra_block_tables[:others]):
-                group_slots[g].extend(extra[p // bs] * bs + p % bs for p in range(start, end))
-                group_tables[g].append(list(extra))
+            if others:  # a model of one KV cache group (most) skips this per-request loop
+                for g, extra in enumerate(req.extra_block_tables[:others]):
+                    group_slots[g].extend(extra[p // bs] * bs + p % bs for p in range(start, end))
+                    group_tables[g].append(list(extra))
             qsl.append(qsl[-1] + n)
             seq_lens.append(end)
             ctx_lens.append(start)

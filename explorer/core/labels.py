@@ -8,7 +8,7 @@ panels show the label and keep the full id on hover; the captions use the label 
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 LONG_ID_CHARS = 12   # ids longer than this get a "#N" label
@@ -56,3 +56,10 @@ class RequestLabels:
     def name(self, rid: str) -> str:
         """"#17" for a long id, "#3" for the short id "3"."""
         return self._labels.get(rid) or f"#{rid}"
+
+
+def kv_cache_group_label(group: Mapping[str, Any]) -> str:
+    """A KV cache group's short name (model_info's kv_cache_groups entry): "full attention",
+    "sliding window 4096", as the panels and the why-ledger say it."""
+    window = group.get("sliding_window")
+    return f"sliding window {window}" if window else "full attention"

@@ -46,6 +46,7 @@ from widgets.sampler import SamplerState
 from widgets.slot_mapping import SlotMappingState
 from widgets.timeline import TimelineState
 
+from ..core.labels import kv_cache_group_label
 from .captions import BATCH_SOURCE_WORDS, history_captions
 
 TokenText = Callable[[Sequence[int]], list[str]]
@@ -206,8 +207,7 @@ def group_labels(snapshot: Mapping[str, Any]) -> list[str]:
     """A short name for each KV cache group of the snapshot's model ("full attention",
     "sliding window 4096"); one entry where the model has one group (or says nothing of them)."""
     groups = (snapshot.get(SNAP.MODEL_INFO) or {}).get(INFO.KV_CACHE_GROUPS) or []
-    return [f"sliding window {g['sliding_window']}" if g.get("sliding_window") else "full attention"
-            for g in groups] or ["full attention"]
+    return [kv_cache_group_label(g) for g in groups] or ["full attention"]
 
 
 def group_rows(req: Mapping[str, Any], labels: list[str]) -> list[dict[str, Any]]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from ..core.labels import kv_cache_group_label
 from .chains import PLAIN, SeenIndex, Sequence
 from .model import Admission, Divergence, Eviction, Node, PreemptionWhy, RequestWhy, Span
 from .preemption import needing_request, work_of
@@ -377,9 +378,7 @@ def _group_hits(snap: dict, rid: str) -> tuple[int, int, str] | None:
         return None
     groups = (snap.get("model_info") or {}).get("kv_cache_groups") or []
     g = min(range(len(hits)), key=lambda i: (hits[i], i))
-    group = groups[g] if g < len(groups) else {}
-    name = f"sliding window {group['sliding_window']}" if group.get("sliding_window") else f"KV cache group {g}"
-    return hits[0], hits[g], name
+    return hits[0], hits[g], kv_cache_group_label(groups[g]) if g < len(groups) else f"KV cache group {g}"
 
 
 def _holders(snap: dict, rec: dict) -> dict[int, tuple[str, int]]:

@@ -17,6 +17,7 @@ import pytest
 from explorer.core.recording import Recording, RecordingWriter
 from explorer.whatif import identity
 from tests.oracle.vllm_available import require_vllm
+from tests.vllm_traffic import complete_together
 
 pytestmark = pytest.mark.slow
 
@@ -78,9 +79,9 @@ def recorded(request, default_model_path, tmp_path_factory):
             time.sleep(1.0)
             first += [pool.submit(complete, "Count the words in this sentence, please. " * 40, 3), pool.submit(hang_up)]
             [f.result() for f in first]
-            burst = [pool.submit(complete, f"Request number {i} asks for a long story about the sea and ships. " * 3,
-                                 150) for i in range(8)]
-            [f.result() for f in burst]
+        # 8 answers that each grow to 7 blocks, from 39 usable blocks: preemptions.
+        complete_together(client, srv.model, [f"Request number {i} asks for a long story about the sea and ships. " * 3
+                                              for i in range(8)], 150)
         assert live.wait_for(lambda s: not s.current.snapshot["queues"]["running"]
                              and not s.current.snapshot["queues"]["waiting"], timeout=120)
         time.sleep(0.5)

@@ -11,8 +11,9 @@ the block boundaries it is meant to:
 """
 from __future__ import annotations
 
-import concurrent.futures
 from typing import Any
+
+from tests.vllm_traffic import complete_together
 
 BLOCK, NUM_BLOCKS, BUDGET, MAX_MODEL_LEN = 32, 24, 128, 512
 SERVER = dict(num_gpu_blocks=NUM_BLOCKS, block_size=BLOCK, max_model_len=MAX_MODEL_LEN,
@@ -52,7 +53,7 @@ SALTS = {"salt_a": "tenant-a", "salt_b": "tenant-b", "salt_c": "tenant-a"}
 
 
 def send(srv: Any, tokenizer: Any) -> dict[str, str]:
-    """The crafted traffic, in order; name -> the response id (the Session's request id starts with it)."""
+    """The crafted traffic, in order; name -> the prefix of its vLLM request id."""
     client = srv.client(timeout=300)
     p = prompts(tokenizer)
     ids: dict[str, str] = {}
@@ -72,11 +73,9 @@ def send(srv: Any, tokenizer: Any) -> dict[str, str]:
     complete("evict_b", p["evict_b"])
     # Four answers of 150 tokens after 64-token prompts (7 blocks each) from a 23-block pool: running
     # requests run out of blocks.
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        jobs = [pool.submit(complete, f"burst_{i}", _ids(tokenizer, f"Story {i} about ships: ", 2 * BLOCK), 150)
-                for i in range(4)]
-        for j in jobs:
-            j.result()
+    burst = complete_together(client, srv.model, [_ids(tokenizer, f"Story {i} about ships: ", 2 * BLOCK)
+                                                  for i in range(4)], 150)
+    ids.update((f"burst_{i}", rid) for i, (rid, _) in enumerate(burst))
     return ids
 
 

@@ -10,9 +10,8 @@ from typing import Any
 import torch
 
 from .config import EngineConfig
-from .core.kv_cache_manager import cdiv
 from .model import ModelSpec
-from .request import Request, checked_request_args, token_id_list
+from .request import Request, check_fits, checked_request_args, token_id_list
 from .sampling_params import SamplingParams
 
 
@@ -53,20 +52,3 @@ class InputProcessor:
             if not 0 <= t < self.vocab_size:
                 raise ValueError(f"token id {t} at index {i} is outside the vocabulary [0, {self.vocab_size})")
         return token_ids, None
-
-
-def check_fits(token_ids: list[int], params: SamplingParams, cfg: EngineConfig, num_blocks: int) -> None:
-    """The request can run to its end alone in this engine (else a ValueError naming the limit)."""
-    n, max_model_len = len(token_ids), cfg.resolved_max_model_len()
-    if n > max_model_len:
-        raise ValueError(f"prompt has {n} tokens, more than max_model_len={max_model_len}")
-    if not cfg.enable_chunked_prefill and n > cfg.max_num_batched_tokens:
-        raise ValueError(f"prompt has {n} tokens, more than max_num_batched_tokens="
-                         f"{cfg.max_num_batched_tokens} (chunked prefill is off)")
-    longest = min(n + params.max_tokens, max_model_len)
-    need = cdiv(longest, cfg.block_size)
-    if need > num_blocks - 1:
-        raise ValueError(f"a request of {longest} tokens (prompt + max_tokens, capped at max_model_len) "
-                         f"needs {need} KV blocks of {cfg.block_size} tokens; num_kv_blocks={num_blocks} leaves only "
-                         f"{num_blocks - 1} usable (block 0 is the null block): lower max_tokens, shorten the "
-                         f"prompt, or use num_kv_blocks >= {need + 1} (a new engine)")

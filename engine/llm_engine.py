@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from .config import EngineConfig, with_live_knobs
-from .core.kv_cache_groups import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
+from .core.kv_cache_groups import attention_group_specs
 from .core.kv_cache_manager import KVCacheManager
 from .core.scheduler import Scheduler, SchedulerOutput
 from .executor.executor import WorkerGroup
@@ -18,22 +18,22 @@ from .report.change_notes import ChangeNotes
 from .report.invariants import check_invariants
 from .report.model_info import model_info, tensor_parallel_facts
 from .report.probe import AttentionProbe, probe_attention
-from .report.records import EngineSnapshot, StepRecord, changes_to_come, engine_snapshot, gc_paused, step_record
-from .report.schema import METRICS, TIME, ChangesDict, EngineMetricsDict, ModelInfoDict, TimingsDict
+from .report.records import (
+    EngineSnapshot,
+    StepRecord,
+    changes_to_come,
+    engine_metrics,
+    engine_snapshot,
+    gc_paused,
+    step_record,
+)
+from .report.schema import TIME, ChangesDict, EngineMetricsDict, ModelInfoDict, TimingsDict
 from .request import Request, abortable
 from .runner.forward_timer import ForwardTimer
 from .runner.model_runner import ModelRunner, resolve_device
 from .runner.sampler import Sampler
 from .sampling_params import SamplingParams
 from .tokenizer import fast_decoder, load_tokenizer
-
-
-def kv_cache_specs(spec: ModelSpec) -> list[KVCacheSpec] | None:
-    """The model's KV cache groups as the KV cache manager takes them (None: one full-attention
-    group), in the order of ModelSpec.kv_cache_group_layers."""
-    if spec.sliding_window is None:
-        return None
-    return [FullAttentionSpec(), SlidingWindowSpec(spec.sliding_window)]
 
 
 class LLMEngine:
@@ -69,7 +69,7 @@ class LLMEngine:
         self.decode = fast_decoder(self.tokenizer)
         self.config: EngineConfig = config.replace(num_kv_blocks=self.runner.num_blocks)
         self.kv = KVCacheManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching,
-                                 max_model_len, kv_cache_groups=kv_cache_specs(spec),
+                                 max_model_len, kv_cache_groups=attention_group_specs(spec.sliding_window),
                                  max_in_flight_tokens=config.max_num_batched_tokens,
                                  prefix_cache_retention_interval=config.prefix_cache_retention_interval)
         self.scheduler = Scheduler(self.config, self.kv, max_model_len)
@@ -220,12 +220,7 @@ class LLMEngine:
     # -- inspection ---------------------------------------------------------------------
     @property
     def metrics(self) -> EngineMetricsDict:
-        return {METRICS.NUM_STEPS: self.step_count, METRICS.ENGINE_TIME_S: self.engine_time,
-                METRICS.PREFIX_CACHE_HITS: self.kv.prefix_cache_hits,
-                METRICS.PREFIX_CACHE_QUERIES: self.kv.prefix_cache_queries,
-                METRICS.KV_CACHE_USAGE: self.kv.pool.usage, METRICS.NUM_PREEMPTIONS: self.scheduler.num_preemptions,
-                METRICS.NUM_GENERATED_TOKENS: self.num_generated_tokens,
-                METRICS.NUM_PROMPT_TOKENS_COMPUTED: self.num_computed_prompt_tokens}
+        return engine_metrics(self.step_count, self.engine_time, self.scheduler)
 
     def snapshot(self) -> EngineSnapshot:
         return engine_snapshot(self.step_count, self.config, self.model_info, self.metrics, self.scheduler,

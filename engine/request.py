@@ -13,6 +13,7 @@ if TYPE_CHECKING:  # no torch at run time: engine/core, which imports this modul
 
     import torch
 
+    from .config import EngineConfig
     from .report.schema import ClockDict, ClockLatenciesDict, RequestMetricsDict
 
 
@@ -223,3 +224,19 @@ def token_id_list(prompt: Any) -> list[int]:
         raise ValueError("prompt must not be empty (got no token ids)")
     return token_ids
 
+
+def check_fits(token_ids: list[int], params: SamplingParams, cfg: EngineConfig, num_blocks: int) -> None:
+    """The request can run to its end alone in this engine (else a ValueError naming the limit)."""
+    n, max_model_len = len(token_ids), cfg.resolved_max_model_len()
+    if n > max_model_len:
+        raise ValueError(f"prompt has {n} tokens, more than max_model_len={max_model_len}")
+    if not cfg.enable_chunked_prefill and n > cfg.max_num_batched_tokens:
+        raise ValueError(f"prompt has {n} tokens, more than max_num_batched_tokens="
+                         f"{cfg.max_num_batched_tokens} (chunked prefill is off)")
+    longest = min(n + params.max_tokens, max_model_len)
+    need = -(-longest // cfg.block_size)
+    if need > num_blocks - 1:
+        raise ValueError(f"a request of {longest} tokens (prompt + max_tokens, capped at max_model_len) "
+                         f"needs {need} KV blocks of {cfg.block_size} tokens; num_kv_blocks={num_blocks} leaves only "
+                         f"{num_blocks - 1} usable (block 0 is the null block): lower max_tokens, shorten the "
+                         f"prompt, or use num_kv_blocks >= {need + 1} (a new engine)")

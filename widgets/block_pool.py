@@ -1,14 +1,13 @@
 """KV block pool panel: every physical block on one canvas, plus per-request block tables."""
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, ClassVar, TypedDict
 
 import traitlets as t
 
 from ._base import Panel, bundle_css, bundle_esm
-
-TokenText = Callable[[Sequence[int]], list[str]]
+from .hover import TokenText, block_detail
 
 
 class BlockPoolCells(TypedDict):
@@ -109,17 +108,3 @@ class BlockPoolPanel(Panel):
             self.detail = self.block_detail(self.selected)
             return True
         return False
-
-
-def block_detail(blocks: Sequence[dict], block_id: int, step: int, token_text: TokenText | None = None) -> dict:
-    """The `detail` trait for block `block_id` of a snapshot's `blocks`, shown at `step`
-    ({} when there is no such block). Also what an exported page shows on hover."""
-    if not 0 <= block_id < len(blocks):
-        return {}
-    b = blocks[block_id]
-    ids = list(b.get("token_ids") or [])
-    texts = token_text(ids) if (token_text and ids) else []
-    return {"block_id": block_id, "ref_count": b.get("ref_count", 0), "hash": b.get("hash"),
-            "owners": list(b.get("owners") or []), "token_ids": ids, "tokens": texts,
-            "is_null": bool(b.get("is_null", block_id == 0)), "is_free": bool(b.get("is_free", False)),
-            "step": step}

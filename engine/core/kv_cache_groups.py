@@ -159,3 +159,12 @@ def blocks_to_allocate(spec: KVCacheSpec, table: list[int], hits: list[int], num
     new = max(required - max(skipped_blocks, len(hits) + len(table)), 0)
     kept_hits = hits[max(0, skipped_blocks - len(table)):]
     return new + sum(1 for b in kept_hits if b != NULL_BLOCK_ID and pool.blocks[b].ref_count == 0)
+
+
+def attention_group_specs(sliding_window: int | None) -> list[KVCacheSpec] | None:
+    """The KV cache groups of a model whose sliding-window layers (if any) have `sliding_window`,
+    as the KV cache manager takes them (None: one full-attention group): the full-attention
+    group first, as ModelSpec.kv_cache_group_layers orders them."""
+    if sliding_window is None:
+        return None
+    return [FullAttentionSpec(), SlidingWindowSpec(sliding_window)]

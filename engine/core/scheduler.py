@@ -1,15 +1,13 @@
 """Decides, each step, which requests run and with how many tokens.
 
 Two policies:
-- 'unified' (vLLM v1): one token budget; running requests first (a decode takes 1 token,
-  an unfinished prefill continues with a chunk), then waiting requests first come first
-  served. Prefill and decode mix in one step.
+- 'unified' (vLLM v1): one token budget; running requests first (a decode takes 1 token, an unfinished prefill
+  continues with a chunk), then waiting requests first come first served. Prefill and decode mix in one step.
 - 'prefill_first' (nano-vLLM): a step is all prefill (only its first request may be chunked)
   or, when nothing can be prefilled, all decode.
 Out of blocks, the most recently admitted running request is preempted (recompute).
-With `scheduler_reserve_full_isl` (vLLM 0.32's default), a waiting request is admitted only
-when blocks for its whole known sequence fit the pool, not only its first chunk.
-After the forward, `update_from_output` advances the requests (vLLM keeps it here too).
+With `scheduler_reserve_full_isl` (vLLM 0.32's default), a waiting request is admitted only when blocks for its
+whole known sequence fit the pool, not only its first chunk. `update_from_output` advances them after the forward.
 """
 from __future__ import annotations
 
@@ -39,6 +37,7 @@ class SchedulerOutput:
     """What `Scheduler.schedule` decided for one step (vLLM's SchedulerOutput, trimmed)."""
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
+    preempted_for: dict[str, str] = field(default_factory=dict)  # victim -> the request it freed blocks for
     new_requests: list[str] = field(default_factory=list)
     token_budget: int = 0
 
@@ -109,6 +108,7 @@ class Scheduler:
                 victim = self.running.pop()
                 self._preempt(victim)
                 out.preempted.append(victim.request_id)
+                out.preempted_for[victim.request_id] = req.request_id
                 if victim is req:
                     break
             if new_blocks is None:

@@ -8,20 +8,19 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from ..config import SCHEDULER_KNOBS, EngineConfig
 from ..core.block_pool import NULL_BLOCK_ID, BlockEvents, BlockPool
 from ..core.hashing import hash_hex
 from ..core.scheduler import Scheduler, SchedulerOutput
 from ..request import Request, RequestStatus
-from ..runner.batch import Batch
-from ..runner.model_runner import ModelRunnerOutput
-from ..runner.sampler import SampleResult
+from ..runner.batch import Batch, SampleResult
 from .schema import (
     BATCH,
     BLOCK,
     EV,
+    METRICS,
     POOL,
     QUEUE,
     REC,
@@ -47,6 +46,9 @@ from .schema import (
     StepRecordDict,
     TimingsDict,
 )
+
+if TYPE_CHECKING:  # the model side (torch): only its type is read here, so a replay without a model imports this
+    from ..runner.model_runner import ModelRunnerOutput
 
 Decode = Callable[[Sequence[int]], str]  # token ids -> text (engine.tokenizer.fast_decoder)
 
@@ -300,6 +302,16 @@ def step_record(step: int, out: SchedulerOutput, batch: Batch | None, ran: Model
     rec.budgets = rec.budgets_of(config)
     rec.num_running, rec.num_waiting = len(scheduler.running), len(scheduler.waiting)
     return rec
+
+
+def engine_metrics(step: int, engine_time: float, scheduler: Scheduler) -> EngineMetricsDict:
+    """The engine's counters after `step` steps (`engine_time` seconds inside them)."""
+    kv = scheduler.kv
+    return {METRICS.NUM_STEPS: step, METRICS.ENGINE_TIME_S: engine_time,
+            METRICS.PREFIX_CACHE_HITS: kv.prefix_cache_hits, METRICS.PREFIX_CACHE_QUERIES: kv.prefix_cache_queries,
+            METRICS.KV_CACHE_USAGE: kv.pool.usage, METRICS.NUM_PREEMPTIONS: scheduler.num_preemptions,
+            METRICS.NUM_GENERATED_TOKENS: scheduler.num_generated_tokens,
+            METRICS.NUM_PROMPT_TOKENS_COMPUTED: scheduler.num_computed_prompt_tokens}
 
 
 def engine_snapshot(step: int, config: EngineConfig, model_info: ModelInfoDict, metrics: EngineMetricsDict,

@@ -1,12 +1,21 @@
 """The packed inputs of one step (vLLM v1's names): what the runner builds from the scheduler's
-decision, the StepRecord shows, and a tensor-parallel worker rebuilds from what rank 0 sent."""
+decision, the StepRecord shows, and a tensor-parallel worker rebuilds from what rank 0 sent; and
+what the sampler chose for each row. Plain lists: no torch here."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ..core.scheduler import SchedulerOutput
     from ..report.schema import BatchDict
+
+
+@dataclass
+class SampleResult:
+    """The token chosen for one row, and the top candidates it was drawn from."""
+    token_id: int
+    top: list[tuple[int, float]]  # (token id, probability) after temperature / top-k / top-p
 
 
 @dataclass
@@ -35,3 +44,39 @@ class Batch:
             batch["group_slot_mappings"] = self.group_slot_mappings
             batch["group_block_tables"] = self.group_block_tables
         return batch
+
+
+def build_batch(out: SchedulerOutput, block_size: int, num_groups: int = 1) -> tuple[Batch, list[int], list[int]]:
+    """The step's packed inputs as lists, from the scheduler's decision (no tensors: the model
+    runner makes them, and a replay without a model needs none): the Batch, each row's context
+    length (the tokens computed before this step) and the rows that decode one token."""
+    bs = block_size
+    input_ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    qsl, seq_lens, ctx_lens, logits_idx, decode_ids = [0], [], [], [], []
+    tables: list[list[int]] = []
+    others = num_groups - 1
+    group_slots: list[list[int]] = [[] for _ in range(others)]
+    group_tables: list[list[list[int]]] = [[] for _ in range(others)]
+    for i, s in enumerate(out.scheduled):
+        req, start, n = s.request, s.num_computed_before, s.num_tokens
+        end = start + n
+        input_ids.extend(req.all_token_ids[start:end])
+        positions.extend(range(start, end))
+        table = req.block_table
+        slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+        if others:  # a model of one KV cache group (most) skips this per-request loop
+            for g, extra in enumerate(req.extra_block_tables[:others]):
+                group_slots[g].extend(extra[p // bs] * bs + p % bs for p in range(start, end))
+                group_tables[g].append(list(extra))
+        qsl.append(qsl[-1] + n)
+        seq_lens.append(end)
+        ctx_lens.append(start)
+        tables.append(list(table))
+        if s.sample:
+            logits_idx.append(qsl[-1] - 1)
+        if n == 1 and start > 0:
+            decode_ids.append(i)
+    batch = Batch(input_ids, positions, qsl, seq_lens, slots, tables, logits_idx, group_slots, group_tables)
+    return batch, ctx_lens, decode_ids

@@ -20,7 +20,7 @@ from ..model import CausalLM, ModelSpec, load_weights
 from ..model.cpu_linear import cpu_packing_available
 from ..parallel.parallel_state import SINGLE, TensorParallel
 from . import crossover
-from .batch import Batch
+from .batch import Batch, build_batch
 from .cuda_graphs import DecodeGraphs, why_no_graphs
 from .native_decode import NativeDecode, why_no_native_decode
 from .padded_tables import PaddedTables
@@ -253,40 +253,13 @@ class ModelRunner:
                                                      torch.Tensor | None]:
         """The step's packed inputs: the Batch (lists) and, unless the native decode took the
         step (then None), its attention metadata, input ids and positions as tensors."""
-        bs = self.block_size
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        qsl, seq_lens, ctx_lens, logits_idx, decode_ids = [0], [], [], [], []
-        tables: list[list[int]] = []
-        others = len(self.kv_groups) - 1
-        group_slots: list[list[int]] = [[] for _ in range(others)]
-        group_tables: list[list[list[int]]] = [[] for _ in range(others)]
-        for i, s in enumerate(out.scheduled):
-            req, start, n = s.request, s.num_computed_before, s.num_tokens
-            end = start + n
-            input_ids.extend(req.all_token_ids[start:end])
-            positions.extend(range(start, end))
-            table = req.block_table
-            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
-            if others:  # a model of one KV cache group (most) skips this per-request loop
-                for g, extra in enumerate(req.extra_block_tables[:others]):
-                    group_slots[g].extend(extra[p // bs] * bs + p % bs for p in range(start, end))
-                    group_tables[g].append(list(extra))
-            qsl.append(qsl[-1] + n)
-            seq_lens.append(end)
-            ctx_lens.append(start)
-            tables.append(list(table))
-            if s.sample:
-                logits_idx.append(qsl[-1] - 1)
-            if n == 1 and start > 0:
-                decode_ids.append(i)
-        batch = Batch(input_ids, positions, qsl, seq_lens, slots, tables, logits_idx, group_slots, group_tables)
+        batch, ctx_lens, decode_ids = build_batch(out, self.block_size, len(self.kv_groups))
+        input_ids, positions = batch.input_ids, batch.positions
         if self.native_decode is not None and self.native_decode.takes(len(input_ids), len(decode_ids),
-                                                                        len(logits_idx), tables):
+                                                                        len(batch.logits_indices), batch.block_tables):
             # A pure-decode step runs as one native call reading the lists above (forward with
             # meta None): no tensors to build.
-            self.native_decode.load(input_ids, positions, slots, seq_lens, tables)
+            self.native_decode.load(input_ids, positions, batch.slot_mapping, batch.seq_lens, batch.block_tables)
             return batch, None, None, None
         meta = self.metadata(batch, ctx_lens, decode_ids)
         dev = self.device

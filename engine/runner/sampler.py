@@ -1,19 +1,11 @@
 """Picks each sampled request's next token and reports the candidates it chose from."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from ..cpu_kernels import native
 from ..request import Request
-
-
-@dataclass
-class SampleResult:
-    """The token chosen for one row, and the top candidates it was drawn from."""
-    token_id: int
-    top: list[tuple[int, float]]  # (token id, probability) after temperature / top-k / top-p
+from .batch import SampleResult
 
 
 def filtered_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:

@@ -31,9 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from ..ui import views
-from ..ui.dashboard import PANEL_NAMES, dashboard_panels
+from ..ui.layout import PANEL_NAMES
 from ..why import WhyLedger
-from ..why import proof as why_proof
 from . import states
 
 HOST_JS = Path(__file__).with_name("host.js")
@@ -157,7 +156,7 @@ def build_export_data(entries: Sequence[Any], *, token_text: Callable[[Sequence[
                  "model": info.get("name"), "device": info.get("device"), "dtype": info.get("dtype"),
                  "steps_total": steps_total if steps_total is not None else _step(entries[-1]),
                  "first_step": _step(entries[0]), "last_step": _step(entries[-1]), "notice": notice,
-                 "run_live": RUN_LIVE, "panels": list(dashboard_panels() if panels is None else panels),
+                 "run_live": RUN_LIVE, "panels": list(_dashboard_panels() if panels is None else panels),
                  "start": start},
         # Sent once, as the binder does: the whole run, with the shown step as a cursor.
         "timeline": views.timeline_state(entries, [v["controls"]["caption"] for v in per_step]),
@@ -165,6 +164,12 @@ def build_export_data(entries: Sequence[Any], *, token_text: Callable[[Sequence[
         "views": states.pack_views(per_step),
         "why": states.why_views(ledger, entries, token_text, proof),
     }
+
+
+def _dashboard_panels() -> tuple[str, ...]:
+    from ..ui.dashboard import dashboard_panels  # the widgets' registry: the page's own data needs none
+
+    return dashboard_panels()
 
 
 # -- writing the page ---------------------------------------------------------------------------
@@ -281,14 +286,18 @@ def export_html(source: Any, path: str | Path, *, title: str | None = None, capt
     `prove=True` also replays the run through vLLM's scheduler to prove each cause (seconds)."""
     entries = list(getattr(source, "history", source))
     ledger = WhyLedger().feed(entries)
-    proof = why_proof.prove(ledger, why_proof.recording_of(entries)) if prove else None
+    proof = None
+    if prove:
+        from ..why import proof as why_proof  # vLLM's scheduler, loaded only to prove
+
+        proof = why_proof.prove(ledger, why_proof.recording_of(entries))
     if token_text is None and hasattr(source, "engine"):
         token_text = views.token_texts(getattr(source.engine, "tokenizer", None))
     if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
         raise ValueError(f"max_bytes must be an integer >= 1, got {max_bytes!r}")
     engine_name = str(getattr(source, "engine_name", "kvscope"))
     kept, notice = select_entries(entries, max_steps, keep)
-    panels = dashboard_panels()
+    panels = _dashboard_panels()
     sources, defaults = panel_sources(panels), panel_defaults(panels)
 
     def page_for(kept: list, notice: str) -> str:

@@ -3,7 +3,7 @@
 An exported page (explorer/export/page.py) runs no Python, so it cannot turn a history entry into
 panel states the way the live Dashboard does. Instead, every state the page can show is
 computed here, at export time, by the very functions the Dashboard's binder calls
-(explorer/ui/views.py, widgets/block_pool.block_detail): per kept entry, what
+(explorer/ui/views.py, widgets/hover.block_detail): per kept entry, what
 `SessionBinder.render` sends each panel with that entry on display, plus the answers the
 page gives later without Python: the sampler's state for every request the user could
 select, and every block's hover detail. The page's host (explorer/export/host.js) only
@@ -20,12 +20,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from engine.config import SCHEDULER_KNOBS
-from widgets.block_pool import block_detail
+from widgets.hover import block_detail
 
 from ..core.labels import RequestLabels
 from ..ui import captions as _captions
 from ..ui import views, why_view
-from ..ui.dashboard import POOL_KEYS
+from ..ui.layout import POOL_KEYS
 from ..why import WhyLedger
 from . import delta
 

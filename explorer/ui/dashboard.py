@@ -27,15 +27,11 @@ from widgets.attention import prepare_probe
 
 from ..core.labels import RequestLabels
 from . import captions, presets, run_writer, tp_view, views, why_view
+from .layout import ON_DEMAND, PANEL_NAMES, POOL_KEYS
 
 _log = logging.getLogger(__name__)
 
-# The Dashboard's panels in the order it lays them out; a registered panel these do not name
-# (widgets.PANELS: a new widgets/<name>.py) follows them, at the bottom (`dashboard_panels`).
-PANEL_NAMES = ("controls", "queues", "sampler", "why", "blocks", "slots", "tree", "attention", "timeline", "latency")
-ON_DEMAND = ("tensor_parallel",)  # shown only where there is something to see (sharding)
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_k", "top_p", "ignore_eos", "seed")
-POOL_KEYS = ("num_kv_blocks", "block_size")
 # Form fields that must not be left empty (the form sends an emptied one as ""), and what to enter.
 REQUIRED_FIELDS = {"max_tokens": "how many tokens to generate, 1 or more", "temperature": "0 for greedy",
                    "top_k": "0 for off", "top_p": "1 for off"}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 # The block pool's `status` codes and `events` bits are the record schema's (the browser reads
 # them from its generated copy, widgets/_schema.js's KVS_SCHEMA).
@@ -38,16 +38,17 @@ from engine.report.schema import (
 )
 from engine.tokenizer import fast_decoder
 
-# Each panel's state type: what the functions below return (widgets/<panel>.py).
-from widgets.block_pool import BlockPoolState
-from widgets.latency import LatencyState
-from widgets.queues import QueuesState
-from widgets.sampler import SamplerState
-from widgets.slot_mapping import SlotMappingState
-from widgets.timeline import TimelineState
-
 from ..core.labels import kv_cache_group_label
 from .captions import BATCH_SOURCE_WORDS, history_captions
+
+if TYPE_CHECKING:  # each panel's state type, what the functions below return (widgets/<panel>.py); only
+    # their names are read here, so this module runs without anywidget (a docs page's Pyodide)
+    from widgets.block_pool import BlockPoolState
+    from widgets.latency import LatencyState
+    from widgets.queues import QueuesState
+    from widgets.sampler import SamplerState
+    from widgets.slot_mapping import SlotMappingState
+    from widgets.timeline import TimelineState
 
 TokenText = Callable[[Sequence[int]], list[str]]
 

@@ -13,13 +13,25 @@ imports vLLM (through explorer.drivers.vllm.bare) only when a replay runs.
 """
 from __future__ import annotations
 
-from .identity import IdentityReport, identity
-from .mooncake import load_trace
-from .parting import Parting, first_parting
-from .replay import ReplayError, ReplayResult, replay
-from .settings import SettingRejected, Variant, variant
-from .step_model import NoStepTimings, StepTimeModel, fit
-from .sweep import SweepResult, sweep
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .identity import IdentityReport, identity
+    from .mooncake import load_trace
+    from .parting import Parting, first_parting
+    from .replay import ReplayError, ReplayResult, replay
+    from .settings import SettingRejected, Variant, variant
+    from .step_model import NoStepTimings, StepTimeModel, fit
+    from .sweep import SweepResult, sweep
+
+# The names below load on first use: the step model and the sweep need numpy, and the replay
+# through kvscope's own core (core_replay.py) runs where only Python does (a docs page's Pyodide).
+_WHERE = {"IdentityReport": ".identity", "identity": ".identity", "load_trace": ".mooncake", "Parting": ".parting",
+          "first_parting": ".parting", "ReplayError": ".replay", "ReplayResult": ".replay", "replay": ".replay",
+          "SettingRejected": ".settings", "Variant": ".settings", "variant": ".settings",
+          "NoStepTimings": ".step_model", "StepTimeModel": ".step_model", "fit": ".step_model",
+          "SweepResult": ".sweep", "sweep": ".sweep"}
 
 __all__ = [
     "IdentityReport",
@@ -39,3 +51,11 @@ __all__ = [
     "sweep",
     "variant",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'explorer.whatif' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name], __name__), name)
+    globals()[name] = value   # loaded once
+    return value

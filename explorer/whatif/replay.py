@@ -26,15 +26,17 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from ..core.recording import Recording, decisions_digest
 from ..drivers.vllm.records import computed_before
 from .settings import VLLM_TITLE, Variant
 from .settings import variant as make_variant
-from .step_model import StepTimeModel
+
+if TYPE_CHECKING:  # numpy: a replay that is given no step model never loads it
+    from .step_model import StepTimeModel
 
 ARRIVALS = ("step", "timed")
 
@@ -388,34 +390,7 @@ class _Replay:
         return now
 
     def _account(self, step: int, before: dict, admitted: set, sampled: dict, finished: list, now: float) -> None:
-        res = self.result
-        reqs = res.requests
-        for p in self.s.step_preemptions:
-            r = reqs[p.victim]
-            r.num_preemptions += 1
-            r.lost_tokens = p.lost_tokens
-            res.preemptions += 1
-        for rid in admitted:
-            r = reqs[rid]
-            b = int(before[rid])
-            if r.first_scheduled_step is None:
-                r.first_scheduled_step = step
-                r.num_cached_tokens = b
-                res.hit_tokens += b
-                continue
-            res.resumed_hit_tokens += b
-            if r.lost_tokens:
-                recomputed = max(0, r.lost_tokens - b)
-                r.recomputed_tokens += recomputed
-                res.recomputed_tokens += recomputed
-                r.lost_tokens = 0
-        for rid in sampled:
-            r = reqs[rid]
-            if r.first_token_step is None:
-                r.first_token_step, r.first_token_time = step, now
-            r.token_times.append(now)
-        for rid in finished:
-            reqs[rid].finished_step, reqs[rid].finished_time = step, now
+        account_step(self.result, step, self.s.step_preemptions, before, admitted, sampled, finished, now)
 
     def _decisions(self, step: int, out: Any, before: dict, admitted: set, sampled: dict, finished: list,
                    now: float) -> None:
@@ -445,3 +420,38 @@ def _runner_output(out: Any, sampled: dict[str, int]) -> Any:
     ids = list(out.num_scheduled_tokens)
     return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                              sampled_token_ids=[[sampled[r]] if r in sampled else [] for r in ids])
+
+
+def account_step(res: ReplayResult, step: int, preemptions: list[Preemption], before: dict, admitted: set,
+                 sampled: Iterable[str], finished: list[str], now: float) -> None:
+    """Count one replayed step into `res`: its preemptions, the prefix hits of the requests it
+    admitted (first admissions apart from re-admissions, whose lost tokens are recomputed), the
+    requests that sampled and those that finished. `before`: each scheduled request's computed
+    tokens before the step."""
+    reqs = res.requests
+    for p in preemptions:
+        r = reqs[p.victim]
+        r.num_preemptions += 1
+        r.lost_tokens = p.lost_tokens
+        res.preemptions += 1
+    for rid in admitted:
+        r = reqs[rid]
+        b = int(before[rid])
+        if r.first_scheduled_step is None:
+            r.first_scheduled_step = step
+            r.num_cached_tokens = b
+            res.hit_tokens += b
+            continue
+        res.resumed_hit_tokens += b
+        if r.lost_tokens:
+            recomputed = max(0, r.lost_tokens - b)
+            r.recomputed_tokens += recomputed
+            res.recomputed_tokens += recomputed
+            r.lost_tokens = 0
+    for rid in sampled:
+        r = reqs[rid]
+        if r.first_token_step is None:
+            r.first_token_step, r.first_token_time = step, now
+        r.token_times.append(now)
+    for rid in finished:
+        reqs[rid].finished_step, reqs[rid].finished_time = step, now

@@ -15,7 +15,7 @@ from explorer.export import workloads as recording
 from explorer.ui import views, why_view
 from explorer.ui.captions import history_captions
 from explorer.why import WhyLedger
-from widgets.block_pool import block_detail
+from widgets.hover import block_detail
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

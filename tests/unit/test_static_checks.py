@@ -69,8 +69,8 @@ def test_a_planted_type_error_and_lint_error_are_reported(tmp_path):
     lint = ruff([str(lint_copy)])
     assert lint.returncode == 1 and "F401" in lint.stdout and "shutil" in lint.stdout, _report(lint)
 
-    absolute = re.sub(r"^from \.\.(\w)", r"from engine.\1", source, flags=re.M)
-    absolute = re.sub(r"^from \.(\w)", r"from engine.report.\1", absolute, flags=re.M)
+    absolute = re.sub(r"^(\s*)from \.\.(\w)", r"\1from engine.\2", source, flags=re.M)
+    absolute = re.sub(r"^(\s*)from \.(\w)", r"\1from engine.report.\2", absolute, flags=re.M)
     types_copy = tmp_path / "types" / "planted_records.py"
     types_copy.parent.mkdir()
     types_copy.write_text(absolute)

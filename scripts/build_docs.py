@@ -24,7 +24,10 @@ What it does:
    which opens from file:// and from any static host: no font, script or style is fetched
    from outside it (Material's Google fonts are off, its offline plugin makes search work
    from file://).
-5. Checks the budgets: each replay <= 1 MB, the whole site <= 25 MB.
+5. Writes what a chapter page's "Re-run" needs (walkthrough/rerun/: Pyodide, the project's Python
+   files, the panels; each chapter's workload beside its replay), after checking that each
+   chapter's re-run through kvscope's core at the recorded settings is its recorded run.
+6. Checks the budgets: each replay <= 1 MB, the whole site <= 30 MB.
 
 The walkthrough is greedy and its workloads fixed, so two builds show the same schedules,
 blocks and tokens; only the measured times differ.
@@ -54,7 +57,7 @@ SHARED_PAGES = ("panels.md", "vllm.md", "attach.md", "whatif.md", "why.md", "fid
                 "architecture.md", "install.md", "testing.md")
 SITE_SRC = REPO / "docs" / "site_src"
 REPLAY_BUDGET = 1_000_000
-SITE_BUDGET = 25_000_000
+SITE_BUDGET = 30_000_000
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 DOCS_META = "kvscope_docs"  # metadata key of the cells this script adds to the notebook
 
@@ -95,17 +98,21 @@ class _KvsDocsRecorder:
 
     def end(self, number, title, slug):
         from explorer.export import page as export
+        from explorer.export.rerun import chapter_workload, recorded_identity
+        from explorer.export.rerun_site import workload_script
         from explorer.ui import views
+        from explorer.ui.dashboard import dashboard_panels
         s = self._attach()
         first_segment, start = self.mark
         parts = []
-        for i, seg in enumerate(self.closed[first_segment:] + [self.hist]):
+        segments = self.closed[first_segment:] + [self.hist]   # each from its engine's start
+        for i, seg in enumerate(segments):
             if i == 0 and start is not None:
                 seg = [e for e in seg if e.step >= start]
             parts.append(seg)
-        stepped = [p for p in parts if len(p) > 1]
+        stepped = [(p, seg) for p, seg in zip(parts, segments) if len(p) > 1]
         # A chapter that runs no step of its own shows the step it reads (or the state it made).
-        parts = stepped or [self.hist[-2:]]
+        parts = [p for p, _ in stepped] or [self.hist[-2:]]
         texts = views.token_texts(s.engine.tokenizer)
         files = []
         for j, part in enumerate(parts):
@@ -125,6 +132,14 @@ class _KvsDocsRecorder:
                           "queues": {q: [r["request_id"] for r in snap["queues"][q]]
                                      for q in ("waiting", "running", "finished")},
                           "hover_block": {k: held[0][k] for k in ("block_id", "owners", "ref_count")}})
+            if stepped:  # its re-run in the reader's browser: the engine's requests from its start
+                seg = [e for e in stepped[j][1] if e.step <= last]
+                workload = chapter_workload(seg, first_step=first, title=title_j, token_text=texts,
+                                            panels=dashboard_panels())
+                script = name.replace(".html", ".workload.js")
+                (self.out / script).write_text(workload_script(name[:-5], workload))
+                files[-1].update(workload=script, settings=workload["settings"],
+                                 rerun_differs=recorded_identity(workload))
         manifest = self.out / "manifest.json"
         data = _kvs_json.loads(manifest.read_text()) if manifest.exists() else {}
         data[str(number)] = files
@@ -258,6 +273,8 @@ JUMP_TO_REPLAY = ('<p class="kvs-jump"><a href="#replay" data-testid="kvs-jump-r
 
 
 def chapter_page(ch: dict, executed: list, files: list[dict], built: str) -> str:
+    from explorer.export.rerun_site import rerun_form, rerun_script
+
     lines: list[str] = []
     check_next = False
     for cell in executed:
@@ -300,6 +317,21 @@ def chapter_page(ch: dict, executed: list, files: list[dict], built: str) -> str
                      f'</iframe>')
         lines.append(f'<p class="kvs-replay-link"><a href="replays/{f["file"]}">Open this replay on a page of '
                      f'its own</a> ({f["bytes"] / 1e6:.2f} MB, one self-contained file).</p>')
+    reruns = [f for f in files if f.get("workload")]
+    if reruns:
+        lines.append('<h2 id="rerun">Re-run this chapter at other settings</h2>')
+        lines.append("<p>Change the pool, the token budget, <code>max_num_seqs</code>, the block size, prefix caching "
+                     "or chunked prefill, and press Run. Your browser then runs kvscope's own scheduler, KV cache "
+                     "manager and block pool (the project's Python files, in Pyodide) over this chapter's requests, "
+                     "from the engine's start: each request arrives at its recorded step, and each step's tokens are "
+                     "the recorded run's. <b>Exact:</b> every scheduling and caching decision. <b>Recorded:</b> the "
+                     "tokens (no model runs in the page, so there are no attention weights and no model timings). "
+                     "The panels start at the chapter's first step; the line under the form says where the new run "
+                     "parts from the recorded one, and why.</p>")
+        for f in reruns:
+            lines.append(rerun_form(f["file"][:-5], f["settings"], runtime="rerun/",
+                                    workload_src=f"replays/{f['workload']}"))
+        lines.append(rerun_script("rerun/"))
     return "\n\n".join(lines) + "\n"
 
 
@@ -355,6 +387,16 @@ def build_walkthrough(stage: Path, wanted: set[int] | None, timeout_s: int) -> d
     seconds = execute(run, NOTEBOOK.parent, timeout_s)
     print(f"[docs] executed in {seconds:.1f} s", flush=True)
     manifest = json.loads((replays / "manifest.json").read_text())
+    differs = [f"{f['file']}: {f['rerun_differs']}" for files in manifest.values() for f in files
+               if f.get("rerun_differs")]
+    if differs:  # the page's re-run at the recorded settings must be the recorded run
+        raise SystemExit("[docs] a chapter's re-run through kvscope's core is not its recorded run: "
+                         + "; ".join(differs))
+    from explorer.export.rerun_site import write_runtime
+    from explorer.ui.dashboard import dashboard_panels
+
+    runtime = write_runtime(folder / "rerun", dashboard_panels())
+    print(f"[docs] the re-run's runtime: {sum(runtime.values()) / 1e6:.1f} MB in walkthrough/rerun/", flush=True)
     built = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     pages = []
     for ch in chapters:

@@ -130,8 +130,11 @@ class TokenReplayEngine:
                            TIME.SAMPLE: 0.0, TIME.UPDATE: (t3 - t2) * 1e3, TIME.TOTAL: (t3 - t0) * 1e3,
                            TIME.COLLECTIVES: 0.0}
         results = [SampleResult(token_of[r.request_id], []) for r in rows]
-        return step_record(self.step_count, out, batch, None, rows, results, finished, ms, scheduler=self.scheduler,
-                           config=self.config, backend=BACKEND, engine_time=self.engine_time, decode=self.decode)
+        rec = step_record(self.step_count, out, batch, None, rows, results, finished, ms, scheduler=self.scheduler,
+                          config=self.config, backend=BACKEND, engine_time=self.engine_time, decode=self.decode)
+        if batch is not None:
+            rec.batch_source = "replay"   # the runner's packing, with no runner (explorer.ui.captions says so)
+        return rec
 
     # -- inspection ---------------------------------------------------------------------------
     @property

@@ -346,7 +346,8 @@ def walkthrough_index(intro: list, closing: list, chapters: list[dict], wanted: 
                     "(a subset build: `scripts/build_docs.py --chapters`).*")
     body += ["Each chapter page carries the notebook's text and code, what the code printed when the "
              "page was built, and a replay of that chapter's steps recorded from the engine at build time. "
-             "To run it live: `make lab`."]
+             "A chapter that runs steps of its own can also be re-run at other settings (the pool, the token "
+             "budget, the block size, ...) in your browser, by kvscope's own scheduler. To run it live: `make lab`."]
     for c in closing:  # "Where next": the notebook's last words, about its live dashboard
         if c.cell_type == "markdown":
             head, _, rest = c.source.partition("\n")

@@ -55,10 +55,18 @@ __all__ = [
 
 def _load_panels() -> None:
     """A panel registers itself when its module loads (Panel.NAME): load every panel module, so a
-    new one in widgets/ reaches PANELS (the Dashboard's and the export's) without a line here."""
-    for module in pkgutil.iter_modules(__path__):
-        if not module.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{module.name}")
+    new one in widgets/ reaches PANELS (the Dashboard's and the export's) without a line here.
+    The registries then list the panels in one order, whichever module some caller imported
+    first: the modules above in their order, then the others by name (what _panels.js lists)."""
+    from . import _base
+
+    order = [m for m in dict.fromkeys(_WHERE.values()) if m != "_base"]
+    order += [m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_") and m.name not in order]
+    rank = {importlib.import_module(f"{__name__}.{name}").__name__: i for i, name in enumerate(order)}
+    for registry in (_base.PANELS, _base.STATEFUL_PANELS):
+        ranked = sorted(registry.items(), key=lambda item: rank.get(item[1].__module__, len(rank)))
+        registry.clear()
+        registry.update(ranked)
 
 
 def __getattr__(name: str) -> Any:

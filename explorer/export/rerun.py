@@ -63,10 +63,11 @@ def chapter_workload(entries: Sequence[Any], *, first_step: int, title: str,
 
 def knob_changes(entries: Sequence[Any]) -> dict[str, dict[str, Any]]:
     """Step -> the scheduler knobs the run changed just before it (a Session's set_budget): an
-    entry's snapshot holds the config its next step runs with."""
+    entry's snapshot holds the config its next step runs with. A change after the last step is
+    left out: no recorded step ran with it (a re-run that takes longer must not meet it)."""
     out: dict[str, dict[str, Any]] = {}
     before: dict[str, Any] | None = None
-    for entry in entries:
+    for entry in entries[:-1]:
         step, _, snapshot = views.entry_parts(entry)
         config = snapshot.get("config") or {}
         knobs = {k: config.get(k) for k in SCHEDULER_KNOBS}

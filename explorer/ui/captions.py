@@ -31,6 +31,9 @@ BATCH_SOURCE_WORDS = {
                   "runner computes it: block_table[position // block_size] * block_size + position % block_size"),
     "runner": ("read from the model runner's buffers",
                "the very input_ids, positions and slot_mapping the forward ran on"),
+    "replay": ("packed as the model runner packs it",
+               "a replay of recorded tokens runs no model: this is the runner's own packing of the step "
+               "(engine.runner.batch.build_batch), from the scheduler's decision"),
 }
 
 

@@ -36,6 +36,7 @@ from engine.report.schema import (
     SNAP,
     TIME,
 )
+from engine.token_replay import BACKEND as REPLAY_BACKEND
 from engine.tokenizer import fast_decoder
 
 from ..core.labels import kv_cache_group_label
@@ -319,6 +320,7 @@ def entry_parts(entry: Any) -> tuple[int, dict, dict]:
 _NO_CANDIDATES = ("no candidates recorded for this step, only the chosen token: a live server's feed carries "
                   "none (its logprobs go to the client that asked for them)")
 _NO_TOKEN_IDS = "the feed leaves token ids out (KVSCOPE_FEED_TOKENS=0): neither the token nor its candidates"
+_NO_MODEL = "no candidates: a replay of recorded tokens runs no model, so each step's token is the recorded one"
 
 
 def sampler_state(entries: Sequence[Any], snapshot: dict, request_id: str, token_text: TokenText) -> SamplerState:
@@ -342,7 +344,9 @@ def sampler_state(entries: Sequence[Any], snapshot: dict, request_id: str, token
                   "text": s.get(SAMPLE.TEXT), "top": [[t, x, float(p)] for (t, p), x in zip(top, texts)],
                   "params": params}
         if not top:  # say what is missing rather than draw an empty chart
-            sample["note"] = _NO_CANDIDATES if s.get(SAMPLE.TOKEN_ID) is not None else _NO_TOKEN_IDS
+            replayed = (rec.get(REC.TIMINGS_MS) or {}).get(TIME.BACKEND) == REPLAY_BACKEND
+            sample["note"] = _NO_TOKEN_IDS if s.get(SAMPLE.TOKEN_ID) is None else _NO_MODEL if replayed \
+                else _NO_CANDIDATES
         return {"requests": requests, "request_id": rid, "sample": sample}
     note = f"#{rid} has not been sampled yet" if rid else "no request sampled yet"
     return {"requests": requests, "request_id": rid, "sample": {"note": note, "params": params}}

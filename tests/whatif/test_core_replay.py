@@ -48,6 +48,7 @@ def engine_run():
     s.step(3)
     s.abort(burst[3])   # an abort between steps
     s.run_until_idle()
+    s.set_budget(max_num_batched_tokens=48)   # after the last step: no re-run meets it
     history = list(s.history)
     workload = chapter_workload(history, first_step=4, title="the test run",
                                 token_text=views.token_texts(s.engine.tokenizer), panels=dashboard_panels())
@@ -77,6 +78,14 @@ def test_at_the_recorded_settings_every_step_is_the_engines_own(engine_run):
             assert [[r[f] for f in fields] for r in real.snapshot[SNAP.QUEUES][q]] == \
                 [[r[f] for f in fields] for r in ours.snapshot[SNAP.QUEUES][q]], (real.step, q)
     assert recorded_identity(workload) is None
+    # What the panels say of a replay: its batch is the runner's packing, its samples have no candidates.
+    from explorer.ui import views
+
+    sampled = next(e for e in base.entries if e.record and e.record[REC.SAMPLED])
+    assert sampled.record["batch_source"] == "replay" and "packed as the model runner packs it" in \
+        views.batch_source_state(sampled.record)["batch_source_words"][0]
+    note = views.sampler_state([sampled], sampled.snapshot, "", views.token_texts(None))["sample"]["note"]
+    assert note.startswith("no candidates: a replay of recorded tokens runs no model")
 
 
 def test_a_planted_fault_in_the_recording_is_caught(engine_run):

@@ -7,8 +7,9 @@ browser's Pyodide); `from engine import LLM` loads the model side as before.
 """
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .lazy_names import lazy_names
 
 if TYPE_CHECKING:
     from .config import EngineConfig
@@ -39,9 +40,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module 'engine' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_WHERE[name], __name__), name)
-    globals()[name] = value   # loaded once
-    return value
+__getattr__ = lazy_names(__name__, _WHERE)

@@ -13,8 +13,9 @@ imports vLLM (through explorer.drivers.vllm.bare) only when a replay runs.
 """
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from engine.lazy_names import lazy_names
 
 if TYPE_CHECKING:
     from .identity import IdentityReport, identity
@@ -53,9 +54,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module 'explorer.whatif' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_WHERE[name], __name__), name)
-    globals()[name] = value   # loaded once
-    return value
+__getattr__ = lazy_names(__name__, _WHERE)

@@ -272,7 +272,8 @@ JUMP_TO_REPLAY = ('<p class="kvs-jump"><a href="#replay" data-testid="kvs-jump-r
                   'chapter\'s replay</a>: the panels, recorded from the engine while these cells ran.</p>')
 
 
-def chapter_page(ch: dict, executed: list, files: list[dict], built: str) -> str:
+def chapter_page(ch: dict, executed: list, files: list[dict], built: str, no_rerun: str = "") -> str:
+    """A chapter's page; `no_rerun`: why this build has no re-run (Pyodide missing), else ''."""
     from explorer.export.rerun_site import rerun_form, rerun_script
 
     lines: list[str] = []
@@ -318,7 +319,10 @@ def chapter_page(ch: dict, executed: list, files: list[dict], built: str) -> str
         lines.append(f'<p class="kvs-replay-link"><a href="replays/{f["file"]}">Open this replay on a page of '
                      f'its own</a> ({f["bytes"] / 1e6:.2f} MB, one self-contained file).</p>')
     reruns = [f for f in files if f.get("workload")]
-    if reruns:
+    if reruns and no_rerun:
+        lines.append('<h2 id="rerun">Re-run this chapter at other settings</h2>')
+        lines.append(f"<p>This build holds no re-run: {html.escape(no_rerun)}.</p>")
+    elif reruns:
         lines.append('<h2 id="rerun">Re-run this chapter at other settings</h2>')
         lines.append("<p>Change the pool, the token budget, <code>max_num_seqs</code>, the block size, prefix caching "
                      "or chunked prefill, and press Run. Your browser then runs kvscope's own scheduler, KV cache "
@@ -396,15 +400,20 @@ def build_walkthrough(stage: Path, wanted: set[int] | None, timeout_s: int) -> d
     from explorer.export.rerun_site import write_runtime
     from explorer.ui.dashboard import dashboard_panels
 
-    runtime = write_runtime(folder / "rerun", dashboard_panels())
-    print(f"[docs] the re-run's runtime: {sum(runtime.values()) / 1e6:.1f} MB in walkthrough/rerun/", flush=True)
+    no_rerun = ""
+    try:
+        runtime = write_runtime(folder / "rerun", dashboard_panels())
+        print(f"[docs] the re-run's runtime: {sum(runtime.values()) / 1e6:.1f} MB in walkthrough/rerun/", flush=True)
+    except FileNotFoundError as exc:   # no npm here: the pages say why they have no re-run
+        no_rerun = str(exc)
+        print(f"[docs] WARNING: no re-run in this build: {no_rerun}", file=sys.stderr, flush=True)
     built = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     pages = []
     for ch in chapters:
         if ch["number"] not in wanted:
             continue
         page = folder / f"{ch['slug']}.md"  # nbclient filled the outputs into these same cells
-        page.write_text(chapter_page(ch, ch["cells"], manifest[str(ch["number"])], built))
+        page.write_text(chapter_page(ch, ch["cells"], manifest[str(ch["number"])], built, no_rerun))
         pages.append((f"{ch['number']}. {ch['title']}", f"walkthrough/{ch['slug']}.md"))
     (folder / "index.md").write_text(walkthrough_index(intro, closing, chapters, wanted))
     return {"pages": pages, "manifest": manifest, "seconds": seconds}

@@ -15,6 +15,9 @@ After every message it compares, with vLLM's objects read directly:
   block table, preemptions and (for finished ones) finish reason; every block's refcount,
   prefix-cache hash (as vLLM's KV events name it), owners, whether it is free and the tokens
   it holds; the number of free blocks;
+- the block events (allocated, hits, same-step hits, freed, cached, evicted) the records told
+  over the workload against those vLLM's pool made, seen through a wrapper of each per-block
+  call (the recorder hooks only per-operation calls and reads the rest from the blocks);
 - the record and the state against the schema (engine/report/schema.py), the state against
   the client's own whole snapshot, and, for a second client that joins midway (with async
   scheduling: while a step is in flight), its state too.
@@ -24,6 +27,7 @@ prints the workload as a literal; the last line is JSON counts; exit status 1 on
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -37,7 +41,8 @@ from .workloads import Workload, random_workload
 
 MAX_ITERATIONS = 20_000
 ABORT_CHANCE = 0.04
-PLANTED = ("events-by-latest-schedule", "abort-frees-unseen", "sync-scheduler-under-async", "names-kept")
+PLANTED = ("events-by-latest-schedule", "abort-frees-unseen", "sync-scheduler-under-async", "names-kept",
+           "evictions-unseen", "empty-step-drops-events")
 
 
 class Difference(AssertionError):
@@ -51,6 +56,7 @@ class Counts:
     async_steps_ahead: int = 0     # steps whose state already held the next step's allocations
     preemptions: int = 0
     hits: int = 0
+    evictions: int = 0             # blocks vLLM evicted from the prefix cache as it handed them out
     chunks: int = 0
     aborts_in_flight: int = 0      # aborted between a step's schedule and its update
     aborts_between: int = 0
@@ -175,6 +181,52 @@ def _first_difference(a, b, path: str = "") -> str | None:
     return None if a == b else f"{path}: {a!r:.300} != {b!r:.300}"
 
 
+class PoolCalls:
+    """Every block event vLLM's pool made, noted call by call: its per-block calls
+    (`_maybe_evict_cached_block`, `_insert_block_hash`) wrapped as well as the per-operation
+    ones, outside the recorder's own hooks (instance attributes, as the recorder's are)."""
+
+    def __init__(self, pool) -> None:
+        from explorer.drivers.vllm.capture import BLOCK_EVENTS
+
+        self.pool = pool
+        self.events: dict[str, list[int]] = {k: [] for k in BLOCK_EVENTS}
+        self.hashed_now: set[int] = set()
+        for name in ("get_new_blocks", "touch", "free_blocks", "_insert_block_hash", "_maybe_evict_cached_block"):
+            setattr(pool, name, functools.partial(getattr(self, "_" + name.lstrip("_")), getattr(pool, name)))
+
+    def _get_new_blocks(self, original, n):
+        blocks = original(n)
+        self.events["allocated"] += [b.block_id for b in blocks]
+        return blocks
+
+    def _touch(self, original, blocks):
+        blocks = list(blocks)
+        hits = [b.block_id for b in blocks if not b.is_null]
+        self.events["hits"] += hits
+        self.events["same_step_hits"] += [b for b in hits if b in self.hashed_now]
+        return original(blocks)
+
+    def _free_blocks(self, original, blocks):
+        blocks = list(blocks)
+        result = original(blocks)
+        self.events["freed"] += [b.block_id for b in blocks if b.ref_cnt == 0 and not b.is_null
+                                 and (b.pool is None or b.pool is self.pool)]
+        return result
+
+    def _insert_block_hash(self, original, key, block, *args, **kwargs):
+        result = original(key, block, *args, **kwargs)
+        self.events["cached"].append(block.block_id)
+        self.hashed_now.add(block.block_id)
+        return result
+
+    def _maybe_evict_cached_block(self, original, block):
+        evicted = original(block)
+        if evicted:
+            self.events["evicted"].append(block.block_id)
+        return evicted
+
+
 class Scheduled:
     """What the harness saw of one SchedulerOutput when vLLM scheduled it."""
 
@@ -227,6 +279,8 @@ class Run:
         self.side = VllmScheduler(w, RecordingScheduler, async_scheduling=async_)
         self.s = self.side.scheduler
         self.truth = Truth(self.s)
+        self.pool_calls = PoolCalls(self.truth.pool)
+        self.told: dict[str, list[int]] = {k: [] for k in self.pool_calls.events}  # client 0's records' events
         self.counts = Counts(workloads=1)
         self.chunks: dict[str, int] = {}
         self.scheduled: dict[int, Scheduled] = {}
@@ -237,6 +291,7 @@ class Run:
 
     # -- vLLM's calls, as its engine core makes them ---------------------------------------------
     def schedule(self):
+        self.pool_calls.hashed_now = set()  # a same-step hit is one on a block hashed in this schedule
         out = self.s.schedule()
         self.scheduled[id(out)] = Scheduled(self.s, out, self.async_, self.chunks)
         self.truth.scan(self.truth.tables())
@@ -307,6 +362,7 @@ class Run:
                 self.update(queue.pop())
             if it > last_arrival and not queue and not self.s.has_requests():
                 self._check_names_forgotten()
+                self._check_block_events()
                 return self.counts
         raise Difference(f"the workload did not finish in {MAX_ITERATIONS} iterations")
 
@@ -332,6 +388,20 @@ class Run:
         if pub.by_id or pub.names:
             raise Difference(f"every request finished, yet the recorder still names {sorted(pub.by_id)[:5]} "
                              f"({len(pub.by_id)} names, {len(pub.names)} indices)")
+
+    def _check_block_events(self) -> None:
+        """The block events the records told, with those the recorder holds for the next step
+        (an abort's frees after the last step), are vLLM's, each kind as a multiset (a step's
+        events are told with the step they belong to, not in the order of the calls)."""
+        pending = self.s._rec.between
+        self.counts.evictions += len(self.pool_calls.events["evicted"])
+        for kind, made in self.pool_calls.events.items():
+            told = self.told[kind] + pending[kind]
+            if sorted(told) != sorted(made):
+                missing = sorted(set(made) - set(told))[:8]
+                extra = sorted(set(told) - set(made))[:8]
+                raise Difference(f"block events '{kind}': the records told {len(told)}, vLLM's pool made {len(made)} "
+                                 f"(not told: {missing}; told but not made: {extra})")
 
     def close(self) -> None:
         for src, _ in self.clients:
@@ -364,6 +434,9 @@ class Run:
                 raise Difference(f"client {k}: {len(records)} records for one step")
             if not records:
                 continue  # nothing ran: the recorder told nothing, the client holds the state it was checked at
+            if not k:
+                for kind, ids in records[0]["blocks"].items():
+                    self.told[kind] += ids
             self._check_record(records[0], seen, outputs, count=not k)  # one that just joined too: a whole batch
             if k:
                 self.counts.joined += 1
@@ -494,6 +567,23 @@ def planted(bug: str):
         cls, name, patch = recorder.RecordingScheduler, "__new__", lambda c, *a, **k: object.__new__(c)
     elif bug == "names-kept":  # a finished request's name is never forgotten
         cls, name, patch = recorder._Publisher, "_forget_finished", lambda self, ops: None
+    elif bug == "evictions-unseen":  # the blocks vLLM evicts as it hands them out are not noted
+        def patch(self, original, num_blocks):
+            blocks = original(num_blocks)
+            self.events["allocated"] += [b.block_id for b in blocks]
+            self.dirty.update(b.block_id for b in blocks)
+            return blocks
+
+        cls, name = recorder.PoolNotes, "_get_new_blocks"
+    elif bug == "empty-step-drops-events":  # a step that ran nothing takes its block events with it
+        updated = recorder._Notes.updated
+
+        def patch(self, cap, result):
+            if cap.out is not None and not cap.out.total_num_scheduled_tokens:
+                cap.events = recorder.new_events()
+            return updated(self, cap, result)
+
+        cls, name = recorder._Notes, "updated"
     else:
         raise ValueError(f"unknown bug {bug!r}; one of {PLANTED}")
     original_attr = cls.__dict__[name]

@@ -53,6 +53,9 @@ _LOOK_EVERY_S = 0.05  # as long as the feed thread's idle wait: an idle recorder
 # caches each time, and applying took twice as long.
 _APPLY_EVERY = 32
 _REQUEST_ID, _NEW_TOKEN_IDS, _FINISH_REASON = map(attrgetter, ("request_id", "new_token_ids", "finish_reason"))
+# A block's refcount and hash, read in C for every block a step touched (`_block_hash`: the
+# field behind KVCacheBlock's property, without a Python call per block).
+_REF_CNT, _BLOCK_HASH = attrgetter("ref_cnt"), attrgetter("_block_hash")
 
 
 def _vllm_config(args: tuple, kwargs: dict) -> Any:
@@ -165,7 +168,7 @@ class _Notes:
                              null_block=int(self.pool.null_block.block_id),
                              num_free=int(self.pool.get_num_free_blocks()), finished_keep=settings["finished"],
                              tokens=settings["tokens"], defer_decodes=True)
-        self.publisher = _Publisher(settings, self.mirror, int(self.mirror.block_size))
+        self.publisher = _Publisher(settings, self.mirror, int(self.mirror.block_size), len(self.pool.blocks))
         self.notes = PoolNotes(self.pool)
         self.between = new_events()       # block events outside any step (an abort's frees)
         self.notes.begin(self.between)
@@ -234,6 +237,14 @@ class _Notes:
     def updated(self, cap: _Cap, result: Any) -> None:
         t0, c0 = time.perf_counter(), time.thread_time()
         cap.update_s = t0 - cap.update_s
+        if (cap.out is not None and not cap.out.total_num_scheduled_tokens
+                and not any(eco.outputs for eco in (result or {}).values())):
+            # vLLM ran nothing (a step that tells its workers of finished requests): no record
+            # comes of it (the publisher's "x"), so the block events it carries, an abort's frees
+            # between steps among them, are told with the next step, before that step's own.
+            for kind, ids in cap.events.items():
+                self.between[kind][:0] = ids
+            cap.events = new_events()
         self.items.append(("u", cap, result, time.time(), t0 - cap.started))
         if self._lengths() != self._before:
             self.queues_moved = True
@@ -259,14 +270,14 @@ class _Notes:
         blocks = self.pool.blocks
         if cleared:
             dirty = list(range(len(blocks)))
-        touched = [blocks[b] for b in dirty]
+        touched = list(map(blocks.__getitem__, dirty))
         queues = None
         if self.queues_moved:
             s = self.s
             queues = ([r.request_id for r in s.running],
                       [r.request_id for r in (*s.waiting, *(getattr(s, "kv_holding_waiting", ()) or ()))])
             self.queues_moved = False
-        self.publisher.put((self.items, dirty, [b.ref_cnt for b in touched], [b.block_hash for b in touched], cached,
+        self.publisher.put((self.items, dirty, list(map(_REF_CNT, touched)), list(map(_BLOCK_HASH, touched)), cached,
                             cleared, queues, int(self.pool.get_num_free_blocks()), float(self.pool.get_usage()),
                             time.time()))
         self.items = []
@@ -286,7 +297,7 @@ class _Publisher:
     subscriber counts exactly what it missed. Snapshots (the mirror's whole state) are
     answered between steps. Its CPU time is counted in `publisher_cpu_ms`."""
 
-    def __init__(self, settings: dict, mirror: Mirror, block_size: int) -> None:
+    def __init__(self, settings: dict, mirror: Mirror, block_size: int, num_blocks: int) -> None:
         import zmq
 
         self.zmq = zmq
@@ -309,6 +320,10 @@ class _Publisher:
         self.next_idx = 0
         self.next_look = 0.0  # when (time.monotonic) subscriptions and snapshot requests are next looked at
         self.int_hashes = kv_events_use_int_hashes()
+        # Each block's hash object and its key as last published: a block a step only freed or
+        # hit keeps its hash object, so its key is not made again (most blocks a step touches).
+        self.hash_objs: list[Any] = [None] * num_blocks
+        self.hash_keys: list[str | None] = [None] * num_blocks
         self.carry: dict | None = None   # a hand-over in which no step ran: told with the next one
         self.queue: deque = deque()
         self.wake = threading.Event()
@@ -511,6 +526,22 @@ class _Publisher:
         h = bytes(h)[:-4]  # BlockHashWithGroupId: the hash, then 4 bytes of KV cache group
         return (h[-8:] if self.int_hashes else h[:8]).hex()
 
+    def _keys(self, dirty: list[int], hashes: list[Any]) -> list[str | None]:
+        """The hash keys of the blocks `dirty` (None: no hash), made only for a hash object a
+        block did not hold when last published."""
+        objs, keys, key = self.hash_objs, self.hash_keys, self._key
+        out: list[str | None] = []
+        for b, h in zip(dirty, hashes):
+            if h is None:
+                objs[b] = None
+                out.append(None)
+            elif objs[b] is h:
+                out.append(keys[b])
+            else:
+                objs[b], keys[b] = h, key(h)
+                out.append(keys[b])
+        return out
+
     def _body(self, handover: tuple) -> dict:
         items, dirty, refs, hashes, cached, cleared, queues, free, usage, wall = handover
         ix, ops = self.by_id, []
@@ -525,10 +556,10 @@ class _Publisher:
             else:
                 _, rids, reason, t = item
                 ops.append(["f", t, [[ix[r], reason] for r in rids if r in ix]])
-        key = self._key
         get = ix.get
-        return {"ops": ops, "blocks": [dirty, refs, [key(h) for h in hashes]],
-                "cached": [[b, get(req.request_id, -1), i] for b, req, i in cached], "cleared": cleared,
+        return {"ops": ops, "blocks": [dirty, refs, self._keys(dirty, hashes)],
+                "cached": [[b, get(req.request_id, -1), i] for req, pairs in cached for b, i in pairs],
+                "cleared": cleared,
                 "queues": None if queues is None else [[get(r, -1) for r in q] for q in queues],
                 "free": free, "usage": usage, "wall": wall}
 

@@ -20,7 +20,7 @@ and N new ones arrive and are prefilled, and halfway through the window a second
 vLLM's AsyncScheduler as a GPU server's engine core does (step N+1 scheduled before step N's
 update), with kvscope's recorder subclassing it. `--hooks-only` measures the part of the
 recorder that runs inside vLLM's block-pool calls alone: the same steps on vLLM's Scheduler
-with and without the recorder's pool hooks (pool_notes.py), no thread, no feed.
+with and without the recorder's pool hooks (explorer/drivers/vllm/pool_notes.py), no thread, no feed.
 """
 from __future__ import annotations
 
@@ -136,7 +136,7 @@ def _steps(num_blocks: int, num_running: int, prompt_len: int, steps: int, recor
                            max_num_batched_tokens=8192, max_num_seqs=num_running,
                            scheduler_cls=recorder_cls if record else None, async_scheduling=async_)
     if hooks:
-        from explorer.drivers.vllm_live.pool_notes import PoolNotes
+        from explorer.drivers.vllm.pool_notes import PoolNotes
 
         PoolNotes(sched.kv_cache_manager.block_pool)
     recorder_zmq = _zmq_threads() - before_zmq   # the recorder's context (the subscribers' come later)

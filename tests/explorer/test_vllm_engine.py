@@ -392,8 +392,10 @@ def test_each_steps_changes_rebuild_vllms_whole_state_over_random_workloads(sess
                 if step == abort_at and running:
                     s.abort(running[0]["request_id"])
                     seen["aborted"] += 1
-                if not s.step() and step > max(r[0] for r in reqs):
-                    break
+                if not s.step():  # nothing to run yet (the next arrival is later), or the workload is done
+                    if step > max(r[0] for r in reqs):
+                        break
+                    continue
                 rec = s.current.record
                 assert schema.record_problems(rec) == [] and schema.snapshot_problems(s.current.snapshot) == []
                 seen["steps"] += 1

@@ -6,9 +6,9 @@ down what they returned or changed:
 
 - the scheduler's `schedule`: the `SchedulerOutput`, plus each scheduled request's token
   counts as they were when it was scheduled (`update_from_output` moves them on later);
-- the block pool's `get_new_blocks`, `touch`, `free_blocks`, `_insert_block_hash` and
-  `_maybe_evict_cached_block`: the block ids vLLM allocated, hit, freed, cached and evicted
-  (and `cache_full_blocks`: the tokens of each block it hashed);
+- the block pool, through pool_notes.PoolNotes (the recorder's hooks too): the block ids vLLM
+  allocated, hit, freed, cached and evicted, every block whose refcount or hash changed, and
+  the tokens of each block it hashed;
 - the model runner's `_prepare_inputs` / `execute_model` / `sample_tokens`: their times, and
   after `execute_model` the packed batch exactly as vLLM's buffers hold it (input ids,
   positions, query_start_loc, seq_lens, slot_mapping, block tables, the rows it samples).
@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.report.schema import BATCH, EV, BatchDict
+
+from .pool_notes import PoolNotes
 
 BLOCK_EVENTS = EV.ALL  # the StepRecord's block events, in their order
 
@@ -40,9 +42,10 @@ class Capture:
     # block event (BLOCK_EVENTS) -> block ids, in the order they happened
     blocks: dict[str, list[int]] = field(default_factory=lambda: {k: [] for k in BLOCK_EVENTS})
     cached_tokens: dict[int, list[int]] = field(default_factory=dict)  # block id -> the token ids vLLM hashed into it
-    # Every block that lost a reference, freed or still shared: its dict changed (owners,
-    # refcount) without a "freed" event when another request still holds it.
-    ref_dropped: set[int] = field(default_factory=set)
+    # Every block whose refcount or hash changed (pool_notes' `dirty`): a block that lost a
+    # reference but is still shared among them, whose dict changed (owners, refcount) with no
+    # "freed" event.
+    dirty_blocks: set[int] = field(default_factory=set)
     # vLLM's phases (seconds): schedule, prepare, execute, sample, update
     seconds: dict[str, float] = field(
         default_factory=lambda: dict.fromkeys(("schedule", "prepare", "execute", "sample", "update"), 0.0))
@@ -60,19 +63,11 @@ class StepCapture:
         self.pool = scheduler.kv_cache_manager.block_pool
         self.runner = runner  # None where the model runs in worker processes (tensor parallel)
         self.executor = executor
-        self.now = Capture()
-        self._cached_now: set[int] = set()
         self._originals: list[tuple[Any, str]] = []
         self._wrap(scheduler, "schedule", self._schedule)
         self._wrap(scheduler, "update_from_output", self._timed("update"))
-        pool_hooks: list[tuple[str, Callable[..., Any]]] = [
-            ("get_new_blocks", self._get_new_blocks), ("touch", self._touch),
-            ("cache_full_blocks", self._cache_full_blocks), ("free_blocks", self._free_blocks),
-            ("_insert_block_hash", self._insert_block_hash), ("_maybe_evict_cached_block", self._maybe_evict)]
-        if hasattr(self.pool, "unpin_blocks"):  # another way vLLM drops references
-            pool_hooks.append(("unpin_blocks", self._unpin_blocks))
-        for name, hook in pool_hooks:
-            self._wrap(self.pool, name, hook)
+        self.notes = PoolNotes(self.pool)
+        self.now = self._next()
         if runner is not None:
             runner_hooks: list[tuple[str, Callable[..., Any]]] = [
                 ("_prepare_inputs", self._timed("prepare")), ("execute_model", self._execute_model),
@@ -82,7 +77,7 @@ class StepCapture:
 
     def begin(self) -> Capture:
         """Right before vLLM's step: the step's capture, holding what happened since the last one."""
-        self._cached_now = set()
+        self.notes.begin(self.now.blocks)  # a same-step hit is one on a block hashed from now on
         return self.now
 
     def end(self) -> Capture:
@@ -93,11 +88,26 @@ class StepCapture:
         if self.runner is None and self.executor is not None and out is not None and out.total_num_scheduled_tokens:
             done.batch_req_ids, done.batch = self.executor.collective_rpc(
                 rank0_batch, args=(out.total_num_scheduled_tokens,), unique_reply_rank=0)
-        self.now = Capture()
+        _, cached, cleared = self.notes.take()  # done.dirty_blocks is the set the hooks filled till now
+        if cleared:
+            done.dirty_blocks = set(range(len(self.pool.blocks)))
+        for request, pairs, block_size in cached:
+            ids = request.all_token_ids  # a full block's tokens stay as they were when it was hashed
+            for b, i in pairs:
+                done.cached_tokens[b] = list(ids[i * block_size:(i + 1) * block_size])
+        self.now = self._next()
         return done
+
+    def _next(self) -> Capture:
+        """The capture events go to from now on: its block events and changed blocks are the
+        lists and the set the pool's hooks fill (read live between steps, after an abort)."""
+        cap = Capture(dirty_blocks=self.notes.dirty)
+        self.notes.begin(cap.blocks)
+        return cap
 
     def close(self) -> None:
         """Put vLLM's own methods back."""
+        self.notes.close()
         for obj, name in self._originals:
             obj.__dict__.pop(name, None)
         self._originals.clear()
@@ -135,57 +145,6 @@ class StepCapture:
                            for rid in out.num_scheduled_tokens}
         self.now.token_budget = int(self.scheduler.max_num_scheduled_tokens)
         return out
-
-    # -- block pool -----------------------------------------------------------------------
-    def _get_new_blocks(self, original, num_blocks: int) -> Any:
-        blocks = original(num_blocks)
-        self.now.blocks[EV.ALLOCATED].extend(b.block_id for b in blocks)
-        return blocks
-
-    def _touch(self, original, blocks) -> Any:
-        blocks = list(blocks)
-        ev = self.now.blocks
-        for b in blocks:
-            if not b.is_null:
-                ev[EV.HITS].append(b.block_id)
-                if b.block_id in self._cached_now:  # registered earlier in this very step
-                    ev[EV.SAME_STEP_HITS].append(b.block_id)
-        return original(blocks)
-
-    def _free_blocks(self, original, ordered_blocks) -> Any:
-        blocks = list(ordered_blocks)  # vLLM passes a reversed() iterator: read it once
-        self.now.ref_dropped.update(b.block_id for b in blocks)
-        result = original(blocks)
-        self.now.blocks[EV.FREED].extend(b.block_id for b in blocks
-                                        if b.ref_cnt == 0 and not b.is_null and (b.pool is None or b.pool is self.pool))
-        return result
-
-    def _unpin_blocks(self, original, blocks, *args: Any, **kwargs: Any) -> Any:
-        blocks = list(blocks)
-        self.now.ref_dropped.update(b.block_id for b in blocks)
-        return original(blocks, *args, **kwargs)
-
-    def _insert_block_hash(self, original, key, block, *args: Any, **kwargs: Any) -> Any:
-        result = original(key, block, *args, **kwargs)
-        self.now.blocks[EV.CACHED].append(block.block_id)
-        self._cached_now.add(block.block_id)
-        return result
-
-    def _cache_full_blocks(self, original, request, blocks, num_cached_blocks: int, num_full_blocks: int,
-                           block_size: int, *args: Any, **kwargs: Any) -> Any:
-        result = original(request, blocks, num_cached_blocks, num_full_blocks, block_size, *args, **kwargs)
-        ids = request.all_token_ids
-        for i in range(num_cached_blocks, num_full_blocks):
-            blk = blocks[i]
-            if not blk.is_null and blk.block_hash is not None:
-                self.now.cached_tokens[blk.block_id] = list(ids[i * block_size:(i + 1) * block_size])
-        return result
-
-    def _maybe_evict(self, original, block) -> Any:
-        evicted = original(block)
-        if evicted:
-            self.now.blocks[EV.EVICTED].append(block.block_id)
-        return evicted
 
     # -- model runner ---------------------------------------------------------------------
     def _execute_model(self, original, scheduler_output, *args: Any, **kwargs: Any) -> Any:

@@ -70,9 +70,7 @@ class ChangeTracker:
 
     # -- every step, and between steps -----------------------------------------------------------
     def note_step(self, cap: Any) -> None:
-        for ids in cap.blocks.values():
-            self.dirty_blocks.update(ids)
-        self.dirty_blocks.update(cap.ref_dropped)
+        self.dirty_blocks.update(cap.dirty_blocks)  # every block of its events among them
         out = cap.out
         if out is None:
             return
@@ -96,9 +94,7 @@ class ChangeTracker:
 
     def note_blocks(self, cap: Any) -> None:
         """Block events outside a step (an abort's frees)."""
-        for ids in cap.blocks.values():
-            self.dirty_blocks.update(ids)
-        self.dirty_blocks.update(cap.ref_dropped)
+        self.dirty_blocks.update(cap.dirty_blocks)
 
     # -- refresh points --------------------------------------------------------------------------
     def changes(self, step: int, finished: list[RequestState]) -> ChangesDict:

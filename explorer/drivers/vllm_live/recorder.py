@@ -12,7 +12,7 @@ its behaviour.
 
 On vLLM's scheduler thread the recorder only takes what the step touched: references to the
 SchedulerOutput and the EngineCoreOutputs, the block ids of the block pool's calls
-(pool_notes.py), and at the end of each update the refcount and hash of each block that
+(explorer/drivers/vllm/pool_notes.py), and at the end of each update the refcount and hash of each block that
 changed and, when a queue moved, the queues' request ids. A thread of its own
 (`_Publisher`) turns that into the compact body mirror.py spells and publishes it without
 blocking: no subscriber, or one that does not read, costs a counter, never a wait. It
@@ -40,10 +40,10 @@ from vllm.v1.core.sched.scheduler import Scheduler
 
 from engine.sampling_params import SamplingParams
 
+from ..vllm.pool_notes import PoolNotes, new_events
 from ..vllm.records import hash_domain, kv_events_use_int_hashes
 from . import protocol
 from .mirror import Mirror
-from .pool_notes import PoolNotes, new_events
 
 log = logging.getLogger("vllm.kvscope_recorder")  # a child of vLLM's logger: its handler and format
 
@@ -558,7 +558,7 @@ class _Publisher:
                 ops.append(["f", t, [[ix[r], reason] for r in rids if r in ix]])
         get = ix.get
         return {"ops": ops, "blocks": [dirty, refs, self._keys(dirty, hashes)],
-                "cached": [[b, get(req.request_id, -1), i] for req, pairs in cached for b, i in pairs],
+                "cached": [[b, get(req.request_id, -1), i] for req, pairs, _ in cached for b, i in pairs],
                 "cleared": cleared,
                 "queues": None if queues is None else [[get(r, -1) for r in q] for q in queues],
                 "free": free, "usage": usage, "wall": wall}

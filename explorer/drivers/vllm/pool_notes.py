@@ -1,5 +1,6 @@
-"""What vLLM's block pool does, noted on the scheduler thread for the recorder, at the cost
-of a few appends per call: the server does not wait for kvscope.
+"""What vLLM's block pool does, noted on vLLM's thread at the cost of a few appends per call:
+the one observer of the pool for both of kvscope's vLLM drivers (the in-process StepCapture and
+the live recorder), so the server does not wait for kvscope.
 
 `PoolNotes` wraps a few methods of one live BlockPool (instance attributes only: the class
 and every other pool are untouched), only those vLLM calls once per operation, never once per
@@ -10,31 +11,32 @@ free queue before `get_new_blocks` hands the blocks out, the new hashes from the
 - per step (`events`, the lists of the step being scheduled or updated): the block ids
   vLLM allocated, hit, freed, hashed and evicted, in the order it did (a hit on a block
   hashed earlier in the same step is also a same-step hit);
-- since the recorder last read it (`take()`): every block whose refcount or hash changed
-  (`dirty`), and each block vLLM hashed with the request and table index that filled it
-  (`cached`): the recorder reads the tokens from its own copy of the request, later, on its
-  own thread, never here.
+- since the last `take()`: every block whose refcount or hash changed (`dirty`), and each
+  block vLLM hashed with the request and table index that filled it (`cached`): the tokens
+  are read from the request later (the recorder on its own thread, from its own copy), never
+  here.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from ..vllm.capture import BLOCK_EVENTS
+from engine.report.schema import EV
 
 
 def new_events() -> dict[str, list[int]]:
-    return {k: [] for k in BLOCK_EVENTS}
+    return {k: [] for k in EV.ALL}
 
 
 class PoolNotes:
-    """The recorder's hooks on one vLLM BlockPool (see the module doc)."""
+    """kvscope's hooks on one vLLM BlockPool (see the module doc)."""
 
     def __init__(self, pool: Any) -> None:
         self.pool = pool
         self.events = new_events()          # the step being scheduled or updated
         self.dirty: set[int] = set()
-        # per cache_full_blocks call: (vLLM Request, [(block id, index in its table)] it hashed)
-        self.cached: list[tuple[Any, list[tuple[int, int]]]] = []
+        # per cache_full_blocks call: (vLLM Request, [(block id, index in its table)] it hashed,
+        # the group's block size)
+        self.cached: list[tuple[Any, list[tuple[int, int]], int]] = []
         self.cleared = False                # vLLM reset its prefix cache: every block changed
         self._hashed_now: set[int] = set()  # hashed in this step (same-step hits)
         self._originals: list[str] = []
@@ -48,7 +50,7 @@ class PoolNotes:
         self.events = events
         self._hashed_now = set()
 
-    def take(self) -> tuple[list[int], list[tuple[Any, list[tuple[int, int]]]], bool]:
+    def take(self) -> tuple[list[int], list[tuple[Any, list[tuple[int, int]], int]], bool]:
         """The blocks changed and hashed since the last take, and whether the cache was reset."""
         dirty, cached, cleared = sorted(self.dirty), self.cached, self.cleared
         self.dirty, self.cached, self.cleared = set(), [], False
@@ -145,7 +147,7 @@ class PoolNotes:
                 pairs = [p for p in pairs if mask[p[1] - start]]
             if pairs:
                 self._newly_hashed([b for b, _ in pairs])
-                self.cached.append((request, pairs))
+                self.cached.append((request, pairs, int(args[0] if args else kwargs["block_size"])))
         return result
 
     def _cache_partial_block(self, original, *args: Any, **kwargs: Any) -> Any:

@@ -8,13 +8,13 @@ scheduler without a model, with kvscope's recorder, and a real vLLM server with 
 from __future__ import annotations
 
 import gc
-import os
 import statistics
 import time
 import tracemalloc
 
 import pytest
 
+from benchmarks.follower_soak import rss_mib
 from tests.oracle.vllm_available import require_vllm
 
 STEPS = 2400
@@ -77,7 +77,7 @@ def _follow_a_recorder(monkeypatch, bounds: dict, steps: int) -> tuple[list[int]
         sched.update_from_output(out, sampled_output(sched, out, lambda rid, i: 1 + i % 400)[0])
 
     gc.collect()
-    rss_before = _rss_mib()
+    rss_before = rss_mib()
     tracemalloc.start()
     try:
         samples = _follow(session, step, steps)
@@ -87,17 +87,11 @@ def _follow_a_recorder(monkeypatch, bounds: dict, steps: int) -> tuple[list[int]
         held = tracemalloc.get_traced_memory()[0] / 2**20  # what the run allocated and still holds
     finally:
         tracemalloc.stop()
-    rss_growth = _rss_mib() - rss_before
+    rss_growth = rss_mib() - rss_before
     window, status = session.history_window, session.feed_status()
     session.close()
     sched.shutdown()
     return samples, window, n[0], status, rss_growth, held
-
-
-def _rss_mib() -> float:
-    """This process's resident memory (Linux's /proc/self/statm), MiB."""
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def test_a_followers_bounds_hold_and_its_mib_estimate_is_what_it_holds(monkeypatch):

@@ -237,8 +237,7 @@ class _Notes:
     def updated(self, cap: _Cap, result: Any) -> None:
         t0, c0 = time.perf_counter(), time.thread_time()
         cap.update_s = t0 - cap.update_s
-        if (cap.out is not None and not cap.out.total_num_scheduled_tokens
-                and not any(eco.outputs for eco in (result or {}).values())):
+        if cap.out is not None and _ran_nothing(cap.out, _outputs(result)):
             # vLLM ran nothing (a step that tells its workers of finished requests): no record
             # comes of it (the publisher's "x"), so the block events it carries, an abort's frees
             # between steps among them, are told with the next step, before that step's own.
@@ -609,10 +608,8 @@ class _Publisher:
             if len(self.rows) > 4:  # steps whose update never came (an engine error): forget them
                 for sid in [s for s in self.rows if s < cap.sid]:
                     del self.rows[sid]
-        clients = list((result or {}).values())  # one EngineCoreOutputs per front-end client
-        outs = clients[0].outputs if len(clients) == 1 else [o for eco in clients for o in eco.outputs]
-        out = cap.out
-        if not outs and (out is None or not out.total_num_scheduled_tokens):
+        outs = _outputs(result)
+        if _ran_nothing(cap.out, outs):
             return ["x", cap.sid]  # nothing ran (vLLM tells its workers about finished requests)
         # Column by column: no tuple per request (each would be one more object for the collector).
         rids, new, reasons = (list(map(_REQUEST_ID, outs)), list(map(_NEW_TOKEN_IDS, outs)),
@@ -632,6 +629,17 @@ class _Publisher:
         self.pub.close(0)
         self.rep.close(0)
         self.ctx.term()
+
+
+def _outputs(result: Any) -> list:
+    """A step's EngineCoreOutput list: one EngineCoreOutputs per front-end client, joined."""
+    clients = list((result or {}).values())
+    return clients[0].outputs if len(clients) == 1 else [o for eco in clients for o in eco.outputs]
+
+
+def _ran_nothing(out: Any, outs: list) -> bool:
+    """vLLM ran nothing this step (it tells its workers of finished requests): no record."""
+    return not outs and (out is None or not out.total_num_scheduled_tokens)
 
 
 def _merged(first: dict, then: dict) -> dict:

@@ -74,8 +74,10 @@ def find_gguf_file() -> Path:
     )
 
 
-def validate_model_folder(path: str | os.PathLike[str]) -> Path:
+def validate_model_folder(path: str | os.PathLike[str],
+                          model_types: tuple[str, ...] | None = SUPPORTED_MODEL_TYPES) -> Path:
     """Check that `path` is a local HF model folder the engine can load; return it resolved.
+    `model_types`: the config's model_type must be one of them (None: any; vLLM judges its own).
 
     Raises ValueError naming every missing file (config.json, the safetensors
     weights, the tokenizer files) or the unsupported `model_type`.
@@ -98,10 +100,10 @@ def validate_model_folder(path: str | os.PathLike[str]) -> Path:
     except (OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"config.json in {str(folder)!r} is not readable JSON: {exc}") from exc
     model_type = config.get("model_type") if isinstance(config, dict) else None
-    if model_type not in SUPPORTED_MODEL_TYPES:
+    if model_types is not None and model_type not in model_types:
         raise ValueError(
             f"unsupported model_type {model_type!r} in {str(folder / 'config.json')!r}; "
-            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+            f"supported: {', '.join(model_types)}"
         )
     return folder.resolve()
 

@@ -38,6 +38,7 @@ _WRITERS: dict[str, Callable[..., Path]] = {
     "qwen3": checkpoints.write_tiny_qwen3,
     "qwen2": checkpoints.write_tiny_qwen2,
     "llama": checkpoints.write_tiny_llama,
+    "gemma3": checkpoints.write_tiny_gemma3,
 }
 
 

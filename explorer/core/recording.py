@@ -100,6 +100,9 @@ class Settings:
     # beside the full-attention one (None: every layer attends to everything).
     sliding_window: int | None = None
     prefix_cache_retention_interval: int | None = 0   # vLLM's: which sliding-window blocks stay cached
+    # A vLLM model's KV cache groups in the order vLLM allocates them ("sliding,sliding,sliding,full":
+    # a 4-layer Gemma 3's); None: the full-attention group, then the sliding one where there is one.
+    kv_cache_groups: str | None = None
 
     def replace(self, **changes: Any) -> Settings:
         unknown = set(changes) - SETTINGS_FIELDS
@@ -150,11 +153,22 @@ def settings_from_snapshot(snapshot: EngineSnapshotDict) -> tuple[Settings, list
         sliding_window=next((int(g["sliding_window"]) for g in info.get(INFO.KV_CACHE_GROUPS) or ()
                              if g.get("sliding_window")), None),
         prefix_cache_retention_interval=config.get("prefix_cache_retention_interval",
-                                                   extra.get("prefix_cache_retention_interval", 0)))
+                                                   extra.get("prefix_cache_retention_interval", 0)),
+        kv_cache_groups=vllm_group_order(info.get(INFO.KV_CACHE_GROUPS) or []))
     if config.get("async_scheduling") or info.get(INFO.ASYNC_SCHEDULING):
         notes.append("the server scheduled asynchronously (each step scheduled before the previous one's update): "
                      "a replay schedules synchronously, so steps may differ from the recorded ones")
     return settings, notes
+
+
+def vllm_group_order(groups: list[dict[str, Any]]) -> str | None:
+    """model_info's kv_cache_groups as vLLM allocated them (their `vllm_group`, which vLLM's
+    drivers give), for Settings.kv_cache_groups; None for one group or kvscope's own two."""
+    if len(groups) < 2 or any("vllm_group" not in g for g in groups):
+        return None
+    short = {"full_attention": "full", "sliding_window": "sliding"}
+    kinds = [str(g.get("kind")) for g in sorted(groups, key=lambda g: g["vllm_group"])]
+    return ",".join(short.get(k, k) for k in kinds)
 
 
 # -- what a recording holds ------------------------------------------------------------------------
@@ -727,9 +741,17 @@ def _check_settings(path: Path, n: int, s: Settings) -> None:
               "bool": isinstance(value, bool), "str": isinstance(value, str),
               "float": isinstance(value, (int, float)) and not isinstance(value, bool),
               "int | None": value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0),
+              "str | None": value is None or isinstance(value, str),
               }[kind]
         if not ok:
             raise RecordingError(f"{path}, line {n}: settings.{name} must be a {kind}, got {value!r}")
+    if s.kv_cache_groups is not None:
+        from ..drivers.vllm.bare import parse_kv_cache_groups  # only vLLM recordings of several groups
+
+        try:
+            parse_kv_cache_groups(s.kv_cache_groups)
+        except ValueError as exc:
+            raise RecordingError(f"{path}, line {n}: settings.{exc}") from None
     for name in ("block_size", "num_blocks", "max_num_batched_tokens", "max_num_seqs", "max_model_len",
                  *(("sliding_window",) if s.sliding_window is not None else ())):
         if getattr(s, name) < 1:

@@ -103,6 +103,9 @@ def core_replay(rec: Recording, v: Variant | None = None, *, model_info: ModelIn
     v = v or core_variant(rec)
     if any(r.arrival_step is None for r in rec.requests):
         raise ReplayError("a trace without arrival steps cannot be replayed step by step")
+    if v.settings.kv_cache_groups is not None and v.settings.sliding_window is not None:
+        raise ReplayError(f"kvscope's core runs one full-attention group and at most one sliding-window group; this "
+                          f"recording's model had {v.settings.kv_cache_groups!r}: replay it through vLLM's scheduler")
     eng = TokenReplayEngine(engine_config(v.settings), model_info or {}, sliding_window=v.settings.sliding_window,
                             decode=decode)
     held = {k for k, _ in v.changed}

@@ -209,7 +209,7 @@ def build_scheduler(rec: Recording, v: Variant) -> Any:
                               long_prefill_token_threshold_adaptive=s.long_prefill_token_threshold_adaptive,
                               policy=s.policy, watermark=s.watermark,
                               prefix_caching_hash_algo=s.prefix_caching_hash_algo, scheduler_cls=_CLASS[0],
-                              sliding_window=s.sliding_window,
+                              sliding_window=s.sliding_window, kv_cache_groups=s.kv_cache_groups,
                               prefix_cache_retention_interval=s.prefix_cache_retention_interval)
     except ValueError as exc:  # vLLM's config validation (pydantic's errors are ValueErrors): its words, one line
         from .settings import SettingRejected
@@ -250,6 +250,8 @@ class _Replay:
         self.keep, self.want_digests = keep, digests
         with vllm_log() as said:
             self.s = build_scheduler(rec, v)
+        self._first_full = next(i for i, g in enumerate(self.s.kv_cache_config.kv_cache_groups)
+                                if type(g.kv_cache_spec).__name__ == "FullAttentionSpec")
         self.result = ReplayResult(variant=v, arrivals=arrivals, step_model=model, vllm_log=said)
         self.outputs = {r.request_id: r.output_token_ids for r in rec.requests}
         self.filler = {r.request_id: r.prompt_token_ids[-1] for r in rec.requests}
@@ -399,7 +401,8 @@ class _Replay:
                        for rid, n in out.num_scheduled_tokens.items())
         new = sorted(admitted)  # new and resumed, as a record's new_requests lists them
         gone = self.aborted_before.get(step + 1, ())  # left out of the step's tables, as step_decisions does
-        tables = sorted([r.request_id, [b.block_id for b in s.kv_cache_manager.coordinator.get_blocks(r.request_id)[0]]]
+        g = self._first_full  # the records' table is the full-attention group's, wherever vLLM put it
+        tables = sorted([r.request_id, [b.block_id for b in s.kv_cache_manager.coordinator.get_blocks(r.request_id)[g]]]
                         for r in s.running if r.request_id not in gone)
         dec = {"scheduled": sched, "new": new, "preempted": sorted(out.preempted_req_ids or ()),
                "finished": sorted(r for r in finished if r in sampled), "tables": tables}

@@ -28,13 +28,27 @@ def _model_dir() -> Path:
     return _MODEL_DIR
 
 
+KV_GROUP_KINDS = ("full", "sliding")  # what a replay builds of a recorded model's KV cache groups
+
+
+def parse_kv_cache_groups(text: str) -> list[str]:
+    """"sliding,sliding,full" -> its kinds, each checked (a ValueError names the field)."""
+    kinds = [k.strip() for k in text.split(",")]
+    bad = [k for k in kinds if k not in KV_GROUP_KINDS]
+    if bad or "full" not in kinds:
+        raise ValueError(f"kv_cache_groups must list {' or '.join(KV_GROUP_KINDS)} groups, comma-separated, with "
+                         f"at least one full one, got {text!r}")
+    return kinds
+
+
 def bare_scheduler(*, block_size: int, num_blocks: int, max_model_len: int, max_num_batched_tokens: int,
                    max_num_seqs: int, enable_chunked_prefill: bool = True, enable_prefix_caching: bool = True,
                    scheduler_reserve_full_isl: bool = True, long_prefill_token_threshold: int = 0,
                    long_prefill_token_threshold_adaptive: bool = False, policy: str = "fcfs",
                    watermark: float = 0.0, prefix_caching_hash_algo: str = "sha256",
                    scheduler_cls: type | None = None, async_scheduling: bool = False,
-                   sliding_window: int | None = None, prefix_cache_retention_interval: int | None = 0) -> Any:
+                   sliding_window: int | None = None, prefix_cache_retention_interval: int | None = 0,
+                   kv_cache_groups: str | None = None) -> Any:
     """A vLLM Scheduler (or `scheduler_cls`, a subclass of it) over a pool of `num_blocks`
     blocks (the null block included). `long_prefill_token_threshold` (0: off) and its adaptive
     floor, `policy` ('fcfs' | 'priority'), `watermark` and `prefix_caching_hash_algo` are
@@ -44,7 +58,10 @@ def bare_scheduler(*, block_size: int, num_blocks: int, max_model_len: int, max_
     engine core does. `sliding_window` (tokens): a second KV cache group of sliding-window
     layers beside the full-attention one (as Gemma 3 or gpt-oss have), each group its own block
     table over the one pool; `prefix_cache_retention_interval` is then vLLM's setting of that
-    name (which sliding-window blocks it caches; 0 by default, as vLLM's CacheConfig)."""
+    name (which sliding-window blocks it caches; 0 by default, as vLLM's CacheConfig).
+    `kv_cache_groups` (with `sliding_window`): the groups' kinds in the order vLLM allocates them,
+    as a recorded vLLM model had them ("sliding,sliding,sliding,full" for a 4-layer Gemma 3; see
+    KV_GROUP_KINDS); None: the full-attention group, then one sliding-window group."""
     import torch
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -71,7 +88,8 @@ def bare_scheduler(*, block_size: int, num_blocks: int, max_model_len: int, max_
     if sliding_window is not None:
         window = SlidingWindowSpec(block_size, num_kv_heads=1, head_size=1, dtype=torch.float32,
                                    sliding_window=sliding_window)
-        groups.append(KVCacheGroupSpec(["sliding_layer"], window))
+        kinds = parse_kv_cache_groups(kv_cache_groups) if kv_cache_groups else ["full", "sliding"]
+        groups = [KVCacheGroupSpec([f"layer{i}"], spec if kind == "full" else window) for i, kind in enumerate(kinds)]
         extra["prefix_cache_retention_interval"] = prefix_cache_retention_interval
     kv_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups, **extra)
     return (scheduler_cls or Scheduler)(vllm_config=vllm_config, kv_cache_config=kv_config, block_size=block_size,

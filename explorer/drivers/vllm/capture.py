@@ -58,8 +58,10 @@ class StepCapture:
     what happens outside a step (an abort's frees), which the next step then reports: blocks
     that change between steps show in the next record rather than vanish."""
 
-    def __init__(self, scheduler: Any, runner: Any | None, executor: Any = None) -> None:
+    def __init__(self, scheduler: Any, runner: Any | None, executor: Any = None,
+                 group_order: list[int] | None = None) -> None:
         self.scheduler = scheduler
+        self.group_order = group_order  # vLLM's KV cache groups in kvscope's order (groups.KVGroups)
         self.pool = scheduler.kv_cache_manager.block_pool
         self.runner = runner  # None where the model runs in worker processes (tensor parallel)
         self.executor = executor
@@ -87,7 +89,7 @@ class StepCapture:
         out = done.out
         if self.runner is None and self.executor is not None and out is not None and out.total_num_scheduled_tokens:
             done.batch_req_ids, done.batch = self.executor.collective_rpc(
-                rank0_batch, args=(out.total_num_scheduled_tokens,), unique_reply_rank=0)
+                rank0_batch, args=(out.total_num_scheduled_tokens, self.group_order), unique_reply_rank=0)
         _, cached, cleared = self.notes.take()  # done.dirty_blocks is the set the hooks filled till now
         if cleared:
             done.dirty_blocks = set(range(len(self.pool.blocks)))
@@ -153,37 +155,46 @@ class StepCapture:
         self.now.seconds["execute"] += time.perf_counter() - t0
         num_tokens = scheduler_output.total_num_scheduled_tokens
         if num_tokens > 0:
-            self.now.batch_req_ids, self.now.batch = read_batch(self.runner, num_tokens)
+            self.now.batch_req_ids, self.now.batch = read_batch(self.runner, num_tokens, self.group_order)
         return result
 
-def read_batch(runner: Any, num_tokens: int) -> tuple[list[str], BatchDict]:
+def read_batch(runner: Any, num_tokens: int, order: list[int] | None = None) -> tuple[list[str], BatchDict]:
     """The packed batch of the step that just ran, from the model runner's persistent buffers
     (vLLM v1's names). Rows follow the runner's input batch, which is the order of
     `query_start_loc`; `logits_indices` lists the rows whose sample vLLM keeps (it computes
-    logits for the last row of every request and discards those of unfinished prefill chunks)."""
+    logits for the last row of every request and discards those of unfinished prefill chunks).
+    `order`: vLLM's KV cache groups in kvscope's order (explorer.drivers.vllm.groups); the first
+    gives the plain slot mapping and block tables, the others their `group_*` lists."""
     ib = runner.input_batch
     num_reqs = int(ib.num_reqs)
     req_ids = [str(r) for r in ib.req_ids[:num_reqs]]
     qsl = [int(x) for x in runner.query_start_loc.cpu[: num_reqs + 1].tolist()]
-    table = ib.block_table[0]
-    per_row = table.num_blocks_per_row[:num_reqs]
-    rows = table.block_table.cpu
     discard = runner.discard_request_mask.np[:num_reqs]
+    slots, tables = zip(*(_group_rows(ib.block_table[g], num_reqs, num_tokens) for g in order or [0]))
     batch: BatchDict = {
         BATCH.INPUT_IDS: runner.input_ids.gpu[:num_tokens].tolist(),
         BATCH.POSITIONS: runner.positions[:num_tokens].tolist(),
         BATCH.QUERY_START_LOC: qsl,
         BATCH.SEQ_LENS: runner.seq_lens[:num_reqs].tolist(),
-        BATCH.SLOT_MAPPING: table.slot_mapping.gpu[:num_tokens].tolist(),
-        BATCH.BLOCK_TABLES: [rows[i, : int(per_row[i])].tolist() for i in range(num_reqs)],
+        BATCH.SLOT_MAPPING: slots[0],
+        BATCH.BLOCK_TABLES: tables[0],
         BATCH.LOGITS_INDICES: [qsl[i + 1] - 1 for i in range(num_reqs) if not bool(discard[i])],
     }
+    if len(slots) > 1:
+        batch[BATCH.GROUP_SLOT_MAPPINGS], batch[BATCH.GROUP_BLOCK_TABLES] = list(slots[1:]), list(tables[1:])
     return req_ids, batch
 
 
-def rank0_batch(worker: Any, num_tokens: int) -> tuple[list[str], BatchDict]:
+def _group_rows(table: Any, num_reqs: int, num_tokens: int) -> tuple[list[int], list[list[int]]]:
+    """One KV cache group's slot mapping and block-table rows (vLLM's BlockTable of that group)."""
+    per_row, rows = table.num_blocks_per_row[:num_reqs], table.block_table.cpu
+    return (table.slot_mapping.gpu[:num_tokens].tolist(),
+            [rows[i, : int(per_row[i])].tolist() for i in range(num_reqs)])
+
+
+def rank0_batch(worker: Any, num_tokens: int, order: list[int] | None = None) -> tuple[list[str], BatchDict]:
     """Runs in a vLLM worker process (collective_rpc): that rank's batch of the latest step."""
-    return read_batch(worker.model_runner, num_tokens)
+    return read_batch(worker.model_runner, num_tokens, order)
 
 
 def rank_facts(worker: Any) -> dict[str, Any]:

@@ -27,20 +27,21 @@ from .records import RecordBuilder, RequestState, computed_before, status_name
 
 
 class BlockTables:
-    """Each running request's block ids (KV cache group 0), extended as vLLM appends blocks:
-    vLLM's get_block_ids rebuilds the whole list each call (O(context) per request per step).
-    Only where every KV cache group is full attention, whose tables only grow while a request
-    runs; elsewhere each call asks vLLM."""
+    """Each running request's block ids in kvscope's KV cache group 0 (vLLM's group `group`),
+    extended as vLLM appends blocks: vLLM's get_block_ids rebuilds the whole list each call
+    (O(context) per request per step). Only where every KV cache group is full attention, whose
+    tables only grow while a request runs; elsewhere each call asks vLLM."""
 
-    def __init__(self, scheduler: Any) -> None:
+    def __init__(self, scheduler: Any, group: int = 0) -> None:
         self.manager = scheduler.kv_cache_manager
+        self.group = group
         self._tables: dict[str, list[int]] | None = {} if all(
             type(g.kv_cache_spec).__name__ == "FullAttentionSpec"
             for g in scheduler.kv_cache_config.kv_cache_groups) else None
 
     def __call__(self, iid: str) -> list[int]:
         """`iid`'s block ids now. The list is kept for the next step: copy it to keep it."""
-        blocks = self.manager.coordinator.get_blocks(iid)[0]
+        blocks = self.manager.coordinator.get_blocks(iid)[self.group]
         if self._tables is None:
             return [b.block_id for b in blocks]
         ids = self._tables.get(iid)
@@ -111,8 +112,10 @@ class ChangeTracker:
                 continue  # finished: its whole dict travels in `finished`
             table = self.tables(iid) if iid in running else []
             first = self.dirty_from.get(iid, 0)
-            self._hold(e.req, table, first, held)
-            requests[e.request_id] = self._request_change(e, table)
+            group_fields = view.group_fields(e, bool(table))
+            for t in (table, *group_fields.get(REQ.GROUP_BLOCK_TABLES, ())):  # every group's blocks
+                self._hold(e.req, t, first, held)
+            requests[e.request_id] = self._request_change(e, table, group_fields)
         blocks = self._refresh_blocks(held)
         self._forget_notes()
         self.forget(finished)
@@ -136,8 +139,9 @@ class ChangeTracker:
     def _hold(self, req: Any, table: list[int], first: int, held: dict[int, list[int]]) -> None:
         """The tokens `req` keeps in its blocks from table index `first` on (computed ones only)."""
         bs, ids, n = self.records.block_size, req.all_token_ids, req.num_computed_tokens
+        null = self.records.pool.null_block.block_id  # where a sliding window's blocks were freed
         for i in range(first, len(table)):
-            if table[i] not in held:
+            if table[i] not in held and table[i] != null:
                 held[table[i]] = list(ids[i * bs:min((i + 1) * bs, n)])
 
     def _refresh_blocks(self, held: dict[int, list[int]]) -> list[BlockDict]:
@@ -146,13 +150,14 @@ class ChangeTracker:
         pool = view.pool.blocks
         return [view.block_dict(pool[b], held.get(b), []) for b in sorted(self.dirty_blocks | held.keys())]
 
-    def _request_change(self, e: RequestState, table: list[int]) -> RequestChangeDict:
-        """A request's change: its small fields, its growing lists from what the consumer holds."""
+    def _request_change(self, e: RequestState, table: list[int], group_fields: RequestFieldsDict) -> RequestChangeDict:
+        """A request's change: its small fields, its growing lists from what the consumer holds
+        (the other KV cache groups' tables whole: a sliding one is not append-only)."""
         r, view = e.req, self.records
         fields: RequestFieldsDict = {
             REQ.REQUEST_ID: e.request_id, REQ.STATUS: status_name(r.status),
             REQ.NUM_COMPUTED_TOKENS: int(r.num_computed_tokens), REQ.NUM_CACHED_TOKENS: e.num_cached_tokens,
-            REQ.NUM_PREEMPTIONS: int(r.num_preemptions), REQ.FINISH_REASON: e.finish_reason}
+            REQ.NUM_PREEMPTIONS: int(r.num_preemptions), REQ.FINISH_REASON: e.finish_reason, **group_fields}
         if view.tokenizer is not None:
             fields[REQ.OUTPUT_TEXT] = view.output_text(e)
         if not self.sent.knows(e.request_id):  # new to the consumer: what never changes, once

@@ -58,6 +58,7 @@ from .config import (
     require_vllm,
     split_fields,
 )
+from .groups import KVGroups
 from .probe import QueryCapture, VllmAttentionProbe, attention_weights
 from .records import RecordBuilder, RequestState
 from .startup import StartupLog
@@ -134,7 +135,9 @@ class VllmEngine:
         prepare_environment()
         from engine.default_model import default_model_path, validate_model_folder
 
-        folder = validate_model_folder(config.model if config.model is not None else default_model_path())
+        # Any model type vLLM runs (a Gemma 3's sliding-window groups among them), not only kvscope's.
+        folder = validate_model_folder(config.model if config.model is not None else default_model_path(),
+                                       model_types=None)
         self.requested_num_kv_blocks: int | None = config.num_kv_blocks
         self.requested_max_model_len: int | None = config.max_model_len
         max_model_len = config.max_model_len or _default_max_model_len(folder, config)
@@ -173,7 +176,8 @@ class VllmEngine:
         self._finalizer = weakref.finalize(self, _release, client, core)
         worker = getattr(getattr(core.model_executor, "driver_worker", None), "worker", None)
         self.runner: Any = getattr(worker, "model_runner", None)  # None: the model runs in worker processes
-        self.capture = StepCapture(self.scheduler, self.runner, core.model_executor)
+        self.groups = KVGroups(self.scheduler)
+        self.capture = StepCapture(self.scheduler, self.runner, core.model_executor, self.groups.order)
         self.queries: QueryCapture | None = QueryCapture(self.runner) if self.runner is not None else None
         self.tokenizer: Any = self.vllm.get_tokenizer()
         self.block_size = int(self.scheduler.cache_config.block_size)
@@ -190,10 +194,11 @@ class VllmEngine:
         # records.py takes ModelInfoDict (mypy then reports this ignore as unused).
         info = self._read_model_info(folder)
         self.records: RecordBuilder = RecordBuilder(self.scheduler, model_info=info,  # type: ignore[arg-type]
+                                                    groups=self.groups,
                                                     tokenizer=self.tokenizer, max_logprobs=self._max_logprobs,
                                                     runner_in_process=self.runner is not None,
                                                     reserve_full_isl=config.scheduler_reserve_full_isl)
-        self.tracker: ChangeTracker = ChangeTracker(self.records, BlockTables(self.scheduler))
+        self.tracker: ChangeTracker = ChangeTracker(self.records, BlockTables(self.scheduler, self.groups.order[0]))
         self.last_capture: Any = None  # the latest step's capture (explorer.drivers.vllm.capture)
         self._finished_sent = 0         # self.finished[:n] went out in changes already
         self._config_changed = False
@@ -245,7 +250,8 @@ class VllmEngine:
                 INFO.INTERMEDIATE_SIZE: getattr(hf, "intermediate_size", None),
                 INFO.TIE_WORD_EMBEDDINGS: getattr(hf, "tie_word_embeddings", None),
                 INFO.TENSOR_PARALLEL_SIZE: tp,
-                INFO.TP_BACKEND: None if tp == 1 else ("gloo" if self.config.on_cpu else "nccl")}
+                INFO.TP_BACKEND: None if tp == 1 else ("gloo" if self.config.on_cpu else "nccl"),
+                INFO.KV_CACHE_GROUPS: self.groups.describe()}
 
     def _tp_facts(self, tp: int) -> ModelInfoDict:
         """With tensor parallelism: each rank's share, as its worker reports it (collective_rpc)."""
@@ -386,7 +392,8 @@ class VllmEngine:
         kv, records = self.scheduler.kv_cache_manager, self.records
         with gc_paused():
             running = list(self.scheduler.running)
-            tables = {r.request_id: list(kv.get_block_ids(r.request_id)[0]) for r in running}
+            first = self.groups.order[0]  # kvscope's group 0: full attention where the model has it
+            tables = {r.request_id: list(kv.get_block_ids(r.request_id)[first]) for r in running}
             # RecordBuilder's queues and pool_dict (records.py) are typed `dict`: QueuesDict and
             # BlockPoolDict as built.
             snap = EngineSnapshot(step=self.step_count, config=self.config.to_dict(), model_info=self.model_info,
@@ -426,7 +433,8 @@ class VllmEngine:
             raise ValueError(f"request_id {request_id!r} was not in vLLM's latest step (step {self.step_count}): "
                              "vLLM computed no queries for it; step and probe again")
         start, end, positions = rows
-        table = list(self.scheduler.kv_cache_manager.get_block_ids(e.internal_id)[0])
+        # The layer's own group's table (a sliding-window layer's holds the null block before its window).
+        table = list(self.scheduler.kv_cache_manager.get_block_ids(e.internal_id)[self.groups.group_of_layer(layer)])
         module = self.queries.layers[layer]
         reader = self.queries.reader(layer, int(self.pool.num_gpu_blocks))
         probs = attention_weights(self.queries.queries[start:end], positions, reader, table, float(module.impl.scale))
@@ -452,6 +460,7 @@ class VllmEngine:
     def shutdown(self) -> None:
         """Let vLLM go (the process-wide state stays while another vLLM engine lives)."""
         self.capture.close()
+        self.groups.close()
         if self.queries is not None:
             self.queries.close()
         self._finalizer()

@@ -27,11 +27,14 @@ from engine.report.schema import (
     BudgetsDict,
     EngineMetricsDict,
     RequestDict,
+    RequestFieldsDict,
     SampledDict,
     TimingsDict,
 )
 from engine.request import RequestMetrics
 from engine.sampling_params import SamplingParams
+
+from .groups import KVGroups
 
 
 class ShownAsIs(dict):
@@ -59,6 +62,7 @@ class RequestState:
     finish_reason: str | None = None
     num_prefill_chunks: int = 0
     num_cached_tokens: int = 0  # prefix-cache hits at its latest admission (vLLM's num_computed_tokens then)
+    group_hits: list[int] | None = None  # several KV cache groups: each one's own hit at that admission
     text: dict = field(default_factory=dict)
     frozen: RequestDict | None = None  # its snapshot dict once finished (it no longer changes)
 
@@ -70,12 +74,14 @@ class RecordBuilder:
     carry a suffix (`track` notes each); a server's are shown as they are. `tokenizer` None: no token texts (the
     server's feed leaves them to the client). `runner_in_process`: vLLM's model runner runs in
     this process, so the step's phases are timed apart (else rank 0 only waits for workers).
+    `groups`: the scheduler's KV cache groups (a request's plain table is kvscope's group 0).
     """
 
-    def __init__(self, scheduler: Any, *, model_info: dict, tokenizer: Any = None, max_logprobs: int = 0,
-                 runner_in_process: bool = False,
+    def __init__(self, scheduler: Any, *, model_info: dict, groups: KVGroups, tokenizer: Any = None,
+                 max_logprobs: int = 0, runner_in_process: bool = False,
                  reserve_full_isl: bool = True) -> None:
         self.scheduler = scheduler
+        self.groups = groups
         self.pool = scheduler.kv_cache_manager.block_pool
         self.block_size = int(scheduler.cache_config.block_size)
         self.model_info = model_info
@@ -111,6 +117,7 @@ class RecordBuilder:
     def finish(self, entry: RequestState, reason: str, wall: float) -> None:
         entry.finish_reason = reason
         entry.metrics.record("finished_time", wall, self.engine_time)
+        self.groups.hits.pop(entry.internal_id, None)
         self.finished_now.append(entry)
 
     def take_finished(self) -> list[RequestState]:
@@ -165,6 +172,7 @@ class RecordBuilder:
                 entry = self.requests[ext[iid]]
                 entry.num_prefill_chunks = 0
                 entry.num_cached_tokens = int(before[iid])
+                entry.group_hits = self.groups.hits.pop(iid, None)
                 entry.metrics.record("first_scheduled_time", now_wall, engine_start)
                 rec.new_requests.append(entry.request_id)
                 self.counters["prefix_cache_hits"] += before[iid]
@@ -265,7 +273,17 @@ class RecordBuilder:
                 REQ.NUM_COMPUTED_TOKENS: int(r.num_computed_tokens),
                 REQ.NUM_CACHED_TOKENS: e.num_cached_tokens, REQ.BLOCK_TABLE: table,
                 REQ.NUM_PREEMPTIONS: int(r.num_preemptions), REQ.FINISH_REASON: e.finish_reason,
-                REQ.METRICS: e.metrics.to_dict()})
+                REQ.METRICS: e.metrics.to_dict(), **self.group_fields(e, bool(table))})
+
+    def group_fields(self, e: RequestState, holds_blocks: bool) -> RequestFieldsDict:
+        """With several KV cache groups: the request's table in each group past kvscope's first
+        (read from vLLM only while it holds blocks) and each group's own hit at its admission."""
+        g = self.groups
+        if not g.several:
+            return cast(RequestFieldsDict, {})
+        tables = g.tables(e.internal_id)[1:] if holds_blocks else [[] for _ in g.order[1:]]
+        return cast(RequestFieldsDict, {REQ.GROUP_BLOCK_TABLES: tables,
+                                        REQ.GROUP_HIT_TOKENS: list(e.group_hits or [0] * len(g.order))})
 
     def first_seen(self, e: RequestState) -> dict:
         """What never changes in a request's dict: its prompt, the prompt's text, max_tokens and
@@ -307,12 +325,17 @@ class RecordBuilder:
         bs, ext = self.block_size, self.external
         owners: dict[int, list[str]] = {}
         tokens: dict[int, list[int]] = {}
+        null = self.pool.null_block.block_id
         for r in running:
             ids, n = r.all_token_ids, r.num_computed_tokens
-            for i, b in enumerate(tables[r.request_id]):
-                owners.setdefault(b, []).append(ext[r.request_id])
-                if b not in tokens:
-                    tokens[b] = list(ids[i * bs:min((i + 1) * bs, n)])
+            every = self.groups.tables(r.request_id) if self.groups.several else [tables[r.request_id]]
+            for table in every:  # every KV cache group's blocks: one pool holds them all
+                for i, b in enumerate(table):
+                    if b == null:
+                        continue
+                    owners.setdefault(b, []).append(ext[r.request_id])
+                    if b not in tokens:
+                        tokens[b] = list(ids[i * bs:min((i + 1) * bs, n)])
         blocks = [self.block_dict(blk, tokens.get(blk.block_id), owners.get(blk.block_id, []))
                   for blk in self.pool.blocks]
         return {POOL.NUM_BLOCKS: int(self.pool.num_gpu_blocks), POOL.BLOCK_SIZE: bs,
@@ -329,7 +352,8 @@ class RecordBuilder:
             held = known[1] if known is not None and h is not None and known[0] == h else []
         elif h is not None:
             self._block_tokens[b] = (h, held)
-        return {BLOCK.BLOCK_ID: b, BLOCK.REF_COUNT: int(blk.ref_cnt),
+        # vLLM does not keep the null block's ref_cnt (sliding-window groups drive it below 0): 0.
+        return {BLOCK.BLOCK_ID: b, BLOCK.REF_COUNT: 0 if blk.is_null else int(blk.ref_cnt),
                 BLOCK.HASH: None if h is None else self.hash_key(h), BLOCK.TOKEN_IDS: held, BLOCK.OWNERS: owners,
                 BLOCK.IS_NULL: bool(blk.is_null), BLOCK.IS_FREE: blk.ref_cnt == 0 and not blk.is_null}
 

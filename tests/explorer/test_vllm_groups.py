@@ -2,13 +2,18 @@
 32-token sliding-window layers, one full), which vLLM 0.32's CPU build runs with four groups,
 the three sliding ones first. Every group is read, shown in kvscope's order (full attention
 first), rebuilt from changes, recorded, and replayed through vLLM's scheduler with the same
-groups in vLLM's order. One vLLM engine serves the module (eager: ~15 s to start).
+groups in vLLM's order. One vLLM engine serves the module (eager: ~15 s to start); the last test
+follows a real server running the same model.
 """
 from __future__ import annotations
+
+import concurrent.futures
+import time
 
 import pytest
 
 from tests.oracle.vllm_available import require_vllm
+from tests.vllm_traffic import settled_history
 
 CONFIG = dict(block_size=32, num_kv_blocks=48, max_num_batched_tokens=96, max_num_seqs=4, max_model_len=512)
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
@@ -118,3 +123,62 @@ def test_every_groups_tables_slots_and_hits_are_vllms_and_changes_rebuild_them(s
     proof = prove(ledger, rec)
     assert proof.replays is not None and proof.replays.reproduces, proof.replays.first_difference
     assert ledger.requests["d"].proofs["group_cut"]["verdict"] == "proven"
+
+
+@pytest.mark.slow
+def test_a_live_gemma3_server_is_followed_in_every_group_and_replays_decision_for_decision(tiny_checkpoint, tmp_path):
+    """A real vLLM server with kvscope's recorder (single-worker executor: its model runner owns the
+    block-id lists it is handed) running the same Gemma 3: the attached Session reads the groups in
+    vLLM's order, each request's tables in every group (null blocks where tokens left the window)
+    and each group's hit, one of them cut to 0 by the sliding groups; its recording, replayed
+    through vLLM's scheduler with the four groups, reproduces every step."""
+    require_vllm()
+    pytest.importorskip("openai")
+    from explorer import Session
+    from explorer.core.recording import Recording, RecordingWriter
+    from explorer.drivers.vllm_live.server import VllmServer
+    from explorer.whatif import identity
+
+    srv = VllmServer(str(tiny_checkpoint("gemma3", sliding_window=WINDOW)), num_gpu_blocks=60, block_size=32,
+                     max_model_len=1024, max_num_batched_tokens=128, max_num_seqs=6, kv_events=False,
+                     log=tmp_path / "server.log", env={"OMP_NUM_THREADS": "2", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    path = tmp_path / "gemma-live.kvrec.gz"
+    try:
+        srv.start().wait_ready(600)
+        live = Session.attach(srv.feed, snapshot_address=srv.snapshots)
+        writer = RecordingWriter(path)
+        writer.follow(live)
+        client = srv.client(timeout=300)
+
+        def complete(prompt: str, n: int) -> None:
+            client.completions.create(model=srv.model, prompt=prompt, max_tokens=n, temperature=0.0,
+                                      extra_body={"ignore_eos": True})
+
+        base = "The harbour master counted every ship that sailed past the old lighthouse. " * 8
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            done = [pool.submit(complete, base + f" Ship {i} carries cargo.", 12) for i in range(3)]
+            time.sleep(1.5)  # these share the first block of a prefix whose sliding blocks have gone
+            done += [pool.submit(complete, base[:300] + " And then?", 6),
+                     pool.submit(complete, "Tell a story about the sea. " * 30, 20)]
+            [f.result() for f in done]
+        history = settled_history(live, writer)
+        assert live.feed_status()["missed"] == 0
+        live.close()
+    finally:
+        srv.stop()
+    groups = history[-1].snapshot["model_info"]["kv_cache_groups"]
+    assert [(g["kind"], g["vllm_group"]) for g in groups] == [("full_attention", 3)] + [
+        ("sliding_window", g) for g in range(3)]
+    nulls, hits = 0, []
+    for e in history:
+        for r in e.snapshot["queues"]["running"]:
+            nulls += sum(t.count(0) for t in r["group_block_tables"])
+            if e.record is not None and r["request_id"] in e.record["new_requests"]:
+                hits.append((r["num_cached_tokens"], r["group_hit_tokens"]))
+    assert nulls > 0 and len(hits) == 5, (nulls, hits)
+    assert any(n == min(h) < max(h) for n, h in hits), hits          # a hit the sliding groups cut
+    assert any(n == min(h) > 0 for n, h in hits), hits               # and one every group shares
+    rec = Recording.load(path)
+    assert rec.settings.kv_cache_groups == "sliding,sliding,sliding,full"
+    report = identity(rec, history)
+    assert report.ok, report.text()

@@ -5,6 +5,7 @@ without a model), followed by the real client (`LiveSource`), whose records are 
 (engine.report.changes.apply) as a Session applies them.
 
     python -m tests.oracle.live_differential --workloads 200 [--async] [--seed 0] [--plant NAME]
+        [--groups full+sliding]   # a sliding-window KV cache group beside the full one
 
 After every message it compares, with vLLM's objects read directly:
 - the record: each scheduled request's tokens and the computed tokens it starts from (the
@@ -12,7 +13,8 @@ After every message it compares, with vLLM's objects read directly:
   chunk index, the admissions, preemptions, sampled tokens and finishes, and the packed
   batch (positions and slots from the block tables vLLM held when it scheduled the step);
 - the state: both queues in order; each request's status, prompt, outputs, computed tokens,
-  block table, preemptions and (for finished ones) finish reason; every block's refcount,
+  block table (and with several KV cache groups its table in each other group), preemptions and
+  (for finished ones) finish reason; every block's refcount,
   prefix-cache hash (as vLLM's KV events name it), owners, whether it is free and the tokens
   it holds; the number of free blocks;
 - the block events (allocated, hits, same-step hits, freed, cached, evicted) the records told
@@ -35,14 +37,15 @@ import sys
 import time
 from collections import deque
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .workloads import Workload, random_workload
 
 MAX_ITERATIONS = 20_000
 ABORT_CHANCE = 0.04
 PLANTED = ("events-by-latest-schedule", "abort-frees-unseen", "sync-scheduler-under-async", "names-kept",
-           "evictions-unseen", "empty-step-drops-events")
+           "evictions-unseen", "empty-step-drops-events", "group-tables-at-admission-only")
+PLANT_GROUPS = {"group-tables-at-admission-only": "full+sliding"}  # the workloads a fault shows in ("full" else)
 
 
 class Difference(AssertionError):
@@ -61,6 +64,7 @@ class Counts:
     aborts_in_flight: int = 0      # aborted between a step's schedule and its update
     aborts_between: int = 0
     joined: int = 0                # steps checked on a client that joined midway
+    window_nulls: int = 0          # null blocks in running requests' sliding-window tables, summed over checks
     differences: int = 0
     failures: list[str] = field(default_factory=list)
 
@@ -109,9 +113,37 @@ class Truth:
         self.bs = int(sched.cache_config.block_size)
         self.memo: dict[int, tuple[str, list[int]]] = {}
         self.finished: dict[str, object] = {}
+        # The KV cache groups in kvscope's order: a full-attention one first (records show its table
+        # as a request's block_table, the others as group_block_tables).
+        specs = [g.kv_cache_spec for g in sched.kv_cache_config.kv_cache_groups]
+        self.order = sorted(range(len(specs)), key=lambda g: type(specs[g]).__name__ != "FullAttentionSpec")
+        self.null = self.pool.null_block.block_id
+        self.by_hash: dict[bytes, list[int]] = {}  # a block hash -> the tokens it stands for
+        self.hashed_upto: dict[str, int] = {}
 
     def tables(self) -> dict[str, list[int]]:
-        return {r.request_id: list(self.kv.get_block_ids(r.request_id)[0]) for r in self.s.running}
+        first = self.order[0]
+        return {r.request_id: list(self.kv.get_block_ids(r.request_id)[first]) for r in self.s.running}
+
+    def group_tables(self) -> dict[str, list[list[int]]]:
+        """Each running request's table in every group, kvscope's order."""
+        return {r.request_id: [list(ids[g]) for g in self.order]
+                for r in self.s.running for ids in (self.kv.get_block_ids(r.request_id),)}
+
+    def scan_all(self) -> None:
+        """scan() over every group's tables, and the tokens behind each request's block hashes: a
+        sliding-window block can be hashed and leave the window within one schedule (async
+        scheduling hashes a block when the step after it is scheduled), never seen in a table."""
+        for rid, tables in self.group_tables().items():
+            for table in tables:
+                self.scan({rid: table})
+        bs = self.bs
+        for req in (*self.s.requests.values(), *self.finished.values()):
+            hashes, start = req.block_hashes, self.hashed_upto.get(req.request_id, 0)
+            ids = req.all_token_ids
+            for i in range(start, min(len(hashes), len(ids) // bs)):
+                self.by_hash[hashes[i]] = list(ids[i * bs:(i + 1) * bs])
+            self.hashed_upto[req.request_id] = max(start, min(len(hashes), len(ids) // bs))
 
     def scan(self, tables: dict[str, list[int]]) -> None:
         """Note the tokens of every full, hashed block in `tables`."""
@@ -122,6 +154,8 @@ class Truth:
                 continue
             ids = req.all_token_ids
             for i, b in enumerate(table):
+                if b == self.null:
+                    continue
                 h = self.pool.blocks[b].block_hash
                 if h is not None and (i + 1) * bs <= len(ids):
                     self.memo[b] = (_key(h), list(ids[i * bs:(i + 1) * bs]))
@@ -129,13 +163,16 @@ class Truth:
     def state(self) -> dict:
         s, bs = self.s, self.bs
         running = list(s.running)
-        tables = self.tables()
+        every = self.group_tables()
         held: dict[int, list[int]] = {}
         owners: dict[int, list[str]] = {}
         for r in running:
-            for i, b in enumerate(tables[r.request_id]):
-                owners.setdefault(b, []).append(r.request_id)
-                held.setdefault(b, list(r.all_token_ids[i * bs:min((i + 1) * bs, r.num_computed_tokens)]))
+            for table in every[r.request_id]:
+                for i, b in enumerate(table):
+                    if b == self.null:
+                        continue
+                    owners.setdefault(b, []).append(r.request_id)
+                    held.setdefault(b, list(r.all_token_ids[i * bs:min((i + 1) * bs, r.num_computed_tokens)]))
         blocks = []
         for blk in self.pool.blocks:
             b, key = blk.block_id, _key(blk.block_hash)
@@ -143,27 +180,36 @@ class Truth:
             if tokens is None:
                 known = self.memo.get(b)
                 tokens = known[1] if known is not None and key is not None and known[0] == key else []
-            blocks.append({"block_id": b, "ref_count": blk.ref_cnt, "hash": key, "token_ids": tokens,
+                if not tokens and key is not None and len(self.order) > 1:
+                    from vllm.v1.core.kv_cache_utils import get_block_hash
+
+                    tokens = self.by_hash.get(get_block_hash(blk.block_hash), [])
+            ref = 0 if blk.is_null else blk.ref_cnt  # vLLM does not keep the null block's
+            blocks.append({"block_id": b, "ref_count": ref, "hash": key, "token_ids": tokens,
                            "owners": owners.get(b, []), "is_null": blk.is_null,
                            "is_free": blk.ref_cnt == 0 and not blk.is_null})
 
-        def req(r, table: list[int]) -> dict:
-            return {"request_id": r.request_id, "status": _status(r.status),
-                    "prompt_token_ids": list(r.prompt_token_ids), "output_token_ids": list(r.output_token_ids),
-                    "num_computed_tokens": r.num_computed_tokens, "block_table": table,
-                    "num_preemptions": r.num_preemptions}
+        def req(r, tables: list[list[int]]) -> dict:
+            d = {"request_id": r.request_id, "status": _status(r.status),
+                 "prompt_token_ids": list(r.prompt_token_ids), "output_token_ids": list(r.output_token_ids),
+                 "num_computed_tokens": r.num_computed_tokens, "block_table": tables[0],
+                 "num_preemptions": r.num_preemptions}
+            if len(self.order) > 1:
+                d["group_block_tables"] = tables[1:]
+            return d
 
         waiting = [*s.waiting, *(getattr(s, "kv_holding_waiting", ()) or ())]
-        return {"waiting": [req(r, []) for r in waiting], "running": [req(r, tables[r.request_id]) for r in running],
+        none = [[] for _ in self.order]
+        return {"waiting": [req(r, none) for r in waiting], "running": [req(r, every[r.request_id]) for r in running],
                 "blocks": blocks, "num_free_blocks": self.pool.get_num_free_blocks()}
 
 
 def _projected(snapshot: dict) -> dict:
     keys = ("request_id", "status", "prompt_token_ids", "output_token_ids", "num_computed_tokens", "block_table",
-            "num_preemptions")
+            "num_preemptions", "group_block_tables")
     q = snapshot["queues"]
-    return {"waiting": [{k: r[k] for k in keys} for r in q["waiting"]],
-            "running": [{k: r[k] for k in keys} for r in q["running"]],
+    return {"waiting": [{k: r[k] for k in keys if k in r} for r in q["waiting"]],
+            "running": [{k: r[k] for k in keys if k in r} for r in q["running"]],
             "blocks": snapshot["block_pool"]["blocks"], "num_free_blocks": snapshot["block_pool"]["num_free_blocks"]}
 
 
@@ -256,7 +302,8 @@ class Scheduled:
                 chunks[rid] = chunk + 1
             self.rows.append({"request_id": rid, "num_tokens": n, "num_computed_before": b, "is_prefill": not decode,
                               "num_cached_tokens": b if rid in self.admitted else 0, "chunk_index": chunk})
-        self.tables = {rid: list(kv.get_block_ids(rid)[0]) for rid in out.num_scheduled_tokens}
+        first = Truth(sched).order[0]  # the full-attention group: the records' plain tables
+        self.tables = {rid: list(kv.get_block_ids(rid)[first]) for rid in out.num_scheduled_tokens}
         self.samples = {rid for rid in out.num_scheduled_tokens if not reqs[rid].is_prefill_chunk}
         self.is_scheduler = isinstance(sched, Scheduler)
 
@@ -294,7 +341,7 @@ class Run:
         self.pool_calls.hashed_now = set()  # a same-step hit is one on a block hashed in this schedule
         out = self.s.schedule()
         self.scheduled[id(out)] = Scheduled(self.s, out, self.async_, self.chunks)
-        self.truth.scan(self.truth.tables())
+        self.truth.scan_all()
         return out
 
     def update(self, out) -> None:
@@ -313,13 +360,14 @@ class Run:
         before = {**{r: t for r, t in seen.tables.items() if r in self.s.requests}, **self.truth.tables()}
         mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                                 sampled_token_ids=[[tokens[r]] if r in tokens else [] for r in ids])
+        self.truth.scan_all()  # every group's blocks, before the update frees a finished request's
         result = self.s.update_from_output(out, mro)
         outputs = [o for eco in result.values() for o in eco.outputs]
         for o in outputs:
             if o.finish_reason is not None:
                 self.truth.finished[o.request_id] = self.side.requests_seen[o.request_id]
         self.truth.scan(before)
-        self.truth.scan(self.truth.tables())
+        self.truth.scan_all()
         self.check(seen, outputs)
 
     def abort(self, in_flight: bool) -> None:
@@ -329,7 +377,7 @@ class Run:
         if not live:
             return
         rid = self.rng.choice(live)
-        self.truth.scan(self.truth.tables())
+        self.truth.scan_all()
         self.truth.finished[rid] = self.s.requests[rid]
         self.s.finish_requests(rid, RequestStatus.FINISHED_ABORTED)
         if in_flight:
@@ -416,6 +464,8 @@ class Run:
         if not pub.flush(10):
             raise Difference("the recorder did not publish within 10 s")
         truth = self.truth.state()
+        self.counts.window_nulls += sum(t.count(self.truth.null) for r in truth["running"]
+                                        for t in r.get("group_block_tables", ()))
         for k, client in enumerate(self.clients):
             src = client[0]
             records = []
@@ -584,6 +634,15 @@ def planted(bug: str):
             return updated(self, cap, result)
 
         cls, name = recorder._Notes, "updated"
+    elif bug == "group-tables-at-admission-only":  # other groups' tables sent when admitted, never again
+        def patch(self):
+            g = self.groups
+            if not g.several:
+                return None
+            return [[r.request_id, g.tables(r.request_id)[1:], h] for r in self.s.running
+                    if (h := g.hits.pop(r.request_id, None)) is not None]
+
+        cls, name = recorder._Notes, "_group_tables"
     else:
         raise ValueError(f"unknown bug {bug!r}; one of {PLANTED}")
     original_attr = cls.__dict__[name]
@@ -594,10 +653,18 @@ def planted(bug: str):
         setattr(cls, name, original_attr)
 
 
-def run_many(seeds: range, async_: bool) -> Counts:
+def live_workload(seed: int, groups: str = "full") -> Workload:
+    """random_workload's, or for "sliding+full" its full+sliding one with vLLM given the sliding
+    group first (as vLLM orders a Gemma 3's groups): the feed's plain tables must stay the full one's."""
+    if groups == "sliding+full":
+        return replace(random_workload(seed, "full+sliding"), vllm_group_order="sliding,full")
+    return random_workload(seed, groups)
+
+
+def run_many(seeds: range, async_: bool, groups: str = "full") -> Counts:
     total = Counts()
     for seed in seeds:
-        w = random_workload(seed)
+        w = live_workload(seed, groups)
         counts, failure = run_workload(w, seed, async_)
         total.add(counts)
         if failure and len(total.failures) < 3:
@@ -611,6 +678,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="first workload seed")
     ap.add_argument("--async", dest="async_", action="store_true",
                     help="vLLM's AsyncScheduler, as a GPU server runs it")
+    ap.add_argument("--groups", choices=("full", "full+sliding", "sliding+full"), default="full",
+                    help="KV cache groups: full attention, or a sliding-window group beside it (after it, or first "
+                         "in vLLM's order)")
     ap.add_argument("--plant", choices=PLANTED, help="put back one fault; exit 0 when a workload catches it")
     args = ap.parse_args(argv)
     import gc
@@ -621,10 +691,11 @@ def main(argv: list[str] | None = None) -> int:
     seeds = range(args.seed, args.seed + args.workloads)
     if args.plant:
         with planted(args.plant):
-            caught = next((s for s in seeds if run_workload(random_workload(s), s, args.async_)[1]), None)
+            groups = PLANT_GROUPS.get(args.plant, args.groups)
+            caught = next((s for s in seeds if run_workload(live_workload(s, groups), s, args.async_)[1]), None)
         print(json.dumps({"plant": args.plant, "first_seed": caught}))
         return 0 if caught is not None else 1
-    total = run_many(seeds, args.async_)
+    total = run_many(seeds, args.async_, args.groups)
     for failure in total.failures:
         print(failure, file=sys.stderr)
     print(f"live feed vs vLLM 0.32 ({'async' if args.async_ else 'synchronous'} scheduling): {args.workloads} "

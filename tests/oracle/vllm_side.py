@@ -39,7 +39,7 @@ class VllmScheduler:
                                         enable_prefix_caching=w.enable_prefix_caching,
                                         scheduler_reserve_full_isl=w.scheduler_reserve_full_isl,
                                         scheduler_cls=scheduler_cls, async_scheduling=async_scheduling,
-                                        sliding_window=w.sliding_window,
+                                        sliding_window=w.sliding_window, kv_cache_groups=w.vllm_group_order,
                                         prefix_cache_retention_interval=w.prefix_cache_retention_interval)
         self.block_pool = self.scheduler.kv_cache_manager.block_pool
         self.requests_seen: dict = {}  # every request added (vLLM drops finished ones)

@@ -37,6 +37,9 @@ class Workload:
     # A second KV cache group of Mamba layers in vLLM's "align" cache mode (instead of a sliding
     # window), with the same prefix_cache_retention_interval (which of its states are cached).
     mamba_align: bool = False
+    # The order vLLM's scheduler gets its groups in (bare_scheduler's kv_cache_groups, e.g.
+    # "sliding,full" as vLLM orders a Gemma 3's); None: full attention first.
+    vllm_group_order: str | None = None
 
     def sampled_token(self, request_id: str, index: int) -> int:
         """The token both engines 'sample' as output number `index`: a fixed function over a

@@ -17,7 +17,7 @@ import pytest
 from explorer.core.recording import Recording, RecordingWriter
 from explorer.whatif import identity
 from tests.oracle.vllm_available import require_vllm
-from tests.vllm_traffic import complete_together
+from tests.vllm_traffic import complete_together, settled_history
 
 pytestmark = pytest.mark.slow
 
@@ -82,12 +82,7 @@ def recorded(request, default_model_path, tmp_path_factory):
         # 8 answers that each grow to 7 blocks, from 39 usable blocks: preemptions.
         complete_together(client, srv.model, [f"Request number {i} asks for a long story about the sea and ships. " * 3
                                               for i in range(8)], 150)
-        assert live.wait_for(lambda s: not s.current.snapshot["queues"]["running"]
-                             and not s.current.snapshot["queues"]["waiting"], timeout=120)
-        time.sleep(0.5)
-        live.poll()
-        history = live.history
-        writer.close()
+        history = settled_history(live, writer)
         time.sleep(1.0)
         stop.set()
         cli.join(timeout=60)

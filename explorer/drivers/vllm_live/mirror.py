@@ -10,8 +10,10 @@ Session and every consumer read the schema's dicts, never this form.
 
 A body is {"ops": [...], "blocks": [ids, refcounts, hash keys], "cached": [[block, request,
 table index]], "cleared": bool, "queues": [running, waiting] | None, "free": int, "usage":
-float}; requests are small integers (indices the recorder gives them), and `ops` are, in the
-order vLLM did them:
+float}, with "groups": [[i, tables, hits | None]] for a model of several KV cache groups (each
+running request's tables past kvscope's first, whole, after the update, and each group's own
+hit where vLLM looked its prefix up since the last body); requests are small integers (indices
+the recorder gives them), and `ops` are, in the order vLLM did them:
 
 - ["a", i, request_id, prompt, num_prompt, max_tokens, sampling_params, arrival_time, stop,
   prompt_hashes, domain]: a request arrived (its name, prompt and parameters: the only time
@@ -48,6 +50,7 @@ from engine.report.schema import (
     BLOCK,
     BUDGET,
     CHANGES,
+    INFO,
     POOL,
     QUEUE,
     RCHANGE,
@@ -136,6 +139,8 @@ class Req:
         "domain",
         "finish_reason",
         "frozen",
+        "group_hits",
+        "group_tables",
         "hashes",
         "idx",
         "max_tokens",
@@ -166,6 +171,8 @@ class Req:
         self.computed = self.cached = self.preemptions = self.chunks = 0
         self.finish_reason: str | None = None
         self.table: list[int] = []
+        self.group_tables: list[list[int]] = []  # several KV cache groups: its table in each past the first
+        self.group_hits: list[int] | None = None  # and each group's own hit at its admission
         self.metrics = _Metrics()
         self.frozen: RequestDict | None = None
         self.tw, self.te = self.metrics.wall.token_times, self.metrics.engine.token_times  # the hot path's handles
@@ -189,7 +196,8 @@ class Req:
         m = self.metrics
         return [self.idx, self.rid, self.prompt, self.n_prompt, self.output, self.n_output, self.max_tokens,
                 self.params, self.stop, self.hashes, self.status, self.computed, self.cached, self.preemptions,
-                self.finish_reason, self.table, self.chunks, [m.engine.to_wire(), m.wall.to_wire()], self.domain]
+                self.finish_reason, self.table, self.chunks, [m.engine.to_wire(), m.wall.to_wire()], self.domain,
+                self.group_tables, self.group_hits]
 
     @classmethod
     def from_wire(cls, w: list) -> Req:
@@ -198,6 +206,7 @@ class Req:
         r.n_hidden = w[5] - len(r.output)
         r.status, r.computed, r.cached, r.preemptions, r.finish_reason = w[10], w[11], w[12], w[13], w[14]
         r.table, r.chunks = list(w[15]), w[16]
+        r.group_tables, r.group_hits = [list(t) for t in w[19]], w[20]
         r.metrics.engine.from_wire(w[17][0])
         r.metrics.wall.from_wire(w[17][1])
         r.tw, r.te = r.metrics.wall.token_times, r.metrics.engine.token_times
@@ -227,6 +236,7 @@ class Mirror:
         self.block_size = int(config["block_size"])
         n = int(config["num_kv_blocks"])
         self.null_block = null_block
+        self.other_groups = max(0, len(model_info.get(INFO.KV_CACHE_GROUPS) or []) - 1)  # past kvscope's first
         self.tokens = tokens
         self.requests: dict[int, Req] = {}
         self.running: list[int] = []
@@ -277,6 +287,12 @@ class Mirror:
                         self._finish(req, reason, op[1], self.engine_time, step)
             else:
                 raise ValueError(f"unknown op {kind!r}")
+        for idx, tables, hits in body.get("groups") or ():  # several KV cache groups: after the update
+            req = self.requests.get(idx)
+            if req is not None:
+                req.group_tables = tables
+                if hits is not None:
+                    req.group_hits = hits
         ref, hashes = self.ref, self.hash
         if body.get("cleared"):
             self.settle()
@@ -313,7 +329,7 @@ class Mirror:
         if self.sent is not None:
             self.sent.forget(r.rid for r in step.finished)
         if self._gone:
-            named = {i for s in self.pending.values() for i in s.order}
+            named = {i for s in self.pending.values() for i in s.names}
             self._gone = {i: r for i, r in self._gone.items() if i in named}
         return record
 
@@ -397,6 +413,7 @@ class Mirror:
             if req.idx in s.names and req.idx not in s.tables:
                 s.tables[req.idx] = req.table
         req.table = table
+        req.group_tables = []  # a running request's come with the body's groups
         if self.sent is not None:
             self.sent.table_went_back(req.rid)
 
@@ -591,7 +608,8 @@ class Mirror:
             if req is None or req.finish_reason is not None:
                 continue  # finished: its whole dict travels in `finished`
             table = req.table if idx in running else []
-            self._hold(req, table, first, held)
+            for t in (table, *(req.group_tables if table else ())):  # every KV cache group's blocks
+                self._hold(req, t, first, held)
             requests[req.rid] = self._request_change(req, table)
         dirty = set(block_ids) | held.keys()
         blocks = [self._block(b, held.get(b)) for b in sorted(dirty)]
@@ -608,8 +626,9 @@ class Mirror:
             return
         bs, n = self.block_size, req.computed
         ids = req.tokens(first * bs, n) if self.tokens else []
+        null = self.null_block  # where a sliding window's blocks were freed
         for i in range(first, len(table)):
-            if table[i] not in held:
+            if table[i] not in held and table[i] != null:
                 k = (i - first) * bs
                 held[table[i]] = ids[k:k + min(bs, n - i * bs)] if n > i * bs else []
 
@@ -618,8 +637,8 @@ class Mirror:
         if held is None:
             known = self.memo.get(b)
             held = known[1] if known is not None and h is not None and known[0] == h else []
-        ref = self.ref[b]
         is_null = b == self.null_block
+        ref = 0 if is_null else self.ref[b]  # vLLM does not keep the null block's (sliding groups drive it below 0)
         return {BLOCK.BLOCK_ID: b, BLOCK.REF_COUNT: ref, BLOCK.HASH: h, BLOCK.TOKEN_IDS: held, BLOCK.OWNERS: [],
                 BLOCK.IS_NULL: is_null, BLOCK.IS_FREE: ref == 0 and not is_null}
 
@@ -635,7 +654,7 @@ class Mirror:
         fields: RequestFieldsDict = {
             REQ.REQUEST_ID: req.rid, REQ.STATUS: req.status, REQ.NUM_COMPUTED_TOKENS: req.computed,
             REQ.NUM_CACHED_TOKENS: req.cached, REQ.NUM_PREEMPTIONS: req.preemptions,
-            REQ.FINISH_REASON: req.finish_reason}
+            REQ.FINISH_REASON: req.finish_reason, **self._group_fields(req, bool(table))}
         if not sent.knows(req.rid):  # new to the consumer: what never changes, once
             fields.update(cast(RequestFieldsDict, self._first_seen(req)))  # its open dict: the prompt, hash domain
         # _Metrics has RequestMetrics' shape as Sent reads it (two clocks of ClockEvents' times).
@@ -650,10 +669,21 @@ class Mirror:
         d: RequestDict = cast(RequestDict, {REQ.REQUEST_ID: req.rid, REQ.STATUS: req.status, **self._first_seen(req),
              REQ.OUTPUT_TOKEN_IDS: list(req.output), REQ.OUTPUT_TEXT: "", REQ.NUM_COMPUTED_TOKENS: req.computed,
              REQ.NUM_CACHED_TOKENS: req.cached, REQ.BLOCK_TABLE: list(table), REQ.NUM_PREEMPTIONS: req.preemptions,
-             REQ.FINISH_REASON: req.finish_reason, REQ.METRICS: req.metrics.to_dict()})
+             REQ.FINISH_REASON: req.finish_reason, REQ.METRICS: req.metrics.to_dict(),
+             **self._group_fields(req, bool(table))})
         if not self.tokens:
             d[REQ.NUM_OUTPUT_TOKENS] = req.n_output
         return d
+
+    def _group_fields(self, req: Req, holds_blocks: bool) -> RequestFieldsDict:
+        """With several KV cache groups: the request's table in each past the first (whole: a
+        sliding window's is not append-only) and each group's own hit at its admission."""
+        n = self.other_groups
+        if not n:
+            return cast(RequestFieldsDict, {})
+        tables = [list(t) for t in req.group_tables] if holds_blocks and req.group_tables else [[] for _ in range(n)]
+        return cast(RequestFieldsDict, {REQ.GROUP_BLOCK_TABLES: tables,
+                                        REQ.GROUP_HIT_TOKENS: list(req.group_hits or [0] * (n + 1))})
 
     def finished_dict(self, req: Req) -> RequestDict:
         if req.frozen is None:  # a finished request no longer changes: its dict is built once
@@ -670,10 +700,13 @@ class Mirror:
         running = [reqs[i] for i in self.running if i in reqs]
         held: dict[int, list[int]] = {}
         owners: dict[int, list[str]] = {}
+        null = self.null_block
         for r in running:
-            self._hold(r, r.table, 0, held)
-            for b in r.table:
-                owners.setdefault(b, []).append(r.rid)
+            for t in (r.table, *r.group_tables):  # every KV cache group's blocks: one pool holds them all
+                self._hold(r, t, 0, held)
+                for b in t:
+                    if b != null:
+                        owners.setdefault(b, []).append(r.rid)
         blocks: list[BlockDict] = []
         for b in range(len(self.ref)):
             d = self._block(b, held.get(b))
@@ -741,9 +774,9 @@ class _Sched:
 
     @property
     def names(self) -> set[int]:
-        """The requests it scheduled."""
+        """The requests it scheduled or preempted (its record reads both, even once aborted)."""
         if self._names is None:
-            self._names = set(self.order)
+            self._names = {*self.order, *self.op[10]}
         return self._names
 
 

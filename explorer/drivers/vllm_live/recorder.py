@@ -38,8 +38,10 @@ from typing import Any
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
+from engine.report.schema import INFO
 from engine.sampling_params import SamplingParams
 
+from ..vllm.groups import KVGroups
 from ..vllm.pool_notes import PoolNotes, new_events
 from ..vllm.records import hash_domain, kv_events_use_int_hashes
 from . import protocol
@@ -130,16 +132,17 @@ class AsyncRecordingScheduler(RecordingScheduler, AsyncScheduler):
     """The recorder over vLLM's AsyncScheduler (schedule step N+1 while step N runs)."""
 
 
-def _runner_owned_tables(out: Any) -> tuple[list[list[int]], list]:
+def _runner_owned_tables(out: Any, group: int = 0) -> tuple[list[list[int]], list]:
     """Copies, taken on the scheduler thread before the step runs, of the block-id lists that
     vLLM's model runner makes its own: a new request's and a resumed one's. A single-worker
     executor (a GPU server at tensor parallel 1, or an engine core in the API server's process)
     hands the runner the SchedulerOutput itself, and the runner extends those lists in later
     steps, so by the time the recorder's thread reads them they may hold blocks of steps to
-    come. The other requests' new blocks are only read by the runner: they go as they are."""
-    new = [list(d.block_ids[0]) for d in out.scheduled_new_reqs]
+    come. The other requests' new blocks are only read by the runner: they go as they are.
+    `group`: the KV cache group the feed's tables follow (kvscope's group 0, in vLLM's order)."""
+    new = [list(d.block_ids[group]) for d in out.scheduled_new_reqs]
     c = out.scheduled_cached_reqs
-    cached = [b and b[0] for b in c.new_block_ids]
+    cached = [b and b[group] for b in c.new_block_ids]
     if c.resumed_req_ids:
         cached = [list(b) if b and rid in c.resumed_req_ids else b for rid, b in zip(c.req_ids, cached)]
     return new, cached
@@ -164,7 +167,10 @@ class _Notes:
     def __init__(self, scheduler: Scheduler, settings: dict) -> None:
         self.s = scheduler
         self.pool = scheduler.kv_cache_manager.block_pool
-        self.mirror = Mirror(_config_dict(scheduler.vllm_config, scheduler), _model_info(scheduler.vllm_config),
+        self.groups = KVGroups(scheduler)  # several where the model mixes kinds of layers (Gemma 3)
+        self.first_group = self.groups.order[0]  # kvscope's group 0: full attention where there is one
+        info = _model_info(scheduler.vllm_config) | {INFO.KV_CACHE_GROUPS: self.groups.describe()}
+        self.mirror = Mirror(_config_dict(scheduler.vllm_config, scheduler), info,
                              null_block=int(self.pool.null_block.block_id),
                              num_free=int(self.pool.get_num_free_blocks()), finished_keep=settings["finished"],
                              tokens=settings["tokens"], defer_decodes=True)
@@ -214,7 +220,8 @@ class _Notes:
         cap.schedule_s = t0 - cap.started
         cap.out = out
         self.caps[id(out)] = cap
-        self.items.append(("s", cap.sid, out, int(self.s.max_num_scheduled_tokens), _runner_owned_tables(out)))
+        self.items.append(("s", cap.sid, out, int(self.s.max_num_scheduled_tokens),
+                           _runner_owned_tables(out, self.first_group)))
         if (out.scheduled_new_reqs or out.preempted_req_ids or out.scheduled_cached_reqs.resumed_req_ids
                 or self._lengths() != self._before):
             self.queues_moved = True
@@ -244,16 +251,28 @@ class _Notes:
             for kind, ids in cap.events.items():
                 self.between[kind][:0] = ids
             cap.events = new_events()
-        self.items.append(("u", cap, result, time.time(), t0 - cap.started))
+        self.items.append(("u", cap, result, time.time(), t0 - cap.started, self._group_tables()))
         if self._lengths() != self._before:
             self.queues_moved = True
         self._hand_over()
         self._own(t0, c0)
 
+    def _group_tables(self) -> list | None:
+        """With several KV cache groups: each running request's tables past kvscope's first
+        (whole: a sliding window's is not append-only) and, where vLLM looked its prefix up since
+        the last update, each group's own hit. Read here: they change in the next schedule."""
+        g = self.groups
+        if not g.several:
+            return None
+        hits = g.hits
+        return [[r.request_id, g.tables(r.request_id)[1:], hits.pop(r.request_id, None)] for r in self.s.running]
+
     def finished_outside(self, requests: list, status: Any) -> None:
         t0, c0 = time.perf_counter(), time.thread_time()
         from vllm.v1.request import RequestStatus
 
+        for r in requests:
+            self.groups.hits.pop(r.request_id, None)
         reason = RequestStatus.get_finished_reason(status)
         self.items.append(("f", [r.request_id for r in requests], reason.name.lower() if reason else "abort",
                            time.time()))
@@ -283,6 +302,7 @@ class _Notes:
 
     def close(self) -> None:
         self.notes.close()
+        self.groups.close()
         self.publisher.close()
 
 
@@ -544,12 +564,15 @@ class _Publisher:
     def _body(self, handover: tuple) -> dict:
         items, dirty, refs, hashes, cached, cleared, queues, free, usage, wall = handover
         ix, ops = self.by_id, []
+        groups = None
         for item in items:
             kind = item[0]
             if kind == "s":
                 ops.append(self._sched_op(item[1], item[2], item[3], item[4]))
             elif kind == "u":
-                ops.append(self._update_op(*item[1:]))
+                ops.append(self._update_op(*item[1:5]))
+                if item[5] is not None:
+                    groups = [[ix[rid], tables, hits] for rid, tables, hits in item[5] if rid in ix]
             elif kind == "a":
                 ops.append(self._arrive_op(item[1]))
             else:
@@ -560,7 +583,7 @@ class _Publisher:
                 "cached": [[b, get(req.request_id, -1), i] for req, pairs, _ in cached for b, i in pairs],
                 "cleared": cleared,
                 "queues": None if queues is None else [[get(r, -1) for r in q] for q in queues],
-                "free": free, "usage": usage, "wall": wall}
+                "free": free, "usage": usage, "wall": wall, **({"groups": groups} if groups is not None else {})}
 
     def _arrive_op(self, request: Any) -> list:
         rid = request.request_id
@@ -651,7 +674,8 @@ def _merged(first: dict, then: dict) -> dict:
             "blocks": [ids, [states[b][0] for b in ids], [states[b][1] for b in ids]],
             "cached": first["cached"] + then["cached"], "cleared": first["cleared"] or then["cleared"],
             "queues": then["queues"] if then["queues"] is not None else first["queues"],
-            "free": then["free"], "usage": then["usage"], "wall": then["wall"]}
+            "free": then["free"], "usage": then["usage"], "wall": then["wall"],
+            **({"groups": then["groups"]} if "groups" in then else {})}
 
 
 def _rank(vc: Any) -> int:

@@ -123,6 +123,14 @@ def test_every_groups_tables_slots_and_hits_are_vllms_and_changes_rebuild_them(s
     proof = prove(ledger, rec)
     assert proof.replays is not None and proof.replays.reproduces, proof.replays.first_difference
     assert ledger.requests["d"].proofs["group_cut"]["verdict"] == "proven"
+    # What fixes it on vLLM: caching a sliding block every 32 tokens (prefix_cache_retention_interval)
+    # keeps the window before token 96, and the same arrivals replayed through vLLM's scheduler with
+    # the four groups give d its 96 tokens (and b keeps its 128).
+    from explorer.whatif.replay import replay
+
+    fixed = replay(rec, Variant(rec.settings.replace(prefix_cache_retention_interval=32),
+                                (("prefix_cache_retention_interval", 32),)))
+    assert fixed.requests["d"].num_cached_tokens == 96 and fixed.requests["b"].num_cached_tokens == 128
 
 
 @pytest.mark.slow

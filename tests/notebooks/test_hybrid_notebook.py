@@ -2,7 +2,8 @@
 (a random Qwen3 written by transformers): two KV cache groups, blocks freed as they leave the
 window, a shared prefix that hits in the full group and misses in the sliding one, the sibling
 after it that hits in both, vLLM's prefix_cache_retention_interval keeping more of the window's
-blocks, and the Dashboard's rows per group. Every chapter ends with a check."""
+blocks, the Dashboard's rows per group, and the same cut on vLLM itself (a random Gemma 3 with four
+groups, stepped in process) with the what-if that cures it. Every chapter ends with a check."""
 from __future__ import annotations
 
 import pytest
@@ -12,7 +13,8 @@ from .headless import NOTEBOOKS, assert_stored_clean_with_checks, chapter_texts,
 NOTEBOOK = NOTEBOOKS / "hybrid.ipynb"
 CHAPTERS = ["1. A model with sliding-window layers", "2. Blocks leave the window",
             "3. A shared prefix that misses in one group", "4. The sibling after it hits in both",
-            "5. Keep more of the sliding group's blocks", "6. The same in the Dashboard"]
+            "5. Keep more of the sliding group's blocks", "6. The same in the Dashboard",
+            "7. vLLM itself, on a Gemma 3"]
 
 
 def test_hybrid_notebook_is_stored_without_outputs_and_each_chapter_ends_with_a_check():
@@ -21,6 +23,9 @@ def test_hybrid_notebook_is_stored_without_outputs_and_each_chapter_ends_with_a_
 
 @pytest.mark.slow
 def test_hybrid_notebook_shows_a_prefix_cut_by_the_sliding_group(tmp_path_factory):
+    from tests.oracle.vllm_available import require_vllm
+
+    require_vllm()   # chapter 7 steps vLLM in process
     nb = execute_every_cell(read_notebook(NOTEBOOK), NOTEBOOK, tmp_path_factory.mktemp("jupyter"),
                             kernel_name="kvscope-hybrid-notebook-test", cell_timeout_s=600)
     text = chapter_texts(nb)
@@ -30,3 +35,7 @@ def test_hybrid_notebook_shows_a_prefix_cut_by_the_sliding_group(tmp_path_factor
     assert "full attention hits 96 tokens, sliding window 0" in cut and "'group_cut': 96" in cut
     assert "full attention hits 96 tokens, sliding window 96" in text["4. The sibling after it hits in both"]
     assert "full attention hits 96 tokens, sliding window 96" in text["5. Keep more of the sliding group's blocks"]
+    on_vllm = text["7. vLLM itself, on a Gemma 3"]
+    assert "group 0: full_attention  window None  layers [3]  (vLLM's group 3)" in on_vllm
+    assert "each group's own hit [96, 0, 0, 0], the hit taken 0" in on_vllm and "'group_cut': 96" in on_vllm
+    assert "at prefix_cache_retention_interval=32 the question hits 96 tokens" in on_vllm

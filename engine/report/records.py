@@ -150,10 +150,19 @@ def group_fields(req: Request) -> RequestFieldsDict:
     """A request's tables in the KV cache groups past the first and every group's hit (nothing in
     an engine of one group; the engine gives each request of a multi-group one a hit per group)."""
     hits = req.group_hit_tokens
-    if not hits:
+    return group_fields_of(len(hits), req.extra_block_tables, hits)
+
+
+def group_fields_of(num_groups: int, tables: Sequence[Sequence[int]] | None,
+                    hits: Sequence[int] | None) -> RequestFieldsDict:
+    """The RequestDict fields of a model of `num_groups` KV cache groups (none for one): the
+    request's `tables` past the first group (None or empty: it holds no blocks) and each group's
+    own prefix hit at its admission (None: not admitted yet). Every producer's, one spelling."""
+    if num_groups < 2:
         return cast(RequestFieldsDict, {})
-    tables = [list(t) for t in req.extra_block_tables] or [[] for _ in hits[1:]]  # none held: empty
-    return cast(RequestFieldsDict, {REQ.GROUP_BLOCK_TABLES: tables, REQ.GROUP_HIT_TOKENS: list(hits)})
+    return cast(RequestFieldsDict, {
+        REQ.GROUP_BLOCK_TABLES: [list(t) for t in tables] if tables else [[] for _ in range(num_groups - 1)],
+        REQ.GROUP_HIT_TOKENS: list(hits) if hits else [0] * num_groups})
 
 
 def _events_copy(e: BlockEventsDict) -> BlockEventsDict:

@@ -276,7 +276,7 @@ class PoolCalls:
 class Scheduled:
     """What the harness saw of one SchedulerOutput when vLLM scheduled it."""
 
-    def __init__(self, sched, out, async_: bool, chunks: dict[str, int]) -> None:
+    def __init__(self, sched, out, async_: bool, chunks: dict[str, int], first_group: int) -> None:
         from vllm.v1.core.sched.scheduler import Scheduler
 
         reqs = sched.requests
@@ -302,8 +302,8 @@ class Scheduled:
                 chunks[rid] = chunk + 1
             self.rows.append({"request_id": rid, "num_tokens": n, "num_computed_before": b, "is_prefill": not decode,
                               "num_cached_tokens": b if rid in self.admitted else 0, "chunk_index": chunk})
-        first = Truth(sched).order[0]  # the full-attention group: the records' plain tables
-        self.tables = {rid: list(kv.get_block_ids(rid)[first]) for rid in out.num_scheduled_tokens}
+        # `first_group`: the full-attention group, the records' plain tables (Truth.order[0])
+        self.tables = {rid: list(kv.get_block_ids(rid)[first_group]) for rid in out.num_scheduled_tokens}
         self.samples = {rid for rid in out.num_scheduled_tokens if not reqs[rid].is_prefill_chunk}
         self.is_scheduler = isinstance(sched, Scheduler)
 
@@ -340,7 +340,7 @@ class Run:
     def schedule(self):
         self.pool_calls.hashed_now = set()  # a same-step hit is one on a block hashed in this schedule
         out = self.s.schedule()
-        self.scheduled[id(out)] = Scheduled(self.s, out, self.async_, self.chunks)
+        self.scheduled[id(out)] = Scheduled(self.s, out, self.async_, self.chunks, self.truth.order[0])
         self.truth.scan_all()
         return out
 

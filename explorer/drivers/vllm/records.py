@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from engine.core.block_pool import BlockEventsDict
-from engine.report.records import StepRecord
+from engine.report.records import StepRecord, group_fields_of
 from engine.report.schema import (
     BATCH,
     BLOCK,
@@ -281,9 +281,7 @@ class RecordBuilder:
         g = self.groups
         if not g.several:
             return cast(RequestFieldsDict, {})
-        tables = g.tables(e.internal_id)[1:] if holds_blocks else [[] for _ in g.order[1:]]
-        return cast(RequestFieldsDict, {REQ.GROUP_BLOCK_TABLES: tables,
-                                        REQ.GROUP_HIT_TOKENS: list(e.group_hits or [0] * len(g.order))})
+        return group_fields_of(len(g.order), g.tables(e.internal_id)[1:] if holds_blocks else None, e.group_hits)
 
     def first_seen(self, e: RequestState) -> dict:
         """What never changes in a request's dict: its prompt, the prompt's text, max_tokens and

@@ -44,7 +44,7 @@ from typing import Literal, cast, overload
 
 from engine.core.block_pool import BlockEventsDict
 from engine.report.changes import Sent
-from engine.report.records import StepRecord
+from engine.report.records import StepRecord, group_fields_of
 from engine.report.schema import (
     BATCH,
     BLOCK,
@@ -678,12 +678,7 @@ class Mirror:
     def _group_fields(self, req: Req, holds_blocks: bool) -> RequestFieldsDict:
         """With several KV cache groups: the request's table in each past the first (whole: a
         sliding window's is not append-only) and each group's own hit at its admission."""
-        n = self.other_groups
-        if not n:
-            return cast(RequestFieldsDict, {})
-        tables = [list(t) for t in req.group_tables] if holds_blocks and req.group_tables else [[] for _ in range(n)]
-        return cast(RequestFieldsDict, {REQ.GROUP_BLOCK_TABLES: tables,
-                                        REQ.GROUP_HIT_TOKENS: list(req.group_hits or [0] * (n + 1))})
+        return group_fields_of(self.other_groups + 1, req.group_tables if holds_blocks else None, req.group_hits)
 
     def finished_dict(self, req: Req) -> RequestDict:
         if req.frozen is None:  # a finished request no longer changes: its dict is built once

@@ -22,26 +22,56 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypedDict
+
+from engine.report.schema import EngineSnapshotDict, RequestDict
 
 from .follow import wait_until
+from .history import HistoryEntry
+from .session_view import SessionView
 
 PROBE_TIMEOUT = 1.0   # seconds a rank past the last one takes to not answer
+
+
+class RoutingRowDict(TypedDict):
+    """One request's routing (Fleet.routing): see the module doc."""
+    request_id: str
+    rank: int               # the index of the engine core it ran on
+    label: str
+    arrival_time: float | None
+    hit_tokens: int         # where it ran
+    prompt_blocks: int      # its full prompt blocks a hit could cover
+    would_hit: list[int | None]   # tokens per engine core at its arrival (None: history too short)
+    best_rank: int | None
+    best_tokens: int | None
+    loss_tokens: int        # best minus hit, never below 0
+    known: bool             # False: no prompt hashes for it, so nothing is said
+
+
+class RoutingSummaryDict(TypedDict):
+    """Totals over routing rows (Fleet.routing_summary)."""
+    requests: int
+    per_rank: list[int]
+    measured: int
+    hit_tokens: int
+    best_tokens: int
+    loss_tokens: int
+    requests_with_loss: int
 
 
 class Fleet:
     """Several Sessions (the engine cores of one or more servers) followed together.
     `sessions[k]` is the engine core `labels[k]` names ("rank 0", or "server 1 rank 0")."""
 
-    def __init__(self, sessions: Sequence[Any], labels: Sequence[str] | None = None) -> None:
+    def __init__(self, sessions: Sequence[SessionView], labels: Sequence[str] | None = None) -> None:
         if not sessions:
             raise ValueError("a fleet needs at least one session")
-        self.sessions = list(sessions)
+        self.sessions: list[SessionView] = list(sessions)
         self.labels = list(labels) if labels is not None else [f"rank {k}" for k in range(len(self.sessions))]
         if len(self.labels) != len(self.sessions):
             raise ValueError(f"{len(self.labels)} labels for {len(self.sessions)} sessions")
-        self._rows: dict[tuple[int, str], dict] = {}   # finished requests' routing rows (they no longer change)
-        self._pool_keys: dict[int, frozenset] = {}
+        self._rows: dict[tuple[int, str], RoutingRowDict] = {}   # finished requests' rows (they no longer change)
+        self._pool_keys: dict[int, frozenset[str]] = {}
 
     def __len__(self) -> int:
         return len(self.sessions)
@@ -92,15 +122,15 @@ class Fleet:
             s.close()
 
     # -- where requests went ----------------------------------------------------------------------------
-    def requests(self) -> list[tuple[int, dict]]:
+    def requests(self) -> list[tuple[int, RequestDict]]:
         """Every request the engine cores' latest states hold, with the index of its engine core."""
-        out = []
+        out: list[tuple[int, RequestDict]] = []
         for k, s in enumerate(self.sessions):
             q = s.current.snapshot["queues"]
             out += [(k, r) for name in ("waiting", "running", "finished") for r in q[name]]
         return out
 
-    def routing(self) -> list[dict]:
+    def routing(self) -> list[RoutingRowDict]:
         """One row per request (see the module doc): `request_id`, `rank` (its engine core's
         index), `label`, `arrival_time`, `prompt_blocks` (its full prompt blocks a hit could
         cover), `hit_tokens` (where it ran), `would_hit` (tokens, per engine core, at its
@@ -108,7 +138,7 @@ class Fleet:
         `best_tokens`, `loss_tokens` (best minus hit, never below 0), `known` (False: no prompt
         hashes for it, so nothing is said)."""
         walls = [self._walls(s) for s in self.sessions]
-        rows = []
+        rows: list[RoutingRowDict] = []
         for k, r in self.requests():
             rid = r["request_id"]
             cached = self._rows.get((k, rid))
@@ -125,26 +155,27 @@ class Fleet:
         rows.sort(key=lambda row: (row["arrival_time"] or 0.0, row["rank"]))
         return rows
 
-    def routing_summary(self, rows: list[dict] | None = None) -> dict:
+    def routing_summary(self, rows: list[RoutingRowDict] | None = None) -> RoutingSummaryDict:
         """Totals over `rows` (default: routing()): requests per engine core, prompt tokens the
         cache could cover, tokens hit, tokens the best rank held, tokens lost to routing."""
         rows = self.routing() if rows is None else rows
         known = [r for r in rows if r["known"] and r["best_tokens"] is not None]
         per = [sum(1 for r in rows if r["rank"] == k) for k in range(len(self.sessions))]
         return {"requests": len(rows), "per_rank": per, "measured": len(known),
-                "hit_tokens": sum(r["hit_tokens"] for r in known), "best_tokens": sum(r["best_tokens"] for r in known),
+                "hit_tokens": sum(r["hit_tokens"] for r in known),
+                "best_tokens": sum(r["best_tokens"] or 0 for r in known),
                 "loss_tokens": sum(r["loss_tokens"] for r in known),
                 "requests_with_loss": sum(1 for r in known if r["loss_tokens"] > 0)}
 
-    def _walls(self, session: Any) -> tuple[list[float], list[Any]]:
+    def _walls(self, session: SessionView) -> tuple[list[float], list[HistoryEntry]]:
         entries = session.history
         return [e.record["wall_time_s"] if e.record else float("-inf") for e in entries], entries
 
-    def _row(self, k: int, r: dict, walls: list) -> dict:
+    def _row(self, k: int, r: RequestDict, walls: list[tuple[list[float], list[HistoryEntry]]]) -> RoutingRowDict:
         rid = r["request_id"]
         arrival = ((r.get("metrics") or {}).get("wall") or {}).get("arrival_time")
         hashes = self._prompt_hashes(k, rid)
-        row = {"request_id": rid, "rank": k, "label": self.labels[k], "arrival_time": arrival,
+        row: RoutingRowDict = {"request_id": rid, "rank": k, "label": self.labels[k], "arrival_time": arrival,
                "hit_tokens": int(r.get("num_cached_tokens") or 0), "prompt_blocks": 0, "would_hit": [],
                "best_rank": None, "best_tokens": None, "loss_tokens": 0, "known": hashes is not None}
         if hashes is None or arrival is None:
@@ -178,7 +209,7 @@ class Fleet:
         table = getattr(self.sessions[k].source, "prompt_hashes", None)
         return None if table is None else table.get(rid)
 
-    def _keys(self, snapshot: dict) -> frozenset:
+    def _keys(self, snapshot: EngineSnapshotDict) -> frozenset[str]:
         """The prefix-cache keys a pool holds (its hashed blocks, free ones too), memoised per blocks list."""
         blocks = snapshot["block_pool"]["blocks"]
         keys = self._pool_keys.get(id(blocks))

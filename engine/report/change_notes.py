@@ -11,9 +11,9 @@ from __future__ import annotations
 from ..config import EngineConfig
 from ..core.scheduler import Scheduler, SchedulerOutput
 from ..request import Request
-from .changes import Sent
+from .changes import Sent, request_fields
 from .records import Decode, block_dicts, group_fields, request_dict
-from .schema import CHANGES, QUEUE, REQ, ChangesDict, EngineMetricsDict, RequestChangeDict, RequestFieldsDict
+from .schema import CHANGES, QUEUE, REQ, ChangesDict, EngineMetricsDict, RequestChangeDict
 
 
 class ChangeNotes:
@@ -79,14 +79,14 @@ class ChangeNotes:
         self._finished_sent = len(scheduler.finished)
 
     def _request_change(self, req: Request, decode: Decode) -> RequestChangeDict:
-        fields: RequestFieldsDict = {REQ.REQUEST_ID: req.request_id, REQ.STATUS: req.status.value,
-                  REQ.NUM_COMPUTED_TOKENS: req.num_computed_tokens, REQ.NUM_CACHED_TOKENS: req.num_cached_tokens,
-                  REQ.NUM_PREEMPTIONS: req.num_preemptions, REQ.FINISH_REASON: req.finish_reason,
-                  REQ.OUTPUT_TEXT: req.cached_text("output", decode), **group_fields(req)}
-        if not self.sent.knows(req.request_id):
-            fields.update({REQ.PROMPT_TOKEN_IDS: list(req.prompt_token_ids),
-                           REQ.PROMPT_TEXT: req.prompt_text if req.prompt_text is not None
-                           else req.cached_text("prompt", decode),
-                           REQ.MAX_TOKENS: req.params.max_tokens, REQ.SAMPLING_PARAMS: req.params.to_dict(),
-                           REQ.PRIORITY: 0})
-        return self.sent.change(req.request_id, fields, req.output_token_ids, req.block_table, req.metrics)
+        fields = request_fields(req.request_id, req.status.value, req.num_computed_tokens, req.num_cached_tokens,
+                                req.num_preemptions, req.finish_reason)
+        fields[REQ.OUTPUT_TEXT] = req.cached_text("output", decode)
+        fields.update(group_fields(req))
+
+        def first_seen() -> dict[str, object]:
+            text = req.prompt_text if req.prompt_text is not None else req.cached_text("prompt", decode)
+            return {REQ.PROMPT_TOKEN_IDS: list(req.prompt_token_ids), REQ.PROMPT_TEXT: text,
+                    REQ.MAX_TOKENS: req.params.max_tokens, REQ.SAMPLING_PARAMS: req.params.to_dict(), REQ.PRIORITY: 0}
+
+        return self.sent.change(req.request_id, fields, req.output_token_ids, req.block_table, req.metrics, first_seen)

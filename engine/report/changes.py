@@ -29,7 +29,7 @@ A tail that does not fit the state held raises `OutOfStep`, never a silent guess
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TypeVar, cast
 
 from ..request import ClockEvents, RequestMetrics
@@ -244,13 +244,18 @@ class Sent:
         self._held[rid] = [len(output), len(table), len(metrics.engine.token_times), len(metrics.wall.token_times)]
 
     def change(self, rid: str, fields: RequestFieldsDict, output: Sequence[int], table: Sequence[int],
-               metrics: RequestMetrics) -> RequestChangeDict:
+               metrics: RequestMetrics, first_seen: Callable[[], Mapping[str, object]] | None = None,
+               ) -> RequestChangeDict:
         """The request change: `fields` (status, counts, finish_reason, and the FIRST_SEEN keys
         and texts as the producer has them; FIRST_SEEN ones are dropped when the consumer has
-        seen the request) plus the tails of what the consumer does not hold yet."""
+        seen the request) plus the tails of what the consumer does not hold yet. `first_seen()`
+        gives what never changes (the prompt, its text, max_tokens, the sampling parameters),
+        asked for only when the consumer has not seen the request."""
         held = self._held.get(rid)
         if held is None:
             held = self._held[rid] = [0, 0, 0, 0]
+            if first_seen is not None:   # its keys are RequestFieldsDict's optional ones
+                fields = cast("RequestFieldsDict", {**fields, **first_seen()})
         elif not _FIRST_SEEN.isdisjoint(fields):   # kvscope's engine leaves them out itself
             fields = cast("RequestFieldsDict", {k: v for k, v in fields.items() if k not in _FIRST_SEEN})
         start, table_from = min(held[0], len(output)), min(held[1], len(table))
@@ -261,6 +266,30 @@ class Sent:
                              RMETRICS.WALL: clock_change(metrics.wall, held[3])}}
         held[:] = [len(output), len(table), len(metrics.engine.token_times), len(metrics.wall.token_times)]
         return change
+
+
+def request_fields(request_id: str, status: str, num_computed_tokens: int, num_cached_tokens: int,
+                   num_preemptions: int, finish_reason: str | None) -> RequestFieldsDict:
+    """The small fields every producer's request change carries (each adds its texts and its
+    other KV cache groups' fields)."""
+    return {REQ.REQUEST_ID: request_id, REQ.STATUS: status, REQ.NUM_COMPUTED_TOKENS: num_computed_tokens,
+            REQ.NUM_CACHED_TOKENS: num_cached_tokens, REQ.NUM_PREEMPTIONS: num_preemptions,
+            REQ.FINISH_REASON: finish_reason}
+
+
+def hold_tokens(held: dict[int, list[int]], table: Sequence[int], first: int, block_size: int,
+                tokens: Sequence[int], num_computed: int, null_block: int | None = None) -> None:
+    """Note in `held` (block id -> token ids) the computed tokens a request keeps in each block
+    of `table` from index `first` on; `tokens` starts at the first of them (position
+    first * block_size). A block already noted keeps its tokens (a shared block holds the same
+    ones); the null block (where a sliding window's blocks were freed) holds none."""
+    base = first * block_size
+    for i in range(first, len(table)):
+        b = table[i]
+        if b not in held and b != null_block:
+            start = i * block_size
+            end = min(start + block_size, num_computed)
+            held[b] = list(tokens[start - base:end - base]) if end > start else []
 
 
 def clock_change(clock: ClockEvents, held: int) -> ClockChangeDict:

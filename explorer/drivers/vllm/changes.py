@@ -9,9 +9,9 @@ makes now the refresh point.
 """
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
-from engine.report.changes import Sent
+from engine.report.changes import Sent, hold_tokens, request_fields
 from engine.report.schema import (
     CHANGES,
     QUEUE,
@@ -23,6 +23,7 @@ from engine.report.schema import (
     RequestFieldsDict,
 )
 
+from .groups import only_full_attention
 from .records import RecordBuilder, RequestState, computed_before, status_name
 
 
@@ -35,9 +36,7 @@ class BlockTables:
     def __init__(self, scheduler: Any, group: int = 0) -> None:
         self.manager = scheduler.kv_cache_manager
         self.group = group
-        self._tables: dict[str, list[int]] | None = {} if all(
-            type(g.kv_cache_spec).__name__ == "FullAttentionSpec"
-            for g in scheduler.kv_cache_config.kv_cache_groups) else None
+        self._tables: dict[str, list[int]] | None = {} if only_full_attention(scheduler.kv_cache_config) else None
 
     def __call__(self, iid: str) -> list[int]:
         """`iid`'s block ids now. The list is kept for the next step: copy it to keep it."""
@@ -138,11 +137,8 @@ class ChangeTracker:
     # -- parts -----------------------------------------------------------------------------------
     def _hold(self, req: Any, table: list[int], first: int, held: dict[int, list[int]]) -> None:
         """The tokens `req` keeps in its blocks from table index `first` on (computed ones only)."""
-        bs, ids, n = self.records.block_size, req.all_token_ids, req.num_computed_tokens
-        null = self.records.pool.null_block.block_id  # where a sliding window's blocks were freed
-        for i in range(first, len(table)):
-            if table[i] not in held and table[i] != null:
-                held[table[i]] = list(ids[i * bs:min((i + 1) * bs, n)])
+        bs, n = self.records.block_size, req.num_computed_tokens
+        hold_tokens(held, table, first, bs, req.all_token_ids[first * bs:n], n, self.records.pool.null_block.block_id)
 
     def _refresh_blocks(self, held: dict[int, list[int]]) -> list[BlockDict]:
         """Rebuild the dirty blocks (and those `held` names) from the pool as it is now."""
@@ -154,15 +150,14 @@ class ChangeTracker:
         """A request's change: its small fields, its growing lists from what the consumer holds
         (the other KV cache groups' tables whole: a sliding one is not append-only)."""
         r, view = e.req, self.records
-        fields: RequestFieldsDict = {
-            REQ.REQUEST_ID: e.request_id, REQ.STATUS: status_name(r.status),
-            REQ.NUM_COMPUTED_TOKENS: int(r.num_computed_tokens), REQ.NUM_CACHED_TOKENS: e.num_cached_tokens,
-            REQ.NUM_PREEMPTIONS: int(r.num_preemptions), REQ.FINISH_REASON: e.finish_reason, **group_fields}
+        fields = request_fields(e.request_id, status_name(r.status), int(r.num_computed_tokens), e.num_cached_tokens,
+                                int(r.num_preemptions), e.finish_reason)
+        fields.update(group_fields)
         if view.tokenizer is not None:
             fields[REQ.OUTPUT_TEXT] = view.output_text(e)
-        if not self.sent.knows(e.request_id):  # new to the consumer: what never changes, once
-            fields.update(cast(RequestFieldsDict, view.first_seen(e)))  # its open dict: the prompt, hash domain
-        return self.sent.change(e.request_id, fields, r.output_token_ids, table, e.metrics)
+        # first_seen's open dict: the prompt and its hash domain, once
+        return self.sent.change(e.request_id, fields, r.output_token_ids, table, e.metrics,
+                                lambda: view.first_seen(e))
 
     def _forget_notes(self) -> None:
         self.dirty_blocks = set()

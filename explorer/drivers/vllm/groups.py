@@ -22,8 +22,7 @@ class KVGroups:
         self.manager = scheduler.kv_cache_manager
         groups = list(scheduler.kv_cache_config.kv_cache_groups)
         self.specs = [g.kv_cache_spec for g in groups]
-        # Full attention first (stable: vLLM's order within a kind), as kvscope's engine has it.
-        self.order = sorted(range(len(groups)), key=lambda g: _kind(self.specs[g]) != "full_attention")
+        self.order = kvscope_order(scheduler.kv_cache_config)
         self.layers = [[int(m.group(1)) for name in groups[g].layer_names if (m := _LAYER_INDEX.search(name))]
                        for g in self.order]
         self.hits: dict[str, list[int]] = {}  # vLLM id -> each group's own hit at its latest lookup
@@ -76,6 +75,20 @@ class KVGroups:
             return result
 
         manager.get_computed_blocks = get_computed_blocks
+
+
+def kvscope_order(kv_cache_config: Any) -> list[int]:
+    """vLLM's KV cache group indices in kvscope's order: full attention first (stable: vLLM's
+    order within a kind), as kvscope's engine has them, so `order[0]` is the group whose table
+    a record's plain `block_table` holds and a replay reads."""
+    specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
+    return sorted(range(len(specs)), key=lambda g: _kind(specs[g]) != "full_attention")
+
+
+def only_full_attention(kv_cache_config: Any) -> bool:
+    """Every group keeps all of a running request's blocks (its table only grows): plain full
+    attention, not a subclass that drops or recycles blocks."""
+    return all(type(g.kv_cache_spec).__name__ == "FullAttentionSpec" for g in kv_cache_config.kv_cache_groups)
 
 
 def _kind(spec: Any) -> str:

@@ -43,7 +43,7 @@ from operator import add, sub
 from typing import Literal, cast, overload
 
 from engine.core.block_pool import BlockEventsDict
-from engine.report.changes import Sent
+from engine.report.changes import Sent, hold_tokens, request_fields
 from engine.report.records import StepRecord, group_fields_of
 from engine.report.schema import (
     BATCH,
@@ -622,15 +622,10 @@ class Mirror:
 
     def _hold(self, req: Req, table: list[int], first: int, held: dict[int, list[int]]) -> None:
         """The tokens `req` keeps in its blocks from table index `first` on (computed ones only)."""
-        if not table[first:]:
-            return
-        bs, n = self.block_size, req.computed
-        ids = req.tokens(first * bs, n) if self.tokens else []
-        null = self.null_block  # where a sliding window's blocks were freed
-        for i in range(first, len(table)):
-            if table[i] not in held and table[i] != null:
-                k = (i - first) * bs
-                held[table[i]] = ids[k:k + min(bs, n - i * bs)] if n > i * bs else []
+        if table[first:]:
+            n = req.computed
+            tokens = req.tokens(first * self.block_size, n) if self.tokens else []
+            hold_tokens(held, table, first, self.block_size, tokens, n, self.null_block)
 
     def _block(self, b: int, held: list[int] | None) -> BlockDict:
         h = self.hash[b]
@@ -651,14 +646,12 @@ class Mirror:
 
     def _request_change(self, req: Req, table: list[int]) -> RequestChangeDict:
         sent = cast(Sent, self.sent)  # _changes made it
-        fields: RequestFieldsDict = {
-            REQ.REQUEST_ID: req.rid, REQ.STATUS: req.status, REQ.NUM_COMPUTED_TOKENS: req.computed,
-            REQ.NUM_CACHED_TOKENS: req.cached, REQ.NUM_PREEMPTIONS: req.preemptions,
-            REQ.FINISH_REASON: req.finish_reason, **self._group_fields(req, bool(table))}
-        if not sent.knows(req.rid):  # new to the consumer: what never changes, once
-            fields.update(cast(RequestFieldsDict, self._first_seen(req)))  # its open dict: the prompt, hash domain
-        # _Metrics has RequestMetrics' shape as Sent reads it (two clocks of ClockEvents' times).
-        change = sent.change(req.rid, fields, req.output, table, cast(RequestMetrics, req.metrics))
+        fields = request_fields(req.rid, req.status, req.computed, req.cached, req.preemptions, req.finish_reason)
+        fields.update(self._group_fields(req, bool(table)))
+        # _Metrics has RequestMetrics' shape as Sent reads it (two clocks of ClockEvents' times);
+        # _first_seen's open dict holds the prompt and its hash domain, once.
+        change = sent.change(req.rid, fields, req.output, table, cast(RequestMetrics, req.metrics),
+                             lambda: self._first_seen(req))
         if not self.tokens:
             change[RCHANGE.NUM_OUTPUT_TOKENS] = req.n_output
         return change

@@ -26,6 +26,7 @@ const KVS_MARKS = {
 // Why a prompt token hit or missed the prefix cache (explorer/why): one colour per class, the
 // same on a queue card's why chip, in the why panel and in the export. A hit is the prefix-hit
 // colour (the same fact); an eviction the evicted event's.
+/** @type {{[cls: string]: string}} */
 const KVS_WHY_LOOKS = {
   hit: KVS_MARKS.cache, evicted: "#c62828", below_block: "#f9a825", never_seen: "#9e9e9e",
   other_domain: "#8d6e63", recomputed: "#ef6c00", caching_off: "#546e7a", group_cut: "#6a1b9a",
@@ -35,7 +36,7 @@ const KVS_REQUEST_COLORS = ["#909bdf", "#c9a25e", "#c059c0", "#84bf40", "#506a7c
   "#59c3cf", "#794d34", "#e278b6", "#8f9325", "#77c59c", "#c7b0dd"];
 
 /** `hex` moved toward `toward` by `f` (0..1), as an rgb() colour.
- * @param {string} hex @param {string} toward @param {number} f */
+ * @param {string} hex @param {string} toward @param {number} f @returns {string} */
 function kvsMix(hex, toward, f) {
   const a = [1, 3, 5].map((i) => parseInt(hex.slice(i, i + 2), 16));
   const b = [1, 3, 5].map((i) => parseInt(toward.slice(i, i + 2), 16));
@@ -43,7 +44,7 @@ function kvsMix(hex, toward, f) {
 }
 const KVS_REQUEST_LIGHT = KVS_REQUEST_COLORS.map((c) => kvsMix(c, "#ffffff", 0.68));
 
-/** @param {string|number} rid */
+/** @param {string|number} rid @returns {number} */
 function kvsColorIndex(rid) {
   const s = String(rid);
   if (/^\d+$/.test(s)) return Number(s) % KVS_REQUEST_COLORS.length;
@@ -52,7 +53,7 @@ function kvsColorIndex(rid) {
   return n % KVS_REQUEST_COLORS.length;
 }
 // One colour per request id, the same in every panel (`light`: the pale fill).
-/** @param {string|number|null|undefined} rid @param {boolean} [light] */
+/** @param {string|number|null|undefined} rid @param {boolean} [light] @returns {string} */
 function kvsColor(rid, light = false) {
   if (rid === null || rid === undefined || rid === "") return light ? "#eee" : KVS_MARKS.none;
   const i = kvsColorIndex(rid);
@@ -61,7 +62,7 @@ function kvsColor(rid, light = false) {
 // A pale tint per physical block (slot cells are coloured by the block they land in):
 // greys and creams, so a block tint never reads as a request or an event.
 const KVS_BLOCK_TINTS = ["#eceff1", "#fff8e1", "#e0f2f1", "#fbe9e7", "#ede7f6", "#f1f8e9", "#e3f2fd", "#fce4ec"];
-/** @param {number|null|undefined} block */
+/** @param {number|null|undefined} block @returns {string} */
 function kvsBlockTint(block) {
   return block === null || block === undefined || block < 0 ? "#fff" : KVS_BLOCK_TINTS[block % KVS_BLOCK_TINTS.length];
 }
@@ -69,7 +70,7 @@ function kvsBlockTint(block) {
 // The icon is drawn by CSS (::before), so a legend entry's text is its label alone.
 /**
  * @param {{fill?: string, border?: string, icon?: string, dashed?: boolean, stripes?: string[], color?: string}} look
- * @param {string} text @param {?string} [testid] @param {?string} [title]
+ * @param {string} text @param {?string} [testid] @param {?string} [title] @returns {HTMLSpanElement}
  */
 function kvsSwatch(look, text, testid = null, title = null) {
   const i = kvsEl("i", { class: "kvs-sw", style: { background: look.fill || "transparent", borderColor: look.border || "#aaa",
@@ -99,7 +100,7 @@ function kvsArray(value, Ctor) {
 // A tooltip next to the pointer, kept inside the window: it flips to the pointer's other
 // side near the right or bottom edge, and never starts above or left of the window.
 const KVS_TIP_OFFSET = 12, KVS_TIP_MARGIN = 4;
-/** @param {HTMLElement} tip @param {{clientX: number, clientY: number}} ev */
+/** @param {HTMLElement} tip @param {{clientX: number, clientY: number}} ev @returns {void} */
 function kvsPlaceTip(tip, ev) {
   const w = tip.offsetWidth, h = tip.offsetHeight;
   const vw = document.documentElement.clientWidth || window.innerWidth, vh = window.innerHeight;
@@ -114,20 +115,20 @@ function kvsPlaceTip(tip, ev) {
 
 // Prefill chunks are counted from 1 on screen, as the captions say them ("chunk 2"); the
 // StepRecord's chunk_index counts from 0, and the hover title says so.
-/** @param {number|null|undefined} chunkIndex */
+/** @param {number|null|undefined} chunkIndex @returns {number} */
 function kvsChunkNumber(chunkIndex) { return (Number(chunkIndex) || 0) + 1; }
-/** @param {number|null|undefined} chunkIndex */
+/** @param {number|null|undefined} chunkIndex @returns {string} */
 function kvsChunkTitle(chunkIndex) {
   return `chunk ${kvsChunkNumber(chunkIndex)} of this prompt (the StepRecord's chunk_index ${Number(chunkIndex) || 0} counts from 0)`;
 }
 
 // The SVG builder: kvsSvg("rect", {x: 1, width: 4}, "title text"); null or undefined attributes are left out.
 const KVS_SVG_NS = "http://www.w3.org/2000/svg";
-/** @param {string} tag @param {{[name: string]: any}} [attrs] @param {?string} [text] @returns {SVGElement} */
+/** @param {string} tag @param {{[name: string]: any}} [attrs] @param {?(string|number)} [text] @returns {SVGElement} */
 function kvsSvg(tag, attrs = {}, text = null) {
   const n = document.createElementNS(KVS_SVG_NS, tag);
   for (const [k, v] of Object.entries(attrs)) if (v !== null && v !== undefined) n.setAttribute(k, String(v));
-  if (text !== null) n.textContent = text;
+  if (text !== null) n.textContent = /** @type {string} */ (text);   // a number is written as its text
   return n;
 }
 
@@ -169,11 +170,11 @@ function kvsCutScale(values) {
 }
 
 // "1 token", "3 tokens": a count with its noun in the right number.
-/** @param {number} n @param {string} noun @param {string} [plural] */
+/** @param {number} n @param {string} noun @param {string} [plural] @returns {string} */
 function kvsCount(n, noun, plural = `${noun}s`) { return `${n} ${Number(n) === 1 ? noun : plural}`; }
 
 // Tokens often are whitespace or newlines: make them visible in cells.
-/** @param {?string|undefined} text */
+/** @param {?string|undefined} text @returns {string} */
 function kvsTok(text) {
   if (text === null || text === undefined) return "";
   return String(text).replace(/\n/g, "\u21b5").replace(/\t/g, "\u21e5").replace(/ /g, "\u00b7");
@@ -184,7 +185,7 @@ function kvsTok(text) {
 // every click and edit before the panel's own handlers see it, and says which step it
 // froze at; a panel with a title can be collapsed to it (the dashboard on a laptop).
 const KVS_FROZEN_EVENTS = ["click", "dblclick", "mousedown", "mouseup", "change", "input", "keydown", "submit", "contextmenu"];
-/** @param {HTMLElement} el @param {KvsModel} model @param {string} testid @param {string} [extraClass] @returns {HTMLElement} */
+/** @param {HTMLElement} el @param {KvsModel} model @param {string} testid @param {string} [extraClass] @returns {HTMLDivElement} */
 function kvsRoot(el, model, testid, extraClass = "") {
   const root = kvsEl("div", { class: `kvs-panel ${testid} ${extraClass}`.trim(), "data-testid": testid });
   const badge = kvsEl("span", { class: "kvs-frozen-badge", "data-testid": "kvs-frozen-badge" });
@@ -202,7 +203,7 @@ function kvsRoot(el, model, testid, extraClass = "") {
   const heldSync = kvsHeldOr(model, sync);
   for (const k of ["step", "live", "frozen"]) model.on(`change:${k}`, heldSync);
   for (const type of KVS_FROZEN_EVENTS) {
-    root.addEventListener(type, (e) => { if (frozen()) { e.stopImmediatePropagation(); e.preventDefault(); } }, true);
+    root.addEventListener(type, (/** @type {Event} */ e) => { if (frozen()) { e.stopImmediatePropagation(); e.preventDefault(); } }, true);
   }
   el.append(root);
   // Once the panel has drawn its title: the badge and the collapse toggle go in it.
@@ -223,14 +224,25 @@ function kvsRoot(el, model, testid, extraClass = "") {
 // its own prefix, so two views of one model never confuse each other's acks. A frozen
 // panel sends nothing but hover look-ups (KVS_FROZEN_ACTIONS; widgets/_base.py agrees).
 const KVS_FROZEN_ACTIONS = new Set(["block_detail"]);
-/** @param {KvsModel} model @param {(pending: number) => void} [onPendingChange] */
+/**
+ * An action for Python: its name and its fields (widgets/_base.py dispatch).
+ * @typedef {{action: string, [field: string]: unknown}} KvsAction
+ * Python's answer to one action (widgets/_base.py _on_browser_msg): `error` the text of what
+ * failed, or null; a frozen panel answers itself, with seq null and `frozen`.
+ * @typedef {{type: "ack", seq: string|null, error: string|null, frozen?: boolean}} KvsAck
+ * What kvsSender returns.
+ * @typedef {{send: (content: KvsAction) => Promise<KvsAck>, pending: () => number, dispose: () => void}} KvsSender
+ */
+/** @param {KvsModel} model @param {(pending: number) => void} [onPendingChange] @returns {KvsSender} */
 function kvsSender(model, onPendingChange = (_pending) => {}) {
   const prefix = Math.random().toString(36).slice(2, 8);
   let n = 0;
+  /** @type {Map<string|null, (ack: KvsAck) => void>} */
   const waiting = new Map();
+  /** @param {?KvsAck} msg a custom message from Python (only acks are sent) */
   const onMsg = (msg) => {
     if (!msg || msg.type !== "ack" || !waiting.has(msg.seq)) return;
-    const resolve = waiting.get(msg.seq);
+    const resolve = /** @type {(ack: KvsAck) => void} */ (waiting.get(msg.seq));
     waiting.delete(msg.seq);
     onPendingChange(waiting.size);
     resolve(msg);
@@ -242,7 +254,7 @@ function kvsSender(model, onPendingChange = (_pending) => {}) {
         return Promise.resolve({ type: "ack", seq: null, error: null, frozen: true });
       }
       const seq = `${prefix}:${++n}`;
-      /** @type {Promise<any>} */
+      /** @type {Promise<KvsAck>} */
       const done = new Promise((resolve) => waiting.set(seq, resolve));
       onPendingChange(waiting.size);
       model.send({ ...content, seq });
@@ -259,7 +271,7 @@ function kvsSender(model, onPendingChange = (_pending) => {}) {
 // `whileHeld` redraws at once even then (the Follow panel, which says it is pausing).
 /**
  * @param {KvsModel} model @param {readonly string[]} fields @param {() => void} handler
- * @param {string[]} [more] @param {boolean} [whileHeld]
+ * @param {string[]} [more] @param {boolean} [whileHeld] @returns {void}
  */
 function kvsOnChange(model, fields, handler, more = [], whileHeld = false) {
   const guarded = whileHeld ? handler : kvsHeldOr(model, handler);
@@ -273,7 +285,7 @@ function kvsOnChange(model, fields, handler, more = [], whileHeld = false) {
 // wait; the kernel then shows that step and pauses, and the hold is released (follow.js).
 // A step reaches the panels one widget message at a time, so at the click some may still show
 // the step before: they go on up to the held step, and only redraws past it wait.
-/** @param {KvsModel} model @param {() => void} handler */
+/** @param {KvsModel} model @param {() => void} handler @returns {() => void} */
 function kvsHeldOr(model, handler) {
   return () => {
     const bus = kvsLinkBus(/** @type {string} */ (model.get("link_group")) || "kvs-default");
@@ -281,11 +293,11 @@ function kvsHeldOr(model, handler) {
     else handler();
   };
 }
-/** @param {KvsModel} model @param {number} step */
+/** @param {KvsModel} model @param {number} step @returns {void} */
 function kvsHold(model, step) {
   kvsLinkBus(/** @type {string} */ (model.get("link_group")) || "kvs-default").held = step;
 }
-/** @param {KvsModel} model */
+/** @param {KvsModel} model @returns {void} */
 function kvsRelease(model) {
   const bus = kvsLinkBus(/** @type {string} */ (model.get("link_group")) || "kvs-default");
   bus.held = null;
@@ -296,7 +308,7 @@ function kvsRelease(model) {
 
 // One redraw for many trait changes: a step's message sets several traits at once, each
 // firing its own change event; batching them into a microtask draws once, with all of them.
-/** @param {() => void} fn */
+/** @param {() => void} fn @returns {() => void} */
 function kvsBatched(fn) {
   let queued = false;
   return () => {
@@ -314,16 +326,24 @@ function kvsBatched(fn) {
 // what matches it. A focus: {source, blocks: [id] | null, requests: [rid] | null,
 // tokens: [[rid, position]] | null}. A click pins its focus (click again: unpinned); a
 // hover shows over the pinned one. Frozen panels neither publish nor light up.
-/** @param {string} group */
+/** @param {string} group @returns {KvsLinkBus} */
 function kvsLinkBus(group) {
   const all = (window.__kvsLinks = window.__kvsLinks || new Map());
   if (!all.has(group)) all.set(group, { hover: null, pinned: null, listeners: new Set(), held: null, deferred: new Set() });
   return /** @type {KvsLinkBus} */ (all.get(group));
 }
-/** @param {KvsModel} model @param {(f: ?KvsFocus) => void} onFocus */
+/**
+ * What kvsLink returns: publish a focus (hover, pin: a second pin of the same focus unpins it),
+ * take back this source's hover (leave), read the focus shown now (current).
+ * @typedef {{hover: (f: KvsFocus) => void, leave: (source: string) => void, pin: (f: KvsFocus) => void,
+ *   current: () => ?KvsFocus, dispose: () => void}} KvsLinkHandle
+ */
+/** @param {KvsModel} model @param {(f: ?KvsFocus) => void} onFocus @returns {KvsLinkHandle} */
 function kvsLink(model, onFocus) {
-  let bus = null;
+  // Set by join() below, before anything reads it.
+  let bus = /** @type {KvsLinkBus} */ (/** @type {unknown} */ (null));
   const live = () => !model.get("frozen");
+  /** @param {?KvsFocus} f */
   const handler = (f) => onFocus(live() ? f : null);
   const current = () => (bus && live() ? bus.hover || bus.pinned : null);
   const notify = () => { const f = bus.hover || bus.pinned; for (const h of [...bus.listeners]) h(f); };
@@ -337,8 +357,11 @@ function kvsLink(model, onFocus) {
   model.on("change:link_group", rejoin);
   model.on("change:frozen", rejoin);
   return {
+    /** @param {KvsFocus} f */
     hover(f) { if (live()) { bus.hover = f; notify(); } },
+    /** @param {string} source */
     leave(source) { if (bus.hover && bus.hover.source === source) { bus.hover = null; notify(); } },
+    /** @param {KvsFocus} f */
     pin(f) {
       if (!live()) return;
       const same = bus.pinned && JSON.stringify(bus.pinned) === JSON.stringify(f);
@@ -352,7 +375,7 @@ function kvsLink(model, onFocus) {
 }
 // How an element holding `position` of `request`, in physical `block`, matches a focus:
 // 0 not at all, 1 lit (same block / request), 2 the very token.
-/** @param {?KvsFocus} f @param {number|null} block @param {string|null} request @param {?number} [position] */
+/** @param {?KvsFocus} f @param {number|null} block @param {string|null} request @param {?number} [position] @returns {0|1|2} */
 function kvsMatch(f, block, request, position = null) {
   if (!f || (!f.blocks && !f.requests)) return 0;
   if (f.tokens && position !== null && f.tokens.some(([r, p]) => r === request && p === position)) return 2;

@@ -16,9 +16,22 @@
  * `thumb_heads`, `kv_head_of_head`); `probe_step`, the step the weights were read at; and
  * `message`, why there is no heatmap (a recording, a finished request, a feed without weights).
  */
+/**
+ * Where the heatmap's cells are (drawHeatmap), in CSS px: `cw` x `rh` cells, `rows` queries by
+ * `n` keys, from (`left`, `top`), `H` high, at `dpr` device pixels per px.
+ * @typedef {{kind: "map", cw: number, rh: number, rows: number, n: number, top: number, left: number, H: number, dpr: number}} HeatGeom
+ * A decode's bars (barsSvg): their columns are elements, lit one by one.
+ * @typedef {{kind: "bars"}} BarsGeom
+ * What paintHeatAxes draws the axes from (drawHeatmap's geometry, the block table and tokens).
+ * @typedef {{left: number, top: number, H: number, n: number, rows: number, cw: number, rh: number, bs: number,
+ *   table: number[], npt: number, toks: string[], pos: number[]}} HeatAxes
+ * What a pick sends with action "select" (widgets/attention.py).
+ * @typedef {{request_id?: string, layer?: number, head?: number}} AttnSelect
+ */
 
 // A compact perceptual ramp (viridis stops), sampled linearly.
 const RAMP = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
+/** @param {number} v */
 function ramp(v) {
   const x = Math.max(0, Math.min(1, v)) * (RAMP.length - 1);
   const i = Math.min(RAMP.length - 2, Math.floor(x)), f = x - i;
@@ -28,10 +41,12 @@ const RAMP_CSS = `linear-gradient(90deg, ${[0, 0.25, 0.5, 0.75, 1].map((v) => `r
 const MASKED = [235, 235, 235];
 const MIN_CELL = 12, MAX_CELL = 28, MAX_CANVAS = 16000;  // px: readable cells; a canvas stays drawable
 const PROMPT_BAR = "#78909c";
+/** @param {?string|undefined} t @param {number} [k] */
 const short = (t, k = 10) => { const s = kvsTok(t); return s.length > k ? s.slice(0, k - 1) + "\u2026" : s; };
+/** @param {number} p */
 const fmt = (p) => (p >= 0.01 ? p.toFixed(3) : p.toExponential(1));
 
-/** A head's thumbnail of this step's weights (null when none was sent). */
+/** A head's thumbnail of this step's weights (null when none was sent). @param {KvsModel} model @param {number} h */
 function thumbCanvas(model, h) {
   const hs = model.get("thumb_heads") || [], [th, tw] = model.get("thumb_shape") || [0, 0];
   const k = hs.indexOf(h);
@@ -51,7 +66,9 @@ function thumbCanvas(model, h) {
   return c;
 }
 
-/** The weights painted at data resolution (one pixel per query x key), on an offscreen canvas. */
+/** The weights painted at data resolution (one pixel per query x key), on an offscreen canvas.
+ * @param {Float32Array} data @param {number} n @param {number} rows @param {number[]} pos @param {number} gmax
+ * @param {boolean} rowNorm */
 function heatImage(data, n, rows, pos, gmax, rowNorm) {
   const img = new ImageData(n, rows);
   for (let r = 0; r < rows; r++) {
@@ -70,7 +87,8 @@ function heatImage(data, n, rows, pos, gmax, rowNorm) {
   return off;
 }
 
-/** Over the heatmap: block boundaries and ids, where generated tokens start, key and query labels. */
+/** Over the heatmap: block boundaries and ids, where generated tokens start, key and query labels.
+ * @param {CanvasRenderingContext2D} ctx @param {HeatAxes} g */
 function paintHeatAxes(ctx, g) {
   const { left, top, H, n, rows, cw, rh, bs, table, npt, toks, pos } = g;
   // Block boundaries and physical block ids, over the key labels.
@@ -114,7 +132,9 @@ function paintHeatAxes(ctx, g) {
   ctx.restore();
 }
 
-/** A decode's one query row: a bar per key, over its KV blocks, prompt vs generated under the labels. */
+/** A decode's one query row: a bar per key, over its KV blocks, prompt vs generated under the labels.
+ * @param {KvsModel} model @param {Float32Array} data @param {number} n @param {number} q @param {number} gmax
+ * @param {number} width @param {(g: SVGElement, c: number) => void} onCol */
 function barsSvg(model, data, n, q, gmax, width, onCol) {
   const toks = model.get("tokens"), bs = model.get("block_size"), table = model.get("block_table");
   const npt = Math.min(n, model.get("num_prompt_tokens") || n);
@@ -158,9 +178,11 @@ function barsSvg(model, data, n, q, gmax, width, onCol) {
   return svg;
 }
 
-/** Over the heatmap: the columns the linked focus points at (the very token stronger). */
+/** Over the heatmap: the columns the linked focus points at (the very token stronger).
+ * @param {HTMLCanvasElement} overlay @param {HeatGeom} geom @param {?KvsFocus} focus @param {string|null} rid
+ * @param {(c: number) => number|null} blockOf */
 function paintFocus(overlay, geom, focus, rid, blockOf) {
-  const ctx = overlay.getContext("2d");
+  const ctx = /** @type {CanvasRenderingContext2D} */ (overlay.getContext("2d"));
   ctx.setTransform(geom.dpr, 0, 0, geom.dpr, 0, 0);
   ctx.clearRect(0, 0, overlay.width, overlay.height);
   if (!focus) return;
@@ -176,7 +198,7 @@ function paintFocus(overlay, geom, focus, rid, blockOf) {
   }
 }
 
-/** The panel's controls, legend, heatmap canvases and bar box, appended to `root`. */
+/** The panel's controls, legend, heatmap canvases and bar box, appended to `root`. @param {HTMLElement} root */
 function buildDom(root) {
   const reqSel = kvsEl("select", { class: "kvs-attn-request", "data-testid": "kvs-attn-request" });
   const layerSel = kvsEl("select", { class: "kvs-attn-layer", "data-testid": "kvs-attn-layer" });
@@ -209,33 +231,36 @@ function buildDom(root) {
   return { reqSel, layerSel, heads, norm, refresh, msg, scaleMax, scale, canvas, overlay, mapBox, bars, tip, sub };
 }
 
-/** The head picker: query heads grouped by the KV head they read (GQA), each with its thumbnail. */
+/** The head picker: query heads grouped by the KV head they read (GQA), each with its thumbnail.
+ * @param {KvsModel} model @param {(c: AttnSelect) => void} select */
 function headButtons(model, select) {
   const kv = model.get("kv_head_of_head"), head = model.get("head");
   const groups = new Map();
-  kv.forEach((g, h) => { if (!groups.has(g)) groups.set(g, []); groups.get(g).push(h); });
+  kv.forEach((/** @type {number} */ g, /** @type {number} */ h) => { if (!groups.has(g)) groups.set(g, []); groups.get(g).push(h); });
   const some = (model.get("thumb_heads") || []).length > 0;
   return [kvsEl("span", { class: "kvs-muted", text: some ? "pick a head (thumbnails: this step's weights) \u00b7 by KV head:" : "heads by KV head:" }), ...[...groups.entries()].map(([g, hs]) =>
     kvsEl("span", { class: `kvs-head-group${hs.includes(head) ? " kvs-active" : ""}`, "data-testid": `kvs-kv-group-${g}`, title: `query heads ${hs.join(", ")} read KV head ${g}` }, [
       kvsEl("span", { class: "kvs-kv-label", text: `KV ${g}` }),
-      ...hs.map((h) => kvsEl("button", { class: `kvs-head${h === head ? " kvs-on" : ""}`, "data-testid": `kvs-head-${h}`, title: `head ${h}`, onclick: () => select({ head: h }) },
+      ...hs.map((/** @type {number} */ h) => kvsEl("button", { class: `kvs-head${h === head ? " kvs-on" : ""}`, "data-testid": `kvs-head-${h}`, title: `head ${h}`, onclick: () => select({ head: h }) },
         [thumbCanvas(model, h), kvsEl("span", { text: `h${h}` })])),
     ]))];
 }
 
-/** Both canvases sized to `w` x `h` CSS px at this screen's pixel ratio; the first one's context, cleared. */
+/** Both canvases sized to `w` x `h` CSS px at this screen's pixel ratio; the first one's context, cleared.
+ * @param {HTMLCanvasElement[]} canvases @param {number} w @param {number} h @param {number} dpr */
 function sizeCanvases(canvases, w, h, dpr) {
   for (const c of canvases) {
     c.width = w * dpr; c.height = h * dpr;
     c.style.width = `${w}px`; c.style.height = `${h}px`;
   }
-  const ctx = canvases[0].getContext("2d");
+  const ctx = /** @type {CanvasRenderingContext2D} */ (canvases[0].getContext("2d"));
   ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
   ctx.clearRect(0, 0, w, h);
   return ctx;
 }
 
-/** A heatmap cell's tooltip: the query, the key (its block and offset), the weight. */
+/** A heatmap cell's tooltip: the query, the key (its block and offset), the weight.
+ * @param {KvsModel} model @param {Float32Array} data @param {number} n @param {number} r @param {number} c */
 function cellText(model, data, n, r, c) {
   const toks = model.get("tokens"), bs = model.get("block_size"), table = model.get("block_table");
   const q = model.get("row_positions")[r];
@@ -247,6 +272,7 @@ function cellText(model, data, n, r, c) {
  * unsmoothed), with its token and block axes; returns where its cells are.
  * @param {KvsModel} model @param {{canvas: HTMLCanvasElement, overlay: HTMLCanvasElement}} c @param {Float32Array} data
  * @param {{n: number, pos: number[], rows: number, gmax: number, rowNorm: boolean, width: number}} o
+ * @returns {HeatGeom}
  */
 function drawHeatmap(model, c, data, o) {
   const { n, pos, rows } = o;
@@ -268,6 +294,8 @@ function drawHeatmap(model, c, data, o) {
 /**
  * The pointer over the heatmap: a cell's weight in a tooltip; its key column lights the same
  * token and block in the other panels (click: pinned).
+ * @param {{model: KvsModel, canvas: HTMLCanvasElement, tip: HTMLElement, link: KvsLinkHandle,
+ *   colFocus: (c: number) => KvsFocus, geom: () => ?(HeatGeom|BarsGeom), data: () => Float32Array}} w
  */
 function wireHeatPointer({ model, canvas, tip, link, colFocus, geom, data }) {
   let hoverCol = -1;
@@ -294,7 +322,7 @@ function render({ model, el }) {
   const sender = kvsSender(model);
   const { reqSel, layerSel, heads, norm, refresh, msg, scaleMax, scale, canvas, overlay, mapBox, bars, tip, sub } = buildDom(root);
   document.body.append(tip);
-  const select = (c) => sender.send({ action: "select", ...c });
+  const select = (/** @type {AttnSelect} */ c) => sender.send({ action: "select", ...c });
   reqSel.addEventListener("change", () => select({ request_id: reqSel.value }));
   layerSel.addEventListener("change", () => select({ layer: Number(layerSel.value) }));
   refresh.addEventListener("click", () => sender.send({ action: "refresh" }));
@@ -302,7 +330,7 @@ function render({ model, el }) {
   function drawSelectors() {
     const reqs = model.get("requests"), cur = model.get("request_id");
     const opts = reqs.includes(cur) || !cur ? reqs : [cur, ...reqs];
-    reqSel.replaceChildren(...(opts.length ? opts : [""]).map((r) => kvsEl("option", { value: r, text: r ? `#${r}` : "(none)" })));
+    reqSel.replaceChildren(...(opts.length ? opts : [""]).map((/** @type {string} */ r) => kvsEl("option", { value: r, text: r ? `#${r}` : "(none)" })));
     reqSel.value = cur;
     const nl = model.get("num_layers");
     const names = model.get("layer_names") || [];  // a sliding-window layer names its window
@@ -312,11 +340,15 @@ function render({ model, el }) {
   }
   // ---- what is shown, and the linked focus ----
   let data = new Float32Array(0);
+  /** @type {?(HeatGeom|BarsGeom)} */
   let geom = null;          // heatmap: {cw, rh, rows, n, top, left}; bars: {bw, n, left}
+  /** @type {Array<[SVGElement, number]>} */
   let barCols = [];         // bars: [element, position]
+  /** @type {?KvsFocus} */
   let focus = null;
   const link = kvsLink(model, (f) => { focus = f; light(); });
-  const blockOf = (c) => (model.get("block_table") || [])[Math.floor(c / model.get("block_size"))];
+  const blockOf = (/** @type {number} */ c) => (model.get("block_table") || [])[Math.floor(c / model.get("block_size"))];
+  /** @param {number} c @returns {KvsFocus} */
   const colFocus = (c) => ({ source: "attention", blocks: [blockOf(c)], requests: [model.get("request_id")], tokens: [[model.get("request_id"), c]] });
   function light() {
     const rid = model.get("request_id");
@@ -356,6 +388,7 @@ function render({ model, el }) {
 
   function avail() { return Math.max(240, (root.clientWidth || 900) - 30); }
 
+  /** @param {number} n @param {number} q @param {number} gmax */
   function drawBars(n, q, gmax) {
     bars.replaceChildren(barsSvg(model, data, n, q, gmax, avail(), (g, c) => {
       g.addEventListener("mouseenter", () => link.hover(colFocus(c)));
@@ -366,6 +399,7 @@ function render({ model, el }) {
     geom = { kind: "bars" };
   }
 
+  /** @param {number} n @param {number[]} pos @param {number} rows @param {number} gmax */
   function drawHeat(n, pos, rows, gmax) {
     geom = drawHeatmap(model, { canvas, overlay }, data, { n, pos, rows, gmax, rowNorm: norm.checked, width: avail() });
   }

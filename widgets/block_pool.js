@@ -9,7 +9,7 @@
 /** @type {{[key: string]: number}} */
 const STATUS = KVS_SCHEMA.block_status;
 const { null: NULL_BLOCK, free: FREE, free_cached: FREE_CACHED, in_use: IN_USE, in_use_hashed: IN_USE_HASHED } = STATUS;
-/** How a status reads in the hover text, by its schema key. */
+/** How a status reads in the hover text, by its schema key. @type {{[key: string]: string}} */
 const STATUS_WORDS = { null: "null", free: "free", free_cached: "free (cached)", in_use: "in use", in_use_hashed: "in use (hashed)" };
 /** @type {{[code: number]: string}} */
 const STATUS_NAMES = Object.fromEntries(Object.entries(STATUS).map(([key, code]) => [code, STATUS_WORDS[key] ?? key]));
@@ -20,13 +20,15 @@ const SAME_STEP = EVENT_BIT.same_step_hits, EVICTED = EVENT_BIT.evicted;
 // was also allocated, hit and cached in this step), "cached" only when nothing else.
 const OUTLINE_ORDER = ["same_step_hits", "allocated", "hits", "freed", "evicted", "cached"]
   .map((key) => /** @type {KvsEvent} */ (KVS_EVENTS.find(([, k]) => k === key)));
-const eventNames = (ev) => KVS_EVENTS.filter(([b]) => ev & b).map(([, , name]) => name);
+const eventNames = (/** @type {number} */ ev) => KVS_EVENTS.filter(([b]) => ev & b).map(([, , name]) => name);
 
 // Block numbers at every pool size: the id and refcount in big cells, the id alone in a
 // small font in middle cells, and in the smallest cells a badge over the hovered block.
 const FULL_LABEL_PX = 26, ID_LABEL_PX = 15;
+/** @param {number} cell */
 function labelKind(cell) { return cell >= FULL_LABEL_PX ? "full" : cell >= ID_LABEL_PX ? "ids" : "hover"; }
 
+/** @param {number} n */
 function cellSizeFor(n) {
   if (n <= 256) return 26;
   if (n <= 1024) return 15;
@@ -39,7 +41,18 @@ function cellSizeFor(n) {
  * @typedef {{cols: {status: Uint8Array, ref: Uint16Array, owner: Int16Array, events: Uint8Array, group: Uint8Array},
  *   owners: string[], groupLabels: string[], ownersOf: Map<number, string[]>, lit: Set<number>,
  *   geom: {cell: number, ncols: number, n: number}}} PoolState
+ * What the panel reads of the `block_tables`, `detail` traits (explorer/ui/views.py block_pool_state,
+ * group_rows; widgets/hover.py block_detail), and a block-table cell it keeps to light up:
+ * @typedef {{label: string, block_table: number[], hit_tokens: (number|null), cut: boolean}} GroupRow
+ * @typedef {{request_id: string, block_table: number[], num_computed_tokens: number, hits: number[],
+ *   same_step_hits: number[], cached: number[], groups?: GroupRow[]}} TableRow
+ * @typedef {{block_id: number, ref_count: number, hash: (string|null), owners: string[], token_ids: number[],
+ *   tokens: string[], is_null: boolean, is_free: boolean, step: number}} BlockDetail
+ * @typedef {[HTMLElement, string, number]} TableCell  [element, request id, block]
+ * @typedef {ReturnType<typeof kvsLink>} Link
+ * @typedef {ReturnType<typeof kvsSender>} Sender
  */
+/** @param {PoolState} P @param {KvsModel} model */
 function readColumns(P, model) {
   P.cols = {
     status: kvsArray(model.get("status"), Uint8Array),
@@ -50,15 +63,18 @@ function readColumns(P, model) {
   };
   P.groupLabels = model.get("group_labels") || [];
   P.owners = model.get("owners") || [];
-  P.ownersOf = new Map((model.get("shared") || []).map(([b, idx]) => [b, idx.map((k) => P.owners[k])]));
+  P.ownersOf = new Map((model.get("shared") || []).map((/** @type {[number, number[]]} */ [b, idx]) => [b, idx.map((k) => P.owners[k])]));
 }
+/** @param {PoolState} P @param {number} i @returns {string[]} */
 function blockOwners(P, i) {
-  if (P.ownersOf.has(i)) return P.ownersOf.get(i);
+  if (P.ownersOf.has(i)) return /** @type {string[]} */ (P.ownersOf.get(i));
   const o = P.cols.owner[i];
   return o >= 0 && o < P.owners.length ? [P.owners[o]] : [];
 }
 // Blocks a focus points at: its blocks, else the blocks its requests own.
+/** @param {PoolState} P @param {?KvsFocus} f */
 function litBlocks(P, f) {
+  /** @type {Set<number>} */
   const out = new Set();
   if (!f) return out;
   if (f.blocks) { for (const b of f.blocks) out.add(b); return out; }
@@ -68,6 +84,7 @@ function litBlocks(P, f) {
   }
   return out;
 }
+/** @param {PoolState} P @param {number} i */
 function fillFor(P, i) {
   const s = P.cols.status[i];
   if (s === NULL_BLOCK) return KVS_MARKS.null;
@@ -77,6 +94,7 @@ function fillFor(P, i) {
   return kvsColor(o >= 0 ? P.owners[o] : null, s === IN_USE);
 }
 // A same-step hit: diagonal stripes over the cell, so it never reads as a plain hit.
+/** @param {CanvasRenderingContext2D} ctx @param {number} x @param {number} y @param {number} cell @param {string} color */
 function hatch(ctx, x, y, cell, color) {
   ctx.save();
   ctx.beginPath();
@@ -92,7 +110,10 @@ function hatch(ctx, x, y, cell, color) {
   ctx.restore();
 }
 
-/** The pool's canvas: one cell per block, as many columns as the panel's width holds. */
+/**
+ * The pool's canvas: one cell per block, as many columns as the panel's width holds.
+ * @param {PoolState} P @param {HTMLCanvasElement} canvas @param {number} panelWidth @param {number} selected @param {number} numBlocks
+ */
 function drawPool(P, canvas, panelWidth, selected, numBlocks) {
   const n = numBlocks;
   const cell = cellSizeFor(n);
@@ -105,7 +126,7 @@ function drawPool(P, canvas, panelWidth, selected, numBlocks) {
   canvas.height = Math.ceil(Math.max(1, nrows) * cell * dpr);
   canvas.style.width = `${ncols * cell}px`;
   canvas.style.height = `${Math.max(1, nrows) * cell}px`;
-  const ctx = canvas.getContext("2d");
+  const ctx = /** @type {CanvasRenderingContext2D} */ (canvas.getContext("2d"));
   ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
   ctx.clearRect(0, 0, ncols * cell, nrows * cell);
   const kind = labelKind(cell);
@@ -115,7 +136,11 @@ function drawPool(P, canvas, panelWidth, selected, numBlocks) {
   for (let i = 0; i < n; i++) drawCell(ctx, P, i, (i % ncols) * cell, Math.floor(i / ncols) * cell, cell, kind, selected);
 }
 
-/** One block's cell: fill (stripes when shared), hash corner, event outline, label, focus. */
+/**
+ * One block's cell: fill (stripes when shared), hash corner, event outline, label, focus.
+ * @param {CanvasRenderingContext2D} ctx @param {PoolState} P @param {number} i @param {number} x @param {number} y
+ * @param {number} cell @param {string} kind @param {number} selected
+ */
 function drawCell(ctx, P, i, x, y, cell, kind, selected) {
   const s = P.cols.status[i];
   const shared = s >= IN_USE ? P.ownersOf.get(i) : null;
@@ -178,7 +203,7 @@ function drawCell(ctx, P, i, x, y, cell, kind, selected) {
   }
 }
 
-/** The legend: every fill, mark and this step's event counts. */
+/** The legend: every fill, mark and this step's event counts. @param {KvsModel} model */
 function legendRows(model) {
   const c = model.get("counts") || {};
   const groups = model.get("group_labels") || [];
@@ -208,7 +233,10 @@ function legendRows(model) {
   ];
 }
 
-/** A block's tooltip text; `d` is the detail Python sent (hash and tokens) when it is this block. */
+/**
+ * A block's tooltip text; `d` is the detail Python sent (hash and tokens) when it is this block ({}: none).
+ * @param {PoolState} P @param {number} i @param {Partial<BlockDetail>} d
+ */
 function describeBlock(P, i, d) {
   const s = P.cols.status[i];
   const ev = eventNames(P.cols.events[i]);
@@ -229,7 +257,7 @@ function describeBlock(P, i, d) {
 }
 
 
-/** The pinned block's detail: refcount, owners, hash, this step's events, its tokens. */
+/** The pinned block's detail: refcount, owners, hash, this step's events, its tokens. @param {PoolState} P @param {BlockDetail} d */
 function detailNodes(P, d) {
   const toks = (d.token_ids || []).map((id, k) => kvsEl("span", { class: "kvs-tok", title: `id ${id}` }, [
     kvsEl("b", { text: kvsTok(d.tokens && d.tokens[k]) || id }), kvsEl("sub", { text: id }),
@@ -247,7 +275,10 @@ function detailNodes(P, d) {
   ];
 }
 
-/** One request's block table: logical -> physical cells, linked and clickable. */
+/**
+ * One request's block table: logical -> physical cells, linked and clickable.
+ * @param {TableRow} r @param {number} bs @param {Link} link @param {Sender} sender @param {TableCell[]} tableCells
+ */
 function tableRow(r, bs, link, sender, tableCells) {
   const rid = r.request_id;
   const hits = new Set(r.hits || []), same = new Set(r.same_step_hits || []), cached = new Set(r.cached || []);
@@ -285,7 +316,7 @@ function tableRow(r, bs, link, sender, tableCells) {
   ]);
 }
 
-/** A KV cache group's name on its block-table row, with its own prefix hit (and whether it cut the request's). */
+/** A KV cache group's name on its block-table row, with its own prefix hit (and whether it cut the request's). @param {GroupRow} g */
 function groupTag(g) {
   const hit = g.hit_tokens == null ? "" : ` \u00b7 hit ${g.hit_tokens}`;
   return kvsEl("span", {
@@ -296,7 +327,11 @@ function groupTag(g) {
   });
 }
 
-/** One entry of another group's table: a block, or the null block 0 where a block left the sliding window. */
+/**
+ * One entry of another group's table: a block, or the null block 0 where a block left the sliding window.
+ * @param {TableRow} r @param {GroupRow} g @param {number} b @param {number} logical @param {number} bs
+ * @param {Link} link @param {Sender} sender @param {TableCell[]} tableCells
+ */
 function groupCell(r, g, b, logical, bs, link, sender, tableCells) {
   const rid = r.request_id, range = `positions ${logical * bs}\u2013${(logical + 1) * bs - 1}`;
   if (b === 0) {
@@ -319,6 +354,8 @@ function groupCell(r, g, b, logical, bs, link, sender, tableCells) {
  * The pointer over the canvas: hovering a block publishes its focus, shows its number and a
  * tooltip, and (once the pointer rests) asks Python for its hash and tokens; a click pins it.
  * Returns which block is hovered (-1: none).
+ * @param {{P: PoolState, model: KvsModel, canvas: HTMLCanvasElement, tip: HTMLElement, hoverNum: HTMLElement,
+ *   link: Link, sender: Sender, describe: (i: number) => string, blockFocus: (i: number) => KvsFocus}} o
  */
 function wirePointer({ P, model, canvas, tip, hoverNum, link, sender, describe, blockFocus }) {
   let hover = -1;
@@ -386,6 +423,7 @@ function render({ model, el }) {
   /** @type {PoolState} ownersOf: block -> [request ids] of a block with several owners; lit: blocks matching the focus */
   const P = { cols: { status: new Uint8Array(0), ref: new Uint16Array(0), owner: new Int16Array(0), events: new Uint8Array(0),
     group: new Uint8Array(0) }, owners: [], groupLabels: [], ownersOf: new Map(), lit: new Set(), geom: { cell: 10, ncols: 1, n: 0 } };
+  /** @type {?KvsFocus} */
   let focus = null;          // what another panel (or this one) points at
   const frozen = () => !!model.get("frozen");
 
@@ -397,12 +435,13 @@ function render({ model, el }) {
       `${model.get("num_blocks")} blocks \u00d7 ${model.get("block_size")} tokens \u00b7 block 0 is the null block`;
   }
 
+  /** @type {TableCell[]} */
   let tableCells = [];  // [element, request id, block]
   function drawTables() {
     const rows = model.get("block_tables") || [];
     const bs = model.get("block_size");
     tableCells = [];
-    tables.replaceChildren(...rows.map((r) => tableRow(r, bs, link, sender, tableCells)));
+    tables.replaceChildren(...rows.map((/** @type {TableRow} */ r) => tableRow(r, bs, link, sender, tableCells)));
     if (!rows.length) tables.append(kvsEl("span", { class: "kvs-muted", text: "no request holds blocks" }));
     lightTables();
   }
@@ -410,7 +449,7 @@ function render({ model, el }) {
     for (const [cell, rid, b] of tableCells) cell.classList.toggle("kvs-lit", kvsMatch(focus, b, rid) > 0);
   }
 
-  const describe = (i) => describeBlock(P, i, model.get("detail") || {});
+  const describe = (/** @type {number} */ i) => describeBlock(P, i, model.get("detail") || {});
 
   function drawDetail() {
     const d = model.get("detail") || {};
@@ -419,7 +458,7 @@ function render({ model, el }) {
       ? [kvsEl("span", { class: "kvs-muted", text: "hover a block for details, click to pin" })] : detailNodes(P, d)));
   }
 
-  const blockFocus = (i) => {
+  const blockFocus = (/** @type {number} */ i) => {
     const own = blockOwners(P, i);
     return { source: "blocks", blocks: [i], requests: own.length ? own : null };
   };

@@ -15,10 +15,35 @@ const LIVE = -1;                     // view_index while the panels follow the e
 const REQUIRED_FIELDS = ["max_tokens", "temperature", "top_k", "top_p"];
 const POLICIES = ["unified", "prefill_first"];
 // Keys on the history slider (the rest of the page, JupyterLab included, never sees them).
+/** @type {{[key: string]: number}} */
 const SLIDER_KEYS = { ArrowLeft: -1, ArrowDown: -1, ArrowRight: 1, ArrowUp: 1, PageDown: -10, PageUp: 10 };
 const APPLY_TEXT = "Apply (rebuilds the engine)";
 
 /** @typedef {{[name: string]: HTMLInputElement|HTMLTextAreaElement|HTMLSelectElement}} Inputs */
+/**
+ * The panel's parts (buildBar, buildConfirm, buildForm, buildKnobs), the state -> DOM functions
+ * (makeViews, makeKnobViews, wireActions, render) and what goes Python-ward (act: an action, acked):
+ * @typedef {Inputs & {prompt: HTMLTextAreaElement, ignore_eos: HTMLInputElement, chat_template: HTMLInputElement}} FormInputs
+ * @typedef {{el: HTMLElement, text: HTMLElement, save: HTMLButtonElement, discard: HTMLButtonElement,
+ *   cancel: HTMLButtonElement}} Confirm
+ * @typedef {{status: HTMLElement, engine: HTMLElement, stepBtn: HTMLButtonElement, runN: HTMLInputElement,
+ *   runBtn: HTMLButtonElement, playBtn: HTMLButtonElement, speed: HTMLSelectElement, resetBtn: HTMLButtonElement,
+ *   drawerBtn: HTMLButtonElement, slider: HTMLInputElement, sliderLabel: HTMLElement, liveBtn: HTMLButtonElement,
+ *   caption: HTMLElement, notice: HTMLElement, errText: HTMLElement, errClose: HTMLButtonElement, confirm: Confirm,
+ *   scrubTarget: (number|null), errLine: HTMLElement, rows: HTMLElement[]}} Ui
+ * @typedef {{f: FormInputs, addBtn: HTMLButtonElement, burstN: HTMLInputElement, presetBtns: HTMLButtonElement[],
+ *   el: HTMLElement}} Form
+ * @typedef {{b: Inputs, pool: {[name: string]: HTMLInputElement}, budgetNote: HTMLElement, applyBtn: HTMLButtonElement,
+ *   poolNote: HTMLElement, scope: HTMLElement, poolRow: HTMLElement, el: HTMLElement}} Knobs
+ * @typedef {{status: () => void, history: () => void, error: () => void, caption: () => void,
+ *   chatTemplate: () => void, knobs: (force?: boolean) => void, poolDirty: () => void, play: () => void,
+ *   stopPlay: () => void, setDrawer: (open: boolean) => void, readOnly: () => void}} Views
+ * @typedef {{name: string, label: string, hint?: string}} Preset  one of the `presets` trait (widgets/controls.py)
+ * @typedef {{type: string, seq: (string|null), error: (string|null), frozen?: boolean}} Ack
+ * @typedef {(content: {action: string, [key: string]: unknown}) => Promise<Ack>} Act
+ */
+
+/** @param {Inputs[string]} input */
 
 function numOrNull(input) {
   const v = input.value.trim();
@@ -27,12 +52,14 @@ function numOrNull(input) {
   return Number.isFinite(n) ? n : v;  // a non-number goes through: Python names the field
 }
 // A required field: empty goes to Python as "" so its error names the field.
+/** @param {Inputs[string]} input */
 function numOrEmpty(input) { const v = numOrNull(input); return v === null ? "" : v; }
+/** @param {string} text @param {HTMLElement} input @param {{[name: string]: string}} [attrs] */
 const labelled = (text, input, attrs = {}) => kvsEl("label", attrs, [text, input]);
 
-/** Row 1 and 2: stepping, and the history scrubber. */
+/** Row 1 and 2: stepping, and the history scrubber. @param {KvsModel} model @returns {Ui} */
 function buildBar(model) {
-  const ui = {
+  const ui = /** @type {Ui} */ ({
     status: kvsEl("span", { class: "kvs-status", "data-testid": "kvs-status" }),
     engine: kvsEl("span", { class: "kvs-engine-badge", "data-testid": "kvs-engine-badge" }),
     stepBtn: kvsEl("button", { class: "kvs-step-btn", "data-testid": "kvs-step-btn", title: "Run one engine step", text: "Step" }),
@@ -52,7 +79,7 @@ function buildBar(model) {
     errText: kvsEl("span", { class: "kvs-error-text" }),
     errClose: kvsEl("button", { class: "kvs-error-close", title: "Dismiss", text: "\u00d7" }),
     confirm: buildConfirm(),
-  };
+  });
   ui.speed.value = String(model.get("play_interval_ms"));
   ui.scrubTarget = null;  // the history index keyed or dragged to, until its scrub is answered
   ui.errLine = kvsEl("div", { class: "kvs-error", "data-testid": "kvs-error", role: "alert" }, [ui.errText, ui.errClose]);
@@ -65,7 +92,8 @@ function buildBar(model) {
 }
 
 /** What a rebuild asks before it throws a run away: it names what goes, offers to save the run
- * as one HTML file first (explorer/export), and does nothing until one of its buttons is pressed. */
+ * as one HTML file first (explorer/export), and does nothing until one of its buttons is pressed.
+ * @returns {Confirm} */
 function buildConfirm() {
   const text = kvsEl("span", { class: "kvs-confirm-text", "data-testid": "kvs-rebuild-text" });
   const save = kvsEl("button", { class: "kvs-rebuild-save", "data-testid": "kvs-rebuild-save",
@@ -78,7 +106,8 @@ function buildConfirm() {
 }
 
 /** "3 steps and 2 requests, 1 of them unfinished": what a new engine would discard; "" when nothing
- * (explorer/ui/views.py run_words says it the same way). */
+ * (explorer/ui/views.py run_words says it the same way).
+ * @param {{steps?: number, requests?: number, unfinished?: number}} run the `run_summary` trait ({}: none) */
 function runWords(run) {
   const steps = Number(run.steps) || 0, requests = Number(run.requests) || 0, open = Number(run.unfinished) || 0;
   const parts = [];
@@ -87,10 +116,10 @@ function runWords(run) {
   return parts.join(" and ");
 }
 
-/** The drawer's add-request form and presets. */
+/** The drawer's add-request form and presets. @param {KvsModel} model @returns {Form} */
 function buildForm(model) {
   const d = model.get("form_defaults");
-  /** @type {Inputs} */
+  /** @type {FormInputs} */
   const f = {
     prompt: kvsEl("textarea", { rows: 2, class: "kvs-prompt", "data-testid": "kvs-prompt", placeholder: "prompt" }),
     max_tokens: kvsEl("input", { type: "number", min: 1, class: "kvs-max-tokens", "data-testid": "kvs-max-tokens" }),
@@ -106,7 +135,7 @@ function buildForm(model) {
   /** @type {HTMLInputElement} */ (f.ignore_eos).checked = !!d.ignore_eos;
   const addBtn = kvsEl("button", { class: "kvs-add-btn", "data-testid": "kvs-add-btn", text: "Add request" });
   const burstN = kvsEl("input", { type: "number", min: 1, value: BURST_DEFAULT, class: "kvs-burst-n", "data-testid": "kvs-burst-n" });
-  const presetBtns = model.get("presets").map((p) => kvsEl("button", {
+  const presetBtns = model.get("presets").map((/** @type {Preset} */ p) => kvsEl("button", {
     class: "kvs-preset", "data-testid": `kvs-preset-${p.name}`, title: p.hint || "", text: p.label,
   }));
   const el = kvsEl("div", { class: "kvs-add-form", "data-testid": "kvs-add-form" }, [
@@ -122,7 +151,7 @@ function buildForm(model) {
   return { f, addBtn, burstN, presetBtns, el };
 }
 
-/** The drawer's knobs: the scheduler's (live) and the pool's (applied by rebuilding the engine). */
+/** The drawer's knobs: the scheduler's (live) and the pool's (applied by rebuilding the engine). @returns {Knobs} */
 function buildKnobs() {
   /** @type {Inputs} */
   const b = {
@@ -137,7 +166,7 @@ function buildKnobs() {
     }),
     scheduling_policy: kvsEl("select", { "data-testid": "kvs-budget-policy" }, POLICIES.map((p) => kvsEl("option", { value: p, text: p }))),
   };
-  /** @type {Inputs} */
+  /** @type {{[name: string]: HTMLInputElement}} */
   const pool = {
     num_kv_blocks: kvsEl("input", { type: "number", min: 2, "data-testid": "kvs-pool-blocks", placeholder: "auto" }),
     block_size: kvsEl("input", { type: "number", min: 1, "data-testid": "kvs-pool-block-size" }),
@@ -164,9 +193,13 @@ function buildKnobs() {
   return { b, pool, budgetNote, applyBtn, poolNote, scope, poolRow, el };
 }
 
-/** State -> DOM: one function per part of the panel. */
+/**
+ * State -> DOM: one function per part of the panel.
+ * @param {KvsModel} model @param {HTMLElement} root @param {Ui} ui @param {Form} form @param {Knobs} knobs
+ * @param {ReturnType<typeof kvsSender>} sender @param {HTMLElement} drawer @returns {Views} the rest filled in later
+ */
 function makeViews(model, root, ui, form, knobs, sender, drawer) {
-  const views = {};
+  const views = /** @type {Views} */ ({});
   views.status = () => {
     const n = sender.pending();
     const busy = n > 0 || model.get("busy");
@@ -233,7 +266,10 @@ function makeViews(model, root, ui, form, knobs, sender, drawer) {
   return views;
 }
 
-/** The knobs and the chat-template switch follow the model (more state -> DOM). */
+/**
+ * The knobs and the chat-template switch follow the model (more state -> DOM).
+ * @param {KvsModel} model @param {Form} form @param {Knobs} knobs @param {Views} views
+ */
 function makeKnobViews(model, form, knobs, views) {
   let chatTouched = false;  // the person's own choice wins over the default
   form.f.chat_template.addEventListener("change", () => { chatTouched = true; });
@@ -243,7 +279,7 @@ function makeKnobViews(model, form, knobs, views) {
     box.disabled = !available;
     if (!available) box.checked = false;
     else if (!chatTouched) box.checked = true;
-    box.parentElement.title = available
+    /** @type {HTMLElement} */ (box.parentElement).title = available
       ? "Wrap the prompt in the model's chat template (one user turn, then the assistant's turn), as a chat app "
         + "does: Instruct models answer best this way. The presets follow this switch too."
       : "this model's tokenizer has no chat template: the prompt goes in as typed";
@@ -259,7 +295,7 @@ function makeKnobViews(model, form, knobs, views) {
     for (const [k, input] of Object.entries(knobs.b)) {
       input.disabled = scrubbed || watching;
       if (!(k in bud) || (input === document.activeElement && force !== true && !scrubbed)) continue;
-      if (input.type === "checkbox") input.checked = !!bud[k];
+      if (input.type === "checkbox") /** @type {HTMLInputElement} */ (input).checked = !!bud[k];
       else input.value = String(bud[k]);
     }
     const pl = model.get("pool") || {};
@@ -278,13 +314,16 @@ function makeKnobViews(model, form, knobs, views) {
   for (const input of Object.values(knobs.pool)) input.addEventListener("input", views.poolDirty);
 }
 
-/** Clicks and edits -> actions (Play is a browser timer paced by the acks). */
+/**
+ * Clicks and edits -> actions (Play is a browser timer paced by the acks).
+ * @param {KvsModel} model @param {Ui} ui @param {Form} form @param {Knobs} knobs @param {Views} views @param {Act} act
+ */
 function wireActions(model, ui, form, knobs, views, act) {
-  let playing = false, timer = null;
+  let playing = false, timer = /** @type {ReturnType<typeof setTimeout> | null} */ (null);
   views.play = () => {
     ui.playBtn.textContent = playing ? "\u275a\u275a Pause" : "\u25b6 Play";
     ui.playBtn.classList.toggle("kvs-on", playing);
-    ui.playBtn.closest(".kvs-controls").dataset.playing = playing ? "true" : "false";
+    /** @type {HTMLElement} */ (ui.playBtn.closest(".kvs-controls")).dataset.playing = playing ? "true" : "false";
   };
   views.stopPlay = () => { playing = false; if (timer) clearTimeout(timer); timer = null; views.play(); };
   function playTick() {
@@ -310,7 +349,7 @@ function wireActions(model, ui, form, knobs, views, act) {
     action: "add", prompt: f.prompt.value, ...required(), seed: numOrNull(f.seed), ignore_eos: f.ignore_eos.checked,
     chat_template: f.chat_template.checked && !f.chat_template.disabled,
   }));
-  model.get("presets").forEach((p, i) => form.presetBtns[i].addEventListener("click", () => act({
+  model.get("presets").forEach((/** @type {Preset} */ p, /** @type {number} */ i) => form.presetBtns[i].addEventListener("click", () => act({
     action: "preset", name: p.name, n: Math.max(1, Number(form.burstN.value) || 1),
     max_tokens: numOrEmpty(f.max_tokens), temperature: numOrEmpty(f.temperature),
     chat_template: f.chat_template.checked && !f.chat_template.disabled,
@@ -319,7 +358,7 @@ function wireActions(model, ui, form, knobs, views, act) {
     // After the answer, show the knobs in force: a rejected value springs back. A value already
     // in force sends nothing (a sprung-back field fires "change" again when it loses focus).
     input.addEventListener("change", () => {
-      const value = input.type === "checkbox" ? input.checked : input.tagName === "SELECT" ? input.value : numOrNull(input);
+      const value = input.type === "checkbox" ? /** @type {HTMLInputElement} */ (input).checked : input.tagName === "SELECT" ? input.value : numOrNull(input);
       if (value === (model.get("budget") || {})[k]) return;
       act({ action: "set_budget", [k]: value }).then(() => views.knobs(true));
     });
@@ -331,11 +370,12 @@ function wireActions(model, ui, form, knobs, views, act) {
 
 /** Reset and Apply build a new engine, which discards the run: only a click on Apply or Reset
  * does it, and when there is a run to lose it first says what goes and offers to save it.
- * Enter in a pool knob only moves to Apply (a typed number must never cost a run). */
+ * Enter in a pool knob only moves to Apply (a typed number must never cost a run).
+ * @param {KvsModel} model @param {Ui} ui @param {Knobs} knobs @param {Views} views @param {Act} act */
 function wireRebuild(model, ui, knobs, views, act) {
   const c = ui.confirm;
   const close = () => { c.el.hidden = true; };
-  const rebuild = (save) => {
+  const rebuild = (/** @type {boolean} */ save) => {
     close();
     act({ action: "reset", num_kv_blocks: numOrNull(knobs.pool.num_kv_blocks), block_size: numOrNull(knobs.pool.block_size),
       ...(save ? { save_run: true } : {}) }).then(() => views.knobs(true));
@@ -367,11 +407,15 @@ function wireRebuild(model, ui, knobs, views, act) {
   model.on("change:run_summary", close);
 }
 
-/** The history slider: coalesced scrubs, and keys that stay in the slider. */
+/**
+ * The history slider: coalesced scrubs, and keys that stay in the slider.
+ * @param {KvsModel} model @param {Ui} ui @param {Views} views @param {Act} act
+ */
 function wireSlider(model, ui, views, act) {
   // One scrub at a time; presses meanwhile move `ui.scrubTarget` (where the person asked to be),
   // and only the latest is sent next: every press counts, none floods the kernel.
-  let scrubInFlight = false, scrubNext = null;
+  let scrubInFlight = false, scrubNext = /** @type {number|null} */ (null);
+  /** @param {number} index */
   function scrub(index) {
     ui.scrubTarget = index;
     if (scrubInFlight) { scrubNext = index; return; }
@@ -401,7 +445,7 @@ function wireSlider(model, ui, views, act) {
     }
     if (ev.key !== "Escape" && ev.key !== "Tab") ev.stopPropagation();
   });
-  for (const type of ["keyup", "keypress"]) {
+  for (const type of /** @type {("keyup"|"keypress")[]} */ (["keyup", "keypress"])) {
     ui.slider.addEventListener(type, (ev) => { if (ev.key !== "Escape" && ev.key !== "Tab") ev.stopPropagation(); });
   }
 }
@@ -409,6 +453,7 @@ function wireSlider(model, ui, views, act) {
 /** @param {KvsRenderContext} ctx */
 function render({ model, el }) {
   const root = kvsRoot(el, model, "kvs-controls");
+  /** @type {?Views} */
   let views = null;
   const sender = kvsSender(model, (n) => { root.dataset.pending = String(n); if (views) views.status(); });
   const ui = buildBar(model);
@@ -438,6 +483,7 @@ function render({ model, el }) {
   ui.drawerBtn.addEventListener("click", () => views.setDrawer(drawer.hidden));
   views.setDrawer(window.innerHeight >= DRAWER_OPEN_MIN_HEIGHT);
   makeKnobViews(model, form, knobs, views);
+  /** @type {Act} */
   const act = (content) => sender.send(content).then((ack) => { views.status(); return ack; });
   wireActions(model, ui, form, knobs, views, act);
 

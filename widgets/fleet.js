@@ -9,8 +9,17 @@
  * label, hit_tokens, would_hit, best_rank, best_tokens, loss_tokens, known}) and `summary`
  * (their totals: requests, per_rank, measured, hit_tokens, best_tokens, loss_tokens,
  * requests_with_loss, shown, total).
+ * @typedef {{label: string, address: string, step: number, applied: number, missed: number,
+ *   dropped_here: number, running: number, waiting: number, free_blocks: number, num_blocks: number,
+ *   scheduled_ahead: (number|null), requests: number}} FleetRank  explorer/ui/fleet_view.py FleetRankDict
+ * @typedef {{request_id: string, rank: number, label: string, arrival_time: (number|null),
+ *   hit_tokens: number, prompt_blocks: number, would_hit: (number|null)[], best_rank: (number|null),
+ *   best_tokens: (number|null), loss_tokens: number, known: boolean}} RoutingRow  explorer/core/session_view.py RoutingRowDict
+ * @typedef {{requests: number, per_rank: number[], measured: number, hit_tokens: number, best_tokens: number,
+ *   loss_tokens: number, requests_with_loss: number, shown: number, total: number}} FleetSummary  FleetSummaryDict
  */
 
+/** @param {KvsRenderContext} ctx */
 function render({ model, el }) {
   const root = kvsRoot(el, model, "kvs-fleet");
   const sender = kvsSender(model);
@@ -24,12 +33,14 @@ function render({ model, el }) {
   root.append(title, kvsEl("div", { class: "kvs-fleet-bar" }, [button, state]), ranks, summary, routing);
   button.addEventListener("click", () => sender.send({ action: model.get("following") ? "pause" : "follow" }));
 
+  /** @param {string|number} text @param {{[name: string]: unknown}} [attrs] */
   const cell = (text, attrs = {}) => kvsEl("td", { text: String(text), ...attrs });
-  const head = (names) => kvsEl("tr", {}, names.map((n) => kvsEl("th", { text: n })));
+  const head = (/** @type {string[]} */ names) => kvsEl("tr", {}, names.map((n) => kvsEl("th", { text: n })));
 
   function draw() {
-    const on = model.get("following"), rs = model.get("ranks") || [], rows = model.get("rows") || [];
-    const s = model.get("summary") || {};
+    const on = model.get("following"), rs = /** @type {FleetRank[]} */ (model.get("ranks") || []),
+      rows = /** @type {RoutingRow[]} */ (model.get("rows") || []);
+    const s = /** @type {Partial<FleetSummary>} */ (model.get("summary") || {});
     heading.textContent = `Fleet: ${rs.length} engine core${rs.length === 1 ? "" : "s"}`;
     button.textContent = on ? "Pause" : "Follow";
     state.textContent = on ? "following every rank" : "paused";

@@ -58,7 +58,7 @@ function render({ model, el }) {
                       title: "a missed step is never patched over: the state comes from a fresh snapshot" }),
       kvsEl("span", { class: s.rejected ? "kvs-follow-warn" : "", text: ` · rejected ${s.rejected || 0}` }),
       kvsEl("span", { text: ` · recorder: sent ${sv.published || 0}, unobserved ${sv.unobserved || 0}, errors ${sv.errors || 0}` }));
-    notes.replaceChildren(...(s.notes || []).slice(-3).map((n) => kvsEl("div", { text: n })));
+    notes.replaceChildren(...(s.notes || []).slice(-3).map((/** @type {string} */ n) => kvsEl("div", { text: n })));
   }
   kvsOnChange(model, KVS_PANELS.follow.draw, draw, [], true);  // redraws while held: it says it is pausing
   draw();

@@ -41,7 +41,7 @@ function axisLabels(ids) {
   }
 }
 
-/** "12.3", "0.42", "1,250": a tick value in ms. */
+/** "12.3", "0.42", "1,250": a tick value in ms. @param {number} v */
 function tickText(v) {
   return v >= 100 ? Math.round(v).toLocaleString("en-US") : v >= 10 ? v.toFixed(1) : v.toFixed(2);
 }

@@ -13,6 +13,11 @@
  *   hits: number, stored: number[], evictions: {step: number, by: (string|null), block: number,
  *   age_steps: (number|null), age_s: (number|null)}[], unused: boolean, lifeline: number[],
  *   domain: string, folded: boolean}} TreeNode
+ * @typedef {{step: number, first_step: number, last_step: number, bins: number, nodes: TreeNode[],
+ *   hidden: number, num_present: number, num_evicted: number, num_hits: number, block_size: number,
+ *   unmapped: number, notes: string[], kv_events: ({blocks: number, agree: boolean, only_here: string[],
+ *   only_in_events: string[], counters: Object<string, number>}|null)}} PrefixTree
+ *   the `tree` trait (explorer/ui/why_view.py PrefixTreeDict)
  */
 
 const TREE_LOOK = { present: KVS_MARKS.hashed, gone: "#bdbdbd", hit: KVS_MARKS.cache, evicted: "#c62828", cursor: "#111" };
@@ -21,6 +26,7 @@ const LIFE_W = 220, LIFE_H = 16;
 /** Steps where the prefix held a block: [[from, to|null]]. @param {TreeNode} n */
 function heldSpans(n) {
   const ev = [...n.stored.map((s) => [s, 1]), ...n.evictions.map((e) => [e.step, -1])].sort((a, b) => a[0] - b[0] || a[1] - b[1]);
+  /** @type {[number, number|null][]} */
   const out = [];
   let count = 0, from = null;
   for (const [s, d] of ev) {
@@ -32,10 +38,10 @@ function heldSpans(n) {
   return out;
 }
 
-/** The node's lifeline over the run. @param {TreeNode} n @param {any} t */
+/** The node's lifeline over the run. @param {TreeNode} n @param {PrefixTree} t */
 function lifeline(n, t) {
   const first = t.first_step, last = Math.max(t.last_step, first + 1);
-  const x = (s) => ((s - first) / (last - first)) * (LIFE_W - 4) + 2;
+  const x = (/** @type {number} */ s) => ((s - first) / (last - first)) * (LIFE_W - 4) + 2;
   const svg = kvsSvg("svg", { width: LIFE_W, height: LIFE_H, class: "kvs-life", "data-testid": "kvs-tree-life" });
   svg.append(kvsSvg("line", { x1: 0, x2: LIFE_W, y1: LIFE_H - 3, y2: LIFE_H - 3, stroke: "#eee" }));
   for (const [a, b] of heldSpans(n)) {
@@ -69,7 +75,6 @@ function nodeTitle(n) {
   return lines.join("\n");
 }
 
-/** @param {KvsRenderContext} ctx */
 /** What a row's colours and marks mean. */
 function treeLegend() {
   return kvsEl("div", { class: "kvs-legend kvs-tree-legend" }, [
@@ -82,7 +87,7 @@ function treeLegend() {
 }
 
 /** One node's row: its id, text, blocks at the shown step, hits and lifeline.
- * @param {TreeNode} n @param {Object} t the tree @param {boolean} isPinned
+ * @param {TreeNode} n @param {PrefixTree} t the tree @param {boolean} isPinned
  * @param {{onmouseenter: Function, onmouseleave: Function, onclick: Function}} on */
 function treeRow(n, t, isPinned, on) {
   return kvsEl("div", {
@@ -100,6 +105,7 @@ function treeRow(n, t, isPinned, on) {
   ]);
 }
 
+/** @param {KvsRenderContext} ctx */
 function render({ model, el }) {
   const root = kvsRoot(el, model, "kvs-prefix-tree");
   const sender = kvsSender(model);
@@ -118,7 +124,7 @@ function render({ model, el }) {
   const rows = kvsEl("div", { class: "kvs-tree-rows", "data-testid": "kvs-tree-rows" });
   const detail = kvsEl("div", { class: "kvs-tree-detail", "data-testid": "kvs-tree-detail" });
   root.append(title, bar, legend, rows, detail);
-  let focus = null, pinned = null, unfolded = false;
+  let focus = /** @type {?KvsFocus} */ (null), pinned = /** @type {?string} */ (null), unfolded = false;
   /** @type {[HTMLElement, TreeNode][]} */
   let drawn = [];
   const link = kvsLink(model, (f) => { focus = f; light(); });
@@ -135,15 +141,15 @@ function render({ model, el }) {
     for (const [row, n] of drawn) {
       let on = false;
       if (focus && focus.source !== "tree") {
-        if (focus.blocks) on = n.blocks.some((b) => focus.blocks.includes(b));
-        else if (focus.requests) on = [...n.owners, ...n.users].some((r) => focus.requests.includes(r));
+        if (focus.blocks) on = n.blocks.some((b) => /** @type {KvsFocus & {blocks: number[]}} */ (focus).blocks.includes(b));
+        else if (focus.requests) on = [...n.owners, ...n.users].some((r) => /** @type {KvsFocus & {requests: string[]}} */ (focus).requests.includes(r));
       } else if (focus && focus.source === "tree") {
-        on = focus.blocks ? n.blocks.some((b) => focus.blocks.includes(b)) : false;
+        on = focus.blocks ? n.blocks.some((b) => /** @type {KvsFocus & {blocks: number[]}} */ (focus).blocks.includes(b)) : false;
       }
       row.classList.toggle("kvs-lit", on);
     }
   }
-  function showDetail(n) {
+  function showDetail(/** @type {?TreeNode} */ n) {
     if (!n) { detail.replaceChildren(kvsEl("span", { class: "kvs-muted", text: "hover a node for its blocks in the pool; click to pin it here" })); return; }
     detail.replaceChildren(kvsEl("pre", { class: "kvs-tree-detail-text", text: nodeTitle(n) }));
   }

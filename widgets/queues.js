@@ -22,7 +22,7 @@
 function progress(row) {
   // Known tokens = prompt + outputs; of those, how many have KV (cached hits first).
   const known = row.num_prompt_tokens + row.num_output_tokens;
-  const pct = (n) => `${known ? (100 * n / known).toFixed(1) : 0}%`;
+  const pct = (/** @type {number} */ n) => `${known ? (100 * n / known).toFixed(1) : 0}%`;
   const cached = Math.min(row.num_cached_tokens, row.num_computed_tokens);
   const bar = kvsEl("div", { class: "kvs-bar", title: `KV for ${row.num_computed_tokens} of ${known} tokens (${cached} from the prefix cache)` }, [
     kvsEl("div", { class: "kvs-bar-cached", style: { width: pct(cached) } }),
@@ -40,17 +40,19 @@ function progress(row) {
 const TEMPLATE_TOKEN = /(<\|[^|<>\s]{1,40}\|>)/g;
 const CHATML_USER = /<\|im_start\|>user\n([\s\S]*?)<\|im_end\|>/g;
 
-/** @returns {{user: string, wrapped: boolean}} the last user turn of a ChatML prompt, else the text. */
+/** @param {string} text @returns {{user: string, wrapped: boolean}} the last user turn of a ChatML prompt, else the text. */
 function userWords(text) {
   const turns = [...String(text || "").matchAll(CHATML_USER)];
   if (!turns.length) return { user: String(text || ""), wrapped: false };
   return { user: turns[turns.length - 1][1], wrapped: true };
 }
 
+/** @param {string} text */
 function dimmedTemplate(text) {
   return String(text).split(TEMPLATE_TOKEN).map((part, k) => (k % 2 ? kvsEl("span", { class: "kvs-tmpl-tok", text: part }) : part));
 }
 
+/** @param {QueueRow} row */
 function promptText(row) {
   const { user, wrapped } = userWords(row.prompt_text);
   const out = kvsEl("span", { class: "kvs-prompt-text", title: row.prompt_text });
@@ -58,7 +60,7 @@ function promptText(row) {
   const chip = kvsEl("span", { class: "kvs-tmpl-chip", "data-testid": "kvs-tmpl-chip", role: "button",
     title: `in the model's chat template (click to show it):\n${row.prompt_text}`, text: "chat \u25b8" });
   const words = kvsEl("span", { class: "kvs-user-words", "data-testid": "kvs-user-words", text: user });
-  chip.addEventListener("click", (ev) => {
+  chip.addEventListener("click", (/** @type {MouseEvent} */ ev) => {
     ev.stopPropagation();
     const open = out.classList.toggle("kvs-tmpl-open");
     chip.textContent = open ? "chat \u25be" : "chat \u25b8";
@@ -68,6 +70,7 @@ function promptText(row) {
   return out;
 }
 
+/** @param {Scheduled|null} s */
 function scheduledBadge(s) {
   if (!s) return null;
   const text = s.is_prefill
@@ -79,6 +82,7 @@ function scheduledBadge(s) {
 
 // Why its prompt hit or missed the prefix cache (explorer/why), in a few words: the biggest
 // miss class, in that class's colour; the why panel says the rest.
+/** @param {QueueRow["why"]} why */
 function whyChip(why) {
   if (!why || !why.cls) return null;
   const color = KVS_WHY_LOOKS[why.cls] || "#999";
@@ -87,6 +91,10 @@ function whyChip(why) {
     text: why.text });
 }
 
+/**
+ * @param {QueueRow} row @param {string|null} selected @param {(c: {action: string, request_id: string}) => void} act
+ * @param {ReturnType<typeof kvsLink>} link
+ */
 function card(row, selected, act, link) {
   const rid = row.request_id;
   const head = kvsEl("div", { class: "kvs-card-head" }, [
@@ -99,7 +107,7 @@ function card(row, selected, act, link) {
     whyChip(row.why),
     row.status !== "finished"
       ? kvsEl("button", { class: "kvs-abort", "data-testid": "kvs-abort", title: "Abort this request", text: "\u00d7",
-          onclick: (e) => { e.stopPropagation(); act({ action: "abort", request_id: rid }); } })
+          onclick: (/** @type {MouseEvent} */ e) => { e.stopPropagation(); act({ action: "abort", request_id: rid }); } })
       : null,
   ]);
   const text = kvsEl("div", { class: "kvs-text" }, [
@@ -119,10 +127,11 @@ function card(row, selected, act, link) {
 function render({ model, el }) {
   const root = kvsRoot(el, model, "kvs-queues");
   const sender = kvsSender(model);
-  const act = (c) => sender.send(c);
+  const act = (/** @type {{action: string, request_id: string}} */ c) => sender.send(c);
   const title = kvsEl("div", { class: "kvs-title" }, ["Queues"]);
   const cols = kvsEl("div", { class: "kvs-cols" });
   root.append(title, cols);
+  /** @type {KvsFocus|null} */
   let focus = null;
   const link = kvsLink(model, (f) => { focus = f; light(); });
   function light() {
@@ -142,7 +151,7 @@ function render({ model, el }) {
       const more = total > rows.length ? ` (latest ${rows.length})` : "";
       cols.append(kvsEl("div", { class: `kvs-queue kvs-queue-${name}`, "data-testid": `kvs-queue-${name}`, "data-count": total }, [
         kvsEl("div", { class: "kvs-queue-head", text: `${name} \u00b7 ${total}${more}` }),
-        ...rows.map((r) => card(r, selected, act, link)),
+        ...rows.map((/** @type {QueueRow} */ r) => card(r, selected, act, link)),
       ]));
     }
     light();

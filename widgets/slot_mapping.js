@@ -14,7 +14,10 @@
  * @typedef {{request_id: string, start: number, end: number, is_prefill: boolean,
  *   chunk_index: (number|null), num_computed_before: number, num_cached_tokens: number,
  *   seq_len: (number|null), block_table: number[], sampled_text: (string|null),
- *   cached_blocks: CachedBlock[]}} Segment  one scheduled request's rows [start, end)
+ *   cached_blocks: CachedBlock[], groups?: {label: string, block_table: number[]}[]}} Segment
+ *   one scheduled request's rows [start, end); `groups`: its tables in the other KV cache groups
+ * @typedef {{ids: number[], toks: string[], pos: number[], slots: number[], groupSlots: number[][],
+ *   logits: Set<number>, bs: number}} SlotData  the packed batch's rows, as draw() hands them on
  */
 
 /** What a cell's tint, marks and text mean. */
@@ -31,6 +34,7 @@ return kvsEl("div", { class: "kvs-legend", "data-testid": "kvs-slot-legend" }, [
 ]);
 }
 
+/** @param {string} rid */
 function chip(rid) {
   return kvsEl("span", { class: "kvs-chip", style: { background: kvsColor(rid, true), borderColor: kvsColor(rid) }, text: `#${rid}` });
 }
@@ -74,8 +78,9 @@ function makeLinker(link) {
   };
   return L;
 }
+/** @typedef {ReturnType<typeof makeLinker>} Linker */
 
-/** A block a prefix hit took from the cache: one "from cache" cell. */
+/** A block a prefix hit took from the cache: one "from cache" cell. @param {Linker} L @param {Segment} s @param {CachedBlock} c */
 function cacheCell(L, s, c) {
   const node = kvsEl("div", {
     class: "kvs-cache-cell", "data-block": c.block, "data-testid": `kvs-cache-${s.request_id}-${c.block}`,
@@ -88,7 +93,7 @@ function cacheCell(L, s, c) {
   return L.add(node, c.block, s.request_id, null, { source: "slots", blocks: [c.block], requests: [s.request_id], tokens: null });
 }
 
-/** A request's rows of the batch, grouped by the KV block each lands in. */
+/** A request's rows of the batch, grouped by the KV block each lands in. @param {Linker} L @param {Segment} s @param {SlotData} data */
 function rowCells(L, s, data) {
   const { ids, toks, pos, slots, groupSlots, logits, bs } = data;
   const groups = [];
@@ -125,7 +130,10 @@ function rowCells(L, s, data) {
   return groups;
 }
 
-/** One scheduled request: a decode on one compact row, a prefill chunk with its cells under a head. */
+/**
+ * One scheduled request: a decode on one compact row, a prefill chunk with its cells under a head.
+ * @param {Linker} L @param {Segment} s @param {SlotData} data
+ */
 function segmentRow(L, s, data) {
   const reqFocus = { source: "slots", blocks: null, requests: [s.request_id], tokens: null };
   const table = [`block_table [${(s.block_table || []).join(", ")}]`,
@@ -163,7 +171,7 @@ function render({ model, el }) {
   const L = makeLinker(link);
 
   function draw() {
-    const segs = model.get("segments"), qsl = model.get("query_start_loc"), nrows = model.get("num_rows");
+    const segs = /** @type {Segment[]} */ (model.get("segments")), qsl = model.get("query_start_loc"), nrows = model.get("num_rows");
     const logits = new Set(model.get("logits_indices"));
     const data = { ids: model.get("input_ids"), toks: model.get("tokens"), pos: model.get("positions"),
       slots: model.get("slot_mapping"), groupSlots: model.get("group_slot_mappings") || [], logits,

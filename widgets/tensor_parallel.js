@@ -9,12 +9,19 @@
  * @typedef {{rank: number, device: string, heads: [number, number], kv_heads: [number, number],
  *   vocab: ([number, number]|null), intermediate: ([number, number]|null), kv_bytes: number}} Rank
  *   a rank's share; [lo, hi) ranges, null where it holds all
- * @typedef {{split: (string|null), per_rank: [number, number][], unit: (string|undefined)}} Weight
+ * @typedef {{name: string, shape: number[], split: (string|null), unit: (string|null),
+ *   per_rank: ([number, number][]|null), packed_into: (string|null), after: (string|null), bias: boolean,
+ *   tied_to?: (string|null)}} Weight  one weight, in forward order (engine/parallel/sharding.py sharding_layout)
+ * @typedef {{size?: number, backend?: (string|null), name?: (string|null), num_layers?: (number|null),
+ *   num_heads: number, num_kv_heads: number, num_blocks?: (number|null),
+ *   kv_bytes_per_block_per_rank?: (number|null)}} TpInfo  the fields of `info` read here (the head
+ *   counts only where size > 1, when the engine set them)
  */
 
 const KVS_RANK_COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#9c755f"];
-const kvsRankColor = (r) => KVS_RANK_COLORS[r % KVS_RANK_COLORS.length];
+const kvsRankColor = (/** @type {number} */ r) => KVS_RANK_COLORS[r % KVS_RANK_COLORS.length];
 
+/** @param {number|null|undefined} n */
 function kvsBytes(n) {
   if (n === null || n === undefined) return "?";
   const units = ["B", "KiB", "MiB", "GiB"];
@@ -23,7 +30,7 @@ function kvsBytes(n) {
   return `${v.toFixed(v >= 100 || u === 0 ? 0 : 1)} ${units[u]}`;
 }
 
-const kvsRange = (r) => (r ? (r[1] - r[0] === 1 ? `${r[0]}` : `${r[0]}\u2013${r[1] - 1}`) : "all");
+const kvsRange = (/** @type {[number, number]|null} */ r) => (r ? (r[1] - r[0] === 1 ? `${r[0]}` : `${r[0]}\u2013${r[1] - 1}`) : "all");
 
 // One weight as a small matrix: stripes across rows (output features) or columns (input
 // features), one colour per rank; a replicated weight is grey with "every rank".
@@ -42,6 +49,7 @@ function kvsMatrix(w, size) {
   return box;
 }
 
+/** @param {string|null} after @param {number} size */
 function kvsCollective(after, size) {
   if (!after || size <= 1) return null;
   const text = after === "gather" ? "gather logits \u2192 rank 0" : "all-reduce (sum)";
@@ -58,9 +66,10 @@ function render({ model, el }) {
   const weights = kvsEl("div", { class: "kvs-tp-weights", "data-testid": "kvs-tp-weights" });
   root.append(kvsEl("div", { class: "kvs-title" }, ["Tensor parallel", sub]), note, ranks, last, weights);
 
+  /** @param {TpInfo} info */
   function drawRanks(info) {
     const head = ["rank", "device", "q heads", "KV heads", "vocab rows", "MLP rows", "KV pool"];
-    const rows = model.get("ranks").map((r) => kvsEl("tr", {}, [
+    const rows = /** @type {Rank[]} */ (model.get("ranks")).map((r) => kvsEl("tr", {}, [
       kvsEl("td", {}, [kvsEl("span", { class: "kvs-tp-swatch", style: { background: kvsRankColor(r.rank) } }), `${r.rank}`]),
       kvsEl("td", { class: "kvs-mono", text: r.device }),
       kvsEl("td", { text: `${kvsRange(r.heads)} (${r.heads[1] - r.heads[0]})` }),
@@ -78,7 +87,7 @@ function render({ model, el }) {
 
   function drawLast() {
     const s = model.get("last_step") || {};
-    const recent = model.get("recent") || [];
+    const recent = /** @type {[number, number, number][]} */ (model.get("recent") || []);   // [step, collectives_ms, forward_ms]
     if (s.step === undefined || s.step === null) {
       last.replaceChildren(kvsEl("span", { class: "kvs-muted", text: "no step yet: collective time appears after the first step" }));
       return;
@@ -94,12 +103,13 @@ function render({ model, el }) {
       recent.length > 1 ? bars : null);
   }
 
+  /** @param {TpInfo} info */
   function drawWeights(info) {
     const size = info.size || 1;
     const items = [];
-    const layerStart = model.get("weights").findIndex((w) => w.name === "input_layernorm");
-    const layerEnd = model.get("weights").findIndex((w) => w.name === "norm");
-    model.get("weights").forEach((w, i) => {
+    const layerStart = /** @type {Weight[]} */ (model.get("weights")).findIndex((w) => w.name === "input_layernorm");
+    const layerEnd = /** @type {Weight[]} */ (model.get("weights")).findIndex((w) => w.name === "norm");
+    /** @type {Weight[]} */ (model.get("weights")).forEach((w, i) => {
       if (i === layerStart) items.push(kvsEl("div", { class: "kvs-tp-section", text: `\u00d7 ${info.num_layers ?? "?"} decoder layers \u2014 attention` }));
       if (w.name === "post_attention_layernorm") items.push(kvsEl("div", { class: "kvs-tp-section", text: "MLP" }));
       if (i === layerEnd) items.push(kvsEl("div", { class: "kvs-tp-section", text: "after the last layer" }));

@@ -10,7 +10,10 @@
 // the whole run stays drawn (up to `window` steps) with a cursor on the shown step.
 
 const BUDGET_COLOR = "#d32f2f";
+/** @type {{[kind: string]: string}} */
 const KIND_COLORS = { queued: "#e0e0e0", prefill: "#fb8c00", decode: "#1e88e5", preempted: "#e53935", stalled: "#bdbdbd" };
+/** @typedef {"schedule"|"prepare"|"forward"|"sample"|"update"} TimePart  a Steps field of ms per step */
+/** @type {[TimePart, string][]} */
 const TIME_PARTS = [["schedule", "#8e24aa"], ["prepare", "#43a047"], ["forward", "#1e88e5"], ["sample", "#fdd835"], ["update", "#6d4c41"]];
 const GANTT_KINDS = ["queued", "prefill", "decode", "preempted", "stalled"];
 
@@ -29,10 +32,13 @@ const EMPTY_HINT = "no steps yet: add a request and press Step";
  *   schedule?: number[], prepare?: number[], forward?: number[], sample?: number[], update?: number[]}} Steps
  * @typedef {{requests: string[], segments: [number, number, number, string, string][]}} Gantt
  * @typedef {{startIdx: number, endIdx: number, curIdx: number}} Span
+ * @typedef {(node: SVGElement, text: string | (() => string)) => void} TipOn
+ * @typedef {{tipOn: TipOn, scrub: (step: number) => Promise<KvsAck>}} DrawCtx  what the charts call back
  */
 
 // How a step's forward ran: the attention backend, and layer by layer (eager), a CUDA graph
 // replay, or the whole decode as one native call on a CPU.
+/** @param {Steps} S @param {number} i */
 function pathText(S, i) {
   const backend = S.backend ? S.backend[i] : null;
   const bucket = S.graph_bucket ? S.graph_bucket[i] : null;
@@ -57,12 +63,13 @@ function stepSpan(all, shown, window) {
   return { startIdx, endIdx: Math.min(n - 1, startIdx + w - 1), curIdx };
 }
 
-/** A square-root scale of `top` tokens over `h` px; `height(v)` never under MIN_BAR_PX for v > 0. */
+/** A square-root scale of `top` tokens over `h` px; `height(v)` never under MIN_BAR_PX for v > 0. @param {number} top @param {number} h */
 function tokenScale(top, h) {
-  const frac = (v) => Math.sqrt(Math.min(Math.max(v, 0), top) / top);
-  return { top, y: (v) => frac(v) * h, height: (v) => (v > 0 ? Math.max(MIN_BAR_PX, frac(v) * h) : 0) };
+  const frac = (/** @type {number} */ v) => Math.sqrt(Math.min(Math.max(v, 0), top) / top);
+  return { top, y: (/** @type {number} */ v) => frac(v) * h, height: (/** @type {number} */ v) => (v > 0 ? Math.max(MIN_BAR_PX, frac(v) * h) : 0) };
 }
 
+/** @param {string} rid */
 function rowLabel(rid) {
   const name = `#${rid}`;
   if (name.length <= LABEL_CHARS) return name;
@@ -71,6 +78,7 @@ function rowLabel(rid) {
 }
 
 // The step's bar tooltip: its numbers, then the step in words (explorer/ui/captions.py).
+/** @param {Steps} S @param {number} i */
 function stepText(S, i) {
   const p = S.prefill[i] || 0, d = S.decode[i] || 0;
   const head = `step ${S.step[i]}: ${p} prefill + ${d} decode tokens (budget ${S.budget[i]})`
@@ -92,7 +100,7 @@ function legend() {
   ]);
 }
 
-/** Tooltips that follow the pointer and stay inside the window. */
+/** Tooltips that follow the pointer and stay inside the window. @param {HTMLElement} tip @returns {TipOn} */
 function makeTips(tip) {
   return function tipOn(node, text) {
     node.addEventListener("mousemove", (ev) => {
@@ -104,7 +112,10 @@ function makeTips(tip) {
   };
 }
 
-/** Layout of one drawing: x of each step, the charts' tops, the rows of the Gantt in view. */
+/**
+ * Layout of one drawing: x of each step, the charts' tops, the rows of the Gantt in view.
+ * @param {Steps} S @param {Gantt} g @param {Span} span @param {number} width
+ */
 function layout(S, g, span, width) {
   const firstStep = S.step[span.startIdx] ?? 1, lastStep = S.step[span.endIdx] ?? 1;
   const segs = (g.segments || []).filter((s) => s[2] >= firstStep && s[1] <= lastStep);
@@ -119,10 +130,14 @@ function layout(S, g, span, width) {
   const height = ganttTop + Math.max(ROW_H, rowsUsed.length * ROW_H) + AXIS_H;
   return { width, left, bw, firstStep, lastStep, segs, rowOf: new Map(rowsUsed.map((r, k) => [r, k])),
     tokTop, tokBottom, timeTop, ganttTop, height,
-    xOf: (i) => left + (i - span.startIdx) * bw, stepX: (step) => left + (step - firstStep) * bw };
+    xOf: (/** @type {number} */ i) => left + (i - span.startIdx) * bw, stepX: (/** @type {number} */ step) => left + (step - firstStep) * bw };
 }
+/** @typedef {ReturnType<typeof layout>} Layout */
 
-/** 1. Tokens per step, stacked, on a square-root axis; the budget line; preemption marks. */
+/**
+ * 1. Tokens per step, stacked, on a square-root axis; the budget line; preemption marks.
+ * @param {SVGElement} out @param {Steps} S @param {Span} span @param {Layout} L @param {DrawCtx} ctx
+ */
 function drawTokens(out, S, span, L, ctx) {
   const idx = [];
   for (let i = span.startIdx; i <= span.endIdx; i++) idx.push(i);
@@ -131,7 +146,7 @@ function drawTokens(out, S, span, L, ctx) {
   const maxTot = Math.max(1, ...idx.map((i) => (S.prefill[i] || 0) + (S.decode[i] || 0)));
   const maxBudget = Math.max(0, ...idx.map((i) => S.budget[i] || 0));
   const sc = tokenScale(maxBudget > 0 && maxBudget <= maxTot * 1.25 ? Math.max(maxTot, maxBudget) : maxTot, TOK_H);
-  const yTok = (v) => L.tokBottom - sc.y(v);
+  const yTok = (/** @type {number} */ v) => L.tokBottom - sc.y(v);
   const mid = Math.round(sc.top / 4);  // half the height on a square-root axis
   out.append(kvsSvg("text", { x: 2, y: MARK_LANE - 3, class: "kvs-axis" }, "tokens (\u221a scale)"),
     kvsSvg("text", { x: L.left - 4, y: L.tokTop + 7, class: "kvs-axis kvs-tok-max", "text-anchor": "end" }, String(sc.top)),
@@ -169,15 +184,19 @@ function drawTokens(out, S, span, L, ctx) {
   }
 }
 
-/** 2. Time split per step (ms), stacked; steps above the cut are drawn to it and marked. */
+/**
+ * 2. Time split per step (ms), stacked; steps above the cut are drawn to it and marked.
+ * @param {SVGElement} out @param {Steps} S @param {Span} span @param {Layout} L @param {DrawCtx} ctx
+ */
 function drawTimes(out, S, span, L, ctx) {
   const y0 = L.timeTop;
+  /** @param {TimePart} k @param {number} i */
   const partMs = (k, i) => (S[k] ? S[k][i] || 0 : 0);
-  const total = (i) => TIME_PARTS.reduce((a, [k]) => a + partMs(k, i), 0);
+  const total = (/** @type {number} */ i) => TIME_PARTS.reduce((a, [k]) => a + partMs(k, i), 0);
   const idx = [];
   for (let i = span.startIdx; i <= span.endIdx; i++) idx.push(i);
   const { cap, cut } = kvsCutScale(idx.map(total));   // the ms axis
-  const fmt = (v) => v.toFixed(v < 10 ? 1 : 0);
+  const fmt = (/** @type {number} */ v) => v.toFixed(v < 10 ? 1 : 0);
   out.append(kvsSvg("text", { x: 2, y: y0 - 4, class: "kvs-axis" }, "ms"),
     kvsSvg("text", { x: L.left - 4, y: y0 + 8, class: "kvs-axis kvs-ms-max", "text-anchor": "end", "data-cut": cut ? "true" : "false" }, `${fmt(cap)}${cut ? "\u2191" : ""}`));
   for (const i of idx) {
@@ -210,14 +229,14 @@ function drawTimes(out, S, span, L, ctx) {
   }
 }
 
-/** 3. Gantt: one row per request seen in the steps drawn. */
+/** 3. Gantt: one row per request seen in the steps drawn. @param {SVGElement} out @param {Gantt} g @param {Layout} L @param {DrawCtx} ctx */
 function drawGantt(out, g, L, ctx) {
   const gy = L.ganttTop;
   out.append(kvsSvg("text", { x: 2, y: gy - 4, class: "kvs-axis" }, "requests"));
   for (const [ri, a, b, kind, label] of L.segs) {
     const rid = g.requests[ri];
     const x = L.stepX(Math.max(a, L.firstStep)), x2 = L.stepX(Math.min(b, L.lastStep) + 1);
-    const y = gy + L.rowOf.get(ri) * ROW_H;
+    const y = gy + /** @type {number} */ (L.rowOf.get(ri)) * ROW_H;   // every segment's row is in rowOf
     const r = kvsSvg("rect", { x: x + 0.5, y: y + 1, width: Math.max(1, x2 - x - 1), height: ROW_H - 2, fill: KIND_COLORS[kind] || "#999", class: `kvs-gantt-${kind}`, "data-request-id": rid });
     ctx.tipOn(r, `#${rid}: ${label || kind}, step${a === b ? ` ${a}` : `s ${a}\u2013${b}`}`);
     out.append(r);
@@ -232,7 +251,10 @@ function drawGantt(out, g, L, ctx) {
   }
 }
 
-/** Step numbers along the bottom, and the cursor on the shown step across all three charts. */
+/**
+ * Step numbers along the bottom, and the cursor on the shown step across all three charts.
+ * @param {SVGElement} out @param {Steps} S @param {Span} span @param {Layout} L
+ */
 function drawAxisAndCursor(out, S, span, L) {
   const every = Math.max(1, Math.ceil(TICK_SPACING_PX / L.bw));
   for (let i = span.startIdx; i <= span.endIdx; i += every) {
@@ -255,6 +277,7 @@ function render({ model, el }) {
   const tip = kvsEl("div", { class: "kvs-tooltip", "data-testid": "kvs-timeline-tooltip" });
   document.body.append(tip);
   root.append(kvsEl("div", { class: "kvs-title" }, ["Timeline", sub]), legend(), holder);
+  /** @type {DrawCtx} */
   const ctx = { tipOn: makeTips(tip), scrub: (step) => sender.send({ action: "scrub_step", step }) };
 
   let drawnWidth = 0;

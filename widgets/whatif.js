@@ -4,24 +4,31 @@
 // the synced traits: moving the slider needs no round trip to Python.
 
 const WHATIF_RUNS = ["a", "b"];
+/** @type {Record<string, string>} */
 const WHATIF_LINE = { a: "#455a64", b: "#ef6c00" };
 const WHATIF_STRIP_H = 54, WHATIF_PAD = 4, WHATIF_AXIS_W = 34;   // the strip's y scale (0-100% KV) in its left margin
 const WHATIF_PART_COLOR = "#c62828";
 
 /**
  * @typedef {{step: number[], time: (number|null)[], kv_usage: number[], free_blocks: number[],
- *   num_waiting: number[], num_running: number[], scheduled: [string, number, number, number, string][][],
- *   preempted: [string, (string|null)][][], waiting: string[][], finished: string[][]}} Run
+ *   num_waiting: number[], num_running: number[], scheduled: Scheduled[][],
+ *   preempted: Preempted[][], waiting: string[][], finished: string[][]}} Run
+ * One scheduled row of a step: [request, tokens, computed before, prefix hits, kind] (explorer/ui/whatif_view.py).
+ * @typedef {[string, number, number, number, string]} Scheduled
+ * One preemption of a step: [victim, for whom (or null)].
+ * @typedef {[string, (string|null)]} Preempted
  */
 
+/** @param {Scheduled} s */
 function whatifRow(s) { return `${s[0]}|${s[1]}|${s[2]}|${s[3]}`; }
 
-/** The KV-usage strip of both runs, the parting's mark and the step shown. */
+/** The KV-usage strip of both runs, the parting's mark and the step shown.
+ * @param {KvsModel} model @param {HTMLElement} strip @param {number} n */
 function whatifStrip(model, strip, n) {
   const S = model.get("steps") || {}, i = model.get("index"), p = model.get("parting") || {};
   const w = Math.max(200, strip.clientWidth || 600);
-  const x = (k) => WHATIF_AXIS_W + (n > 1 ? (k / (n - 1)) * (w - WHATIF_AXIS_W - WHATIF_PAD) : 0);
-  const y = (u) => WHATIF_STRIP_H - WHATIF_PAD - u * (WHATIF_STRIP_H - 2 * WHATIF_PAD);
+  const x = (/** @type {number} */ k) => WHATIF_AXIS_W + (n > 1 ? (k / (n - 1)) * (w - WHATIF_AXIS_W - WHATIF_PAD) : 0);
+  const y = (/** @type {number} */ u) => WHATIF_STRIP_H - WHATIF_PAD - u * (WHATIF_STRIP_H - 2 * WHATIF_PAD);
   const svg = kvsSvg("svg", { width: w, height: WHATIF_STRIP_H, role: "img",
                              "aria-label": "KV usage per step of both runs" });
   for (const u of [0, 0.5, 1]) {   // the y scale: the pool's share in use
@@ -30,6 +37,7 @@ function whatifStrip(model, strip, n) {
         class: "kvs-whatif-tick" }, `${u * 100}%`));
   }
   for (const k of WHATIF_RUNS) {
+    /** @type {Run | undefined} */
     const run = S[k];
     if (!run || !run.kv_usage.length) continue;
     svg.append(kvsSvg("polyline", { points: run.kv_usage.map((u, j) => `${x(j).toFixed(1)},${y(u).toFixed(1)}`).join(" "),
@@ -48,7 +56,8 @@ function whatifStrip(model, strip, n) {
   strip.replaceChildren(svg, legend);
 }
 
-/** One run's step `i`: its schedule (rows the other run lacks marked), KV usage, queues. */
+/** One run's step `i`: its schedule (rows the other run lacks marked), KV usage, queues.
+ * @param {KvsModel} model @param {HTMLElement} view @param {string} k @param {Run | undefined} other @param {number} i */
 function whatifRun(model, view, k, other, i) {
   const S = model.get("steps") || {}, run = S[k], R = (model.get("runs") || {})[k] || {};
   if (!run || i >= run.step.length) {
@@ -63,13 +72,13 @@ function whatifRun(model, view, k, other, i) {
   const usage = run.kv_usage[i];
   const bar = kvsEl("div", { class: "kvs-whatif-kv", title: `KV usage ${(100 * usage).toFixed(0)}%` },
                     [kvsEl("div", { style: { width: `${(100 * usage).toFixed(1)}%`, background: WHATIF_LINE[k] } })]);
-  const rows = mine.map((s) => kvsEl("tr", { class: theirs.has(whatifRow(s)) ? "" : "kvs-whatif-diff", "data-request": s[0] }, [
+  const rows = mine.map((/** @type {Scheduled} */ s) => kvsEl("tr", { class: theirs.has(whatifRow(s)) ? "" : "kvs-whatif-diff", "data-request": s[0] }, [
     kvsEl("td", {}, [kvsEl("span", { class: "kvs-chip", style: { background: kvsColor(s[0], true) }, text: s[0] })]),
     kvsEl("td", { text: s[4] }), kvsEl("td", { text: s[1] }), kvsEl("td", { text: s[2] }),
     kvsEl("td", { text: s[3] || "" })]));
   const table = kvsEl("table", { class: "kvs-whatif-table" }, [
     kvsEl("tr", {}, ["request", "", "tokens", "from", "prefix hit"].map((h) => kvsEl("th", { text: h }))), ...rows]);
-  const pre = run.preempted[i].map(([v, f]) => kvsEl("div", { class: "kvs-whatif-preempt", "data-testid": "kvs-whatif-preempted",
+  const pre = run.preempted[i].map((/** @type {Preempted} */ [v, f]) => kvsEl("div", { class: "kvs-whatif-preempt", "data-testid": "kvs-whatif-preempted",
     text: `req ${v} preempted${f && f !== v ? ` for req ${f}` : ""}` }));
   const fin = run.finished[i].length ? kvsEl("div", { class: "kvs-sub", text: `finished: ${run.finished[i].join(", ")}` }) : "";
   view.replaceChildren(
@@ -82,6 +91,7 @@ function whatifRun(model, view, k, other, i) {
   view.dataset.step = String(run.step[i]);
 }
 
+/** @param {KvsRenderContext} ctx */
 function render({ model, el }) {
   const root = kvsRoot(el, model, "kvs-whatif");
   const title = kvsEl("div", { class: "kvs-title" }, ["What-if"]);
@@ -100,7 +110,7 @@ function render({ model, el }) {
               kvsEl("div", { class: "kvs-whatif-bar" }, [prev, slider, next, where]), cols, notes);
 
   const count = () => Math.max(...WHATIF_RUNS.map((k) => ((model.get("steps") || {})[k] || { step: [] }).step.length), 0);
-  const go = (i) => {
+  const go = (/** @type {number} */ i) => {
     const n = count();
     if (!n) return;
     const clamped = Math.max(0, Math.min(n - 1, i));
@@ -112,7 +122,7 @@ function render({ model, el }) {
   prev.addEventListener("click", () => go(model.get("index") - 1));
   next.addEventListener("click", () => go(model.get("index") + 1));
   jump.addEventListener("click", () => { const p = model.get("parting") || {}; if (p.index !== undefined) go(p.index); });
-  strip.addEventListener("click", (ev) => {
+  strip.addEventListener("click", (/** @type {MouseEvent} */ ev) => {
     const box = strip.getBoundingClientRect();
     const at = (ev.clientX - box.left - WHATIF_AXIS_W) / Math.max(1, box.width - WHATIF_AXIS_W - WHATIF_PAD);
     go(Math.max(0, Math.round(at * (count() - 1))));
@@ -137,7 +147,7 @@ function render({ model, el }) {
     whatifRun(model, views.a, "a", S.b, i);
     whatifRun(model, views.b, "b", S.a, i);
     whatifStrip(model, strip, n);
-    notes.replaceChildren(...(model.get("notes") || []).map((t) => kvsEl("div", { text: t })));
+    notes.replaceChildren(...(model.get("notes") || []).map((/** @type {string} */ t) => kvsEl("div", { text: t })));
   });
   for (const k of ["runs", "steps", "parting", "index", "notes"]) model.on(`change:${k}`, draw);
   if (typeof ResizeObserver !== "undefined") new ResizeObserver(() => whatifStrip(model, strip, count())).observe(strip);

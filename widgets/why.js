@@ -9,9 +9,12 @@
 /**
  * The traits this panel reads (explorer/ui/why_view.py): `summary`, `request`, `proving`, `prove_off`.
  * @typedef {{key: string, label: string, tip: string}} WhyClass
+ * @typedef {[number, number, string, string]} WhySpan  [start, end, class, detail] (explorer/why/model.py Span.to_list)
+ * @typedef {{verdict: string, tokens: number, proven: number, says: string, replay?: (string|null),
+ *   control?: (string|null)}} WhyProof  one class's proof (explorer/why/model.py ProofDict)
  */
 
-/** A bar of classes, widths by tokens. @param {Object<string, number>} classes @param {WhyClass[]} known */
+/** A bar of classes, widths by tokens. @param {Object<string, number>} classes @param {WhyClass[]} known @param {string} testid */
 function classBar(classes, known, testid) {
   const total = Object.values(classes).reduce((a, b) => a + b, 0) || 1;
   return kvsEl("div", { class: "kvs-why-bar", "data-testid": testid }, known.filter((c) => classes[c.key]).map((c) =>
@@ -28,7 +31,11 @@ function classChips(classes, known) {
 /** A class's label. @param {WhyClass[]} known @param {string} key */
 function whyLabel(known, key) { return (known.find((c) => c.key === key) || { label: key }).label; }
 
-/** The prompt token by token, each tinted by its class. @param {WhyClass[]} known */
+/**
+ * The prompt token by token, each tinted by its class.
+ * @param {{tokens: string[], tokens_cut?: number}} r the request (explorer/ui/why_view.py WhyRequestDict)
+ * @param {{spans: WhySpan[]}} a its admission (WhyAdmissionDict) @param {WhyClass[]} known
+ */
 function whyTokens(r, a, known) {
   const box = kvsEl("div", { class: "kvs-why-tokens", "data-testid": "kvs-why-tokens" });
   const cls = new Array(r.tokens.length), detail = new Array(r.tokens.length);
@@ -43,7 +50,10 @@ function whyTokens(r, a, known) {
   return box;
 }
 
-/** One row per cause of the request: its verdict and the replay behind it. @param {WhyClass[]} known */
+/**
+ * One row per cause of the request: its verdict and the replay behind it.
+ * @param {{proofs?: Object<string, WhyProof>}} r the request (WhyRequestDict) @param {WhyClass[]} known
+ */
 function whyProofRows(r, known) {
   return Object.entries(r.proofs || {}).map(([k, p]) => {
     const label = whyLabel(known, k);
@@ -56,6 +66,7 @@ function whyProofRows(r, known) {
   });
 }
 
+/** @type {{[verdict: string]: string}} */
 const VERDICT_LOOK = { proven: "#2e7d32", "partly proven": "#f9a825", confirmed: "#546e7a", unproven: "#9e9e9e" };
 
 /** @param {KvsRenderContext} ctx */
@@ -119,7 +130,7 @@ function render({ model, el }) {
           ? ` \u2014 #${d.other_request} had ${d.other_text === null ? "nothing more" : JSON.stringify(d.other_text)} there, after the ${d.position} tokens they share (\u2026${JSON.stringify(d.before)})`
           : " \u2014 no earlier request had computed any of its prefix")
         : "no divergent token: an earlier request had computed this whole prompt" }));
-      if (first.evictions.length) parts.push(kvsEl("ul", { class: "kvs-why-evictions", "data-testid": "kvs-why-evictions" }, first.evictions.map((e) => kvsEl("li", { text: e }))));
+      if (first.evictions.length) parts.push(kvsEl("ul", { class: "kvs-why-evictions", "data-testid": "kvs-why-evictions" }, first.evictions.map((/** @type {string} */ e) => kvsEl("li", { text: e }))));
       for (const n of first.notes) parts.push(kvsEl("div", { class: "kvs-muted", text: n }));
     }
     const proofs = whyProofRows(r, known());

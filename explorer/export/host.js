@@ -14,17 +14,18 @@
 
 /**
  * The embedded document (explorer/export/page.py build_export_data).
- * @typedef {{format: string, version: number, meta: Meta, timeline: Object, captions: Array<[number, string]>,
+ * @typedef {{format: string, version: number, meta: Meta, timeline: PanelState, captions: Array<[number, string]>,
  *   views: Array<Object>, why: WhyChoices}} ExportData  views: StepViews whole, then one Delta per step
  * @typedef {{title: string, panels: string[], start: ("first"|"last"), run_live: string, notice: string,
  *   first_step: number, last_step: number}} Meta
  * A delta (explorer/core/history.py diff): {"=": value} | {"+": appended} | {"i": {index: Delta}} |
  * {"d": {key: Delta}, "x": [removed keys]}; no delta: unchanged.
- * @typedef {Object} Delta
+ * @typedef {{"=": unknown} | {"+": string | unknown[]} | {i: Object<string, Delta>}
+ *   | {d?: Object<string, Delta>, x?: string[]}} Delta
  * One kept step's panel states (explorer/export/states.py _entry_views), each as the binder sends it:
- * @typedef {{step: number, controls: Object, queues: Object, blocks: Object, block_details: Array<Object>,
- *   slots: Object, sampler: SamplerChoices, attention: Object, latency: LatencyState, tree: Object}
- *   & Object<string, Object>} StepViews  (and a state of each other panel: views.STEP_VIEWS)
+ * @typedef {{step: number, controls: PanelState, queues: PanelState, blocks: PanelState, block_details: Array<PanelState>,
+ *   slots: PanelState, sampler: SamplerChoices, attention: PanelState, latency: LatencyState, tree: PanelState}
+ *   & Object<string, PanelState>} StepViews  (and a state of each other panel: views.STEP_VIEWS)
  *   blocks: BlockPoolPanel traits, its byte columns as PackedColumn; block_details: per block id,
  *   BlockPoolPanel.block_detail without `step` (the shown step is added here)
  * @typedef {{__array__: ("B"|"H"|"h"), values: number[]}} PackedColumn  a bytes trait (Python array typecode)
@@ -33,6 +34,7 @@
  *   default: Array<[number, string]>}} WhyChoices  the why panel's states, one item per step where they change
  *   the SamplerPanel's `sample` for each request the user could select; `default`: what "" selects
  * @typedef {{rows: Array<Object>, clock: string, clock_note: string}} LatencyState  LatencyPanel's traits
+ * @typedef {Object<string, unknown>} PanelState  a panel's traits, by name, as Python sends them
  */
 
 /** The text of one of the page's embedded JSON scripts (explorer/export/page.py writes them). @param {string} id */
@@ -47,6 +49,9 @@ const DEFAULTS = JSON.parse(embedded("kvs-panel-defaults"));
 const RUN_LIVE = DATA.meta.run_live;  // "make lab" / "python -m explorer app": one line
 
 // ---- 1. the embedded steps: deltas back to whole states -----------------------------------
+/** `old` with delta `d` applied (a new value; `old` is left as it was).
+ * @param {any} old any JSON value from Python: the delta says which (string, array, object, ...)
+ * @param {Delta | null | undefined} d @returns {any} */
 function patch(old, d) {
   if (d === null || d === undefined) return old;
   if ("=" in d) return d["="];
@@ -61,21 +66,26 @@ function patch(old, d) {
   for (const [k, sub] of Object.entries(d.d || {})) out[k] = patch(out[k], sub);
   return out;
 }
-/** @returns {StepViews[]} (consecutive steps share what did not change) */
+/** @param {Array<Object>} packed @returns {StepViews[]} (consecutive steps share what did not change) */
 function decodeViews(packed) {
+  /** @type {StepViews[]} */
   const out = [];
   for (const item of packed) out.push(out.length ? patch(out[out.length - 1], item) : item);
   return out;
 }
 const VIEWS = decodeViews(DATA.views);
+/** @param {Object<string, unknown> | null | undefined} obj @param {string} key @param {unknown} dflt */
 const get = (obj, key, dflt) => (obj && Object.prototype.hasOwnProperty.call(obj, key) ? obj[key] : dflt);
 
 // ---- 2. anywidget's model, over plain values ----------------------------------------------
 // Bytes traits arrive in a live notebook as DataView (ipywidgets 8); here they come as base64
 // (the panels' defaults) or as a PackedColumn. A column a step left alone is the same object
 // as the step before's, so it keeps its DataView and the panel sees no change.
+/** @type {Record<string, Uint8ArrayConstructor | Uint16ArrayConstructor | Int16ArrayConstructor>} */
 const TYPED = { B: Uint8Array, H: Uint16Array, h: Int16Array };
+/** @type {WeakMap<object, DataView>} */
 const columns = new WeakMap();
+/** @param {any} v a trait value as Python wrote it (any JSON; base64 and PackedColumn decoded) */
 function decodeTrait(v) {
   if (!v || typeof v !== "object") return v;
   if (v.__b64__ !== undefined) {
@@ -90,18 +100,28 @@ function decodeTrait(v) {
   }
   return v;
 }
+/** @param {object} state */
 const traits = (state) => Object.fromEntries(Object.entries(state).map(([k, v]) => [k, decodeTrait(v)]));
+/**
+ * The stand-in for anywidget's model; `update` and `custom` are the host's side (what the kernel would send).
+ * @typedef {KvsModel & {update(state: Object<string, unknown>): void, custom(msg: object): void}} HostModel
+ * A panel's action as the host reads it (its fields unchecked: they are turned with String() / Number()).
+ * @typedef {{action: unknown, seq?: unknown, request_id?: unknown, layer?: unknown, head?: unknown,
+ *   step?: unknown, index?: unknown, block_id?: unknown}} ActionContent
+ */
+/** @param {string} name @returns {HostModel} */
 function makeModel(name) {
   const values = traits(DEFAULTS[name] || {});
   const handlers = new Map();
-  const emit = (ev, ...args) => (handlers.get(ev) || []).slice().forEach((h) => h(...args));
+  /** @param {string} ev @param {...unknown} args */
+  const emit = (ev, ...args) => (handlers.get(ev) || []).slice().forEach((/** @type {(...args: unknown[]) => void} */ h) => h(...args));
   return {
     get: (k) => values[k],
     set: (k, v) => { values[k] = v; emit(`change:${k}`); },
     on: (ev, h) => { if (!handlers.has(ev)) handlers.set(ev, []); handlers.get(ev).push(h); },
     off: (ev, h) => {
       if (!ev) { handlers.clear(); return; }
-      handlers.set(ev, (handlers.get(ev) || []).filter((x) => h && x !== h));
+      handlers.set(ev, (handlers.get(ev) || []).filter((/** @type {(...args: unknown[]) => void} */ x) => h && x !== h));
     },
     save_changes: () => {},
     send: (content) => { Promise.resolve().then(() => HOST.onAction(name, content)); },
@@ -116,6 +136,7 @@ function makeModel(name) {
 }
 
 // ---- 3. the Dashboard's binder, for a recording ------------------------------------------
+/** @type {Set<unknown>} */
 const ENGINE_ACTIONS = new Set(["step", "add", "preset", "set_budget", "reset", "abort"]);
 const ENGINE_OFF = `This page is a recording: the engine is not running here. To step it live: ${RUN_LIVE}.`;
 const ATTENTION_OFF = `Attention weights are read from the live KV cache, and a recording keeps no KV. To see them: ${RUN_LIVE}.`;
@@ -137,6 +158,7 @@ function atStep(changes, step, before) {
 const HOST_DRAWN = new Set(["controls", "blocks", "sampler", "timeline", "attention", "why"]);
 
 const HOST = {
+  /** @type {Object<string, HostModel>} */
   models: {},
   viewIndex: VIEWS.length - 1,
   samplerPinned: false,  // the user chose the sampler's request (else: the step's default)
@@ -185,18 +207,20 @@ const HOST = {
     return { requests: s.requests, request_id: rid, sample: s.samples[rid] };
   },
 
-  /** BlockPoolPanel.block_detail of the shown step ({} for no such block). */
+  /** BlockPoolPanel.block_detail of the shown step ({} for no such block). @param {number} id */
   blockDetail(id) {
     const d = VIEWS[this.viewIndex].block_details[id];
     return d ? { ...d, step: Number(this.models.blocks.get("step")) } : {};
   },
 
+  /** @param {number | null} index the step's index in VIEWS; null (or out of range): the last */
   scrub(index) {
     const n = VIEWS.length;
     this.viewIndex = index === null || index < 0 || index >= n ? n - 1 : index;
     this.render();
   },
 
+  /** @param {string} name @param {unknown} content */
   onAction(name, content) {
     if (!content || typeof content !== "object" || !("action" in content)) return;
     let error = null;
@@ -209,6 +233,7 @@ const HOST = {
     if ("seq" in content) this.models[name].custom({ type: "ack", seq: content.seq, error });
   },
 
+  /** @param {string} name @param {ActionContent} c */
   handle(name, c) {
     const m = this.models;
     const action = c.action;
@@ -227,6 +252,7 @@ const HOST = {
     if (name === "queues" && action === "select") m.queues.update({ selected: String(c.request_id || "") });
     if (name === "sampler" && action === "select") m.sampler.update({ request_id: String(c.request_id || "") });
     if (name === "attention" && action === "select") {
+      /** @type {{request_id?: string, layer?: number, head?: number}} */
       const s = {};
       if (c.request_id !== null && c.request_id !== undefined) s.request_id = String(c.request_id);
       if (c.layer !== null && c.layer !== undefined) s.layer = Number(c.layer);
@@ -253,6 +279,7 @@ const HOST = {
 };
 
 // ---- 4. captions and page --------------------------------------------------------------
+/** @param {number} step */
 function drawCaption(step) {
   const box = /** @type {?HTMLElement} */ (document.querySelector('[data-testid="kvs-export-caption"]'));
   if (!box) return;
@@ -262,24 +289,29 @@ function drawCaption(step) {
   box.style.display = text ? "" : "none";
 }
 
+/** @param {string} source */
 function importModule(source) {
   // Each panel's ESM as the panel wrote it; a blob: URL, or a data: URL where blob: is refused.
   const blobUrl = URL.createObjectURL(new Blob([source], { type: "text/javascript" }));
   return import(blobUrl).catch(() => import(`data:text/javascript;charset=utf-8,${encodeURIComponent(source)}`));
 }
 
+/** @param {Element} el */
 function disableEngineControls(el) {
   // Step, Run N, Play, Reset and the forms need a kernel; the history row stays.
   for (const tid of ["kvs-step-btn", "kvs-run-n", "kvs-run-btn", "kvs-play-btn", "kvs-speed", "kvs-reset-btn"]) {
+    /** @type {HTMLButtonElement | HTMLInputElement | HTMLSelectElement | null} */
     const node = el.querySelector(`[data-testid="${tid}"]`);
     if (node) { node.disabled = true; node.title = ENGINE_OFF; }
   }
   // The drawer holds the add-request form and the knobs: all engine actions.
   for (const tid of ["kvs-add-form", "kvs-budget", "kvs-pool", "kvs-drawer", "kvs-drawer-toggle"]) {
+    /** @type {HTMLElement | null} */
     const node = el.querySelector(`[data-testid="${tid}"]`);
     if (node) node.style.display = "none";
   }
   // A recording has no "live": the history's own end is its last step.
+  /** @type {HTMLButtonElement | null} */
   const live = el.querySelector('[data-testid="kvs-live-btn"]');
   if (live) {
     live.style.display = "none";
@@ -303,7 +335,7 @@ function disableEngineControls(el) {
 
 async function main() {
   const layout = /** @type {HTMLElement} */ (document.getElementById("kvs-export-root"));
-  const slot = (name) => layout.querySelector(`[data-panel="${name}"]`);
+  const slot = (/** @type {string} */ name) => layout.querySelector(`[data-panel="${name}"]`);
   for (const name of DATA.meta.panels) {
     const source = document.querySelector(`script[data-kvs-esm="${name}"]`);
     const where = slot(name);
@@ -315,7 +347,7 @@ async function main() {
     const render = widget.render || (widget.default && widget.default.render);
     await render({ model, el: where });
   }
-  if (HOST.models.controls) disableEngineControls(slot("controls"));
+  if (HOST.models.controls) disableEngineControls(/** @type {Element} */ (slot("controls")));
   const start = DATA.meta.start === "first" ? 0 : VIEWS.length - 1;
   HOST.scrub(start);
   document.body.dataset.ready = "true";

@@ -23,9 +23,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict, cast
 
 from .lab import HOST, ServerLaunch, choose_port, exec_server
+
+if TYPE_CHECKING:
+    import asyncio
+
+    import ipywidgets as W
+
+    from ..core.session import Session
+    from ..export.delta import JSONValue
+    from ..export.states import PoolConfigDict
 
 DEFAULT_PORT = 8866
 TEMPLATES = Path(__file__).resolve().parent / "app_templates"  # voila/templates/kvscope
@@ -48,8 +57,8 @@ class _LastLine(logging.Handler):
             pass
 
 
-def loading_dashboard(model: str | None = None, config: dict | None = None, *,
-                      session_factory: Callable[[], Any] | None = None) -> Any:
+def loading_dashboard(model: str | None = None, config: PoolConfigDict | None = None, *,
+                      session_factory: Callable[[], Session] | None = None) -> W.VBox:
     """A widget that shows loading progress, then becomes the Dashboard of a new Session.
 
     The Session (the model load: seconds, or a minute or two the first time the default
@@ -58,14 +67,14 @@ def loading_dashboard(model: str | None = None, config: dict | None = None, *,
 
     import ipywidgets as W
 
-    config = dict(config or {})
+    config = config.copy() if config else {}
     name = model or "SmolLM2-135M-Instruct (the default model)"
     status = W.HTML()
     box = W.VBox([status], layout=W.Layout(width="100%"))
     box.add_class("kvs-app")
     started = time.monotonic()
     handler = _LastLine()
-    state: dict[str, Any] = {"done": False}
+    state = {"done": False}
 
     def show_progress() -> None:
         elapsed = time.monotonic() - started
@@ -79,14 +88,14 @@ def loading_dashboard(model: str | None = None, config: dict | None = None, *,
             "(a minute or two on a CPU); later runs take seconds.</div>"
             f"{detail}</div>")
 
-    def build() -> Any:
+    def build() -> Session:
         if session_factory is not None:
             return session_factory()
         from ..core.session import Session
 
         return Session(model, **config)
 
-    def finish(session: Any, error: BaseException | None) -> None:
+    def finish(session: Session | None, error: BaseException | None) -> None:
         state["done"] = True
         for name_ in ("engine", "explorer"):
             logging.getLogger(name_).removeHandler(handler)
@@ -97,6 +106,7 @@ def loading_dashboard(model: str | None = None, config: dict | None = None, *,
             return
         from ..ui.dashboard import Dashboard
 
+        assert session is not None   # without an error, build() made one
         dash = Dashboard(session)
         box.children = [dash]
         box.session = session  # for whoever holds the page's widget
@@ -133,7 +143,7 @@ def loading_dashboard(model: str | None = None, config: dict | None = None, *,
     return box
 
 
-def _kernel_loop() -> Any:
+def _kernel_loop() -> asyncio.AbstractEventLoop | None:
     """The running event loop of the IPython kernel this code runs in, or None. Only a
     kernel's loop counts: another library's loop (Playwright's sync API keeps one set on
     the main thread) would never run the callbacks that finish the page."""
@@ -153,7 +163,44 @@ def _kernel_loop() -> Any:
 
 
 # -- the notebook Voila runs --------------------------------------------------------------------
-def app_notebook(model: str | None = None, config: dict | None = None) -> dict:
+class NotebookCellDict(TypedDict):
+    """One cell of an nbformat 4 notebook."""
+    cell_type: str
+    id: str
+    metadata: dict[str, JSONValue]   # nbformat's free-form cell metadata
+    execution_count: int | None
+    outputs: list[JSONValue]
+    source: str
+
+
+class KernelSpecDict(TypedDict):
+    """The kernel a notebook runs on."""
+    name: str
+    display_name: str
+    language: str
+
+
+class LanguageInfoDict(TypedDict):
+    """A notebook's language."""
+    name: str
+
+
+class NotebookMetadataDict(TypedDict):
+    """The app notebook's metadata: its kernel and language, and the page's title (Voila's)."""
+    kernelspec: KernelSpecDict
+    language_info: LanguageInfoDict
+    title: str
+
+
+class NotebookDict(TypedDict):
+    """An nbformat 4 notebook, as its JSON file holds it."""
+    nbformat: int
+    nbformat_minor: int
+    metadata: NotebookMetadataDict
+    cells: list[NotebookCellDict]
+
+
+def app_notebook(model: str | None = None, config: PoolConfigDict | None = None) -> NotebookDict:
     """A one-cell notebook (nbformat 4) that shows `loading_dashboard(model, config)`."""
     code = ("from explorer.apps.app import loading_dashboard\n"
             f"loading_dashboard(model={model!r}, config={json.loads(json.dumps(config or {}))!r})")
@@ -172,7 +219,8 @@ def app_dir() -> Path:
     return base / "kvscope" / "app"
 
 
-def write_app_notebook(model: str | None = None, config: dict | None = None, folder: Path | None = None) -> Path:
+def write_app_notebook(model: str | None = None, config: PoolConfigDict | None = None,
+                       folder: Path | None = None) -> Path:
     """Write the app notebook (named after its settings, so two apps never share one)."""
     nb = app_notebook(model, config)
     text = json.dumps(nb, indent=1)
@@ -216,7 +264,7 @@ def app_launch(notebook: Path, port: int, *, open_browser: bool = False, token: 
 
 
 def run_app(port: int = DEFAULT_PORT, open_browser: bool = True, model: str | None = None,
-            config: dict | None = None) -> int:
+            config: PoolConfigDict | None = None) -> int:
     """Print the URL and replace this process by the Voila server (same PID, so Ctrl-C
     and `kill PID` reach Voila directly and it shuts its kernel down)."""
     try:
@@ -227,8 +275,9 @@ def run_app(port: int = DEFAULT_PORT, open_browser: bool = True, model: str | No
     if model is not None and not Path(model).is_dir():
         print(f"error: model: no such folder {model!r}", file=sys.stderr)
         return 2
-    config = {k: v for k, v in (config or {}).items() if v is not None}
-    notebook = write_app_notebook(str(Path(model).resolve()) if model else None, config)
+    # The options given: their keys, less those left to the engine's default.
+    given = cast("PoolConfigDict", {k: v for k, v in (config or {}).items() if v is not None})
+    notebook = write_app_notebook(str(Path(model).resolve()) if model else None, given)
     chosen = choose_port(port)
     if chosen != port:
         print(f"[kvscope] port {port} is busy; using free port {chosen} instead", flush=True)

@@ -3,10 +3,18 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import threading
+
+    from engine.report.schema import EngineSnapshotDict, StepRecordDict
+
+    from ..core.recording import RecordingWriter
+    from ..core.session import Session
 
 
-def step_line(rec: dict, snap: dict) -> str:
+def step_line(rec: StepRecordDict, snap: EngineSnapshotDict) -> str:
     """One step as a line: what was scheduled (prefill chunk / decode, cached tokens), block events."""
     parts = []
     for s in rec["scheduled"]:
@@ -18,14 +26,16 @@ def step_line(rec: dict, snap: dict) -> str:
             parts.append(f"{rid} decode")
     b = rec["blocks"]
     events = " ".join(f"{k}={v}" for k, v in b.items() if v and k != "same_step_hits")
-    extra = "".join(f" {k}={[r[-8:] for r in rec[k]]}" for k in ("preempted", "finished") if rec[k])
+    extra = "".join(f" {k}={[r[-8:] for r in rids]}" for k, rids in (("preempted", rec["preempted"]),
+                                                                         ("finished", rec["finished"])) if rids)
     return (f"step {rec['step']:>5}  {sum(s['num_tokens'] for s in rec['scheduled']):>4} tok  "
             f"free {rec['num_free_blocks']:>4}  {'; '.join(parts) or '-'}  {events}{extra}")
 
 
 def run_attach(address: str, *, model: str | None = None, kv_events: str | None = None, seconds: float | None = None,
                export: str | None = None, timeout: float = 10.0, record: str | None = None,
-               stop: Any = None, snapshot_address: str | None = None, max_finished: int | None = None) -> int:
+               stop: threading.Event | None = None, snapshot_address: str | None = None,
+               max_finished: int | None = None) -> int:
     """Follow the server at `address` (every data-parallel rank of it: each line then starts
     with its rank) until `seconds` pass, Ctrl-C, or `stop` (a threading.Event) is set. `record`:
     a recording of every step applied from now on (one file per rank: run.rank1.kvrec.gz), every
@@ -88,13 +98,13 @@ def run_attach(address: str, *, model: str | None = None, kv_events: str | None 
     return 0
 
 
-def _recorder(session: Any, path: str, address: str, label: str) -> Any:
+def _recorder(session: Session, path: str, address: str, label: str) -> RecordingWriter:
     """A RecordingWriter fed from `session`'s first entry on; it ends when the feed restarts."""
     from ..core.recording import RecordingWriter
 
     writer = RecordingWriter(path, notes=[f"recorded by `python -m explorer attach {address}`"])
     writer.add(session.history[0])
-    def stop_on_reset(event: str, _session: Any) -> None:
+    def stop_on_reset(event: str, _session: Session) -> None:
         if event == "reset":
             _stop_recording(writer, label)
 
@@ -102,7 +112,7 @@ def _recorder(session: Any, path: str, address: str, label: str) -> Any:
     return writer
 
 
-def _stop_recording(writer: Any, label: str) -> None:
+def _stop_recording(writer: RecordingWriter, label: str) -> None:
     """The server restarted (or cleared its cache): the steps after it start from another pool,
     so the recording ends here."""
     if not writer.closed:

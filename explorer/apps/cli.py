@@ -10,7 +10,11 @@ import importlib
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..export.delta import JSONValue
+    from ..export.states import PoolConfigDict
 
 
 def _positive_int(text: str) -> int:
@@ -244,8 +248,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.max_mb > 0:
             print(f"error: --max-mb must be > 0, got {args.max_mb}", file=sys.stderr)
             return 2
-        config = {"num_kv_blocks": args.num_kv_blocks, "block_size": args.block_size,
-                  "max_num_batched_tokens": args.max_num_batched_tokens}
+        config: PoolConfigDict = {"num_kv_blocks": args.num_kv_blocks, "block_size": args.block_size,
+                                   "max_num_batched_tokens": args.max_num_batched_tokens}
         try:
             run_export(args.output, args.workload, model=args.model, config=config, max_steps=args.max_steps,
                        keep=args.keep, title=args.title, start=args.start, max_bytes=int(args.max_mb * 1e6))
@@ -256,9 +260,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "app":
         from .app import run_app
 
-        config = {"num_kv_blocks": args.num_kv_blocks, "block_size": args.block_size,
-                  "max_num_batched_tokens": args.max_num_batched_tokens, "max_num_seqs": args.max_num_seqs}
-        return run_app(port=args.port, open_browser=not args.no_browser, model=args.model, config=config)
+        options: PoolConfigDict = {"num_kv_blocks": args.num_kv_blocks, "block_size": args.block_size,
+                                    "max_num_batched_tokens": args.max_num_batched_tokens,
+                                    "max_num_seqs": args.max_num_seqs}
+        return run_app(port=args.port, open_browser=not args.no_browser, model=args.model, config=options)
     if args.command == "attach":
         from .attach import run_attach
 
@@ -290,7 +295,7 @@ def _benchmark(module: str, name: str) -> Any:
     return getattr(importlib.import_module(f"benchmarks.{module}"), name)
 
 
-def _write_json(path: str | None, results: dict) -> None:
+def _write_json(path: str | None, results: JSONValue) -> None:
     """--json FILE: the bench's results as JSON too (nothing without the option)."""
     if path:
         import json

@@ -6,17 +6,21 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Mapping, Sequence
-from typing import Any, TextIO
+from collections.abc import Sequence
+from typing import Any, Literal, TextIO
+
+from engine.report.schema import StepRecordDict
 
 from ..core.session import Session
 
 # The rows of one step's table, in the order the articles present them.
-BATCH_ROWS = ("input_ids", "positions", "query_start_loc", "seq_lens", "logits_indices")
+BATCH_ROWS: tuple[Literal["input_ids", "positions", "query_start_loc", "seq_lens", "logits_indices"], ...] = (
+    "input_ids", "positions", "query_start_loc", "seq_lens", "logits_indices")
+_ENDED: tuple[Literal["preempted", "finished"], ...] = ("preempted", "finished")   # the record's lists of ids
 LABEL_WIDTH = 17
 
 
-def fmt_list(values: Sequence[Any], limit: int | None) -> str:
+def fmt_list(values: Sequence[int], limit: int | None) -> str:
     """`[a, b, c]`, or its head and tail around an ellipsis when longer than `limit`."""
     values = list(values)
     if limit is None or len(values) <= limit:
@@ -30,7 +34,7 @@ def _row(label: str, value: str) -> str:
     return f"  {label:<{LABEL_WIDTH}}{value}"
 
 
-def describe_schedule(record: Mapping[str, Any]) -> str:
+def describe_schedule(record: StepRecordDict) -> str:
     """`prefill 0[0:5]  decode 1[7]`: what each scheduled request computes in this step."""
     parts = []
     for s in record["scheduled"]:
@@ -44,7 +48,7 @@ def describe_schedule(record: Mapping[str, Any]) -> str:
     return "  ".join(parts) or "nothing scheduled"
 
 
-def format_step(record: Mapping[str, Any], limit: int | None = 64) -> str:
+def format_step(record: StepRecordDict, limit: int | None = 64) -> str:
     """One step's table as text."""
     n_tokens = sum(s["num_tokens"] for s in record["scheduled"])
     lines = [f"step {record['step']}: {describe_schedule(record)}   "
@@ -62,9 +66,9 @@ def format_step(record: Mapping[str, Any], limit: int | None = 64) -> str:
     events = "  ".join(f"{k} {v}" for k, v in blocks.items() if v)
     if events:
         lines.append(_row("blocks", events))
-    for key in ("preempted", "finished"):
-        if record.get(key):
-            lines.append(_row(key, ", ".join(record[key])))
+    for ended in _ENDED:
+        if record.get(ended):
+            lines.append(_row(ended, ", ".join(record[ended])))
     return "\n".join(lines)
 
 

@@ -22,41 +22,15 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
-from typing import Any, TypedDict
+from typing import Any
 
 from engine.report.schema import EngineSnapshotDict, RequestDict
 
 from .follow import wait_until
 from .history import HistoryEntry
-from .session_view import SessionView
+from .session_view import RoutingRowDict, RoutingSummaryDict, SessionView
 
 PROBE_TIMEOUT = 1.0   # seconds a rank past the last one takes to not answer
-
-
-class RoutingRowDict(TypedDict):
-    """One request's routing (Fleet.routing): see the module doc."""
-    request_id: str
-    rank: int               # the index of the engine core it ran on
-    label: str
-    arrival_time: float | None
-    hit_tokens: int         # where it ran
-    prompt_blocks: int      # its full prompt blocks a hit could cover
-    would_hit: list[int | None]   # tokens per engine core at its arrival (None: history too short)
-    best_rank: int | None
-    best_tokens: int | None
-    loss_tokens: int        # best minus hit, never below 0
-    known: bool             # False: no prompt hashes for it, so nothing is said
-
-
-class RoutingSummaryDict(TypedDict):
-    """Totals over routing rows (Fleet.routing_summary)."""
-    requests: int
-    per_rank: list[int]
-    measured: int
-    hit_tokens: int
-    best_tokens: int
-    loss_tokens: int
-    requests_with_loss: int
 
 
 class Fleet:

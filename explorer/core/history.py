@@ -31,6 +31,17 @@ class HistoryEntry:
     snapshot: EngineSnapshotDict
 
 
+class HistoryEntryDict(TypedDict, total=False):
+    """A history entry as JSON carries it (a recording's or an export's entries, a test's): HistoryEntry's fields."""
+    step: int
+    record: StepRecordDict | None
+    snapshot: EngineSnapshotDict
+
+
+#: A history entry as the readers (explorer/ui/views.py) take it: a Session's HistoryEntry, or its dict form.
+Entry = HistoryEntry | HistoryEntryDict
+
+
 class HistoryWindowDict(TypedDict):
     """Where a kept history starts (Session.history_window)."""
     first_step: int       # the step of its first entry

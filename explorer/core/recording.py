@@ -42,7 +42,7 @@ import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from engine.report.schema import (
     BLOCK,
@@ -110,11 +110,32 @@ class Settings:
             raise ValueError(f"unknown setting(s) {sorted(unknown)}; known: {sorted(SETTINGS_FIELDS)}")
         return dataclasses.replace(self, **changes)
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    def to_dict(self) -> SettingsDict:
+        return cast(SettingsDict, dataclasses.asdict(self))   # its keys are the fields (checked below)
+
+
+class SettingsDict(TypedDict):
+    """`Settings.to_dict()`: a run's scheduler and pool settings by name."""
+    block_size: int
+    num_blocks: int
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    max_model_len: int
+    enable_prefix_caching: bool
+    enable_chunked_prefill: bool
+    scheduler_reserve_full_isl: bool
+    long_prefill_token_threshold: int
+    long_prefill_token_threshold_adaptive: bool
+    policy: str
+    watermark: float
+    prefix_caching_hash_algo: str
+    sliding_window: int | None
+    prefix_cache_retention_interval: int | None
+    kv_cache_groups: str | None
 
 
 SETTINGS_FIELDS = frozenset(f.name for f in dataclasses.fields(Settings))
+assert set(SettingsDict.__annotations__) == SETTINGS_FIELDS
 _SETTING_TYPES = {f.name: str(f.type) for f in dataclasses.fields(Settings)}  # "int", "bool", ...
 
 
@@ -313,8 +334,19 @@ class Recording:
 
 
 # -- one step's decisions, and their digest --------------------------------------------------------
+class DecisionsDict(TypedDict):
+    """One step's decisions, each list sorted: what `step_decisions` reads from a
+    step's record and a replay makes again (an identity replay compares them field by field)."""
+    scheduled: list[list[Any]]   # [request id, tokens, computed before, prefix hits] per scheduled request
+    new: list[str]               # admitted in the step (new, or resumed after a preemption)
+    preempted: list[str]
+    finished: list[str]          # finished by the step itself (they sampled in it; not an abort)
+    tables: list[list[Any]]      # [request id, its block ids] per running request after the step
+    # (rows are mixed lists, not tuples: they are compared with JSON's and hashed as JSON)
+
+
 def step_decisions(record: StepRecordDict, running: Iterable[RequestDict],
-                   aborted_next: Iterable[str] = ()) -> dict[str, list[Any]]:
+                   aborted_next: Iterable[str] = ()) -> DecisionsDict:
     """What vLLM's scheduler decided in one step, in a form both a history entry and a replay
     produce: tokens scheduled per request with the computed count each started from and its
     prefix hits, admissions, preemptions, the requests the step itself finished (those that
@@ -332,7 +364,7 @@ def step_decisions(record: StepRecordDict, running: Iterable[RequestDict],
                              if r[REQ.REQUEST_ID] not in gone)}
 
 
-def decisions_digest(decisions: dict[str, list[Any]]) -> str:
+def decisions_digest(decisions: DecisionsDict) -> str:
     """64 bits of blake2b over the decisions' canonical JSON."""
     text = json.dumps(decisions, separators=(",", ":"), sort_keys=True)
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()

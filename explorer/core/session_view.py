@@ -12,18 +12,16 @@ depend on core/'s contract rather than on `Any`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict, runtime_checkable
 
-from engine import SamplingParams, StepRecord
-from engine.report.probe import AttentionProbeDict
-from engine.report.schema import RequestDict
+if TYPE_CHECKING:   # types only: a reader importing this stays free of torch (the docs' re-run runs in Pyodide)
+    from engine import SamplingParams, StepRecord
+    from engine.report.probe import AttentionProbeDict
+    from engine.report.schema import RequestDict
 
-from .engine_protocol import Controls, Source
-from .history import HistoryEntry, HistoryWindowDict
-from .metrics import SessionMetricsDict
-
-if TYPE_CHECKING:   # fleet.py types its sessions with SessionView
-    from .fleet import RoutingRowDict, RoutingSummaryDict
+    from .engine_protocol import Controls, Source
+    from .history import HistoryEntry, HistoryWindowDict
+    from .metrics import SessionMetricsDict
 
 
 class SessionView(Protocol):
@@ -69,11 +67,13 @@ class SessionView(Protocol):
     def run_until_idle(self, max_steps: int = 10_000) -> list[StepRecord]: ...
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None, *,
-                    request_id: str | None = None) -> str: ...
+                    request_id: str | None = None, **sampling_fields: Any) -> str: ...
 
     def abort(self, request_id: str) -> None: ...
 
     def set_budget(self, **knobs: Any) -> dict[str, Any]: ...
+
+    def reset(self, **config_fields: Any) -> None: ...   # a new engine with this config changed
 
     def probe(self, request_id: str, layer: int = 0, head: int | None = None) -> AttentionProbeDict: ...
 
@@ -88,6 +88,32 @@ class SessionView(Protocol):
     def close(self) -> None: ...
 
     def save_recording(self, path: Any, *, notes: Any = ()) -> Any: ...
+
+
+class RoutingRowDict(TypedDict):
+    """One request's routing (Fleet.routing): see explorer/core/fleet.py's module doc."""
+    request_id: str
+    rank: int               # the index of the engine core it ran on
+    label: str
+    arrival_time: float | None
+    hit_tokens: int         # where it ran
+    prompt_blocks: int      # its full prompt blocks a hit could cover
+    would_hit: list[int | None]   # tokens per engine core at its arrival (None: history too short)
+    best_rank: int | None
+    best_tokens: int | None
+    loss_tokens: int        # best minus hit, never below 0
+    known: bool             # False: no prompt hashes for it, so nothing is said
+
+
+class RoutingSummaryDict(TypedDict):
+    """Totals over routing rows (Fleet.routing_summary)."""
+    requests: int
+    per_rank: list[int]
+    measured: int
+    hit_tokens: int
+    best_tokens: int
+    loss_tokens: int
+    requests_with_loss: int
 
 
 @runtime_checkable

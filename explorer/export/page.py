@@ -28,12 +28,20 @@ import json
 import math
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
+from ..core.history import HistoryEntry
 from ..ui import views
 from ..ui.layout import PANEL_NAMES
 from ..why import WhyLedger
 from . import states
+from .delta import DeltaDict, JSONValue
+
+if TYPE_CHECKING:
+    from widgets.timeline import TimelineState
+
+    from ..core.session_view import SessionView
+    from ..why.proof import ProofReport
 
 HOST_JS = Path(__file__).with_name("host.js")
 HOST_CSS = Path(__file__).with_name("host.css")
@@ -50,6 +58,43 @@ CSP = ("default-src 'none'; script-src 'unsafe-inline' blob: data:; style-src 'u
        "img-src data: blob:; font-src data:; connect-src 'none'; form-action 'none'; base-uri 'none'")
 
 
+class ExportMetaDict(TypedDict):
+    """What the page's header says, and how it opens."""
+    title: str
+    created: str            # ISO 8601, UTC
+    engine: str
+    model: str | None
+    device: str | None
+    dtype: str | None
+    steps_total: int        # engine steps in the history given
+    first_step: int         # the first and last kept steps
+    last_step: int
+    notice: str             # about a shortened history ("" when whole)
+    run_live: str
+    panels: list[str]
+    start: str              # the step shown first: "last" or "first"
+
+
+class _ExportFields(TypedDict):
+    """The keys an exported page's document has, but its `views`."""
+    format: str
+    version: int
+    meta: ExportMetaDict
+    timeline: TimelineState
+    captions: list[list[int | str]]   # [step, caption], by step
+    why: states.WhyViewsDict
+
+
+class ExportDataDict(_ExportFields):
+    """The document an exported page embeds (`build_export_data`)."""
+    views: list[JSONValue | DeltaDict | None]   # states.pack_views': each step's panel states, packed
+
+
+class LoadedExportDict(_ExportFields):
+    """The document of an exported page as `load_export` reads it back."""
+    views: list[states.EntryViewsDict]   # unpacked: each kept step's panel states
+
+
 @dataclasses.dataclass(frozen=True)
 class ExportResult:
     """What `export_html` wrote."""
@@ -62,8 +107,8 @@ class ExportResult:
 
 
 # -- choosing what goes in ----------------------------------------------------------------------
-def select_entries(entries: Sequence[Any], max_steps: int = DEFAULT_MAX_STEPS,
-                   keep: str = "last", why: str | None = None) -> tuple[list, str]:
+def select_entries(entries: Sequence[HistoryEntry], max_steps: int = DEFAULT_MAX_STEPS,
+                   keep: str = "last", why: str | None = None) -> tuple[list[HistoryEntry], str]:
     """At most `max_steps` + 1 entries of `entries` (the first kept one is the starting
     state), and the notice the page shows when some were left out (`why`: the limit
     that did it, as the notice names it)."""
@@ -93,22 +138,22 @@ def select_entries(entries: Sequence[Any], max_steps: int = DEFAULT_MAX_STEPS,
     return kept, notice
 
 
-def _step(entry: Any) -> int:
+def _step(entry: HistoryEntry) -> int:
     return views.entry_parts(entry)[0]
 
 
 # -- building the data ------------------------------------------------------------------------
-def panel_defaults(names: Iterable[str]) -> dict[str, dict]:
+def panel_defaults(names: Iterable[str]) -> dict[str, dict[str, JSONValue]]:
     """Each panel's synced traits as a fresh Python panel has them (bytes as base64)."""
     import widgets
 
-    out: dict[str, dict] = {}
+    out: dict[str, dict[str, JSONValue]] = {}
     for name in names:
         if name not in widgets.PANELS:
             continue
         panel = widgets.PANELS[name]()
         try:
-            state = {}
+            state: dict[str, JSONValue] = {}
             for key in panel.trait_names(sync=True):
                 if key.startswith("_") or key in _WIDGET_TRAITS:
                     continue
@@ -130,11 +175,12 @@ def panel_sources(names: Iterable[str]) -> dict[str, tuple[str, str]]:
             for name in names if name in widgets.PANELS}
 
 
-def build_export_data(entries: Sequence[Any], *, token_text: Callable[[Sequence[int]], list[str]] | None = None,
+def build_export_data(entries: Sequence[HistoryEntry], *,
+                      token_text: Callable[[Sequence[int]], list[str]] | None = None,
                       title: str = "kvscope recording", captions: dict[int, str] | None = None,
                       notice: str = "", steps_total: int | None = None, engine_name: str = "kvscope",
                       start: str = "last", panels: Sequence[str] | None = None, ledger: WhyLedger | None = None,
-                      proof: Any = None) -> dict:
+                      proof: ProofReport | None = None) -> ExportDataDict:
     """The JSON-able document the page embeds (`load_export` reads it back): the panels'
     states of every entry, packed (explorer/export/states.py), the timeline, the captions, the
     why panel's states (`ledger`: the whole run's why-ledger, `proof` its proofs where made).
@@ -173,7 +219,8 @@ def _dashboard_panels() -> tuple[str, ...]:
 
 
 # -- writing the page ---------------------------------------------------------------------------
-def _json_for_html(data: Any) -> str:
+def _json_for_html(data: object) -> str:
+    """`data` (anything json.dumps takes) as JSON a script element can hold."""
     try:
         text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     except ValueError:  # NaN / infinity: not JSON; None says "unknown" as everywhere else
@@ -182,7 +229,8 @@ def _json_for_html(data: Any) -> str:
     return text.replace("</", "<\\/").replace("<!--", "<\\u0021--")
 
 
-def _finite(value: Any) -> Any:
+def _finite(value: object) -> object:
+    """`value` with NaN and the infinities as None, in its dicts and lists too."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
@@ -197,7 +245,8 @@ def _script_text(source: str) -> str:
     return source.replace("</script", "<\\/script").replace("</SCRIPT", "<\\/SCRIPT").replace("<!--", "<\\!--")
 
 
-def render_html(data: dict, *, defaults: dict | None = None, sources: dict | None = None) -> str:
+def render_html(data: ExportDataDict, *, defaults: dict[str, dict[str, JSONValue]] | None = None,
+                sources: dict[str, tuple[str, str]] | None = None) -> str:
     """The page for `data` (from `build_export_data`)."""
     meta = data["meta"]
     panels = meta["panels"]
@@ -270,21 +319,21 @@ This page is a recording and runs no engine; to run one live, {esc(RUN_LIVE)}.</
 """
 
 
-def export_html(source: Any, path: str | Path, *, title: str | None = None, captions: dict[int, str] | None = None,
+def export_html(source: SessionView | Sequence[HistoryEntry], path: str | Path, *, title: str | None = None,
+                captions: dict[int, str] | None = None,
                 max_steps: int = DEFAULT_MAX_STEPS, keep: str = "last", start: str = "last",
                 max_bytes: int = DEFAULT_MAX_BYTES,
                 token_text: Callable[[Sequence[int]], list[str]] | None = None, prove: bool = False) -> ExportResult:
     """Write `source`'s history as one self-contained HTML file at `path`.
 
     `source` is a Session (its history, tokenizer and engine name are used) or a list of
-    history entries (`HistoryEntry` or {"step", "record", "snapshot"} dicts; pass
-    `token_text` to show token texts). `captions` maps a step to a line shown from that
-    step on (until the next caption). At most `max_steps` steps go in (`keep`: "last",
-    "first" or "even"), and fewer when the page would pass `max_bytes`; the page says so
+    history entries (`HistoryEntry`s; pass `token_text` to show token texts). `captions` maps a
+    step to a line shown from that step on (until the next caption). At most `max_steps` steps
+    go in (`keep`: "last", "first" or "even"), and fewer when the page would pass `max_bytes`; the page says so
     when some are left out. `start`: the step shown when the page opens ("last" or
     "first"). The why panel and the prefix tree read the whole history, also the steps left out;
     `prove=True` also replays the run through vLLM's scheduler to prove each cause (seconds)."""
-    entries = list(getattr(source, "history", source))
+    entries = list(source.history) if hasattr(source, "history") else list(source)
     ledger = WhyLedger().feed(entries)
     proof = None
     if prove:
@@ -300,7 +349,7 @@ def export_html(source: Any, path: str | Path, *, title: str | None = None, capt
     panels = _dashboard_panels()
     sources, defaults = panel_sources(panels), panel_defaults(panels)
 
-    def page_for(kept: list, notice: str) -> str:
+    def page_for(kept: list[HistoryEntry], notice: str) -> str:
         name = title
         if name is None:
             info = (views.entry_parts(kept[-1])[2].get("model_info") or {})
@@ -327,7 +376,7 @@ def export_html(source: Any, path: str | Path, *, title: str | None = None, capt
                         steps_included=len(kept), notice=notice)
 
 
-def load_export(path: str | Path) -> dict:
+def load_export(path: str | Path) -> LoadedExportDict:
     """The document embedded in an exported page, with `views` added: each kept step's panel
     states, unpacked (explorer/export/states.py; byte columns as bytes again)."""
     text = Path(path).read_text(encoding="utf-8")

@@ -21,12 +21,12 @@ import os
 import subprocess
 import sys
 import zipfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from io import BytesIO
 from pathlib import Path
-from typing import Any
+from typing import Literal
 
-from .rerun import rerun_assets
+from .rerun import ChapterWorkloadDict, RerunSettingsDict, rerun_assets
 
 REPO = Path(__file__).resolve().parents[2]
 PYODIDE_VERSION = "0.29.5"   # scripts/setup.sh installs this one (npm)
@@ -92,7 +92,7 @@ def file_script(name: str, data: bytes, *, gzipped: bool = False) -> str:
             f"{{gzip: {'true' if gzipped else 'false'}, b64: \"{base64.b64encode(body).decode()}\"}};\n")
 
 
-def workload_script(key: str, workload: Mapping[str, Any]) -> str:
+def workload_script(key: str, workload: ChapterWorkloadDict) -> str:
     """A chapter's workload as a classic script (window.KVS_RERUN_WORKLOADS[key])."""
     text = json.dumps(workload, separators=(",", ":")).replace("</", "<\\/")
     return f"(window.KVS_RERUN_WORKLOADS = window.KVS_RERUN_WORKLOADS || {{}})[{json.dumps(key)}] = {text};\n"
@@ -119,21 +119,26 @@ def write_runtime(out: Path, panels: Iterable[str]) -> dict[str, int]:
     return {name: (out / name).stat().st_size for name in files}
 
 
-def rerun_form(key: str, settings: Mapping[str, Any], runtime: str = "../rerun/",
+#: The form's fields, in order: each setting and its label.
+_FORM_FIELDS: tuple[tuple[Literal["num_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs",
+                                  "enable_prefix_caching", "enable_chunked_prefill"], str], ...] = (
+    ("num_blocks", "pool (num_blocks)"), ("block_size", "block_size"), ("max_num_batched_tokens", "token budget"),
+    ("max_num_seqs", "max_num_seqs"), ("enable_prefix_caching", "prefix caching"),
+    ("enable_chunked_prefill", "chunked prefill"))
+
+
+def rerun_form(key: str, settings: RerunSettingsDict, runtime: str = "../rerun/",
                workload_src: str | None = None) -> str:
     """The HTML of a chapter's re-run: its settings as a form, Run, and where the result goes.
     `runtime`: the rerun/ folder's URL from the page; `workload_src`: the workload script's."""
-    def field(name: str, label: str, value: Any) -> str:
+    def field(name: str, label: str, value: int | bool) -> str:
         if isinstance(value, bool):
             return (f'<label class="kvs-rerun-field"><input type="checkbox" name="{name}"'
                     f'{" checked" if value else ""}> {label}</label>')
         return (f'<label class="kvs-rerun-field">{label} <input type="number" min="1" step="1" name="{name}" '
                 f'value="{int(value)}"></label>')
 
-    labels = {"num_blocks": "pool (num_blocks)", "block_size": "block_size",
-              "max_num_batched_tokens": "token budget", "max_num_seqs": "max_num_seqs",
-              "enable_prefix_caching": "prefix caching", "enable_chunked_prefill": "chunked prefill"}
-    fields = "".join(field(k, labels[k], settings[k]) for k in labels if k in settings)
+    fields = "".join(field(k, label, settings[k]) for k, label in _FORM_FIELDS if k in settings)
     src = workload_src or f"replays/{key}.workload.js"
     return (f'<form class="kvs-rerun" data-testid="kvs-rerun" data-key="{key}" data-runtime="{runtime}" '
             f'data-workload="{src}" onsubmit="return false">'

@@ -9,16 +9,50 @@ import os
 import runpy
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast
+
+from engine.report.schema import BudgetsDict
 
 from .page import DEFAULT_MAX_BYTES, DEFAULT_MAX_STEPS, ExportResult, export_html
+
+if TYPE_CHECKING:
+    from ..core.session import Session
+    from ..core.session_view import SessionView
+    from .states import PoolConfigDict
+
+
+class WorkloadItemDict(BudgetsDict, total=False):
+    """One item of a JSON workload: a request (its prompt and sampling fields) or a budget change (the
+    scheduler knobs it sets), and a caption of its own; each may say when it happens."""
+    at_step: int            # once the engine has run this many steps (0: before the first)
+    caption: str
+    prompt: str | list[int]
+    request_id: str
+    max_tokens: int
+    temperature: float
+    top_k: int
+    top_p: float
+    ignore_eos: bool
+    seed: int
+    stop_token_ids: list[int]
+
+
+class WorkloadSpecDict(TypedDict, total=False):
+    """A JSON workload file (`run_json_workload` says each field)."""
+    title: str
+    model: str | None
+    config: dict[str, Any]   # EngineConfig's fields, passed on to the Session
+    requests: list[WorkloadItemDict]
+    budget: list[WorkloadItemDict]
+    captions: dict[str, str]   # step -> caption
+    max_steps: int
 
 
 # -- recording workloads ----------------------------------------------------------------------
 class Captions:
     """`caption(text)`: a line for the page, shown from the session's current step on."""
 
-    def __init__(self, session: Any) -> None:
+    def __init__(self, session: SessionView) -> None:
         self.session = session
         self.items: dict[int, str] = {}
 
@@ -26,11 +60,12 @@ class Captions:
         self.items[int(self.session.current.step)] = str(text)
 
 
-_SAMPLING = ("max_tokens", "temperature", "top_k", "top_p", "ignore_eos", "seed", "stop_token_ids")
+_SAMPLING: tuple[Literal["max_tokens", "temperature", "top_k", "top_p", "ignore_eos", "seed", "stop_token_ids"],
+                 ...] = ("max_tokens", "temperature", "top_k", "top_p", "ignore_eos", "seed", "stop_token_ids")
 _REQUEST_KEYS = frozenset({"prompt", "at_step", "request_id", "caption", *_SAMPLING})
 
 
-def run_json_workload(session: Any, spec: dict, caption: Callable[[str], None], *,
+def run_json_workload(session: Session, spec: WorkloadSpecDict, caption: Callable[[str], None], *,
                       max_steps: int = 10_000) -> None:
     """Run a JSON workload on `session`:
 
@@ -56,7 +91,7 @@ def run_json_workload(session: Any, spec: dict, caption: Callable[[str], None], 
     budget = spec.get("budget") or []
     if not isinstance(budget, list):
         raise ValueError("budget: expected a list of {at_step, knob: value}")
-    events: dict[int, list[tuple[str, dict]]] = {}
+    events: dict[int, list[tuple[str, WorkloadItemDict]]] = {}
     for kind, items in (("request", requests), ("budget", budget)):
         for i, item in enumerate(items):
             at = item.get("at_step", 0)
@@ -75,7 +110,7 @@ def run_json_workload(session: Any, spec: dict, caption: Callable[[str], None], 
             if item.get("caption"):
                 caption(item["caption"])
             if kind == "request":
-                fields = {k: item[k] for k in _SAMPLING if k in item}
+                fields: dict[str, Any] = {k: item[k] for k in _SAMPLING if k in item}   # add_request's **sampling
                 prompt = item["prompt"]
                 session.add_request(list(prompt) if isinstance(prompt, list) else str(prompt),
                                     request_id=item.get("request_id"), **fields)
@@ -93,7 +128,7 @@ def run_json_workload(session: Any, spec: dict, caption: Callable[[str], None], 
         done += 1
 
 
-def walkthrough_story(s: Any, caption: Callable[[str], None]) -> None:
+def walkthrough_story(s: Session, caption: Callable[[str], None]) -> None:
     """The walkthrough notebook's chapters 2-13 on one session (no reset between them).
 
     The notebook resets to a 6-block pool for preemption; here the 64-block pool runs out
@@ -101,7 +136,6 @@ def walkthrough_story(s: Any, caption: Callable[[str], None]) -> None:
     the latency charts show every request's TTFT and ITL anyway."""
     tok = s.source.tokenizer
     bs = s.config.block_size
-    greedy = {"temperature": 0.0}
 
     def ids(text: str) -> list[int]:
         return list(tok(text)["input_ids"])
@@ -115,30 +149,30 @@ def walkthrough_story(s: Any, caption: Callable[[str], None]) -> None:
 
     caption("Chapters 2-6: one request. Its prefill computes the whole prompt in one step and samples the "
             "first token; each decode step feeds one token and reads the rest from the paged KV cache.")
-    s.add_request("The capital of France is", max_tokens=3, **greedy)
+    s.add_request("The capital of France is", max_tokens=3, temperature=0.0)
     s.run_until_idle()
 
     caption("Chapters 7-8: a prompt of exactly one block. The first decode lands in a second block; once a block "
             "is full it gets a hash. When the request finishes, its blocks go back last block first.")
     words = ("Paged attention keeps every token's keys and values in fixed-size blocks, so a sequence "
              "grows one block at a time and never needs one long contiguous buffer.")
-    s.add_request(ids(words)[:bs], max_tokens=4, **greedy)
+    s.add_request(ids(words)[:bs], max_tokens=4, temperature=0.0)
     s.run_until_idle()
 
     caption("Chapter 9: two requests in one step. One decodes while the other prefills: one packed batch, "
             "one forward pass (see query_start_loc and logits_indices in the slot mapping).")
-    s.add_request("Write a haiku about the sea.", max_tokens=4, **greedy)
+    s.add_request("Write a haiku about the sea.", max_tokens=4, temperature=0.0)
     s.step(1)
-    s.add_request("Name three primary colors.", max_tokens=3, **greedy)
+    s.add_request("Name three primary colors.", max_tokens=3, temperature=0.0)
     s.run_until_idle()
 
     caption("Chapter 10: a prefix-cache hit. The second chat prompt shares the first one's system prompt: it is "
             "admitted with those full blocks already computed (refcount 2, two owners).")
     system = ("You are a careful and patient geography tutor for students. Answer every question with one short "
               "sentence that names the city. Do not explain the answer and do not repeat the question.")
-    s.add_request(chat(system, "What is the capital of France?"), max_tokens=10, **greedy)
+    s.add_request(chat(system, "What is the capital of France?"), max_tokens=10, temperature=0.0)
     s.step(1)
-    s.add_request(chat(system, "What is the capital of Italy?"), max_tokens=10, **greedy)
+    s.add_request(chat(system, "What is the capital of Italy?"), max_tokens=10, temperature=0.0)
     s.run_until_idle()
 
     caption("Chapter 11: three requests with one system prompt arrive together. Blocks are hashed when "
@@ -146,7 +180,7 @@ def walkthrough_story(s: Any, caption: Callable[[str], None]) -> None:
     guide = ("You are a museum guide who loves old paintings. Reply to each visitor with one short sentence "
              "that names the painter. Never add anything else.")
     for q in ("Who painted the Mona Lisa?", "Who painted The Starry Night?", "Who painted The Night Watch?"):
-        s.add_request(chat(guide, q), max_tokens=12, **greedy)
+        s.add_request(chat(guide, q), max_tokens=12, temperature=0.0)
     s.run_until_idle()
 
     caption("Chapter 12: chunked prefill. With a budget of 64 tokens a 150-token prompt is computed in chunks "
@@ -154,28 +188,29 @@ def walkthrough_story(s: Any, caption: Callable[[str], None]) -> None:
     s.set_budget(max_num_batched_tokens=64)
     facts = " ".join(f"Fact {i}: one block of the KV cache holds the keys and values of sixteen tokens."
                      for i in range(1, 16))
-    s.add_request(ids(facts)[:150], max_tokens=2, **greedy)
+    s.add_request(ids(facts)[:150], max_tokens=2, temperature=0.0)
     s.run_until_idle()
     s.set_budget(max_num_batched_tokens=2048)
 
     caption("Chapter 13: preemption. Four prompts of 15 blocks each fill the pool; when they all need a 16th "
             "block there is none, and the newest running request is preempted (its blocks freed, recomputed later).")
     unit = ids("Tell me a long story about a lighthouse keeper and the ships that pass in the night. ")
-    total = s.config.num_kv_blocks - 1
+    total = s.current.snapshot["block_pool"]["num_blocks"] - 1   # the engine's pool: config.num_kv_blocks
     per = max(1, min(15, (total - 4) // 4))
     for i in range(4):
         prompt = (unit * (per * bs // max(1, len(unit)) + 2))[i:i + per * bs]
-        s.add_request(prompt, request_id=f"burst-{i}", max_tokens=bs + 4, ignore_eos=True, **greedy)
+        s.add_request(prompt, request_id=f"burst-{i}", max_tokens=bs + 4, ignore_eos=True, temperature=0.0)
     s.run_until_idle()
     caption("The end of the story: scrub back through any step, hover a block for its tokens and hash, "
             "click a timeline bar to jump there.")
 
 
-WALKTHROUGH_CONFIG: dict[str, Any] = {"block_size": 16, "num_kv_blocks": 64}
+WALKTHROUGH_CONFIG: PoolConfigDict = {"block_size": 16, "num_kv_blocks": 64}
 
 
 def record_workload(workload: str | Path = "walkthrough", *, model: str | None = None,
-                    config: dict | None = None, progress: Callable[[str], None] | None = None) -> tuple[Any, dict, str]:
+                    config: PoolConfigDict | None = None,
+                    progress: Callable[[str], None] | None = None) -> tuple[Session, dict[int, str], str]:
     """Build a Session, run `workload` on it; returns (session, captions, title).
 
     `workload`: "walkthrough" (the notebook's story), a .json file (`run_json_workload`)
@@ -183,9 +218,10 @@ def record_workload(workload: str | Path = "walkthrough", *, model: str | None =
     from ..core.session import Session
 
     say = progress or (lambda _line: None)
+    spec_config: dict[str, Any]   # EngineConfig's fields, passed on to the Session
     if str(workload) == "walkthrough":
         spec_config, spec_model, title = dict(WALKTHROUGH_CONFIG), None, "kvscope: the walkthrough's story"
-        runner: Callable[[Any, Captions], None] = walkthrough_story
+        runner: Callable[[Session, Captions], None] = walkthrough_story
     else:
         path = Path(workload)
         if not path.is_file():
@@ -197,11 +233,13 @@ def record_workload(workload: str | Path = "walkthrough", *, model: str | None =
                 raise ValueError(f"workload: {path} is not valid JSON: {exc}") from None
             if not isinstance(spec, dict):
                 raise ValueError("workload: the JSON file must hold an object with a 'requests' list")
+            # A workload file's object: run_json_workload checks each field it reads, naming a wrong one.
+            workload_spec = cast(WorkloadSpecDict, spec)
             spec_config, spec_model = dict(spec.get("config") or {}), spec.get("model")
             title = str(spec.get("title") or f"kvscope recording: {path.stem}")
 
-            def runner(session: Any, caption: Captions) -> None:
-                run_json_workload(session, spec, caption)
+            def runner(session: Session, caption: Captions) -> None:
+                run_json_workload(session, workload_spec, caption)
         elif path.suffix == ".py":
             namespace = runpy.run_path(str(path), run_name="kvscope_workload")
             if not callable(namespace.get("run")):
@@ -214,7 +252,7 @@ def record_workload(workload: str | Path = "walkthrough", *, model: str | None =
             except (TypeError, ValueError):
                 takes_caption = True
 
-            def runner(session: Any, caption: Captions) -> None:
+            def runner(session: Session, caption: Captions) -> None:
                 run(session, caption) if takes_caption else run(session)
         else:
             raise ValueError(f"workload: expected a .json or .py file, got {path.name!r}")
@@ -238,7 +276,7 @@ def record_workload(workload: str | Path = "walkthrough", *, model: str | None =
 
 
 def run_export(output: str | Path, workload: str | Path = "walkthrough", *, model: str | None = None,
-               config: dict | None = None, max_steps: int = DEFAULT_MAX_STEPS, keep: str = "last",
+               config: PoolConfigDict | None = None, max_steps: int = DEFAULT_MAX_STEPS, keep: str = "last",
                title: str | None = None, start: str = "last", max_bytes: int = DEFAULT_MAX_BYTES,
                progress: Callable[[str], None] | None = print) -> ExportResult:
     """`python -m explorer export`: record `workload`, write the page, say what it weighs."""

@@ -14,9 +14,12 @@ Example: "#0-#2 decode 1 token each; #0 needed a new block and none was free →
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
-from engine.report.schema import REC
+from engine.report.schema import REC, BudgetsDict, EngineSnapshotDict, RequestDict, ScheduledDict, StepRecordDict
+
+if TYPE_CHECKING:
+    from ..core.history import Entry
 
 EMPTY_HINT = "no steps yet: add a request and press Step"
 ARROW = "\u2192"
@@ -37,19 +40,20 @@ BATCH_SOURCE_WORDS = {
 }
 
 
-def step_caption(record: dict | None, snapshot: dict | None = None, before: dict | None = None,
-                 names: Callable[[str], str] | None = None) -> str:
+def step_caption(record: StepRecordDict | None, snapshot: EngineSnapshotDict | None = None,
+                 before: EngineSnapshotDict | None = None, names: Callable[[str], str] | None = None) -> str:
     """What step `record` did, in words (see the module docstring for the arguments); `names`
     gives a request's name (explorer.core.labels: "#17" for a long vLLM id; default "#" + id)."""
-    snapshot = snapshot or {}
+    snapshot = snapshot or no_snapshot()
     if not record or int(record.get("step", 0) or 0) <= 0:
         return _start_caption(snapshot)
     return _Step(record, snapshot, before, names).caption()
 
 
-def history_captions(entries: Sequence[Any], names: Callable[[str], str] | None = None) -> list[str]:
+def history_captions(entries: Sequence[Entry], names: Callable[[str], str] | None = None) -> list[str]:
     """The caption of every history entry (each with its predecessor's snapshot as `before`)."""
-    out, prev = [], None
+    out: list[str] = []
+    prev: EngineSnapshotDict | None = None
     for entry in entries:
         record, snapshot = _parts(entry)
         out.append(step_caption(record, snapshot, prev, names))
@@ -57,13 +61,19 @@ def history_captions(entries: Sequence[Any], names: Callable[[str], str] | None 
     return out
 
 
-def _parts(entry: Any) -> tuple[dict | None, dict]:
+def no_snapshot() -> EngineSnapshotDict:
+    """What an entry without a snapshot (a dict entry from outside) reads as: an engine with nothing in it.
+    Every reader .get()s a snapshot's parts with a default, so {} stands for that state (hence the cast)."""
+    return cast("EngineSnapshotDict", {})
+
+
+def _parts(entry: Entry) -> tuple[StepRecordDict | None, EngineSnapshotDict]:
     if isinstance(entry, dict):
-        return entry.get("record"), entry.get("snapshot") or {}
-    return getattr(entry, "record", None), getattr(entry, "snapshot", None) or {}
+        return entry.get("record"), entry.get("snapshot") or no_snapshot()
+    return entry.record, entry.snapshot or no_snapshot()
 
 
-def _start_caption(snapshot: dict) -> str:
+def _start_caption(snapshot: EngineSnapshotDict) -> str:
     waiting = len((snapshot.get("queues") or {}).get("waiting", []))
     if waiting:
         return f"no steps yet: {waiting} request{_s(waiting)} waiting; press Step to run the first step"
@@ -101,7 +111,7 @@ def _ceil_div(a: int, b: int) -> int:
 class _Step:
     """The facts one caption needs, gathered once from the record and the two snapshots."""
 
-    def __init__(self, record: dict, snapshot: dict, before: dict | None,
+    def __init__(self, record: StepRecordDict, snapshot: EngineSnapshotDict, before: EngineSnapshotDict | None,
                  names: Callable[[str], str] | None = None) -> None:
         self.name = names or _hash_name
         self.rec = record
@@ -109,21 +119,21 @@ class _Step:
         pool = snapshot.get("block_pool") or {}
         config = snapshot.get("config") or {}
         self.bs = int(pool.get("block_size") or config.get("block_size") or 16)
-        self.budgets = {**{k: config[k] for k in ("max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill",
-                                                   "scheduler_reserve_full_isl", "scheduling_policy") if k in config},
-                        **(record.get("budgets") or {})}
+        # The knobs of the snapshot's config (the engine config's fields), overridden by the record's budgets.
+        self.budgets = cast("BudgetsDict", {
+            **{k: config[k] for k in ("max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill",
+                                      "scheduler_reserve_full_isl", "scheduling_policy") if k in config},
+            **(record.get("budgets") or {})})
         self.budget = int(record.get("token_budget") or self.budgets.get("max_num_batched_tokens") or 0)
         q = snapshot.get("queues") or {}
-        self.reqs: dict[str, dict] = {}
-        for name in ("finished", "waiting", "running"):
-            for r in q.get(name, []):
-                self.reqs[r["request_id"]] = r
+        # every request of the snapshot by id (finished, waiting, then running: a later queue's entry wins)
+        self.reqs = {r["request_id"]: r for r in (*q.get("finished", []), *q.get("waiting", []), *q.get("running", []))}
         self.waiting_after = [r["request_id"] for r in q.get("waiting", [])]
         self.running_after = q.get("running", [])
-        bq = (before or {}).get("queues") or {}
+        bq = (before or no_snapshot()).get("queues") or {}
         self.before_running = [r["request_id"] for r in bq.get("running", [])]
         self.before_tables = {r["request_id"]: list(r.get("block_table", [])) for r in bq.get("running", [])}
-        self.before_known = {r["request_id"] for name in ("waiting", "running") for r in bq.get(name, [])}
+        self.before_known = {r["request_id"] for r in (*bq.get("waiting", []), *bq.get("running", []))}
         self.sched = list(record.get("scheduled", []))
         self.by_rid = {s["request_id"]: s for s in self.sched}
         self.new = set(record.get("new_requests", []))
@@ -131,7 +141,7 @@ class _Step:
         self.finished = list(record.get("finished", []))
         self.sampled = record.get("sampled", {}) or {}
         self.blocks = record.get("blocks", {}) or {}
-        self._claimed: set = set()               # freed blocks a clause already named
+        self._claimed: set[int] = set()          # freed blocks a clause already named
         self._unattributed_alloc: list[int] = []  # allocated blocks no running request holds now
 
     # -- request facts --
@@ -185,18 +195,18 @@ class _Step:
             parts.append(f"slot mapping {BATCH_SOURCE_WORDS['scheduler'][0]}")
         return "; ".join(parts)
 
-    def prefill_text(self, s: dict, left: int) -> str:
+    def prefill_text(self, s: ScheduledDict, left: int) -> str:
         """A prefill (or a resumed request's recompute): how many of its tokens, from where,
         what the prefix cache gave, and which limit chunked it."""
         rid = s["request_id"]
         n, before = int(s["num_tokens"]), int(s.get("num_computed_before", 0))
         known, prompt = self.known_tokens(rid), self.prompt_len(rid)
-        r = self.reqs.get(rid, {})
+        r = self.reqs.get(rid)
         cached = int(s.get("num_cached_tokens") or 0) if rid in self.new else 0
         end = before + n
         total = known if known is not None else end
         # A preempted request recomputes its prompt and the tokens it had generated.
-        again = int(r.get("num_preemptions") or 0) > 0 and prompt is not None and total > prompt
+        again = int((r.get("num_preemptions") if r else None) or 0) > 0 and prompt is not None and total > prompt
         resumed = again and rid in self.new
         verb, kind = ("recompute", "tokens") if again else ("prefill", "prompt tokens")
         head = self.name(rid) + (" resumed after its preemption:" if resumed else "")
@@ -308,7 +318,7 @@ class _Step:
             return []
         alloc_set = set(allocated)
         per: list[str] = []
-        seen: set = set()
+        seen: set[int] = set()
         for r in self.running_after:
             rid = r["request_id"]
             table = list(r.get("block_table", []))
@@ -324,10 +334,10 @@ class _Step:
         return [f"allocated {', '.join(per)}"]
 
     def finish_text(self, rid: str) -> str:
-        r = self.reqs.get(rid, {})
-        reason = r.get("finish_reason")
-        out = len(r.get("output_token_ids", []))
-        max_tokens = r.get("max_tokens") or (r.get("sampling_params") or {}).get("max_tokens")
+        r: RequestDict | None = self.reqs.get(rid)
+        reason = r.get("finish_reason") if r else None
+        out = len(r.get("output_token_ids", [])) if r else 0
+        max_tokens = (r.get("max_tokens") or (r.get("sampling_params") or {}).get("max_tokens")) if r else None
         if reason == "length":
             limit = int(max_tokens) if max_tokens else None
             why = f"max_tokens={max_tokens} reached" if limit is not None and out >= limit else "max_model_len reached"
@@ -382,10 +392,14 @@ class _Step:
         return f"{self.name(head)} waits{more}: {why}"
 
 
-def _quote(text: Any, token_id: Any) -> str:
+def _quote(text: str | None, token_id: int | None) -> str:
     if text is None:
         return f"id {token_id}"
     return repr(str(text)).replace("\\n", "\u21b5")
+
+
+# A memo's entry: an entry's record and snapshot, its predecessor's snapshot, and their caption.
+_Hit = tuple[StepRecordDict | None, EngineSnapshotDict, EngineSnapshotDict | None, str]
 
 
 class CaptionCache:
@@ -394,20 +408,21 @@ class CaptionCache:
     (the Session replaces the latest snapshot when requests are added or aborted)."""
 
     def __init__(self, names: Callable[[str], str] | None = None) -> None:
-        self._memo: dict[tuple[int, int, int], tuple] = {}
+        self._memo: dict[tuple[int, int, int], _Hit] = {}   # by the ids of a hit's first three
         self.names = names   # a request's name in the words (explorer.core.labels)
 
-    def captions(self, entries: Sequence[Any]) -> list[str]:
+    def captions(self, entries: Sequence[Entry]) -> list[str]:
         """One caption per entry, as `history_captions` gives them."""
-        memo: dict[tuple[int, int, int], tuple] = {}
-        out, prev = [], None
+        memo: dict[tuple[int, int, int], _Hit] = {}
+        out: list[str] = []
+        prev: EngineSnapshotDict | None = None
         for entry in entries:
             out.append(self._one(entry, prev, memo))
             prev = _parts(entry)[1]
         self._memo = memo  # only the entries of this history stay
         return out
 
-    def caption(self, entries: Sequence[Any], index: int) -> str:
+    def caption(self, entries: Sequence[Entry], index: int) -> str:
         """The caption of entries[index]."""
         if not entries:
             return EMPTY_HINT
@@ -415,7 +430,7 @@ class CaptionCache:
         prev = _parts(entries[index - 1])[1] if index > 0 else None
         return self._one(entries[index], prev, self._memo)
 
-    def _one(self, entry: Any, prev: dict | None, memo: dict) -> str:
+    def _one(self, entry: Entry, prev: EngineSnapshotDict | None, memo: dict[tuple[int, int, int], _Hit]) -> str:
         record, snapshot = _parts(entry)
         key = (id(record), id(snapshot), id(prev))
         hit = self._memo.get(key)

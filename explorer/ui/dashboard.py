@@ -14,20 +14,29 @@ import secrets
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 import ipywidgets as W
 
 import widgets
 from engine.config import SCHEDULER_KNOBS
+from engine.report.schema import BudgetsDict, EngineSnapshotDict, StepRecordDict
 from widgets.attention import prepare_probe
 
 from ..core.labels import RequestLabels
+from ..core.session_view import FleetView, SessionView
 from . import captions, presets, run_writer, tp_view, views, why_view
 from .layout import ON_DEMAND, PANEL_NAMES, POOL_KEYS
+
+if TYPE_CHECKING:
+    from widgets import Panel
+    from widgets.timeline import TimelineState
+
+    from ..core.history import HistoryEntry
+    from .fleet_view import FleetDashboard
 
 _log = logging.getLogger(__name__)
 
@@ -49,6 +58,24 @@ _ERROR_ALIASES = {"max_model_len": "prompt", "token": "prompt", "num_kv_blocks":
                   "max_num_batched_tokens": "prompt"}
 
 
+class PreparedProbeDict(TypedDict):
+    """A probe ready to show and to keep: what widgets.attention.prepare_probe returns."""
+    request_id: str
+    layer: int | None
+    heads: list[int]
+    kv_head_of_head: list[int]
+    context_len: int
+    block_size: int
+    block_table: list[int]
+    tokens: list[str]
+    row_positions: list[int]
+    head_probs: list[bytes]   # per head: its (thinned) rows as float32 bytes
+    thumbs: bytes             # uint8 per head: thumb_shape, head after head ("" for a one-head probe)
+    thumb_shape: list[int]
+    thumb_heads: list[int]
+    source: str | None        # where the weights came from, when not kvscope's own engine
+
+
 def dashboard_panels() -> tuple[str, ...]:
     """PANEL_NAMES, then every other registered panel that is not ON_DEMAND."""
     return PANEL_NAMES + tuple(n for n in widgets.PANELS if n not in PANEL_NAMES and n not in ON_DEMAND)
@@ -62,16 +89,16 @@ class SessionBinder:
     (bad input) is shown inline in the Controls panel; the Session keeps working.
     """
 
-    def __init__(self, session: Any, panels: Iterable[str] | None = None) -> None:
+    def __init__(self, session: SessionView, panels: Iterable[str] | None = None) -> None:
         self.session = session
         self.view_index: int | None = None
         self.auto_probe = True  # re-read attention after each live step
         self._in_run = False       # inside a multi-step action: probe once, at its end
-        self.panels: dict[str, Any] = {}
+        self.panels: dict[str, Panel] = {}
         self._sampler_pinned = False   # the user chose the sampler's request
         self._attention_pinned = False  # ... or the attention panel's
-        self._timeline_key: tuple | None = None
-        self._timeline_state: Mapping[str, Any] = {}
+        self._timeline_key: tuple[int, int | None] | None = None   # (history length, id of its last entry)
+        self._timeline_state: TimelineState | None = None
         # A request's name in every panel and caption: "#17" for a long vLLM id, kept for the view's life.
         self.labels = RequestLabels()
         self._labels_from = -1   # the latest step the labels read (read again: an add or an abort replaces it)
@@ -79,7 +106,7 @@ class SessionBinder:
         # Attention weights of earlier steps, as captured live: (step, request, layer) -> probe
         # ready to show (widgets.attention.prepare_probe). The history keeps no KV, so a
         # scrubbed step shows its own capture or says it has none, never another step's.
-        self._probes: OrderedDict[tuple, dict] = OrderedDict()
+        self._probes: OrderedDict[tuple[int, str, int], PreparedProbeDict] = OrderedDict()
         # The browser channel these panels light each other up on (_common.js, kvsLink); a new
         # engine gets a new one, so a pin on the old engine's request "2" lights nothing of the new.
         self.link_group = f"kvs-{secrets.token_hex(4)}"
@@ -87,7 +114,7 @@ class SessionBinder:
         self.save_dir = Path.cwd()
         self.token_text = views.token_texts(session.source.tokenizer)
         self.why = why_view.WhyView()  # why each prompt token hit or missed, fed from the history as it grows
-        self._detach: list = []  # unsubscribe functions of the panels' action handlers
+        self._detach: list[Callable[[], None]] = []  # unsubscribe functions of the panels' action handlers
         for name in dashboard_panels() if panels is None else panels:
             self.add(name)
         self._unsubscribe = session.subscribe(self._on_event)
@@ -95,7 +122,7 @@ class SessionBinder:
         self.render()
 
     # ---- panels ----
-    def add(self, name: str) -> Any:
+    def add(self, name: str) -> Panel:
         """The panel called `name` (created and bound on first use)."""
         if name in self.panels:
             return self.panels[name]
@@ -127,10 +154,10 @@ class SessionBinder:
             self.panels["controls"].notice = notice
 
     # ---- what is shown ----
-    def entries(self) -> list:
+    def entries(self) -> list[HistoryEntry]:
         return list(self.session.history)
 
-    def shown_entry(self) -> Any:
+    def shown_entry(self) -> HistoryEntry:
         """The history entry on display: the scrubbed one, else the Session's current."""
         history = self.session.history
         if self.view_index is not None and history:
@@ -140,9 +167,9 @@ class SessionBinder:
     def render(self, *, probe: bool = True) -> None:
         """Redraw every panel from the shown entry (`probe`: re-read attention if live)."""
         entry = self.shown_entry()
-        record = (getattr(entry, "record", None) or views.EMPTY_RECORD) if entry is not None else views.EMPTY_RECORD
-        snapshot = (getattr(entry, "snapshot", None) or {}) if entry is not None else {}
-        step = int(getattr(entry, "step", 0) or snapshot.get("step", 0) or 0)
+        record = entry.record or views.EMPTY_RECORD
+        snapshot = entry.snapshot
+        step = int(entry.step or snapshot.get("step", 0) or 0)
         live = self.view_index is None
         p = self.panels
         self._see_requests()
@@ -170,23 +197,24 @@ class SessionBinder:
                 with panel.hold_sync():
                     panel.step, panel.live = step, live
         for name, draw in draws.items():
-            panel = p.get(name)
-            if panel is None:
+            if name not in p:
                 continue
+            panel = p[name]
             # A panel's step and what it shows of that step go in one comm message, so the
             # browser never sees data-step N over step N-1's content (tests and users wait on it).
             with panel.hold_sync():
                 panel.step, panel.live = step, live
                 draw()
 
-    def _draw_step_view(self, name: str, record: dict, snapshot: dict) -> None:
+    def _draw_step_view(self, name: str, record: StepRecordDict, snapshot: EngineSnapshotDict) -> None:
         self.panels[name].show(views.STEP_VIEWS[name](record, snapshot, self.token_text))
 
-    def _render_controls(self, record: dict, snapshot: dict) -> None:
+    def _render_controls(self, record: StepRecordDict, snapshot: EngineSnapshotDict) -> None:
         history = self.session.history
         config = self.session.config
         # Live: the knobs in force (editable). Scrubbed back: the budgets the shown step ran under.
-        budget = {k: getattr(config, k) for k in SCHEDULER_KNOBS}
+        # (a config's knobs by name: SCHEDULER_KNOBS are BudgetsDict's keys, engine/report/schema.py checks it)
+        budget = cast(BudgetsDict, {k: getattr(config, k) for k in SCHEDULER_KNOBS})
         if self.view_index is not None:
             budget = views.budgets_ran_under(record, snapshot, budget)
         index = len(history) - 1 if self.view_index is None else self.view_index
@@ -205,7 +233,7 @@ class SessionBinder:
             "run_summary": {**views.run_summary(history), "can_save": run_writer.WRITER is not None},
         })
 
-    def _render_why(self, snapshot: dict, step: int | None) -> None:
+    def _render_why(self, snapshot: EngineSnapshotDict, step: int | None) -> None:
         """The why panel as it stood after the shown step (`step`; None: the latest, the whole run)."""
         panel, why = self.panels["why"], self.why
         rid = panel.request_id or (self.panels["queues"].selected if "queues" in self.panels else "")
@@ -216,23 +244,24 @@ class SessionBinder:
             panel.request = why_view.request_state(why.ledger, rid, snapshot, self.token_text, step) if rid else {}
         panel.proving = why.proving
 
-    def _render_sampler(self, snapshot: dict) -> None:
+    def _render_sampler(self, snapshot: EngineSnapshotDict) -> None:
         sampler = self.panels["sampler"]
         history = self.session.history
         end = len(history) if self.view_index is None else self.view_index + 1
         rid = sampler.request_id if self._sampler_pinned else ""
         sampler.show(views.sampler_state(history[:end], snapshot, rid, self.token_text))
 
-    def _timeline(self) -> Mapping[str, Any]:
+    def _timeline(self) -> TimelineState:
         # The whole history is sent once per new step; scrubbing only moves the window.
         history = self.session.history
         key = (len(history), id(history[-1]) if history else None)
-        if key != self._timeline_key:
+        state = self._timeline_state
+        if key != self._timeline_key or state is None:
             self._timeline_key = key
-            self._timeline_state = views.timeline_state(history, self._captions.captions(history))
-        return self._timeline_state
+            state = self._timeline_state = views.timeline_state(history, self._captions.captions(history))
+        return state
 
-    def _render_attention(self, snapshot: dict, step: int, *, probe: bool) -> None:
+    def _render_attention(self, snapshot: EngineSnapshotDict, step: int, *, probe: bool) -> None:
         att = self.panels["attention"]
         heads = int((snapshot.get("model_info") or {}).get("num_heads") or 0)
         shape = views.attention_shape(snapshot)
@@ -258,8 +287,8 @@ class SessionBinder:
         if not rid:
             att.clear(views.attention_note(snapshot))
             return
-        req = next((r for r in views.all_requests(snapshot) if r["request_id"] == rid), {})
-        att.num_prompt_tokens = len(req.get("prompt_token_ids") or [])
+        req = next((r for r in views.all_requests(snapshot) if r["request_id"] == rid), None)
+        att.num_prompt_tokens = len((req.get("prompt_token_ids") if req else None) or [])
         head = att.head if 0 <= att.head < max(1, heads) else 0
         key = (step, rid, att.layer)
         kept = self._probes.get(key)
@@ -282,9 +311,10 @@ class SessionBinder:
                        "step live to capture")
             att.clear(f"weights for {what} not captured: {why}")
             return
-        rows = next((int(x.get("num_tokens") or 0) for x in (self._shown_record() or {}).get("scheduled", [])
+        rows = next((int(x.get("num_tokens") or 0)
+                     for x in (self._shown_record() or views.EMPTY_RECORD).get("scheduled", [])
                      if x.get("request_id") == rid), 1)
-        context = int(req.get("num_computed_tokens") or 0)
+        context = int((req.get("num_computed_tokens") if req else None) or 0)
         every_head = heads > 1 and heads * max(1, rows) * max(1, context) <= _ALL_HEADS_BUDGET
         try:
             probe_dict = self.session.probe(rid, att.layer, None if every_head else head)
@@ -292,30 +322,30 @@ class SessionBinder:
             att.request_id = rid
             att.clear(str(exc))
             return
-        prep = prepare_probe(probe_dict, att.max_rows)
+        # widgets.attention.prepare_probe takes and returns a bare dict: this is the shape it builds.
+        prep = cast(PreparedProbeDict, prepare_probe(dict(probe_dict), att.max_rows))
         self._probes[key] = prep
         while len(self._probes) > 1 and sum(_probe_bytes(p) for p in self._probes.values()) > _PROBE_CACHE_BYTES:
             self._probes.popitem(last=False)
         self._show_probe(prep, step)
 
-    def _show_probe(self, prep: dict, step: int) -> None:
+    def _show_probe(self, prep: PreparedProbeDict, step: int) -> None:
         att = self.panels["attention"]
         att.show_prepared(prep, step=step)
         if prep.get("source"):  # where the weights came from, when not kvscope's own engine
             att.message = str(prep["source"])
 
-    def _shown_record(self) -> dict:
-        entry = self.shown_entry()
-        return (getattr(entry, "record", None) or {}) if entry is not None else {}
+    def _shown_record(self) -> StepRecordDict | None:
+        return self.shown_entry().record
 
-    def _snapshot_before(self) -> dict | None:
+    def _snapshot_before(self) -> EngineSnapshotDict | None:
         """The snapshot of the entry before the shown one (None at the first)."""
         history = self.session.history
         i = len(history) - 1 if self.view_index is None else min(self.view_index, len(history) - 1)
-        return (getattr(history[i - 1], "snapshot", None) or None) if i >= 1 else None
+        return (history[i - 1].snapshot or None) if i >= 1 else None
 
     # ---- Session events ----
-    def _on_event(self, event: str, _session: Any = None) -> None:
+    def _on_event(self, event: str, _session: SessionView | None = None) -> None:
         try:
             if event == "reset":
                 self.view_index = None
@@ -375,7 +405,7 @@ class SessionBinder:
         self._see_requests()
         if "controls" in self.panels:
             entry = self.shown_entry()
-            self._render_controls(entry.record or views.EMPTY_RECORD, entry.snapshot or {})
+            self._render_controls(entry.record or views.EMPTY_RECORD, entry.snapshot)
 
     # ---- browser actions ----
     def _on_action(self, source: str, content: dict) -> None:
@@ -425,7 +455,7 @@ class SessionBinder:
                 self._in_run = False
             if isinstance(n, int) and n > 1 and "attention" in self.panels:
                 entry = self.shown_entry()
-                self._render_attention(entry.snapshot or {}, int(entry.step), probe=self.auto_probe)
+                self._render_attention(entry.snapshot, int(entry.step), probe=self.auto_probe)
         elif action == "add":
             self.view_index = None
             check_required(c)
@@ -437,7 +467,8 @@ class SessionBinder:
         elif action == "preset":
             self.view_index = None
             check_required(c)
-            done = presets.add_preset(s, str(c.get("name")), c)
+            # The browser's `preset` message carries the form's fields beside its name (widgets/controls.py).
+            done = presets.add_preset(s, str(c.get("name")), cast(presets.PresetFieldsDict, c))
             if "controls" in self.panels:  # what the preset did, stepping included, in words
                 self.panels["controls"].notice = done
         elif action == "set_budget":
@@ -463,8 +494,7 @@ class SessionBinder:
         elif action == "refresh" and "attention" in self.panels:
             self._attention_pinned = bool(self.panels["attention"].request_id)
             entry = self.shown_entry()
-            snap = entry.snapshot if entry is not None else {}
-            self._render_attention(snap or {}, int(getattr(entry, "step", 0) or 0), probe=True)
+            self._render_attention(entry.snapshot, int(entry.step or 0), probe=True)
 
     def _rebuild(self, c: dict) -> None:
         """Reset / Apply: a new engine. The browser asked first (it names what goes); `save_run`
@@ -531,17 +561,17 @@ class SessionBinder:
                     p["attention"].request_id = rid
                 self._attention_pinned = bool(p["attention"].request_id)
         entry = self.shown_entry()
-        snap = (entry.snapshot if entry is not None else {}) or {}
+        snap = entry.snapshot
         if "sampler" in p:
             self._render_sampler(snap)
         if "why" in p:
             with p["why"].hold_sync():
-                self._render_why(snap, None if self.view_index is None else int(getattr(entry, "step", 0) or 0))
+                self._render_why(snap, None if self.view_index is None else int(entry.step or 0))
         if "attention" in p:
-            self._render_attention(snap, int(getattr(entry, "step", 0) or 0), probe=True)
+            self._render_attention(snap, int(entry.step or 0), probe=True)
 
 
-def _probe_bytes(prep: dict) -> int:
+def _probe_bytes(prep: PreparedProbeDict) -> int:
     return sum(len(b) for b in prep["head_probs"]) + len(prep["thumbs"])
 
 
@@ -572,15 +602,17 @@ class Dashboard(W.VBox):
     `attention`, `timeline`, `latency`. Display one alone with ``display(dash.queues)``.
     """
 
-    def __new__(cls, session: Any, **kwargs: Any) -> Any:
-        if cls is Dashboard and isinstance(getattr(session, "sessions", None), list):
+    def __new__(cls, session: SessionView | FleetView, **kwargs: Any) -> Dashboard | FleetDashboard:
+        if cls is Dashboard and isinstance(session, FleetView):
             # A Fleet (the ranks of a data-parallel server): its engine cores side by side.
             from .fleet_view import FleetDashboard
 
             return FleetDashboard(session, panel, **kwargs)
         return super().__new__(cls)
 
-    def __init__(self, session: Any, *, panels: Iterable[str] | None = None) -> None:
+    def __init__(self, session: SessionView | FleetView, *, panels: Iterable[str] | None = None) -> None:
+        if isinstance(session, FleetView):  # only Dashboard itself lays a Fleet out (__new__), never a subclass
+            raise TypeError(f"{type(self).__name__} shows one Session; Dashboard(fleet) shows a Fleet")
         self.session = session
         if panels is None:  # the sharding view only when there is sharding to see
             tp = getattr(session.config, "tensor_parallel_size", 1)
@@ -629,7 +661,7 @@ class Dashboard(W.VBox):
 _shared: weakref.WeakValueDictionary[int, SessionBinder] = weakref.WeakValueDictionary()
 
 
-def panel(session: Any, name: str) -> Any:
+def panel(session: SessionView, name: str) -> Panel:
     """One panel bound to `session`, for a notebook cell of its own.
 
     Panels made this way for the same Session share one binder: scrubbing in a
@@ -645,41 +677,41 @@ def panel(session: Any, name: str) -> Any:
     return widget
 
 
-def controls_panel(session: Any) -> Any:
+def controls_panel(session: SessionView) -> Panel:
     """Step / Run N / Play / Reset, the add-request form, budget knobs, history."""
     return panel(session, "controls")
 
 
-def queues_panel(session: Any) -> Any:
+def queues_panel(session: SessionView) -> Panel:
     """Waiting / running / finished requests."""
     return panel(session, "queues")
 
 
-def sampler_panel(session: Any) -> Any:
+def sampler_panel(session: SessionView) -> Panel:
     """Top candidates and the chosen token of a request."""
     return panel(session, "sampler")
 
 
-def block_pool_panel(session: Any) -> Any:
+def block_pool_panel(session: SessionView) -> Panel:
     """The KV block pool and per-request block tables."""
     return panel(session, "blocks")
 
 
-def slot_mapping_panel(session: Any) -> Any:
+def slot_mapping_panel(session: SessionView) -> Panel:
     """This step's packed batch, token by token."""
     return panel(session, "slots")
 
 
-def attention_panel(session: Any) -> Any:
+def attention_panel(session: SessionView) -> Panel:
     """Attention heatmap of a request / layer / head."""
     return panel(session, "attention")
 
 
-def timeline_panel(session: Any) -> Any:
+def timeline_panel(session: SessionView) -> Panel:
     """Per-step batch composition and timings, and the per-request Gantt."""
     return panel(session, "timeline")
 
 
-def latency_panel(session: Any) -> Any:
+def latency_panel(session: SessionView) -> Panel:
     """TTFT / ITL charts (engine clock; a live server's own request times)."""
     return panel(session, "latency")

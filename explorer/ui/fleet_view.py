@@ -6,21 +6,59 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, TypedDict
 
 import ipywidgets as W
+
+from ..core.fleet import RoutingRowDict, RoutingSummaryDict
+
+if TYPE_CHECKING:  # the panel's module needs anywidget, imported when a panel is made
+    from widgets.fleet import FleetPanel
+
+    from ..core.session_view import FleetView, SessionView
 
 MAX_ROWS = 200          # the routing table shows the latest this many requests
 COLUMN_PANELS = ("queues", "blocks", "timeline")
 REFRESH_S = 0.5         # the fleet panel redraws at most this often while steps stream in
 
 
-def fleet_state(fleet: Any, max_rows: int = MAX_ROWS) -> dict:
+class FleetRankDict(TypedDict):
+    """One engine core in the fleet panel: its feed's counters (Session.feed_status) and its load."""
+    label: str
+    address: str
+    step: int
+    applied: int
+    missed: int
+    dropped_here: int
+    running: int
+    waiting: int
+    free_blocks: int
+    num_blocks: int
+    scheduled_ahead: int | None
+    requests: int          # waiting, running and finished
+
+
+class FleetSummaryDict(RoutingSummaryDict):
+    """The routing totals, and how many of the rows the panel shows."""
+    shown: int
+    total: int
+
+
+class FleetState(TypedDict):
+    """The FleetPanel's traits (`fleet_state`)."""
+    ranks: list[FleetRankDict]
+    rows: list[RoutingRowDict]   # the latest MAX_ROWS
+    summary: FleetSummaryDict
+    following: bool
+    step: int                    # the furthest engine core's step
+
+
+def fleet_state(fleet: FleetView, max_rows: int = MAX_ROWS) -> FleetState:
     """The FleetPanel's traits from a Fleet (plain data)."""
     rows = fleet.routing()
     summary = fleet.routing_summary(rows)
-    ranks = []
+    ranks: list[FleetRankDict] = []
     for label, s in zip(fleet.labels, fleet.sessions):
         snap, st = s.current.snapshot, s.feed_status()
         q, pool = snap["queues"], snap["block_pool"]
@@ -31,11 +69,11 @@ def fleet_state(fleet: Any, max_rows: int = MAX_ROWS) -> dict:
                       "num_blocks": pool["num_blocks"], "scheduled_ahead": st.get("scheduled_ahead"),
                       "requests": sum(len(q[k]) for k in ("waiting", "running", "finished"))})
     shown = rows[-max_rows:]
-    return {"ranks": ranks, "rows": shown, "summary": summary | {"shown": len(shown), "total": len(rows)},
+    return {"ranks": ranks, "rows": shown, "summary": {**summary, "shown": len(shown), "total": len(rows)},
             "following": fleet.following, "step": max((r["step"] for r in ranks), default=0)}
 
 
-def fleet_panel(fleet: Any) -> Any:
+def fleet_panel(fleet: FleetView) -> FleetPanel:
     """A FleetPanel bound to `fleet`: its button follows or pauses every engine core, and it
     redraws after their steps (at most every REFRESH_S while they stream in, the last one too)."""
     from widgets.fleet import FleetPanel
@@ -62,7 +100,7 @@ def fleet_panel(fleet: Any) -> Any:
             last[0] = time.monotonic()
         panel.show(fleet_state(fleet))
 
-    def on_action(content: dict) -> None:
+    def on_action(content: Mapping[str, object]) -> None:   # the browser's message (JSON)
         if content.get("action") == "follow":
             fleet.follow()
         elif content.get("action") == "pause":
@@ -80,7 +118,7 @@ class FleetDashboard(W.VBox):
     Session): `Dashboard(fleet)` builds one, handing it `panel_of` (dashboard.panel: one panel
     bound to a Session). `fleet_panel` and `columns` are its parts."""
 
-    def __init__(self, fleet: Any, panel_of: Callable[[Any, str], Any], *,
+    def __init__(self, fleet: FleetView, panel_of: Callable[[SessionView, str], W.Widget], *,
                  panels: tuple[str, ...] = COLUMN_PANELS) -> None:
         panel = panel_of
         self.fleet = fleet

@@ -6,10 +6,29 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:  # the panel's module needs anywidget (imported when a panel is made)
+    from widgets.follow import FollowPanel
+
+    from ..core.history import HistoryEntry
+    from ..core.session_view import SessionView
 
 
-def follow_panel(session: Any, binder: Any = None) -> Any:
+class ViewBinder(Protocol):
+    """What the Follow panel uses of the Dashboard's binder (explorer.ui.dashboard.SessionBinder)."""
+    link_group: str
+    view_index: int | None   # the history index the panels are held at (None: the latest step)
+
+    def shown_entry(self) -> HistoryEntry: ...
+
+    def scrub(self, index: int | None) -> None: ...
+
+    def hold_at(self, step: int) -> None: ...
+
+
+def follow_panel(session: SessionView, binder: ViewBinder | None = None) -> FollowPanel:
     """A FollowPanel wired to `session`: its buttons call follow() / pause(), and it redraws
     after the session's events (at most every 0.2 s while steps stream in). With the
     Dashboard's `binder`: Pause shows the step the browser held the panels at, Follow returns
@@ -47,7 +66,7 @@ def follow_panel(session: Any, binder: Any = None) -> Any:
         # the panels at the step the panels last said (a parked view stays parked, not the latest).
         panel.show({"following": session.following, "status": status, "parked_at": parked, "step": shown})
 
-    def on_action(content: dict) -> None:
+    def on_action(content: Mapping[str, object]) -> None:   # the browser's message (JSON)
         action = content.get("action")
         if action == "follow":
             if binder is not None:

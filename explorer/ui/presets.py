@@ -6,9 +6,14 @@ typed prompt in the tokenizer's chat template (the default model is an Instruct 
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Protocol, TypedDict
 
 from . import views
+
+if TYPE_CHECKING:  # types only: this module imports no more than it needs
+
+    from ..core.history import HistoryEntry
+    from ..core.session_view import SessionView
 
 SHARED_PREFIX = ("You are a concise assistant for a geography quiz. Answer with the name of the city only, "
                  "no explanation, no punctuation, and no extra words. Here is the question.")
@@ -20,7 +25,39 @@ BURST_TOPICS = ("the ocean", "mountains", "a library", "trains", "the moon", "ga
 PRESET_NAMES = ("shared_prefix", "long_prompt", "burst")
 
 
-def add_preset(session: Any, name: str, fields: dict) -> str:
+class PresetFieldsDict(TypedDict, total=False):
+    """The add-request form's fields a preset reads (the Controls panel's `preset` action carries them);
+    an emptied number field arrives as ""."""
+    max_tokens: int | str | None
+    temperature: float | str | None
+    n: int | str | None          # how many requests a burst adds
+    chat_template: bool          # each prompt in the tokenizer's chat template
+
+
+class PresetSamplingDict(TypedDict):
+    """The sampling fields every request of a preset gets (SamplingParams' fields, as add_request's keywords)."""
+    max_tokens: int
+    temperature: float | str
+
+
+class ChatTurnDict(TypedDict):
+    """One turn of a chat, as a chat template takes it."""
+    role: str      # "system" | "user"
+    content: str
+
+
+class ChatTokenizer(Protocol):
+    """What the presets and the form use of a tokenizer (kvscope's and vLLM's are Hugging Face tokenizers)."""
+
+    chat_template: str | None
+
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+    def apply_chat_template(self, conversation: list[ChatTurnDict], *, tokenize: bool = ...,
+                            add_generation_prompt: bool = ...) -> str: ...
+
+
+def add_preset(session: SessionView, name: str, fields: PresetFieldsDict) -> str:
     """Add the requests of preset `name` and say in one line what it did, steps included.
 
     `fields` may carry max_tokens, temperature, n (burst) and chat_template (the form's
@@ -28,7 +65,8 @@ def add_preset(session: Any, name: str, fields: dict) -> str:
     prefix as the system turn, so an Instruct model answers instead of continuing raw text).
     """
     s = session
-    common = {"max_tokens": int(fields.get("max_tokens") or 16), "temperature": fields.get("temperature") or 0.0}
+    common: PresetSamplingDict = {"max_tokens": int(fields.get("max_tokens") or 16),
+                                  "temperature": fields.get("temperature") or 0.0}
     tok = s.source.tokenizer
     chat = bool(fields.get("chat_template")) and has_chat_template(tok)
     wrap = ((lambda text, system=None: chat_prompt(tok, text, system=system)) if chat
@@ -54,7 +92,7 @@ def add_preset(session: Any, name: str, fields: dict) -> str:
         cfg = s.config
         target = min(int(cfg.max_num_batched_tokens * 2.5), cfg.max_model_len - common["max_tokens"] - 1)
         if chat:
-            prompt: Any = long_chat_prompt(tok, target)
+            prompt: str | list[int] = long_chat_prompt(tok, target)
             n = len(tok.encode(prompt, add_special_tokens=False))
         else:
             unit = list(tok.encode(LONG_TEXT, add_special_tokens=False))
@@ -72,7 +110,7 @@ def add_preset(session: Any, name: str, fields: dict) -> str:
     raise ValueError(f"unknown preset {name!r}")
 
 
-def long_chat_prompt(tokenizer: Any, target: int) -> str:
+def long_chat_prompt(tokenizer: ChatTokenizer, target: int) -> str:
     """A user turn of repeated LONG_TEXT whose templated prompt is about `target` tokens (never more)."""
     unit = max(1, len(tokenizer.encode(LONG_TEXT, add_special_tokens=False)))
     overhead = len(tokenizer.encode(chat_prompt(tokenizer, "x"), add_special_tokens=False)) - 1
@@ -84,26 +122,26 @@ def long_chat_prompt(tokenizer: Any, target: int) -> str:
     return prompt
 
 
-def waiting_for_prefill(entry: Any, rid: str) -> bool:
+def waiting_for_prefill(entry: HistoryEntry, rid: str) -> bool:
     """True while `rid` has prompt tokens without KV (so it cannot be a prefix source yet)."""
-    snapshot = getattr(entry, "snapshot", None) or {}
-    for req in views.all_requests(snapshot):
+    for req in views.all_requests(entry.snapshot):
         if req["request_id"] == rid:
             missing = len(req.get("prompt_token_ids", [])) - req.get("num_computed_tokens", 0)
             return req.get("status") != "finished" and missing > 0
     return True
 
 
-def has_chat_template(tokenizer: Any) -> bool:
+def has_chat_template(tokenizer: ChatTokenizer | None) -> bool:
     """True when the tokenizer carries a chat template (kvscope's and vLLM's are HF tokenizers)."""
     return bool(getattr(tokenizer, "chat_template", None)) and hasattr(tokenizer, "apply_chat_template")
 
 
-def chat_prompt(tokenizer: Any, text: str, system: str | None = None) -> str:
+def chat_prompt(tokenizer: ChatTokenizer | None, text: str, system: str | None = None) -> str:
     """`text` as one user turn in the tokenizer's chat template (after a `system` turn when
     given), ready for the assistant's answer. An empty text stays empty, so the engine's own
     "prompt must not be empty" still speaks."""
-    if not text or not has_chat_template(tokenizer):
+    if not text or tokenizer is None or not has_chat_template(tokenizer):
         return text
-    turns = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+    turns: list[ChatTurnDict] = [{"role": "system", "content": system}] if system else []
+    turns.append({"role": "user", "content": text})
     return tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-Writer = Callable[[Any, Path], Any]
+if TYPE_CHECKING:  # (its module imports torch: this one also runs where only Python does, a re-run's Pyodide)
+    from ..core.session_view import SessionView
+
+Writer = Callable[["SessionView", Path], object]   # what it returns is not read
 WRITER: Writer | None = None
 
 

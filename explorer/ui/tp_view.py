@@ -8,9 +8,16 @@ all-reduce / gather); nothing is recomputed from the model.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING
 
-from widgets.tensor_parallel import TensorParallelState
+from engine.report.schema import EngineSnapshotDict, StepRecordDict
+from widgets.tensor_parallel import TensorParallelPanel, TensorParallelState
+
+from .captions import no_snapshot
+
+if TYPE_CHECKING:
+    from ..core.history import Entry
+    from ..core.session_view import SessionView
 
 RECENT_STEPS = 40
 
@@ -22,7 +29,8 @@ GPU_NOTE = ("The ranks are GPUs joined by NCCL; collective time is measured on r
             "(CUDA events), so it includes waiting for the slowest rank.")
 
 
-def tensor_parallel_state(record: dict | None, snapshot: dict, history: Iterable[Any] = ()) -> TensorParallelState:
+def tensor_parallel_state(record: StepRecordDict | None, snapshot: EngineSnapshotDict,
+                          history: Iterable[Entry] = ()) -> TensorParallelState:
     """Panel state (`widgets.TensorParallelPanel` traits) for one history entry.
 
     `history`: the Session's entries up to the displayed one, for the recent-steps chart.
@@ -37,7 +45,7 @@ def tensor_parallel_state(record: dict | None, snapshot: dict, history: Iterable
     summary.update(size=size, backend=info.get("tp_backend"), num_blocks=config.get("num_kv_blocks"))
     recent = []
     for entry in list(history)[-RECENT_STEPS:]:
-        rec = getattr(entry, "record", None) if not isinstance(entry, dict) else entry.get("record")
+        rec = entry.get("record") if isinstance(entry, dict) else entry.record
         if rec and rec.get("step") and rec.get("scheduled"):
             t = rec.get("timings_ms") or {}
             recent.append([int(rec["step"]), float(t.get("collectives") or 0.0), float(t.get("forward") or 0.0)])
@@ -53,25 +61,23 @@ def tensor_parallel_state(record: dict | None, snapshot: dict, history: Iterable
             "last_step": last, "recent": recent, "note": note}
 
 
-def session_state(session: Any) -> TensorParallelState:
+def session_state(session: SessionView) -> TensorParallelState:
     """`tensor_parallel_state` of the Session's current entry."""
     entry = session.current
     if entry is None:
-        return tensor_parallel_state(None, {})
+        return tensor_parallel_state(None, no_snapshot())
     return tensor_parallel_state(entry.record, entry.snapshot, session.history)
 
 
-def tensor_parallel_panel(session: Any) -> Any:
+def tensor_parallel_panel(session: SessionView) -> TensorParallelPanel:
     """A `TensorParallelPanel` kept up to date with `session` (after each step and reset).
 
     The panel lives as long as the Session does (the Session's observer list holds it);
     `panel.unbind()` stops the updates.
     """
-    from widgets.tensor_parallel import TensorParallelPanel
-
     panel = TensorParallelPanel()
 
-    def refresh(event: str | None = None, _session: Any = None) -> None:
+    def refresh(event: str | None = None, _session: SessionView | None = None) -> None:
         if event in (None, "step", "reset", "add", "abort"):
             entry = session.current
             with panel.hold_sync():

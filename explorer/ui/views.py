@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast
+
+from engine.report.records import StepRecord
 
 # The block pool's `status` codes and `events` bits are the record schema's (the browser reads
 # them from its generated copy, widgets/_schema.js's KVS_SCHEMA).
@@ -35,12 +37,18 @@ from engine.report.schema import (
     SCHED,
     SNAP,
     TIME,
+    BudgetsDict,
+    EngineSnapshotDict,
+    RequestDict,
+    SampledDict,
+    StepRecordDict,
 )
 from engine.token_replay import BACKEND as REPLAY_BACKEND
 from engine.tokenizer import fast_decoder
 
+from ..core.history import Entry
 from ..core.labels import kv_cache_group_label
-from .captions import BATCH_SOURCE_WORDS, history_captions
+from .captions import BATCH_SOURCE_WORDS, history_captions, no_snapshot
 
 if TYPE_CHECKING:  # each panel's state type, what the functions below return (widgets/<panel>.py); only
     # their names are read here, so this module runs without anywidget (a docs page's Pyodide)
@@ -51,12 +59,18 @@ if TYPE_CHECKING:  # each panel's state type, what the functions below return (w
     from widgets.slot_mapping import SlotMappingState
     from widgets.timeline import TimelineState
 
+
 TokenText = Callable[[Sequence[int]], list[str]]
 
-EMPTY_RECORD: dict = {REC.STEP: 0, REC.SCHEDULED: [], REC.BATCH: {}, REC.SAMPLED: {}, REC.PREEMPTED: [],
-                      REC.FINISHED: [], REC.NEW_REQUESTS: [], REC.BLOCKS: {}, REC.TIMINGS_MS: {}}
+#: What the panels read for an entry without a record (the step-0 entry): the record of a step that did nothing.
+EMPTY_RECORD: StepRecordDict = StepRecord(step=0).to_dict()
+
 
 _PARAM_KEYS = ("temperature", "top_k", "top_p", "max_tokens", "ignore_eos", "seed")  # shown by the sampler
+
+#: A snapshot queue's name (QueuesDict's keys), and the three in the order the panels count them.
+QueueName = Literal["waiting", "running", "finished"]
+QUEUE_NAMES: tuple[QueueName, ...] = (QUEUE.WAITING, QUEUE.RUNNING, QUEUE.FINISHED)
 
 
 def token_texts(tokenizer: Any) -> TokenText:
@@ -79,7 +93,7 @@ def token_texts(tokenizer: Any) -> TokenText:
     return texts
 
 
-def all_requests(snapshot: dict) -> list[dict]:
+def all_requests(snapshot: EngineSnapshotDict) -> list[RequestDict]:
     """Every request of a snapshot: waiting, running, then finished."""
     q = snapshot.get(SNAP.QUEUES) or {}
     return [*q.get(QUEUE.WAITING, []), *q.get(QUEUE.RUNNING, []), *q.get(QUEUE.FINISHED, [])]
@@ -91,8 +105,44 @@ def _clip(text: str | None, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - limit // 4] + " \u2026 " + text[-(limit // 4):]
 
 
-def queues_state(record: dict | None, snapshot: dict, *, max_finished: int = 50, max_text: int = 400,
-                 why: dict[str, dict] | None = None, names: Callable[[str], str] | None = None) -> QueuesState:
+class WhyRowDict(TypedDict):
+    """A queue card's why column (`queues_state`'s `why`: explorer.ui.why_view.why_rows)."""
+    text: str   # RequestWhy.why(): "12 hit; 4 evicted +"
+    cls: str    # the biggest miss class of its first admission ("hit" when none missed; "" not admitted)
+
+
+class QueueScheduledDict(TypedDict):
+    """What this step scheduled for a queue card's request (its ScheduledDict's fields, None where absent)."""
+    num_tokens: int | None
+    num_computed_before: int | None
+    is_prefill: bool | None
+    num_cached_tokens: int | None
+    chunk_index: int | None
+
+
+class QueueRowDict(TypedDict):
+    """One request's card in the queues panel."""
+    request_id: str
+    label: str                # its name ("#17" for a long vLLM id)
+    status: str
+    prompt_text: str
+    output_text: str
+    num_prompt_tokens: int
+    num_output_tokens: int
+    max_tokens: int | None
+    num_computed_tokens: int
+    num_cached_tokens: int
+    num_preemptions: int
+    finish_reason: str | None
+    num_blocks: int
+    scheduled: QueueScheduledDict | None   # None: not scheduled in this step
+    sampled_text: str | None
+    why: WhyRowDict | None    # why its prompt hit or missed the prefix cache (explorer.ui.why_view.why_rows)
+
+
+def queues_state(record: StepRecordDict | None, snapshot: EngineSnapshotDict, *, max_finished: int = 50,
+                 max_text: int = 400, why: Mapping[str, WhyRowDict] | None = None,
+                 names: Callable[[str], str] | None = None) -> QueuesState:
     """QueuesPanel traits: one row per request, with what this step scheduled for it, its name
     (`names`: explorer.core.labels, "#17" for a long vLLM id; the card keeps the id on hover), and
     (given `why`, explorer.ui.why_view.why_rows) why its prompt hit or missed the prefix cache."""
@@ -100,7 +150,7 @@ def queues_state(record: dict | None, snapshot: dict, *, max_finished: int = 50,
     scheduled = {s[SCHED.REQUEST_ID]: s for s in record.get(REC.SCHEDULED, [])}
     sampled = record.get(REC.SAMPLED, {})
 
-    def row(req: dict) -> dict:
+    def row(req: RequestDict) -> QueueRowDict:
         rid = req[REQ.REQUEST_ID]
         s = scheduled.get(rid)
         return {
@@ -113,11 +163,12 @@ def queues_state(record: dict | None, snapshot: dict, *, max_finished: int = 50,
             "max_tokens": req.get(REQ.MAX_TOKENS), "num_computed_tokens": req.get(REQ.NUM_COMPUTED_TOKENS, 0),
             "num_cached_tokens": req.get(REQ.NUM_CACHED_TOKENS, 0), "num_preemptions": req.get(REQ.NUM_PREEMPTIONS, 0),
             "finish_reason": req.get(REQ.FINISH_REASON), "num_blocks": len(req.get(REQ.BLOCK_TABLE, [])),
-            "scheduled": None if s is None else {k: s.get(k) for k in (
-                SCHED.NUM_TOKENS, SCHED.NUM_COMPUTED_BEFORE, SCHED.IS_PREFILL, SCHED.NUM_CACHED_TOKENS,
-                SCHED.CHUNK_INDEX)},
-            "sampled_text": (sampled.get(rid) or {}).get(SAMPLE.TEXT),
-            "why": (why or {}).get(rid),
+            "scheduled": None if s is None else {
+                SCHED.NUM_TOKENS: s.get(SCHED.NUM_TOKENS), SCHED.NUM_COMPUTED_BEFORE: s.get(SCHED.NUM_COMPUTED_BEFORE),
+                SCHED.IS_PREFILL: s.get(SCHED.IS_PREFILL), SCHED.NUM_CACHED_TOKENS: s.get(SCHED.NUM_CACHED_TOKENS),
+                SCHED.CHUNK_INDEX: s.get(SCHED.CHUNK_INDEX)},
+            "sampled_text": _sampled_text(sampled.get(rid)),
+            "why": why.get(rid) if why else None,
         }
     q = snapshot.get(SNAP.QUEUES) or {}
     finished = q.get(QUEUE.FINISHED, [])
@@ -127,13 +178,18 @@ def queues_state(record: dict | None, snapshot: dict, *, max_finished: int = 50,
             "finished_total": len(finished)}
 
 
+def _sampled_text(s: SampledDict | None) -> str | None:
+    """The text of a sampled token (None: none sampled)."""
+    return s.get(SAMPLE.TEXT) if s else None
+
+
 # The block pool's byte columns, one element per block, as `array` typecodes: uint8 status,
 # uint16 ref_count, int16 owner (an index into owners, -1 none), uint8 events, uint8 group (the
 # KV cache group whose table holds it: 0 full attention, 1.. the others, e.g. a sliding window's).
 BLOCK_COLUMNS = {"status": "B", "ref_count": "H", "owner": "h", "events": "B", "group": "B"}
 
 
-def block_pool_state(record: dict | None, snapshot: dict) -> BlockPoolState:
+def block_pool_state(record: StepRecordDict | None, snapshot: EngineSnapshotDict) -> BlockPoolState:
     """BlockPoolPanel traits as compact byte columns (+ "blocks", kept Python-side)."""
     record = record or EMPTY_RECORD
     pool = snapshot.get(SNAP.BLOCK_POOL) or {}
@@ -161,7 +217,8 @@ def block_pool_state(record: dict | None, snapshot: dict) -> BlockPoolState:
             owner[i] = idx[0]
         if len(idx) > 1:
             shared.append([i, idx])
-    record_blocks = record.get(REC.BLOCKS) or {}
+    # The step's block events by key: every BlockEventsDict value is a list of block ids.
+    record_blocks = cast("Mapping[str, list[int]]", record.get(REC.BLOCKS) or {})
     counts = {k: 0 for k in EVENT_BITS}
     for key, bit in EVENT_BITS.items():
         for bid in record_blocks.get(key, []):
@@ -194,25 +251,35 @@ def block_pool_state(record: dict | None, snapshot: dict) -> BlockPoolState:
         if len(labels) > 1:
             row["groups"] = group_rows(r, labels)
             for g, group_table in enumerate(r.get(REQ.GROUP_BLOCK_TABLES) or (), start=1):
-                for b in group_table:
-                    if 0 < b < n:
-                        group[b] = g
+                for gb in group_table:
+                    if 0 < gb < n:
+                        group[gb] = g
         tables.append(row)
     return {"num_blocks": n, "block_size": block_size, "status": status.tobytes(),
             "ref_count": ref.tobytes(), "owner": owner.tobytes(), "events": events.tobytes(),
             # one KV cache group (most models): no column, the panel draws no group marks
             "group": group.tobytes() if len(labels) > 1 else b"", "group_labels": labels,
-            "owners": owners, "shared": shared, "block_tables": tables, "counts": counts, "blocks": blocks}
+            "owners": owners, "shared": shared, "block_tables": tables, "counts": counts,
+            # the pool's BlockDicts, as widgets/block_pool.py's BlockPoolState types them (list[dict])
+            "blocks": cast("list[dict]", blocks)}
 
 
-def group_labels(snapshot: Mapping[str, Any]) -> list[str]:
+def group_labels(snapshot: EngineSnapshotDict) -> list[str]:
     """A short name for each KV cache group of the snapshot's model ("full attention",
     "sliding window 4096"); one entry where the model has one group (or says nothing of them)."""
     groups = (snapshot.get(SNAP.MODEL_INFO) or {}).get(INFO.KV_CACHE_GROUPS) or []
     return [kv_cache_group_label(g) for g in groups] or ["full attention"]
 
 
-def group_rows(req: Mapping[str, Any], labels: list[str]) -> list[dict[str, Any]]:
+class GroupRowDict(TypedDict):
+    """A request's block table in one KV cache group, as a block-table row shows it (`group_rows`)."""
+    label: str
+    block_table: list[int]
+    hit_tokens: int | None   # the group's own prefix hit when the request was admitted (None: not known)
+    cut: bool                # this group's hit is the shortest, and cut the request's
+
+
+def group_rows(req: RequestDict, labels: list[str]) -> list[GroupRowDict]:
     """A request's block table in each KV cache group, as the block-table rows show them: the
     group's name, its table (0: the null block, where a block left a sliding window), its own
     prefix hit when the request was admitted, and whether that hit is the one that cut the
@@ -226,8 +293,8 @@ def group_rows(req: Mapping[str, Any], labels: list[str]) -> list[dict[str, Any]
             for g, (label, table) in enumerate(zip(labels, tables))]
 
 
-def slot_mapping_state(record: dict | None, token_text: TokenText, *, block_size: int = 16,
-                       max_rows: int = 1024, snapshot: dict | None = None) -> SlotMappingState:
+def slot_mapping_state(record: StepRecordDict | None, token_text: TokenText, *, block_size: int = 16,
+                       max_rows: int = 1024, snapshot: EngineSnapshotDict | None = None) -> SlotMappingState:
     """SlotMappingPanel traits: the packed batch, cut to `max_rows` rows for the browser.
 
     A request admitted in this step with prefix-cache hits gets `cached_blocks`: one entry
@@ -240,10 +307,10 @@ def slot_mapping_state(record: dict | None, token_text: TokenText, *, block_size
     seq_lens = list(batch.get(BATCH.SEQ_LENS, []))
     tables = list(batch.get(BATCH.BLOCK_TABLES, []))
     sampled = record.get(REC.SAMPLED, {})
-    known = {r[REQ.REQUEST_ID]: r for r in all_requests(snapshot or {})}
+    known = {r[REQ.REQUEST_ID]: r for r in (all_requests(snapshot) if snapshot else [])}
     # Other KV cache groups (sliding-window layers): their own slots and tables over the same rows.
     group_tables = list(batch.get(BATCH.GROUP_BLOCK_TABLES, []))
-    labels = group_labels(snapshot or {})[1:]
+    labels = group_labels(snapshot)[1:] if snapshot else []   # (no snapshot: one group, "full attention")
     segments = []
     for k, s in enumerate(record.get(REC.SCHEDULED, [])):
         start = qsl[k] if k < len(qsl) else 0
@@ -256,7 +323,7 @@ def slot_mapping_state(record: dict | None, token_text: TokenText, *, block_size
                          "num_cached_tokens": s.get(SCHED.NUM_CACHED_TOKENS, 0),
                          "seq_len": seq_lens[k] if k < len(seq_lens) else None,
                          "block_table": table,
-                         "sampled_text": (sampled.get(rid) or {}).get(SAMPLE.TEXT),
+                         "sampled_text": _sampled_text(sampled.get(rid)),
                          "cached_blocks": _cached_blocks(s.get(SCHED.NUM_CACHED_TOKENS, 0), table, block_size,
                                                          known.get(rid), token_text),
                          "groups": [{"label": labels[g] if g < len(labels) else f"group {g + 1}",
@@ -278,24 +345,33 @@ class BatchSourceState(TypedDict):
     batch_source_words: list[str]
 
 
-def batch_source_state(record: dict) -> BatchSourceState:
+def batch_source_state(record: StepRecordDict) -> BatchSourceState:
     """The slot-mapping panel's `batch_source` and its [badge, hover text] (none for the engine's own)."""
     source = str(record.get(REC.BATCH_SOURCE) or "")
     words = BATCH_SOURCE_WORDS.get(source, (f"batch from: {source}", "")) if source else ()
     return {"batch_source": source, "batch_source_words": list(words)}
 
 
-def shown_slot_mapping(record: dict | None, snapshot: dict, token_text: TokenText) -> SlotMappingState:
+def shown_slot_mapping(record: StepRecordDict | None, snapshot: EngineSnapshotDict,
+                       token_text: TokenText) -> SlotMappingState:
     """The SlotMappingPanel's state as the Dashboard shows an entry: at its pool's block size."""
     block_size = int((snapshot.get(SNAP.BLOCK_POOL) or {}).get(POOL.BLOCK_SIZE, 16))
     return slot_mapping_state(record, token_text, block_size=block_size, snapshot=snapshot)
 
 
-def _cached_blocks(num_cached: int, table: list, block_size: int, req: dict | None,
-                   token_text: TokenText) -> list[dict]:
+class CachedBlockDict(TypedDict):
+    """One block of a prefix hit in the slot-mapping panel: positions [start, end) and their text."""
+    block: int
+    start: int
+    end: int
+    text: str   # "": the tokens are not known
+
+
+def _cached_blocks(num_cached: int, table: list[int], block_size: int, req: RequestDict | None,
+                   token_text: TokenText) -> list[CachedBlockDict]:
     """The blocks of a prefix hit, in order: {block, start, end, text} (text: "" unknown)."""
-    tokens = [*(req or {}).get(REQ.PROMPT_TOKEN_IDS, []), *(req or {}).get(REQ.OUTPUT_TOKEN_IDS, [])]
-    out = []
+    tokens = [*req.get(REQ.PROMPT_TOKEN_IDS, []), *req.get(REQ.OUTPUT_TOKEN_IDS, [])] if req else []
+    out: list[CachedBlockDict] = []
     for i in range(min(int(num_cached or 0) // block_size, len(table))):
         lo, hi = i * block_size, (i + 1) * block_size
         out.append({"block": table[i], "start": lo, "end": hi,
@@ -303,14 +379,14 @@ def _cached_blocks(num_cached: int, table: list, block_size: int, req: dict | No
     return out
 
 
-def entry_parts(entry: Any) -> tuple[int, dict, dict]:
-    """(step, record, snapshot) of a history entry (an object with attributes, or a dict), as
+def entry_parts(entry: Entry) -> tuple[int, StepRecordDict, EngineSnapshotDict]:
+    """(step, record, snapshot) of a history entry (a HistoryEntry, or its dict form), as
     the panels read it: no record is EMPTY_RECORD, no step the snapshot's."""
     if isinstance(entry, dict):
         step, record, snapshot = entry.get("step"), entry.get("record"), entry.get("snapshot")
     else:
-        step, record, snapshot = (getattr(entry, k, None) for k in ("step", "record", "snapshot"))
-    snapshot = snapshot or {}
+        step, record, snapshot = entry.step, entry.record, entry.snapshot
+    snapshot = snapshot or no_snapshot()   # a dict entry without one
     return int(step or snapshot.get(SNAP.STEP, 0) or 0), record or EMPTY_RECORD, snapshot
 
 
@@ -323,7 +399,8 @@ _NO_TOKEN_IDS = "the feed leaves token ids out (KVSCOPE_FEED_TOKENS=0): neither 
 _NO_MODEL = "no candidates: a replay of recorded tokens runs no model, so each step's token is the recorded one"
 
 
-def sampler_state(entries: Sequence[Any], snapshot: dict, request_id: str, token_text: TokenText) -> SamplerState:
+def sampler_state(entries: Sequence[Entry], snapshot: EngineSnapshotDict, request_id: str,
+                  token_text: TokenText) -> SamplerState:
     """SamplerPanel traits: the latest sample of `request_id` in `entries` (newest last)."""
     record = entry_parts(entries[-1])[1] if entries else EMPTY_RECORD
     requests = list(record.get(REC.SAMPLED, {}))
@@ -352,10 +429,12 @@ def sampler_state(entries: Sequence[Any], snapshot: dict, request_id: str, token
     return {"requests": requests, "request_id": rid, "sample": {"note": note, "params": params}}
 
 
-_TIMING_KEYS = (TIME.SCHEDULE, TIME.PREPARE, TIME.FORWARD, TIME.SAMPLE, TIME.UPDATE)
+#: The step phases the timeline charts (TimingsDict's keys, each in milliseconds).
+Phase = Literal["schedule", "prepare", "forward", "sample", "update"]
+_TIMING_KEYS: tuple[Phase, ...] = (TIME.SCHEDULE, TIME.PREPARE, TIME.FORWARD, TIME.SAMPLE, TIME.UPDATE)
 
 
-def timeline_state(entries: Iterable[Any], captions: Sequence[str] | None = None) -> TimelineState:
+def timeline_state(entries: Iterable[Entry], captions: Sequence[str] | None = None) -> TimelineState:
     """TimelinePanel traits: per-step columns and run-length Gantt segments per request.
     `captions` (one per entry, explorer.ui.captions.history_captions) are computed when not given."""
     entries = list(entries)
@@ -431,6 +510,7 @@ def timeline_state(entries: Iterable[Any], captions: Sequence[str] | None = None
 # The clock the TTFT / ITL panel reads, and what it counts. A live server steps on its own: its
 # request times (vLLM's own, on the wall clock) are what its clients saw; kvscope's and in-process
 # vLLM's engine clock leaves out the pauses between manual steps.
+LatencyClock = Literal["engine", "wall"]   # RequestMetricsDict's keys: RMETRICS.ENGINE, RMETRICS.WALL
 LATENCY_CLOCKS = {
     RMETRICS.ENGINE: ("engine clock",
                       "advances only while a step executes, so pauses and manual stepping do not count"),
@@ -438,21 +518,30 @@ LATENCY_CLOCKS = {
 }
 
 
-def latency_clock(snapshot: dict) -> str:
+def latency_clock(snapshot: EngineSnapshotDict) -> LatencyClock:
     """RMETRICS.WALL for a live server's snapshot (its model info says `live`), else RMETRICS.ENGINE."""
     return RMETRICS.WALL if (snapshot.get(SNAP.MODEL_INFO) or {}).get("live") else RMETRICS.ENGINE
 
 
-def latency_state(snapshot: dict) -> LatencyState:
+def latency_state(snapshot: EngineSnapshotDict) -> LatencyState:
     """LatencyPanel traits: per-request rows on the snapshot's clock, and that clock in words."""
     clock = latency_clock(snapshot)
     name, note = LATENCY_CLOCKS[clock]
-    return {"rows": latency_rows(snapshot, clock), "clock": name, "clock_note": note}
+    rows = latency_rows(snapshot, clock)
+    # LatencyRowDicts, as widgets/latency.py's LatencyState types them (list[dict])
+    return {"rows": cast("list[dict]", rows), "clock": name, "clock_note": note}
 
 
-def latency_rows(snapshot: dict, clock: str = RMETRICS.ENGINE) -> list[dict]:
+class LatencyRowDict(TypedDict):
+    """One request's row of the latency panel (`latency_rows`), in seconds."""
+    request_id: str
+    time_to_first_token: float | None
+    inter_token_latency: list[float]
+
+
+def latency_rows(snapshot: EngineSnapshotDict, clock: LatencyClock = RMETRICS.ENGINE) -> list[LatencyRowDict]:
     """Per-request TTFT and ITLs (seconds, on `clock`: RMETRICS.ENGINE or RMETRICS.WALL)."""
-    rows = []
+    rows: list[LatencyRowDict] = []
     for req in all_requests(snapshot):
         m = ((req.get(REQ.METRICS) or {}).get(clock)) or {}
         rows.append({"request_id": req[REQ.REQUEST_ID], "time_to_first_token": m.get(CLOCK.TIME_TO_FIRST_TOKEN),
@@ -461,16 +550,16 @@ def latency_rows(snapshot: dict, clock: str = RMETRICS.ENGINE) -> list[dict]:
     return rows
 
 
-def probe_targets(snapshot: dict) -> list[str]:
+def probe_targets(snapshot: EngineSnapshotDict) -> list[str]:
     """Requests whose KV is in the cache now (an attention probe can read them)."""
     return [r[REQ.REQUEST_ID] for r in (snapshot.get(SNAP.QUEUES) or {}).get(QUEUE.RUNNING, [])
             if r.get(REQ.NUM_COMPUTED_TOKENS, 0) > 0]
 
 
-def attention_note(snapshot: dict) -> str:
+def attention_note(snapshot: EngineSnapshotDict) -> str:
     """Why the attention panel has no request to probe in this snapshot."""
     q = snapshot.get(SNAP.QUEUES) or {}
-    waiting, running, finished = (len(q.get(k, [])) for k in ("waiting", "running", "finished"))
+    waiting, running, finished = (len(q.get(k, [])) for k in QUEUE_NAMES)
     if waiting or running:
         return f"no running request has KV in the cache yet ({waiting} waiting): step to compute it"
     if finished:
@@ -480,7 +569,8 @@ def attention_note(snapshot: dict) -> str:
     return "no request yet: add one and step"
 
 
-def no_kv_note(rid: str, step: int, snapshot: dict, record: dict | None = None, before: dict | None = None) -> str:
+def no_kv_note(rid: str, step: int, snapshot: EngineSnapshotDict, record: StepRecordDict | None = None,
+               before: EngineSnapshotDict | None = None) -> str:
     """Why request `rid` has no attention to read at `step` (it is not among `probe_targets`):
     not added yet, preempted (in this step, from `record`, with the tokens it had computed in
     `before`, the previous step's snapshot; or earlier), waiting, or finished; and which
@@ -490,9 +580,9 @@ def no_kv_note(rid: str, step: int, snapshot: dict, record: dict | None = None, 
         why = f"#{rid} did not exist yet at step {step} (it was added later)"
     elif req.get(REQ.STATUS) == "finished":
         return f"#{rid} had finished by step {step}: its KV blocks were freed"
-    elif rid in ((record or {}).get(REC.PREEMPTED) or ()):
-        had = next((r.get(REQ.NUM_COMPUTED_TOKENS) for r in all_requests(before or {}) if r[REQ.REQUEST_ID] == rid),
-                   None)
+    elif rid in ((record.get(REC.PREEMPTED) if record else None) or ()):
+        had = next((r.get(REQ.NUM_COMPUTED_TOKENS) for r in (all_requests(before) if before else [])
+                    if r[REQ.REQUEST_ID] == rid), None)
         lost = f"its {count(int(had), 'computed token')}" if had else "its computed tokens"
         why = (f"#{rid} holds no KV at step {step}: it was preempted in this step, {lost} freed; it waits to be "
                "re-admitted")
@@ -520,7 +610,14 @@ def ids_words(rids: Sequence[str], limit: int = 6) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
-def run_summary(history: Sequence[Any]) -> dict:
+class DiscardedRunDict(TypedDict):
+    """What a new engine would discard of a run (`run_summary`)."""
+    steps: int
+    requests: int
+    unfinished: int   # requests still waiting or running
+
+
+def run_summary(history: Sequence[Entry]) -> DiscardedRunDict:
     """What a new engine would discard of this run: {"steps", "requests", "unfinished"}."""
     if not history:
         return {"steps": 0, "requests": 0, "unfinished": 0}
@@ -530,7 +627,7 @@ def run_summary(history: Sequence[Any]) -> dict:
     return {"steps": step, "requests": unfinished + len(q.get(QUEUE.FINISHED, [])), "unfinished": unfinished}
 
 
-def run_words(summary: dict) -> str:
+def run_words(summary: DiscardedRunDict) -> str:
     """"59 steps and 10 requests, 4 of them unfinished" ("" when there is nothing to lose): no
     brackets, so a notice may put the whole in brackets."""
     parts = []
@@ -542,25 +639,25 @@ def run_words(summary: dict) -> str:
     return " and ".join(parts)
 
 
-def summary_line(record: dict | None, snapshot: dict) -> str:
+def summary_line(record: StepRecordDict | None, snapshot: EngineSnapshotDict) -> str:
     """The Controls status line: step, queue sizes, free blocks, last step's time."""
     q = snapshot.get(SNAP.QUEUES) or {}
     pool = snapshot.get(SNAP.BLOCK_POOL) or {}
     parts = [f"step {snapshot.get('step', 0)}",
-             " \u00b7 ".join(f"{len(q.get(k, []))} {k}" for k in ("waiting", "running", "finished")),
+             " \u00b7 ".join(f"{len(q.get(k, []))} {k}" for k in QUEUE_NAMES),
              f"{pool.get('num_free_blocks', 0)}/{max(0, pool.get('num_blocks', 1) - 1)} blocks free"]
-    total = (record or {}).get(REC.TIMINGS_MS, {}).get(TIME.TOTAL)
+    total = record.get(REC.TIMINGS_MS, {}).get(TIME.TOTAL) if record else None
     if total is not None:
         parts.append(f"last step {total:.1f} ms")
     return " \u00b7 ".join(parts)
 
 
-def engine_label(snapshot: dict) -> str:
+def engine_label(snapshot: EngineSnapshotDict) -> str:
     """Which engine a snapshot is of ("kvscope", or what another engine calls itself: "vLLM 0.32.0")."""
     return (snapshot.get(SNAP.MODEL_INFO) or {}).get(INFO.ENGINE) or "kvscope"
 
 
-def controls_info(record: dict | None, snapshot: dict) -> str:
+def controls_info(record: StepRecordDict | None, snapshot: EngineSnapshotDict) -> str:
     """The Controls panel's info line: the engine, `summary_line`, and the prefix-cache hit rate."""
     info = f"{engine_label(snapshot)} \u00b7 " + summary_line(record, snapshot)
     m = snapshot.get(SNAP.METRICS) or {}
@@ -569,14 +666,30 @@ def controls_info(record: dict | None, snapshot: dict) -> str:
     return info
 
 
-def budgets_ran_under(record: dict | None, snapshot: dict, in_force: dict) -> dict:
+def budgets_ran_under(record: StepRecordDict | None, snapshot: EngineSnapshotDict,
+                      in_force: BudgetsDict) -> BudgetsDict:
     """The scheduler knobs of `in_force` as the shown step ran under them: the record's budgets
     (else the snapshot's config), each knob they do not name keeping its `in_force` value."""
-    ran_under = (record or {}).get(REC.BUDGETS) or snapshot.get(SNAP.CONFIG) or {}
-    return {k: ran_under.get(k, v) for k, v in in_force.items()}
+    budgets = record.get(REC.BUDGETS) if record else None
+    ran_under = budgets or snapshot.get(SNAP.CONFIG) or {}
+    # in_force's keys, each with a value for that knob (a config's fields are the knobs' values)
+    return cast("BudgetsDict", {k: ran_under.get(k, v) for k, v in in_force.items()})
 
 
-def attention_shape(snapshot: dict) -> dict:
+class _AttentionLayers(TypedDict):
+    """The keys every AttentionShapeDict has."""
+    num_layers: int
+    layer_names: list[str]   # each layer's name in the layer picker ("3 (window 4096)")
+
+
+class AttentionShapeDict(_AttentionLayers, total=False):
+    """The AttentionPanel's model traits (`attention_shape`); the head keys only where the model info names both
+    head counts."""
+    num_heads: int
+    kv_head_of_head: list[int]   # each query head's KV head (GQA)
+
+
+def attention_shape(snapshot: EngineSnapshotDict) -> AttentionShapeDict:
     """The AttentionPanel's model traits: `num_layers` with each layer's name in the layer
     picker (`layer_names`: a sliding-window layer says its window), and `num_heads` with each
     head's KV head (`kv_head_of_head`, GQA) when the model info names both head counts."""
@@ -588,14 +701,15 @@ def attention_shape(snapshot: dict) -> dict:
         for layer in group.get("layers") or ():
             if group.get("sliding_window") and 0 <= layer < num_layers:
                 names[layer] = f"{layer} (window {group['sliding_window']})"
-    out: dict = {"num_layers": num_layers, "layer_names": names}
+    out: AttentionShapeDict = {"num_layers": num_layers, "layer_names": names}
     if heads and kv_heads:
-        out.update(num_heads=heads, kv_head_of_head=[h // (heads // kv_heads) for h in range(heads)])
+        out["num_heads"] = heads
+        out["kv_head_of_head"] = [h // (heads // kv_heads) for h in range(heads)]
     return out
 
 
 #: A panel's state from one history entry alone: its record, its snapshot, and the engine's token texts.
-StepView = Callable[[dict | None, dict, TokenText], Mapping[str, Any]]
+StepView = Callable[[StepRecordDict | None, EngineSnapshotDict, TokenText], Mapping[str, Any]]
 #: The panels whose state is a `StepView`, by panel name (widgets/<panel>.py's NAME). The Dashboard's
 #: binder and the export draw each of them through this table alone, so a new panel of this kind is
 #: its widgets/<name>.py, .js and .css plus one entry here (docs/architecture.md, "Adding a panel").

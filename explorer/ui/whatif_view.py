@@ -10,23 +10,71 @@ setting's doing alone. Runs longer than `max_steps` are shown up to it (the note
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
-from ..core.recording import Recording
-from ..whatif.parting import Parting, first_parting
+from ..core.recording import Recording, SettingsDict
+from ..whatif.parting import Parting, PartingDict, first_parting
 from ..whatif.replay import ReplayResult, replay
 from ..whatif.settings import variant
 from ..whatif.step_model import fit
 
+if TYPE_CHECKING:   # loaded when a panel is made: this module also runs where only Python does (the docs build)
+    from widgets.whatif import WhatIfPanel
+
 MAX_STEPS = 2000
 
 
-def run_state(rec: Recording, res: ReplayResult, max_steps: int = MAX_STEPS) -> dict:
+class WhatIfRunDict(TypedDict):
+    """One run's columns, one entry per step (widgets.WhatIfPanel's `steps` entry)."""
+    step: list[int]
+    time: list[float | None]            # seconds on the replay's clock (None: not timed)
+    kv_usage: list[float]               # 0..1
+    free_blocks: list[int]
+    num_waiting: list[int]
+    num_running: list[int]
+    scheduled: list[list[list[str | int]]]   # per step: [request, tokens, computed before, prefix hits, kind]
+    preempted: list[list[list[str | None]]]  # per step: [victim, for request]
+    waiting: list[list[str]]
+    finished: list[list[str]]
+
+
+class WhatIfRunLabelDict(TypedDict):
+    """What a run is (widgets.WhatIfPanel's `runs` entry)."""
+    label: str
+    settings: SettingsDict
+
+
+class WhatIfRunsDict(TypedDict):
+    """Both runs' labels: "a" at the recorded settings, "b" the variant."""
+    a: WhatIfRunLabelDict
+    b: WhatIfRunLabelDict
+
+
+class WhatIfStepsDict(TypedDict):
+    """Both runs' columns."""
+    a: WhatIfRunDict
+    b: WhatIfRunDict
+
+
+class NoPartingDict(TypedDict):
+    """A `parting` of runs that never part (within the steps shown): {}."""
+
+
+class WhatIfStateDict(TypedDict):
+    """`whatif_state`: the WhatIfPanel's traits."""
+    runs: WhatIfRunsDict
+    steps: WhatIfStepsDict
+    parting: PartingDict | NoPartingDict   # where they first part ({} when they never do, within max_steps)
+    index: int                             # the slider's start: the parting's index (else 0)
+    notes: list[str]
+
+
+def run_state(rec: Recording, res: ReplayResult, max_steps: int = MAX_STEPS) -> WhatIfRunDict:
     """One run's columns (widgets.WhatIfPanel's `steps` entry)."""
     prompt = {r.request_id: len(r.prompt_token_ids) for r in rec.requests}
     details = res.details[:max_steps]
-    cols: dict[str, list] = {k: [] for k in ("step", "time", "kv_usage", "free_blocks", "num_waiting", "num_running",
-                                             "scheduled", "preempted", "waiting", "finished")}
+    cols: WhatIfRunDict = {"step": [], "time": [], "kv_usage": [], "free_blocks": [], "num_waiting": [],
+                           "num_running": [], "scheduled": [], "preempted": [], "waiting": [], "finished": []}
     for i, d in enumerate(details):
         cols["step"].append(d.step)
         cols["time"].append(d.time)
@@ -43,7 +91,7 @@ def run_state(rec: Recording, res: ReplayResult, max_steps: int = MAX_STEPS) -> 
 
 
 def whatif_state(rec: Recording, a: ReplayResult, b: ReplayResult, parting: Parting | None,
-                 max_steps: int = MAX_STEPS) -> dict:
+                 max_steps: int = MAX_STEPS) -> WhatIfStateDict:
     """The panel's traits for runs `a` (the recorded settings) and `b` (the variant)."""
     notes = list(rec.source.notes)
     longest = max(a.num_steps, b.num_steps)
@@ -51,8 +99,10 @@ def whatif_state(rec: Recording, a: ReplayResult, b: ReplayResult, parting: Part
         notes.append(f"showing the first {max_steps} of {longest} steps")
     if a.arrivals == "timed" and a.step_model is not None:
         notes.append("times are predicted: " + a.step_model.error_text())
-    runs = {k: {"label": "as recorded" if k == "a" and not r.variant.changed else r.variant.label,
-                "settings": r.variant.settings.to_dict()} for k, r in (("a", a), ("b", b))}
+    runs: WhatIfRunsDict = {
+        "a": {"label": "as recorded" if not a.variant.changed else a.variant.label,
+              "settings": a.variant.settings.to_dict()},
+        "b": {"label": b.variant.label, "settings": b.variant.settings.to_dict()}}
     return {"runs": runs, "steps": {"a": run_state(rec, a, max_steps), "b": run_state(rec, b, max_steps)},
             "parting": parting.to_dict() if parting is not None and parting.index < max_steps else {},
             "index": parting.index if parting is not None and parting.index < max_steps else 0, "notes": notes}
@@ -67,7 +117,8 @@ def compare(rec: Recording, arrivals: str = "step",
     return a, b, first_parting(rec, a, b)
 
 
-def whatif_panel(rec: Recording, *, arrivals: str = "step", max_steps: int = MAX_STEPS, **changes: Any) -> Any:
+def whatif_panel(rec: Recording, *, arrivals: str = "step", max_steps: int = MAX_STEPS,
+                 **changes: Any) -> WhatIfPanel:
     """A WhatIfPanel of `rec` at its own settings against `changes` (what-if knobs)."""
     from widgets.whatif import WhatIfPanel
 
@@ -101,7 +152,7 @@ await mod.default.render({{ model, el: document.getElementById("kvs-whatif-root"
 """
 
 
-def whatif_html(state: dict, title: str = "kvscope what-if") -> str:
+def whatif_html(state: WhatIfStateDict, title: str = "kvscope what-if") -> str:
     """A self-contained page of the what-if panel over `state` (whatif_state's traits)."""
     import html
     import json

@@ -10,26 +10,104 @@ live server's Session with vLLM's KV events says whether vLLM's own tree agrees 
 from __future__ import annotations
 
 import threading
-from typing import Any
+from collections.abc import Callable, Container, Iterable, Mapping
+from typing import TYPE_CHECKING, TypedDict
 
 from ..why import CLASSES, WhyLedger
 from ..why.model import Node, RequestWhy
-from .views import TokenText
+from ..why.summary import RunSummaryDict, SummaryRowDict
+from .views import TokenText, WhyRowDict
+
+if TYPE_CHECKING:   # names only: the proofs load when one runs, a live server's KV event reader where there is one
+    from engine.report.schema import EngineSnapshotDict
+
+    from ..core.history import HistoryEntry
+    from ..core.session_view import SessionView
+    from ..drivers.vllm_live.kv_events import KvEventSubscriber
+    from ..why.chains import Domain
+    from ..why.model import PreemptionProofDict, ProofDict
+    from ..why.proof import ProofReport, ProofReportDict
 
 # A node costs ~0.7 KB of JSON per redraw, its lifeline most (bench-ui in docs/performance.md).
 MAX_TREE_NODES = 150     # the panel draws at most this many nodes (the rest are counted)
 LIFELINE_BINS = 60       # hits per node over the run, in this many bins
 MAX_PROMPT_TOKENS = 2048  # a request's prompt drawn token by token up to this many tokens
-CLASS_LOOKS = [{"key": k, "label": label, "tip": tip} for k, label, tip in CLASSES]
 
 
-def _ids(rids: Any, limit: int = 8) -> list[str]:
+class ClassLookDict(TypedDict):
+    """One miss class as the why panel's legend shows it (explorer.why.CLASSES)."""
+    key: str
+    label: str
+    tip: str
+
+
+CLASS_LOOKS: list[ClassLookDict] = [{"key": k, "label": label, "tip": tip} for k, label, tip in CLASSES]
+
+
+class TreeEvictionDict(TypedDict):
+    """One eviction of a prefix-tree node, up to the shown step."""
+    step: int
+    by: str | None          # the request whose allocation evicted it
+    block: int
+    age_steps: int | None   # how long it sat unused in the free queue (LRU age), in steps
+    age_s: float | None     # ... and in seconds
+
+
+class TreeNodeDict(TypedDict):
+    """One node of the prefix tree panel (widgets.prefix_tree): a cached prefix, one block of tokens."""
+    id: str                 # the engine's block hash (16 hex digits), else the content key in hex
+    parent: str | None      # the parent node's id (None: a root, or its parent is not drawn)
+    depth: int
+    num_tokens: int
+    text: str
+    present: bool           # cached at the shown step
+    blocks: list[int]       # the block ids holding it then
+    owners: list[str]       # the requests whose block tables hold those blocks
+    users: list[str]        # who stored and hit it
+    first_by: str
+    hits: int               # up to the shown step
+    stored: list[int]       # the steps it was cached at
+    evictions: list[TreeEvictionDict]
+    unused: bool            # evicted without a hit
+    lifeline: list[int]     # hits per bin of the run
+    folded: bool            # evicted with nothing cached under it
+    domain: str             # its hash domain in words ("salt s LoRA l"; "" for none)
+
+
+class KvEventsAgreementDict(TypedDict):
+    """vLLM's own prefix tree (its KV events) against the ledger's present nodes."""
+    blocks: int
+    agree: bool
+    only_here: list[str]
+    only_in_events: list[str]
+    counters: dict[str, int]   # the event reader's counts: batches, events, rejected, missed
+
+
+class PrefixTreeDict(TypedDict):
+    """`tree_state`: the prefix tree panel's `tree`."""
+    step: int
+    first_step: int
+    last_step: int
+    bins: int
+    nodes: list[TreeNodeDict]
+    hidden: int             # nodes not drawn (past MAX_TREE_NODES)
+    num_present: int
+    num_evicted: int
+    num_hits: int
+    block_size: int
+    unmapped: int
+    notes: list[str]
+    kv_events: KvEventsAgreementDict | None
+
+
+def _ids(rids: Iterable[str], limit: int = 8) -> list[str]:
     out = list(dict.fromkeys(rids))
     return out[:limit]
 
 
-def tree_state(ledger: WhyLedger, step: int, snapshot: dict, token_text: TokenText, *,
-               max_nodes: int = MAX_TREE_NODES, bins: int = LIFELINE_BINS, kv_events: Any = None) -> dict:
+def tree_state(ledger: WhyLedger, step: int, snapshot: EngineSnapshotDict, token_text: TokenText, *,
+               max_nodes: int = MAX_TREE_NODES, bins: int = LIFELINE_BINS,
+               kv_events: KvEventSubscriber | None = None) -> PrefixTreeDict:
     """The prefix tree at `step` (nodes cached by then; those evicted since, marked), each node's
     blocks at that step from `snapshot` (the shown entry's), its hits per bin of the run."""
     first = ledger.first_step if ledger.first_step is not None else step
@@ -38,9 +116,10 @@ def tree_state(ledger: WhyLedger, step: int, snapshot: dict, token_text: TokenTe
     holders: dict[str, list[int]] = {}
     owners: dict[str, list[str]] = {}
     for b in (snapshot.get("block_pool") or {}).get("blocks") or ():
-        if b.get("hash") is not None and not b.get("is_null"):
-            holders.setdefault(b["hash"], []).append(b["block_id"])
-            owners.setdefault(b["hash"], []).extend(b.get("owners") or ())
+        h = b.get("hash")
+        if h is not None and not b.get("is_null"):
+            holders.setdefault(h, []).append(b["block_id"])
+            owners.setdefault(h, []).extend(b.get("owners") or ())
     shown = [n for n in ledger.nodes.values() if n.stored and n.stored[0] <= step]
     present = {n.key: n.present_at(step) for n in shown}
     # Present prefixes first, then the evicted ones, each oldest first; an ancestor comes along.
@@ -57,7 +136,7 @@ def tree_state(ledger: WhyLedger, step: int, snapshot: dict, token_text: TokenTe
         for y in reversed(chain):
             if len(keep) < max_nodes and y.stored and y.stored[0] <= step:
                 keep[y.key] = y
-    rows: list[dict[str, Any]] = []
+    rows: list[TreeNodeDict] = []
     ordered, holds = _depth_first(keep, ledger, present)
     for n in ordered:
         hits = [(s, rid) for s, rid in n.hits if s <= step]
@@ -82,7 +161,7 @@ def tree_state(ledger: WhyLedger, step: int, snapshot: dict, token_text: TokenTe
             "folded": not holds.get(n.key, False),
             "domain": _domain_words(n.domain),
         })
-    out: dict[str, Any] = {"step": step, "first_step": first, "last_step": last, "bins": bins, "nodes": rows,
+    out: PrefixTreeDict = {"step": step, "first_step": first, "last_step": last, "bins": bins, "nodes": rows,
                            "hidden": max(0, len(shown) - len(rows)), "num_present": sum(present.values()),
                            "num_evicted": sum(1 for n in shown if not present[n.key]),
                            "num_hits": sum(r["hits"] for r in rows), "block_size": ledger.block_size or 0,
@@ -93,7 +172,7 @@ def tree_state(ledger: WhyLedger, step: int, snapshot: dict, token_text: TokenTe
     return out
 
 
-def kv_events_agreement(kv: Any, present: set[str], not_drawn: int) -> dict:
+def kv_events_agreement(kv: KvEventSubscriber, present: set[str], not_drawn: int) -> KvEventsAgreementDict:
     """vLLM's own prefix tree (from its KV events) against the ledger's present nodes, by key."""
     with kv.lock:
         theirs = set(kv.tree.keys())
@@ -103,8 +182,8 @@ def kv_events_agreement(kv: Any, present: set[str], not_drawn: int) -> dict:
             "only_here": ours_only[:5], "only_in_events": theirs_only[:5], "counters": dict(kv.counters)}
 
 
-def _depth_first(keep: dict[bytes, Node], ledger: WhyLedger,
-                 present: dict[bytes, bool]) -> tuple[list[Node], dict[bytes, bool]]:
+def _depth_first(keep: Mapping[bytes, Node], ledger: WhyLedger,
+                 present: Mapping[bytes, bool]) -> tuple[list[Node], dict[bytes, bool]]:
     """The kept nodes in tree order, at every level the subtrees that hold a cached prefix at the
     shown step first (then the oldest first): the cache as it is leads, what it lost follows."""
     children: dict[bytes | None, list[Node]] = {}
@@ -130,23 +209,73 @@ def _depth_first(keep: dict[bytes, Node], ledger: WhyLedger,
     return out, cached
 
 
-def _parent_id(n: Node, ledger: WhyLedger, keep: dict) -> str | None:
+def _parent_id(n: Node, ledger: WhyLedger, keep: Container[bytes]) -> str | None:
     if n.parent is None or n.parent not in keep:
         return None
     p = ledger.nodes[n.parent]
     return p.hash or p.key.hex()
 
 
-def _domain_words(domain: tuple) -> str:
+def _domain_words(domain: Domain) -> str:
     salt, lora = domain
     return " ".join(x for x in (f"salt {salt}" if salt else "", f"LoRA {lora}" if lora else "") if x)
 
 
 # -- the selected request ---------------------------------------------------------------------------
-def why_rows(ledger: WhyLedger, step: int | None = None) -> dict[str, dict]:
+class WhyDivergenceDict(TypedDict):
+    """Where an admission leaves the longest prefix it shares with an earlier request, in words."""
+    position: int
+    text: str                   # the token it has there
+    other_request: str | None
+    other_text: str | None      # the other request's token there
+    before: str                 # up to 12 tokens before it
+    other_known: bool           # the other request is in the ledger
+
+
+class WhyAdmissionDict(TypedDict):
+    """One admission of the why panel's request (Admission, its evictions and divergence in words)."""
+    step: int
+    tokens: int
+    hit: int
+    resumed: bool
+    classes: dict[str, int]             # class key -> tokens
+    spans: list[list[int | str]]        # Span.to_list(): [start, end, class, detail]
+    divergence: WhyDivergenceDict | None
+    evictions: list[str]                # Eviction.text()
+    lost: int
+    notes: list[str]
+    seen: int
+    seen_by: str | None
+
+
+class WhyPreemptionDict(TypedDict):
+    """One preemption of the why panel's request, in words, with its proof."""
+    text: str
+    proof: PreemptionProofDict | None
+
+
+class _WhyRequestKnown(TypedDict):
+    """The keys every request state has."""
+    request_id: str
+    known: bool      # admitted by the shown step (else only these two keys)
+
+
+class WhyRequestDict(_WhyRequestKnown, total=False):
+    """`request_state`: the why panel's `request`."""
+    prompt_len: int
+    why: str
+    domain: str
+    tokens: list[str]      # the prompt token by token, up to MAX_PROMPT_TOKENS
+    tokens_cut: int        # prompt tokens past those
+    admissions: list[WhyAdmissionDict]
+    preemptions: list[WhyPreemptionDict]
+    proofs: dict[str, ProofDict]   # class key -> its proof
+
+
+def why_rows(ledger: WhyLedger, step: int | None = None) -> dict[str, WhyRowDict]:
     """The why column of the queue cards: request -> {text, cls} (the biggest miss class), for
     the requests admitted by `step` (all: None)."""
-    out = {}
+    out: dict[str, WhyRowDict] = {}
     for rid, why in ledger.requests.items():
         a = why.first
         cls = ""
@@ -173,8 +302,8 @@ def change_steps(ledger: WhyLedger, rid: str | None = None) -> list[int]:
     return sorted({a.step for w in whys for a in w.admissions} | {p.step for w in whys for p in w.preemptions})
 
 
-def request_state(ledger: WhyLedger, rid: str, snapshot: dict, token_text: TokenText,
-                  step: int | None = None) -> dict:
+def request_state(ledger: WhyLedger, rid: str, snapshot: EngineSnapshotDict, token_text: TokenText,
+                  step: int | None = None) -> WhyRequestDict:
     """The why panel's request: its prompt token by token with each token's class, each
     admission's counts, where it leaves the longest shared prefix, evictions, preemptions, proofs;
     as it stood after `step` when given (a request not admitted by then is not known yet)."""
@@ -185,9 +314,9 @@ def request_state(ledger: WhyLedger, rid: str, snapshot: dict, token_text: Token
     seq = ledger.seqs[rid]
     prompt = seq.tokens[:seq.prompt_len]
     shown = prompt[:MAX_PROMPT_TOKENS]
-    admissions = []
+    admissions: list[WhyAdmissionDict] = []
     for a in admitted:
-        div = None
+        div: WhyDivergenceDict | None = None
         if a.divergence is not None:
             d = a.divergence
             other = ledger.seqs.get(d.other_request) if d.other_request is not None else None
@@ -199,24 +328,30 @@ def request_state(ledger: WhyLedger, rid: str, snapshot: dict, token_text: Token
                            "classes": a.classes, "spans": [s.to_list() for s in a.spans], "divergence": div,
                            "evictions": [e.text() for e in a.evictions], "lost": a.lost, "notes": a.notes,
                            "seen": a.seen, "seen_by": a.seen_by})
-    preemptions = [{"text": p.text(at=step), "proof": p.proof} for p in why.preemptions
-                   if step is None or p.step <= step]
+    preemptions: list[WhyPreemptionDict] = [{"text": p.text(at=step), "proof": p.proof} for p in why.preemptions
+                                            if step is None or p.step <= step]
     return {"request_id": rid, "known": True, "prompt_len": why.prompt_len, "why": why.why(),
             "domain": _domain_words(why.domain), "tokens": token_text(shown), "tokens_cut": len(prompt) - len(shown),
             "admissions": admissions, "preemptions": preemptions, "proofs": why.proofs}
 
 
-def summary_state(ledger: WhyLedger, proof: Any = None, engine: str | None = None, step: int | None = None) -> dict:
+class WhySummaryDict(RunSummaryDict):
+    """`summary_state`: the why panel's `summary`, RunSummary.to_dict() and what the panel adds."""
+    rows: list[SummaryRowDict]
+    classes_known: list[ClassLookDict]
+    engine_note: str                  # a class this engine never produces, and why ("" for none)
+    proof: ProofReportDict | None     # what the proofs found (None: not proved yet)
+
+
+def summary_state(ledger: WhyLedger, proof: ProofReport | None = None, engine: str | None = None,
+                  step: int | None = None) -> WhySummaryDict:
     """The run's summary for the why panel (as it stood after `step`, when given), with the
     proofs' findings where they were made."""
     s = ledger.summary(step)
-    d = s.to_dict()
-    d["rows"] = s.rows()
-    d["classes_known"] = CLASS_LOOKS
-    d["engine_note"] = ("kvscope's engine has no cache_salt or LoRA: 'another hash domain' never happens there"
-                        if (engine or ledger.engine or "kvscope") == "kvscope" else "")
-    d["proof"] = proof.to_dict() if proof is not None else None
-    return d
+    return {**s.to_dict(), "rows": s.rows(), "classes_known": CLASS_LOOKS,
+            "engine_note": ("kvscope's engine has no cache_salt or LoRA: 'another hash domain' never happens there"
+                            if (engine or ledger.engine or "kvscope") == "kvscope" else ""),
+            "proof": proof.to_dict() if proof is not None else None}
 
 
 class WhyView:
@@ -226,7 +361,7 @@ class WhyView:
     def __init__(self) -> None:
         self.ledger = WhyLedger()
         self.lock = threading.RLock()
-        self.proof: Any = None
+        self.proof: ProofReport | None = None
         self.proving = ""
         self.proved_at: int | None = None
 
@@ -234,12 +369,12 @@ class WhyView:
         with self.lock:
             self.ledger, self.proof, self.proving, self.proved_at = WhyLedger(), None, "", None
 
-    def feed(self, history: Any) -> WhyLedger:
+    def feed(self, history: Iterable[HistoryEntry]) -> WhyLedger:
         with self.lock:
             self.ledger.feed(history)
         return self.ledger
 
-    def prove(self, session: Any, done: Any) -> None:
+    def prove(self, session: SessionView, done: Callable[[], None]) -> None:
         """Record the session's history, replay it and prove each cause; `done()` after."""
         if self.proving.startswith("proving"):
             return

@@ -10,43 +10,54 @@ keeps more prefix hits") appears only where the data make it.
 from __future__ import annotations
 
 from itertools import pairwise
-from typing import Any
+from typing import TYPE_CHECKING
 
-from .settings import KNOBS
+from .settings import KNOBS, Knob
+from .target import TargetMetric
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+
+    from .rows import SweepRowDict, SweepRows
+
+KnobValue = bool | int | float | str   # a knob's value in a row's settings (SettingsDict)
+Point = tuple[KnobValue, float]         # (a knob's value, a figure of the row at it)
+Line = tuple[str, list[Point]]          # a series: its name, its points sorted by the knob
 
 _NAMES = {"block_size": "block size", "num_blocks": "blocks", "max_num_batched_tokens": "budget",
           "max_num_seqs": "max_num_seqs", "enable_prefix_caching": "prefix caching",
           "enable_chunked_prefill": "chunked prefill", "long_prefill_token_threshold": "long prefill"}
 
 
-def varied(rows: list[dict]) -> list[str]:
+def varied(rows: list[SweepRowDict]) -> list[Knob]:
     """The knobs whose value differs between the rows."""
     return [k for k in KNOBS if len({str(r["settings"][k]) for r in rows}) > 1]
 
 
-def _value(knob: str, v: Any) -> str:
+def _value(knob: str, v: KnobValue) -> str:
     if isinstance(v, bool):
         return f"{_NAMES.get(knob, knob)} {'on' if v else 'off'}"
     return f"{v} blocks" if knob == "num_blocks" else f"{_NAMES.get(knob, knob)} {v}"
 
 
-def setting_text(row: dict, knobs: list[str]) -> str:
+def setting_text(row: SweepRowDict, knobs: list[Knob]) -> str:
     """A row's settings among `knobs`, in a few words ("40 blocks, budget 128")."""
     return ", ".join(_value(k, row["settings"][k]) for k in knobs) or "as recorded"
 
 
-def series(rows: list[dict], x: str, y: str) -> list[tuple[str, list[tuple[Any, Any]]]]:
+def series(rows: list[SweepRowDict], x: Knob, y: TargetMetric) -> list[Line]:
     """(name, sorted points) per value of the other varied knobs; equal series merged."""
     others = [k for k in varied(rows) if k != x]
-    groups: dict[tuple, list[tuple[Any, Any]]] = {}
-    names: dict[tuple, str] = {}
+    groups: dict[tuple[KnobValue, ...], list[Point]] = {}
+    names: dict[tuple[KnobValue, ...], str] = {}
     for r in rows:
-        if r.get(y) is None:
+        got = r.get(y)
+        if got is None:
             continue
         key = tuple(r["settings"][k] for k in others)
-        groups.setdefault(key, []).append((r["settings"][x], r[y]))
+        groups.setdefault(key, []).append((r["settings"][x], got))
         names[key] = setting_text(r, others)
-    merged: dict[tuple, list[str]] = {}
+    merged: dict[tuple[Point, ...], list[str]] = {}
     for key in sorted(groups, key=lambda k: tuple(str(v) for v in k)):
         merged.setdefault(tuple(sorted(groups[key])), []).append(names[key])
     out = []
@@ -55,7 +66,7 @@ def series(rows: list[dict], x: str, y: str) -> list[tuple[str, list[tuple[Any, 
     return out
 
 
-def _joined(others: list[str], labels: list[str]) -> str:
+def _joined(others: list[Knob], labels: list[str]) -> str:
     """Several series' names as one: "20, 21 and 26 blocks" when one knob tells them apart."""
     if len(others) != 1:
         return " / ".join(labels)
@@ -65,13 +76,12 @@ def _joined(others: list[str], labels: list[str]) -> str:
     return f"{listed} blocks" if knob == "num_blocks" else f"{_NAMES.get(knob, knob)} {listed}"
 
 
-def _spread(lines: list[tuple[str, list[tuple[Any, Any]]]]) -> tuple[float, float] | None:
+def _spread(lines: list[Line]) -> tuple[float, float] | None:
     ys = [v for _, pts in lines for _, v in pts]
     return (min(ys), max(ys)) if ys else None
 
 
-def _figure(lines: list[tuple[str, list[tuple[Any, Any]]]], title: str, x_title: str, y_title: str,
-            percent: bool) -> Any:
+def _figure(lines: list[Line], title: str, x_title: str, y_title: str, percent: bool) -> go.Figure:
     import plotly.graph_objects as go
 
     fig = go.Figure()
@@ -89,11 +99,11 @@ def _figure(lines: list[tuple[str, list[tuple[Any, Any]]]], title: str, x_title:
     return fig
 
 
-def sweep_charts(result: Any) -> dict[str, Any]:
+def sweep_charts(result: SweepRows) -> dict[str, go.Figure]:
     import plotly.graph_objects as go
 
     rows = result.ok_rows
-    figs: dict[str, Any] = {}
+    figs: dict[str, go.Figure] = {}
     figs["hit_rate"] = _figure(series(rows, "num_blocks", "hit_rate"), "Prefix-hit rate against pool size (exact)",
                                "KV blocks", "hit tokens / prompt tokens", percent=True)
     err = result.step_model.error_text() if result.step_model is not None else ""
@@ -113,7 +123,7 @@ def sweep_charts(result: Any) -> dict[str, Any]:
     return figs
 
 
-def trend(points: list[tuple[Any, Any]]) -> str:
+def trend(points: list[Point]) -> str:
     """How y moves as x grows: 'rises', 'falls', 'flat', or 'both ways' (never smoothed)."""
     ys = [v for _, v in sorted(points)]
     ups = any(b > a for a, b in pairwise(ys))
@@ -121,13 +131,15 @@ def trend(points: list[tuple[Any, Any]]) -> str:
     return "both ways" if ups and downs else "rises" if ups else "falls" if downs else "flat"
 
 
-def findings(result: Any) -> list[str]:
+def findings(result: SweepRows) -> list[str]:
     """What the sweep's figures show, one sentence per knob and figure, each read from the rows:
     prefix-hit tokens and preemptions against the pool, TTFT p90 against the budget."""
     rows = result.ok_rows
     out = []
-    for x, y, what in (("num_blocks", "hit_tokens", "prefix-hit tokens"), ("num_blocks", "preemptions", "preemptions"),
-                       ("max_num_batched_tokens", "ttft_p90", "TTFT p90 (predicted)")):
+    plots: tuple[tuple[Knob, TargetMetric, str], ...] = (
+        ("num_blocks", "hit_tokens", "prefix-hit tokens"), ("num_blocks", "preemptions", "preemptions"),
+        ("max_num_batched_tokens", "ttft_p90", "TTFT p90 (predicted)"))
+    for x, y, what in plots:
         lines = [(name, pts) for name, pts in series(rows, x, y) if len({p[0] for p in pts}) > 1]
         said = [f"{what}: {_moves(x, y, pts)}" + ("" if name == "as recorded" else f", at {name}")
                 for name, pts in lines]
@@ -136,7 +148,7 @@ def findings(result: Any) -> list[str]:
     return out
 
 
-def _moves(x: str, y: str, pts: list[tuple[Any, Any]]) -> str:
+def _moves(x: str, y: str, pts: list[Point]) -> str:
     unit = "blocks" if x == "num_blocks" else "tokens"
     (x0, y0), (x1, y1) = pts[0], pts[-1]
     move = trend(pts)
@@ -148,13 +160,13 @@ def _moves(x: str, y: str, pts: list[tuple[Any, Any]]) -> str:
     return f"{'up' if move == 'rises' else 'down'} from {_fmt(y, y0)} at {x0} to {_fmt(y, y1)} at {x1} {unit}"
 
 
-def _fmt(metric: str, v: Any) -> str:
+def _fmt(metric: str, v: float) -> str:
     if metric == "ttft_p90":
         return f"{v * 1e3:.0f} ms"
     return f"{v:g}"
 
 
-def sweep_svg(result: Any, width: int = 640, height: int = 260) -> str:
+def sweep_svg(result: SweepRows, width: int = 640, height: int = 260) -> str:
     """Prefix-hit rate against pool size, one line per value of the other knobs (exact figures),
     as one standalone SVG: for a page that runs no script (the docs site)."""
     import html

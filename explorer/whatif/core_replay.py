@@ -22,7 +22,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from engine.config import EngineConfig
 from engine.report.schema import QUEUE, REC, SCHED, SNAP, ModelInfoDict
@@ -30,16 +29,23 @@ from engine.sampling_params import SamplingParams
 from engine.token_replay import TokenReplayEngine, TokensUsedUp
 
 from ..core.history import HistoryEntry
-from ..core.recording import RecordedRequest, Recording, decisions_digest, step_decisions, step_work
-from .replay import Preemption, ReplayError, ReplayResult, RequestResult, StepDetail, account_step
-from .settings import SettingRejected, Variant
+from ..core.recording import RecordedRequest, Recording, Settings, decisions_digest, step_decisions, step_work
+from .replay import (
+    Preemption,
+    ReplayError,
+    ReplayResult,
+    RequestResult,
+    StepDetail,
+    account_step,
+)
+from .settings import SettingRejected, SettingValue, Variant
 
 # What a replay through kvscope's core may change (vLLM's names, as `variant`'s).
 CORE_KNOBS = ("num_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs", "enable_prefix_caching",
               "enable_chunked_prefill")
 
 
-def core_variant(rec: Recording, **changes: Any) -> Variant:
+def core_variant(rec: Recording, **changes: SettingValue) -> Variant:
     """The recording's settings with `changes` (CORE_KNOBS), checked as kvscope's engine checks
     its config (SettingRejected names the setting). A new block size without num_blocks keeps the
     recorded pool's memory, as `variant` does."""
@@ -61,7 +67,7 @@ def core_variant(rec: Recording, **changes: Any) -> Variant:
     return Variant(settings, changed, note if changed else "")
 
 
-def engine_config(s: Any) -> EngineConfig:
+def engine_config(s: Settings) -> EngineConfig:
     """kvscope's EngineConfig for recorded Settings (SettingRejected: a setting its core lacks or refuses)."""
     if s.policy != "fcfs":
         raise SettingRejected(f"policy {s.policy!r}: kvscope's core schedules first come first served only")
@@ -96,7 +102,7 @@ class CoreReplay:
 
 def core_replay(rec: Recording, v: Variant | None = None, *, model_info: ModelInfoDict | None = None,
                 decode: Callable[[Sequence[int]], str] | None = None, max_steps: int | None = None,
-                knob_changes: Mapping[int, Mapping[str, Any]] | None = None) -> CoreReplay:
+                knob_changes: Mapping[int, Mapping[str, SettingValue]] | None = None) -> CoreReplay:
     """Replay `rec` at `v` (default: its own settings) through kvscope's core (see the module doc).
     `knob_changes`: step -> the scheduler knobs the recorded run changed just before it (a
     Session's set_budget); each applies here too, but for a knob `v` changes, which holds throughout."""
@@ -116,7 +122,7 @@ def core_replay(rec: Recording, v: Variant | None = None, *, model_info: ModelIn
 
 class _CoreReplay:
     def __init__(self, rec: Recording, v: Variant, eng: TokenReplayEngine, max_steps: int | None,
-                 knobs: dict[int, dict[str, Any]]) -> None:
+                 knobs: dict[int, dict[str, SettingValue]]) -> None:
         self.rec, self.v, self.eng, self.knobs = rec, v, eng, knobs
         self.result = ReplayResult(variant=v, arrivals="step")
         self.pending = sorted(rec.requests, key=lambda r: (r.arrival_step or 0, r.arrival_seq))

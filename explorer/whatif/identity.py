@@ -11,13 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
+from ..core.history import HistoryEntry
 from ..core.recording import Recording, step_decisions
-from .replay import ReplayResult, replay
+from .replay import ReplayResult, StepDetail, replay
 from .settings import Variant
 
-FIELDS = ("scheduled", "new", "preempted", "finished", "tables")
+Field = Literal["scheduled", "new", "preempted", "finished", "tables"]   # DecisionsDict's keys
+FIELDS: tuple[Field, ...] = get_args(Field)
 _SAY = {"scheduled": "scheduled [request, tokens, computed before, prefix hits]", "new": "admitted",
         "preempted": "preempted", "finished": "finished in the step", "tables": "running requests' block ids"}
 
@@ -27,9 +29,9 @@ class Difference:
     """One decision of a step where the replay parted from the recording."""
 
     step: int
-    what: str
-    recorded: Any
-    replayed: Any
+    what: str                                        # a decision (FIELDS), "digest" or "step"
+    recorded: str | list[str] | list[list[Any]]      # its value (DecisionsDict's), the digest, or a phrase
+    replayed: str | list[str] | list[list[Any]]
 
     def text(self) -> str:
         return f"step {self.step}: {_SAY.get(self.what, self.what)}: recorded {self.recorded}, replayed {self.replayed}"
@@ -63,7 +65,7 @@ class IdentityReport:
         return head + "".join(f"\n  note: {n}" for n in self.notes)
 
 
-def identity(rec: Recording, entries: Iterable[Any] | None = None, *, limit: int = 1000,
+def identity(rec: Recording, entries: Iterable[HistoryEntry] | None = None, *, limit: int = 1000,
              at: Variant | None = None) -> IdentityReport:
     """Replay `rec` at its own settings with its recorded arrival steps and compare every step:
     with the file's digests, or (given the history `entries` it was written from) field by field.
@@ -76,30 +78,34 @@ def identity(rec: Recording, entries: Iterable[Any] | None = None, *, limit: int
         raise ValueError("identity at another setting compares with a real run at it: give its history entries")
     res = replay(rec, at, arrivals="step", digests=True, keep_steps=entries is not None)
     report = IdentityReport(num_steps=len(rec.steps), replay=res, notes=list(rec.source.notes))
-    got: dict[int, Any] = dict(zip(res.steps, res.details if entries is not None else res.digests))
-    want: dict[int, Any]  # each step's decisions (given the entries), else its digest
+    got = dict(zip(res.steps, res.details))             # each replayed step's decisions (given the entries)
+    got_digest = dict(zip(res.steps, res.digests))      # and its digest
+    # Each recorded step's decisions (given the entries), else its digest in the file.
+    want_digest = dict(zip(rec.steps.step, rec.steps.digest)) if entries is None else {}
     if entries is not None:
         gone = rec.aborted_before()
         want = {e.step: step_decisions(e.record, e.snapshot["queues"]["running"], gone.get(e.step + 1, ()))
                 for e in entries if e.record is not None}
     else:
-        want = dict(zip(rec.steps.step, rec.steps.digest))
+        want = {}
+    wanted = set(want) if entries is not None else set(want_digest)
     diffs = report.differences
     last = max(want, default=rec.last_step) if entries is not None else rec.last_step  # the run compared with
-    for step in sorted(set(want) | set(got)):
+    for step in sorted(wanted | set(got_digest)):
         if len(diffs) >= limit:
             break
-        if step not in got:
+        if step not in got_digest:
             diffs.append(Difference(step, "step", "a step", "no step (the replay ran out of work, or skipped it)"))
             continue
-        if step not in want:
+        if step not in wanted:
             if step > last:  # past the recording's end (requests still in flight then): not recorded
                 continue
-            diffs.append(Difference(step, "step", "no step", f"a step ({_brief(got[step])})"))
+            diffs.append(Difference(step, "step", "no step",
+                                    f"a step ({_brief(got[step] if entries is not None else got_digest[step])})"))
             continue
         if entries is None:
-            if got[step] != want[step]:
-                diffs.append(Difference(step, "digest", want[step], got[step]))
+            if got_digest[step] != want_digest[step]:
+                diffs.append(Difference(step, "digest", want_digest[step], got_digest[step]))
             continue
         replayed = got[step].decisions
         for name in FIELDS:
@@ -108,8 +114,7 @@ def identity(rec: Recording, entries: Iterable[Any] | None = None, *, limit: int
     return report
 
 
-def _brief(x: Any) -> str:
-    dec = getattr(x, "decisions", None)
-    if dec is None:
-        return "digest " + str(x)
-    return ", ".join(f"{rid} {n}" for rid, n, *_ in dec["scheduled"]) or "nothing scheduled"
+def _brief(x: StepDetail | str) -> str:
+    if isinstance(x, str):
+        return "digest " + x
+    return ", ".join(f"{rid} {n}" for rid, n, *_ in x.decisions["scheduled"]) or "nothing scheduled"

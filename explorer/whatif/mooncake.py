@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TypeAlias
 
 from ..core.recording import RecordedRequest, Recording, RecordingError, Settings, Source
 
 HASH_UNIT = 512
 VOCAB = 32000
+
+# A parsed JSON value, before `_request` checks it is a Mooncake request.
+JSONValue: TypeAlias = str | int | float | bool | list["JSONValue"] | dict[str, "JSONValue"] | None
 
 
 def unit_tokens(hash_id: int, unit: int, vocab: int = VOCAB) -> list[int]:
@@ -74,7 +77,7 @@ def load_trace(path: str | Path, *, block_size: int = 16, num_blocks: int = 4096
 
 def _request(path: Path, n: int, line: str, index: int, unit: int, cache: dict[int, list[int]]) -> RecordedRequest:
     try:
-        obj: Any = json.loads(line)
+        obj: JSONValue = json.loads(line)
     except json.JSONDecodeError as exc:
         raise RecordingError(f"{path}, line {n}: not JSON ({exc.msg} at column {exc.colno})") from None
     if not isinstance(obj, dict):
@@ -83,13 +86,14 @@ def _request(path: Path, n: int, line: str, index: int, unit: int, cache: dict[i
     if missing:
         raise RecordingError(f"{path}, line {n}: lacks {missing} (Mooncake's fields: timestamp, input_length, "
                              "output_length, hash_ids)")
-    ts, n_in, n_out, ids = obj["timestamp"], obj["input_length"], obj["output_length"], obj["hash_ids"]
+    ts = obj["timestamp"]
     if not isinstance(ts, (int, float)) or isinstance(ts, bool) or ts < 0:
         raise RecordingError(f"{path}, line {n}: timestamp must be milliseconds >= 0, got {ts!r}")
-    for name, v in (("input_length", n_in), ("output_length", n_out)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise RecordingError(f"{path}, line {n}: {name} must be an integer >= 1, got {v!r}")
-    if not isinstance(ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in ids):
+    n_in = _length(path, n, "input_length", obj["input_length"])
+    n_out = _length(path, n, "output_length", obj["output_length"])
+    raw = obj["hash_ids"]
+    ids = [h for h in raw if isinstance(h, int) and not isinstance(h, bool) and h >= 0] if isinstance(raw, list) else []
+    if not isinstance(raw, list) or len(ids) != len(raw):
         raise RecordingError(f"{path}, line {n}: hash_ids must be a list of integers >= 0")
     if len(ids) != -(-n_in // unit):
         raise RecordingError(f"{path}, line {n}: hash_ids has {len(ids)} ids for {n_in} input tokens; at {unit} tokens "
@@ -109,3 +113,10 @@ def _request(path: Path, n: int, line: str, index: int, unit: int, cache: dict[i
     return RecordedRequest(request_id=str(index), prompt_token_ids=prompt, output_token_ids=output, arrival_step=None,
                            arrival_time=float(ts) / 1000.0, arrival_seq=index, max_tokens=n_out, ignore_eos=True,
                            finish_reason="length")
+
+
+def _length(path: Path, n: int, name: str, v: JSONValue) -> int:
+    """A request's `name` field, checked: an integer >= 1."""
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise RecordingError(f"{path}, line {n}: {name} must be an integer >= 1, got {v!r}")
+    return v

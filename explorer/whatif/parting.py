@@ -13,10 +13,20 @@ clock, max_num_seqs, the token budget, no free blocks), a chunk of another size.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypedDict
 
 from ..core.labels import RequestLabels
 from ..core.recording import Recording
 from .replay import ReplayResult, StepDetail
+
+
+class PartingDict(TypedDict):
+    """`Parting.to_dict()`."""
+    index: int
+    step_a: int
+    step_b: int
+    text: str
+    requests: list[str]
 
 
 @dataclass
@@ -29,7 +39,7 @@ class Parting:
     text: str
     requests: list[str]  # the requests the sentence names
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> PartingDict:
         return {"index": self.index, "step_a": self.step_a, "step_b": self.step_b, "text": self.text,
                 "requests": self.requests}
 

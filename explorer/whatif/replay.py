@@ -26,16 +26,24 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
-from ..core.recording import Recording, decisions_digest
+from ..core.recording import DecisionsDict, Recording, decisions_digest
+from ..drivers.vllm.groups import kvscope_order
 from ..drivers.vllm.records import computed_before
 from .settings import VLLM_TITLE, Variant
 from .settings import variant as make_variant
 
 if TYPE_CHECKING:  # numpy: a replay that is given no step model never loads it
+    # vLLM's classes (mypy skips vLLM: to it they are Any)
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.request import Request
+
     from .step_model import StepTimeModel
 
 ARRIVALS = ("step", "timed")
@@ -55,7 +63,7 @@ class StepDetail:
     """One replayed step as the what-if view shows it (kept with `keep_steps=True`)."""
 
     step: int
-    decisions: dict            # recording.step_decisions' shape
+    decisions: DecisionsDict
     preemptions: list[Preemption]
     waiting: list[str]         # after the step, queue order
     free_blocks: int
@@ -124,7 +132,7 @@ class ReplayError(RuntimeError):
     """The replay could not go on (a request that never fits, a runaway)."""
 
 
-def _scheduler_class() -> type:
+def _scheduler_class() -> type[Scheduler]:
     from vllm.v1.core.sched.scheduler import Scheduler
 
     class ReplayScheduler(Scheduler):
@@ -137,23 +145,23 @@ def _scheduler_class() -> type:
             self.step_preemptions: list[Preemption] = []
             allocate = self.kv_cache_manager.allocate_slots
 
-            def noted(request: Any, *a: Any, **k: Any) -> Any:
+            def noted(request: Request, *a: Any, **k: Any) -> KVCacheBlocks | None:
                 self.asking = request.request_id
                 return allocate(request, *a, **k)
 
             self.kv_cache_manager.allocate_slots = noted
 
-        def _preempt_request(self, request: Any, timestamp: float, drop_stale_output: bool = False) -> None:
+        def _preempt_request(self, request: Request, timestamp: float, drop_stale_output: bool = False) -> None:
             self.step_preemptions.append(Preemption(request.request_id, self.asking, int(request.num_computed_tokens)))
             super()._preempt_request(request, timestamp, drop_stale_output)
 
     return ReplayScheduler
 
 
-_CLASS: list[type] = []
+_CLASS: list[type[Scheduler]] = []
 
 
-def load_vllm() -> type:
+def load_vllm() -> type[Scheduler]:
     """Import what a replay uses of vLLM (seconds, once per process: a sweep does it before it
     forks its workers, so they share it) and return the replay's Scheduler class. What vLLM
     prints while it imports folds into one line, its log one click away, as a vLLM start does."""
@@ -194,7 +202,7 @@ def vllm_log() -> Iterator[list[str]]:
         logger.handlers, logger.propagate = saved, propagate
 
 
-def build_scheduler(rec: Recording, v: Variant) -> Any:
+def build_scheduler(rec: Recording, v: Variant) -> Scheduler:
     from ..drivers.vllm.bare import bare_scheduler
 
     load_vllm()
@@ -250,8 +258,7 @@ class _Replay:
         self.keep, self.want_digests = keep, digests
         with vllm_log() as said:
             self.s = build_scheduler(rec, v)
-        self._first_full = next(i for i, g in enumerate(self.s.kv_cache_config.kv_cache_groups)
-                                if type(g.kv_cache_spec).__name__ == "FullAttentionSpec")
+        self._first_full = kvscope_order(self.s.kv_cache_config)[0]
         self.result = ReplayResult(variant=v, arrivals=arrivals, step_model=model, vllm_log=said)
         self.outputs = {r.request_id: r.output_token_ids for r in rec.requests}
         self.filler = {r.request_id: r.prompt_token_ids[-1] for r in rec.requests}
@@ -264,7 +271,7 @@ class _Replay:
         self.origin = origin
         order = sorted(rec.requests, key=(lambda r: (r.arrival_step, r.arrival_seq)) if arrivals == "step"
                        else (lambda r: (r.arrival_time, r.arrival_seq)))
-        self.pending: list[tuple[float, Any, Any]] = []   # (when, request id, vLLM Request)
+        self.pending: list[tuple[float, str, Request]] = []   # (when, request id, vLLM Request)
         self.aborts: list[tuple[float, str]] = []
         self.aborts_during: dict[int, list[str]] = {}     # step -> aborted after its schedule(), before its update
         delay = model.admission_delay if model is not None else 0.0
@@ -391,11 +398,12 @@ class _Replay:
             self._decisions(step, out, before, admitted, sampled, finished, now)
         return now
 
-    def _account(self, step: int, before: dict, admitted: set, sampled: dict, finished: list, now: float) -> None:
+    def _account(self, step: int, before: dict[str, int], admitted: set[str], sampled: Iterable[str],
+                 finished: list[str], now: float) -> None:
         account_step(self.result, step, self.s.step_preemptions, before, admitted, sampled, finished, now)
 
-    def _decisions(self, step: int, out: Any, before: dict, admitted: set, sampled: dict, finished: list,
-                   now: float) -> None:
+    def _decisions(self, step: int, out: SchedulerOutput, before: dict[str, int], admitted: set[str],
+                   sampled: Collection[str], finished: list[str], now: float) -> None:
         s = self.s
         sched = sorted([rid, int(n), int(before[rid]), int(before[rid]) if rid in admitted else 0]
                        for rid, n in out.num_scheduled_tokens.items())
@@ -404,8 +412,8 @@ class _Replay:
         g = self._first_full  # the records' table is the full-attention group's, wherever vLLM put it
         tables = sorted([r.request_id, [b.block_id for b in s.kv_cache_manager.coordinator.get_blocks(r.request_id)[g]]]
                         for r in s.running if r.request_id not in gone)
-        dec = {"scheduled": sched, "new": new, "preempted": sorted(out.preempted_req_ids or ()),
-               "finished": sorted(r for r in finished if r in sampled), "tables": tables}
+        dec: DecisionsDict = {"scheduled": sched, "new": new, "preempted": sorted(out.preempted_req_ids or ()),
+                              "finished": sorted(r for r in finished if r in sampled), "tables": tables}
         if self.want_digests:
             self.result.digests.append(decisions_digest(dec))
         if self.keep:
@@ -417,7 +425,7 @@ class _Replay:
                 time=now if self.arrivals == "timed" else None))
 
 
-def _runner_output(out: Any, sampled: dict[str, int]) -> Any:
+def _runner_output(out: SchedulerOutput, sampled: dict[str, int]) -> ModelRunnerOutput:
     from vllm.v1.outputs import ModelRunnerOutput
 
     ids = list(out.num_scheduled_tokens)
@@ -425,8 +433,8 @@ def _runner_output(out: Any, sampled: dict[str, int]) -> Any:
                              sampled_token_ids=[[sampled[r]] if r in sampled else [] for r in ids])
 
 
-def account_step(res: ReplayResult, step: int, preemptions: list[Preemption], before: dict, admitted: set,
-                 sampled: Iterable[str], finished: list[str], now: float) -> None:
+def account_step(res: ReplayResult, step: int, preemptions: list[Preemption], before: dict[str, int],
+                 admitted: set[str], sampled: Iterable[str], finished: list[str], now: float) -> None:
     """Count one replayed step into `res`: its preemptions, the prefix hits of the requests it
     admitted (first admissions apart from re-admissions, whose lost tokens are recomputed), the
     requests that sampled and those that finished. `before`: each scheduled request's computed

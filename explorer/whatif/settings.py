@@ -15,18 +15,35 @@ was a v0 setting): its long-prefill threshold is the knob that caps a long promp
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Literal, TypeAlias, TypedDict, get_args
 
-from ..core.recording import SETTINGS_FIELDS, Recording, Settings
+from ..core.recording import SETTINGS_FIELDS, Recording, Settings, SettingsDict
 
+if TYPE_CHECKING:  # vLLM is imported only where a server's block sizes are checked
+    from vllm.v1.attention.backend import MultipleOf
+
+# A setting's value (Settings' field types; a memory knob's number), as a what-if is given it.
+SettingValue: TypeAlias = int | float | str | bool | None
 # What a what-if may change (vLLM's names), and the two memory knobs that become num_blocks.
-KNOBS = ("block_size", "num_blocks", "max_num_batched_tokens", "max_num_seqs", "enable_prefix_caching",
-         "enable_chunked_prefill", "long_prefill_token_threshold", "long_prefill_token_threshold_adaptive",
-         "policy", "scheduler_reserve_full_isl", "watermark")
-MEMORY_KNOBS = ("kv_memory_fraction", "kv_cache_memory_bytes")
+Knob = Literal["block_size", "num_blocks", "max_num_batched_tokens", "max_num_seqs", "enable_prefix_caching",
+               "enable_chunked_prefill", "long_prefill_token_threshold", "long_prefill_token_threshold_adaptive",
+               "policy", "scheduler_reserve_full_isl", "watermark"]
+MemoryKnob = Literal["kv_memory_fraction", "kv_cache_memory_bytes"]
+KNOBS: tuple[Knob, ...] = get_args(Knob)
+MEMORY_KNOBS: tuple[MemoryKnob, ...] = get_args(MemoryKnob)
 POLICIES = ("fcfs", "priority")
 VLLM_TITLE = "vLLM's scheduler for the replays"   # the line vLLM's first import folds into
+
+
 assert set(KNOBS) <= SETTINGS_FIELDS
+
+
+class VariantDict(TypedDict):
+    """`Variant.to_dict()`."""
+    label: str
+    changed: dict[str, SettingValue]   # setting -> its value here, where it differs from the recording
+    settings: SettingsDict
+    note: str
 
 
 class SettingRejected(ValueError):
@@ -39,14 +56,14 @@ class Variant:
     num_blocks is what it is when the variant did not name it."""
 
     settings: Settings
-    changed: tuple[tuple[str, Any], ...]
+    changed: tuple[tuple[str, SettingValue], ...]
     note: str = ""
 
     @property
     def label(self) -> str:
         return label_of(dict(self.changed)) + (f" ({self.note})" if self.note else "")
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> VariantDict:
         return {"label": self.label, "changed": dict(self.changed), "settings": self.settings.to_dict(),
                 "note": self.note}
 
@@ -56,13 +73,13 @@ _SHORT = {"max_num_batched_tokens": "budget", "max_num_seqs": "max_seqs", "enabl
           "kv_cache_memory_bytes": "kv_bytes"}
 
 
-def label_of(changes: dict) -> str:
+def label_of(changes: dict[str, SettingValue]) -> str:
     """A what-if's settings in a few words ("as recorded" when none)."""
     said = ", ".join(f"{_SHORT.get(k, k)}={value_text(v)}" for k, v in changes.items() if v is not None)
     return said or "as recorded"
 
 
-def value_text(v: Any) -> str:
+def value_text(v: SettingValue) -> str:
     """A setting's value in words: "on" / "off" for a switch."""
     if isinstance(v, bool):
         return "on" if v else "off"
@@ -75,7 +92,7 @@ def kv_bytes_per_token(rec: Recording) -> float | None:
     return None if not b else b / rec.settings.block_size
 
 
-def variant(rec: Recording, **changes: Any) -> Variant:
+def variant(rec: Recording, **changes: SettingValue) -> Variant:
     """The recording's settings with `changes` (KNOBS, or one of MEMORY_KNOBS), checked as vLLM
     would check them. A new block size without num_blocks keeps the recorded KV memory."""
     unknown = set(changes) - set(KNOBS) - set(MEMORY_KNOBS)
@@ -85,8 +102,7 @@ def variant(rec: Recording, **changes: Any) -> Variant:
     if len(memory) > 1 or (memory and changes.get("num_blocks") is not None):
         raise SettingRejected("give the pool once: num_blocks, kv_memory_fraction or kv_cache_memory_bytes")
     base = rec.settings
-    block_size = changes.get("block_size", base.block_size)
-    _check_int("block_size", block_size)
+    block_size = _check_int("block_size", changes.get("block_size", base.block_size))
     note = ""
     fields = {k: v for k, v in changes.items() if k in KNOBS and v is not None}
     if memory:
@@ -103,7 +119,7 @@ def variant(rec: Recording, **changes: Any) -> Variant:
     return Variant(settings, changed, note if changed else "")
 
 
-def _blocks_from_memory(rec: Recording, knob: str, value: Any, block_size: int) -> int:
+def _blocks_from_memory(rec: Recording, knob: str, value: SettingValue, block_size: int) -> int:
     per_token = kv_bytes_per_token(rec)
     if knob == "kv_memory_fraction":
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
@@ -111,16 +127,18 @@ def _blocks_from_memory(rec: Recording, knob: str, value: Any, block_size: int) 
                                   f"got {value!r}")
         tokens = rec.settings.num_blocks * rec.settings.block_size * float(value)
         return max(2, int(tokens // block_size))
-    _check_int(knob, value)
+    value = _check_int(knob, value)
     if per_token is None:
         raise SettingRejected("kv_cache_memory_bytes needs the model's KV bytes per block, which this recording does "
                               f"not hold ({rec.source.engine}); give num_blocks or kv_memory_fraction instead")
     return max(2, int(value // (per_token * block_size)))
 
 
-def _check_int(name: str, value: Any, minimum: int = 1) -> None:
+def _check_int(name: str, value: SettingValue, minimum: int = 1) -> int:
+    """`value`, refused unless an integer >= `minimum`."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise SettingRejected(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
 
 
 def check(rec: Recording, s: Settings) -> None:
@@ -160,12 +178,12 @@ def check(rec: Recording, s: Settings) -> None:
                               f"{s.max_model_len}: vLLM refuses it")
 
 
-def _fits(block_size: int, allowed: Any) -> bool:
+def _fits(block_size: int, allowed: int | MultipleOf) -> bool:
     base = getattr(allowed, "base", None)
     return block_size % base == 0 if base is not None else block_size == allowed
 
 
-def _kernel_block_sizes(device: str | None) -> tuple[str, str, list] | None:
+def _kernel_block_sizes(device: str | None) -> tuple[str, str, list[int | MultipleOf]] | None:
     """(shown, backend, sizes) of the attention backend a server on `device` uses, from vLLM's
     own backend class (None: unknown device, no check)."""
     from ..drivers.vllm.startup import first_vllm_import

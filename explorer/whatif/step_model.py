@@ -24,6 +24,7 @@ what-if inherits when it predicts B from A (benchmarks/whatif_reality.py prints 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypedDict
 
 import numpy as np
 
@@ -32,6 +33,25 @@ from ..core.recording import Recording
 FEATURES = ("intercept", "prefill_tokens", "decode_requests", "context_tokens")
 FOLDS = 5
 MIN_STEPS = 10
+
+
+class CoefficientsDict(TypedDict):
+    """A StepTimeModel's coefficients by feature, FEATURES' names in their order: seconds per unit of each."""
+    intercept: float
+    prefill_tokens: float
+    decode_requests: float
+    context_tokens: float
+
+
+class StepTimeModelDict(TypedDict):
+    """`StepTimeModel.to_dict()`."""
+    coefficients: CoefficientsDict
+    step_error: float
+    total_error: float
+    num_steps: int
+    clock: str
+    admission_delay: float
+    source: str
 
 
 class NoStepTimings(ValueError):
@@ -59,10 +79,11 @@ class StepTimeModel:
         return (f"step-time model: held-out error {self.step_error:.0%} per step, {self.total_error:.0%} on a "
                 f"fold's total ({self.num_steps} steps, {self.clock} clock)")
 
-    def to_dict(self) -> dict:
-        return {"coefficients": dict(zip(FEATURES, self.coefficients)), "step_error": self.step_error,
-                "total_error": self.total_error, "num_steps": self.num_steps, "clock": self.clock,
-                "admission_delay": self.admission_delay, "source": self.source}
+    def to_dict(self) -> StepTimeModelDict:
+        c0, cp, cd, cc = self.coefficients
+        return {"coefficients": {"intercept": c0, "prefill_tokens": cp, "decode_requests": cd, "context_tokens": cc},
+                "step_error": self.step_error, "total_error": self.total_error, "num_steps": self.num_steps,
+                "clock": self.clock, "admission_delay": self.admission_delay, "source": self.source}
 
 
 def step_costs(rec: Recording) -> tuple[np.ndarray, np.ndarray]:

@@ -22,18 +22,21 @@ import multiprocessing
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, TypeAlias, TypedDict, cast
 
 import numpy as np
 
 from ..core.recording import Recording, Settings
 from .replay import ReplayError, ReplayResult, load_vllm, replay
+from .rows import LATENCIES, LatenciesDict, ReplayFiguresDict, SweepRowDict
 from .settings import (
     KNOBS,
     MEMORY_KNOBS,
+    Knob,
     SettingRejected,
+    SettingValue,
     Variant,
     kv_bytes_per_token,
     label_of,
@@ -41,19 +44,30 @@ from .settings import (
     variant,
 )
 from .step_model import StepTimeModel, fit
-from .target import SEARCH_KNOBS, Answer, parse_target
+from .target import SEARCH_KNOBS, Answer, Condition, parse_target
 from .target import search as find_cheapest
 
-_COLUMN_ORDER = ("block_size", "num_blocks", "max_num_batched_tokens", "max_num_seqs")
+if TYPE_CHECKING:
+    from multiprocessing.pool import Pool
+
+    import pandas as pd
+    import plotly.graph_objects as go
+
+_COLUMN_ORDER: tuple[Knob, ...] = ("block_size", "num_blocks", "max_num_batched_tokens", "max_num_seqs")
 _COLUMN_NAMES = {"block_size": "block", "num_blocks": "blocks", "max_num_batched_tokens": "budget",
                  "max_num_seqs": "max seqs", "enable_prefix_caching": "prefix cache",
                  "enable_chunked_prefill": "chunked", "long_prefill_token_threshold": "long prefill"}
 SERIES_POINTS = 2000   # per-step series kept per setting (evenly thinned above this)
 METRICS = ("steps", "hit_tokens", "hit_rate", "preemptions", "recomputed_tokens", "max_waiting", "mean_waiting",
            "max_kv_usage", "mean_kv_usage", "ttft_p50", "ttft_p90", "itl_p50", "itl_p90", "e2e_p50", "e2e_p90")
+KnobValues: TypeAlias = SettingValue | list[SettingValue] | tuple[SettingValue, ...]   # a value, or those to try
 
 
-def grid(**lists: Any) -> list[dict]:
+# What a sweep reports after each replay: (replays done, of how many in the grid, the replay's row).
+Progress: TypeAlias = Callable[[int, int | None, SweepRowDict], None]
+
+
+def grid(**lists: KnobValues) -> list[dict[str, SettingValue]]:
     """Every combination of the given settings (each a value or a list of values)."""
     names = [k for k, v in lists.items() if v is not None]
     values = [v if isinstance(v, (list, tuple)) else [v] for v in (lists[k] for k in names)]
@@ -68,18 +82,17 @@ def _percentiles(xs: list[float]) -> tuple[float | None, float | None]:
 
 
 def latencies(arrival: dict[str, float], first: dict[str, float | None], tokens: dict[str, list[float]],
-              finished: dict[str, float | None]) -> dict:
+              finished: dict[str, float | None]) -> LatenciesDict:
     """TTFT, ITL (every gap between a request's tokens) and end-to-end latency, p50 / p90."""
     ttft = [t - arrival[r] for r in arrival if (t := first.get(r)) is not None]
     itl = [b - a for r in arrival for a, b in zip(tokens.get(r, ()), tokens.get(r, ())[1:])]
     e2e = [t - arrival[r] for r in arrival if (t := finished.get(r)) is not None]
-    out = {}
-    for name, xs in (("ttft", ttft), ("itl", itl), ("e2e", e2e)):
-        out[f"{name}_p50"], out[f"{name}_p90"] = _percentiles(xs)
-    return out
+    (ttft50, ttft90), (itl50, itl90), (e2e50, e2e90) = _percentiles(ttft), _percentiles(itl), _percentiles(e2e)
+    return {"ttft_p50": ttft50, "ttft_p90": ttft90, "itl_p50": itl50, "itl_p90": itl90, "e2e_p50": e2e50,
+            "e2e_p90": e2e90}
 
 
-def recorded_latencies(rec: Recording) -> dict:
+def recorded_latencies(rec: Recording) -> LatenciesDict:
     """What the recording measured (requests that ended by themselves), on its clock."""
     done = [r for r in rec.requests if r.ends_by_itself]
     return latencies({r.request_id: r.arrival_time for r in done},
@@ -88,11 +101,11 @@ def recorded_latencies(rec: Recording) -> dict:
                      {r.request_id: r.finished_time for r in done})
 
 
-def summarize(res: ReplayResult, rec: Recording) -> dict:
+def summarize(res: ReplayResult, rec: Recording) -> ReplayFiguresDict:
     """One replay's figures (METRICS, the per-step series thinned, the replay's own speed)."""
     done = {r.request_id for r in rec.requests if r.ends_by_itself}
     reqs = res.requests
-    out: dict[str, Any] = {
+    out: ReplayFiguresDict = {
         "steps": res.num_steps, "hit_tokens": res.hit_tokens, "query_tokens": res.query_tokens,
         "resumed_hit_tokens": res.resumed_hit_tokens,
         "hit_rate": res.hit_rate, "preemptions": res.preemptions, "recomputed_tokens": res.recomputed_tokens,
@@ -107,7 +120,8 @@ def summarize(res: ReplayResult, rec: Recording) -> dict:
                              {r: reqs[r].token_times for r in done}, {r: reqs[r].finished_time for r in done}))
         out["duration"] = res.times[-1] if res.times else 0.0
     else:
-        out.update(dict.fromkeys(("ttft_p50", "ttft_p90", "itl_p50", "itl_p90", "e2e_p50", "e2e_p90")))
+        out.update({"ttft_p50": None, "ttft_p90": None, "itl_p50": None, "itl_p90": None, "e2e_p50": None,
+                    "e2e_p90": None})
     stride = max(1, -(-res.num_steps // SERIES_POINTS))
     out["series"] = {"step": res.steps[::stride], "time": res.times[::stride], "num_waiting": res.num_waiting[::stride],
                      "num_running": res.num_running[::stride], "kv_usage": res.kv_usage[::stride],
@@ -116,27 +130,34 @@ def summarize(res: ReplayResult, rec: Recording) -> dict:
 
 
 # -- one setting, in a worker ----------------------------------------------------------------------
-_WORKER: dict[str, Any] = {}
+class _WorkerDict(TypedDict, total=False):
+    """What a worker replays every setting of (set by `_init`)."""
+    rec: Recording
+    model: StepTimeModel | None
+    arrivals: str
+
+
+_WORKER: _WorkerDict = {}
 
 
 def _init(rec: Recording, model: StepTimeModel | None, arrivals: str) -> None:
-    _WORKER.update(rec=rec, model=model, arrivals=arrivals)
+    _WORKER.update({"rec": rec, "model": model, "arrivals": arrivals})
 
 
-def run_one(job: tuple[int, Variant]) -> dict:
+def run_one(job: tuple[int, Variant]) -> SweepRowDict:
     """Replay the worker's recording at one checked setting."""
     index, v = job
     rec, model, arrivals = _WORKER["rec"], _WORKER["model"], _WORKER["arrivals"]
     per_token = kv_bytes_per_token(rec)
     tokens = v.settings.num_blocks * v.settings.block_size
-    row: dict[str, Any] = {"index": index, "changes": dict(v.changed), "label": v.label,
-                           "settings": v.settings.to_dict(), "kv_tokens": tokens,
-                           "kv_bytes": None if per_token is None else int(tokens * per_token)}
+    row: SweepRowDict = {"index": index, "changes": dict(v.changed), "label": v.label,
+                         "settings": v.settings.to_dict(), "kv_tokens": tokens,
+                         "kv_bytes": None if per_token is None else int(tokens * per_token)}
     try:
         res = replay(rec, v, arrivals=arrivals, step_model=model)
-        row.update(status="ok", **summarize(res, rec))
+        row.update({"status": "ok", **summarize(res, rec)})
     except (SettingRejected, ReplayError) as exc:
-        row.update(status="rejected" if isinstance(exc, SettingRejected) else "failed", error=str(exc))
+        row.update({"status": "rejected" if isinstance(exc, SettingRejected) else "failed", "error": str(exc)})
     return row
 
 
@@ -145,9 +166,9 @@ class _Replays:
     search's rounds."""
 
     def __init__(self, rec: Recording, model: StepTimeModel | None, arrivals: str, processes: int,
-                 report: Callable[[int, dict], None]) -> None:
+                 report: Callable[[int, SweepRowDict], None]) -> None:
         self.report, self.done = report, 0
-        self.pool: Any = None
+        self.pool: Pool | None = None
         if processes == 1:
             _init(rec, model, arrivals)
             return
@@ -157,7 +178,7 @@ class _Replays:
         ctx = multiprocessing.get_context("fork" if fork else "spawn")
         self.pool = ctx.Pool(processes, initializer=_init, initargs=(rec, model, arrivals))
 
-    def run(self, runs: list[tuple[int, Variant]]) -> list[dict]:
+    def run(self, runs: list[tuple[int, Variant]]) -> list[SweepRowDict]:
         rows = []
         for row in self.pool.imap_unordered(run_one, runs) if self.pool is not None else map(run_one, runs):
             rows.append(row)
@@ -171,12 +192,12 @@ class _Replays:
             self.pool.join()
 
 
-def plan(rec: Recording, jobs: list[dict]) -> tuple[list[tuple[int, Variant]], list[dict]]:
+def plan(rec: Recording, jobs: list[dict[str, SettingValue]]) -> tuple[list[tuple[int, Variant]], list[SweepRowDict]]:
     """Each job checked as vLLM would check it: (the distinct variants to run, the refused
     ones' rows). A job that lands on settings already planned is run once."""
     runs: list[tuple[int, Variant]] = []
-    refused: list[dict] = []
-    seen: set = set()
+    refused: list[SweepRowDict] = []
+    seen: set[Settings] = set()
     for index, changes in enumerate(jobs):
         try:
             v = variant(rec, **changes)
@@ -196,17 +217,17 @@ class SweepResult:
     """One row per variant of a what-if sweep (its metrics, or why it failed), with the recording's
     own figures to compare against."""
 
-    rows: list[dict]
+    rows: list[SweepRowDict]
     recording: Recording
     step_model: StepTimeModel | None
     arrivals: str
-    recorded: dict = field(default_factory=dict)
+    recorded: LatenciesDict = field(default_factory=LatenciesDict)   # what the recording measured
     seconds: float = 0.0
     processes: int = 1
     answer: Answer | None = None    # with a target: the cheapest setting that meets it
 
     @property
-    def ok_rows(self) -> list[dict]:
+    def ok_rows(self) -> list[SweepRowDict]:
         return [r for r in self.rows if r.get("status") == "ok"]
 
     def scheduler_steps_per_s(self) -> tuple[float | None, float | None]:
@@ -225,7 +246,7 @@ class SweepResult:
         knobs = self.setting_columns()
         head = ["", *(_COLUMN_NAMES.get(k, k) for k in knobs), "KV memory", "steps", "hit tokens", "hit rate",
                 "preempt", "recomputed", "max queue", "max KV"]
-        latency = ("ttft_p50", "ttft_p90", "itl_p50", "itl_p90", "e2e_p50", "e2e_p90")
+        latency = LATENCIES
         if timed:
             head += ["TTFT p50", "TTFT p90", "ITL p50", "ITL p90", "E2E p50", "E2E p90"]
         rows = [head]
@@ -271,7 +292,7 @@ class SweepResult:
         once per replay)."""
         return list(dict.fromkeys(line for r in self.rows for line in r.get("vllm_log", ())))
 
-    def setting_columns(self) -> list[str]:
+    def setting_columns(self) -> list[Knob]:
         """The settings every row names: block size, pool, budget and max_num_seqs, and any other
         knob that differs between the rows."""
         varied = [k for k in KNOBS if k not in _COLUMN_ORDER and
@@ -287,21 +308,23 @@ class SweepResult:
                 out.setdefault((str(r.get("status")), str(r.get("error"))), []).append(r["label"])
         return out
 
-    def to_frame(self) -> Any:
+    def to_frame(self) -> pd.DataFrame:
         """The rows as a pandas DataFrame (one row per setting: every setting, its KV memory,
         whether the target search replayed it, the metrics)."""
         import pandas as pd
 
         flat = []
+        columns: list[str] = list(self.setting_columns())   # str keys: the frame's columns, beside the others
         for r in self.rows:
-            flat.append({"setting": r["label"], **{k: r.get("settings", {}).get(k, r["changes"].get(k))
-                                                   for k in self.setting_columns()},
+            s = r.get("settings")
+            flat.append({"setting": r["label"],
+                         **{k: r["changes"].get(k) if s is None else s.get(k, r["changes"].get(k)) for k in columns},
                          "kv_tokens": r.get("kv_tokens"), "kv_bytes": r.get("kv_bytes"),
                          "searched": bool(r.get("searched")), "status": r.get("status"), "error": r.get("error"),
                          **{k: r.get(k) for k in METRICS}})
         return pd.DataFrame(flat)
 
-    def charts(self) -> dict[str, Any]:
+    def charts(self) -> dict[str, go.Figure]:
         """plotly figures: prefix-hit rate against pool size, TTFT p90 against the token budget,
         and preemptions per setting."""
         from .charts import sweep_charts
@@ -331,9 +354,10 @@ def _pct(x: float | None) -> str:
 
 
 def sweep(rec: Recording, *, arrivals: str = "timed", step_model: StepTimeModel | None = None,
-          processes: int | None = None, progress: bool | Callable[[int, int | None, dict], None] = True,
-          include_recorded: bool = True, target: Any = None, search: str = "num_blocks",
-          search_range: tuple[int, int] | None = None, **settings: Any) -> SweepResult:
+          processes: int | None = None, progress: bool | Progress = True, include_recorded: bool = True,
+          target: str | Mapping[str, tuple[str, float]] | tuple[Condition, ...] | list[Condition] | None = None,
+          search: str = "num_blocks", search_range: tuple[int, int] | None = None,
+          **settings: KnobValues) -> SweepResult:
     """Replay `rec` at every combination of `settings` (what-if knobs: explorer.whatif.settings
     KNOBS and MEMORY_KNOBS, each a value or a list), `processes` at a time (default: the CPUs).
 
@@ -378,7 +402,7 @@ def sweep(rec: Recording, *, arrivals: str = "timed", step_model: StepTimeModel 
                        seconds=time.perf_counter() - t0, processes=processes, answer=answer)
 
 
-def _order(row: dict) -> tuple:
+def _order(row: SweepRowDict) -> tuple[SettingValue, ...]:
     """Rows by their settings (the pool last, so that one pool's series reads down the table);
     a refused one by where the grid listed it."""
     s = row.get("settings")
@@ -387,7 +411,7 @@ def _order(row: dict) -> tuple:
     return (0, *(str(s[k]) if isinstance(s[k], str) else s[k] for k in _COLUMN_ORDER))
 
 
-def _progress(progress: Any, total: int) -> Callable[[int, dict], None]:
+def _progress(progress: bool | Progress, total: int) -> Callable[[int, SweepRowDict], None]:
     """What a replay's end reports; past the grid's `total` the search's replays count on."""
     if callable(progress):
         return lambda done, row: progress(done, total, row)
@@ -398,7 +422,7 @@ def _progress(progress: Any, total: int) -> Callable[[int, dict], None]:
     start = time.perf_counter()
     line = NotebookLine() if in_notebook() else None   # a notebook: one line, not a red stderr box per replay
 
-    def say(done: int, row: dict) -> None:
+    def say(done: int, row: SweepRowDict) -> None:
         what = row.get("status", "?")
         of = f"/{total}" if done <= total else " (searching)"
         text = f"[whatif] {done}{of} {row['label']}: {what} ({time.perf_counter() - start:.1f} s)"

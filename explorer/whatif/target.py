@@ -19,19 +19,24 @@ import operator
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Literal, TypeAlias, get_args
 
 from ..core.recording import Recording, Settings
-from .settings import SettingRejected, Variant, kv_bytes_per_token, variant
+from .settings import SettingRejected, SettingValue, Variant, kv_bytes_per_token, variant
 
-SEARCH_KNOBS = ("num_blocks", "max_num_batched_tokens")
+if TYPE_CHECKING:
+    from .rows import SweepRowDict
+
+SearchKnob = Literal["num_blocks", "max_num_batched_tokens"]
+SEARCH_KNOBS: tuple[SearchKnob, ...] = get_args(SearchKnob)
 # What a target may bound: a sweep row's figures (the latencies are the step model's predictions).
-TARGET_METRICS = ("hit_tokens", "hit_rate", "preemptions", "recomputed_tokens", "max_waiting", "mean_waiting",
-                  "max_kv_usage", "mean_kv_usage", "steps", "ttft_p50", "ttft_p90", "itl_p50", "itl_p90",
-                  "e2e_p50", "e2e_p90")
+TargetMetric = Literal["hit_tokens", "hit_rate", "preemptions", "recomputed_tokens", "max_waiting", "mean_waiting",
+                       "max_kv_usage", "mean_kv_usage", "steps", "ttft_p50", "ttft_p90", "itl_p50", "itl_p90",
+                       "e2e_p50", "e2e_p90"]
+TARGET_METRICS: tuple[TargetMetric, ...] = get_args(TargetMetric)
 PREDICTED = frozenset(m for m in TARGET_METRICS if m.split("_")[0] in ("ttft", "itl", "e2e"))
-_OPS: dict[str, Callable[[Any, Any], bool]] = {"<=": operator.le, ">=": operator.ge, "==": operator.eq,
-                                               "<": operator.lt, ">": operator.gt}
+_OPS: dict[str, Callable[[float, float], bool]] = {"<=": operator.le, ">=": operator.ge, "==": operator.eq,
+                                                   "<": operator.lt, ">": operator.gt}
 _CONDITION = re.compile(r"^\s*([a-z_0-9]+)\s*(<=|>=|==|<|>)\s*([0-9.eE+-]+)\s*(ms|s|%)?\s*$")
 
 
@@ -39,11 +44,11 @@ _CONDITION = re.compile(r"^\s*([a-z_0-9]+)\s*(<=|>=|==|<|>)\s*([0-9.eE+-]+)\s*(m
 class Condition:
     """One target: `metric op value` (seconds for latencies, a fraction for rates)."""
 
-    metric: str
+    metric: TargetMetric
     op: str
     value: float
 
-    def holds(self, row: Mapping[str, Any]) -> bool:
+    def holds(self, row: SweepRowDict) -> bool:
         got = row.get(self.metric)
         return got is not None and _OPS[self.op](got, self.value)
 
@@ -53,7 +58,8 @@ class Condition:
             " (predicted)" if self.metric in PREDICTED else "")
 
 
-def parse_target(spec: str | Mapping[str, Any] | tuple[Condition, ...] | list[Condition]) -> tuple[Condition, ...]:
+def parse_target(spec: str | Mapping[str, tuple[str, float]] | tuple[Condition, ...] | list[Condition]
+                 ) -> tuple[Condition, ...]:
     """'ttft_p90<=0.3,preemptions==0' (latencies in seconds, or with ms; rates as 0.2 or 20%), or
     {"ttft_p90": ("<=", 0.3)}: the conditions, each checked (a bad one raises ValueError naming it)."""
     if isinstance(spec, Mapping):
@@ -88,15 +94,15 @@ def _show(metric: str, value: float) -> str:
     return f"{value:g}"
 
 
-def meets(target: tuple[Condition, ...], row: Mapping[str, Any]) -> bool:
+def meets(target: tuple[Condition, ...], row: SweepRowDict) -> bool:
     return row.get("status") == "ok" and all(c.holds(row) for c in target)
 
 
-def misses_text(target: tuple[Condition, ...], row: Mapping[str, Any]) -> str:
+def misses_text(target: tuple[Condition, ...], row: SweepRowDict) -> str:
     """What a row misses, in a few words ("preemptions 2", "ttft_p90 410 ms", or why it did not run)."""
     if row.get("status") != "ok":
         return f"{row.get('status')}: {row.get('error')}"
-    return ", ".join(f"{c.metric} {_show(c.metric, row[c.metric])}" if row.get(c.metric) is not None
+    return ", ".join(f"{c.metric} {_show(c.metric, got)}" if (got := row.get(c.metric)) is not None
                      else f"{c.metric} unknown" for c in target if not c.holds(row))
 
 
@@ -121,12 +127,12 @@ class Found:
     """One combination of the other knobs: the least value of the searched knob that meets the
     target (None: none in range), and the replayed neighbour below it that misses."""
 
-    fixed: dict
+    fixed: dict[str, SettingValue]   # the other knobs' values (explorer.whatif.sweep.grid's combination)
     base: Settings
     lo: int
     hi: int
-    best: dict | None = None
-    below: dict | None = None
+    best: SweepRowDict | None = None
+    below: SweepRowDict | None = None
     reason: str = ""
 
 
@@ -135,7 +141,7 @@ class Answer:
     """The search's result: per combination what it found, and the cheapest of them."""
 
     target: tuple[Condition, ...]
-    knob: str
+    knob: SearchKnob
     found: list[Found]
     replays: int
     kv_bytes_per_token: float | None
@@ -147,7 +153,7 @@ class Answer:
                 for i, f in enumerate(self.found) if f.best is not None]
         return self.found[min(hits)[-1]] if hits else None
 
-    def _margin(self, row: Mapping[str, Any]) -> float:
+    def _margin(self, row: SweepRowDict) -> float:
         """Between settings of the same memory: the one furthest inside the first target wins
         (then the one nearest the recorded settings)."""
         c = self.target[0]
@@ -171,29 +177,30 @@ class Answer:
                 f"{memory_text(f.best, self.kv_bytes_per_token)}{below}; {tried}.")
 
 
-def _knob_value(knob: str, row: Mapping[str, Any]) -> str:
+def _knob_value(knob: SearchKnob, row: SweepRowDict) -> str:
     v = row["settings"][knob]
     return f"{v} blocks" if knob == "num_blocks" else f"a budget of {v} tokens"
 
 
-def _setting(row: Mapping[str, Any]) -> str:
+def _setting(row: SweepRowDict) -> str:
     s = row["settings"]
     return (f"{s['num_blocks']} blocks of {s['block_size']} tokens, a budget of {s['max_num_batched_tokens']} tokens, "
             f"max_num_seqs {s['max_num_seqs']}")
 
 
-def memory_text(row: Mapping[str, Any], per_token: float | None) -> str:
+def memory_text(row: SweepRowDict, per_token: float | None) -> str:
     tokens = row["kv_tokens"]
     if per_token is None:
         return f"{tokens:,} tokens of KV"
     return f"{tokens:,} tokens = {tokens * per_token / 2**20:,.1f} MiB of KV"
 
 
-Runner = Callable[[list[tuple[int, Variant]]], list[dict]]
+# Replays a list of (row index, variant), returning their rows (explorer.whatif.sweep's replays).
+Runner: TypeAlias = "Callable[[list[tuple[int, Variant]]], list[SweepRowDict]]"
 
 
-def search(rec: Recording, target: tuple[Condition, ...], knob: str, combos: list[dict], run: Runner,
-           known: dict[Settings, dict], *, span: tuple[int, int] | None = None, width: int = 1,
+def search(rec: Recording, target: tuple[Condition, ...], knob: str, combos: list[dict[str, SettingValue]],
+           run: Runner, known: dict[Settings, SweepRowDict], *, span: tuple[int, int] | None = None, width: int = 1,
            first_index: int = 0) -> Answer:
     """Find, for every combination in `combos`, the least `knob` meeting `target`. `run` replays
     a list of (row index, variant) and returns their rows; `known` holds rows already replayed
@@ -213,10 +220,10 @@ def search(rec: Recording, target: tuple[Condition, ...], knob: str, combos: lis
         found.append(Found(fixed=fixed, base=base, lo=lo, hi=hi))
     replays_before = len(known)
 
-    def rows_at(points: list[tuple[Found, int]]) -> dict[tuple[int, int], dict]:
+    def rows_at(points: list[tuple[Found, int]]) -> dict[tuple[int, int], SweepRowDict]:
         """Replay each (combination, value) not yet known; every row, by (combination, value)."""
         want: list[tuple[int, Variant]] = []
-        keys: dict[tuple[int, int], Settings | dict] = {}
+        keys: dict[tuple[int, int], Settings | SweepRowDict] = {}
         for f, value in points:
             try:
                 v = variant(rec, **{**f.fixed, knob: value})
@@ -248,22 +255,28 @@ def search(rec: Recording, target: tuple[Condition, ...], knob: str, combos: lis
         per = max(1, width // len(active))
         points = []
         for f in active:
-            a, b = f.below["settings"][knob], f.best["settings"][knob]  # type: ignore[index]
+            a, b = _at(f.below, knob), _at(f.best, knob)
             inside = sorted({a + (b - a) * (i + 1) // (per + 1) for i in range(per)} - {a, b})
             points += [(f, x) for x in inside]
         got = rows_at(points)
         for f, x in points:
             row = got[(id(f), x)]
-            if meets(target, row) and x < f.best["settings"][knob]:  # type: ignore[index]
+            if meets(target, row) and x < _at(f.best, knob):
                 f.best = row
         for f, x in points:  # the largest miss below the (new) least meeting value
             row = got[(id(f), x)]
-            if not meets(target, row) and f.below["settings"][knob] < x < f.best["settings"][knob]:  # type: ignore[index]
+            if not meets(target, row) and _at(f.below, knob) < x < _at(f.best, knob):
                 f.below = row
-        active = [f for f in active if f.best["settings"][knob] - f.below["settings"][knob] > 1]  # type: ignore[index]
+        active = [f for f in active if _at(f.best, knob) - _at(f.below, knob) > 1]
     return Answer(target=target, knob=knob, found=found, replays=len(known) - replays_before,
                   kv_bytes_per_token=kv_bytes_per_token(rec), refused=refused)
 
 
-def _settings_of(row: Mapping[str, Any]) -> Settings:
+def _at(row: SweepRowDict | None, knob: SearchKnob) -> int:
+    """The searched knob's value in one end of a combination still searched (it has both ends)."""
+    assert row is not None
+    return row["settings"][knob]
+
+
+def _settings_of(row: SweepRowDict) -> Settings:
     return Settings(**row["settings"])

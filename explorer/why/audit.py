@@ -15,12 +15,31 @@ while only whole blocks can hit, never the block of the last prompt token: a cei
 from __future__ import annotations
 
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
+from ..core.history import HistoryEntry
 from .ledger import WhyLedger
 
 QUERIES, HITS = "vllm:prefix_cache_queries", "vllm:prefix_cache_hits"
+
+
+class CountsDict(TypedDict):
+    """Prefix-cache lookups over an interval: tokens queried, tokens hit."""
+    queries: int
+    hits: int
+
+
+class CounterAuditDict(TypedDict):
+    """`CounterAudit.to_dict()`."""
+    server: CountsDict
+    first: CountsDict
+    readmitted: CountsDict
+    recorder: CountsDict | None
+    hittable: int
+    agrees: bool
+    findings: list[str]
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -53,10 +72,10 @@ class CounterAudit:
     """vLLM's /metrics prefix-cache counters against the recorder's truth over one interval, and
     each difference named (findings)."""
 
-    server: dict[str, int]            # /metrics over the interval: queries, hits
-    first: dict[str, int]             # the recorder's first admissions: prompt tokens, hits
-    readmitted: dict[str, int]        # re-admissions after preemptions: tokens looked up, hits
-    recorder: dict[str, int] | None   # kvscope's snapshot counters over the interval
+    server: CountsDict                # /metrics over the interval: queries, hits
+    first: CountsDict                 # the recorder's first admissions: prompt tokens, hits
+    readmitted: CountsDict            # re-admissions after preemptions: tokens looked up, hits
+    recorder: CountsDict | None       # kvscope's snapshot counters over the interval
     hittable: int                     # first admissions' tokens in blocks a lookup may hit
     agrees: bool
     findings: list[str] = field(default_factory=list)
@@ -64,17 +83,19 @@ class CounterAudit:
     def text(self) -> str:
         return "\n".join(self.findings)
 
-    def to_dict(self) -> dict:
-        return dict(self.__dict__)
+    def to_dict(self) -> CounterAuditDict:
+        return {"server": self.server, "first": self.first, "readmitted": self.readmitted, "recorder": self.recorder,
+                "hittable": self.hittable, "agrees": self.agrees, "findings": self.findings}
 
 
-def audit(ledger: WhyLedger, before: dict[str, float], after: dict[str, float], history: Any = None) -> CounterAudit:
+def audit(ledger: WhyLedger, before: dict[str, float], after: dict[str, float],
+          history: Sequence[HistoryEntry] | None = None) -> CounterAudit:
     """Compare /metrics read `before` and `after` some traffic with what the ledger (fed the same
     interval's history) says; `history` adds kvscope's own snapshot counters to the comparison."""
-    server = {"queries": int(after.get(QUERIES, 0) - before.get(QUERIES, 0)),
+    server: CountsDict = {"queries": int(after.get(QUERIES, 0) - before.get(QUERIES, 0)),
               "hits": int(after.get(HITS, 0) - before.get(HITS, 0))}
-    first = {"queries": 0, "hits": 0}
-    again = {"queries": 0, "hits": 0}
+    first: CountsDict = {"queries": 0, "hits": 0}
+    again: CountsDict = {"queries": 0, "hits": 0}
     hittable = 0
     bs = ledger.block_size or 1
     for request in ledger.requests.values():
@@ -84,7 +105,7 @@ def audit(ledger: WhyLedger, before: dict[str, float], after: dict[str, float], 
             into["hits"] += a.hit
             if not a.resumed:
                 hittable += (a.tokens - 1) // bs * bs
-    recorder = None
+    recorder: CountsDict | None = None
     if history:
         m0, m1 = history[0].snapshot.get("metrics") or {}, history[-1].snapshot.get("metrics") or {}
         recorder = {"queries": int(m1.get("prefix_cache_queries", 0) - m0.get("prefix_cache_queries", 0)),

@@ -16,10 +16,11 @@ import bisect
 import hashlib
 from array import array
 
-PLAIN = (None, None)
+Domain = tuple[str | None, str | None]   # a request's hash domain: (cache_salt, lora_name)
+PLAIN: Domain = (None, None)
 
 
-def root_key(domain: tuple[str | None, str | None]) -> bytes:
+def root_key(domain: Domain) -> bytes:
     """The chain's start for a hash domain: (cache_salt, lora_name); PLAIN for neither."""
     if domain == PLAIN:
         return b"\0" * 8
@@ -34,8 +35,7 @@ class Sequence:
     """One request's tokens (prompt, then output as it grows) and their block keys, in its own
     domain (`keys`) and in none (`plain`, the same list when it has no domain)."""
 
-    def __init__(self, request_id: str, prompt: list[int], domain: tuple[str | None, str | None],
-                 block_size: int) -> None:
+    def __init__(self, request_id: str, prompt: list[int], domain: Domain, block_size: int) -> None:
         self.request_id = request_id
         self.tokens = list(prompt)
         self.prompt_len = len(prompt)
@@ -46,7 +46,7 @@ class Sequence:
         self.plain: list[bytes] = self.keys if domain == PLAIN else []
         self.computed = 0          # the most tokens it ever had computed (the seen index holds them)
         self.lost = 0              # tokens its latest preemption freed (until re-admitted)
-        self.tail: tuple[bytes, tuple] | None = None   # its partial last block in the seen index
+        self.tail: tuple[bytes, tuple[int, ...]] | None = None   # its partial last block in the seen index
 
     def grow(self, output: list[int]) -> None:
         """Take the output tokens known now (they only grow; a re-read of the same list is free)."""
@@ -87,7 +87,7 @@ class SeenIndex:
 
     def __init__(self) -> None:
         self.full: dict[bytes, str] = {}                      # key -> the first request that computed it
-        self.under: dict[bytes, list[tuple[tuple, str]]] = {}
+        self.under: dict[bytes, list[tuple[tuple[int, ...], str]]] = {}
 
     def computed(self, seq: Sequence, upto: int) -> None:
         """`seq` has computed its first `upto` tokens (recomputing after a preemption adds nothing)."""
@@ -127,7 +127,7 @@ class SeenIndex:
                     best, who = n, entries[k][1]
         return j * bs + best, who
 
-    def _insert(self, parent: bytes, tokens: tuple, rid: str) -> None:
+    def _insert(self, parent: bytes, tokens: tuple[int, ...], rid: str) -> None:
         bisect.insort(self.under.setdefault(parent, []), (tokens, rid))
 
     def _drop_tail(self, seq: Sequence) -> None:
@@ -141,7 +141,7 @@ class SeenIndex:
         seq.tail = None
 
 
-def _common(a: tuple, b: tuple) -> int:
+def _common(a: tuple[int, ...], b: tuple[int, ...]) -> int:
     n = min(len(a), len(b))
     i = 0
     while i < n and a[i] == b[i]:

@@ -19,13 +19,28 @@ any request computes the same content.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Literal
 
+from engine.report.schema import BlockDict, EngineSnapshotDict, ScheduledDict, StepRecordDict
+
+from ..core.history import HistoryEntry
 from ..core.labels import kv_cache_group_label
-from .chains import PLAIN, SeenIndex, Sequence
+from ..core.session_view import SessionView
+from .chains import PLAIN, Domain, SeenIndex, Sequence
 from .model import Admission, Divergence, Eviction, Node, PreemptionWhy, RequestWhy, Span
 from .preemption import needing_request, work_of
+
+if TYPE_CHECKING:
+    from .summary import RunSummary
+
+# One block event of a step, in the order `_apply` replays them: (kind, block id, what it held or
+# will hold, the request that did it, the block's dict on the side of the step it is read from).
+# An eviction names the content key it evicted (None: unknown) and the block before the step
+# (None: past the pool's end); a caching the content key, or (a request's sequence, its block
+# index) whose node is made when the event applies, and the block after the step.
+Evicted = tuple[Literal["evicted"], int, bytes | None, str | None, BlockDict | None]
+Cached = tuple[Literal["cached"], int, bytes | tuple[Sequence, int], str | None, BlockDict]
 
 
 class WhyLedger:
@@ -39,7 +54,7 @@ class WhyLedger:
         self.nodes: dict[bytes, Node] = {}
         self.by_hash: dict[str, bytes] = {}          # the engine's hash -> content key
         self.block_key: dict[int, bytes] = {}        # block id -> the content it holds now
-        self.plain_domains: dict[bytes, set] = {}    # content key without domain -> domains it was cached in
+        self.plain_domains: dict[bytes, set[Domain]] = {}    # content key without domain -> domains it was cached in
         self.freed_at: dict[int, tuple[int, float | None]] = {}   # block -> (step, wall time) it joined the free queue
         self.preemptions: list[PreemptionWhy] = []
         self.block_size: int | None = None
@@ -48,17 +63,17 @@ class WhyLedger:
         self.notes: list[str] = []
         self.unmapped = 0                            # cached blocks whose content the ledger could not name
         self.engine: str | None = None
-        self._prev: dict | None = None
+        self._prev: EngineSnapshotDict | None = None
         self._finished_ids: set[str] = set()  # the finished queue's requests at the previous entry
         self._tokens_left_out = False
 
     # -- reading a history -----------------------------------------------------------------------
-    def feed(self, entries: Iterable[Any]) -> WhyLedger:
+    def feed(self, entries: Iterable[HistoryEntry]) -> WhyLedger:
         for e in entries:
             self.add(e)
         return self
 
-    def add(self, entry: Any) -> None:
+    def add(self, entry: HistoryEntry) -> None:
         """One history entry (step, record, snapshot), in order; an entry already read is skipped."""
         step, record, snap = int(entry.step), entry.record, entry.snapshot
         if self.last_step is not None and step <= self.last_step and not _restarts(record):
@@ -71,10 +86,10 @@ class WhyLedger:
                               "then are not explained, and blocks cached then are known only by their hash")
         self._step(step, record, snap)
 
-    def follow(self, session: Any) -> Any:
+    def follow(self, session: SessionView) -> Callable[[], None]:
         """Read `session`'s history now and every entry it applies from now on; returns the
         unsubscribe function."""
-        def catch_up(event: str = "step", s: Any = session) -> None:
+        def catch_up(event: str = "step", s: SessionView = session) -> None:
             if event == "reset":
                 self.__init__()  # type: ignore[misc]
             if event in ("step", "reset"):
@@ -83,7 +98,7 @@ class WhyLedger:
         catch_up()
         return session.subscribe(catch_up)
 
-    def _start(self, step: int, record: dict | None, snap: dict) -> None:
+    def _start(self, step: int, record: StepRecordDict | None, snap: EngineSnapshotDict) -> None:
         if record is not None and _restarts(record):
             self.notes.append(f"step {step}: the history started again ({_restarts(record)}); the ledger too")
             self.__init__()  # type: ignore[misc]
@@ -100,7 +115,7 @@ class WhyLedger:
         self._prev = snap
 
     # -- one step --------------------------------------------------------------------------------
-    def _step(self, step: int, rec: dict, snap: dict) -> None:
+    def _step(self, step: int, rec: StepRecordDict, snap: EngineSnapshotDict) -> None:
         prev = self._prev
         assert prev is not None
         self._learn(snap)
@@ -119,52 +134,55 @@ class WhyLedger:
                 self.seen.computed(self.seqs[rid], int(x["num_computed_before"]) + int(x["num_tokens"]))
         self._apply(events.get(0, ()), step, rec)
         for rid in new:
-            x = scheduled.get(rid)
-            if x is not None and rid in self.seqs:
-                self._admit(step, rid, x, rec, caching, _group_hits(snap, rid))
-                self.seen.computed(self.seqs[rid], int(x["num_computed_before"]) + int(x["num_tokens"]))
+            got = scheduled.get(rid)
+            if got is not None and rid in self.seqs:
+                self._admit(step, rid, got, rec, caching, _group_hits(snap, rid))
+                self.seen.computed(self.seqs[rid], int(got["num_computed_before"]) + int(got["num_tokens"]))
             self._apply(events.get(rank[rid], ()), step, rec)
         self._settle(snap, prev, step, rec)
         self.last_step = step
         self._prev = snap
 
-    def _events(self, rec: dict, snap: dict, prev: dict, holders: dict, rank: dict) -> dict[int, list]:
+    def _events(self, rec: StepRecordDict, snap: EngineSnapshotDict, prev: EngineSnapshotDict,
+                holders: dict[int, tuple[str, int]], rank: dict[str, int]) -> dict[int, list[Evicted | Cached]]:
         """The step's evictions and cachings, by the rank of the request that did them (0: a
         running request, or unknown), evictions first within a rank (an allocation evicts, then
         the computed tokens fill the block)."""
-        out: dict[int, list] = {}
+        out: dict[int, list[Evicted | Cached]] = {}
         before = prev["block_pool"]["blocks"]
         after = snap["block_pool"]["blocks"]
         for b in rec["blocks"].get("evicted") or ():
             by = holders.get(b, (None, 0))[0]
             key = self.block_key.get(b)
-            if key is None and b < len(before):
-                key = self.by_hash.get(before[b]["hash"])
-            out.setdefault(rank.get(by, 0), []).append(("evicted", b, key, by, before[b] if b < len(before) else None))
+            if key is None and b < len(before) and (h := before[b]["hash"]) is not None:
+                key = self.by_hash.get(h)
+            was = before[b] if b < len(before) else None
+            out.setdefault(rank.get(by, 0) if by is not None else 0, []).append(("evicted", b, key, by, was))
         for b in rec["blocks"].get("cached") or ():
             rid, j = holders.get(b, (None, 0))
             seq = self.seqs.get(rid) if rid is not None else None
-            what: Any = None
+            what: bytes | tuple[Sequence, int] | None = None
             if seq is not None and (j + 1) * seq.block_size <= len(seq.tokens):
                 what = (seq, j)   # its node is made when the event applies, in the scheduler's order
-            elif after[b]["hash"] is not None:
-                what = self.by_hash.get(after[b]["hash"])
+            elif (h := after[b]["hash"]) is not None:
+                what = self.by_hash.get(h)
             if what is None:
                 self.unmapped += 1
                 continue
-            out.setdefault(rank.get(rid, 0), []).append(("cached", b, what, rid, after[b]))
+            out.setdefault(rank.get(rid, 0) if rid is not None else 0, []).append(("cached", b, what, rid, after[b]))
         for items in out.values():
             items.sort(key=lambda e: e[0] != "evicted")
         return out
 
-    def _apply(self, events: Iterable[tuple], step: int, rec: dict) -> None:
-        for kind, b, key, rid, block in events:
-            if kind == "evicted":
+    def _apply(self, events: Iterable[Evicted | Cached], step: int, rec: StepRecordDict) -> None:
+        for ev in events:
+            if ev[0] == "evicted":
+                _, b, key, rid, before = ev
                 self._unmap(b)
                 if key is None:
                     continue
                 free_step, free_wall = self.freed_at.get(b, (None, None))
-                if block is not None and (block["ref_count"] or not block["is_free"]):
+                if before is not None and (before["ref_count"] or not before["is_free"]):
                     free_step, free_wall = step, rec.get("wall_time_s")   # in use before: freed in this step
                 wall = rec.get("wall_time_s")
                 self.nodes[key].evictions.append(Eviction(
@@ -172,26 +190,26 @@ class WhyLedger:
                     lru_age_steps=None if free_step is None else step - free_step,
                     lru_age_s=None if free_wall is None or wall is None else max(0.0, wall - free_wall)))
             else:
-                node = self._node_of(*key) if isinstance(key, tuple) else self.nodes[key]
-                key = node.key
+                _, b, what, rid, block = ev
+                node = self._node_of(*what) if isinstance(what, tuple) else self.nodes[what]
                 node.stored.append(step)
                 if block["hash"] is not None:
                     node.hash = block["hash"]
-                    self.by_hash[block["hash"]] = key
-                self._map(b, key)
+                    self.by_hash[block["hash"]] = node.key
+                self._map(b, node.key)
 
-    def _settle(self, snap: dict, prev: dict, step: int, rec: dict) -> None:
+    def _settle(self, snap: EngineSnapshotDict, prev: EngineSnapshotDict, step: int, rec: StepRecordDict) -> None:
         """After the step: blocks that lost their hash without an eviction (a cache reset), or that
         hold a hash the ledger knows from elsewhere; when each freed block joined the free queue."""
         after, before = snap["block_pool"]["blocks"], prev["block_pool"]["blocks"]
         if after is not before:
-            for i, b in enumerate(after):
-                if i < len(before) and b is before[i]:
+            for i, blk in enumerate(after):
+                if i < len(before) and blk is before[i]:
                     continue
-                if b["hash"] is None:
+                if blk["hash"] is None:
                     self._unmap(i)
-                elif i not in self.block_key and b["hash"] in self.by_hash:
-                    self._map(i, self.by_hash[b["hash"]])
+                elif i not in self.block_key and blk["hash"] in self.by_hash:
+                    self._map(i, self.by_hash[blk["hash"]])
         for b in rec["blocks"].get("freed") or ():
             self.freed_at[b] = (step, rec.get("wall_time_s"))
 
@@ -215,7 +233,7 @@ class WhyLedger:
         return node
 
     # -- requests --------------------------------------------------------------------------------
-    def _learn(self, snap: dict) -> None:
+    def _learn(self, snap: EngineSnapshotDict) -> None:
         """New requests' prompts and domains; the output tokens known now."""
         queues = snap["queues"]
         # New finishes by id, against the previous entry's queue: a Session keeping its latest
@@ -238,7 +256,7 @@ class WhyLedger:
                 self.requests[rid] = RequestWhy(rid, len(r["prompt_token_ids"]), domain)
             seq.grow(r.get("output_token_ids") or [])
 
-    def _admit(self, step: int, rid: str, x: dict, rec: dict, caching: bool,
+    def _admit(self, step: int, rid: str, x: ScheduledDict, rec: StepRecordDict, caching: bool,
                group_hits: tuple[int, int, str] | None = None) -> None:
         """`group_hits`: with several KV cache groups, (the full-attention group's own hit, the
         shortest group's, that group's name) when this admission took them."""
@@ -328,7 +346,7 @@ class WhyLedger:
             return "other_domain", "cached under " + ", ".join(_domain_text(d) for d in sorted(domains, key=repr)), None
         return None, "", None
 
-    def _preempted(self, step: int, rec: dict, prev: dict, bs: int) -> None:
+    def _preempted(self, step: int, rec: StepRecordDict, prev: EngineSnapshotDict, bs: int) -> None:
         victims = list(rec.get("preempted") or ())
         if not victims:
             return
@@ -336,15 +354,16 @@ class WhyLedger:
         for_request, need = needing_request(prev, rec, bs)
         freed = set(rec["blocks"].get("freed") or ())
         for v in victims:
-            r = running.get(v, {})
-            lost = int(r.get("num_computed_tokens") or 0)
+            r = running.get(v)   # None: not running before the step
+            lost = int(r.get("num_computed_tokens") or 0) if r is not None else 0
+            table = (r.get("block_table") or ()) if r is not None else ()
             if v in self.seqs:
                 self.seqs[v].lost = lost
             p = PreemptionWhy(step=step, victim=v, lost_tokens=lost, for_request=for_request,
                               for_work=work_of(rec, for_request), needed_blocks=need,
                               free_blocks_before=int(prev["block_pool"]["num_free_blocks"]),
                               num_blocks=int(prev["block_pool"]["num_blocks"]), running_before=len(running),
-                              freed_blocks=[b for b in r.get("block_table") or () if b in freed])
+                              freed_blocks=[b for b in table if b in freed])
             self.preemptions.append(p)
             if v in self.requests:
                 self.requests[v].preemptions.append(p)
@@ -355,7 +374,7 @@ class WhyLedger:
         for why in self.requests.values():
             why.check()
 
-    def summary(self, step: int | None = None) -> Any:
+    def summary(self, step: int | None = None) -> RunSummary:
         """The run's RunSummary (as it stood after `step`, when given)."""
         from .summary import RunSummary
 
@@ -369,7 +388,7 @@ def _count(spans: list[Span]) -> dict[str, int]:
     return out
 
 
-def _group_hits(snap: dict, rid: str) -> tuple[int, int, str] | None:
+def _group_hits(snap: EngineSnapshotDict, rid: str) -> tuple[int, int, str] | None:
     """(the full-attention group's own hit, the shortest group's, its name) of request `rid` in a
     snapshot of several KV cache groups (records: REQ.GROUP_HIT_TOKENS); None with one group."""
     hits = next((r.get("group_hit_tokens") for q in ("running", "finished", "waiting")
@@ -381,7 +400,7 @@ def _group_hits(snap: dict, rid: str) -> tuple[int, int, str] | None:
     return hits[0], hits[g], kv_cache_group_label(groups[g]) if g < len(groups) else f"KV cache group {g}"
 
 
-def _holders(snap: dict, rec: dict) -> dict[int, tuple[str, int]]:
+def _holders(snap: EngineSnapshotDict, rec: StepRecordDict) -> dict[int, tuple[str, int]]:
     """Block id -> (the request holding it after the step, its index in that request's table);
     blocks of requests that finished in the step from the step's batch, where its rows line up."""
     out: dict[int, tuple[str, int]] = {}
@@ -401,20 +420,20 @@ def _holders(snap: dict, rec: dict) -> dict[int, tuple[str, int]]:
     return out
 
 
-def _caching_on(rec: dict, snap: dict) -> bool:
+def _caching_on(rec: StepRecordDict, snap: EngineSnapshotDict) -> bool:
     budgets = rec.get("budgets") or {}
     if "enable_prefix_caching" in budgets:
         return bool(budgets["enable_prefix_caching"])
     return bool((snap.get("config") or {}).get("enable_prefix_caching", True))
 
 
-def _restarts(record: dict | None) -> str | None:
+def _restarts(record: StepRecordDict | None) -> str | None:
     if record is None:
         return None
     return (record.get("changes") or {}).get("restart")
 
 
-def _domain_text(domain: tuple) -> str:
+def _domain_text(domain: Domain) -> str:
     salt, lora = domain
     if domain == PLAIN:
         return "no cache_salt"

@@ -8,7 +8,9 @@ request's first admission; prompt and generated tokens at a re-admission after a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import NotRequired, TypedDict
+
+from .chains import Domain
 
 # The classes, in the order the panels and the summary list them: (key, label, what it means).
 CLASSES = (
@@ -35,6 +37,92 @@ MEANINGS = {c[0]: c[2] for c in CLASSES}
 MISS_KEYS = tuple(k for k in CLASS_KEYS if k != "hit")
 
 
+class ProofDict(TypedDict):
+    """One class's proof for one request (RequestWhy.proofs[class])."""
+    verdict: str                        # 'proven', 'partly proven', 'unproven' or (never seen) 'confirmed'
+    tokens: int                         # the request's tokens of the class
+    proven: int                         # those the replays confirmed
+    says: str                           # the proof in words
+    replay: NotRequired[str | None]     # the counterfactual replay's label (Replays.labels)
+    control: NotRequired[str | None]    # the control replay's label
+    control_hit: NotRequired[int | None]   # the request's prefix hit in the control (None: not admitted there)
+    replay_hit: NotRequired[int | None]    # ... and in the counterfactual
+
+
+class PreemptionProofDict(TypedDict):
+    """A preemption's proof (PreemptionWhy.proof)."""
+    replayed: bool                # the replay at the recorded settings preempts the same victim at the same step
+    for_request: str | None       # the request that replay preempted it for
+    removed: bool                 # a pool that evicts nothing never preempts it
+    replay: str
+    verdict: str                  # 'proven' or 'unproven'
+    says: str
+
+
+class EvictionDict(TypedDict):
+    """`Eviction.to_dict()`."""
+    step: int
+    block: int
+    hash: str | None
+    by: str | None
+    free_step: int | None
+    lru_age_steps: int | None
+    lru_age_s: float | None
+
+
+class DivergenceDict(TypedDict):
+    """`Divergence.to_dict()`."""
+    position: int
+    token: int
+    other_request: str | None
+    other_token: int | None
+    shared: int
+
+
+class AdmissionDict(TypedDict):
+    """`Admission.to_dict()`."""
+    step: int
+    tokens: int
+    hit: int
+    resumed: bool
+    classes: dict[str, int]            # class key (CLASS_KEYS) -> tokens
+    spans: list[list[int | str]]       # Span.to_list(): [start, end, class, detail]
+    evictions: list[EvictionDict]
+    divergence: DivergenceDict | None
+    seen: int
+    seen_by: str | None
+    lost: int
+    notes: list[str]
+
+
+class PreemptionWhyDict(TypedDict):
+    """`PreemptionWhy.to_dict()`."""
+    step: int
+    victim: str
+    lost_tokens: int
+    for_request: str | None
+    for_work: str | None
+    needed_blocks: int
+    free_blocks_before: int
+    num_blocks: int
+    running_before: int
+    freed_blocks: list[int]
+    recomputed_tokens: int | None
+    readmitted_step: int | None
+    proof: PreemptionProofDict | None
+
+
+class RequestWhyDict(TypedDict):
+    """`RequestWhy.to_dict()`."""
+    request_id: str
+    prompt_len: int
+    domain: list[str | None]           # [cache_salt, lora_name]
+    why: str
+    admissions: list[AdmissionDict]
+    preemptions: list[PreemptionWhyDict]
+    proofs: dict[str, ProofDict]       # class key -> its proof
+
+
 @dataclass
 class Eviction:
     """A cached block evicted: reused by `by`'s allocation in `step`, `lru_age_steps` steps (and
@@ -48,8 +136,9 @@ class Eviction:
     lru_age_steps: int | None = None
     lru_age_s: float | None = None
 
-    def to_dict(self) -> dict:
-        return dict(self.__dict__)
+    def to_dict(self) -> EvictionDict:
+        return {"step": self.step, "block": self.block, "hash": self.hash, "by": self.by, "free_step": self.free_step,
+                "lru_age_steps": self.lru_age_steps, "lru_age_s": self.lru_age_s}
 
     def text(self) -> str:
         who = f"#{self.by}'s allocation" if self.by is not None else "an allocation"
@@ -71,8 +160,9 @@ class Divergence:
     other_token: int | None
     shared: int                   # tokens shared before it (== position)
 
-    def to_dict(self) -> dict:
-        return dict(self.__dict__)
+    def to_dict(self) -> DivergenceDict:
+        return {"position": self.position, "token": self.token, "other_request": self.other_request,
+                "other_token": self.other_token, "shared": self.shared}
 
 
 @dataclass
@@ -84,7 +174,7 @@ class Span:
     cls: str
     detail: str = ""
 
-    def to_list(self) -> list:
+    def to_list(self) -> list[int | str]:
         return [self.start, self.end, self.cls, self.detail]
 
 
@@ -109,7 +199,7 @@ class Admission:
     def positions(self, cls: str) -> list[tuple[int, int]]:
         return [(s.start, s.end) for s in self.spans if s.cls == cls]
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> AdmissionDict:
         return {"step": self.step, "tokens": self.tokens, "hit": self.hit, "resumed": self.resumed,
                 "classes": dict(self.classes), "spans": [s.to_list() for s in self.spans],
                 "evictions": [e.to_dict() for e in self.evictions],
@@ -136,10 +226,15 @@ class PreemptionWhy:
     freed_blocks: list[int]
     recomputed_tokens: int | None = None   # filled when the victim is re-admitted
     readmitted_step: int | None = None
-    proof: dict | None = None
+    proof: PreemptionProofDict | None = None
 
-    def to_dict(self) -> dict:
-        return dict(self.__dict__)
+    def to_dict(self) -> PreemptionWhyDict:
+        return {"step": self.step, "victim": self.victim, "lost_tokens": self.lost_tokens,
+                "for_request": self.for_request, "for_work": self.for_work, "needed_blocks": self.needed_blocks,
+                "free_blocks_before": self.free_blocks_before, "num_blocks": self.num_blocks,
+                "running_before": self.running_before, "freed_blocks": self.freed_blocks,
+                "recomputed_tokens": self.recomputed_tokens, "readmitted_step": self.readmitted_step,
+                "proof": self.proof}
 
     def text(self, at: int | None = None) -> str:
         """In words; `at`: as known at that step (a re-admission after it is not said)."""
@@ -166,10 +261,10 @@ class RequestWhy:
 
     request_id: str
     prompt_len: int
-    domain: tuple[str | None, str | None] = (None, None)   # (cache_salt, lora_name)
+    domain: Domain = (None, None)   # (cache_salt, lora_name)
     admissions: list[Admission] = field(default_factory=list)
     preemptions: list[PreemptionWhy] = field(default_factory=list)
-    proofs: dict[str, dict] = field(default_factory=dict)   # class -> proof (explorer.why.proof)
+    proofs: dict[str, ProofDict] = field(default_factory=dict)   # class -> proof (explorer.why.proof)
 
     @property
     def first(self) -> Admission | None:
@@ -201,7 +296,7 @@ class RequestWhy:
         head = f"{a.hit} hit" if a.hit else "0 hit"
         return f"{head}; {n} {LABELS[k]}" + (" +" if len(misses) > 1 else "")
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> RequestWhyDict:
         return {"request_id": self.request_id, "prompt_len": self.prompt_len, "domain": list(self.domain),
                 "why": self.why(), "admissions": [a.to_dict() for a in self.admissions],
                 "preemptions": [p.to_dict() for p in self.preemptions], "proofs": dict(self.proofs)}
@@ -219,10 +314,6 @@ def fraction_text(counts: dict[str, int]) -> str:
     return "; ".join(said)
 
 
-def as_dict(x: Any) -> Any:
-    return x.to_dict() if hasattr(x, "to_dict") else x
-
-
 @dataclass
 class Node:
     """One cached prefix (a block's content key): the prefix tree's node. `hash` is the engine's
@@ -233,7 +324,7 @@ class Node:
     parent: bytes | None
     depth: int                     # its block index in the prompt
     tokens: tuple[int, ...]
-    domain: tuple[str | None, str | None]
+    domain: Domain
     first_by: str
     hash: str | None = None
     stored: list[int] = field(default_factory=list)

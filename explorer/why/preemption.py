@@ -5,12 +5,15 @@ the newest running request (itself, when it is the newest). Waiting requests nev
 that does not fit waits. The step caption and the why-view both say it from here."""
 from __future__ import annotations
 
+from engine.report.schema import EngineSnapshotDict, StepRecordDict
+
 
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def needing_request(before: dict | None, record: dict, block_size: int) -> tuple[str | None, int]:
+def needing_request(before: EngineSnapshotDict | None, record: StepRecordDict,
+                    block_size: int) -> tuple[str | None, int]:
     """(the running request whose block allocation failed, the blocks it needed), replayed from
     `before` (the snapshot before the step); (None, 1) where the state before is unknown."""
     if before is None:
@@ -36,7 +39,7 @@ def needing_request(before: dict | None, record: dict, block_size: int) -> tuple
     return None, 1
 
 
-def work_of(record: dict, request_id: str | None) -> str | None:
+def work_of(record: StepRecordDict, request_id: str | None) -> str | None:
     """What a running request was scheduled for in this step: 'decode' or 'prompt chunk'."""
     for s in record["scheduled"]:
         if s["request_id"] == request_id:

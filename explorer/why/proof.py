@@ -23,14 +23,17 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Literal, TypedDict
 
+from ..core.history import HistoryEntry
 from ..core.recording import Recording, save_recording
 from ..whatif.replay import ReplayResult, replay
 from ..whatif.settings import Variant
 from .ledger import WhyLedger
+from .model import ProofDict
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -41,6 +44,28 @@ def pool_that_evicts_nothing(rec: Recording, block_size: int) -> int:
     """Blocks enough to hold every token of every request at once (and the null block): no
     allocation ever needs to evict, and no request is ever preempted for blocks."""
     return 2 + sum(_cdiv(len(r.prompt_token_ids) + len(r.output_token_ids) + 1, block_size) for r in rec.requests)
+
+
+ReplayName = Literal["recorded", "big", "small", "plain", "full"]   # the replays a proof may compare
+
+
+class ReplayLabelsDict(TypedDict, total=False):
+    """What each replay changed, by its name: 'recorded' and 'big' always, the others where they ran."""
+    recorded: str     # the recorded settings
+    big: str          # a pool that evicts nothing
+    small: str        # that pool at a smaller block size
+    plain: str        # that pool with every cache_salt and LoRA removed
+    full: str         # that pool with every layer full attention
+
+
+class ProofReportDict(TypedDict):
+    """`ProofReport.to_dict()`."""
+    proven: dict[str, int]        # class key -> tokens
+    unproven: dict[str, int]
+    preemptions: int
+    preemptions_removed: int
+    notes: list[str]
+    replays: ReplayLabelsDict     # Replays.labels ({}: no replay ran)
 
 
 def tail_block_size(block_size: int) -> int:
@@ -58,7 +83,7 @@ class Replays:
     plain: ReplayResult | None
     reproduces: bool                  # the replay at the recorded settings made every recorded decision
     first_difference: int | None
-    labels: dict[str, str] = field(default_factory=dict)
+    labels: ReplayLabelsDict = field(default_factory=ReplayLabelsDict)
     full: ReplayResult | None = None  # a sliding-window model's run with every layer full attention
 
 
@@ -83,13 +108,13 @@ class ProofReport:
                          "nothing")
         return "\n".join(lines + [f"note: {n}" for n in self.notes]) or "nothing to prove"
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> ProofReportDict:
         return {"proven": dict(self.proven), "unproven": dict(self.unproven), "preemptions": self.preemptions,
                 "preemptions_removed": self.preemptions_removed, "notes": list(self.notes),
-                "replays": dict(self.replays.labels) if self.replays else {}}
+                "replays": self.replays.labels.copy() if self.replays else {}}
 
 
-def recording_of(entries: Any) -> Recording:
+def recording_of(entries: Iterable[HistoryEntry]) -> Recording:
     """A Session's history entries (the step-0 entry first) as a Recording, through a file."""
     with tempfile.TemporaryDirectory() as tmp:
         return Recording.load(save_recording(entries, Path(tmp) / "run.kvrec"))
@@ -106,7 +131,8 @@ def run_replays(rec: Recording) -> Replays:
     big_n = pool_that_evicts_nothing(rec, s.block_size)
     big_v = Variant(s.replace(num_blocks=big_n), (("num_blocks", big_n),), "a pool that evicts nothing")
     big = replay(rec, big_v)
-    labels = {"recorded": "the recorded settings", "big": f"num_blocks={big_n} (a pool that evicts nothing)"}
+    labels: ReplayLabelsDict = {"recorded": "the recorded settings",
+                                "big": f"num_blocks={big_n} (a pool that evicts nothing)"}
     small = None
     bs = tail_block_size(s.block_size)
     if bs < s.block_size:
@@ -153,12 +179,12 @@ def prove(ledger: WhyLedger, rec: Recording, replays: Replays | None = None) -> 
                                                     ("small", replays.small), ("plain", replays.plain),
                                                     ("full", replays.full))}
         why.proofs = {}
-        for cls, control, treatment, words in (
-                ("evicted", "recorded", "big", "hit with a pool that evicts nothing"),
-                ("below_block", "big", "small", f"hit at block size {bs_small}, where they fill a block"),
-                ("other_domain", "big", "plain", "hit with every cache_salt and LoRA removed"),
-                ("group_cut", "big", "full", "hit with every layer attending to everything (no sliding-window "
-                                             "group)")):
+        causes: tuple[tuple[str, ReplayName, ReplayName, str], ...] = (
+            ("evicted", "recorded", "big", "hit with a pool that evicts nothing"),
+            ("below_block", "big", "small", f"hit at block size {bs_small}, where they fill a block"),
+            ("other_domain", "big", "plain", "hit with every cache_salt and LoRA removed"),
+            ("group_cut", "big", "full", "hit with every layer attending to everything (no sliding-window group)"))
+        for cls, control, treatment, words in causes:
             spans = a.positions(cls)
             if not spans:
                 continue
@@ -186,21 +212,23 @@ def _hits(res: ReplayResult | None, rid: str) -> int | None:
 
 
 def _prove_spans(spans: list[tuple[int, int]], control: int | None, treatment: int | None, replays: Replays,
-                 control_name: str, treatment_name: str, words: str) -> dict:
+                 control_name: ReplayName, treatment_name: ReplayName, words: str) -> ProofDict:
     tokens = sum(e - s for s, e in spans)
-    proof = {"tokens": tokens, "control": replays.labels.get(control_name),
-             "replay": replays.labels.get(treatment_name), "control_hit": control, "replay_hit": treatment}
+    proof: ProofDict = {"tokens": tokens, "control": replays.labels.get(control_name),
+                        "replay": replays.labels.get(treatment_name), "control_hit": control, "replay_hit": treatment,
+                        "verdict": "unproven", "proven": 0, "says": ""}
     if control is None or treatment is None:
-        return proof | {"verdict": "unproven", "proven": 0,
-                        "says": "not replayed" if treatment_name not in replays.labels else
-                        "the replay never admitted this request"}
+        proof["says"] = ("not replayed" if treatment_name not in replays.labels else
+                         "the replay never admitted this request")
+        return proof
     proven = sum(max(0, min(e, treatment) - max(s, control)) for s, e in spans)
-    verdict = "proven" if proven == tokens else "partly proven" if proven else "unproven"
     says = f"{proven} of {tokens} tokens {words} ({treatment} hit there, {control} in the control)"
     if proven < tokens:
         says += "; the rest " + ("miss in both" if treatment <= min(s for s, _ in spans) else "do not fill a block "
                                  "there or miss for another cause")
-    return proof | {"verdict": verdict, "proven": proven, "says": says}
+    proof["verdict"] = "proven" if proven == tokens else "partly proven" if proven else "unproven"
+    proof["proven"], proof["says"] = proven, says
+    return proof
 
 
 def _prove_preemptions(ledger: WhyLedger, replays: Replays, report: ProofReport) -> None:

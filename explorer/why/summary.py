@@ -8,9 +8,43 @@ them); re-admissions after preemptions are counted apart (their hits and recompu
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol, TypedDict
 
-from .model import CLASS_KEYS, LABELS, fraction_text
+from .model import CLASS_KEYS, LABELS, PreemptionWhy, RequestWhy, fraction_text
+
+
+class LedgerView(Protocol):
+    """What a summary reads of a run's why-ledger (explorer.why.ledger.WhyLedger, which builds summaries)."""
+    requests: dict[str, RequestWhy]
+    preemptions: list[PreemptionWhy]
+    block_size: int | None
+    notes: list[str]
+    engine: str | None
+
+
+# One row of RunSummary.rows(), a class's tokens ("class" is a keyword: the functional form).
+SummaryRowDict = TypedDict("SummaryRowDict", {
+    "class": str,      # the class key (CLASS_KEYS)
+    "label": str,
+    "tokens": int,
+    "share": float,    # of the first admissions' prompt tokens
+})
+
+
+class RunSummaryDict(TypedDict):
+    """`RunSummary.to_dict()`."""
+    requests: int
+    prompt_tokens: int
+    classes: dict[str, int]              # class key -> tokens, first admissions
+    readmissions: int
+    readmission_tokens: int
+    readmission_classes: dict[str, int]
+    preemptions: int
+    hittable_tokens: int
+    hit_rate: float | None
+    text: str
+    engine: str | None
+    notes: list[str]
 
 
 @dataclass
@@ -29,7 +63,7 @@ class RunSummary:
     notes: list[str] = field(default_factory=list)
 
     @classmethod
-    def of(cls, ledger: Any, step: int | None = None) -> RunSummary:
+    def of(cls, ledger: LedgerView, step: int | None = None) -> RunSummary:
         """The run's summary, or as it stood after `step` (admissions and preemptions up to it)."""
         upto = (lambda s: True) if step is None else (lambda s: s <= step)
         s = cls(engine=ledger.engine, notes=list(ledger.notes),
@@ -73,13 +107,13 @@ class RunSummary:
                      f"{again.get('recomputed', 0)} again")
         return head
 
-    def rows(self) -> list[dict]:
+    def rows(self) -> list[SummaryRowDict]:
         """One row per class: tokens and share of the prompt tokens (first admissions)."""
         return [{"class": k, "label": LABELS[k], "tokens": self.classes.get(k, 0),
                  "share": self.classes.get(k, 0) / self.prompt_tokens if self.prompt_tokens else 0.0}
                 for k in CLASS_KEYS if self.classes.get(k)]
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> RunSummaryDict:
         return {"requests": self.requests, "prompt_tokens": self.prompt_tokens, "classes": dict(self.classes),
                 "readmissions": self.readmissions, "readmission_tokens": self.readmission_tokens,
                 "readmission_classes": dict(self.readmission_classes), "preemptions": self.preemptions,

@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-0.6b")
     args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("benchmarks.gpu needs a CUDA GPU (torch sees none); on a CPU use `python -m explorer bench`")
+        raise SystemExit("benchmarks.gpu needs a CUDA GPU (torch sees none); on a CPU use `python -m benchmarks bench`")
     name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
     peak = next((v for k, v in PEAK_BANDWIDTH.items() if k in name), None)
     prompts, max_tokens = workload(args.requests, args.min_len, args.max_len)

@@ -10,7 +10,7 @@ costs, so the whole step crosses later than the linears alone. This bench prints
 comparisons at more row counts, with the engine's own limits and where they came from.
 Where the two cross depends on the CPU: the panels stream the weights at the read bandwidth and
 do fp32 FMAs on AVX2, oneDNN's blocked GEMM uses whatever the CPU has (AVX-512, and AMX tiles
-for a bf16 engine's bf16 copy). `python -m explorer bench-linears` prints both for one model
+for a bf16 engine's bf16 copy). `python -m benchmarks bench-linears` prints both for one model
 and dtype: the tables behind the engine's limits, at more row counts.
 
 Every layer's linears run back to back (q/k/v, o, gate/up, down: as a forward reads them, the

@@ -1,4 +1,4 @@
-"""`python -m explorer bench`: the engine against Hugging Face `generate` and vLLM's CPU build
+"""`python -m benchmarks bench`: the engine against Hugging Face `generate` and vLLM's CPU build
 on the same model, prompts and greedy settings, in one run (this machine is shared and noisy:
 only ratios measured side by side, alternating the sides, mean anything). vLLM runs in a
 process of its own (bench/vllm_side.py), loaded once.

@@ -1,4 +1,4 @@
-"""`python -m explorer bench-ui`: how quickly the explorer follows one engine step at scale.
+"""`python -m benchmarks bench-ui`: how quickly the explorer follows one engine step at scale.
 
 Issue: responsiveness, measured by a benchmark (never by a timed test), at 64 running
 requests and 4,096 KV blocks. Two parts:

@@ -1,4 +1,4 @@
-"""The browser half of `python -m explorer bench-ui` (benchmarks/ui.py).
+"""The browser half of `python -m benchmarks bench-ui` (benchmarks/ui.py).
 
 A scratch notebook builds the benchmark's Session (every request decoding) and a
 Dashboard, with benchmarks.ui.StepTimer logging the kernel's split of each step

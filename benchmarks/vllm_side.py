@@ -109,7 +109,7 @@ def _reply(obj: dict) -> None:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description="the vLLM side of `python -m explorer bench` (started by it)")
+    ap = argparse.ArgumentParser(description="the vLLM side of `python -m benchmarks bench` (started by it)")
     ap.add_argument("--model", required=True)
     ap.add_argument("--dtype", required=True)
     ap.add_argument("--eager", action="store_true", help="enforce_eager: no torch.compile (faster start)")

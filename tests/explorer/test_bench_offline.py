@@ -1,4 +1,4 @@
-"""`python -m explorer bench` end to end at a tiny scale: every side runs the same prompts and
+"""`python -m benchmarks bench` end to end at a tiny scale: every side runs the same prompts and
 the table says how they compare. Figures are printed, never asserted (a shared machine)."""
 from __future__ import annotations
 
@@ -30,13 +30,13 @@ def test_each_decode_step_of_the_stream_is_paired_with_a_read_of_the_weights_byt
 
 
 def test_bench_linears_times_both_paths_of_every_layer_linear(tiny_llama_path, tmp_path, capsys):
-    """`python -m explorer bench-linears`: each row count through the panels and through oneDNN,
+    """`python -m benchmarks bench-linears`: each row count through the panels and through oneDNN,
     over every layer's linears (the LM head left out), where oneDNN first wins, and whole decode
     steps both ways (the engine's own limit put back afterwards)."""
     import json
 
+    from benchmarks.__main__ import main
     from benchmarks.linears import bench_linears, layer_linears
-    from explorer.apps.cli import main
 
     if native() is None:
         pytest.skip("kvscope's native CPU kernels are off here")

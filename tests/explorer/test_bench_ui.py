@@ -1,4 +1,4 @@
-"""`python -m explorer bench-ui`: the benchmark reports every phase of a step and the bytes
+"""`python -m benchmarks bench-ui`: the benchmark reports every phase of a step and the bytes
 sent to the browser, and leaves the objects it timed as it found them. Figures are only
 checked for presence and sign: timings are never asserted (the machine is shared)."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ import ipywidgets
 import pytest
 
 from benchmarks import ui as bench_ui
+from benchmarks.__main__ import main
 from benchmarks.ui import StepTimer, bench_python, prepare_session
-from explorer.apps.cli import main
 
 WATCHED = ("QueuesPanel", "BlockPoolPanel", "SlotMappingPanel")
 

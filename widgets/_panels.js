@@ -142,5 +142,22 @@ const KVS_PANELS = {
   "request": [
    "request"
   ]
+ },
+ "fleet": {
+  "draw": [
+   "following",
+   "ranks",
+   "rows",
+   "summary"
+  ]
+ },
+ "whatif": {
+  "draw": [
+   "runs",
+   "steps",
+   "parting",
+   "index",
+   "notes"
+  ]
  }
 };

@@ -1,15 +1,20 @@
-"""Each panel's state as typed classes, and the browser's copy of their fields.
+"""Each panel's state as typed classes, and the browser's copy of their fields and types.
 
 A panel declares what it shows as TypedDicts, one per part its JavaScript redraws on its own
 (`Panel.PARTS`: {part name: TypedDict}); the panel's whole state is their union, and
-explorer/ui/views.py returns those types. The browser gets the field lists from
-widgets/_panels.js, generated from them (`python -m widgets --write`, checked by
-tests/widgets/test_panel_state.py), so a panel's JavaScript listens to exactly the fields
-Python sends and never spells the lists again.
+explorer/ui/views.py returns those types. The browser gets, generated from them by
+`python -m widgets --write` (checked by tests/widgets/test_panel_state.py):
+- widgets/_panels.js: each part's field list, so a panel's JavaScript listens to exactly the
+  fields Python sends and never spells the lists again;
+- widgets/_panel_states.d.ts: each part as a TypeScript interface (`Kvs` + its class name, with every
+  TypedDict it holds) and `KvsPanelStates` (panel name -> its state), so tsc checks a panel's
+  `model.get(field)` against the field's type (widgets/kvs_types.d.ts: `KvsModelOf`).
 """
 from __future__ import annotations
 
+import collections.abc
 import json
+import types
 import typing
 from pathlib import Path
 from typing import Any
@@ -17,6 +22,7 @@ from typing import Any
 import traitlets as t
 
 JS_PATH = Path(__file__).parent / "_panels.js"
+DTS_PATH = Path(__file__).parent / "_panel_states.d.ts"
 # The trait class each annotation's base type syncs as.
 _TRAITS = {int: t.Int, str: t.Unicode, bool: t.Bool, float: t.Float, list: t.List, dict: t.Dict, bytes: t.Bytes}
 
@@ -43,6 +49,81 @@ def panels_js(panels: dict[str, type]) -> str:
             f"const KVS_PANELS = {json.dumps(panels_schema(panels), indent=1)};\n")
 
 
+_TS_PLAIN = {int: "number", float: "number", str: "string", bool: "boolean", type(None): "null",
+             bytes: "KvsBytes", object: "unknown"}
+
+
+def ts_type(hint: Any, named: dict[str, type]) -> str:
+    """A Python annotation as TypeScript; each TypedDict it holds is added to `named` (by the
+    interface name it gets: "Kvs" + its class name)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return "any"
+    if hint in _TS_PLAIN:
+        return _TS_PLAIN[hint]
+    if typing.is_typeddict(hint):
+        name = "Kvs" + hint.__name__
+        if named.setdefault(name, hint) is not hint:
+            raise TypeError(f"two panel state types are named {hint.__name__}: rename one")
+        return name
+    if origin is typing.Literal:
+        return " | ".join(json.dumps(a) for a in args)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(ts_type(a, named) for a in args)
+    if origin in (list, collections.abc.Sequence) or hint is list:
+        return f"Array<{ts_type(args[0], named) if args else 'unknown'}>"
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return f"Array<{ts_type(args[0], named)}>"
+        return "[" + ", ".join(ts_type(a, named) for a in args) + "]"
+    if origin in (dict, collections.abc.Mapping) or hint is dict:
+        value = ts_type(args[1], named) if args else "unknown"
+        return f"{{[key: string]: {value}}}"
+    raise TypeError(f"no TypeScript for the panel state annotation {hint!r}")
+
+
+def _interface(name: str, state: type, named: dict[str, type]) -> str:
+    # NotRequired / Required read from the hints: a module's postponed annotations hide them from
+    # __optional_keys__ (Python 3.11), which then says only what `total` said.
+    optional = set(getattr(state, "__optional_keys__", ()))
+    hints = {}
+    for key, hint in typing.get_type_hints(state, include_extras=True).items():
+        if typing.get_origin(hint) in (typing.NotRequired, typing.Required):
+            (optional.add if typing.get_origin(hint) is typing.NotRequired else optional.discard)(key)
+            hint = typing.get_args(hint)[0]
+        hints[key] = hint
+    doc = " ".join((state.__doc__ or "").split())
+    lines = [f"/** {doc} */"] if doc else []
+    lines.append(f"interface {name} {{")
+    lines += [f"  {key}{'?' if key in optional else ''}: {ts_type(hint, named)};" for key, hint in hints.items()]
+    return "\n".join([*lines, "}"])
+
+
+def panels_dts(panels: dict[str, type]) -> str:
+    """widgets/_panel_states.d.ts: every part's TypedDict (and each one they hold) as an interface, and
+    KvsPanelStates: each panel's name -> its whole state (the intersection of its parts)."""
+    named: dict[str, type] = {}
+    states = []
+    for panel, cls in panels.items():
+        parts = [ts_type(state, named) for state in getattr(cls, "PARTS", {}).values()]
+        if parts:
+            states.append(f"  {json.dumps(panel)}: {' & '.join(parts)};")
+    out: list[str] = []
+    done: set[str] = set()
+    while len(done) < len(named):   # interfaces met while writing others are written too
+        for name, state in list(named.items()):
+            if name not in done:
+                done.add(name)
+                out.append(_interface(name, state, named))
+    return ("// Generated from the panels' state classes (widgets/<panel>.py PARTS) by `python -m widgets --write`:\n"
+            "// do not edit. Each part of a panel's state as tsc sees it (widgets/kvs_types.d.ts: KvsModelOf).\n\n"
+            + "\n\n".join(out) + "\n\n/** Each panel's state by the panel's name. */\ninterface KvsPanelStates {\n"
+            + "\n".join(states) + "\n}\n")
+
+
+GENERATED = {JS_PATH: panels_js, DTS_PATH: panels_dts}
+
+
 def trait_problems(panel: type[t.HasTraits]) -> list[str]:
     """Where a panel's parts and its synced traits disagree: a field that is not a synced
     trait, or one whose trait is of another type than its annotation says."""
@@ -63,12 +144,14 @@ def trait_problems(panel: type[t.HasTraits]) -> list[str]:
 
 def main(panels: dict[str, Any], argv: list[str]) -> int:
     if argv == ["--write"]:
-        JS_PATH.write_text(panels_js(panels))
-        print(f"wrote {JS_PATH}")
+        for path, make in GENERATED.items():
+            path.write_text(make(panels))
+            print(f"wrote {path}")
         return 0
     if argv == ["--check"]:
-        ok = JS_PATH.exists() and JS_PATH.read_text() == panels_js(panels)
-        print("widgets/_panels.js is current" if ok else "widgets/_panels.js is stale: python -m widgets --write")
-        return 0 if ok else 1
+        stale = [path.name for path, make in GENERATED.items() if not path.exists() or path.read_text() != make(panels)]
+        print(f"widgets/{', '.join(stale)} stale: python -m widgets --write" if stale
+              else "widgets/_panels.js and widgets/_panel_states.d.ts are current")
+        return 1 if stale else 0
     print("usage: python -m widgets --write | --check")
     return 2

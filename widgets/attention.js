@@ -27,6 +27,8 @@
  *   table: number[], npt: number, toks: string[], pos: number[]}} HeatAxes
  * What a pick sends with action "select" (widgets/attention.py).
  * @typedef {{request_id?: string, layer?: number, head?: number}} AttnSelect
+ * The panel's model: its state's fields typed (widgets/attention.py AttentionChoices, AttentionWeights).
+ * @typedef {KvsModelOf<KvsPanelStates["attention"]>} AttnModel
  */
 
 // A compact perceptual ramp (viridis stops), sampled linearly.
@@ -46,7 +48,7 @@ const short = (t, k = 10) => { const s = kvsTok(t); return s.length > k ? s.slic
 /** @param {number} p */
 const fmt = (p) => (p >= 0.01 ? p.toFixed(3) : p.toExponential(1));
 
-/** A head's thumbnail of this step's weights (null when none was sent). @param {KvsModel} model @param {number} h */
+/** A head's thumbnail of this step's weights (null when none was sent). @param {AttnModel} model @param {number} h */
 function thumbCanvas(model, h) {
   const hs = model.get("thumb_heads") || [], [th, tw] = model.get("thumb_shape") || [0, 0];
   const k = hs.indexOf(h);
@@ -133,7 +135,7 @@ function paintHeatAxes(ctx, g) {
 }
 
 /** A decode's one query row: a bar per key, over its KV blocks, prompt vs generated under the labels.
- * @param {KvsModel} model @param {Float32Array} data @param {number} n @param {number} q @param {number} gmax
+ * @param {AttnModel} model @param {Float32Array} data @param {number} n @param {number} q @param {number} gmax
  * @param {number} width @param {(g: SVGElement, c: number) => void} onCol */
 function barsSvg(model, data, n, q, gmax, width, onCol) {
   const toks = model.get("tokens"), bs = model.get("block_size"), table = model.get("block_table");
@@ -232,7 +234,7 @@ function buildDom(root) {
 }
 
 /** The head picker: query heads grouped by the KV head they read (GQA), each with its thumbnail.
- * @param {KvsModel} model @param {(c: AttnSelect) => void} select */
+ * @param {AttnModel} model @param {(c: AttnSelect) => void} select */
 function headButtons(model, select) {
   const kv = model.get("kv_head_of_head"), head = model.get("head");
   const groups = new Map();
@@ -260,7 +262,7 @@ function sizeCanvases(canvases, w, h, dpr) {
 }
 
 /** A heatmap cell's tooltip: the query, the key (its block and offset), the weight.
- * @param {KvsModel} model @param {Float32Array} data @param {number} n @param {number} r @param {number} c */
+ * @param {AttnModel} model @param {Float32Array} data @param {number} n @param {number} r @param {number} c */
 function cellText(model, data, n, r, c) {
   const toks = model.get("tokens"), bs = model.get("block_size"), table = model.get("block_table");
   const q = model.get("row_positions")[r];
@@ -270,7 +272,7 @@ function cellText(model, data, n, r, c) {
 /**
  * The heatmap of a prefill's weights on the canvas (the data at its own resolution, scaled up
  * unsmoothed), with its token and block axes; returns where its cells are.
- * @param {KvsModel} model @param {{canvas: HTMLCanvasElement, overlay: HTMLCanvasElement}} c @param {Float32Array} data
+ * @param {AttnModel} model @param {{canvas: HTMLCanvasElement, overlay: HTMLCanvasElement}} c @param {Float32Array} data
  * @param {{n: number, pos: number[], rows: number, gmax: number, rowNorm: boolean, width: number}} o
  * @returns {HeatGeom}
  */
@@ -294,7 +296,7 @@ function drawHeatmap(model, c, data, o) {
 /**
  * The pointer over the heatmap: a cell's weight in a tooltip; its key column lights the same
  * token and block in the other panels (click: pinned).
- * @param {{model: KvsModel, canvas: HTMLCanvasElement, tip: HTMLElement, link: KvsLinkHandle,
+ * @param {{model: AttnModel, canvas: HTMLCanvasElement, tip: HTMLElement, link: KvsLinkHandle,
  *   colFocus: (c: number) => KvsFocus, geom: () => ?(HeatGeom|BarsGeom), data: () => Float32Array}} w
  */
 function wireHeatPointer({ model, canvas, tip, link, colFocus, geom, data }) {
@@ -316,7 +318,7 @@ function wireHeatPointer({ model, canvas, tip, link, colFocus, geom, data }) {
   canvas.addEventListener("click", () => { if (hoverCol >= 0) link.pin(colFocus(hoverCol)); });
 }
 
-/** @param {KvsRenderContext} ctx */
+/** @param {KvsRenderContextOf<KvsPanelStates["attention"]>} ctx */
 function render({ model, el }) {
   const root = kvsRoot(el, model, "kvs-attention");
   const sender = kvsSender(model);

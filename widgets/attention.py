@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from array import array
-from typing import Any, ClassVar, TypedDict
+from typing import ClassVar, TypedDict
 
 import traitlets as t
 
@@ -56,25 +56,25 @@ class AttentionPanel(Panel):
     _esm = bundle_esm("attention.js")
     _css = bundle_css("attention.css")
 
-    requests: t.List[Any] = t.List([]).tag(sync=True)          # request ids that have KV to probe
+    requests: t.List[str] = t.List([]).tag(sync=True)          # request ids that have KV to probe
     request_id = t.Unicode("").tag(sync=True)
     layer = t.Int(0).tag(sync=True)
     head = t.Int(0).tag(sync=True)
     num_layers = t.Int(0).tag(sync=True)
-    layer_names: t.List[Any] = t.List([]).tag(sync=True)   # the layer picker's words ("1 (window 4096)")
+    layer_names: t.List[str] = t.List([]).tag(sync=True)   # the layer picker's words ("1 (window 4096)")
     num_heads = t.Int(0).tag(sync=True)
-    kv_head_of_head: t.List[Any] = t.List([]).tag(sync=True)
+    kv_head_of_head: t.List[int] = t.List([]).tag(sync=True)
     context_len = t.Int(0).tag(sync=True)
     block_size = t.Int(16).tag(sync=True)
-    block_table: t.List[Any] = t.List([]).tag(sync=True)
-    tokens: t.List[Any] = t.List([]).tag(sync=True)            # text of each context token
-    row_positions: t.List[Any] = t.List([]).tag(sync=True)
+    block_table: t.List[int] = t.List([]).tag(sync=True)
+    tokens: t.List[str] = t.List([]).tag(sync=True)            # text of each context token
+    row_positions: t.List[int] = t.List([]).tag(sync=True)
     probs = t.Bytes(b"").tag(sync=True)
     probe_step = t.Int(-1).tag(sync=True)         # engine step the weights were read at
     num_prompt_tokens = t.Int(0).tag(sync=True)   # keys at positions >= this were generated
     thumbs = t.Bytes(b"").tag(sync=True)          # uint8 per head: thumb_shape, head after head
     thumb_shape = t.List([0, 0]).tag(sync=True)
-    thumb_heads: t.List[Any] = t.List([]).tag(sync=True)
+    thumb_heads: t.List[int] = t.List([]).tag(sync=True)
     message = t.Unicode("").tag(sync=True)        # why no heatmap, or a probe error
     max_rows = t.Int(256).tag(sync=True)
 

@@ -41,18 +41,18 @@ function cellSizeFor(n) {
  * @typedef {{cols: {status: Uint8Array, ref: Uint16Array, owner: Int16Array, events: Uint8Array, group: Uint8Array},
  *   owners: string[], groupLabels: string[], ownersOf: Map<number, string[]>, lit: Set<number>,
  *   geom: {cell: number, ncols: number, n: number}}} PoolState
- * What the panel reads of the `block_tables`, `detail` traits (explorer/ui/views.py block_pool_state,
- * group_rows; widgets/hover.py block_detail), and a block-table cell it keeps to light up:
- * @typedef {{label: string, block_table: number[], hit_tokens: (number|null), cut: boolean}} GroupRow
- * @typedef {{request_id: string, block_table: number[], num_computed_tokens: number, hits: number[],
- *   same_step_hits: number[], cached: number[], groups?: GroupRow[]}} TableRow
+ * The panel's model: its state typed by KvsPanelStates["blocks"] (generated from widgets/block_pool.py;
+ * `block_tables` rows are KvsBlockTableRowDict). The `detail` trait is outside the state's parts
+ * (widgets/hover.py block_detail fills it on hover), so its shape is spelled here; and a block-table
+ * cell the panel keeps to light up:
+ * @typedef {KvsModelOf<KvsPanelStates["blocks"]>} PoolModel
  * @typedef {{block_id: number, ref_count: number, hash: (string|null), owners: string[], token_ids: number[],
  *   tokens: string[], is_null: boolean, is_free: boolean, step: number}} BlockDetail
  * @typedef {[HTMLElement, string, number]} TableCell  [element, request id, block]
  * @typedef {ReturnType<typeof kvsLink>} Link
  * @typedef {ReturnType<typeof kvsSender>} Sender
  */
-/** @param {PoolState} P @param {KvsModel} model */
+/** @param {PoolState} P @param {PoolModel} model */
 function readColumns(P, model) {
   P.cols = {
     status: kvsArray(model.get("status"), Uint8Array),
@@ -63,7 +63,9 @@ function readColumns(P, model) {
   };
   P.groupLabels = model.get("group_labels") || [];
   P.owners = model.get("owners") || [];
-  P.ownersOf = new Map((model.get("shared") || []).map((/** @type {[number, number[]]} */ [b, idx]) => [b, idx.map((k) => P.owners[k])]));
+  // Each entry is a pair [block_id, [indices into owners]] (its Python type can only say a list of both).
+  const shared = /** @type {Array<[number, number[]]>} */ (model.get("shared") || []);
+  P.ownersOf = new Map(shared.map(([b, idx]) => [b, idx.map((k) => P.owners[k])]));
 }
 /** @param {PoolState} P @param {number} i @returns {string[]} */
 function blockOwners(P, i) {
@@ -203,8 +205,9 @@ function drawCell(ctx, P, i, x, y, cell, kind, selected) {
   }
 }
 
-/** The legend: every fill, mark and this step's event counts. @param {KvsModel} model */
+/** The legend: every fill, mark and this step's event counts. @param {PoolModel} model */
 function legendRows(model) {
+  /** @type {{[key: string]: number}} */
   const c = model.get("counts") || {};
   const groups = model.get("group_labels") || [];
   const evs = KVS_EVENTS.map(([bit, key, name, color, icon, tipText]) => {
@@ -277,7 +280,7 @@ function detailNodes(P, d) {
 
 /**
  * One request's block table: logical -> physical cells, linked and clickable.
- * @param {TableRow} r @param {number} bs @param {Link} link @param {Sender} sender @param {TableCell[]} tableCells
+ * @param {KvsBlockTableRowDict} r @param {number} bs @param {Link} link @param {Sender} sender @param {TableCell[]} tableCells
  */
 function tableRow(r, bs, link, sender, tableCells) {
   const rid = r.request_id;
@@ -316,7 +319,7 @@ function tableRow(r, bs, link, sender, tableCells) {
   ]);
 }
 
-/** A KV cache group's name on its block-table row, with its own prefix hit (and whether it cut the request's). @param {GroupRow} g */
+/** A KV cache group's name on its block-table row, with its own prefix hit (and whether it cut the request's). @param {KvsGroupRowDict} g */
 function groupTag(g) {
   const hit = g.hit_tokens == null ? "" : ` \u00b7 hit ${g.hit_tokens}`;
   return kvsEl("span", {
@@ -329,7 +332,7 @@ function groupTag(g) {
 
 /**
  * One entry of another group's table: a block, or the null block 0 where a block left the sliding window.
- * @param {TableRow} r @param {GroupRow} g @param {number} b @param {number} logical @param {number} bs
+ * @param {KvsBlockTableRowDict} r @param {KvsGroupRowDict} g @param {number} b @param {number} logical @param {number} bs
  * @param {Link} link @param {Sender} sender @param {TableCell[]} tableCells
  */
 function groupCell(r, g, b, logical, bs, link, sender, tableCells) {
@@ -404,7 +407,7 @@ function wirePointer({ P, model, canvas, tip, hoverNum, link, sender, describe, 
   return { hovered: () => hover };
 }
 
-/** @param {KvsRenderContext} ctx */
+/** @param {KvsRenderContextOf<KvsPanelStates["blocks"]>} ctx */
 function render({ model, el }) {
   const root = kvsRoot(el, model, "kvs-block-pool");
   const sender = kvsSender(model);
@@ -441,7 +444,7 @@ function render({ model, el }) {
     const rows = model.get("block_tables") || [];
     const bs = model.get("block_size");
     tableCells = [];
-    tables.replaceChildren(...rows.map((/** @type {TableRow} */ r) => tableRow(r, bs, link, sender, tableCells)));
+    tables.replaceChildren(...rows.map((r) => tableRow(r, bs, link, sender, tableCells)));
     if (!rows.length) tables.append(kvsEl("span", { class: "kvs-muted", text: "no request holds blocks" }));
     lightTables();
   }

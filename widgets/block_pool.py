@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar, TypedDict
+from typing import Any, ClassVar, NotRequired, TypedDict
 
 import traitlets as t
 
@@ -21,17 +21,36 @@ class BlockPoolCells(TypedDict):
     group: bytes
     group_labels: list[str]
     owners: list[str]
-    shared: list[list]
+    shared: list[list[int | list[int]]]   # [block_id, [indices into owners]] of each block with several owners
 
 
 class BlockPoolLegend(TypedDict):
     """The legend's counts: each event of this step, and the blocks by status."""
-    counts: dict
+    counts: dict[str, int]   # each event key (KVS_SCHEMA.block_events), free, free_cached, in_use, num_free_blocks
+
+
+class GroupRowDict(TypedDict):
+    """A request's block table in one KV cache group, as a block-table row shows it (`group_rows`)."""
+    label: str
+    block_table: list[int]
+    hit_tokens: int | None   # the group's own prefix hit when the request was admitted (None: not known)
+    cut: bool                # this group's hit is the shortest, and cut the request's
+
+
+class BlockTableRowDict(TypedDict):
+    """One running request's block table: logical -> physical, and which logical indices came from the cache."""
+    request_id: str
+    block_table: list[int]
+    num_computed_tokens: int
+    hits: list[int]             # prefix hits when the request was admitted in this step
+    same_step_hits: list[int]   # of those, the blocks cached earlier in this same step
+    cached: list[int]           # KV from the prefix cache at its (last) admission, for as long as it runs
+    groups: NotRequired[list[GroupRowDict]]   # each KV cache group's table (a model with several groups only)
 
 
 class BlockPoolTables(TypedDict):
     """The per-request block tables."""
-    block_tables: list[dict]
+    block_tables: list[BlockTableRowDict]
 
 
 class BlockPoolState(BlockPoolCells, BlockPoolLegend, BlockPoolTables):
@@ -69,12 +88,11 @@ class BlockPoolPanel(Panel):
     owner = t.Bytes(b"").tag(sync=True)
     events = t.Bytes(b"").tag(sync=True)
     group = t.Bytes(b"").tag(sync=True)
-    group_labels: t.List[Any] = t.List([]).tag(sync=True)   # each KV cache group's name, group 0 first
-    owners: t.List[Any] = t.List([]).tag(sync=True)          # request ids indexed by the `owner` column
-    shared: t.List[Any] = t.List([]).tag(sync=True)          # [[block_id, [owner indices]]], several owners
-    block_tables: t.List[Any] = t.List([]).tag(sync=True)    # [{request_id, block_table, num_computed_tokens,
-                                                #   hits, same_step_hits, cached (logical indices)}]
-    counts = t.Dict({}).tag(sync=True)          # free / cached / used / this step's events
+    group_labels: t.List[str] = t.List([]).tag(sync=True)   # each KV cache group's name, group 0 first
+    owners: t.List[str] = t.List([]).tag(sync=True)          # request ids indexed by the `owner` column
+    shared: t.List[list[int | list[int]]] = t.List([]).tag(sync=True)   # [[block_id, [owner indices]]], several owners
+    block_tables: t.List[BlockTableRowDict] = t.List([]).tag(sync=True)   # one per running request with blocks
+    counts: t.Dict[str, int] = t.Dict({}).tag(sync=True)   # free / cached / used / this step's events
     selected = t.Int(-1).tag(sync=True)
     detail = t.Dict({}).tag(sync=True)
 

@@ -20,6 +20,7 @@ const SLIDER_KEYS = { ArrowLeft: -1, ArrowDown: -1, ArrowRight: 1, ArrowUp: 1, P
 const APPLY_TEXT = "Apply (rebuilds the engine)";
 
 /** @typedef {{[name: string]: HTMLInputElement|HTMLTextAreaElement|HTMLSelectElement}} Inputs */
+/** @typedef {KvsModelOf<KvsPanelStates["controls"]>} ControlsModel  the panel's model, its parts' fields typed */
 /**
  * The panel's parts (buildBar, buildConfirm, buildForm, buildKnobs), the state -> DOM functions
  * (makeViews, makeKnobViews, wireActions, render) and what goes Python-ward (act: an action, acked):
@@ -33,7 +34,8 @@ const APPLY_TEXT = "Apply (rebuilds the engine)";
  *   scrubTarget: (number|null), errLine: HTMLElement, rows: HTMLElement[]}} Ui
  * @typedef {{f: FormInputs, addBtn: HTMLButtonElement, burstN: HTMLInputElement, presetBtns: HTMLButtonElement[],
  *   el: HTMLElement}} Form
- * @typedef {{b: Inputs, pool: {[name: string]: HTMLInputElement}, budgetNote: HTMLElement, applyBtn: HTMLButtonElement,
+ * @typedef {{b: Record<keyof KvsControlsBudget, HTMLInputElement|HTMLSelectElement>,
+ *   pool: Record<keyof KvsControlsPool, HTMLInputElement>, budgetNote: HTMLElement, applyBtn: HTMLButtonElement,
  *   poolNote: HTMLElement, scope: HTMLElement, poolRow: HTMLElement, el: HTMLElement}} Knobs
  * @typedef {{status: () => void, history: () => void, error: () => void, caption: () => void,
  *   chatTemplate: () => void, knobs: (force?: boolean) => void, poolDirty: () => void, play: () => void,
@@ -56,8 +58,11 @@ function numOrNull(input) {
 function numOrEmpty(input) { const v = numOrNull(input); return v === null ? "" : v; }
 /** @param {string} text @param {HTMLElement} input @param {{[name: string]: string}} [attrs] */
 const labelled = (text, input, attrs = {}) => kvsEl("label", attrs, [text, input]);
+/** Object.entries of the knobs' inputs, keyed by the knob (the state's field) each edits: a Record's keys are K.
+ * @template {string} K @template V @param {Record<K, V>} inputs @returns {[K, V][]} */
+const knobEntries = (inputs) => /** @type {[K, V][]} */ (Object.entries(inputs));
 
-/** Row 1 and 2: stepping, and the history scrubber. @param {KvsModel} model @returns {Ui} */
+/** Row 1 and 2: stepping, and the history scrubber. @param {ControlsModel} model @returns {Ui} */
 function buildBar(model) {
   const ui = /** @type {Ui} */ ({
     status: kvsEl("span", { class: "kvs-status", "data-testid": "kvs-status" }),
@@ -116,7 +121,7 @@ function runWords(run) {
   return parts.join(" and ");
 }
 
-/** The drawer's add-request form and presets. @param {KvsModel} model @returns {Form} */
+/** The drawer's add-request form and presets. @param {ControlsModel} model @returns {Form} */
 function buildForm(model) {
   const d = model.get("form_defaults");
   /** @type {FormInputs} */
@@ -153,7 +158,7 @@ function buildForm(model) {
 
 /** The drawer's knobs: the scheduler's (live) and the pool's (applied by rebuilding the engine). @returns {Knobs} */
 function buildKnobs() {
-  /** @type {Inputs} */
+  /** @type {Knobs["b"]} */
   const b = {
     max_num_batched_tokens: kvsEl("input", { type: "number", min: 1, "data-testid": "kvs-budget-tokens" }),
     max_num_seqs: kvsEl("input", { type: "number", min: 1, "data-testid": "kvs-budget-seqs" }),
@@ -166,7 +171,7 @@ function buildKnobs() {
     }),
     scheduling_policy: kvsEl("select", { "data-testid": "kvs-budget-policy" }, POLICIES.map((p) => kvsEl("option", { value: p, text: p }))),
   };
-  /** @type {{[name: string]: HTMLInputElement}} */
+  /** @type {Knobs["pool"]} */
   const pool = {
     num_kv_blocks: kvsEl("input", { type: "number", min: 2, "data-testid": "kvs-pool-blocks", placeholder: "auto" }),
     block_size: kvsEl("input", { type: "number", min: 1, "data-testid": "kvs-pool-block-size" }),
@@ -195,7 +200,7 @@ function buildKnobs() {
 
 /**
  * State -> DOM: one function per part of the panel.
- * @param {KvsModel} model @param {HTMLElement} root @param {Ui} ui @param {Form} form @param {Knobs} knobs
+ * @param {ControlsModel} model @param {HTMLElement} root @param {Ui} ui @param {Form} form @param {Knobs} knobs
  * @param {ReturnType<typeof kvsSender>} sender @param {HTMLElement} drawer @returns {Views} the rest filled in later
  */
 function makeViews(model, root, ui, form, knobs, sender, drawer) {
@@ -268,7 +273,7 @@ function makeViews(model, root, ui, form, knobs, sender, drawer) {
 
 /**
  * The knobs and the chat-template switch follow the model (more state -> DOM).
- * @param {KvsModel} model @param {Form} form @param {Knobs} knobs @param {Views} views
+ * @param {ControlsModel} model @param {Form} form @param {Knobs} knobs @param {Views} views
  */
 function makeKnobViews(model, form, knobs, views) {
   let chatTouched = false;  // the person's own choice wins over the default
@@ -292,14 +297,14 @@ function makeKnobViews(model, form, knobs, views) {
     knobs.scope.textContent = watching ? "Server's budgets (read-only):" : "Scheduler (live):";
     knobs.scope.title = watching ? model.get("read_only") : "applied from the next step on";
     knobs.budgetNote.textContent = scrubbed ? `(step ${model.get("history_first") + idx} ran under these${watching ? "" : "; Live to change them"})` : "";
-    for (const [k, input] of Object.entries(knobs.b)) {
+    for (const [k, input] of knobEntries(knobs.b)) {
       input.disabled = scrubbed || watching;
       if (!(k in bud) || (input === document.activeElement && force !== true && !scrubbed)) continue;
       if (input.type === "checkbox") /** @type {HTMLInputElement} */ (input).checked = !!bud[k];
       else input.value = String(bud[k]);
     }
     const pl = model.get("pool") || {};
-    for (const [k, input] of Object.entries(knobs.pool)) {
+    for (const [k, input] of knobEntries(knobs.pool)) {
       if (input !== document.activeElement || force === true) input.value = pl[k] === null || pl[k] === undefined ? "" : String(pl[k]);
     }
     views.poolDirty();
@@ -307,7 +312,7 @@ function makeKnobViews(model, form, knobs, views) {
   // A pool knob typed but not applied says so: it takes a new engine.
   views.poolDirty = () => {
     const pl = model.get("pool") || {};
-    const dirty = Object.entries(knobs.pool).some(([k, input]) => input.value.trim() !== (pl[k] === null || pl[k] === undefined ? "" : String(pl[k])));
+    const dirty = knobEntries(knobs.pool).some(([k, input]) => input.value.trim() !== (pl[k] === null || pl[k] === undefined ? "" : String(pl[k])));
     knobs.applyBtn.classList.toggle("kvs-pending", dirty);
     knobs.poolNote.textContent = dirty ? "not applied yet: Apply builds a new engine (same model); it asks before it clears the history" : "";
   };
@@ -316,7 +321,7 @@ function makeKnobViews(model, form, knobs, views) {
 
 /**
  * Clicks and edits -> actions (Play is a browser timer paced by the acks).
- * @param {KvsModel} model @param {Ui} ui @param {Form} form @param {Knobs} knobs @param {Views} views @param {Act} act
+ * @param {ControlsModel} model @param {Ui} ui @param {Form} form @param {Knobs} knobs @param {Views} views @param {Act} act
  */
 function wireActions(model, ui, form, knobs, views, act) {
   let playing = false, timer = /** @type {ReturnType<typeof setTimeout> | null} */ (null);
@@ -354,7 +359,7 @@ function wireActions(model, ui, form, knobs, views, act) {
     max_tokens: numOrEmpty(f.max_tokens), temperature: numOrEmpty(f.temperature),
     chat_template: f.chat_template.checked && !f.chat_template.disabled,
   })));
-  for (const [k, input] of Object.entries(knobs.b)) {
+  for (const [k, input] of knobEntries(knobs.b)) {
     // After the answer, show the knobs in force: a rejected value springs back. A value already
     // in force sends nothing (a sprung-back field fires "change" again when it loses focus).
     input.addEventListener("change", () => {
@@ -371,7 +376,7 @@ function wireActions(model, ui, form, knobs, views, act) {
 /** Reset and Apply build a new engine, which discards the run: only a click on Apply or Reset
  * does it, and when there is a run to lose it first says what goes and offers to save it.
  * Enter in a pool knob only moves to Apply (a typed number must never cost a run).
- * @param {KvsModel} model @param {Ui} ui @param {Knobs} knobs @param {Views} views @param {Act} act */
+ * @param {ControlsModel} model @param {Ui} ui @param {Knobs} knobs @param {Views} views @param {Act} act */
 function wireRebuild(model, ui, knobs, views, act) {
   const c = ui.confirm;
   const close = () => { c.el.hidden = true; };
@@ -409,7 +414,7 @@ function wireRebuild(model, ui, knobs, views, act) {
 
 /**
  * The history slider: coalesced scrubs, and keys that stay in the slider.
- * @param {KvsModel} model @param {Ui} ui @param {Views} views @param {Act} act
+ * @param {ControlsModel} model @param {Ui} ui @param {Views} views @param {Act} act
  */
 function wireSlider(model, ui, views, act) {
   // One scrub at a time; presses meanwhile move `ui.scrubTarget` (where the person asked to be),
@@ -450,7 +455,7 @@ function wireSlider(model, ui, views, act) {
   }
 }
 
-/** @param {KvsRenderContext} ctx */
+/** @param {KvsRenderContextOf<KvsPanelStates["controls"]>} ctx */
 function render({ model, el }) {
   const root = kvsRoot(el, model, "kvs-controls");
   /** @type {?Views} */

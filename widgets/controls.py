@@ -46,10 +46,39 @@ class ControlsCaption(TypedDict):
     notice: str
 
 
+class ControlsBudget(TypedDict, total=False):
+    """The scheduler knobs (engine.config.SCHEDULER_KNOBS, as engine.report.schema.BudgetsDict has them): live,
+    those in force; scrubbed back, those the shown step ran under (a recording may lack some)."""
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    enable_chunked_prefill: bool
+    enable_prefix_caching: bool
+    scheduler_reserve_full_isl: bool
+    scheduling_policy: str
+
+
+class ControlsPool(TypedDict, total=False):
+    """The pool knobs of the engine's config (explorer.ui.layout.POOL_KEYS): Apply / Reset builds a new engine."""
+    num_kv_blocks: int | None   # None: sized from the memory left
+    block_size: int
+
+
 class ControlsKnobs(TypedDict):
     """The scheduler's and the pool's knobs."""
-    budget: dict
-    pool: dict
+    budget: ControlsBudget
+    pool: ControlsPool
+
+
+class DiscardedRunDict(TypedDict):
+    """What a new engine would discard of a run (explorer.ui.views.run_summary)."""
+    steps: int
+    requests: int
+    unfinished: int   # requests still waiting or running
+
+
+class ControlsRunSummary(DiscardedRunDict):
+    """What a rebuild would discard, and whether it can offer to save the run first (an HTML export is installed)."""
+    can_save: bool
 
 
 class ControlsState(ControlsStatus, ControlsHistory, ControlsCaption, ControlsKnobs):
@@ -57,7 +86,7 @@ class ControlsState(ControlsStatus, ControlsHistory, ControlsCaption, ControlsKn
     has_work: bool
     chat_template_available: bool
     read_only: str
-    run_summary: dict
+    run_summary: ControlsRunSummary
 
 
 class ControlsPanel(Panel):

@@ -3,23 +3,12 @@
 // and where each request went with its routing loss.
 
 /**
- * The traits this panel reads (widgets/fleet.py): `following`, `ranks` (one row per engine
- * core: {label, address, step, applied, missed, dropped_here, running, waiting, free_blocks,
- * num_blocks, requests, scheduled_ahead}), `rows` (the latest requests: {request_id, rank,
- * label, hit_tokens, would_hit, best_rank, best_tokens, loss_tokens, known}) and `summary`
- * (their totals: requests, per_rank, measured, hit_tokens, best_tokens, loss_tokens,
- * requests_with_loss, shown, total).
- * @typedef {{label: string, address: string, step: number, applied: number, missed: number,
- *   dropped_here: number, running: number, waiting: number, free_blocks: number, num_blocks: number,
- *   scheduled_ahead: (number|null), requests: number}} FleetRank  explorer/ui/fleet_view.py FleetRankDict
- * @typedef {{request_id: string, rank: number, label: string, arrival_time: (number|null),
- *   hit_tokens: number, prompt_blocks: number, would_hit: (number|null)[], best_rank: (number|null),
- *   best_tokens: (number|null), loss_tokens: number, known: boolean}} RoutingRow  explorer/core/session_view.py RoutingRowDict
- * @typedef {{requests: number, per_rank: number[], measured: number, hit_tokens: number, best_tokens: number,
- *   loss_tokens: number, requests_with_loss: number, shown: number, total: number}} FleetSummary  FleetSummaryDict
+ * The traits this panel reads (widgets/fleet.py FleetDrawState): `following`, `ranks` (one
+ * KvsFleetRankDict per engine core), `rows` (the latest requests, KvsRoutingRowDict) and `summary`
+ * (their totals, KvsFleetSummaryDict).
  */
 
-/** @param {KvsRenderContext} ctx */
+/** @param {KvsRenderContextOf<KvsPanelStates["fleet"]>} ctx */
 function render({ model, el }) {
   const root = kvsRoot(el, model, "kvs-fleet");
   const sender = kvsSender(model);
@@ -38,9 +27,8 @@ function render({ model, el }) {
   const head = (/** @type {string[]} */ names) => kvsEl("tr", {}, names.map((n) => kvsEl("th", { text: n })));
 
   function draw() {
-    const on = model.get("following"), rs = /** @type {FleetRank[]} */ (model.get("ranks") || []),
-      rows = /** @type {RoutingRow[]} */ (model.get("rows") || []);
-    const s = /** @type {Partial<FleetSummary>} */ (model.get("summary") || {});
+    const on = model.get("following"), rs = model.get("ranks") || [], rows = model.get("rows") || [];
+    const s = /** @type {Partial<KvsFleetSummaryDict>} */ (model.get("summary") || {});   // {} before the first state
     heading.textContent = `Fleet: ${rs.length} engine core${rs.length === 1 ? "" : "s"}`;
     button.textContent = on ? "Pause" : "Follow";
     state.textContent = on ? "following every rank" : "paused";
@@ -71,7 +59,7 @@ function render({ model, el }) {
     }
     routing.replaceChildren(rows.length ? table : kvsEl("span", { class: "kvs-muted", text: "no requests yet" }));
   }
-  for (const k of ["following", "ranks", "rows", "summary"]) model.on(`change:${k}`, draw);
+  kvsOnChange(model, KVS_PANELS.fleet.draw, draw, [], true);   // (following, ranks, rows, summary; no Dashboard hold)
   draw();
 }
 

@@ -3,7 +3,7 @@
 
 /**
  * The traits this panel reads (widgets/follow.py): `following` (Follow or Pause), `status`
- * (Session.feed_status(): the feed's counters, the last rejection, the rebased count) and
+ * (KvsFollowStatus: Session.feed_status(), the feed's counters, the last rejection, the rebased count) and
  * `parked_at` (the step the view is scrubbed back to while following, or null).
  *
  * Pause holds the Dashboard's panels at the step they show at once, in the browser (kvsHold):
@@ -12,7 +12,7 @@
  * the hold. Follow releases it and returns the view to the latest step.
  */
 
-/** @param {KvsRenderContext} ctx */
+/** @param {KvsRenderContextOf<KvsPanelStates["follow"]>} ctx */
 function render({ model, el }) {
   const root = kvsRoot(el, model, "kvs-follow");
   const sender = kvsSender(model);
@@ -58,7 +58,7 @@ function render({ model, el }) {
                       title: "a missed step is never patched over: the state comes from a fresh snapshot" }),
       kvsEl("span", { class: s.rejected ? "kvs-follow-warn" : "", text: ` · rejected ${s.rejected || 0}` }),
       kvsEl("span", { text: ` · recorder: sent ${sv.published || 0}, unobserved ${sv.unobserved || 0}, errors ${sv.errors || 0}` }));
-    notes.replaceChildren(...(s.notes || []).slice(-3).map((/** @type {string} */ n) => kvsEl("div", { text: n })));
+    notes.replaceChildren(...(s.notes || []).slice(-3).map((n) => kvsEl("div", { text: n })));
   }
   kvsOnChange(model, KVS_PANELS.follow.draw, draw, [], true);  // redraws while held: it says it is pausing
   draw();

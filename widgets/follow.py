@@ -10,11 +10,56 @@ import traitlets as t
 from ._base import Panel, bundle_css, bundle_esm
 
 
+class FollowServerCounters(TypedDict, total=False):
+    """The recorder's own counters, as the server last sent them (explorer.drivers.vllm_live.recorder)."""
+    published: int
+    unobserved: int
+    errors: int
+    steps: int
+    recorder_ms: float
+    recorder_cpu_ms: float
+    publisher_cpu_ms: float
+    backlog: int
+    unrecorded: int
+
+
+class _FollowFeedStatus(TypedDict, total=False):
+    """What a live feed says of itself (explorer.drivers.vllm_live.client's status()); a Session without one:
+    none of it."""
+    address: str
+    rank: int
+    run_id: str
+    seq: int
+    pending: int                  # steps received, not applied yet
+    received: int
+    applied: int
+    rejected: int
+    dropped_here: int
+    missed: int
+    resyncs: int
+    stale: int
+    rebased: int                  # snapshots the state was retaken from
+    last_rejection: str | None
+    server: FollowServerCounters
+    tokens_left_out: bool
+    scheduled_ahead: int | None
+    stopped: str | None           # the recorder's words when it stopped recording
+    notes: list[str]
+    kv_events: dict[str, int]     # the KV event subscriber's counters, where the feed has one
+
+
+class FollowStatus(_FollowFeedStatus):
+    """Session.feed_status() and the engine's name: the feed's counters, and whether the Session follows it."""
+    following: bool
+    history: dict[str, float | None]   # explorer.core.history.HistoryWindowDict: where the kept history starts
+    engine: str
+
+
 class FollowState(TypedDict):
     """What explorer.ui.follow_view sets: following or paused, the feed's counters, and
     the step the Dashboard's view is parked at while it follows (None: it shows the latest)."""
     following: bool
-    status: dict
+    status: FollowStatus
     parked_at: int | None
 
 

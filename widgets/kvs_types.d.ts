@@ -12,9 +12,25 @@ interface KvsModel {
   save_changes(): void;
 }
 
+/** A bytes trait as it arrives: a DataView (ipywidgets 8), an ArrayBuffer or a typed array (_common.js kvsArray). */
+type KvsBytes = DataView | ArrayBuffer | ArrayBufferView;
+
+/** A panel's model, its state's fields typed (widgets/_panel_states.d.ts, generated from its Python TypedDicts);
+ * a field its state does not declare (a trait outside the parts, such as `link_group`) stays `any`. */
+interface KvsModelOf<S> extends KvsModel {
+  get<K extends keyof S & string>(name: K): S[K];
+  get(name: string): any;
+}
+
 /** anywidget's render({model, el}). */
 interface KvsRenderContext {
   model: KvsModel;
+  el: HTMLElement;
+}
+
+/** render({model, el}) of the panel whose state is `S` (KvsPanelStates["blocks"], ...). */
+interface KvsRenderContextOf<S> {
+  model: KvsModelOf<S>;
   el: HTMLElement;
 }
 

@@ -6,8 +6,7 @@
 // when long), so no title, label or axis of one chart can reach another.
 
 /**
- * One request's latencies (explorer/ui/views.py latency_rows), in seconds.
- * @typedef {{request_id: string, time_to_first_token: ?number, inter_token_latency: number[]}} LatencyRow
+ * A request's latencies are a KvsLatencyRowDict (explorer/ui/views.py latency_rows), in seconds.
  * @typedef {{label: string, full: string, values: number[]}} Column  one request's values in ms
  */
 
@@ -176,14 +175,14 @@ function histogram(o) {
 
 /**
  * The four charts for these rows, each `width` px wide (a per-request chart may grow wider).
- * @param {LatencyRow[]} rows
+ * @param {KvsLatencyRowDict[]} rows
  * @param {number} width
  * @param {string} clock
  */
 function latencyCharts(rows, width, clock) {
   const ttft = rows.filter((r) => r.time_to_first_token !== null && r.time_to_first_token !== undefined);
   const gaps = rows.filter((r) => (r.inter_token_latency || []).length);
-  const labelled = (/** @type {LatencyRow[]} */ rs, /** @type {(r: LatencyRow) => number[]} */ values) => {
+  const labelled = (/** @type {KvsLatencyRowDict[]} */ rs, /** @type {(r: KvsLatencyRowDict) => number[]} */ values) => {
     const labels = axisLabels(rs.map((r) => String(r.request_id)));
     return rs.map((r, k) => ({ label: labels[k], full: String(r.request_id), values: values(r).map((v) => v * LAT_MS) }));
   };
@@ -206,7 +205,7 @@ function latencyCharts(rows, width, clock) {
 
 const LAT_TWO_COLUMNS_PX = 900;  // from this panel width the charts sit two by two
 
-/** @param {KvsRenderContext} ctx */
+/** @param {KvsRenderContextOf<KvsPanelStates["latency"]>} ctx */
 function render({ model, el }) {
   const root = kvsRoot(el, model, "kvs-latency");
   const sub = kvsEl("span", { class: "kvs-sub", "data-testid": "kvs-latency-clock" });
@@ -215,7 +214,6 @@ function render({ model, el }) {
   root.append(kvsEl("div", { class: "kvs-title" }, ["TTFT / ITL", sub]), head, charts);
   let drawnWidth = -1;
   function draw() {
-    /** @type {LatencyRow[]} */
     const rows = model.get("rows") || [];
     const clock = model.get("clock") || "engine clock";
     sub.textContent = `${clock}: ${model.get("clock_note") || ""}`;

@@ -11,9 +11,16 @@ from ._base import Panel, bundle_css, bundle_esm
 EMPTY_HINT = "no steps yet: add a request and press Step"
 
 
+class LatencyRowDict(TypedDict):
+    """One request's row of the latency panel (explorer.ui.views.latency_rows), in seconds."""
+    request_id: str
+    time_to_first_token: float | None
+    inter_token_latency: list[float]
+
+
 class LatencyState(TypedDict):
     """What explorer.ui.views.latency_state returns."""
-    rows: list[dict]
+    rows: list[LatencyRowDict]
     clock: str
     clock_note: str
 

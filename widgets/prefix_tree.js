@@ -7,23 +7,14 @@
 // opens its detail. The slider scrubs every panel to a step.
 
 /**
- * The traits this panel reads (explorer/ui/why_view.py tree_state): `tree`.
- * @typedef {{id: string, parent: (string|null), depth: number, num_tokens: number, text: string,
- *   present: boolean, blocks: number[], owners: string[], users: string[], first_by: string,
- *   hits: number, stored: number[], evictions: {step: number, by: (string|null), block: number,
- *   age_steps: (number|null), age_s: (number|null)}[], unused: boolean, lifeline: number[],
- *   domain: string, folded: boolean}} TreeNode
- * @typedef {{step: number, first_step: number, last_step: number, bins: number, nodes: TreeNode[],
- *   hidden: number, num_present: number, num_evicted: number, num_hits: number, block_size: number,
- *   unmapped: number, notes: string[], kv_events: ({blocks: number, agree: boolean, only_here: string[],
- *   only_in_events: string[], counters: Object<string, number>}|null)}} PrefixTree
- *   the `tree` trait (explorer/ui/why_view.py PrefixTreeDict)
+ * The traits this panel reads (explorer/ui/why_view.py tree_state): `tree`, a KvsPrefixTreeDict
+ * (widgets/prefix_tree.py) of KvsTreeNodeDict nodes.
  */
 
 const TREE_LOOK = { present: KVS_MARKS.hashed, gone: "#bdbdbd", hit: KVS_MARKS.cache, evicted: "#c62828", cursor: "#111" };
 const LIFE_W = 220, LIFE_H = 16;
 
-/** Steps where the prefix held a block: [[from, to|null]]. @param {TreeNode} n */
+/** Steps where the prefix held a block: [[from, to|null]]. @param {KvsTreeNodeDict} n */
 function heldSpans(n) {
   const ev = [...n.stored.map((s) => [s, 1]), ...n.evictions.map((e) => [e.step, -1])].sort((a, b) => a[0] - b[0] || a[1] - b[1]);
   /** @type {[number, number|null][]} */
@@ -38,7 +29,7 @@ function heldSpans(n) {
   return out;
 }
 
-/** The node's lifeline over the run. @param {TreeNode} n @param {PrefixTree} t */
+/** The node's lifeline over the run. @param {KvsTreeNodeDict} n @param {KvsPrefixTreeDict} t */
 function lifeline(n, t) {
   const first = t.first_step, last = Math.max(t.last_step, first + 1);
   const x = (/** @type {number} */ s) => ((s - first) / (last - first)) * (LIFE_W - 4) + 2;
@@ -62,7 +53,7 @@ function lifeline(n, t) {
   return svg;
 }
 
-/** @param {TreeNode} n */
+/** @param {KvsTreeNodeDict} n */
 function nodeTitle(n) {
   const lines = [`${n.id} \u00b7 ${n.num_tokens} tokens${n.domain ? ` \u00b7 ${n.domain}` : ""}`, JSON.stringify(n.text)];
   lines.push(n.present ? `held by block${n.blocks.length > 1 ? "s" : ""} ${n.blocks.join(", ") || "(none shown)"}` : "not cached at this step");
@@ -87,7 +78,7 @@ function treeLegend() {
 }
 
 /** One node's row: its id, text, blocks at the shown step, hits and lifeline.
- * @param {TreeNode} n @param {PrefixTree} t the tree @param {boolean} isPinned
+ * @param {KvsTreeNodeDict} n @param {KvsPrefixTreeDict} t the tree @param {boolean} isPinned
  * @param {{onmouseenter: Function, onmouseleave: Function, onclick: Function}} on */
 function treeRow(n, t, isPinned, on) {
   return kvsEl("div", {
@@ -105,7 +96,7 @@ function treeRow(n, t, isPinned, on) {
   ]);
 }
 
-/** @param {KvsRenderContext} ctx */
+/** @param {KvsRenderContextOf<KvsPanelStates["tree"]>} ctx */
 function render({ model, el }) {
   const root = kvsRoot(el, model, "kvs-prefix-tree");
   const sender = kvsSender(model);
@@ -125,7 +116,7 @@ function render({ model, el }) {
   const detail = kvsEl("div", { class: "kvs-tree-detail", "data-testid": "kvs-tree-detail" });
   root.append(title, bar, legend, rows, detail);
   let focus = /** @type {?KvsFocus} */ (null), pinned = /** @type {?string} */ (null), unfolded = false;
-  /** @type {[HTMLElement, TreeNode][]} */
+  /** @type {[HTMLElement, KvsTreeNodeDict][]} */
   let drawn = [];
   const link = kvsLink(model, (f) => { focus = f; light(); });
 
@@ -134,7 +125,7 @@ function render({ model, el }) {
   live.addEventListener("click", () => sender.send({ action: "live" }));
   fold.addEventListener("click", () => { unfolded = !unfolded; draw(); });
 
-  /** @param {TreeNode} n */
+  /** @param {KvsTreeNodeDict} n */
   const nodeFocus = (n) => ({ source: "tree", blocks: n.blocks.length ? n.blocks : null,
     requests: n.blocks.length ? null : n.users, tokens: null });
   function light() {
@@ -149,13 +140,13 @@ function render({ model, el }) {
       row.classList.toggle("kvs-lit", on);
     }
   }
-  function showDetail(/** @type {?TreeNode} */ n) {
+  function showDetail(/** @type {?KvsTreeNodeDict} */ n) {
     if (!n) { detail.replaceChildren(kvsEl("span", { class: "kvs-muted", text: "hover a node for its blocks in the pool; click to pin it here" })); return; }
     detail.replaceChildren(kvsEl("pre", { class: "kvs-tree-detail-text", text: nodeTitle(n) }));
   }
   function draw() {
     const t = model.get("tree") || {};
-    const nodes = /** @type {TreeNode[]} */ (t.nodes || []);
+    const nodes = t.nodes || [];
     const atLive = model.get("live");
     sub.textContent = `the prefix cache at step ${t.step ?? "?"}` + (atLive ? "" : " (scrubbed: the panels show this step)");
     slider.min = String(t.first_step ?? 0);

@@ -4,21 +4,11 @@
 // lights the request's blocks, table and tokens in the other panels (kvsLink), and a card
 // lights up when another panel points at its request.
 
-/**
- * The traits this panel reads (explorer/ui/views.py queues_state): `queues` holds three lists of
- * QueueRow, `finished_total` counts every finished request (the list keeps the latest), and
- * `selected` is the linked request's id.
- * @typedef {{num_tokens: number, num_computed_before: number, is_prefill: boolean,
- *   num_cached_tokens: number, chunk_index: (number|null)}} Scheduled  this step's part of a request
- * @typedef {{request_id: string, label: string, status: string, prompt_text: string, output_text: string,
- *   num_prompt_tokens: number, num_output_tokens: number, max_tokens: (number|null),
- *   num_computed_tokens: number, num_cached_tokens: number, num_preemptions: number,
- *   finish_reason: (string|null), num_blocks: number, scheduled: (Scheduled|null),
- *   sampled_text: (string|null), why: ({text: string, cls: string}|null)}} QueueRow
- * @typedef {{waiting: QueueRow[], running: QueueRow[], finished: QueueRow[]}} Queues
- */
+// The traits this panel reads (explorer/ui/views.py queues_state; typed by KvsPanelStates["queues"],
+// generated from widgets/queues.py): `queues` holds three lists of KvsQueueRowDict, `finished_total`
+// counts every finished request (the list keeps the latest), and `selected` is the linked request's id.
 
-/** The KV progress bar of a card. @param {QueueRow} row */
+/** The KV progress bar of a card. @param {KvsQueueRowDict} row */
 function progress(row) {
   // Known tokens = prompt + outputs; of those, how many have KV (cached hits first).
   const known = row.num_prompt_tokens + row.num_output_tokens;
@@ -52,7 +42,7 @@ function dimmedTemplate(text) {
   return String(text).split(TEMPLATE_TOKEN).map((part, k) => (k % 2 ? kvsEl("span", { class: "kvs-tmpl-tok", text: part }) : part));
 }
 
-/** @param {QueueRow} row */
+/** @param {KvsQueueRowDict} row */
 function promptText(row) {
   const { user, wrapped } = userWords(row.prompt_text);
   const out = kvsEl("span", { class: "kvs-prompt-text", title: row.prompt_text });
@@ -70,7 +60,7 @@ function promptText(row) {
   return out;
 }
 
-/** @param {Scheduled|null} s */
+/** @param {KvsQueueScheduledDict|null} s */
 function scheduledBadge(s) {
   if (!s) return null;
   const text = s.is_prefill
@@ -82,7 +72,7 @@ function scheduledBadge(s) {
 
 // Why its prompt hit or missed the prefix cache (explorer/why), in a few words: the biggest
 // miss class, in that class's colour; the why panel says the rest.
-/** @param {QueueRow["why"]} why */
+/** @param {KvsQueueRowDict["why"]} why */
 function whyChip(why) {
   if (!why || !why.cls) return null;
   const color = KVS_WHY_LOOKS[why.cls] || "#999";
@@ -92,7 +82,7 @@ function whyChip(why) {
 }
 
 /**
- * @param {QueueRow} row @param {string|null} selected @param {(c: {action: string, request_id: string}) => void} act
+ * @param {KvsQueueRowDict} row @param {string|null} selected @param {(c: {action: string, request_id: string}) => void} act
  * @param {ReturnType<typeof kvsLink>} link
  */
 function card(row, selected, act, link) {
@@ -123,7 +113,7 @@ function card(row, selected, act, link) {
   }, [head, text, progress(row)]);
 }
 
-/** @param {KvsRenderContext} ctx */
+/** @param {KvsRenderContextOf<KvsPanelStates["queues"]>} ctx */
 function render({ model, el }) {
   const root = kvsRoot(el, model, "kvs-queues");
   const sender = kvsSender(model);
@@ -139,9 +129,11 @@ function render({ model, el }) {
     for (const c of cols.querySelectorAll(".kvs-card")) c.classList.toggle("kvs-lit", want.has(c.dataset.requestId));
   }
   function draw() {
+    /** @type {Partial<KvsQueueCardsDict>} */
     const q = model.get("queues") || {};
     const selected = model.get("selected");
     cols.replaceChildren();
+    /** @type {Array<keyof KvsQueueCardsDict>} */
     const names = ["waiting", "running", "finished"];
     // Columns sized to their content: an empty queue takes only its heading's width.
     cols.style.gridTemplateColumns = names.map((n) => ((q[n] || []).length ? "minmax(0, 1fr)" : "max-content")).join(" ");
@@ -151,7 +143,7 @@ function render({ model, el }) {
       const more = total > rows.length ? ` (latest ${rows.length})` : "";
       cols.append(kvsEl("div", { class: `kvs-queue kvs-queue-${name}`, "data-testid": `kvs-queue-${name}`, "data-count": total }, [
         kvsEl("div", { class: "kvs-queue-head", text: `${name} \u00b7 ${total}${more}` }),
-        ...rows.map((/** @type {QueueRow} */ r) => card(r, selected, act, link)),
+        ...rows.map((r) => card(r, selected, act, link)),
       ]));
     }
     light();

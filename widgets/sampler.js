@@ -2,15 +2,13 @@
 // Sampler: horizontal probability bars of the top candidates; the chosen token marked.
 
 /**
- * The traits this panel reads (explorer/ui/views.py sampler_state): `requests` (ids sampled in
- * the shown step), `request_id` (the one shown) and `sample`: a Sample, or {note, params}
- * before the request's first token.
- * @typedef {{request_id: string, step: number, token_id: number, text: (string|null),
- *   top: [number, string, number][], params: Object<string, (number|boolean|null)>}} Sample
- *   `top`: [token id, text, probability] of the candidates, the highest first
+ * The traits this panel reads (explorer/ui/views.py sampler_state; KvsSamplerState): `requests`
+ * (ids sampled in the shown step), `request_id` (the one shown) and `sample` (KvsSamplerSample):
+ * the chosen token and `top`, [token id, text, probability] of the candidates, the highest
+ * first; only {note, params} before the request's first token.
  */
 
-/** @param {KvsRenderContext} ctx */
+/** @param {KvsRenderContextOf<KvsPanelStates["sampler"]>} ctx */
 function render({ model, el }) {
   const root = kvsRoot(el, model, "kvs-sampler");
   const sender = kvsSender(model);
@@ -24,7 +22,7 @@ function render({ model, el }) {
   function draw() {
     const reqs = model.get("requests"), cur = model.get("request_id"), s = model.get("sample") || {};
     const opts = !cur || reqs.includes(cur) ? reqs : [cur, ...reqs];
-    sel.replaceChildren(...(opts.length ? opts : [""]).map((/** @type {string} */ r) => kvsEl("option", { value: r, text: r ? `#${r}${reqs.includes(r) ? "" : " (not sampled now)"}` : "(none)" })));
+    sel.replaceChildren(...(opts.length ? opts : [""]).map((r) => kvsEl("option", { value: r, text: r ? `#${r}${reqs.includes(r) ? "" : " (not sampled now)"}` : "(none)" })));
     sel.value = cur;
     if (!s.top) {
       sub.textContent = "";
@@ -35,8 +33,8 @@ function render({ model, el }) {
     sub.textContent = s.step === model.get("step") ? `sampled in step ${s.step}` : `last sampled in step ${s.step}`;
     const p = s.params || {};
     params.replaceChildren(...Object.entries(p).map(([k, v]) => kvsEl("span", { class: "kvs-chip", text: `${k} ${v === null ? "none" : v}` })));
-    const maxP = Math.max(1e-9, ...s.top.map((/** @type {Sample["top"][number]} */ t) => t[2]));
-    bars.replaceChildren(...s.top.map((/** @type {Sample["top"][number]} */ [id, text, prob]) => {
+    const maxP = Math.max(1e-9, ...s.top.map((t) => t[2]));
+    bars.replaceChildren(...s.top.map(([id, text, prob]) => {
       const chosen = id === s.token_id;
       return kvsEl("div", { class: `kvs-bar-row${chosen ? " kvs-chosen" : ""}`, "data-testid": chosen ? "kvs-sampler-chosen" : null, title: `token id ${id}` }, [
         kvsEl("span", { class: "kvs-cand kvs-mono", text: kvsTok(text) || `<${id}>` }),
@@ -52,7 +50,7 @@ function render({ model, el }) {
           kvsEl("span"), kvsEl("span"), kvsEl("span", { class: "kvs-chip kvs-chosen-chip", text: "chosen" })]));
       }
       bars.append(kvsEl("div", { class: "kvs-muted kvs-sampler-note", "data-testid": "kvs-sampler-note", text: s.note }));
-    } else if (!s.top.some((/** @type {Sample["top"][number]} */ t) => t[0] === s.token_id)) {
+    } else if (!s.top.some((t) => t[0] === s.token_id)) {
       bars.append(kvsEl("div", { class: "kvs-bar-row kvs-chosen", "data-testid": "kvs-sampler-chosen" }, [
         kvsEl("span", { class: "kvs-cand kvs-mono", text: kvsTok(s.text) }), kvsEl("span", { class: "kvs-muted", text: "chosen (outside the top list)" })]));
     }

@@ -1,18 +1,43 @@
 """Sampler panel: a request's top candidates, their probabilities, and the token chosen."""
 from __future__ import annotations
 
-from typing import Any, ClassVar, TypedDict
+from typing import Any, ClassVar, Required, TypedDict
 
 import traitlets as t
 
 from ._base import Panel, bundle_css, bundle_esm
+
+#: One candidate token: [token id, its text, its probability], the highest first.
+SamplerCandidate = tuple[int, str, float]
+
+
+class SamplerParams(TypedDict, total=False):
+    """The request's sampling parameters the sampler shows (those its SamplingParams has)."""
+    temperature: float
+    top_k: int
+    top_p: float
+    max_tokens: int
+    ignore_eos: bool
+    seed: int | None
+
+
+class SamplerSample(TypedDict, total=False):
+    """The request's latest sample: the token chosen and the top candidates; before its first token, only `note`
+    and `params`."""
+    request_id: str
+    step: int                      # the step that sampled it
+    token_id: int | None           # None where a live feed leaves token ids out
+    text: str | None
+    top: list[SamplerCandidate]
+    params: Required[SamplerParams]
+    note: str                      # why there are no candidates, or no sample yet
 
 
 class SamplerState(TypedDict):
     """What explorer.ui.views.sampler_state returns."""
     requests: list[str]
     request_id: str
-    sample: dict
+    sample: SamplerSample
 
 
 class SamplerPanel(Panel):

@@ -6,16 +6,11 @@
 // cell lights its block, request and token in the other panels (kvsLink).
 
 /**
- * The traits this panel reads (explorer/ui/views.py slot_mapping_state): the packed batch's
- * per-row lists (`input_ids`, `tokens`, `positions`, `slot_mapping`, cut to the rows sent),
- * `query_start_loc`, `logits_indices`, `block_size`, `num_rows`, `truncated`, and `segments`.
- * @typedef {{block: number, start: number, end: number, text: string}} CachedBlock
- *   a prefix hit's block: token positions [start, end) whose KV came from the cache
- * @typedef {{request_id: string, start: number, end: number, is_prefill: boolean,
- *   chunk_index: (number|null), num_computed_before: number, num_cached_tokens: number,
- *   seq_len: (number|null), block_table: number[], sampled_text: (string|null),
- *   cached_blocks: CachedBlock[], groups?: {label: string, block_table: number[]}[]}} Segment
- *   one scheduled request's rows [start, end); `groups`: its tables in the other KV cache groups
+ * The traits this panel reads (explorer/ui/views.py slot_mapping_state; typed by KvsPanelStates["slots"],
+ * generated from widgets/slot_mapping.py): the packed batch's per-row lists (`input_ids`, `tokens`,
+ * `positions`, `slot_mapping`, cut to the rows sent), `query_start_loc`, `logits_indices`, `block_size`,
+ * `num_rows`, `truncated`, and `segments` (KvsSlotSegmentDict: one scheduled request's rows [start, end),
+ * its `cached_blocks` (KvsCachedBlockDict) and its tables in the other KV cache groups).
  * @typedef {{ids: number[], toks: string[], pos: number[], slots: number[], groupSlots: number[][],
  *   logits: Set<number>, bs: number}} SlotData  the packed batch's rows, as draw() hands them on
  */
@@ -39,7 +34,7 @@ function chip(rid) {
   return kvsEl("span", { class: "kvs-chip", style: { background: kvsColor(rid, true), borderColor: kvsColor(rid) }, text: `#${rid}` });
 }
 
-/** The overview strip: one segment per request, as wide as its rows. @param {Segment} s */
+/** The overview strip: one segment per request, as wide as its rows. @param {KvsSlotSegmentDict} s */
 function stripSegment(s) {
   return kvsEl("div", {
     class: `kvs-strip-seg ${s.is_prefill ? "kvs-prefill" : "kvs-decode"}`,
@@ -80,7 +75,7 @@ function makeLinker(link) {
 }
 /** @typedef {ReturnType<typeof makeLinker>} Linker */
 
-/** A block a prefix hit took from the cache: one "from cache" cell. @param {Linker} L @param {Segment} s @param {CachedBlock} c */
+/** A block a prefix hit took from the cache: one "from cache" cell. @param {Linker} L @param {KvsSlotSegmentDict} s @param {KvsCachedBlockDict} c */
 function cacheCell(L, s, c) {
   const node = kvsEl("div", {
     class: "kvs-cache-cell", "data-block": c.block, "data-testid": `kvs-cache-${s.request_id}-${c.block}`,
@@ -93,7 +88,7 @@ function cacheCell(L, s, c) {
   return L.add(node, c.block, s.request_id, null, { source: "slots", blocks: [c.block], requests: [s.request_id], tokens: null });
 }
 
-/** A request's rows of the batch, grouped by the KV block each lands in. @param {Linker} L @param {Segment} s @param {SlotData} data */
+/** A request's rows of the batch, grouped by the KV block each lands in. @param {Linker} L @param {KvsSlotSegmentDict} s @param {SlotData} data */
 function rowCells(L, s, data) {
   const { ids, toks, pos, slots, groupSlots, logits, bs } = data;
   const groups = [];
@@ -132,7 +127,7 @@ function rowCells(L, s, data) {
 
 /**
  * One scheduled request: a decode on one compact row, a prefill chunk with its cells under a head.
- * @param {Linker} L @param {Segment} s @param {SlotData} data
+ * @param {Linker} L @param {KvsSlotSegmentDict} s @param {SlotData} data
  */
 function segmentRow(L, s, data) {
   const reqFocus = { source: "slots", blocks: null, requests: [s.request_id], tokens: null };
@@ -156,7 +151,7 @@ function segmentRow(L, s, data) {
     [head, kvsEl("div", { class: "kvs-cells" }, cells)]);
 }
 
-/** @param {KvsRenderContext} ctx */
+/** @param {KvsRenderContextOf<KvsPanelStates["slots"]>} ctx */
 function render({ model, el }) {
   const root = kvsRoot(el, model, "kvs-slot-mapping");
   // Where the batch came from when it is not the engine's own (a live server's feed derives it).
@@ -171,7 +166,7 @@ function render({ model, el }) {
   const L = makeLinker(link);
 
   function draw() {
-    const segs = /** @type {Segment[]} */ (model.get("segments")), qsl = model.get("query_start_loc"), nrows = model.get("num_rows");
+    const segs = model.get("segments"), qsl = model.get("query_start_loc"), nrows = model.get("num_rows");
     const logits = new Set(model.get("logits_indices"));
     const data = { ids: model.get("input_ids"), toks: model.get("tokens"), pos: model.get("positions"),
       slots: model.get("slot_mapping"), groupSlots: model.get("group_slot_mappings") || [], logits,

@@ -1,11 +1,41 @@
 """Slot-mapping panel: this step's packed batch, token by token."""
 from __future__ import annotations
 
-from typing import Any, ClassVar, TypedDict
+from typing import ClassVar, TypedDict
 
 import traitlets as t
 
 from ._base import Panel, bundle_css, bundle_esm
+
+
+class CachedBlockDict(TypedDict):
+    """One block of a prefix hit in the slot-mapping panel: positions [start, end) and their text."""
+    block: int
+    start: int
+    end: int
+    text: str   # "": the tokens are not known
+
+
+class SlotGroupTableDict(TypedDict):
+    """A scheduled request's block table in another KV cache group (a sliding window's)."""
+    label: str
+    block_table: list[int]
+
+
+class SlotSegmentDict(TypedDict):
+    """One scheduled request's rows [start, end) of the packed batch (start, end: query_start_loc)."""
+    request_id: str
+    start: int
+    end: int
+    is_prefill: bool
+    chunk_index: int | None   # which prefill chunk (from 0); None for a decode
+    num_computed_before: int
+    num_cached_tokens: int
+    seq_len: int | None       # None: the batch has no seq_lens entry for it
+    block_table: list[int]
+    sampled_text: str | None  # the token sampled for it in this step (None: none)
+    cached_blocks: list[CachedBlockDict]   # the blocks a prefix hit in this step took from the cache
+    groups: list[SlotGroupTableDict]       # its tables in the other KV cache groups, in group order
 
 
 class SlotMappingState(TypedDict):
@@ -15,7 +45,7 @@ class SlotMappingState(TypedDict):
     positions: list[int]
     slot_mapping: list[int]
     group_slot_mappings: list[list[int]]
-    segments: list[dict]
+    segments: list[SlotSegmentDict]
     query_start_loc: list[int]
     logits_indices: list[int]
     block_size: int
@@ -50,16 +80,16 @@ class SlotMappingPanel(Panel):
     _esm = bundle_esm("slot_mapping.js")
     _css = bundle_css("slot_mapping.css")
 
-    input_ids: t.List[Any] = t.List([]).tag(sync=True)
-    tokens: t.List[Any] = t.List([]).tag(sync=True)
-    positions: t.List[Any] = t.List([]).tag(sync=True)
-    slot_mapping: t.List[Any] = t.List([]).tag(sync=True)
-    group_slot_mappings: t.List[Any] = t.List([]).tag(sync=True)   # per other KV cache group: its slots
-    segments: t.List[Any] = t.List([]).tag(sync=True)
-    query_start_loc: t.List[Any] = t.List([]).tag(sync=True)
-    logits_indices: t.List[Any] = t.List([]).tag(sync=True)
+    input_ids: t.List[int] = t.List([]).tag(sync=True)
+    tokens: t.List[str] = t.List([]).tag(sync=True)
+    positions: t.List[int] = t.List([]).tag(sync=True)
+    slot_mapping: t.List[int] = t.List([]).tag(sync=True)
+    group_slot_mappings: t.List[list[int]] = t.List([]).tag(sync=True)   # per other KV cache group: its slots
+    segments: t.List[SlotSegmentDict] = t.List([]).tag(sync=True)
+    query_start_loc: t.List[int] = t.List([]).tag(sync=True)
+    logits_indices: t.List[int] = t.List([]).tag(sync=True)
     block_size = t.Int(16).tag(sync=True)
     num_rows = t.Int(0).tag(sync=True)        # rows in the real batch
     truncated = t.Int(0).tag(sync=True)       # rows not sent
     batch_source = t.Unicode("").tag(sync=True)  # "", "scheduler" (derived) or "runner" (its buffers)
-    batch_source_words: t.List[Any] = t.List([]).tag(sync=True)  # [badge, hover text] for batch_source
+    batch_source_words: t.List[str] = t.List([]).tag(sync=True)  # [badge, hover text] for batch_source

@@ -3,19 +3,11 @@
 // collectives between them, and the last step's collective time.
 
 /**
- * The traits this panel reads (explorer/ui/tp_view.py): `info` (the group: size, backend),
- * `ranks` (Rank[]), `weights` (Weight[]), `last_step` and `recent` (collective times per
- * step), and `note`.
- * @typedef {{rank: number, device: string, heads: [number, number], kv_heads: [number, number],
- *   vocab: ([number, number]|null), intermediate: ([number, number]|null), kv_bytes: number}} Rank
- *   a rank's share; [lo, hi) ranges, null where it holds all
- * @typedef {{name: string, shape: number[], split: (string|null), unit: (string|null),
- *   per_rank: ([number, number][]|null), packed_into: (string|null), after: (string|null), bias: boolean,
- *   tied_to?: (string|null)}} Weight  one weight, in forward order (engine/parallel/sharding.py sharding_layout)
- * @typedef {{size?: number, backend?: (string|null), name?: (string|null), num_layers?: (number|null),
- *   num_heads: number, num_kv_heads: number, num_blocks?: (number|null),
- *   kv_bytes_per_block_per_rank?: (number|null)}} TpInfo  the fields of `info` read here (the head
- *   counts only where size > 1, when the engine set them)
+ * The traits this panel reads (explorer/ui/tp_view.py, typed by widgets/tensor_parallel.py): `info`
+ * (KvsTpInfoDict: the group and the model), `ranks` (KvsTpRankDict[]), `weights` (KvsTpWeightDict[]),
+ * `last_step` and `recent` (collective times per step), and `note`.
+ * @typedef {KvsPanelStates["tensor_parallel"]} TpState
+ * @typedef {KvsTpLastStepDict | {step?: undefined}} TpLastStep  `last_step`: the displayed step's times, or {}
  */
 
 const KVS_RANK_COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#9c755f"];
@@ -30,11 +22,11 @@ function kvsBytes(n) {
   return `${v.toFixed(v >= 100 || u === 0 ? 0 : 1)} ${units[u]}`;
 }
 
-const kvsRange = (/** @type {[number, number]|null} */ r) => (r ? (r[1] - r[0] === 1 ? `${r[0]}` : `${r[0]}\u2013${r[1] - 1}`) : "all");
+const kvsRange = (/** @type {number[]|null|undefined} */ r) => (r ? (r[1] - r[0] === 1 ? `${r[0]}` : `${r[0]}\u2013${r[1] - 1}`) : "all");
 
 // One weight as a small matrix: stripes across rows (output features) or columns (input
 // features), one colour per rank; a replicated weight is grey with "every rank".
-/** @param {Weight} w @param {number} size */
+/** @param {KvsTpWeightDict} w @param {number} size */
 function kvsMatrix(w, size) {
   const box = kvsEl("div", { class: `kvs-tp-matrix kvs-tp-${w.split || "replicated"}`, "data-testid": "kvs-tp-matrix" });
   if (!w.split || size <= 1) {
@@ -56,7 +48,7 @@ function kvsCollective(after, size) {
   return kvsEl("div", { class: `kvs-tp-coll kvs-tp-${after}`, "data-testid": "kvs-tp-collective", text: `\u21d3 ${text}` });
 }
 
-/** @param {KvsRenderContext} ctx */
+/** @param {KvsRenderContextOf<TpState>} ctx */
 function render({ model, el }) {
   const root = kvsRoot(el, model, "kvs-tensor-parallel");
   const sub = kvsEl("span", { class: "kvs-sub" });
@@ -66,10 +58,10 @@ function render({ model, el }) {
   const weights = kvsEl("div", { class: "kvs-tp-weights", "data-testid": "kvs-tp-weights" });
   root.append(kvsEl("div", { class: "kvs-title" }, ["Tensor parallel", sub]), note, ranks, last, weights);
 
-  /** @param {TpInfo} info */
+  /** @param {KvsTpInfoDict} info */
   function drawRanks(info) {
     const head = ["rank", "device", "q heads", "KV heads", "vocab rows", "MLP rows", "KV pool"];
-    const rows = /** @type {Rank[]} */ (model.get("ranks")).map((r) => kvsEl("tr", {}, [
+    const rows = model.get("ranks").map((r) => kvsEl("tr", {}, [
       kvsEl("td", {}, [kvsEl("span", { class: "kvs-tp-swatch", style: { background: kvsRankColor(r.rank) } }), `${r.rank}`]),
       kvsEl("td", { class: "kvs-mono", text: r.device }),
       kvsEl("td", { text: `${kvsRange(r.heads)} (${r.heads[1] - r.heads[0]})` }),
@@ -86,7 +78,7 @@ function render({ model, el }) {
   }
 
   function drawLast() {
-    const s = model.get("last_step") || {};
+    const s = /** @type {TpLastStep} */ (model.get("last_step") || {});   // {} before the first step
     const recent = /** @type {[number, number, number][]} */ (model.get("recent") || []);   // [step, collectives_ms, forward_ms]
     if (s.step === undefined || s.step === null) {
       last.replaceChildren(kvsEl("span", { class: "kvs-muted", text: "no step yet: collective time appears after the first step" }));
@@ -103,13 +95,13 @@ function render({ model, el }) {
       recent.length > 1 ? bars : null);
   }
 
-  /** @param {TpInfo} info */
+  /** @param {KvsTpInfoDict} info */
   function drawWeights(info) {
     const size = info.size || 1;
     const items = [];
-    const layerStart = /** @type {Weight[]} */ (model.get("weights")).findIndex((w) => w.name === "input_layernorm");
-    const layerEnd = /** @type {Weight[]} */ (model.get("weights")).findIndex((w) => w.name === "norm");
-    /** @type {Weight[]} */ (model.get("weights")).forEach((w, i) => {
+    const layerStart = model.get("weights").findIndex((w) => w.name === "input_layernorm");
+    const layerEnd = model.get("weights").findIndex((w) => w.name === "norm");
+    model.get("weights").forEach((w, i) => {
       if (i === layerStart) items.push(kvsEl("div", { class: "kvs-tp-section", text: `\u00d7 ${info.num_layers ?? "?"} decoder layers \u2014 attention` }));
       if (w.name === "post_attention_layernorm") items.push(kvsEl("div", { class: "kvs-tp-section", text: "MLP" }));
       if (i === layerEnd) items.push(kvsEl("div", { class: "kvs-tp-section", text: "after the last layer" }));
@@ -122,8 +114,8 @@ function render({ model, el }) {
         kvsMatrix(w, size),
         kvsEl("span", { class: "kvs-tp-shape kvs-mono", text: `[${w.shape.join(" \u00d7 ")}]` }),
         kvsEl("span", { class: "kvs-tp-how", text: how }), ...tags]));
-      if (w.name === "v_proj" && size > 1) {
-        items.push(kvsEl("div", { class: "kvs-tp-local", text: `attention on each rank's own ${info.num_heads / size} q heads and ${info.num_kv_heads / size} KV heads, over its own KV pool (no communication)` }));
+      if (w.name === "v_proj" && size > 1) {   // (a split model's info names both head counts)
+        items.push(kvsEl("div", { class: "kvs-tp-local", text: `attention on each rank's own ${/** @type {number} */ (info.num_heads) / size} q heads and ${/** @type {number} */ (info.num_kv_heads) / size} KV heads, over its own KV pool (no communication)` }));
       }
       const coll = kvsCollective(w.after, size);
       if (coll) items.push(coll);

@@ -12,7 +12,7 @@
 const BUDGET_COLOR = "#d32f2f";
 /** @type {{[kind: string]: string}} */
 const KIND_COLORS = { queued: "#e0e0e0", prefill: "#fb8c00", decode: "#1e88e5", preempted: "#e53935", stalled: "#bdbdbd" };
-/** @typedef {"schedule"|"prepare"|"forward"|"sample"|"update"} TimePart  a Steps field of ms per step */
+/** @typedef {"schedule"|"prepare"|"forward"|"sample"|"update"} TimePart  a KvsTimelineSteps field of ms per step */
 /** @type {[TimePart, string][]} */
 const TIME_PARTS = [["schedule", "#8e24aa"], ["prepare", "#43a047"], ["forward", "#1e88e5"], ["sample", "#fdd835"], ["update", "#6d4c41"]];
 const GANTT_KINDS = ["queued", "prefill", "decode", "preempted", "stalled"];
@@ -27,10 +27,8 @@ const LABEL_CHARS = 20, LABEL_CHAR_PX = 5.6;  // the axis font is 9px
 const EMPTY_HINT = "no steps yet: add a request and press Step";
 
 /**
- * @typedef {{step: number[], prefill: number[], decode: number[], budget: number[], preempted?: number[],
- *   caption?: string[], backend?: (string|null)[], graph_bucket?: (number|null)[], forward_path?: string[],
- *   schedule?: number[], prepare?: number[], forward?: number[], sample?: number[], update?: number[]}} Steps
- * @typedef {{requests: string[], segments: [number, number, number, string, string][]}} Gantt
+ * The traits (explorer/ui/views.py timeline_state) are `steps` (KvsTimelineSteps: one list per field,
+ * entry i the i-th step's) and `gantt` (KvsTimelineGantt).
  * @typedef {{startIdx: number, endIdx: number, curIdx: number}} Span
  * @typedef {(node: SVGElement, text: string | (() => string)) => void} TipOn
  * @typedef {{tipOn: TipOn, scrub: (step: number) => Promise<KvsAck>}} DrawCtx  what the charts call back
@@ -38,7 +36,7 @@ const EMPTY_HINT = "no steps yet: add a request and press Step";
 
 // How a step's forward ran: the attention backend, and layer by layer (eager), a CUDA graph
 // replay, or the whole decode as one native call on a CPU.
-/** @param {Steps} S @param {number} i */
+/** @param {KvsTimelineSteps} S @param {number} i */
 function pathText(S, i) {
   const backend = S.backend ? S.backend[i] : null;
   const bucket = S.graph_bucket ? S.graph_bucket[i] : null;
@@ -78,7 +76,7 @@ function rowLabel(rid) {
 }
 
 // The step's bar tooltip: its numbers, then the step in words (explorer/ui/captions.py).
-/** @param {Steps} S @param {number} i */
+/** @param {KvsTimelineSteps} S @param {number} i */
 function stepText(S, i) {
   const p = S.prefill[i] || 0, d = S.decode[i] || 0;
   const head = `step ${S.step[i]}: ${p} prefill + ${d} decode tokens (budget ${S.budget[i]})`
@@ -114,7 +112,7 @@ function makeTips(tip) {
 
 /**
  * Layout of one drawing: x of each step, the charts' tops, the rows of the Gantt in view.
- * @param {Steps} S @param {Gantt} g @param {Span} span @param {number} width
+ * @param {KvsTimelineSteps} S @param {KvsTimelineGantt} g @param {Span} span @param {number} width
  */
 function layout(S, g, span, width) {
   const firstStep = S.step[span.startIdx] ?? 1, lastStep = S.step[span.endIdx] ?? 1;
@@ -136,7 +134,7 @@ function layout(S, g, span, width) {
 
 /**
  * 1. Tokens per step, stacked, on a square-root axis; the budget line; preemption marks.
- * @param {SVGElement} out @param {Steps} S @param {Span} span @param {Layout} L @param {DrawCtx} ctx
+ * @param {SVGElement} out @param {KvsTimelineSteps} S @param {Span} span @param {Layout} L @param {DrawCtx} ctx
  */
 function drawTokens(out, S, span, L, ctx) {
   const idx = [];
@@ -186,7 +184,7 @@ function drawTokens(out, S, span, L, ctx) {
 
 /**
  * 2. Time split per step (ms), stacked; steps above the cut are drawn to it and marked.
- * @param {SVGElement} out @param {Steps} S @param {Span} span @param {Layout} L @param {DrawCtx} ctx
+ * @param {SVGElement} out @param {KvsTimelineSteps} S @param {Span} span @param {Layout} L @param {DrawCtx} ctx
  */
 function drawTimes(out, S, span, L, ctx) {
   const y0 = L.timeTop;
@@ -229,7 +227,7 @@ function drawTimes(out, S, span, L, ctx) {
   }
 }
 
-/** 3. Gantt: one row per request seen in the steps drawn. @param {SVGElement} out @param {Gantt} g @param {Layout} L @param {DrawCtx} ctx */
+/** 3. Gantt: one row per request seen in the steps drawn. @param {SVGElement} out @param {KvsTimelineGantt} g @param {Layout} L @param {DrawCtx} ctx */
 function drawGantt(out, g, L, ctx) {
   const gy = L.ganttTop;
   out.append(kvsSvg("text", { x: 2, y: gy - 4, class: "kvs-axis" }, "requests"));
@@ -253,7 +251,7 @@ function drawGantt(out, g, L, ctx) {
 
 /**
  * Step numbers along the bottom, and the cursor on the shown step across all three charts.
- * @param {SVGElement} out @param {Steps} S @param {Span} span @param {Layout} L
+ * @param {SVGElement} out @param {KvsTimelineSteps} S @param {Span} span @param {Layout} L
  */
 function drawAxisAndCursor(out, S, span, L) {
   const every = Math.max(1, Math.ceil(TICK_SPACING_PX / L.bw));
@@ -268,7 +266,7 @@ function drawAxisAndCursor(out, S, span, L) {
   out.append(kvsSvg("text", { x: x + L.bw / 2, y: L.height - 4, class: "kvs-axis kvs-cursor-label", "text-anchor": "middle", "pointer-events": "none" }, S.step[span.curIdx]));
 }
 
-/** @param {KvsRenderContext} ctx */
+/** @param {KvsRenderContextOf<KvsPanelStates["timeline"]>} ctx */
 function render({ model, el }) {
   const root = kvsRoot(el, model, "kvs-timeline");
   const sender = kvsSender(model);
@@ -282,7 +280,6 @@ function render({ model, el }) {
 
   let drawnWidth = 0;
   function draw() {
-    /** @type {Steps} */
     const S = model.get("steps") || {};
     const all = S.step || [];
     drawnWidth = holder.clientWidth;

@@ -1,17 +1,47 @@
 """Timeline panel: per-step batch composition and timings, and a per-request Gantt chart."""
 from __future__ import annotations
 
-from typing import Any, ClassVar, TypedDict
+from typing import Any, ClassVar, Literal, TypedDict
 
 import traitlets as t
 
 from ._base import Panel, bundle_css, bundle_esm
 
 
+class TimelineSteps(TypedDict):
+    """The steps as columns: entry i of each list is the i-th step's."""
+    step: list[int]
+    prefill: list[int]              # prefill tokens in the batch
+    decode: list[int]               # decode tokens in the batch
+    budget: list[int]               # the token budget (max_num_batched_tokens)
+    preempted: list[int]            # requests preempted
+    schedule: list[float]           # ms per phase
+    prepare: list[float]
+    forward: list[float]
+    sample: list[float]
+    update: list[float]
+    backend: list[str | None]       # the attention backend's name
+    graph_bucket: list[int | None]  # the CUDA graph batch size a decode step replayed (None: it ran eager)
+    forward_path: list[str]         # 'eager', 'cuda_graph' or 'native_decode'
+    caption: list[str]              # the step in words (explorer.ui.captions)
+
+
+#: What a request did over a run of steps (a Gantt segment's kind).
+GanttKind = Literal["queued", "prefill", "decode", "preempted", "stalled"]
+#: One Gantt segment: [index into `requests`, first step, last step, kind, label].
+GanttSegment = tuple[int, int, int, GanttKind, str]
+
+
+class TimelineGantt(TypedDict):
+    """The Gantt chart: one row per request, run-length segments of what it did per step."""
+    requests: list[str]
+    segments: list[GanttSegment]
+
+
 class TimelineState(TypedDict):
     """What explorer.ui.views.timeline_state returns: per-step columns and the Gantt."""
-    steps: dict
-    gantt: dict
+    steps: TimelineSteps
+    gantt: TimelineGantt
 
 
 class TimelinePanel(Panel):

@@ -3,6 +3,7 @@
 // step where they part marked on the strip and said in words above it. Everything is drawn from
 // the synced traits: moving the slider needs no round trip to Python.
 
+/** @type {Array<"a" | "b">} */
 const WHATIF_RUNS = ["a", "b"];
 /** @type {Record<string, string>} */
 const WHATIF_LINE = { a: "#455a64", b: "#ef6c00" };
@@ -10,9 +11,10 @@ const WHATIF_STRIP_H = 54, WHATIF_PAD = 4, WHATIF_AXIS_W = 34;   // the strip's 
 const WHATIF_PART_COLOR = "#c62828";
 
 /**
- * @typedef {{step: number[], time: (number|null)[], kv_usage: number[], free_blocks: number[],
- *   num_waiting: number[], num_running: number[], scheduled: Scheduled[][],
- *   preempted: Preempted[][], waiting: string[][], finished: string[][]}} Run
+ * The panel's model: its state (widgets/whatif.py WhatIfStateDict), each run's columns a KvsWhatIfRunDict.
+ * @typedef {KvsModelOf<KvsPanelStates["whatif"]>} WhatIfModel
+ * `parting`: where the runs first part, or {} when they never do.
+ * @typedef {KvsPartingDict | {index?: undefined}} WhatIfParting
  * One scheduled row of a step: [request, tokens, computed before, prefix hits, kind] (explorer/ui/whatif_view.py).
  * @typedef {[string, number, number, number, string]} Scheduled
  * One preemption of a step: [victim, for whom (or null)].
@@ -23,9 +25,9 @@ const WHATIF_PART_COLOR = "#c62828";
 function whatifRow(s) { return `${s[0]}|${s[1]}|${s[2]}|${s[3]}`; }
 
 /** The KV-usage strip of both runs, the parting's mark and the step shown.
- * @param {KvsModel} model @param {HTMLElement} strip @param {number} n */
+ * @param {WhatIfModel} model @param {HTMLElement} strip @param {number} n */
 function whatifStrip(model, strip, n) {
-  const S = model.get("steps") || {}, i = model.get("index"), p = model.get("parting") || {};
+  const S = model.get("steps") || {}, i = model.get("index"), p = /** @type {WhatIfParting} */ (model.get("parting") || {});
   const w = Math.max(200, strip.clientWidth || 600);
   const x = (/** @type {number} */ k) => WHATIF_AXIS_W + (n > 1 ? (k / (n - 1)) * (w - WHATIF_AXIS_W - WHATIF_PAD) : 0);
   const y = (/** @type {number} */ u) => WHATIF_STRIP_H - WHATIF_PAD - u * (WHATIF_STRIP_H - 2 * WHATIF_PAD);
@@ -37,7 +39,7 @@ function whatifStrip(model, strip, n) {
         class: "kvs-whatif-tick" }, `${u * 100}%`));
   }
   for (const k of WHATIF_RUNS) {
-    /** @type {Run | undefined} */
+    /** @type {KvsWhatIfRunDict | undefined} */
     const run = S[k];
     if (!run || !run.kv_usage.length) continue;
     svg.append(kvsSvg("polyline", { points: run.kv_usage.map((u, j) => `${x(j).toFixed(1)},${y(u).toFixed(1)}`).join(" "),
@@ -57,7 +59,8 @@ function whatifStrip(model, strip, n) {
 }
 
 /** One run's step `i`: its schedule (rows the other run lacks marked), KV usage, queues.
- * @param {KvsModel} model @param {HTMLElement} view @param {string} k @param {Run | undefined} other @param {number} i */
+ * @param {WhatIfModel} model @param {HTMLElement} view @param {"a" | "b"} k @param {KvsWhatIfRunDict | undefined} other
+ * @param {number} i */
 function whatifRun(model, view, k, other, i) {
   const S = model.get("steps") || {}, run = S[k], R = (model.get("runs") || {})[k] || {};
   if (!run || i >= run.step.length) {
@@ -66,8 +69,8 @@ function whatifRun(model, view, k, other, i) {
     view.dataset.step = "";
     return;
   }
-  const mine = run.scheduled[i];
-  const theirs = new Set(other && i < other.step.length ? other.scheduled[i].map(whatifRow) : []);
+  const mine = /** @type {Scheduled[]} */ (run.scheduled[i]);
+  const theirs = new Set(other && i < other.step.length ? /** @type {Scheduled[]} */ (other.scheduled[i]).map(whatifRow) : []);
   const time = run.time[i] === null || run.time[i] === undefined ? "" : ` \u00b7 t=${run.time[i].toFixed(3)} s`;
   const usage = run.kv_usage[i];
   const bar = kvsEl("div", { class: "kvs-whatif-kv", title: `KV usage ${(100 * usage).toFixed(0)}%` },
@@ -78,7 +81,7 @@ function whatifRun(model, view, k, other, i) {
     kvsEl("td", { text: s[3] || "" })]));
   const table = kvsEl("table", { class: "kvs-whatif-table" }, [
     kvsEl("tr", {}, ["request", "", "tokens", "from", "prefix hit"].map((h) => kvsEl("th", { text: h }))), ...rows]);
-  const pre = run.preempted[i].map((/** @type {Preempted} */ [v, f]) => kvsEl("div", { class: "kvs-whatif-preempt", "data-testid": "kvs-whatif-preempted",
+  const pre = /** @type {Preempted[]} */ (run.preempted[i]).map((/** @type {Preempted} */ [v, f]) => kvsEl("div", { class: "kvs-whatif-preempt", "data-testid": "kvs-whatif-preempted",
     text: `req ${v} preempted${f && f !== v ? ` for req ${f}` : ""}` }));
   const fin = run.finished[i].length ? kvsEl("div", { class: "kvs-sub", text: `finished: ${run.finished[i].join(", ")}` }) : "";
   view.replaceChildren(
@@ -91,7 +94,7 @@ function whatifRun(model, view, k, other, i) {
   view.dataset.step = String(run.step[i]);
 }
 
-/** @param {KvsRenderContext} ctx */
+/** @param {KvsRenderContextOf<KvsPanelStates["whatif"]>} ctx */
 function render({ model, el }) {
   const root = kvsRoot(el, model, "kvs-whatif");
   const title = kvsEl("div", { class: "kvs-title" }, ["What-if"]);
@@ -121,7 +124,7 @@ function render({ model, el }) {
   slider.addEventListener("input", () => go(Number(slider.value)));
   prev.addEventListener("click", () => go(model.get("index") - 1));
   next.addEventListener("click", () => go(model.get("index") + 1));
-  jump.addEventListener("click", () => { const p = model.get("parting") || {}; if (p.index !== undefined) go(p.index); });
+  jump.addEventListener("click", () => { const p = /** @type {WhatIfParting} */ (model.get("parting") || {}); if (p.index !== undefined) go(p.index); });
   strip.addEventListener("click", (/** @type {MouseEvent} */ ev) => {
     const box = strip.getBoundingClientRect();
     const at = (ev.clientX - box.left - WHATIF_AXIS_W) / Math.max(1, box.width - WHATIF_AXIS_W - WHATIF_PAD);
@@ -129,7 +132,7 @@ function render({ model, el }) {
   });
 
   const draw = kvsBatched(() => {
-    const R = model.get("runs") || {}, S = model.get("steps") || {}, p = model.get("parting") || {};
+    const R = model.get("runs") || {}, S = model.get("steps") || {}, p = /** @type {WhatIfParting} */ (model.get("parting") || {});
     const n = count(), i = Math.min(model.get("index"), Math.max(0, n - 1));
     title.replaceChildren("What-if", kvsEl("span", { class: "kvs-sub", text: `${(R.a || {}).label || "a"} vs ${(R.b || {}).label || "b"}` }));
     slider.max = String(Math.max(0, n - 1));
@@ -149,7 +152,7 @@ function render({ model, el }) {
     whatifStrip(model, strip, n);
     notes.replaceChildren(...(model.get("notes") || []).map((/** @type {string} */ t) => kvsEl("div", { text: t })));
   });
-  for (const k of ["runs", "steps", "parting", "index", "notes"]) model.on(`change:${k}`, draw);
+  kvsOnChange(model, KVS_PANELS.whatif.draw, draw, [], true);   // (runs, steps, parting, index, notes; no Dashboard hold)
   if (typeof ResizeObserver !== "undefined") new ResizeObserver(() => whatifStrip(model, strip, count())).observe(strip);
   draw();
 }

@@ -7,14 +7,14 @@
 // scheduler). Linked: hovering the request lights it in the other panels (kvsLink).
 
 /**
- * The traits this panel reads (explorer/ui/why_view.py): `summary`, `request`, `proving`, `prove_off`.
- * @typedef {{key: string, label: string, tip: string}} WhyClass
+ * The traits this panel reads (explorer/ui/why_view.py, typed by widgets/why.py): `summary`
+ * (KvsWhySummaryDict), `request`, `proving`, `prove_off`.
  * @typedef {[number, number, string, string]} WhySpan  [start, end, class, detail] (explorer/why/model.py Span.to_list)
- * @typedef {{verdict: string, tokens: number, proven: number, says: string, replay?: (string|null),
- *   control?: (string|null)}} WhyProof  one class's proof (explorer/why/model.py ProofDict)
+ * @typedef {KvsWhyRequestKnownDict | KvsWhyRequestUnknownDict | Partial<KvsWhyRequestUnknownDict>} WhyRequestShown
+ *   `request`: a request admitted by the shown step, one not admitted yet, or {} (none chosen)
  */
 
-/** A bar of classes, widths by tokens. @param {Object<string, number>} classes @param {WhyClass[]} known @param {string} testid */
+/** A bar of classes, widths by tokens. @param {Object<string, number>} classes @param {KvsClassLookDict[]} known @param {string} testid */
 function classBar(classes, known, testid) {
   const total = Object.values(classes).reduce((a, b) => a + b, 0) || 1;
   return kvsEl("div", { class: "kvs-why-bar", "data-testid": testid }, known.filter((c) => classes[c.key]).map((c) =>
@@ -22,24 +22,24 @@ function classBar(classes, known, testid) {
       style: { width: `${(100 * classes[c.key]) / total}%`, background: KVS_WHY_LOOKS[c.key] || "#999" } })));
 }
 
-/** Class counts as chips. @param {Object<string, number>} classes @param {WhyClass[]} known */
+/** Class counts as chips. @param {Object<string, number>} classes @param {KvsClassLookDict[]} known */
 function classChips(classes, known) {
   return known.filter((c) => classes[c.key]).map((c) => kvsSwatch({ fill: KVS_WHY_LOOKS[c.key], border: KVS_WHY_LOOKS[c.key] },
     `${c.label} ${classes[c.key]}`, `kvs-why-count-${c.key}`, c.tip));
 }
 
-/** A class's label. @param {WhyClass[]} known @param {string} key */
+/** A class's label. @param {KvsClassLookDict[]} known @param {string} key */
 function whyLabel(known, key) { return (known.find((c) => c.key === key) || { label: key }).label; }
 
 /**
  * The prompt token by token, each tinted by its class.
- * @param {{tokens: string[], tokens_cut?: number}} r the request (explorer/ui/why_view.py WhyRequestDict)
- * @param {{spans: WhySpan[]}} a its admission (WhyAdmissionDict) @param {WhyClass[]} known
+ * @param {KvsWhyRequestKnownDict} r the request @param {KvsWhyAdmissionDict} a its admission
+ * @param {KvsClassLookDict[]} known
  */
 function whyTokens(r, a, known) {
   const box = kvsEl("div", { class: "kvs-why-tokens", "data-testid": "kvs-why-tokens" });
   const cls = new Array(r.tokens.length), detail = new Array(r.tokens.length);
-  for (const [s, e, c, d] of a.spans) for (let i = s; i < Math.min(e, r.tokens.length); i++) { cls[i] = c; detail[i] = d; }
+  for (const [s, e, c, d] of /** @type {WhySpan[]} */ (a.spans)) for (let i = s; i < Math.min(e, r.tokens.length); i++) { cls[i] = c; detail[i] = d; }
   r.tokens.forEach((t, i) => {
     const c = cls[i] || "never_seen";
     box.append(kvsEl("span", { class: "kvs-why-tok", "data-testid": "kvs-why-tok", "data-class": c, "data-pos": i,
@@ -52,7 +52,7 @@ function whyTokens(r, a, known) {
 
 /**
  * One row per cause of the request: its verdict and the replay behind it.
- * @param {{proofs?: Object<string, WhyProof>}} r the request (WhyRequestDict) @param {WhyClass[]} known
+ * @param {KvsWhyRequestKnownDict} r the request @param {KvsClassLookDict[]} known
  */
 function whyProofRows(r, known) {
   return Object.entries(r.proofs || {}).map(([k, p]) => {
@@ -69,7 +69,7 @@ function whyProofRows(r, known) {
 /** @type {{[verdict: string]: string}} */
 const VERDICT_LOOK = { proven: "#2e7d32", "partly proven": "#f9a825", confirmed: "#546e7a", unproven: "#9e9e9e" };
 
-/** @param {KvsRenderContext} ctx */
+/** @param {KvsRenderContextOf<KvsPanelStates["why"]>} ctx */
 function render({ model, el }) {
   const root = kvsRoot(el, model, "kvs-why");
   const sender = kvsSender(model);
@@ -83,7 +83,7 @@ function render({ model, el }) {
   prove.addEventListener("click", () => sender.send({ action: "prove" }));
   const link = kvsLink(model, () => {});
 
-  function known() { return /** @type {WhyClass[]} */ ((model.get("summary") || {}).classes_known || []); }
+  function known() { return (model.get("summary") || {}).classes_known || []; }
 
   function drawSummary() {
     const s = model.get("summary") || {};
@@ -107,7 +107,7 @@ function render({ model, el }) {
   }
 
   function drawRequest() {
-    const r = model.get("request") || {};
+    const r = /** @type {WhyRequestShown} */ (model.get("request") || {});
     if (!r.request_id) { request.replaceChildren(kvsEl("span", { class: "kvs-muted", text: "click a request card to see why its prompt hit or missed" })); return; }
     if (!r.known) { request.replaceChildren(kvsEl("span", { class: "kvs-muted", text: `#${r.request_id}: not admitted yet` })); return; }
     const rid = r.request_id;

@@ -22,13 +22,16 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.report.schema import EngineSnapshotDict, RequestDict
 
 from .follow import wait_until
 from .history import HistoryEntry
-from .session_view import RoutingRowDict, RoutingSummaryDict, SessionView
+from .session_view import SessionView
+
+if TYPE_CHECKING:   # the fleet panel's types (widgets.fleet, which needs anywidget): names only
+    from widgets.fleet import RoutingRowDict, RoutingSummaryDict
 
 PROBE_TIMEOUT = 1.0   # seconds a rank past the last one takes to not answer
 

@@ -12,12 +12,13 @@ depend on core/'s contract rather than on `Any`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol, TypedDict, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:   # types only: a reader importing this stays free of torch (the docs' re-run runs in Pyodide)
     from engine import SamplingParams, StepRecord
     from engine.report.probe import AttentionProbeDict
     from engine.report.schema import RequestDict
+    from widgets.fleet import RoutingRowDict, RoutingSummaryDict
 
     from .engine_protocol import Controls, Source
     from .history import HistoryEntry, HistoryWindowDict
@@ -88,32 +89,6 @@ class SessionView(Protocol):
     def close(self) -> None: ...
 
     def save_recording(self, path: Any, *, notes: Any = ()) -> Any: ...
-
-
-class RoutingRowDict(TypedDict):
-    """One request's routing (Fleet.routing): see explorer/core/fleet.py's module doc."""
-    request_id: str
-    rank: int               # the index of the engine core it ran on
-    label: str
-    arrival_time: float | None
-    hit_tokens: int         # where it ran
-    prompt_blocks: int      # its full prompt blocks a hit could cover
-    would_hit: list[int | None]   # tokens per engine core at its arrival (None: history too short)
-    best_rank: int | None
-    best_tokens: int | None
-    loss_tokens: int        # best minus hit, never below 0
-    known: bool             # False: no prompt hashes for it, so nothing is said
-
-
-class RoutingSummaryDict(TypedDict):
-    """Totals over routing rows (Fleet.routing_summary)."""
-    requests: int
-    per_rank: list[int]
-    measured: int
-    hit_tokens: int
-    best_tokens: int
-    loss_tokens: int
-    requests_with_loss: int
 
 
 @runtime_checkable

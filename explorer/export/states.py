@@ -29,7 +29,6 @@ from ..ui import captions as _captions
 from ..ui import views, why_view
 from ..ui.layout import POOL_KEYS
 from ..ui.views import AttentionShapeDict
-from ..ui.why_view import PrefixTreeDict, WhyRequestDict, WhySummaryDict
 from ..why import WhyLedger
 from . import delta
 from .delta import JSONValue
@@ -37,8 +36,11 @@ from .delta import JSONValue
 if TYPE_CHECKING:  # the panels' state types (their modules need anywidget; these names are only read here)
     from widgets.block_pool import BlockPoolCells
     from widgets.latency import LatencyState
+    from widgets.prefix_tree import PrefixTreeDict
     from widgets.queues import QueuesState
+    from widgets.sampler import SamplerSample
     from widgets.slot_mapping import SlotMappingState
+    from widgets.why import WhyRequestDict, WhySummaryDict
 
     from ..why.proof import ProofReport
 
@@ -87,7 +89,7 @@ class SamplerViewsState(TypedDict):
     """The sampler's states at one entry (`sampler_views`)."""
     requests: list[str]
     default: str                               # the request "" selects
-    samples: dict[str, dict[str, JSONValue]]   # request -> its SamplerState `sample`
+    samples: dict[str, SamplerSample]   # request -> its SamplerState `sample`
 
 
 class AttentionViewState(AttentionShapeDict):

@@ -7,51 +7,18 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING
 
 import ipywidgets as W
 
-from ..core.fleet import RoutingRowDict, RoutingSummaryDict
-
 if TYPE_CHECKING:  # the panel's module needs anywidget, imported when a panel is made
-    from widgets.fleet import FleetPanel
+    from widgets.fleet import FleetPanel, FleetRankDict, FleetState
 
     from ..core.session_view import FleetView, SessionView
 
 MAX_ROWS = 200          # the routing table shows the latest this many requests
 COLUMN_PANELS = ("queues", "blocks", "timeline")
 REFRESH_S = 0.5         # the fleet panel redraws at most this often while steps stream in
-
-
-class FleetRankDict(TypedDict):
-    """One engine core in the fleet panel: its feed's counters (Session.feed_status) and its load."""
-    label: str
-    address: str
-    step: int
-    applied: int
-    missed: int
-    dropped_here: int
-    running: int
-    waiting: int
-    free_blocks: int
-    num_blocks: int
-    scheduled_ahead: int | None
-    requests: int          # waiting, running and finished
-
-
-class FleetSummaryDict(RoutingSummaryDict):
-    """The routing totals, and how many of the rows the panel shows."""
-    shown: int
-    total: int
-
-
-class FleetState(TypedDict):
-    """The FleetPanel's traits (`fleet_state`)."""
-    ranks: list[FleetRankDict]
-    rows: list[RoutingRowDict]   # the latest MAX_ROWS
-    summary: FleetSummaryDict
-    following: bool
-    step: int                    # the furthest engine core's step
 
 
 def fleet_state(fleet: FleetView, max_rows: int = MAX_ROWS) -> FleetState:

@@ -8,14 +8,16 @@ all-reduce / gather); nothing is recomputed from the model.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from engine.report.schema import EngineSnapshotDict, StepRecordDict
-from widgets.tensor_parallel import TensorParallelPanel, TensorParallelState
+from widgets.tensor_parallel import TensorParallelPanel
 
 from .captions import no_snapshot
 
 if TYPE_CHECKING:
+    from widgets.tensor_parallel import TensorParallelState, TpInfoDict, TpLastStepDict, TpNoStepDict
+
     from ..core.history import Entry
     from ..core.session_view import SessionView
 
@@ -43,13 +45,13 @@ def tensor_parallel_state(record: StepRecordDict | None, snapshot: EngineSnapsho
                                         "vocab_size", "intermediate_size", "dtype", "kv_bytes_per_rank",
                                         "kv_bytes_per_block_per_rank")}
     summary.update(size=size, backend=info.get("tp_backend"), num_blocks=config.get("num_kv_blocks"))
-    recent = []
+    recent: list[list[float]] = []
     for entry in list(history)[-RECENT_STEPS:]:
         rec = entry.get("record") if isinstance(entry, dict) else entry.record
         if rec and rec.get("step") and rec.get("scheduled"):
             t = rec.get("timings_ms") or {}
             recent.append([int(rec["step"]), float(t.get("collectives") or 0.0), float(t.get("forward") or 0.0)])
-    last = {}
+    last: TpLastStepDict | TpNoStepDict = {}
     if record and record.get("step"):
         t = record.get("timings_ms") or {}
         last = {"step": int(record["step"]), "collectives_ms": float(t.get("collectives") or 0.0),
@@ -57,8 +59,9 @@ def tensor_parallel_state(record: StepRecordDict | None, snapshot: EngineSnapsho
     note = "" if size == 1 else (GPU_NOTE if info.get("tp_backend") == "nccl" else CPU_NOTE)
     if size == 1:
         note = "tensor_parallel_size=1: rank 0 holds every weight and the whole KV pool; no collectives."
-    return {"info": summary, "ranks": list(tp.get("ranks") or []), "weights": list(tp.get("weights") or []),
-            "last_step": last, "recent": recent, "note": note}
+    # `summary`: the keys TpInfoDict names, each as model_info has it (or None), and the group's size, backend, pool
+    return {"info": cast("TpInfoDict", summary), "ranks": list(tp.get("ranks") or []),
+            "weights": list(tp.get("weights") or []), "last_step": last, "recent": recent, "note": note}
 
 
 def session_state(session: SessionView) -> TensorParallelState:

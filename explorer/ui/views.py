@@ -52,12 +52,13 @@ from .captions import BATCH_SOURCE_WORDS, history_captions, no_snapshot
 
 if TYPE_CHECKING:  # each panel's state type, what the functions below return (widgets/<panel>.py); only
     # their names are read here, so this module runs without anywidget (a docs page's Pyodide)
-    from widgets.block_pool import BlockPoolState
-    from widgets.latency import LatencyState
-    from widgets.queues import QueuesState
-    from widgets.sampler import SamplerState
-    from widgets.slot_mapping import SlotMappingState
-    from widgets.timeline import TimelineState
+    from widgets.block_pool import BlockPoolState, BlockTableRowDict, GroupRowDict
+    from widgets.controls import DiscardedRunDict
+    from widgets.latency import LatencyRowDict, LatencyState
+    from widgets.queues import QueueRowDict, QueuesState, WhyRowDict
+    from widgets.sampler import SamplerCandidate, SamplerParams, SamplerSample, SamplerState
+    from widgets.slot_mapping import CachedBlockDict, SlotMappingState, SlotSegmentDict
+    from widgets.timeline import GanttSegment, TimelineState, TimelineSteps
 
 
 TokenText = Callable[[Sequence[int]], list[str]]
@@ -103,41 +104,6 @@ def _clip(text: str | None, limit: int) -> str:
     # Long prompts would bloat every state update; the middle is the least telling part.
     text = text or ""
     return text if len(text) <= limit else text[: limit - limit // 4] + " \u2026 " + text[-(limit // 4):]
-
-
-class WhyRowDict(TypedDict):
-    """A queue card's why column (`queues_state`'s `why`: explorer.ui.why_view.why_rows)."""
-    text: str   # RequestWhy.why(): "12 hit; 4 evicted +"
-    cls: str    # the biggest miss class of its first admission ("hit" when none missed; "" not admitted)
-
-
-class QueueScheduledDict(TypedDict):
-    """What this step scheduled for a queue card's request (its ScheduledDict's fields, None where absent)."""
-    num_tokens: int | None
-    num_computed_before: int | None
-    is_prefill: bool | None
-    num_cached_tokens: int | None
-    chunk_index: int | None
-
-
-class QueueRowDict(TypedDict):
-    """One request's card in the queues panel."""
-    request_id: str
-    label: str                # its name ("#17" for a long vLLM id)
-    status: str
-    prompt_text: str
-    output_text: str
-    num_prompt_tokens: int
-    num_output_tokens: int
-    max_tokens: int | None
-    num_computed_tokens: int
-    num_cached_tokens: int
-    num_preemptions: int
-    finish_reason: str | None
-    num_blocks: int
-    scheduled: QueueScheduledDict | None   # None: not scheduled in this step
-    sampled_text: str | None
-    why: WhyRowDict | None    # why its prompt hit or missed the prefix cache (explorer.ui.why_view.why_rows)
 
 
 def queues_state(record: StepRecordDict | None, snapshot: EngineSnapshotDict, *, max_finished: int = 50,
@@ -199,7 +165,7 @@ def block_pool_state(record: StepRecordDict | None, snapshot: EngineSnapshotDict
     ref, owner = array(BLOCK_COLUMNS["ref_count"], bytes(2 * n)), array(BLOCK_COLUMNS["owner"], [-1] * n)
     owners: list[str] = []
     owner_index: dict[str, int] = {}
-    shared: list[list] = []  # [block_id, [owner indices]] of blocks with several owners
+    shared: list[list[int | list[int]]] = []  # [block_id, [owner indices]] of blocks with several owners
     for i, b in enumerate(blocks):
         if b.get(BLOCK.IS_NULL, i == 0):
             status[i] = NULL
@@ -236,7 +202,7 @@ def block_pool_state(record: StepRecordDict | None, snapshot: EngineSnapshotDict
     same_step = set(record_blocks.get(EV.SAME_STEP_HITS, []))
     labels = group_labels(snapshot)
     group = array(BLOCK_COLUMNS["group"], bytes(n))
-    tables = []
+    tables: list[BlockTableRowDict] = []
     for r in (snapshot.get(SNAP.QUEUES) or {}).get(QUEUE.RUNNING, []):
         table = list(r.get(REQ.BLOCK_TABLE, []))
         if not table:
@@ -245,9 +211,10 @@ def block_pool_state(record: StepRecordDict | None, snapshot: EngineSnapshotDict
         # Entries whose KV came from the prefix cache when the request was (last) admitted:
         # marked for as long as it runs, not only in the step of the hit.
         cached = list(range(min(int(r.get(REQ.NUM_CACHED_TOKENS) or 0) // block_size, len(table))))
-        row = {"request_id": r[REQ.REQUEST_ID], "block_table": table,
-               "num_computed_tokens": r.get(REQ.NUM_COMPUTED_TOKENS, 0),
-               "hits": hits, "same_step_hits": [i for i in hits if table[i] in same_step], "cached": cached}
+        row: BlockTableRowDict = {"request_id": r[REQ.REQUEST_ID], "block_table": table,
+                                  "num_computed_tokens": r.get(REQ.NUM_COMPUTED_TOKENS, 0),
+                                  "hits": hits, "same_step_hits": [i for i in hits if table[i] in same_step],
+                                  "cached": cached}
         if len(labels) > 1:
             row["groups"] = group_rows(r, labels)
             for g, group_table in enumerate(r.get(REQ.GROUP_BLOCK_TABLES) or (), start=1):
@@ -269,14 +236,6 @@ def group_labels(snapshot: EngineSnapshotDict) -> list[str]:
     "sliding window 4096"); one entry where the model has one group (or says nothing of them)."""
     groups = (snapshot.get(SNAP.MODEL_INFO) or {}).get(INFO.KV_CACHE_GROUPS) or []
     return [kv_cache_group_label(g) for g in groups] or ["full attention"]
-
-
-class GroupRowDict(TypedDict):
-    """A request's block table in one KV cache group, as a block-table row shows it (`group_rows`)."""
-    label: str
-    block_table: list[int]
-    hit_tokens: int | None   # the group's own prefix hit when the request was admitted (None: not known)
-    cut: bool                # this group's hit is the shortest, and cut the request's
 
 
 def group_rows(req: RequestDict, labels: list[str]) -> list[GroupRowDict]:
@@ -311,7 +270,7 @@ def slot_mapping_state(record: StepRecordDict | None, token_text: TokenText, *, 
     # Other KV cache groups (sliding-window layers): their own slots and tables over the same rows.
     group_tables = list(batch.get(BATCH.GROUP_BLOCK_TABLES, []))
     labels = group_labels(snapshot)[1:] if snapshot else []   # (no snapshot: one group, "full attention")
-    segments = []
+    segments: list[SlotSegmentDict] = []
     for k, s in enumerate(record.get(REC.SCHEDULED, [])):
         start = qsl[k] if k < len(qsl) else 0
         end = qsl[k + 1] if k + 1 < len(qsl) else start + s[SCHED.NUM_TOKENS]
@@ -359,14 +318,6 @@ def shown_slot_mapping(record: StepRecordDict | None, snapshot: EngineSnapshotDi
     return slot_mapping_state(record, token_text, block_size=block_size, snapshot=snapshot)
 
 
-class CachedBlockDict(TypedDict):
-    """One block of a prefix hit in the slot-mapping panel: positions [start, end) and their text."""
-    block: int
-    start: int
-    end: int
-    text: str   # "": the tokens are not known
-
-
 def _cached_blocks(num_cached: int, table: list[int], block_size: int, req: RequestDict | None,
                    token_text: TokenText) -> list[CachedBlockDict]:
     """The blocks of a prefix hit, in order: {block, start, end, text} (text: "" unknown)."""
@@ -405,11 +356,11 @@ def sampler_state(entries: Sequence[Entry], snapshot: EngineSnapshotDict, reques
     record = entry_parts(entries[-1])[1] if entries else EMPTY_RECORD
     requests = list(record.get(REC.SAMPLED, {}))
     rid = request_id if request_id else (requests[0] if requests else "")
-    params = {}
+    params: SamplerParams = {}
     for req in all_requests(snapshot):
         if req[REQ.REQUEST_ID] == rid:
             sp = req.get(REQ.SAMPLING_PARAMS) or {"max_tokens": req.get(REQ.MAX_TOKENS)}
-            params = {k: sp.get(k) for k in _PARAM_KEYS if k in sp}
+            params = cast("SamplerParams", {k: sp.get(k) for k in _PARAM_KEYS if k in sp})   # SamplerParams' keys
     for entry in reversed(entries):
         rec = entry_parts(entry)[1]
         s = rec.get(REC.SAMPLED, {}).get(rid)
@@ -417,9 +368,10 @@ def sampler_state(entries: Sequence[Entry], snapshot: EngineSnapshotDict, reques
             continue
         top = [[int(t), p] for t, p in s.get(SAMPLE.TOP, [])]
         texts = token_text([t for t, _ in top])
-        sample = {"request_id": rid, "step": rec.get(REC.STEP, 0), "token_id": s.get(SAMPLE.TOKEN_ID),
-                  "text": s.get(SAMPLE.TEXT), "top": [[t, x, float(p)] for (t, p), x in zip(top, texts)],
-                  "params": params}
+        # [token id, text, probability] lists: what SamplerCandidate's tuples become on the wire
+        candidates = cast("list[SamplerCandidate]", [[t, x, float(p)] for (t, p), x in zip(top, texts)])
+        sample: SamplerSample = {"request_id": rid, "step": rec.get(REC.STEP, 0), "token_id": s.get(SAMPLE.TOKEN_ID),
+                                 "text": s.get(SAMPLE.TEXT), "top": candidates, "params": params}
         if not top:  # say what is missing rather than draw an empty chart
             replayed = (rec.get(REC.TIMINGS_MS) or {}).get(TIME.BACKEND) == REPLAY_BACKEND
             sample["note"] = _NO_TOKEN_IDS if s.get(SAMPLE.TOKEN_ID) is None else _NO_MODEL if replayed \
@@ -504,7 +456,9 @@ def timeline_state(entries: Iterable[Entry], captions: Sequence[str] | None = No
         for req in q.get(QUEUE.RUNNING, []):
             if req[REQ.REQUEST_ID] not in done:
                 mark(req[REQ.REQUEST_ID], step, "stalled", "running, not scheduled")
-    return {"steps": cols, "gantt": {"requests": requests, "segments": segments}}
+    # the columns TimelineSteps names; segments as lists (mark extends them), GanttSegment's tuples on the wire
+    return {"steps": cast("TimelineSteps", cols),
+            "gantt": {"requests": requests, "segments": cast("list[GanttSegment]", segments)}}
 
 
 # The clock the TTFT / ITL panel reads, and what it counts. A live server steps on its own: its
@@ -528,15 +482,7 @@ def latency_state(snapshot: EngineSnapshotDict) -> LatencyState:
     clock = latency_clock(snapshot)
     name, note = LATENCY_CLOCKS[clock]
     rows = latency_rows(snapshot, clock)
-    # LatencyRowDicts, as widgets/latency.py's LatencyState types them (list[dict])
-    return {"rows": cast("list[dict]", rows), "clock": name, "clock_note": note}
-
-
-class LatencyRowDict(TypedDict):
-    """One request's row of the latency panel (`latency_rows`), in seconds."""
-    request_id: str
-    time_to_first_token: float | None
-    inter_token_latency: list[float]
+    return {"rows": rows, "clock": name, "clock_note": note}
 
 
 def latency_rows(snapshot: EngineSnapshotDict, clock: LatencyClock = RMETRICS.ENGINE) -> list[LatencyRowDict]:
@@ -608,13 +554,6 @@ def ids_words(rids: Sequence[str], limit: int = 6) -> str:
     if len(rids) > limit:
         return ", ".join(names) + f" and {len(rids) - limit} more"
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
-
-
-class DiscardedRunDict(TypedDict):
-    """What a new engine would discard of a run (`run_summary`)."""
-    steps: int
-    requests: int
-    unfinished: int   # requests still waiting or running
 
 
 def run_summary(history: Sequence[Entry]) -> DiscardedRunDict:

@@ -10,63 +10,18 @@ setting's doing alone. Runs longer than `max_steps` are shown up to it (the note
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any
 
-from ..core.recording import Recording, SettingsDict
-from ..whatif.parting import Parting, PartingDict, first_parting
+from ..core.recording import Recording
+from ..whatif.parting import Parting, first_parting
 from ..whatif.replay import ReplayResult, replay
 from ..whatif.settings import variant
 from ..whatif.step_model import fit
 
 if TYPE_CHECKING:   # loaded when a panel is made: this module also runs where only Python does (the docs build)
-    from widgets.whatif import WhatIfPanel
+    from widgets.whatif import WhatIfPanel, WhatIfRunDict, WhatIfRunsDict, WhatIfStateDict
 
 MAX_STEPS = 2000
-
-
-class WhatIfRunDict(TypedDict):
-    """One run's columns, one entry per step (widgets.WhatIfPanel's `steps` entry)."""
-    step: list[int]
-    time: list[float | None]            # seconds on the replay's clock (None: not timed)
-    kv_usage: list[float]               # 0..1
-    free_blocks: list[int]
-    num_waiting: list[int]
-    num_running: list[int]
-    scheduled: list[list[list[str | int]]]   # per step: [request, tokens, computed before, prefix hits, kind]
-    preempted: list[list[list[str | None]]]  # per step: [victim, for request]
-    waiting: list[list[str]]
-    finished: list[list[str]]
-
-
-class WhatIfRunLabelDict(TypedDict):
-    """What a run is (widgets.WhatIfPanel's `runs` entry)."""
-    label: str
-    settings: SettingsDict
-
-
-class WhatIfRunsDict(TypedDict):
-    """Both runs' labels: "a" at the recorded settings, "b" the variant."""
-    a: WhatIfRunLabelDict
-    b: WhatIfRunLabelDict
-
-
-class WhatIfStepsDict(TypedDict):
-    """Both runs' columns."""
-    a: WhatIfRunDict
-    b: WhatIfRunDict
-
-
-class NoPartingDict(TypedDict):
-    """A `parting` of runs that never part (within the steps shown): {}."""
-
-
-class WhatIfStateDict(TypedDict):
-    """`whatif_state`: the WhatIfPanel's traits."""
-    runs: WhatIfRunsDict
-    steps: WhatIfStepsDict
-    parting: PartingDict | NoPartingDict   # where they first part ({} when they never do, within max_steps)
-    index: int                             # the slider's start: the parting's index (else 0)
-    notes: list[str]
 
 
 def run_state(rec: Recording, res: ReplayResult, max_steps: int = MAX_STEPS) -> WhatIfRunDict:

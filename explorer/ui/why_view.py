@@ -11,22 +11,30 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Container, Iterable, Mapping
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING
 
 from ..why import CLASSES, WhyLedger
 from ..why.model import Node, RequestWhy
-from ..why.summary import RunSummaryDict, SummaryRowDict
-from .views import TokenText, WhyRowDict
+from .views import TokenText
 
 if TYPE_CHECKING:   # names only: the proofs load when one runs, a live server's KV event reader where there is one
     from engine.report.schema import EngineSnapshotDict
+    from widgets.prefix_tree import KvEventsAgreementDict, PrefixTreeDict, TreeNodeDict
+    from widgets.queues import WhyRowDict
+    from widgets.why import (
+        ClassLookDict,
+        WhyAdmissionDict,
+        WhyDivergenceDict,
+        WhyPreemptionDict,
+        WhyRequestDict,
+        WhySummaryDict,
+    )
 
     from ..core.history import HistoryEntry
     from ..core.session_view import SessionView
     from ..drivers.vllm_live.kv_events import KvEventSubscriber
     from ..why.chains import Domain
-    from ..why.model import PreemptionProofDict, ProofDict
-    from ..why.proof import ProofReport, ProofReportDict
+    from ..why.proof import ProofReport
 
 # A node costs ~0.7 KB of JSON per redraw, its lifeline most (bench-ui in docs/performance.md).
 MAX_TREE_NODES = 150     # the panel draws at most this many nodes (the rest are counted)
@@ -34,70 +42,7 @@ LIFELINE_BINS = 60       # hits per node over the run, in this many bins
 MAX_PROMPT_TOKENS = 2048  # a request's prompt drawn token by token up to this many tokens
 
 
-class ClassLookDict(TypedDict):
-    """One miss class as the why panel's legend shows it (explorer.why.CLASSES)."""
-    key: str
-    label: str
-    tip: str
-
-
 CLASS_LOOKS: list[ClassLookDict] = [{"key": k, "label": label, "tip": tip} for k, label, tip in CLASSES]
-
-
-class TreeEvictionDict(TypedDict):
-    """One eviction of a prefix-tree node, up to the shown step."""
-    step: int
-    by: str | None          # the request whose allocation evicted it
-    block: int
-    age_steps: int | None   # how long it sat unused in the free queue (LRU age), in steps
-    age_s: float | None     # ... and in seconds
-
-
-class TreeNodeDict(TypedDict):
-    """One node of the prefix tree panel (widgets.prefix_tree): a cached prefix, one block of tokens."""
-    id: str                 # the engine's block hash (16 hex digits), else the content key in hex
-    parent: str | None      # the parent node's id (None: a root, or its parent is not drawn)
-    depth: int
-    num_tokens: int
-    text: str
-    present: bool           # cached at the shown step
-    blocks: list[int]       # the block ids holding it then
-    owners: list[str]       # the requests whose block tables hold those blocks
-    users: list[str]        # who stored and hit it
-    first_by: str
-    hits: int               # up to the shown step
-    stored: list[int]       # the steps it was cached at
-    evictions: list[TreeEvictionDict]
-    unused: bool            # evicted without a hit
-    lifeline: list[int]     # hits per bin of the run
-    folded: bool            # evicted with nothing cached under it
-    domain: str             # its hash domain in words ("salt s LoRA l"; "" for none)
-
-
-class KvEventsAgreementDict(TypedDict):
-    """vLLM's own prefix tree (its KV events) against the ledger's present nodes."""
-    blocks: int
-    agree: bool
-    only_here: list[str]
-    only_in_events: list[str]
-    counters: dict[str, int]   # the event reader's counts: batches, events, rejected, missed
-
-
-class PrefixTreeDict(TypedDict):
-    """`tree_state`: the prefix tree panel's `tree`."""
-    step: int
-    first_step: int
-    last_step: int
-    bins: int
-    nodes: list[TreeNodeDict]
-    hidden: int             # nodes not drawn (past MAX_TREE_NODES)
-    num_present: int
-    num_evicted: int
-    num_hits: int
-    block_size: int
-    unmapped: int
-    notes: list[str]
-    kv_events: KvEventsAgreementDict | None
 
 
 def _ids(rids: Iterable[str], limit: int = 8) -> list[str]:
@@ -222,56 +167,6 @@ def _domain_words(domain: Domain) -> str:
 
 
 # -- the selected request ---------------------------------------------------------------------------
-class WhyDivergenceDict(TypedDict):
-    """Where an admission leaves the longest prefix it shares with an earlier request, in words."""
-    position: int
-    text: str                   # the token it has there
-    other_request: str | None
-    other_text: str | None      # the other request's token there
-    before: str                 # up to 12 tokens before it
-    other_known: bool           # the other request is in the ledger
-
-
-class WhyAdmissionDict(TypedDict):
-    """One admission of the why panel's request (Admission, its evictions and divergence in words)."""
-    step: int
-    tokens: int
-    hit: int
-    resumed: bool
-    classes: dict[str, int]             # class key -> tokens
-    spans: list[list[int | str]]        # Span.to_list(): [start, end, class, detail]
-    divergence: WhyDivergenceDict | None
-    evictions: list[str]                # Eviction.text()
-    lost: int
-    notes: list[str]
-    seen: int
-    seen_by: str | None
-
-
-class WhyPreemptionDict(TypedDict):
-    """One preemption of the why panel's request, in words, with its proof."""
-    text: str
-    proof: PreemptionProofDict | None
-
-
-class _WhyRequestKnown(TypedDict):
-    """The keys every request state has."""
-    request_id: str
-    known: bool      # admitted by the shown step (else only these two keys)
-
-
-class WhyRequestDict(_WhyRequestKnown, total=False):
-    """`request_state`: the why panel's `request`."""
-    prompt_len: int
-    why: str
-    domain: str
-    tokens: list[str]      # the prompt token by token, up to MAX_PROMPT_TOKENS
-    tokens_cut: int        # prompt tokens past those
-    admissions: list[WhyAdmissionDict]
-    preemptions: list[WhyPreemptionDict]
-    proofs: dict[str, ProofDict]   # class key -> its proof
-
-
 def why_rows(ledger: WhyLedger, step: int | None = None) -> dict[str, WhyRowDict]:
     """The why column of the queue cards: request -> {text, cls} (the biggest miss class), for
     the requests admitted by `step` (all: None)."""
@@ -333,14 +228,6 @@ def request_state(ledger: WhyLedger, rid: str, snapshot: EngineSnapshotDict, tok
     return {"request_id": rid, "known": True, "prompt_len": why.prompt_len, "why": why.why(),
             "domain": _domain_words(why.domain), "tokens": token_text(shown), "tokens_cut": len(prompt) - len(shown),
             "admissions": admissions, "preemptions": preemptions, "proofs": why.proofs}
-
-
-class WhySummaryDict(RunSummaryDict):
-    """`summary_state`: the why panel's `summary`, RunSummary.to_dict() and what the panel adds."""
-    rows: list[SummaryRowDict]
-    classes_known: list[ClassLookDict]
-    engine_note: str                  # a class this engine never produces, and why ("" for none)
-    proof: ProofReportDict | None     # what the proofs found (None: not proved yet)
 
 
 def summary_state(ledger: WhyLedger, proof: ProofReport | None = None, engine: str | None = None,

@@ -13,20 +13,14 @@ clock, max_num_seqs, the token budget, no free blocks), a chunk of another size.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TypedDict
+from typing import TYPE_CHECKING
 
 from ..core.labels import RequestLabels
 from ..core.recording import Recording
 from .replay import ReplayResult, StepDetail
 
-
-class PartingDict(TypedDict):
-    """`Parting.to_dict()`."""
-    index: int
-    step_a: int
-    step_b: int
-    text: str
-    requests: list[str]
+if TYPE_CHECKING:   # the what-if panel's type (widgets.whatif, which needs anywidget): a name only
+    from widgets.whatif import PartingDict
 
 
 @dataclass

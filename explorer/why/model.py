@@ -8,9 +8,12 @@ request's first admission; prompt and generated tokens at a re-admission after a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NotRequired, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from .chains import Domain
+
+if TYPE_CHECKING:   # the why panel's types (widgets.why, which needs anywidget): names only
+    from widgets.why import PreemptionProofDict, ProofDict
 
 # The classes, in the order the panels and the summary list them: (key, label, what it means).
 CLASSES = (
@@ -35,28 +38,6 @@ CLASS_KEYS = tuple(c[0] for c in CLASSES)
 LABELS = {c[0]: c[1] for c in CLASSES}
 MEANINGS = {c[0]: c[2] for c in CLASSES}
 MISS_KEYS = tuple(k for k in CLASS_KEYS if k != "hit")
-
-
-class ProofDict(TypedDict):
-    """One class's proof for one request (RequestWhy.proofs[class])."""
-    verdict: str                        # 'proven', 'partly proven', 'unproven' or (never seen) 'confirmed'
-    tokens: int                         # the request's tokens of the class
-    proven: int                         # those the replays confirmed
-    says: str                           # the proof in words
-    replay: NotRequired[str | None]     # the counterfactual replay's label (Replays.labels)
-    control: NotRequired[str | None]    # the control replay's label
-    control_hit: NotRequired[int | None]   # the request's prefix hit in the control (None: not admitted there)
-    replay_hit: NotRequired[int | None]    # ... and in the counterfactual
-
-
-class PreemptionProofDict(TypedDict):
-    """A preemption's proof (PreemptionWhy.proof)."""
-    replayed: bool                # the replay at the recorded settings preempts the same victim at the same step
-    for_request: str | None       # the request that replay preempted it for
-    removed: bool                 # a pool that evicts nothing never preempts it
-    replay: str
-    verdict: str                  # 'proven' or 'unproven'
-    says: str
 
 
 class EvictionDict(TypedDict):

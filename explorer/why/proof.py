@@ -26,14 +26,16 @@ import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, TypedDict
+from typing import TYPE_CHECKING, Literal
 
 from ..core.history import HistoryEntry
 from ..core.recording import Recording, save_recording
 from ..whatif.replay import ReplayResult, replay
 from ..whatif.settings import Variant
 from .ledger import WhyLedger
-from .model import ProofDict
+
+if TYPE_CHECKING:   # the why panel's types (widgets.why, which needs anywidget): names only
+    from widgets.why import ProofDict, ProofReportDict, ReplayLabelsDict
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -49,23 +51,9 @@ def pool_that_evicts_nothing(rec: Recording, block_size: int) -> int:
 ReplayName = Literal["recorded", "big", "small", "plain", "full"]   # the replays a proof may compare
 
 
-class ReplayLabelsDict(TypedDict, total=False):
-    """What each replay changed, by its name: 'recorded' and 'big' always, the others where they ran."""
-    recorded: str     # the recorded settings
-    big: str          # a pool that evicts nothing
-    small: str        # that pool at a smaller block size
-    plain: str        # that pool with every cache_salt and LoRA removed
-    full: str         # that pool with every layer full attention
-
-
-class ProofReportDict(TypedDict):
-    """`ProofReport.to_dict()`."""
-    proven: dict[str, int]        # class key -> tokens
-    unproven: dict[str, int]
-    preemptions: int
-    preemptions_removed: int
-    notes: list[str]
-    replays: ReplayLabelsDict     # Replays.labels ({}: no replay ran)
+def _no_labels() -> ReplayLabelsDict:
+    """Replays.labels of no replay: {} (ReplayLabelsDict is widgets.why's, a name only here)."""
+    return {}
 
 
 def tail_block_size(block_size: int) -> int:
@@ -83,7 +71,7 @@ class Replays:
     plain: ReplayResult | None
     reproduces: bool                  # the replay at the recorded settings made every recorded decision
     first_difference: int | None
-    labels: ReplayLabelsDict = field(default_factory=ReplayLabelsDict)
+    labels: ReplayLabelsDict = field(default_factory=_no_labels)
     full: ReplayResult | None = None  # a sliding-window model's run with every layer full attention
 
 

@@ -8,9 +8,12 @@ them); re-admissions after preemptions are counted apart (their hits and recompu
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, TypedDict
+from typing import TYPE_CHECKING, Protocol
 
 from .model import CLASS_KEYS, LABELS, PreemptionWhy, RequestWhy, fraction_text
+
+if TYPE_CHECKING:   # the why panel's types (widgets.why, which needs anywidget): names only
+    from widgets.why import RunSummaryDict, SummaryRowDict
 
 
 class LedgerView(Protocol):
@@ -20,31 +23,6 @@ class LedgerView(Protocol):
     block_size: int | None
     notes: list[str]
     engine: str | None
-
-
-# One row of RunSummary.rows(), a class's tokens ("class" is a keyword: the functional form).
-SummaryRowDict = TypedDict("SummaryRowDict", {
-    "class": str,      # the class key (CLASS_KEYS)
-    "label": str,
-    "tokens": int,
-    "share": float,    # of the first admissions' prompt tokens
-})
-
-
-class RunSummaryDict(TypedDict):
-    """`RunSummary.to_dict()`."""
-    requests: int
-    prompt_tokens: int
-    classes: dict[str, int]              # class key -> tokens, first admissions
-    readmissions: int
-    readmission_tokens: int
-    readmission_classes: dict[str, int]
-    preemptions: int
-    hittable_tokens: int
-    hit_rate: float | None
-    text: str
-    engine: str | None
-    notes: list[str]
 
 
 @dataclass

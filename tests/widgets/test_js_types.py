@@ -54,18 +54,22 @@ def test_the_panels_javascript_type_checks() -> None:
 @pytest.mark.slow
 def test_the_check_catches_a_planted_type_error(tmp_path: Path) -> None:
     # The same project over copies of the files, one call given a number where a tag name goes
-    # and one trait read without its name: tsc must name both.
+    # and one queue card's field misspelt (the card's type is generated from Python's
+    # QueueRowDict, widgets/_panel_states.d.ts): tsc must name both.
     (tmp_path / "widgets").mkdir()
     (tmp_path / "explorer" / "export").mkdir(parents=True)
     for src in [*checked_files(), *sorted((REPO / "widgets").glob("*.d.ts"))]:
         dst = tmp_path / src.relative_to(REPO)
         dst.write_text(src.read_text())
     queues = tmp_path / "widgets" / "queues.js"
-    queues.write_text(queues.read_text().replace('kvsEl("div"', "kvsEl(7", 1).replace(
-        'model.get("selected")', "model.get()", 1))
+    text = queues.read_text()
+    assert "row.num_prompt_tokens" in text
+    text = text.replace('kvsEl("div"', "kvsEl(7", 1).replace("row.num_prompt_tokens", "row.num_prompt_tokenz", 1)
+    queues.write_text(text)
     shutil.copy(REPO / "tsconfig.json", tmp_path / "tsconfig.json")
     result = run_tsc(tmp_path / "tsconfig.json")
     assert result.returncode != 0
     errors = [line for line in result.stdout.splitlines() if "error TS" in line]
     assert len(errors) == 2 and all(line.startswith("widgets/queues.js(") for line in errors), result.stdout
-    assert any("TS2345" in line for line in errors) and any("TS2554" in line for line in errors), errors
+    assert any("TS2345" in line for line in errors), errors
+    assert any("TS2551" in line and "num_prompt_tokenz" in line for line in errors), errors

@@ -1,17 +1,27 @@
 """Each panel's state is typed once, in widgets/<panel>.py (TypedDicts, one per part its
 JavaScript redraws on its own): its fields are the panel's synced traits, explorer/ui/views.py
 returns exactly those fields, and the browser's copy of the field lists (widgets/_panels.js,
-which the panels' listeners read) is generated from them."""
+which the panels' listeners read) and of their types (widgets/_panel_states.d.ts, which tsc
+checks the panels' reads against) are generated from them."""
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal, NotRequired, TypedDict
 
 import pytest
 
 import widgets
 from explorer.ui import views
 from widgets import STATEFUL_PANELS
-from widgets._state import JS_PATH, fields, panels_js, trait_problems
+from widgets._state import (
+    DTS_PATH,
+    JS_PATH,
+    _interface,
+    fields,
+    panels_dts,
+    panels_js,
+    trait_problems,
+    ts_type,
+)
 
 
 def test_the_browsers_field_lists_are_generated_from_the_state_classes() -> None:
@@ -22,6 +32,38 @@ def test_the_browsers_field_lists_are_generated_from_the_state_classes() -> None
         assert str(cls._esm).count(JS_PATH.read_text()) == 1, name  # every panel's ESM carries it
         own = str(cls._esm).split(common)[1]  # the panel's own file
         assert "model.on(`change:${k}`" not in own and "KVS_PANELS." in own, f"{name} spells a field list"
+
+
+def test_the_browsers_types_are_generated_from_the_state_classes() -> None:
+    dts = DTS_PATH.read_text()
+    assert dts == panels_dts(STATEFUL_PANELS), "widgets/_panel_states.d.ts is stale: python -m widgets --write"
+    for name, cls in STATEFUL_PANELS.items():
+        assert f'"{name}": ' + " & ".join(f"Kvs{state.__name__}" for state in cls.PARTS.values()) + ";" in dts
+        for state in cls.PARTS.values():
+            assert f"interface Kvs{state.__name__} {{" in dts
+
+
+class Row(TypedDict):
+    """A row."""
+    rid: str
+    hit: int | None
+    kind: Literal["a", "b"]
+    table: list[int]
+    groups: dict[str, list[float]]
+    pair: tuple[int, str]
+    cells: bytes
+    later: NotRequired[bool]
+
+
+def test_a_state_annotation_becomes_its_typescript_type() -> None:
+    named: dict[str, type] = {}
+    assert ts_type(list[Row], named) == "Array<KvsRow>" and named == {"KvsRow": Row}
+    assert _interface("KvsRow", Row, named).splitlines() == [
+        "/** A row. */", "interface KvsRow {", "  rid: string;", "  hit: number | null;", '  kind: "a" | "b";',
+        "  table: Array<number>;", "  groups: {[key: string]: Array<number>};", "  pair: [number, string];",
+        "  cells: KvsBytes;", "  later?: boolean;", "}"]
+    with pytest.raises(TypeError, match="no TypeScript"):
+        ts_type(set[int], named)
 
 
 @pytest.mark.parametrize("name", list(STATEFUL_PANELS))
@@ -40,6 +82,7 @@ def test_a_field_without_a_trait_or_of_another_type_is_named() -> None:
     assert trait_problems(PlantedPanel) == ["PlantedPanel.draw.selected: Unicode trait, annotated <class 'int'>",
                                             "PlantedPanel.draw.missing: no synced trait"]
     assert panels_js({**STATEFUL_PANELS, "queues": PlantedPanel}) != JS_PATH.read_text()
+    assert panels_dts({**STATEFUL_PANELS, "queues": PlantedPanel}) != DTS_PATH.read_text()
 
 
 def test_views_return_exactly_the_typed_fields(fresh_session: Any) -> None:
@@ -65,3 +108,12 @@ def test_views_return_exactly_the_typed_fields(fresh_session: Any) -> None:
     ]
     for state, typed in expected:
         assert set(state) == set(fields(typed)), typed.__name__
+
+
+def test_the_controls_budget_names_the_schemas_knobs() -> None:
+    # widgets/ may not import the engine, so the Controls panel spells the budget's keys itself:
+    # they must stay the record schema's (engine.report.schema.BudgetsDict).
+    from engine.report.schema import BudgetsDict
+    from widgets.controls import ControlsBudget
+
+    assert fields(ControlsBudget) == fields(BudgetsDict)

@@ -9,6 +9,8 @@ from typing import Any, ClassVar
 import anywidget
 import traitlets as t
 
+from ._state import derived_traits
+
 _HERE = Path(__file__).parent
 _log = logging.getLogger(__name__)
 
@@ -74,6 +76,11 @@ class Panel(anywidget.AnyWidget):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        # Each state field's trait comes from its TypedDict (widgets/_state.py): the state is
+        # declared once. Set before traitlets sets the class up (it reads every trait the class has).
+        for field, trait in derived_traits(cls).items():
+            setattr(cls, field, trait)
+            trait.class_init(cls, field)
         name = cls.__dict__.get("NAME", "")
         if not name:
             return

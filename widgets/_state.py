@@ -9,6 +9,8 @@ explorer/ui/views.py returns those types. The browser gets, generated from them 
 - widgets/_panel_states.d.ts: each part as a TypeScript interface (`Kvs` + its class name, with every
   TypedDict it holds) and `KvsPanelStates` (panel name -> its state), so tsc checks a panel's
   `model.get(field)` against the field's type (widgets/kvs_types.d.ts: `KvsModelOf`).
+The panel's synced traits are made from the same types (`derived_traits`, when the class is
+defined), so a state field is declared once.
 """
 from __future__ import annotations
 
@@ -122,6 +124,42 @@ def panels_dts(panels: dict[str, type]) -> str:
 
 
 GENERATED = {JS_PATH: panels_js, DTS_PATH: panels_dts}
+
+
+def _base_type(hint: Any) -> tuple[Any, bool]:
+    """(the annotation's base class, whether it allows None): `list[int] | None` -> (list, True)."""
+    if typing.get_origin(hint) in (typing.NotRequired, typing.Required):
+        hint = typing.get_args(hint)[0]
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        rest = [a for a in args if a is not type(None)]
+        base, _ = _base_type(rest[0]) if len(rest) == 1 else (object, False)
+        return base, len(rest) < len(args)
+    if origin is typing.Literal:
+        return type(args[0]), False
+    if typing.is_typeddict(hint):
+        return dict, False
+    base = origin or hint
+    return {collections.abc.Sequence: list, collections.abc.Mapping: dict, tuple: list}.get(base, base), False
+
+
+def derived_traits(panel: type) -> dict[str, t.TraitType]:
+    """A synced trait for each field of the panel's PARTS that the class does not declare itself,
+    of the field's type, at that type's empty value (0, "", False, [], {}, b""; None where the
+    field allows None): a panel declares a trait only for another default or a trait option."""
+    declared = {name for c in panel.__mro__ for name, v in vars(c).items() if isinstance(v, t.TraitType)}
+    out: dict[str, t.TraitType] = {}
+    for state in getattr(panel, "PARTS", {}).values():
+        for name, hint in typing.get_type_hints(state, include_extras=True).items():
+            if name in declared or name in out:
+                continue
+            base, none_ok = _base_type(hint)
+            trait_cls = _TRAITS.get(base)
+            if trait_cls is None:
+                raise TypeError(f"{panel.__name__}: no trait for the state field {name!r} ({hint!r}): declare one")
+            trait = trait_cls(None, allow_none=True) if none_ok else trait_cls()
+            out[name] = trait.tag(sync=True)
+    return out
 
 
 def trait_problems(panel: type[t.HasTraits]) -> list[str]:

@@ -11,14 +11,14 @@ from ._base import Panel, bundle_css, bundle_esm
 
 class AttentionChoices(TypedDict):
     """What can be chosen: the requests with KV, the layer and head, and each head's thumbnail."""
-    requests: list[str]
+    requests: list[str]   # request ids that have KV to probe
     request_id: str
     layer: int
     head: int
     num_layers: int
-    layer_names: list[str]
+    layer_names: list[str]   # the layer picker's words ("1 (window 4096)")
     kv_head_of_head: list[int]
-    thumbs: bytes
+    thumbs: bytes   # uint8 per head: thumb_shape, head after head
     thumb_heads: list[int]
     thumb_shape: list[int]
 
@@ -29,10 +29,10 @@ class AttentionWeights(TypedDict):
     context_len: int
     row_positions: list[int]
     block_table: list[int]
-    message: str
+    message: str   # why no heatmap, or a probe error
     probe_step: int
-    num_prompt_tokens: int
-    tokens: list[str]
+    num_prompt_tokens: int   # keys at positions >= this were generated
+    tokens: list[str]   # text of each context token
 
 
 class AttentionPanel(Panel):
@@ -56,26 +56,10 @@ class AttentionPanel(Panel):
     _esm = bundle_esm("attention.js")
     _css = bundle_css("attention.css")
 
-    requests: t.List[str] = t.List([]).tag(sync=True)          # request ids that have KV to probe
-    request_id = t.Unicode("").tag(sync=True)
-    layer = t.Int(0).tag(sync=True)
-    head = t.Int(0).tag(sync=True)
-    num_layers = t.Int(0).tag(sync=True)
-    layer_names: t.List[str] = t.List([]).tag(sync=True)   # the layer picker's words ("1 (window 4096)")
     num_heads = t.Int(0).tag(sync=True)
-    kv_head_of_head: t.List[int] = t.List([]).tag(sync=True)
-    context_len = t.Int(0).tag(sync=True)
     block_size = t.Int(16).tag(sync=True)
-    block_table: t.List[int] = t.List([]).tag(sync=True)
-    tokens: t.List[str] = t.List([]).tag(sync=True)            # text of each context token
-    row_positions: t.List[int] = t.List([]).tag(sync=True)
-    probs = t.Bytes(b"").tag(sync=True)
     probe_step = t.Int(-1).tag(sync=True)         # engine step the weights were read at
-    num_prompt_tokens = t.Int(0).tag(sync=True)   # keys at positions >= this were generated
-    thumbs = t.Bytes(b"").tag(sync=True)          # uint8 per head: thumb_shape, head after head
     thumb_shape = t.List([0, 0]).tag(sync=True)
-    thumb_heads: t.List[int] = t.List([]).tag(sync=True)
-    message = t.Unicode("").tag(sync=True)        # why no heatmap, or a probe error
     max_rows = t.Int(256).tag(sync=True)
 
     def handle_action(self, content: dict) -> bool:

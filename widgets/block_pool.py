@@ -19,8 +19,8 @@ class BlockPoolCells(TypedDict):
     owner: bytes
     events: bytes
     group: bytes
-    group_labels: list[str]
-    owners: list[str]
+    group_labels: list[str]   # each KV cache group's name, group 0 first
+    owners: list[str]   # request ids indexed by the `owner` column
     shared: list[list[int | list[int]]]   # [block_id, [indices into owners]] of each block with several owners
 
 
@@ -50,7 +50,7 @@ class BlockTableRowDict(TypedDict):
 
 class BlockPoolTables(TypedDict):
     """The per-request block tables."""
-    block_tables: list[BlockTableRowDict]
+    block_tables: list[BlockTableRowDict]   # one per running request with blocks
 
 
 class BlockPoolState(BlockPoolCells, BlockPoolLegend, BlockPoolTables):
@@ -81,18 +81,7 @@ class BlockPoolPanel(Panel):
     _esm = bundle_esm("block_pool.js")
     _css = bundle_css("block_pool.css")
 
-    num_blocks = t.Int(0).tag(sync=True)
     block_size = t.Int(16).tag(sync=True)
-    status = t.Bytes(b"").tag(sync=True)
-    ref_count = t.Bytes(b"").tag(sync=True)
-    owner = t.Bytes(b"").tag(sync=True)
-    events = t.Bytes(b"").tag(sync=True)
-    group = t.Bytes(b"").tag(sync=True)
-    group_labels: t.List[str] = t.List([]).tag(sync=True)   # each KV cache group's name, group 0 first
-    owners: t.List[str] = t.List([]).tag(sync=True)          # request ids indexed by the `owner` column
-    shared: t.List[list[int | list[int]]] = t.List([]).tag(sync=True)   # [[block_id, [owner indices]]], several owners
-    block_tables: t.List[BlockTableRowDict] = t.List([]).tag(sync=True)   # one per running request with blocks
-    counts: t.Dict[str, int] = t.Dict({}).tag(sync=True)   # free / cached / used / this step's events
     selected = t.Int(-1).tag(sync=True)
     detail = t.Dict({}).tag(sync=True)
 

@@ -21,29 +21,29 @@ DEFAULT_PRESETS: list[dict] = [
 
 class ControlsStatus(TypedDict):
     """The status line and the engine's badge."""
-    info: str
-    busy: bool
-    engine: str
+    info: str   # one-line summary of the engine state
+    busy: bool   # Python is inside an action right now
+    engine: str   # which engine the panels show ("kvscope", "vLLM 0.32.0"): a badge
 
 
 class ControlsHistory(TypedDict):
     """The history slider."""
-    history_len: int
+    history_len: int   # number of steps in the Session history
     history_first: int
-    history_dropped: int
+    history_dropped: int   # steps a bounded history dropped before history[0]
     view_index: int
 
 
 class ControlsError(TypedDict):
     """An action's error, and the input it is about."""
-    error: str
-    error_field: str
+    error: str   # the engine's last error message, inline
+    error_field: str   # the form input that message is about (outlined)
 
 
 class ControlsCaption(TypedDict):
     """The shown step in words, and a notice."""
-    caption: str
-    notice: str
+    caption: str   # the shown step in words (explorer.ui.captions)
+    notice: str   # a hint that is not an error ("nothing to step ...")
 
 
 class ControlsBudget(TypedDict, total=False):
@@ -65,8 +65,8 @@ class ControlsPool(TypedDict, total=False):
 
 class ControlsKnobs(TypedDict):
     """The scheduler's and the pool's knobs."""
-    budget: ControlsBudget
-    pool: ControlsPool
+    budget: ControlsBudget   # scheduler knobs in force (scrubbed: the shown step's)
+    pool: ControlsPool   # pool knobs (Apply / Reset: a new engine)
 
 
 class DiscardedRunDict(TypedDict):
@@ -111,21 +111,10 @@ class ControlsPanel(Panel):
     _esm = bundle_esm("controls.js")
     _css = bundle_css("controls.css")
 
-    history_len = t.Int(0).tag(sync=True)        # number of steps in the Session history
     history_first = t.Int(1).tag(sync=True)      # step number of history[0]
-    history_dropped = t.Int(0).tag(sync=True)    # steps a bounded history dropped before history[0]
     view_index = t.Int(-1).tag(sync=True)        # -1: live, else an index into history
     has_work = t.Bool(False).tag(sync=True)      # the engine has unfinished requests
-    busy = t.Bool(False).tag(sync=True)          # Python is inside an action right now
-    error = t.Unicode("").tag(sync=True)         # the engine's last error message, inline
-    error_field = t.Unicode("").tag(sync=True)   # the form input that message is about (outlined)
-    notice = t.Unicode("").tag(sync=True)        # a hint that is not an error ("nothing to step ...")
-    caption = t.Unicode("").tag(sync=True)       # the shown step in words (explorer.ui.captions)
     chat_template_available = t.Bool(False).tag(sync=True)  # the tokenizer has a chat template
-    info = t.Unicode("").tag(sync=True)          # one-line summary of the engine state
-    engine = t.Unicode("").tag(sync=True)        # which engine the panels show ("kvscope", "vLLM 0.32.0"): a badge
-    budget = t.Dict({}).tag(sync=True)           # scheduler knobs in force (scrubbed: the shown step's)
-    pool = t.Dict({}).tag(sync=True)             # pool knobs (Apply / Reset: a new engine)
     # What a new engine would discard: {"steps", "requests", "unfinished"} (the rebuild question says it),
     # and "can_save": whether it can offer to save the run first (an HTML export is installed).
     run_summary = t.Dict({}).tag(sync=True)

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from typing import ClassVar, TypedDict
 
-import traitlets as t
-
 from ._base import Panel, bundle_css, bundle_esm
 
 
@@ -87,7 +85,3 @@ class FleetPanel(Panel):
     _esm = bundle_esm("fleet.js")
     _css = bundle_css("fleet.css")
 
-    following = t.Bool(False).tag(sync=True)
-    ranks: t.List[FleetRankDict] = t.List([]).tag(sync=True)
-    rows: t.List[RoutingRowDict] = t.List([]).tag(sync=True)
-    summary = t.Dict({}).tag(sync=True)

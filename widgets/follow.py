@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import ClassVar, TypedDict
 
-import traitlets as t
-
 from ._base import Panel, bundle_css, bundle_esm
 
 
@@ -76,6 +74,3 @@ class FollowPanel(Panel):
     _esm = bundle_esm("follow.js")
     _css = bundle_css("follow.css")
 
-    following = t.Bool(False).tag(sync=True)
-    status = t.Dict({}).tag(sync=True)
-    parked_at = t.Int(None, allow_none=True).tag(sync=True)

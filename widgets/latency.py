@@ -2,7 +2,7 @@
 distributions, as SVG charts drawn by widgets/latency.js (the export draws them with it too)."""
 from __future__ import annotations
 
-from typing import Any, ClassVar, TypedDict
+from typing import ClassVar, TypedDict
 
 import traitlets as t
 
@@ -43,6 +43,5 @@ class LatencyPanel(Panel):
     _esm = bundle_esm("latency.js")
     _css = bundle_css("latency.css")
 
-    rows: t.List[Any] = t.List([]).tag(sync=True)
     clock = t.Unicode("engine clock").tag(sync=True)
     clock_note = t.Unicode("advances only while a step executes").tag(sync=True)

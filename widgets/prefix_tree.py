@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import ClassVar, TypedDict
 
-import traitlets as t
-
 from ._base import Panel, bundle_css, bundle_esm
 
 
@@ -90,4 +88,3 @@ class PrefixTreePanel(Panel):
     _esm = bundle_esm("prefix_tree.js")
     _css = bundle_css("prefix_tree.css")
 
-    tree = t.Dict({}).tag(sync=True)

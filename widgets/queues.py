@@ -54,7 +54,7 @@ class QueuesState(TypedDict):
     """What explorer.ui.views.queues_state returns: the three queues' rows, and how many
     requests have finished (the rows may stop at the latest ones)."""
     queues: QueueCardsDict
-    finished_total: int
+    finished_total: int   # finished rows may be truncated to the latest
 
 
 class QueuesPanel(Panel):
@@ -75,7 +75,6 @@ class QueuesPanel(Panel):
     _css = bundle_css("queues.css")
 
     queues: t.Dict[str, Any] = t.Dict({"waiting": [], "running": [], "finished": []}).tag(sync=True)
-    finished_total = t.Int(0).tag(sync=True)   # finished rows may be truncated to the latest
     selected = t.Unicode("").tag(sync=True)
 
     def handle_action(self, content: dict) -> bool:

@@ -1,9 +1,7 @@
 """Sampler panel: a request's top candidates, their probabilities, and the token chosen."""
 from __future__ import annotations
 
-from typing import Any, ClassVar, Required, TypedDict
-
-import traitlets as t
+from typing import ClassVar, Required, TypedDict
 
 from ._base import Panel, bundle_css, bundle_esm
 
@@ -56,9 +54,6 @@ class SamplerPanel(Panel):
     _esm = bundle_esm("sampler.js")
     _css = bundle_css("sampler.css")
 
-    requests: t.List[Any] = t.List([]).tag(sync=True)
-    request_id = t.Unicode("").tag(sync=True)
-    sample = t.Dict({}).tag(sync=True)
 
     def handle_action(self, content: dict) -> bool:
         if content.get("action") == "select":

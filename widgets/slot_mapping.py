@@ -44,15 +44,15 @@ class SlotMappingState(TypedDict):
     tokens: list[str]
     positions: list[int]
     slot_mapping: list[int]
-    group_slot_mappings: list[list[int]]
+    group_slot_mappings: list[list[int]]   # per other KV cache group: its slots
     segments: list[SlotSegmentDict]
     query_start_loc: list[int]
     logits_indices: list[int]
     block_size: int
-    num_rows: int
-    truncated: int
-    batch_source: str
-    batch_source_words: list[str]
+    num_rows: int   # rows in the real batch
+    truncated: int   # rows not sent
+    batch_source: str   # "", "scheduler" (derived) or "runner" (its buffers)
+    batch_source_words: list[str]   # [badge, hover text] for batch_source
 
 
 class SlotMappingPanel(Panel):
@@ -80,16 +80,4 @@ class SlotMappingPanel(Panel):
     _esm = bundle_esm("slot_mapping.js")
     _css = bundle_css("slot_mapping.css")
 
-    input_ids: t.List[int] = t.List([]).tag(sync=True)
-    tokens: t.List[str] = t.List([]).tag(sync=True)
-    positions: t.List[int] = t.List([]).tag(sync=True)
-    slot_mapping: t.List[int] = t.List([]).tag(sync=True)
-    group_slot_mappings: t.List[list[int]] = t.List([]).tag(sync=True)   # per other KV cache group: its slots
-    segments: t.List[SlotSegmentDict] = t.List([]).tag(sync=True)
-    query_start_loc: t.List[int] = t.List([]).tag(sync=True)
-    logits_indices: t.List[int] = t.List([]).tag(sync=True)
     block_size = t.Int(16).tag(sync=True)
-    num_rows = t.Int(0).tag(sync=True)        # rows in the real batch
-    truncated = t.Int(0).tag(sync=True)       # rows not sent
-    batch_source = t.Unicode("").tag(sync=True)  # "", "scheduler" (derived) or "runner" (its buffers)
-    batch_source_words: t.List[str] = t.List([]).tag(sync=True)  # [badge, hover text] for batch_source

@@ -94,9 +94,4 @@ class TensorParallelPanel(Panel):
     _esm = bundle_esm("tensor_parallel.js")
     _css = bundle_css("tensor_parallel.css")
 
-    info = t.Dict({}).tag(sync=True)
-    ranks: t.List[TpRankDict] = t.List([]).tag(sync=True)
-    weights: t.List[TpWeightDict] = t.List([]).tag(sync=True)
     last_step = t.Dict({}).tag(sync=True)
-    recent: t.List[list[float]] = t.List([]).tag(sync=True)
-    note = t.Unicode("").tag(sync=True)

@@ -70,6 +70,5 @@ class TimelinePanel(Panel):
     _esm = bundle_esm("timeline.js")
     _css = bundle_css("timeline.css")
 
-    steps = t.Dict({}).tag(sync=True)
     gantt: t.Dict[str, Any] = t.Dict({"requests": [], "segments": []}).tag(sync=True)
     window = t.Int(120).tag(sync=True)

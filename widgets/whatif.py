@@ -84,8 +84,4 @@ class WhatIfPanel(Panel):
     _esm = bundle_esm("whatif.js")
     _css = bundle_css("whatif.css")
 
-    runs = t.Dict({}).tag(sync=True)
-    steps = t.Dict({}).tag(sync=True)
     parting = t.Dict({}).tag(sync=True)
-    index = t.Int(0).tag(sync=True)
-    notes: t.List[str] = t.List([]).tag(sync=True)

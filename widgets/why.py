@@ -178,7 +178,6 @@ class WhyPanel(Panel):
     _esm = bundle_esm("why.js")
     _css = bundle_css("why.css")
 
-    summary = t.Dict({}).tag(sync=True)
     request = t.Dict({}).tag(sync=True)
     proving = t.Unicode("").tag(sync=True)
     prove_off = t.Unicode("").tag(sync=True)

@@ -71,13 +71,16 @@ def test_every_state_field_is_a_synced_trait_of_its_type(name: str) -> None:
     assert trait_problems(STATEFUL_PANELS[name]) == []
 
 
-def test_a_field_without_a_trait_or_of_another_type_is_named() -> None:
+def test_a_field_not_synced_or_of_another_type_is_named() -> None:
+    import traitlets as t
+
     class Planted(widgets.queues.QueuesState):
         selected: int      # a Unicode trait
-        missing: list      # no trait at all
+        missing: list      # a trait the browser never hears of
 
     class PlantedPanel(widgets.QueuesPanel):
         PARTS: ClassVar[dict[str, type]] = {"draw": Planted}
+        missing = t.List([])   # declared, and not synced
 
     assert trait_problems(PlantedPanel) == ["PlantedPanel.draw.selected: Unicode trait, annotated <class 'int'>",
                                             "PlantedPanel.draw.missing: no synced trait"]
@@ -117,3 +120,37 @@ def test_the_controls_budget_names_the_schemas_knobs() -> None:
     from widgets.controls import ControlsBudget
 
     assert fields(ControlsBudget) == fields(BudgetsDict)
+
+
+class _Counts(TypedDict):
+    """A planted panel's state: one field of each kind."""
+    n: int
+    label: str
+    on: bool
+    ids: list[str]
+    table: dict[str, int]
+    cells: bytes
+    parked_at: int | None
+    rows: list[Row]
+    start: int
+
+
+def test_a_panels_traits_come_from_its_state() -> None:
+    # Each field becomes a synced trait of its type at its empty value (None where it may be
+    # None); a trait the class declares itself (another default) is kept as declared.
+    import traitlets as t
+
+    class CountsPanel(widgets.QueuesPanel):
+        PARTS: ClassVar[dict[str, type]] = {"draw": _Counts}
+        start = t.Int(7).tag(sync=True)
+
+    traits = CountsPanel.class_traits(sync=True)
+    kinds = {name: (type(traits[name]).__name__, traits[name].default(), traits[name].allow_none)
+             for name in fields(_Counts)}
+    assert kinds == {"n": ("Int", 0, False), "label": ("Unicode", "", False), "on": ("Bool", False, False),
+                     "ids": ("List", [], False), "table": ("Dict", {}, False), "cells": ("Bytes", b"", False),
+                     "parked_at": ("Int", None, True), "rows": ("List", [], False), "start": ("Int", 7, False)}
+    assert trait_problems(CountsPanel) == []
+    panel = CountsPanel()
+    panel.show({"n": 3, "parked_at": None, "rows": [{"rid": "a"}]})
+    assert (panel.n, panel.parked_at, panel.get_state()["rows"]) == (3, None, [{"rid": "a"}])

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from engine.core.block_pool import BlockEventsDict
+from engine.report.changes import hold_tokens
 from engine.report.records import StepRecord, group_fields_of
 from engine.report.schema import (
     BATCH,
@@ -328,12 +329,10 @@ class RecordBuilder:
             ids, n = r.all_token_ids, r.num_computed_tokens
             every = self.groups.tables(r.request_id) if self.groups.several else [tables[r.request_id]]
             for table in every:  # every KV cache group's blocks: one pool holds them all
-                for i, b in enumerate(table):
-                    if b == null:
-                        continue
-                    owners.setdefault(b, []).append(ext[r.request_id])
-                    if b not in tokens:
-                        tokens[b] = list(ids[i * bs:min((i + 1) * bs, n)])
+                hold_tokens(tokens, table, 0, bs, ids, n, null)
+                for b in table:
+                    if b != null:
+                        owners.setdefault(b, []).append(ext[r.request_id])
         blocks = [self.block_dict(blk, tokens.get(blk.block_id), owners.get(blk.block_id, []))
                   for blk in self.pool.blocks]
         return {POOL.NUM_BLOCKS: int(self.pool.num_gpu_blocks), POOL.BLOCK_SIZE: bs,

@@ -1,0 +1,321 @@
+"""The compact state of one vLLM engine core as the live feed keeps it (explorer/drivers/
+vllm_live/mirror.py has the body format that moves it on): its requests (`Req`, with their
+clocks and metrics), its pool's refcounts and hashes, the queues, the schedules whose update is
+still to come (`Sched`), and the whole state on the wire for a client that joins.
+
+mirror.py's `Mirror` applies bodies to it, mirror_expand.py's `Expander` spells it as the
+schema's dicts; this file is what both read."""
+from __future__ import annotations
+
+from collections import deque
+from typing import Self
+
+from engine.report.changes import Sent
+from engine.report.schema import (
+    INFO,
+    REQ,
+    RMETRICS,
+    ClockDict,
+    RequestDict,
+    RequestMetricsDict,
+)
+from engine.request import ClockEvents
+
+COUNTERS = ("prefix_cache_hits", "prefix_cache_queries", "num_preemptions", "num_generated_tokens",
+            "num_prompt_tokens_computed")
+
+
+DEFER_AT_MOST = 256   # deferred decode steps held at most (then settled): memory stays small
+UNKNOWN_TOKEN = -1     # a batch position whose token id never reached the scheduler (see _record)
+NO_BLOCKS = 1 << 62   # a touched request whose blocks did not change (only its outputs or times did)
+
+
+class Clock:
+    """One clock of a request's event times, shaped as engine.request.ClockEvents (what
+    engine.report.changes reads), with the first token's time taken from the token times."""
+
+    __slots__ = ("arrival_time", "finished_time", "first_scheduled_time", "preempted_times", "token_times")
+
+    def __init__(self) -> None:
+        self.arrival_time: float | None = None
+        self.first_scheduled_time: float | None = None
+        self.finished_time: float | None = None
+        self.token_times: list[float] = []
+        self.preempted_times: list[float] = []
+
+    @property
+    def first_token_time(self) -> float | None:
+        return self.token_times[0] if self.token_times else None
+
+    def to_dict(self) -> ClockDict:
+        return ClockEvents(self.arrival_time, self.first_scheduled_time, self.first_token_time, list(self.token_times),
+                           list(self.preempted_times), self.finished_time).to_dict()
+
+    def to_wire(self) -> list:
+        return [self.arrival_time, self.first_scheduled_time, self.finished_time, self.token_times,
+                self.preempted_times]
+
+    def from_wire(self, w: list) -> None:
+        self.arrival_time, self.first_scheduled_time, self.finished_time = w[0], w[1], w[2]
+        self.token_times, self.preempted_times = list(w[3]), list(w[4])
+
+
+class Metrics:
+    """A request's two clocks (engine.request.RequestMetrics' shape)."""
+
+    __slots__ = ("engine", "wall")
+
+    def __init__(self) -> None:
+        self.engine, self.wall = Clock(), Clock()
+
+    def to_dict(self) -> RequestMetricsDict:
+        return {RMETRICS.ENGINE: self.engine.to_dict(), RMETRICS.WALL: self.wall.to_dict()}
+
+
+class Req:
+    """One request as the feed knows it (vLLM's Request stays in the server)."""
+
+    __slots__ = (
+        "cached",
+        "chunks",
+        "computed",
+        "domain",
+        "finish_reason",
+        "frozen",
+        "group_hits",
+        "group_tables",
+        "hashes",
+        "idx",
+        "max_tokens",
+        "metrics",
+        "n_hidden",
+        "n_prompt",
+        "output",
+        "params",
+        "preemptions",
+        "prompt",
+        "rid",
+        "status",
+        "stop",
+        "table",
+        "te",
+        "tw",
+    )
+
+    def __init__(self, idx: int, rid: str, prompt: list[int], n_prompt: int, max_tokens: int, params: dict,
+                 stop: list[str], hashes: list[str], domain: dict | None = None) -> None:
+        self.idx, self.rid, self.prompt, self.n_prompt = idx, rid, prompt, n_prompt
+        self.output: list[int] = []
+        self.n_hidden = 0   # outputs counted but not held (token ids left out of the feed)
+        self.max_tokens, self.params, self.stop, self.hashes = max_tokens, params, stop, hashes
+        # priority, and cache_salt / lora_name where set: RequestDict's keys, sent once
+        self.domain: dict = domain if domain is not None else {REQ.PRIORITY: 0}
+        self.status = "waiting"
+        self.computed = self.cached = self.preemptions = self.chunks = 0
+        self.finish_reason: str | None = None
+        self.table: list[int] = []
+        self.group_tables: list[list[int]] = []  # several KV cache groups: its table in each past the first
+        self.group_hits: list[int] | None = None  # and each group's own hit at its admission
+        self.metrics = Metrics()
+        self.frozen: RequestDict | None = None
+        self.tw, self.te = self.metrics.wall.token_times, self.metrics.engine.token_times  # the hot path's handles
+
+    @property
+    def n_output(self) -> int:
+        return len(self.output) + self.n_hidden
+
+    def tokens(self, start: int = 0, end: int | None = None) -> list[int]:
+        """Its token ids [start, end): the prompt's, then the outputs'."""
+        prompt, n = self.prompt, len(self.prompt)
+        end = n + len(self.output) if end is None else end
+        if end <= n:
+            return prompt[start:end]
+        if start >= n:
+            return self.output[start - n:end - n]
+        return prompt[start:] + self.output[:end - n]
+
+    # -- the wire ----------------------------------------------------------------------------
+    def to_wire(self) -> list:
+        m = self.metrics
+        return [self.idx, self.rid, self.prompt, self.n_prompt, self.output, self.n_output, self.max_tokens,
+                self.params, self.stop, self.hashes, self.status, self.computed, self.cached, self.preemptions,
+                self.finish_reason, self.table, self.chunks, [m.engine.to_wire(), m.wall.to_wire()], self.domain,
+                self.group_tables, self.group_hits]
+
+    @classmethod
+    def from_wire(cls, w: list) -> Req:
+        r = cls(w[0], w[1], list(w[2]), w[3], w[6], w[7], list(w[8]), list(w[9]), dict(w[18]))
+        r.output = list(w[4])
+        r.n_hidden = w[5] - len(r.output)
+        r.status, r.computed, r.cached, r.preemptions, r.finish_reason = w[10], w[11], w[12], w[13], w[14]
+        r.table, r.chunks = list(w[15]), w[16]
+        r.group_tables, r.group_hits = [list(t) for t in w[19]], w[20]
+        r.metrics.engine.from_wire(w[17][0])
+        r.metrics.wall.from_wire(w[17][1])
+        r.tw, r.te = r.metrics.wall.token_times, r.metrics.engine.token_times
+        return r
+
+
+def stamp(m: Metrics, event: str, wall: float, engine: float) -> None:
+    """An event's time on both clocks, the first time it happens."""
+    if getattr(m.wall, event) is None:
+        setattr(m.wall, event, wall)
+    if getattr(m.engine, event) is None:
+        setattr(m.engine, event, engine)
+
+
+class MirrorState:
+    """One engine core's state (see the module doc); `Mirror` moves it on. `tokens` False: the
+    feed carries counts instead of token ids (KVSCOPE_FEED_TOKENS=0).
+
+    `defer_decodes` (the recorder's copy, which is read only when a client joins): a step in
+    which every request decoded one token is kept as two lists, and its tokens and times reach
+    the requests in runs of such steps, one extend per request and run instead of three
+    appends per request and step, before anything reads them (`settle`)."""
+
+    def __init__(self, config: dict, model_info: dict, *, null_block: int = 0, num_free: int | None = None,
+                 finished_keep: int = 256, tokens: bool = True, defer_decodes: bool = False) -> None:
+        self.config, self.model_info = config, model_info
+        self.block_size = int(config["block_size"])
+        n = int(config["num_kv_blocks"])
+        self.null_block = null_block
+        self.other_groups = max(0, len(model_info.get(INFO.KV_CACHE_GROUPS) or []) - 1)  # past kvscope's first
+        self.tokens = tokens
+        self.requests: dict[int, Req] = {}
+        self.running: list[int] = []
+        self.waiting: list[int] = []
+        self.finished: deque[Req] = deque(maxlen=finished_keep)
+        self.ref = [0] * n
+        self.hash: list[str | None] = [None] * n
+        self.memo: dict[int, tuple[str, list[int]]] = {}   # block -> (hash, the tokens it was hashed with)
+        self.num_free = n - 1 if num_free is None else num_free
+        self.usage = 0.0
+        self.step_count = 0
+        self.engine_time = 0.0
+        self.counters = dict.fromkeys(COUNTERS, 0)
+        self.pending: dict[int, Sched] = {}   # scheduled, not yet updated (async scheduling)
+        self.scheduled_ahead: int | None = None  # the step whose allocations the state already holds
+        self._gone: dict[int, Req] = {}        # finished requests a pending schedule still names
+        self.sent: Sent | None = None          # what the consumer holds (expanding side only)
+        self.defer_decodes = defer_decodes
+        self._decodes: list[tuple[list[int], list[int], float, float]] = []  # (ids, tokens, wall, engine)
+        self._memo_due: list[tuple[int, str, Req, int]] = []  # (block, hash, request, table index), after them
+        # The last scheduled batch: its request indices, its Reqs, their prompt lengths less one.
+        self._rows: tuple[list[int], list[Req], list[int]] = ([], [], [])
+
+    def _req(self, idx: int) -> Req:
+        """A request by its index, finished ones a pending schedule still names included."""
+        return self.requests.get(idx) or self._gone[idx]
+
+    def settle(self) -> None:
+        """Give the requests the decode steps deferred so far (`defer_decodes`), a run of steps
+        over the same requests at a time, then the tokens of the blocks hashed meanwhile."""
+        log = self._decodes
+        if log:
+            self._decodes = []
+            reqs = self.requests
+            start = 0
+            for end in range(1, len(log) + 1):
+                if end < len(log) and log[end][0] == log[start][0]:
+                    continue
+                run = log[start:end]
+                walls, engines = [e[2] for e in run], [e[3] for e in run]
+                for req, new in zip(map(reqs.get, run[0][0]), zip(*[e[1] for e in run])):
+                    if req is not None:
+                        req.output += new
+                        req.tw += walls
+                        req.te += engines
+                start = end
+        if self._memo_due:
+            bs, memo = self.block_size, self.memo
+            for b, h, req, i in self._memo_due:
+                memo[b] = (h, req.tokens(i * bs, (i + 1) * bs))
+            self._memo_due = []
+
+    # -- the wire ----------------------------------------------------------------------------------
+    def to_wire(self) -> dict:
+        """The whole state, for a joining client (`from_wire` rebuilds it)."""
+        self.settle()
+        return {"config": self.config, "model_info": self.model_info, "null_block": self.null_block,
+                "tokens": self.tokens, "finished_keep": self.finished.maxlen, "step": self.step_count,
+                "engine_time": self.engine_time, "counters": self.counters, "usage": self.usage, "free": self.num_free,
+                "ref": self.ref, "hash": self.hash, "memo": [[b, h, t] for b, (h, t) in self.memo.items()],
+                "requests": [r.to_wire() for r in self.requests.values()],
+                "finished": [r.to_wire() for r in self.finished], "running": self.running, "waiting": self.waiting,
+                "pending": [[sid, s.op, [s.before, list(s.admitted), s.known, s.decode, s.chunk], s.tables]
+                            for sid, s in self.pending.items()],
+                "gone": [r.to_wire() for r in self._gone.values()]}
+
+    @classmethod
+    def from_wire(cls, w: dict) -> Self:
+        m = cls(w["config"], w["model_info"], null_block=w["null_block"], num_free=w["free"],
+                finished_keep=w["finished_keep"], tokens=w["tokens"])
+        m.step_count, m.engine_time, m.counters, m.usage = w["step"], w["engine_time"], dict(w["counters"]), w["usage"]
+        m.ref, m.hash = list(w["ref"]), list(w["hash"])
+        m.memo = {b: (h, list(t)) for b, h, t in w["memo"]}
+        for rw in w["requests"]:
+            r = Req.from_wire(rw)
+            m.requests[r.idx] = r
+        m.finished.extend(Req.from_wire(rw) for rw in w["finished"])
+        m._gone = {r.idx: r for r in map(Req.from_wire, w["gone"])}
+        m.running, m.waiting = list(w["running"]), list(w["waiting"])
+        for sid, op, (before, admitted, known, decode, chunk), tables in w["pending"]:
+            m.pending[sid] = Sched(op, list(before), set(admitted), dict(known), list(decode), dict(chunk),
+                                    {i: list(t) for i, t in tables.items()})
+        m.scheduled_ahead = (m.step_count + 1) if m.pending else None
+        return m
+
+
+class Sched:
+    """A schedule whose update is still to come: vLLM's SchedulerOutput in compact form (`op`),
+    and what was derived from it when it was applied, row by row (for its record)."""
+
+    __slots__ = ("_names", "admitted", "before", "chunk", "decode", "known", "op", "order", "tables")
+
+    def __init__(self, op: list, before: list, admitted: set, known: dict, decode: list, chunk: dict,
+                 tables: dict | None = None) -> None:
+        self.op, self.order, self.before, self.admitted = op, op[2], before, admitted
+        self.known, self.decode, self.chunk = known, decode, chunk
+        self.tables: dict[int, list[int]] = tables or {}   # tables reset before the record: as they ran
+        self._names: set[int] | None = None
+
+    @property
+    def names(self) -> set[int]:
+        """The requests it scheduled or preempted (its record reads both, even once aborted)."""
+        if self._names is None:
+            self._names = {*self.order, *self.op[10]}
+        return self._names
+
+
+class Update:
+    """A schedule's update as a body carries it ("u": see mirror.py), kept until its record is built."""
+
+    __slots__ = (
+        "events",
+        "finished",
+        "finished_ids",
+        "ids",
+        "new_tokens",
+        "sched",
+        "schedule_s",
+        "step_s",
+        "update_s",
+        "wall",
+    )
+
+    def __init__(self, sched, wall, step_s, schedule_s, update_s, ids, new_tokens, finished, events) -> None:
+        self.sched, self.wall, self.step_s, self.schedule_s, self.update_s = sched, wall, step_s, schedule_s, update_s
+        self.ids, self.new_tokens, self.finished, self.events = ids, new_tokens, finished, events
+        self.finished_ids: list[str] = []
+
+
+class BodyStep:
+    """What one body touched, as it is applied."""
+
+    __slots__ = ("finished", "gone", "touched", "update")
+
+    def __init__(self) -> None:
+        self.touched: dict[int, int] = {}   # request -> first table index whose block may hold new tokens
+        self.finished: list[Req] = []
+        self.gone: dict[int, Req] = {}
+        self.update: Update | None = None

@@ -14,10 +14,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .apps.dashboard import Dashboard
     from .core.history import HistoryEntry
     from .core.session import Session
     from .export import export_html
-    from .ui.dashboard import Dashboard
 
 __all__ = ["Dashboard", "HistoryEntry", "Session", "export_html"]
 
@@ -28,9 +28,8 @@ def __getattr__(name: str) -> Any:
         from .core import history, session
 
         value = session.Session if name == "Session" else history.HistoryEntry
-    elif name == "Dashboard":
-        from . import export  # noqa: F401 - installs the writer of the Dashboard's "save this run"
-        from .ui.dashboard import Dashboard as value
+    elif name == "Dashboard":   # the ui's Dashboard, saving runs as HTML exports
+        from .apps.dashboard import Dashboard as value
     elif name == "export_html":
         from .export import export_html as value
     else:

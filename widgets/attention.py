@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from array import array
-from typing import ClassVar, TypedDict
+from collections.abc import Mapping
+from typing import Any, ClassVar, TypedDict
 
 import traitlets as t
 
@@ -73,11 +74,11 @@ class AttentionPanel(Panel):
                     self.head = int(content["head"])
         return False  # the Dashboard probes the Session
 
-    def show_probe(self, probe: dict, *, step: int = -1) -> None:
+    def show_probe(self, probe: Mapping[str, Any], *, step: int = -1) -> None:
         """Display one ``AttentionProbe.to_dict()``; picks `self.head` from its heads."""
         self.show_prepared(prepare_probe(probe, self.max_rows), step=step)
 
-    def show_prepared(self, prep: dict, *, step: int = -1) -> None:
+    def show_prepared(self, prep: PreparedProbeDict, *, step: int = -1) -> None:
         """Display a probe from `prepare_probe` (the Dashboard keeps them per step)."""
         heads = prep["heads"]
         head = self.head if self.head in heads else (heads[0] if heads else 0)
@@ -118,7 +119,25 @@ class AttentionPanel(Panel):
 THUMB_ROWS, THUMB_COLS = 24, 48  # at most: a head's thumbnail, averaged down to this
 
 
-def prepare_probe(probe: dict, max_rows: int = 256) -> dict:
+class PreparedProbeDict(TypedDict):
+    """A probe ready to show and to keep: what `prepare_probe` returns."""
+    request_id: str
+    layer: int | None
+    heads: list[int]
+    kv_head_of_head: list[int]
+    context_len: int
+    block_size: int
+    block_table: list[int]
+    tokens: list[str]
+    row_positions: list[int]
+    head_probs: list[bytes]   # per head: its (thinned) rows as float32 bytes
+    thumbs: bytes             # uint8 per head: thumb_shape, head after head ("" for a one-head probe)
+    thumb_shape: list[int]
+    thumb_heads: list[int]
+    source: str | None        # where the weights came from, when not kvscope's own engine
+
+
+def prepare_probe(probe: Mapping[str, Any], max_rows: int = 256) -> PreparedProbeDict:
     """A probe ready to show and to keep: each head's rows (thinned to `max_rows`) as
     float32 bytes, and, when it covers several heads, one small uint8 thumbnail per head."""
     heads = [int(h) for h in probe.get("heads") or []]

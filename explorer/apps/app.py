@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
     from ..core.session import Session
     from ..export.delta import JSONValue
-    from ..export.states import PoolConfigDict
+    from ..ui.panel_views import PoolConfigDict
 
 DEFAULT_PORT = 8866
 TEMPLATES = Path(__file__).resolve().parent / "app_templates"  # voila/templates/kvscope
@@ -104,7 +104,7 @@ def loading_dashboard(model: str | None = None, config: PoolConfigDict | None = 
                             "color:#a31515'>kvscope could not start the engine: "
                             f"{html.escape(f'{type(error).__name__}: {error}')}</div>")
             return
-        from ..ui.dashboard import Dashboard
+        from .dashboard import Dashboard  # saving a run as an HTML export
 
         assert session is not None   # without an error, build() made one
         dash = Dashboard(session)

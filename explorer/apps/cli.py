@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..export.states import PoolConfigDict
+    from ..ui.panel_views import PoolConfigDict
 
 
 def positive_int(text: str) -> int:

@@ -42,6 +42,13 @@ class HistoryEntryDict(TypedDict, total=False):
 Entry = HistoryEntry | HistoryEntryDict
 
 
+def entry_fields(entry: Entry) -> tuple[int | None, StepRecordDict | None, EngineSnapshotDict | None]:
+    """(step, record, snapshot) of an entry of either form, as it holds them (a dict may lack any)."""
+    if isinstance(entry, dict):
+        return entry.get("step"), entry.get("record"), entry.get("snapshot")
+    return entry.step, entry.record, entry.snapshot
+
+
 class HistoryWindowDict(TypedDict):
     """Where a kept history starts (Session.history_window)."""
     first_step: int       # the step of its first entry

@@ -16,16 +16,17 @@
  * The embedded document (explorer/export/page.py build_export_data).
  * @typedef {{format: string, version: number, meta: Meta, timeline: PanelState, captions: Array<[number, string]>,
  *   views: Array<Object>, why: WhyChoices}} ExportData  views: StepViews whole, then one Delta per step
- * @typedef {{title: string, panels: string[], start: ("first"|"last"), run_live: string, notice: string,
- *   first_step: number, last_step: number}} Meta
+ * @typedef {{title: string, panels: string[], links: Object<string, string[]>, start: ("first"|"last"),
+ *   run_live: string, notice: string, first_step: number, last_step: number}} Meta
+ *   links: a request chosen in one panel -> the panels it is chosen in (explorer/ui/layout.py SELECTION_LINKS)
  * A delta (explorer/core/history.py diff): {"=": value} | {"+": appended} | {"i": {index: Delta}} |
  * {"d": {key: Delta}, "x": [removed keys]}; no delta: unchanged.
  * @typedef {{"=": unknown} | {"+": string | unknown[]} | {i: Object<string, Delta>}
  *   | {d?: Object<string, Delta>, x?: string[]}} Delta
- * One kept step's panel states (explorer/export/states.py _entry_views), each as the binder sends it:
+ * One kept step's panel states (explorer/export/states.py step_views), each as the binder sends it:
  * @typedef {{step: number, controls: PanelState, queues: PanelState, blocks: PanelState, block_details: Array<PanelState>,
  *   slots: PanelState, sampler: SamplerChoices, attention: PanelState, latency: LatencyState, tree: PanelState}
- *   & Object<string, PanelState>} StepViews  (and a state of each other panel: views.STEP_VIEWS)
+ *   & Object<string, PanelState>} StepViews  (and each other panel's: explorer/ui/panel_views.py PANEL_VIEWS)
  *   blocks: BlockPoolPanel traits, its byte columns as PackedColumn; block_details: per block id,
  *   BlockPoolPanel.block_detail without `step` (the shown step is added here)
  * @typedef {{__array__: ("B"|"H"|"h"), values: number[]}} PackedColumn  a bytes trait (Python array typecode)
@@ -143,7 +144,7 @@ const ATTENTION_OFF = `Attention weights are read from the live KV cache, and a 
 const WHY_OFF = "this page is a recording: causes are proven when it is written (export_html(..., prove=True)) or in a notebook (Prove causes)";
 
 // The panels render() draws from more than their own state of the step; every other panel shows
-// exactly its VIEWS entry, as the binder sent it (explorer/ui/views.py STEP_VIEWS, a new panel too).
+// exactly its VIEWS entry, as the binder sent it (explorer/ui/panel_views.py PANEL_VIEWS, a new panel too).
 /** The last state of `changes` ([step, state] items in step order) at or before `step`.
  * @template T @param {Array<[number, T]>} changes @param {number} step @param {T} before @returns {T} */
 function atStep(changes, step, before) {
@@ -250,7 +251,6 @@ const HOST = {
       return;
     }
     if (name === "queues" && action === "select") m.queues.update({ selected: String(c.request_id || "") });
-    if (name === "sampler" && action === "select") m.sampler.update({ request_id: String(c.request_id || "") });
     if (name === "attention" && action === "select") {
       /** @type {{request_id?: string, layer?: number, head?: number}} */
       const s = {};
@@ -266,13 +266,17 @@ const HOST = {
       if (k >= 0) this.scrub(k);
     } else if (action === "live") this.scrub(null);
     else if (action === "select") {
+      // The panels a choice in this one links to (SessionBinder._select, from the same table).
       const rid = String(c.request_id || "");
-      if ((name === "queues" || name === "sampler") && m.sampler) {
-        m.sampler.update({ request_id: rid });
-        this.samplerPinned = !!rid;
+      for (const target of /** @type {string[]} */ (get(DATA.meta.links, name, []))) {
+        if (!m[target]) continue;
+        if (target === "attention") {  // it keeps the request it shows until another is chosen
+          if (rid) m.attention.update({ request_id: rid });
+        } else {
+          m[target].update({ request_id: rid });
+          if (target === "sampler") this.samplerPinned = !!rid;
+        }
       }
-      if ((name === "queues" || name === "attention") && m.attention && rid) m.attention.update({ request_id: rid });
-      if ((name === "queues" || name === "why") && m.why) m.why.update({ request_id: rid });
       this.render();
     } else if (action === "refresh" && m.attention) m.attention.update({ message: ATTENTION_OFF });
   },

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, TypedDict
 
 from ..core.history import HistoryEntry
 from ..ui import views
-from ..ui.layout import PANEL_NAMES
+from ..ui.layout import SELECTION_LINKS, rows_of
 from ..why import WhyLedger
 from . import states
 from .delta import DeltaDict, JSONValue
@@ -72,6 +72,7 @@ class ExportMetaDict(TypedDict):
     notice: str             # about a shortened history ("" when whole)
     run_live: str
     panels: list[str]
+    links: dict[str, list[str]]   # a request chosen in one panel -> the panels it is chosen in (layout.SELECTION_LINKS)
     start: str              # the step shown first: "last" or "first"
 
 
@@ -192,7 +193,8 @@ def build_export_data(entries: Sequence[HistoryEntry], *,
     token_text = token_text or views.token_texts(None)
     entries = list(entries)
     ledger = ledger if ledger is not None else WhyLedger().feed(entries)
-    per_step = states.step_views(entries, token_text, ledger)
+    panels = list(_dashboard_panels() if panels is None else panels)
+    per_step = states.step_views(entries, token_text, panels, ledger)
     last_snapshot = views.entry_parts(entries[-1])[2]
     info = last_snapshot.get("model_info") or {}
     created = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
@@ -202,10 +204,12 @@ def build_export_data(entries: Sequence[HistoryEntry], *,
                  "model": info.get("name"), "device": info.get("device"), "dtype": info.get("dtype"),
                  "steps_total": steps_total if steps_total is not None else _step(entries[-1]),
                  "first_step": _step(entries[0]), "last_step": _step(entries[-1]), "notice": notice,
-                 "run_live": RUN_LIVE, "panels": list(_dashboard_panels() if panels is None else panels),
+                 "run_live": RUN_LIVE, "panels": panels,
+                 "links": {source: list(targets) for source, targets in SELECTION_LINKS.items()},
                  "start": start},
         # Sent once, as the binder does: the whole run, with the shown step as a cursor.
-        "timeline": views.timeline_state(entries, [v["controls"]["caption"] for v in per_step]),
+        "timeline": views.timeline_state(entries, [v["controls"]["caption"] for v in per_step]
+                                         if "controls" in panels else None),
         "captions": sorted([[int(k), str(v)] for k, v in (captions or {}).items()]),
         "views": states.pack_views(per_step),
         "why": states.why_views(ledger, entries, token_text, proof),
@@ -263,24 +267,17 @@ def render_html(data: ExportDataDict, *, defaults: dict[str, dict[str, JSONValue
         f"steps {meta['first_step']}\u2013{meta['last_step']}",
         f"recorded {meta['created']}") if x)
 
-    def slot(name: str, style: str = "") -> str:
-        if name not in panels:
-            return ""
-        return f'<div data-panel="{name}" class="kvs-slot"{f" style={chr(34)}{style}{chr(34)}" if style else ""}></div>'
+    def slot(name: str, flex: str = "") -> str:
+        style = f' style="flex: {flex}; min-width: 0"' if flex else ""
+        return f'<div data-panel="{esc(name)}" class="kvs-slot"{style}></div>'
 
-    row = ""
-    if "queues" in panels or "sampler" in panels:
-        row = (f'<div class="kvs-export-row">{slot("queues", "flex: 3 1 0; min-width: 0")}'
-               f'{slot("sampler", "flex: 1 1 0; min-width: 0")}</div>')
-    pair = ""  # the pool and the slots side by side, as in the Dashboard
-    if "blocks" in panels or "slots" in panels:
-        pair = (f'<div class="kvs-export-row kvs-export-wrap">{slot("blocks", "flex: 1 1 440px; min-width: 0")}'
-                f'{slot("slots", "flex: 1 1 440px; min-width: 0")}</div>')
-    # The Dashboard's order: the queues, the pool and the slots above a laptop's fold, the chosen
-    # request's why and the prefix tree under the pool they are tied to.
-    body = "".join([slot("controls"), row, pair,
-                    *(slot(n) for n in ("why", "tree", "attention", "timeline", "latency")),
-                    *(slot(n) for n in panels if n not in PANEL_NAMES)])  # a new panel: last, as in the Dashboard
+    body = ""   # the Dashboard's rows (explorer/ui/layout.py), a new panel last
+    for row in rows_of(panels):
+        if not row.panels[0][1]:   # a panel alone in its row
+            body += slot(row.panels[0][0])
+        else:
+            body += (f'<div class="kvs-export-row{" kvs-export-wrap" if row.wrap else ""}">'
+                     f'{"".join(slot(name, flex) for name, flex in row.panels)}</div>')
     limit = (f'<div class="kvs-export-limit" data-testid="kvs-export-limit">{esc(meta["notice"])}</div>'
              if meta.get("notice") else "")
     return f"""<!doctype html>

@@ -16,19 +16,17 @@ lists; `unpack_views` gives back exactly the states `step_views` made.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Final, TypedDict, cast
 
-from engine.config import SCHEDULER_KNOBS
-from engine.report.schema import BlockDict, BudgetsDict
+from engine.report.schema import BlockDict
 from widgets.hover import block_detail
 
 from ..core.history import HistoryEntry
 from ..core.labels import RequestLabels
 from ..ui import captions as _captions
 from ..ui import views, why_view
-from ..ui.layout import POOL_KEYS
-from ..ui.views import AttentionShapeDict
+from ..ui.panel_views import PANEL_VIEWS, AttentionViewState, ControlsViewState, TreeViewState, entry_context
 from ..why import WhyLedger
 from . import delta
 from .delta import JSONValue
@@ -36,7 +34,6 @@ from .delta import JSONValue
 if TYPE_CHECKING:  # the panels' state types (their modules need anywidget; these names are only read here)
     from widgets.block_pool import BlockPoolCells
     from widgets.latency import LatencyState
-    from widgets.prefix_tree import PrefixTreeDict
     from widgets.queues import QueuesState
     from widgets.sampler import SamplerSample
     from widgets.slot_mapping import SlotMappingState
@@ -48,24 +45,6 @@ if TYPE_CHECKING:  # the panels' state types (their modules need anywidget; thes
 ARRAY_KEY: Final = "__array__"
 #: A byte column in a packed view (`_encode_columns`): its array typecode, and its values.
 PackedColumnDict = TypedDict("PackedColumnDict", {"__array__": str, "values": list[int]})
-
-
-class PoolConfigDict(TypedDict, total=False):
-    """An engine config's pool and budget fields (EngineConfig's names), as the Controls panel shows the pool
-    and the command line gives them to a new Session (None: not given, the engine's default)."""
-    num_kv_blocks: int | None
-    block_size: int | None
-    max_num_batched_tokens: int | None
-    max_num_seqs: int | None
-
-
-class ControlsViewState(TypedDict):
-    """The Controls panel's traits a recorded step sets (of widgets.controls.ControlsState)."""
-    info: str
-    engine: str
-    budget: BudgetsDict      # the scheduler knobs the step ran under
-    pool: PoolConfigDict     # the pool's fields (ui.layout.POOL_KEYS) of the engine's config
-    caption: str
 
 
 class BlockDetailState(TypedDict):
@@ -80,11 +59,6 @@ class BlockDetailState(TypedDict):
     is_free: bool
 
 
-class TreeViewState(TypedDict):
-    """The prefix tree panel's state (widgets.prefix_tree.PrefixTreeState)."""
-    tree: PrefixTreeDict
-
-
 class SamplerViewsState(TypedDict):
     """The sampler's states at one entry (`sampler_views`)."""
     requests: list[str]
@@ -92,14 +66,10 @@ class SamplerViewsState(TypedDict):
     samples: dict[str, SamplerSample]   # request -> its SamplerState `sample`
 
 
-class AttentionViewState(AttentionShapeDict):
-    """The attention panel's choices at one entry (of widgets.attention.AttentionChoices)."""
-    requests: list[str]
-
-
-class EntryViewsDict(TypedDict):
-    """Each panel's state with one entry on display (`step_views`); `blocks`, `slots` and `latency` are
-    ui.views.STEP_VIEWS' panels (a panel added there comes along)."""
+class EntryViewsDict(TypedDict, total=False):
+    """Each shown panel's state with one entry on display (`step_views`): its view's
+    (explorer/ui/panel_views.py PANEL_VIEWS, a new panel too), the sampler's for every request, and
+    each block's hover detail. `blocks` is the pool panel's state less its cells' hover details."""
     step: int
     blocks: BlockPoolCells   # and its legend's counts and block tables: BlockPoolState less `blocks`
     slots: SlotMappingState
@@ -120,18 +90,33 @@ class WhyViewsDict(TypedDict):
 
 
 # -- what each panel shows, per entry ---------------------------------------------------------------
-def step_views(entries: Sequence[HistoryEntry], token_text: views.TokenText,
+def step_views(entries: Sequence[HistoryEntry], token_text: views.TokenText, panels: Collection[str],
                ledger: WhyLedger | None = None) -> list[EntryViewsDict]:
-    """One dict per entry: each panel's state with that entry on display (see `_entry_views`).
+    """One dict per entry: the state of each of `panels` with that entry on display, as the
+    Dashboard's binder draws it (each panel's view in PANEL_VIEWS, with the same context; a
+    recording's controls show the budgets each step ran under and the pool it ran on).
     `ledger`: the why-ledger of the whole run (read from `entries` when not given)."""
     entries = list(entries)
     ledger = ledger if ledger is not None else WhyLedger().feed(entries)
     names = RequestLabels().see_entries(entries).name   # "#17" for a long vLLM id, as the Dashboard says it
     captions = _captions.CaptionCache(names).captions(entries)  # the binder's captions, entry by entry
-    samplers = sampler_views(entries, token_text)
+    samplers = sampler_views(entries, token_text) if "sampler" in panels else None
     details = _DetailCache(token_text)
-    return [_entry_views(entry, caption, sampler, details, ledger, names)
-            for entry, caption, sampler in zip(entries, captions, samplers)]
+    shown = [name for name in PANEL_VIEWS if name in panels and name != "sampler"]
+    out: list[EntryViewsDict] = []
+    for i, caption in enumerate(captions):
+        c = entry_context(entries, i, token_text, ledger, names, caption)
+        # (each view's state is its panel's TypedDict: EntryViewsDict names them)
+        state = cast(EntryViewsDict, {"step": c.step, **{name: PANEL_VIEWS[name](c) for name in shown}})
+        if "blocks" in state:   # the pool's cells apart: each one's hover detail, without its `step`
+            pool: dict[str, object] = dict(state["blocks"])
+            blocks = cast("list[BlockDict]", pool.pop("blocks"))   # the pool's blocks (views.block_pool_state)
+            state["blocks"] = cast("BlockPoolCells", pool)
+            state["block_details"] = [details.detail(blocks, b) for b in range(len(blocks))]
+        if samplers is not None:
+            state["sampler"] = samplers[i]
+        out.append(state)
+    return out
 
 
 def why_views(ledger: WhyLedger, entries: Sequence[HistoryEntry], token_text: views.TokenText,
@@ -150,32 +135,6 @@ def why_views(ledger: WhyLedger, entries: Sequence[HistoryEntry], token_text: vi
             "requests": {rid: [[s, why_view.request_state(ledger, rid, snapshot, token_text, s)]
                                for s in why_view.change_steps(ledger, rid)] for rid in admitted},
             "default": [[s, why_view.latest_admitted(ledger, s)] for s in changes]}
-
-
-def _entry_views(entry: HistoryEntry, caption: str, sampler: SamplerViewsState, details: _DetailCache,
-                 ledger: WhyLedger, names: Callable[[str], str]) -> EntryViewsDict:
-    """What the binder sends each panel with `entry` on display (a recording's controls show
-    the budgets the step ran under and the pool it ran on), and each block's hover detail
-    without its `step`: the page adds the shown step, so a block that did not change costs
-    nothing in the next step's delta."""
-    step, record, snapshot = views.entry_parts(entry)
-    config = snapshot.get("config") or {}
-    shown = {name: dict(view(record, snapshot, details.token_text)) for name, view in views.STEP_VIEWS.items()}
-    blocks = shown["blocks"].pop("blocks")  # apart, below: the pool's cells, and each one's hover detail
-    # STEP_VIEWS types each state as a Mapping: they are block_pool_state's (less `blocks`), shown_slot_mapping's
-    # and latency_state's; the other keys follow, in this order.
-    out = cast(EntryViewsDict, {"step": step, **shown})
-    in_force = cast(BudgetsDict, {k: config[k] for k in SCHEDULER_KNOBS if k in config})  # BudgetsDict's keys
-    pool = cast(PoolConfigDict, {k: config[k] for k in POOL_KEYS if k in config})   # PoolConfigDict's keys
-    out["controls"] = {"info": views.controls_info(record, snapshot), "engine": views.engine_label(snapshot),
-                       "budget": views.budgets_ran_under(record, snapshot, in_force), "pool": pool,
-                       "caption": caption}
-    out["queues"] = views.queues_state(record, snapshot, why=why_view.why_rows(ledger, step), names=names)
-    out["tree"] = {"tree": why_view.tree_state(ledger, step, snapshot, details.token_text)}
-    out["block_details"] = [details.detail(blocks, i) for i in range(len(blocks))]
-    out["sampler"] = sampler
-    out["attention"] = {"requests": views.probe_targets(snapshot), **views.attention_shape(snapshot)}
-    return out
 
 
 def sampler_views(entries: Sequence[HistoryEntry], token_text: views.TokenText) -> list[SamplerViewsState]:
@@ -207,7 +166,8 @@ def sampler_views(entries: Sequence[HistoryEntry], token_text: views.TokenText) 
 class _DetailCache:
     """Block hover details of consecutive snapshots: a block the history shares with the
     previous snapshot (explorer/core/history.py) keeps its detail object, so it is built once
-    and `diff` skips it at once."""
+    and `diff` skips it at once. The page adds the shown step, so a block that did not change
+    costs nothing in the next step's delta."""
 
     def __init__(self, token_text: views.TokenText) -> None:
         self.token_text = token_text
@@ -250,13 +210,15 @@ def unpack_views(packed: Sequence[JSONValue]) -> list[EntryViewsDict]:
         # pack_views' items: the first step's views, then each step's delta from the one before
         cur = item if i == 0 else delta.patch(cur, cast("delta.DeltaDict | None", item))
         encoded = cast("dict[str, JSONValue]", cur)   # a step's views, as _encode_columns left them
-        pool = encoded["blocks"]
-        decoded = {k: _column_bytes(v) for k, v in pool.items()} if isinstance(pool, dict) else pool
-        out.append(cast(EntryViewsDict, {**encoded, "blocks": decoded}))   # the views step_views made
+        pool = encoded.get("blocks")
+        decoded = {k: _column_bytes(v) for k, v in pool.items()} if isinstance(pool, dict) else None
+        out.append(cast(EntryViewsDict, encoded if decoded is None else {**encoded, "blocks": decoded}))
     return out
 
 
 def _encode_columns(state: EntryViewsDict) -> JSONValue:
+    if "blocks" not in state:   # a page without the pool panel
+        return cast(JSONValue, state)
     blocks = dict(state["blocks"])
     for key, code in views.BLOCK_COLUMNS.items():
         column = blocks.get(key)

@@ -18,7 +18,7 @@ from .page import DEFAULT_MAX_BYTES, DEFAULT_MAX_STEPS, ExportResult, export_htm
 if TYPE_CHECKING:
     from ..core.session import Session
     from ..core.session_view import SessionView
-    from .states import PoolConfigDict
+    from ..ui.panel_views import PoolConfigDict
 
 
 class WorkloadItemDict(BudgetsDict, total=False):

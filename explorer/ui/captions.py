@@ -14,12 +14,11 @@ Example: "#0-#2 decode 1 token each; #0 needed a new block and none was free →
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 from engine.report.schema import REC, BudgetsDict, EngineSnapshotDict, RequestDict, ScheduledDict, StepRecordDict
 
-if TYPE_CHECKING:
-    from ..core.history import Entry
+from ..core.history import Entry, entry_fields
 
 EMPTY_HINT = "no steps yet: add a request and press Step"
 ARROW = "\u2192"
@@ -68,9 +67,8 @@ def no_snapshot() -> EngineSnapshotDict:
 
 
 def _parts(entry: Entry) -> tuple[StepRecordDict | None, EngineSnapshotDict]:
-    if isinstance(entry, dict):
-        return entry.get("record"), entry.get("snapshot") or no_snapshot()
-    return entry.record, entry.snapshot or no_snapshot()
+    _, record, snapshot = entry_fields(entry)
+    return record, snapshot or no_snapshot()
 
 
 def _start_caption(snapshot: EngineSnapshotDict) -> str:

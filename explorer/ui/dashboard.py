@@ -15,21 +15,24 @@ import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import ipywidgets as W
 
 import widgets
 from engine.config import SCHEDULER_KNOBS
-from engine.report.schema import BudgetsDict, EngineSnapshotDict, StepRecordDict
-from widgets.attention import prepare_probe
+from engine.report.schema import EngineSnapshotDict, StepRecordDict
+from widgets.attention import PreparedProbeDict, prepare_probe
 
 from ..core.labels import RequestLabels
 from ..core.session_view import FleetView, SessionView
-from . import captions, presets, run_writer, tp_view, views, why_view
-from .layout import ON_DEMAND, PANEL_NAMES, POOL_KEYS
+from ..why import WhyLedger
+from . import captions, layout, presets, views, why_view
+from .layout import ON_DEMAND, POOL_KEYS, SELECTION_LINKS
+from .panel_views import LEDGER_PANELS, PANEL_VIEWS, PanelContext, attention_view, controls_view, entry_context
 
 if TYPE_CHECKING:
     from widgets import Panel
@@ -58,27 +61,14 @@ _ERROR_ALIASES = {"max_model_len": "prompt", "token": "prompt", "num_kv_blocks":
                   "max_num_batched_tokens": "prompt"}
 
 
-class PreparedProbeDict(TypedDict):
-    """A probe ready to show and to keep: what widgets.attention.prepare_probe returns."""
-    request_id: str
-    layer: int | None
-    heads: list[int]
-    kv_head_of_head: list[int]
-    context_len: int
-    block_size: int
-    block_table: list[int]
-    tokens: list[str]
-    row_positions: list[int]
-    head_probs: list[bytes]   # per head: its (thinned) rows as float32 bytes
-    thumbs: bytes             # uint8 per head: thumb_shape, head after head ("" for a one-head probe)
-    thumb_shape: list[int]
-    thumb_heads: list[int]
-    source: str | None        # where the weights came from, when not kvscope's own engine
+#: Writes a Session's run to a file: `run_writer(session, path)` (what it returns is not read).
+RunWriter = Callable[[SessionView, Path], object]
 
 
 def dashboard_panels() -> tuple[str, ...]:
-    """PANEL_NAMES, then every other registered panel that is not ON_DEMAND."""
-    return PANEL_NAMES + tuple(n for n in widgets.PANELS if n not in PANEL_NAMES and n not in ON_DEMAND)
+    """The panels the layout places, then every other registered panel; none that is ON_DEMAND."""
+    placed = layout.laid_out()
+    return tuple(n for n in (*placed, *(n for n in widgets.PANELS if n not in placed)) if n not in ON_DEMAND)
 
 
 class SessionBinder:
@@ -89,8 +79,11 @@ class SessionBinder:
     (bad input) is shown inline in the Controls panel; the Session keeps working.
     """
 
-    def __init__(self, session: SessionView, panels: Iterable[str] | None = None) -> None:
+    def __init__(self, session: SessionView, panels: Iterable[str] | None = None, *,
+                 run_writer: RunWriter | None = None) -> None:
         self.session = session
+        #: What "save this run, then rebuild" writes the run with (None: the question offers no save).
+        self.run_writer = run_writer
         self.view_index: int | None = None
         self.auto_probe = True  # re-read attention after each live step
         self._in_run = False       # inside a multi-step action: probe once, at its end
@@ -166,90 +159,70 @@ class SessionBinder:
 
     def render(self, *, probe: bool = True) -> None:
         """Redraw every panel from the shown entry (`probe`: re-read attention if live)."""
-        entry = self.shown_entry()
-        record = entry.record or views.EMPTY_RECORD
-        snapshot = entry.snapshot
-        step = int(entry.step or snapshot.get("step", 0) or 0)
-        live = self.view_index is None
-        p = self.panels
         self._see_requests()
-        ledger = self.why.feed(self.session.history) if {"why", "tree", "queues"} & p.keys() else None
-        # Only the draws of panels in `p` run: the queues' and the tree's find the ledger fed.
-        fed = cast(why_view.WhyLedger, ledger)
-        # In this order: the attention panel reads the queues' selection.
-        draws: dict[str, Callable[[], None]] = {
-            "controls": lambda: self._render_controls(record, snapshot),
-            "queues": lambda: p["queues"].show(views.queues_state(record, snapshot, why=why_view.why_rows(fed, step),
-                                                                  names=self.labels.name)),
-            "why": lambda: self._render_why(snapshot, None if live else step),
-            "tree": lambda: p["tree"].show({"tree": why_view.tree_state(
-                fed, step, snapshot, self.token_text, kv_events=getattr(self.session.source, "kv_events", None))}),
-            # The pool, the slots, the latency charts and any new panel of one entry alone.
-            **{name: partial(self._draw_step_view, name, record, snapshot) for name in views.STEP_VIEWS},
-            "sampler": lambda: self._render_sampler(snapshot),
-            "timeline": lambda: p["timeline"].show(self._timeline()),
-            "attention": lambda: self._render_attention(snapshot, step, probe=live and self.auto_probe and probe),
-            "tensor_parallel": lambda: p["tensor_parallel"].show(
-                tp_view.tensor_parallel_state(record, snapshot, self.session.history)),
-        }
-        for name, panel in p.items():
-            if name not in draws:
-                with panel.hold_sync():
-                    panel.step, panel.live = step, live
-        for name, draw in draws.items():
-            if name not in p:
-                continue
+        p = self.panels
+        ledger = self.why.feed(self.session.history) if LEDGER_PANELS & p.keys() else None
+        c = self._context(ledger)
+        # Each panel's view (panel_views.PANEL_VIEWS), but where the binder adds what only a live
+        # Session has. In this order: the attention panel reads the queues' selection.
+        own: dict[str, Callable[[PanelContext], None]] = {
+            "controls": self._render_controls, "sampler": self._render_sampler,
+            "attention": partial(self._render_attention, probe=c.live and self.auto_probe and probe),
+            "why": self._render_why, "timeline": lambda _c: p["timeline"].show(self._timeline())}
+        drawn = [n for n in dict.fromkeys([*PANEL_VIEWS, *own]) if n in p]
+        for name in p.keys() - set(drawn):   # a panel with no view of an entry still says the step
+            with p[name].hold_sync():
+                p[name].step, p[name].live = c.step, c.live
+        for name in drawn:
             panel = p[name]
             # A panel's step and what it shows of that step go in one comm message, so the
             # browser never sees data-step N over step N-1's content (tests and users wait on it).
             with panel.hold_sync():
-                panel.step, panel.live = step, live
-                draw()
+                panel.step, panel.live = c.step, c.live
+                if name in own:
+                    own[name](c)
+                else:
+                    panel.show(PANEL_VIEWS[name](c))
 
-    def _draw_step_view(self, name: str, record: StepRecordDict, snapshot: EngineSnapshotDict) -> None:
-        self.panels[name].show(views.STEP_VIEWS[name](record, snapshot, self.token_text))
-
-    def _render_controls(self, record: StepRecordDict, snapshot: EngineSnapshotDict) -> None:
-        history = self.session.history
+    def _context(self, ledger: WhyLedger | None = None) -> PanelContext:
+        """What the panels' views read with the shown entry on display (`ledger`: fed; None: an empty one)."""
+        history = self.session.history or [self.session.current]
+        index = len(history) - 1 if self.view_index is None else max(0, min(self.view_index, len(history) - 1))
         config = self.session.config
-        # Live: the knobs in force (editable). Scrubbed back: the budgets the shown step ran under.
-        # (a config's knobs by name: SCHEDULER_KNOBS are BudgetsDict's keys, engine/report/schema.py checks it)
-        budget = cast(BudgetsDict, {k: getattr(config, k) for k in SCHEDULER_KNOBS})
-        if self.view_index is not None:
-            budget = views.budgets_ran_under(record, snapshot, budget)
-        index = len(history) - 1 if self.view_index is None else self.view_index
+        return entry_context(history, index, self.token_text, ledger if ledger is not None else WhyLedger(),
+                             self.labels.name, self._captions.caption(history, index), live=self.view_index is None,
+                             config={k: getattr(config, k) for k in (*SCHEDULER_KNOBS, *POOL_KEYS)},
+                             kv_events=getattr(self.session.source, "kv_events", None))
+
+    def _render_controls(self, c: PanelContext) -> None:
+        history = self.session.history
         self.panels["controls"].show({
+            **controls_view(c),   # live: the knobs in force (editable); scrubbed back: those the step ran under
             "history_len": len(history), "history_first": int(history[0].step) if history else 1,
             "history_dropped": int(self.session.history_window["dropped"]),
             "view_index": -1 if self.view_index is None else self.view_index,
             "has_work": bool(self.session.source.pending()),
-            # Which engine the panels show (a vLLM session says "vLLM 0.32.0").
-            "info": views.controls_info(record, snapshot), "engine": views.engine_label(snapshot),
-            "budget": budget, "pool": {k: getattr(config, k) for k in POOL_KEYS},
-            "caption": self._captions.caption(history, index),
             "chat_template_available": presets.has_chat_template(self.session.source.tokenizer),
             # No controls (a live server's Session): Step, the form and the pool are hidden.
             "read_only": self.session.watch_only,
-            "run_summary": {**views.run_summary(history), "can_save": run_writer.WRITER is not None},
+            "run_summary": {**views.run_summary(history), "can_save": self.run_writer is not None},
         })
 
-    def _render_why(self, snapshot: EngineSnapshotDict, step: int | None) -> None:
-        """The why panel as it stood after the shown step (`step`; None: the latest, the whole run)."""
+    def _render_why(self, c: PanelContext) -> None:
+        """The why panel as it stood after the shown step (live: the latest, the whole run)."""
         panel, why = self.panels["why"], self.why
+        step = None if c.live else c.step
         rid = panel.request_id or (self.panels["queues"].selected if "queues" in self.panels else "")
         with why.lock:
             panel.summary = why_view.summary_state(why.ledger, why.proof, step=step)
             if not rid:  # nothing chosen: the latest admitted request by the shown step
                 rid = why_view.latest_admitted(why.ledger, step)
-            panel.request = why_view.request_state(why.ledger, rid, snapshot, self.token_text, step) if rid else {}
+            panel.request = why_view.request_state(why.ledger, rid, c.snapshot, self.token_text, step) if rid else {}
         panel.proving = why.proving
 
-    def _render_sampler(self, snapshot: EngineSnapshotDict) -> None:
+    def _render_sampler(self, c: PanelContext) -> None:
         sampler = self.panels["sampler"]
-        history = self.session.history
-        end = len(history) if self.view_index is None else self.view_index + 1
-        rid = sampler.request_id if self._sampler_pinned else ""
-        sampler.show(views.sampler_state(history[:end], snapshot, rid, self.token_text))
+        sampler.show(PANEL_VIEWS["sampler"](replace(c, selected=sampler.request_id if self._sampler_pinned else "")))
 
     def _timeline(self) -> TimelineState:
         # The whole history is sent once per new step; scrubbing only moves the window.
@@ -261,11 +234,12 @@ class SessionBinder:
             state = self._timeline_state = views.timeline_state(history, self._captions.captions(history))
         return state
 
-    def _render_attention(self, snapshot: EngineSnapshotDict, step: int, *, probe: bool) -> None:
+    def _render_attention(self, c: PanelContext, *, probe: bool) -> None:
         att = self.panels["attention"]
+        snapshot, step = c.snapshot, c.step
         heads = int((snapshot.get("model_info") or {}).get("num_heads") or 0)
-        shape = views.attention_shape(snapshot)
-        targets = views.probe_targets(snapshot)
+        shape = attention_view(c)
+        targets = shape["requests"]
         with att.hold_sync():
             att.requests = targets
             att.num_layers = shape["num_layers"]
@@ -322,8 +296,7 @@ class SessionBinder:
             att.request_id = rid
             att.clear(str(exc))
             return
-        # widgets.attention.prepare_probe takes and returns a bare dict: this is the shape it builds.
-        prep = cast(PreparedProbeDict, prepare_probe(dict(probe_dict), att.max_rows))
+        prep = prepare_probe(probe_dict, att.max_rows)
         self._probes[key] = prep
         while len(self._probes) > 1 and sum(_probe_bytes(p) for p in self._probes.values()) > _PROBE_CACHE_BYTES:
             self._probes.popitem(last=False)
@@ -404,8 +377,7 @@ class SessionBinder:
     def _render_controls_only(self) -> None:
         self._see_requests()
         if "controls" in self.panels:
-            entry = self.shown_entry()
-            self._render_controls(entry.record or views.EMPTY_RECORD, entry.snapshot)
+            self._render_controls(self._context())
 
     # ---- browser actions ----
     def _on_action(self, source: str, content: dict) -> None:
@@ -454,8 +426,7 @@ class SessionBinder:
             finally:
                 self._in_run = False
             if isinstance(n, int) and n > 1 and "attention" in self.panels:
-                entry = self.shown_entry()
-                self._render_attention(entry.snapshot, int(entry.step), probe=self.auto_probe)
+                self._render_attention(self._context(), probe=self.auto_probe)
         elif action == "add":
             self.view_index = None
             check_required(c)
@@ -493,8 +464,7 @@ class SessionBinder:
             self.panels["why"].proving = self.why.proving
         elif action == "refresh" and "attention" in self.panels:
             self._attention_pinned = bool(self.panels["attention"].request_id)
-            entry = self.shown_entry()
-            self._render_attention(entry.snapshot, int(entry.step or 0), probe=True)
+            self._render_attention(self._context(), probe=True)
 
     def _rebuild(self, c: dict) -> None:
         """Reset / Apply: a new engine. The browser asked first (it names what goes); `save_run`
@@ -520,16 +490,16 @@ class SessionBinder:
 
     def save_run(self) -> Path:
         """The Session's run as one HTML export in `save_dir` (a new file name each time), by
-        the installed writer (explorer.export's export_html; explorer.ui.run_writer)."""
-        if run_writer.WRITER is None:
-            raise ValueError("no run writer is installed: import explorer.export (explorer's Dashboard does)")
+        `run_writer` (explorer's Dashboard hands it explorer.export's export_html)."""
+        if self.run_writer is None:
+            raise ValueError("this Dashboard was given no run_writer: explorer.Dashboard saves runs as HTML exports")
         stamp = time.strftime("%Y%m%d-%H%M%S")
         path = Path(self.save_dir) / f"kvscope-run-{stamp}.html"
         n = 1
         while path.exists():
             n += 1
             path = path.with_name(f"kvscope-run-{stamp}-{n}.html")
-        run_writer.WRITER(self.session, path)
+        self.run_writer(self.session, path)
         return path
 
     def hold_at(self, step: int) -> None:
@@ -547,28 +517,27 @@ class SessionBinder:
         self.render()
 
     def _select(self, source: str, rid: str) -> None:
-        """A request chosen in one panel: the sampler and attention panels follow it."""
+        """A request chosen in one panel: the panels it links to (layout.SELECTION_LINKS) follow it."""
         p = self.panels
-        if source in ("queues", "why") and "why" in p:
-            p["why"].request_id = rid
-        if source == "queues" or source == "sampler":
-            if "sampler" in p:
-                p["sampler"].request_id = rid
-                self._sampler_pinned = bool(rid)
-        if source == "queues" or source == "attention":
-            if "attention" in p:
+        for name in SELECTION_LINKS.get(source, ()):
+            if name not in p:
+                continue
+            if name == "attention":   # it keeps the request it shows until another is chosen
                 if rid:
-                    p["attention"].request_id = rid
-                self._attention_pinned = bool(p["attention"].request_id)
-        entry = self.shown_entry()
-        snap = entry.snapshot
+                    p[name].request_id = rid
+                self._attention_pinned = bool(p[name].request_id)
+            else:
+                p[name].request_id = rid
+                if name == "sampler":
+                    self._sampler_pinned = bool(rid)
+        c = self._context()
         if "sampler" in p:
-            self._render_sampler(snap)
+            self._render_sampler(c)
         if "why" in p:
             with p["why"].hold_sync():
-                self._render_why(snap, None if self.view_index is None else int(entry.step or 0))
+                self._render_why(c)
         if "attention" in p:
-            self._render_attention(snap, int(entry.step or 0), probe=True)
+            self._render_attention(c, probe=True)
 
 
 def _probe_bytes(prep: PreparedProbeDict) -> int:
@@ -603,21 +572,23 @@ class Dashboard(W.VBox):
     """
 
     def __new__(cls, session: SessionView | FleetView, **kwargs: Any) -> Dashboard | FleetDashboard:
-        if cls is Dashboard and isinstance(session, FleetView):
+        if isinstance(session, FleetView):
             # A Fleet (the ranks of a data-parallel server): its engine cores side by side.
             from .fleet_view import FleetDashboard
 
+            kwargs.pop("run_writer", None)   # its columns have no Controls: no rebuild, no run to save
             return FleetDashboard(session, panel, **kwargs)
         return super().__new__(cls)
 
-    def __init__(self, session: SessionView | FleetView, *, panels: Iterable[str] | None = None) -> None:
-        if isinstance(session, FleetView):  # only Dashboard itself lays a Fleet out (__new__), never a subclass
+    def __init__(self, session: SessionView | FleetView, *, panels: Iterable[str] | None = None,
+                 run_writer: RunWriter | None = None) -> None:
+        if isinstance(session, FleetView):  # __new__ laid it out as a FleetDashboard
             raise TypeError(f"{type(self).__name__} shows one Session; Dashboard(fleet) shows a Fleet")
         self.session = session
         if panels is None:  # the sharding view only when there is sharding to see
             tp = getattr(session.config, "tensor_parallel_size", 1)
             panels = dashboard_panels() + (ON_DEMAND if tp > 1 else ())
-        self.binder = SessionBinder(session, panels)
+        self.binder = SessionBinder(session, panels, run_writer=run_writer)
         for name, panel in self.binder.panels.items():
             setattr(self, name, panel)
         p = self.binder.panels
@@ -627,27 +598,16 @@ class Dashboard(W.VBox):
 
             self.follow = follow_panel(session, self.binder)
             rows.append(self.follow)
-        if "controls" in p:
-            rows.append(p["controls"])
-        top = [p[n] for n in ("queues", "sampler") if n in p]
-        if top:
-            for n, flex in (("queues", "3 1 0"), ("sampler", "1 1 0")):
-                if n in p:
-                    p[n].layout = W.Layout(flex=flex, min_width="0")
-            # Stretched: both panels as tall as the row, so a taller Sampler leaves no white gap.
-            rows.append(W.HBox(top, layout=W.Layout(width="100%", align_items="stretch")))
-        # The pool and this step's slots side by side (a laptop's 1366 px hold both); each
-        # wraps under the other below ~2 x 440 px.
-        pair = [p[n] for n in ("blocks", "slots") if n in p]
-        for panel_ in pair:
-            panel_.layout = W.Layout(flex="1 1 440px", min_width="0")
-        if pair:
-            rows.append(W.HBox(pair, layout=W.Layout(width="100%", align_items="flex-start", flex_flow="row wrap")))
-        # The chosen request's why and the prefix tree under the pool they are tied to: the queues,
-        # the pool and the slots stay above a laptop's fold (1366 x 768).
-        rows += [p[n] for n in ("why", "tree") if n in p]
-        rows += [p[n] for n in ("attention", "tensor_parallel", "timeline", "latency") if n in p]
-        rows += [panel_ for n, panel_ in p.items() if n not in PANEL_NAMES + ON_DEMAND]  # new ones, last
+        for row in layout.rows_of(p):   # the layout's rows (explorer/ui/layout.py), new panels last
+            if not row.panels[0][1]:   # a panel alone in its row
+                rows.append(p[row.panels[0][0]])
+                continue
+            for name, flex in row.panels:
+                p[name].layout = W.Layout(flex=flex, min_width="0")
+            # Wrapping: each keeps its own height; else both as tall as the row (no white gap).
+            box = (W.Layout(width="100%", align_items="flex-start", flex_flow="row wrap") if row.wrap
+                   else W.Layout(width="100%", align_items="stretch"))
+            rows.append(W.HBox([p[name] for name, _ in row.panels], layout=box))
         super().__init__(rows, layout=W.Layout(width="100%"))
         self.add_class("kvs-dashboard")
 

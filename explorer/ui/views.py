@@ -46,7 +46,7 @@ from engine.report.schema import (
 from engine.token_replay import BACKEND as REPLAY_BACKEND
 from engine.tokenizer import fast_decoder
 
-from ..core.history import Entry
+from ..core.history import Entry, entry_fields
 from ..core.labels import kv_cache_group_label
 from .captions import BATCH_SOURCE_WORDS, history_captions, no_snapshot
 
@@ -333,10 +333,7 @@ def _cached_blocks(num_cached: int, table: list[int], block_size: int, req: Requ
 def entry_parts(entry: Entry) -> tuple[int, StepRecordDict, EngineSnapshotDict]:
     """(step, record, snapshot) of a history entry (a HistoryEntry, or its dict form), as
     the panels read it: no record is EMPTY_RECORD, no step the snapshot's."""
-    if isinstance(entry, dict):
-        step, record, snapshot = entry.get("step"), entry.get("record"), entry.get("snapshot")
-    else:
-        step, record, snapshot = entry.step, entry.record, entry.snapshot
+    step, record, snapshot = entry_fields(entry)
     snapshot = snapshot or no_snapshot()   # a dict entry without one
     return int(step or snapshot.get(SNAP.STEP, 0) or 0), record or EMPTY_RECORD, snapshot
 
@@ -645,16 +642,3 @@ def attention_shape(snapshot: EngineSnapshotDict) -> AttentionShapeDict:
         out["num_heads"] = heads
         out["kv_head_of_head"] = [h // (heads // kv_heads) for h in range(heads)]
     return out
-
-
-#: A panel's state from one history entry alone: its record, its snapshot, and the engine's token texts.
-StepView = Callable[[StepRecordDict | None, EngineSnapshotDict, TokenText], Mapping[str, Any]]
-#: The panels whose state is a `StepView`, by panel name (widgets/<panel>.py's NAME). The Dashboard's
-#: binder and the export draw each of them through this table alone, so a new panel of this kind is
-#: its widgets/<name>.py, .js and .css plus one entry here (docs/architecture.md, "Adding a panel").
-#: (Each entry looks its function up when called: benchmarks/ui.py times them by module attribute.)
-STEP_VIEWS: dict[str, StepView] = {
-    "blocks": lambda record, snapshot, _text: block_pool_state(record, snapshot),
-    "slots": lambda record, snapshot, text: shown_slot_mapping(record, snapshot, text),
-    "latency": lambda _record, snapshot, _text: latency_state(snapshot),
-}

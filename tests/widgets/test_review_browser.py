@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from explorer.export import export_html  # also installs the Dashboard's run writer
+from explorer.export import export_html
 from explorer.ui.dashboard import SessionBinder
 
 from .conftest import BASE_CONFIG
@@ -33,7 +33,7 @@ KERNEL_ROUND_TRIP_MS = 80
 
 @pytest.fixture
 def ui(browser: Any, fresh_session: Any, tmp_path: Path) -> Iterator[tuple[Any, MiniFrontend, SessionBinder]]:
-    binder = SessionBinder(fresh_session, PANELS)
+    binder = SessionBinder(fresh_session, PANELS, run_writer=export_html)
     binder.save_dir = tmp_path
     page = browser.new_page(viewport=LAPTOP)
     front = MiniFrontend(page, binder.panels, body_width=LAB_OUTPUT_WIDTH_AT_1366, latency_ms=KERNEL_ROUND_TRIP_MS)

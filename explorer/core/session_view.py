@@ -12,7 +12,7 @@ depend on core/'s contract rather than on `Any`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 
 if TYPE_CHECKING:   # types only: a reader importing this stays free of torch (the docs' re-run runs in Pyodide)
     from engine import SamplingParams, StepRecord
@@ -23,6 +23,10 @@ if TYPE_CHECKING:   # types only: a reader importing this stays free of torch (t
     from .engine_protocol import Controls, Source
     from .history import HistoryEntry, HistoryWindowDict
     from .metrics import SessionMetricsDict
+
+#: A setting's value as a reader passes it on: an EngineConfig field's (a Session's **config_fields),
+#: or a what-if knob's (Settings' field types; a memory knob's number).
+SettingValue: TypeAlias = int | float | str | bool | None
 
 
 class SessionView(Protocol):

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import ipywidgets as W
 
@@ -571,13 +571,15 @@ class Dashboard(W.VBox):
     `attention`, `timeline`, `latency`. Display one alone with ``display(dash.queues)``.
     """
 
-    def __new__(cls, session: SessionView | FleetView, **kwargs: Any) -> Dashboard | FleetDashboard:
+    def __new__(cls, session: SessionView | FleetView, *, panels: Iterable[str] | None = None,
+                run_writer: RunWriter | None = None) -> Dashboard | FleetDashboard:
         if isinstance(session, FleetView):
-            # A Fleet (the ranks of a data-parallel server): its engine cores side by side.
+            # A Fleet (the ranks of a data-parallel server): its engine cores side by side. Its
+            # columns have no Controls: no rebuild, so no run to save.
             from .fleet_view import FleetDashboard
 
-            kwargs.pop("run_writer", None)   # its columns have no Controls: no rebuild, no run to save
-            return FleetDashboard(session, panel, **kwargs)
+            return FleetDashboard(session, panel) if panels is None else FleetDashboard(session, panel,
+                                                                                       panels=tuple(panels))
         return super().__new__(cls)
 
     def __init__(self, session: SessionView | FleetView, *, panels: Iterable[str] | None = None,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypedDict, cast
+from typing import TYPE_CHECKING, TypedDict, cast
 
 from engine.config import SCHEDULER_KNOBS
 from engine.report.schema import BudgetsDict, EngineSnapshotDict, StepRecordDict
@@ -77,13 +77,14 @@ class PanelContext:
     caption: str                        # the shown step's plain-language line
     selected: str = ""                  # the request chosen for the panel ("": its default)
     live: bool = False                  # the Session's latest entry, with its knobs editable
-    config: Mapping[str, Any] | None = None   # the engine's config now (None: the snapshot's)
+    config: Mapping[str, object] | None = None   # the engine's config now (None: the snapshot's)
     kv_events: KvEventSubscriber | None = None   # a live server's KV events, which the tree checks
 
 
 def entry_context(entries: Sequence[Entry], index: int, token_text: TokenText, ledger: WhyLedger,
                   names: Callable[[str], str], caption: str, *, live: bool = False,
-                  config: Mapping[str, Any] | None = None, kv_events: KvEventSubscriber | None = None) -> PanelContext:
+                  config: Mapping[str, object] | None = None,
+                  kv_events: KvEventSubscriber | None = None) -> PanelContext:
     """The context with entries[index] on display."""
     step, record, snapshot = views.entry_parts(entries[index])
     return PanelContext(step, record, snapshot, entries[:index + 1], token_text, ledger, names, caption,
@@ -93,7 +94,7 @@ def entry_context(entries: Sequence[Entry], index: int, token_text: TokenText, l
 def controls_view(c: PanelContext) -> ControlsViewState:
     """Which engine, the step's numbers and caption, the pool, and the budgets: live, the knobs in
     force (editable); any other entry, the budgets it ran under."""
-    config = c.config if c.config is not None else (c.snapshot.get("config") or {})
+    config: Mapping[str, object] = c.config if c.config is not None else (c.snapshot.get("config") or {})
     # SCHEDULER_KNOBS are BudgetsDict's keys (engine/report/schema.py checks it), POOL_KEYS PoolConfigDict's
     in_force = cast(BudgetsDict, {k: config[k] for k in SCHEDULER_KNOBS if k in config})
     return {"info": views.controls_info(c.record, c.snapshot), "engine": views.engine_label(c.snapshot),
@@ -107,14 +108,14 @@ def attention_view(c: PanelContext) -> AttentionViewState:
     return {"requests": views.probe_targets(c.snapshot), **views.attention_shape(c.snapshot)}
 
 
-def _tensor_parallel_view(c: PanelContext) -> Mapping[str, Any]:
+def _tensor_parallel_view(c: PanelContext) -> Mapping[str, object]:
     from .tp_view import tensor_parallel_state  # its panel module needs anywidget: read on first use
 
     return tensor_parallel_state(c.record, c.snapshot, c.entries)
 
 
 #: A panel's state from what is on display.
-PanelView = Callable[[PanelContext], Mapping[str, Any]]
+PanelView = Callable[[PanelContext], Mapping[str, object]]
 #: Every panel's view, by panel name (widgets/<panel>.py's NAME). The Dashboard's binder and the export
 #: draw each panel through this table, so a new panel is its widgets/<name>.py, .js and .css plus one
 #: entry here and its place in explorer/ui/layout.py (docs/architecture.md, "Adding a panel").

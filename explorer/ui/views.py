@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast
+from typing import TYPE_CHECKING, Literal, TypedDict, cast
 
 from engine.report.records import StepRecord
 
@@ -74,7 +74,7 @@ QueueName = Literal["waiting", "running", "finished"]
 QUEUE_NAMES: tuple[QueueName, ...] = (QUEUE.WAITING, QUEUE.RUNNING, QUEUE.FINISHED)
 
 
-def token_texts(tokenizer: Any) -> TokenText:
+def token_texts(tokenizer: object) -> TokenText:
     """A token-id -> text function that decodes each id once (None: ids shown as text), by
     the engine's own decoder, so panels and records spell every token the same way."""
     cache: dict[int, str] = {}

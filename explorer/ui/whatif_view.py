@@ -10,9 +10,10 @@ setting's doing alone. Runs longer than `max_steps` are shown up to it (the note
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..core.recording import Recording
+from ..core.session_view import SettingValue
 from ..whatif.parting import Parting, first_parting
 from ..whatif.replay import ReplayResult, replay
 from ..whatif.settings import variant
@@ -64,7 +65,7 @@ def whatif_state(rec: Recording, a: ReplayResult, b: ReplayResult, parting: Part
 
 
 def compare(rec: Recording, arrivals: str = "step",
-            **changes: Any) -> tuple[ReplayResult, ReplayResult, Parting | None]:
+            **changes: SettingValue) -> tuple[ReplayResult, ReplayResult, Parting | None]:
     """Both replays, kept step by step, and where they part."""
     model = fit(rec) if arrivals == "timed" else None
     a = replay(rec, arrivals=arrivals, step_model=model, keep_steps=True)
@@ -73,7 +74,7 @@ def compare(rec: Recording, arrivals: str = "step",
 
 
 def whatif_panel(rec: Recording, *, arrivals: str = "step", max_steps: int = MAX_STEPS,
-                 **changes: Any) -> WhatIfPanel:
+                 **changes: SettingValue) -> WhatIfPanel:
     """A WhatIfPanel of `rec` at its own settings against `changes` (what-if knobs)."""
     from widgets.whatif import WhatIfPanel
 

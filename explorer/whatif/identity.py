@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Literal, get_args
 
 from ..core.history import HistoryEntry
 from ..core.recording import Recording, step_decisions
@@ -30,8 +30,8 @@ class Difference:
 
     step: int
     what: str                                        # a decision (FIELDS), "digest" or "step"
-    recorded: str | list[str] | list[list[Any]]      # its value (DecisionsDict's), the digest, or a phrase
-    replayed: str | list[str] | list[list[Any]]
+    recorded: str | list[str] | list[list[object]]      # its value (DecisionsDict's), the digest, or a phrase
+    replayed: str | list[str] | list[list[object]]
 
     def text(self) -> str:
         return f"step {self.step}: {_SAY.get(self.what, self.what)}: recorded {self.recorded}, replayed {self.replayed}"

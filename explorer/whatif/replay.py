@@ -28,7 +28,7 @@ import contextlib
 import time
 from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 from ..core.recording import DecisionsDict, Recording, decisions_digest
 from ..drivers.vllm.groups import kvscope_order
@@ -139,13 +139,13 @@ def _scheduler_class() -> type[Scheduler]:
         """vLLM's Scheduler, unchanged in what it decides, noting for each preemption the
         request whose block allocation failed (the one the victim made room for)."""
 
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
+        def __init__(self, *args: object, **kwargs: object) -> None:
             super().__init__(*args, **kwargs)
             self.asking: str | None = None
             self.step_preemptions: list[Preemption] = []
             allocate = self.kv_cache_manager.allocate_slots
 
-            def noted(request: Request, *a: Any, **k: Any) -> KVCacheBlocks | None:
+            def noted(request: Request, *a: object, **k: object) -> KVCacheBlocks | None:
                 self.asking = request.request_id
                 return allocate(request, *a, **k)
 

@@ -15,15 +15,14 @@ was a v0 setting): its long-prefill threshold is the knob that caps a long promp
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, TypeAlias, TypedDict, get_args
+from typing import TYPE_CHECKING, Literal, TypedDict, get_args
 
 from ..core.recording import SETTINGS_FIELDS, Recording, Settings, SettingsDict
+from ..core.session_view import SettingValue
 
 if TYPE_CHECKING:  # vLLM is imported only where a server's block sizes are checked
     from vllm.v1.attention.backend import MultipleOf
 
-# A setting's value (Settings' field types; a memory knob's number), as a what-if is given it.
-SettingValue: TypeAlias = int | float | str | bool | None
 # What a what-if may change (vLLM's names), and the two memory knobs that become num_blocks.
 Knob = Literal["block_size", "num_blocks", "max_num_batched_tokens", "max_num_seqs", "enable_prefix_caching",
                "enable_chunked_prefill", "long_prefill_token_threshold", "long_prefill_token_threshold_adaptive",

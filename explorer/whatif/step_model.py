@@ -27,8 +27,11 @@ from dataclasses import dataclass
 from typing import TypedDict
 
 import numpy as np
+import numpy.typing as npt
 
 from ..core.recording import Recording
+
+FloatArray = npt.NDArray[np.float64]   # the step features, seconds and coefficients
 
 FEATURES = ("intercept", "prefill_tokens", "decode_requests", "context_tokens")
 FOLDS = 5
@@ -86,7 +89,7 @@ class StepTimeModel:
                 "clock": self.clock, "admission_delay": self.admission_delay, "source": self.source}
 
 
-def step_costs(rec: Recording) -> tuple[np.ndarray, np.ndarray]:
+def step_costs(rec: Recording) -> tuple[FloatArray, FloatArray]:
     """(features [n, 4], seconds [n]) of the recording's steps on its clock."""
     st = rec.steps
     n = len(st)
@@ -139,17 +142,17 @@ def score(model: StepTimeModel, rec: Recording) -> tuple[float, float]:
     return float(np.median(errors)), total
 
 
-def _timed(rec: Recording) -> tuple[np.ndarray, np.ndarray]:
+def _timed(rec: Recording) -> tuple[FloatArray, FloatArray]:
     x, y = step_costs(rec)
     keep = np.isfinite(y) & (y > 0)
     return x[keep], y[keep]
 
 
-def _errors(pred: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
+def _errors(pred: FloatArray, y: FloatArray) -> tuple[FloatArray, float]:
     return np.abs(pred - y) / y, float(abs(pred.sum() - y.sum()) / y.sum())
 
 
-def _nonnegative_fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+def _nonnegative_fit(x: FloatArray, y: FloatArray) -> FloatArray:
     active = list(range(x.shape[1]))
     while True:
         c, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)

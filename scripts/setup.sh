@@ -100,15 +100,18 @@ fi
 # Node packages, pinned, from the npm registry into .venv/node (git-ignored, with the rest of the
 # environment), in one install (a second --no-save install would prune the first's): TypeScript's
 # checker for the panels' JavaScript (tests/widgets/test_js_types.py: tsc --noEmit over the
-# // @ts-check files, tsconfig.json), and Pyodide, the Python that re-runs a docs chapter in the
-# reader's browser (`make docs` vendors it into the site: explorer/export/rerun_site.py).
+# // @ts-check files, tsconfig.json), Prettier, its formatter (tests/widgets/test_js_format.py,
+# .prettierrc.json), and Pyodide, the Python that re-runs a docs chapter in the reader's browser
+# (`make docs` vendors it into the site: explorer/export/rerun_site.py).
 typescript=5.9.3
+prettier=3.10.2
 pyodide=0.29.5
 if command -v npm >/dev/null && { [[ "$(.venv/node/node_modules/.bin/tsc --version 2>/dev/null)" != "Version $typescript" ]] ||
+   [[ "$(.venv/node/node_modules/.bin/prettier --version 2>/dev/null)" != "$prettier" ]] ||
    [[ "$(node -p "require('./.venv/node/node_modules/pyodide/package.json').version" 2>/dev/null)" != "$pyodide" ]]; }; then
-  echo "[setup] installing typescript $typescript and pyodide $pyodide (npm) into .venv/node"
+  echo "[setup] installing typescript $typescript, prettier $prettier and pyodide $pyodide (npm) into .venv/node"
   npm install --prefix .venv/node --no-save --no-audit --no-fund --loglevel=error \
-    "typescript@$typescript" "pyodide@$pyodide" >/dev/null
+    "typescript@$typescript" "prettier@$prettier" "pyodide@$pyodide" >/dev/null
 fi
 # Convert the default model once (cached under ~/.cache/kvscope; a second run is instant).
 echo "[setup] default model: $(.venv/bin/python -c "from engine.default_model import default_model_path; print(default_model_path())")"

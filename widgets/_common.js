@@ -9,8 +9,12 @@
 // generated from engine/report/schema.py); its look is here, by key.
 /** @type {{[key: string]: [string, string]}} */
 const KVS_EVENT_LOOKS = {
-  allocated: ["#2e7d32", "+"], hits: ["#1565c0", "\u21ba"], same_step_hits: ["#00897b", "\u21c9"],
-  freed: ["#ef6c00", "\u2212"], evicted: ["#c62828", "\u2715"], cached: ["#6a1b9a", "#"],
+  allocated: ["#2e7d32", "+"],
+  hits: ["#1565c0", "\u21ba"],
+  same_step_hits: ["#00897b", "\u21c9"],
+  freed: ["#ef6c00", "\u2212"],
+  evicted: ["#c62828", "\u2715"],
+  cached: ["#6a1b9a", "#"],
 };
 // [bit, StepRecord.blocks key, label, colour, icon, what it means]; legends list them in this order.
 /** @typedef {[number, string, string, string, string, string]} KvsEvent */
@@ -20,20 +24,46 @@ const KVS_SAME_STEP_TIP = (KVS_EVENTS.find(([, key]) => key === "same_step_hits"
 // Other marks, one meaning each. `cache` (tokens whose KV came from the prefix cache) is
 // the prefix-hit colour on purpose: it is the same fact seen from the request's side.
 const KVS_MARKS = {
-  cache: "#1565c0", sampled: "#ad1457", focus: "#ffd600", focusInk: "#111", selected: "#000",
-  null: "#555", free: "#f4f4f4", freeCached: "#c5d9ef", hashed: "#1f4e79", none: "#9e9e9e",
+  cache: "#1565c0",
+  sampled: "#ad1457",
+  focus: "#ffd600",
+  focusInk: "#111",
+  selected: "#000",
+  null: "#555",
+  free: "#f4f4f4",
+  freeCached: "#c5d9ef",
+  hashed: "#1f4e79",
+  none: "#9e9e9e",
 };
 // Why a prompt token hit or missed the prefix cache (explorer/why): one colour per class, the
 // same on a queue card's why chip, in the why panel and in the export. A hit is the prefix-hit
 // colour (the same fact); an eviction the evicted event's.
 /** @type {{[cls: string]: string}} */
 const KVS_WHY_LOOKS = {
-  hit: KVS_MARKS.cache, evicted: "#c62828", below_block: "#f9a825", never_seen: "#9e9e9e",
-  other_domain: "#8d6e63", recomputed: "#ef6c00", caching_off: "#546e7a", group_cut: "#6a1b9a",
+  hit: KVS_MARKS.cache,
+  evicted: "#c62828",
+  below_block: "#f9a825",
+  never_seen: "#9e9e9e",
+  other_domain: "#8d6e63",
+  recomputed: "#ef6c00",
+  caching_off: "#546e7a",
+  group_cut: "#6a1b9a",
 };
 // Requests: twelve colours, neighbours far apart; numeric ids take them in turn.
-const KVS_REQUEST_COLORS = ["#909bdf", "#c9a25e", "#c059c0", "#84bf40", "#506a7c", "#f3ae91",
-  "#59c3cf", "#794d34", "#e278b6", "#8f9325", "#77c59c", "#c7b0dd"];
+const KVS_REQUEST_COLORS = [
+  "#909bdf",
+  "#c9a25e",
+  "#c059c0",
+  "#84bf40",
+  "#506a7c",
+  "#f3ae91",
+  "#59c3cf",
+  "#794d34",
+  "#e278b6",
+  "#8f9325",
+  "#77c59c",
+  "#c7b0dd",
+];
 
 /** `hex` moved toward `toward` by `f` (0..1), as an rgb() colour.
  * @param {string} hex @param {string} toward @param {number} f @returns {string} */
@@ -73,9 +103,18 @@ function kvsBlockTint(block) {
  * @param {string} text @param {?string} [testid] @param {?string} [title] @returns {HTMLSpanElement}
  */
 function kvsSwatch(look, text, testid = null, title = null) {
-  const i = kvsEl("i", { class: "kvs-sw", style: { background: look.fill || "transparent", borderColor: look.border || "#aaa",
-    borderStyle: look.dashed ? "dashed" : "solid", color: look.color || look.border || "#333" }, "data-icon": look.icon || null });
-  if (look.stripes) i.style.backgroundImage = `linear-gradient(90deg, ${look.stripes.map((c, k, a) => `${c} ${(100 * k / a.length).toFixed(0)}% ${(100 * (k + 1) / a.length).toFixed(0)}%`).join(", ")})`;
+  const i = kvsEl("i", {
+    class: "kvs-sw",
+    style: {
+      background: look.fill || "transparent",
+      borderColor: look.border || "#aaa",
+      borderStyle: look.dashed ? "dashed" : "solid",
+      color: look.color || look.border || "#333",
+    },
+    "data-icon": look.icon || null,
+  });
+  if (look.stripes)
+    i.style.backgroundImage = `linear-gradient(90deg, ${look.stripes.map((c, k, a) => `${c} ${((100 * k) / a.length).toFixed(0)}% ${((100 * (k + 1)) / a.length).toFixed(0)}%`).join(", ")})`;
   return kvsEl("span", { class: "kvs-leg", "data-testid": testid, title }, [i, text]);
 }
 
@@ -99,12 +138,16 @@ function kvsArray(value, Ctor) {
 
 // A tooltip next to the pointer, kept inside the window: it flips to the pointer's other
 // side near the right or bottom edge, and never starts above or left of the window.
-const KVS_TIP_OFFSET = 12, KVS_TIP_MARGIN = 4;
+const KVS_TIP_OFFSET = 12,
+  KVS_TIP_MARGIN = 4;
 /** @param {HTMLElement} tip @param {{clientX: number, clientY: number}} ev @returns {void} */
 function kvsPlaceTip(tip, ev) {
-  const w = tip.offsetWidth, h = tip.offsetHeight;
-  const vw = document.documentElement.clientWidth || window.innerWidth, vh = window.innerHeight;
-  let x = ev.clientX + KVS_TIP_OFFSET, y = ev.clientY + KVS_TIP_OFFSET;
+  const w = tip.offsetWidth,
+    h = tip.offsetHeight;
+  const vw = document.documentElement.clientWidth || window.innerWidth,
+    vh = window.innerHeight;
+  let x = ev.clientX + KVS_TIP_OFFSET,
+    y = ev.clientY + KVS_TIP_OFFSET;
   if (x + w > vw - KVS_TIP_MARGIN) x = ev.clientX - KVS_TIP_OFFSET - w;
   if (y + h > vh - KVS_TIP_MARGIN) y = ev.clientY - KVS_TIP_OFFSET - h;
   x = Math.max(KVS_TIP_MARGIN, Math.min(x, vw - KVS_TIP_MARGIN - w));
@@ -116,7 +159,9 @@ function kvsPlaceTip(tip, ev) {
 // Prefill chunks are counted from 1 on screen, as the captions say them ("chunk 2"); the
 // StepRecord's chunk_index counts from 0, and the hover title says so.
 /** @param {number|null|undefined} chunkIndex @returns {number} */
-function kvsChunkNumber(chunkIndex) { return (Number(chunkIndex) || 0) + 1; }
+function kvsChunkNumber(chunkIndex) {
+  return (Number(chunkIndex) || 0) + 1;
+}
 /** @param {number|null|undefined} chunkIndex @returns {string} */
 function kvsChunkTitle(chunkIndex) {
   return `chunk ${kvsChunkNumber(chunkIndex)} of this prompt (the StepRecord's chunk_index ${Number(chunkIndex) || 0} counts from 0)`;
@@ -128,7 +173,7 @@ const KVS_SVG_NS = "http://www.w3.org/2000/svg";
 function kvsSvg(tag, attrs = {}, text = null) {
   const n = document.createElementNS(KVS_SVG_NS, tag);
   for (const [k, v] of Object.entries(attrs)) if (v !== null && v !== undefined) n.setAttribute(k, String(v));
-  if (text !== null) n.textContent = /** @type {string} */ (text);   // a number is written as its text
+  if (text !== null) n.textContent = /** @type {string} */ (text); // a number is written as its text
   return n;
 }
 
@@ -161,7 +206,7 @@ const KVS_CUT = { percentile: 0.95, ratio: 1.5, headroom: 1.1, min: 5 };
 
 /** The axis top for `values`: their largest, or the cut. @param {number[]} values @returns {{cap: number, cut: boolean}} */
 function kvsCutScale(values) {
-  const max = values.reduce((a, b) => Math.max(a, b), 1e-6);   // no spread: thousands of gaps
+  const max = values.reduce((a, b) => Math.max(a, b), 1e-6); // no spread: thousands of gaps
   if (values.length < KVS_CUT.min) return { cap: max, cut: false };
   const sorted = [...values].sort((a, b) => a - b);
   const p = sorted[Math.floor(KVS_CUT.percentile * (sorted.length - 1))];
@@ -171,7 +216,9 @@ function kvsCutScale(values) {
 
 // "1 token", "3 tokens": a count with its noun in the right number.
 /** @param {number} n @param {string} noun @param {string} [plural] @returns {string} */
-function kvsCount(n, noun, plural = `${noun}s`) { return `${n} ${Number(n) === 1 ? noun : plural}`; }
+function kvsCount(n, noun, plural = `${noun}s`) {
+  return `${n} ${Number(n) === 1 ? noun : plural}`;
+}
 
 // Tokens often are whitespace or newlines: make them visible in cells.
 /** @param {?string|undefined} text @returns {string} */
@@ -184,7 +231,17 @@ function kvsTok(text) {
 // the model. A frozen panel (a still: its binder stopped following the Session) swallows
 // every click and edit before the panel's own handlers see it, and says which step it
 // froze at; a panel with a title can be collapsed to it (the dashboard on a laptop).
-const KVS_FROZEN_EVENTS = ["click", "dblclick", "mousedown", "mouseup", "change", "input", "keydown", "submit", "contextmenu"];
+const KVS_FROZEN_EVENTS = [
+  "click",
+  "dblclick",
+  "mousedown",
+  "mouseup",
+  "change",
+  "input",
+  "keydown",
+  "submit",
+  "contextmenu",
+];
 /** @param {HTMLElement} el @param {KvsModel} model @param {string} testid @param {string} [extraClass] @returns {HTMLDivElement} */
 function kvsRoot(el, model, testid, extraClass = "") {
   const root = kvsEl("div", { class: `kvs-panel ${testid} ${extraClass}`.trim(), "data-testid": testid });
@@ -203,14 +260,31 @@ function kvsRoot(el, model, testid, extraClass = "") {
   const heldSync = kvsHeldOr(model, sync);
   for (const k of ["step", "live", "frozen"]) model.on(`change:${k}`, heldSync);
   for (const type of KVS_FROZEN_EVENTS) {
-    root.addEventListener(type, (/** @type {Event} */ e) => { if (frozen()) { e.stopImmediatePropagation(); e.preventDefault(); } }, true);
+    root.addEventListener(
+      type,
+      (/** @type {Event} */ e) => {
+        if (frozen()) {
+          e.stopImmediatePropagation();
+          e.preventDefault();
+        }
+      },
+      true,
+    );
   }
   el.append(root);
   // Once the panel has drawn its title: the badge and the collapse toggle go in it.
   queueMicrotask(() => {
     const title = [...root.children].find((c) => c.classList.contains("kvs-title"));
-    if (!title) { root.prepend(badge); return; }
-    const toggle = kvsEl("button", { class: "kvs-collapse", "data-testid": "kvs-collapse", title: "collapse / expand this panel", text: "\u25be" });
+    if (!title) {
+      root.prepend(badge);
+      return;
+    }
+    const toggle = kvsEl("button", {
+      class: "kvs-collapse",
+      "data-testid": "kvs-collapse",
+      title: "collapse / expand this panel",
+      text: "\u25be",
+    });
     toggle.addEventListener("click", () => {
       const collapsed = root.classList.toggle("kvs-collapsed");
       toggle.textContent = collapsed ? "\u25b8" : "\u25be";
@@ -314,7 +388,10 @@ function kvsBatched(fn) {
   return () => {
     if (queued) return;
     queued = true;
-    queueMicrotask(() => { queued = false; fn(); });
+    queueMicrotask(() => {
+      queued = false;
+      fn();
+    });
   };
 }
 
@@ -329,7 +406,8 @@ function kvsBatched(fn) {
 /** @param {string} group @returns {KvsLinkBus} */
 function kvsLinkBus(group) {
   const all = (window.__kvsLinks = window.__kvsLinks || new Map());
-  if (!all.has(group)) all.set(group, { hover: null, pinned: null, listeners: new Set(), held: null, deferred: new Set() });
+  if (!all.has(group))
+    all.set(group, { hover: null, pinned: null, listeners: new Set(), held: null, deferred: new Set() });
   return /** @type {KvsLinkBus} */ (all.get(group));
 }
 /**
@@ -346,21 +424,37 @@ function kvsLink(model, onFocus) {
   /** @param {?KvsFocus} f */
   const handler = (f) => onFocus(live() ? f : null);
   const current = () => (bus && live() ? bus.hover || bus.pinned : null);
-  const notify = () => { const f = bus.hover || bus.pinned; for (const h of [...bus.listeners]) h(f); };
+  const notify = () => {
+    const f = bus.hover || bus.pinned;
+    for (const h of [...bus.listeners]) h(f);
+  };
   const join = () => {
     if (bus) bus.listeners.delete(handler);
     bus = kvsLinkBus(model.get("link_group") || "kvs-default");
     bus.listeners.add(handler);
   };
   join();
-  const rejoin = () => { join(); handler(bus.hover || bus.pinned); };
+  const rejoin = () => {
+    join();
+    handler(bus.hover || bus.pinned);
+  };
   model.on("change:link_group", rejoin);
   model.on("change:frozen", rejoin);
   return {
     /** @param {KvsFocus} f */
-    hover(f) { if (live()) { bus.hover = f; notify(); } },
+    hover(f) {
+      if (live()) {
+        bus.hover = f;
+        notify();
+      }
+    },
     /** @param {string} source */
-    leave(source) { if (bus.hover && bus.hover.source === source) { bus.hover = null; notify(); } },
+    leave(source) {
+      if (bus.hover && bus.hover.source === source) {
+        bus.hover = null;
+        notify();
+      }
+    },
     /** @param {KvsFocus} f */
     pin(f) {
       if (!live()) return;
@@ -370,7 +464,9 @@ function kvsLink(model, onFocus) {
       notify();
     },
     current,
-    dispose() { bus.listeners.delete(handler); },
+    dispose() {
+      bus.listeners.delete(handler);
+    },
   };
 }
 // How an element holding `position` of `request`, in physical `block`, matches a focus:

@@ -10,23 +10,34 @@
 const STATUS = KVS_SCHEMA.block_status;
 const { null: NULL_BLOCK, free: FREE, free_cached: FREE_CACHED, in_use: IN_USE, in_use_hashed: IN_USE_HASHED } = STATUS;
 /** How a status reads in the hover text, by its schema key. @type {{[key: string]: string}} */
-const STATUS_WORDS = { null: "null", free: "free", free_cached: "free (cached)", in_use: "in use", in_use_hashed: "in use (hashed)" };
+const STATUS_WORDS = {
+  null: "null",
+  free: "free",
+  free_cached: "free (cached)",
+  in_use: "in use",
+  in_use_hashed: "in use (hashed)",
+};
 /** @type {{[code: number]: string}} */
 const STATUS_NAMES = Object.fromEntries(Object.entries(STATUS).map(([key, code]) => [code, STATUS_WORDS[key] ?? key]));
 /** @type {{[key: string]: number}} */
 const EVENT_BIT = Object.fromEntries(KVS_SCHEMA.block_events.map((e) => [e.key, e.bit]));
-const SAME_STEP = EVENT_BIT.same_step_hits, EVICTED = EVENT_BIT.evicted;
+const SAME_STEP = EVENT_BIT.same_step_hits,
+  EVICTED = EVENT_BIT.evicted;
 // Which event outlines a cell when a block has several: a same-step hit wins (the block
 // was also allocated, hit and cached in this step), "cached" only when nothing else.
-const OUTLINE_ORDER = ["same_step_hits", "allocated", "hits", "freed", "evicted", "cached"]
-  .map((key) => /** @type {KvsEvent} */ (KVS_EVENTS.find(([, k]) => k === key)));
+const OUTLINE_ORDER = ["same_step_hits", "allocated", "hits", "freed", "evicted", "cached"].map(
+  (key) => /** @type {KvsEvent} */ (KVS_EVENTS.find(([, k]) => k === key)),
+);
 const eventNames = (/** @type {number} */ ev) => KVS_EVENTS.filter(([b]) => ev & b).map(([, , name]) => name);
 
 // Block numbers at every pool size: the id and refcount in big cells, the id alone in a
 // small font in middle cells, and in the smallest cells a badge over the hovered block.
-const FULL_LABEL_PX = 26, ID_LABEL_PX = 15;
+const FULL_LABEL_PX = 26,
+  ID_LABEL_PX = 15;
 /** @param {number} cell */
-function labelKind(cell) { return cell >= FULL_LABEL_PX ? "full" : cell >= ID_LABEL_PX ? "ids" : "hover"; }
+function labelKind(cell) {
+  return cell >= FULL_LABEL_PX ? "full" : cell >= ID_LABEL_PX ? "ids" : "hover";
+}
 
 /** @param {number} n */
 function cellSizeFor(n) {
@@ -34,7 +45,6 @@ function cellSizeFor(n) {
   if (n <= 1024) return 15;
   return 10;
 }
-
 
 /**
  * What the pool panel draws from: the model's columns, decoded once per change.
@@ -79,10 +89,14 @@ function litBlocks(P, f) {
   /** @type {Set<number>} */
   const out = new Set();
   if (!f) return out;
-  if (f.blocks) { for (const b of f.blocks) out.add(b); return out; }
+  if (f.blocks) {
+    for (const b of f.blocks) out.add(b);
+    return out;
+  }
   if (f.requests) {
     const want = new Set(f.requests);
-    for (let i = 0; i < P.cols.owner.length; i++) if (P.cols.owner[i] >= 0 && blockOwners(P, i).some((r) => want.has(r))) out.add(i);
+    for (let i = 0; i < P.cols.owner.length; i++)
+      if (P.cols.owner[i] >= 0 && blockOwners(P, i).some((r) => want.has(r))) out.add(i);
   }
   return out;
 }
@@ -107,7 +121,10 @@ function hatch(ctx, x, y, cell, color) {
   ctx.lineWidth = cell >= 14 ? 1.5 : 1;
   ctx.beginPath();
   const gap = cell >= 14 ? 6 : 4;
-  for (let d = -cell; d < cell; d += gap) { ctx.moveTo(x + d, y + cell); ctx.lineTo(x + d + cell, y); }
+  for (let d = -cell; d < cell; d += gap) {
+    ctx.moveTo(x + d, y + cell);
+    ctx.lineTo(x + d + cell, y);
+  }
   ctx.stroke();
   ctx.restore();
 }
@@ -135,7 +152,8 @@ function drawPool(P, canvas, panelWidth, selected, numBlocks) {
   canvas.dataset.labels = kind;
   ctx.textAlign = "center";
   ctx.textBaseline = "middle";
-  for (let i = 0; i < n; i++) drawCell(ctx, P, i, (i % ncols) * cell, Math.floor(i / ncols) * cell, cell, kind, selected);
+  for (let i = 0; i < n; i++)
+    drawCell(ctx, P, i, (i % ncols) * cell, Math.floor(i / ncols) * cell, cell, kind, selected);
 }
 
 /**
@@ -146,14 +164,19 @@ function drawPool(P, canvas, panelWidth, selected, numBlocks) {
 function drawCell(ctx, P, i, x, y, cell, kind, selected) {
   const s = P.cols.status[i];
   const shared = s >= IN_USE ? P.ownersOf.get(i) : null;
-  if (shared && shared.length > 1) {  // a shared block: one stripe per owner, in its colour
+  if (shared && shared.length > 1) {
+    // a shared block: one stripe per owner, in its colour
     const w = (cell - 1) / shared.length;
-    shared.forEach((rid, k) => { ctx.fillStyle = kvsColor(rid, s === IN_USE); ctx.fillRect(x + 0.5 + k * w, y + 0.5, w, cell - 1); });
+    shared.forEach((rid, k) => {
+      ctx.fillStyle = kvsColor(rid, s === IN_USE);
+      ctx.fillRect(x + 0.5 + k * w, y + 0.5, w, cell - 1);
+    });
   } else {
     ctx.fillStyle = fillFor(P, i);
     ctx.fillRect(x + 0.5, y + 0.5, cell - 1, cell - 1);
   }
-  if (s === FREE_CACHED || s === IN_USE_HASHED) {  // a registered hash: a small corner mark
+  if (s === FREE_CACHED || s === IN_USE_HASHED) {
+    // a registered hash: a small corner mark
     ctx.fillStyle = KVS_MARKS.hashed;
     ctx.fillRect(x + cell - 4, y + 1, 3, 3);
   }
@@ -166,21 +189,32 @@ function drawCell(ctx, P, i, x, y, cell, kind, selected) {
     if (ev & SAME_STEP) ctx.setLineDash([Math.max(2, cell / 6), Math.max(1.5, cell / 12)]);
     ctx.strokeRect(x + 1.5, y + 1.5, cell - 3, cell - 3);
     ctx.setLineDash([]);
-    if (ev & EVICTED) {  // evicted: a cross
-      ctx.beginPath(); ctx.moveTo(x + 2, y + 2); ctx.lineTo(x + cell - 2, y + cell - 2);
-      ctx.moveTo(x + cell - 2, y + 2); ctx.lineTo(x + 2, y + cell - 2); ctx.stroke();
-    } else if (cell >= 26) {  // the event's icon, top left, in its colour
+    if (ev & EVICTED) {
+      // evicted: a cross
+      ctx.beginPath();
+      ctx.moveTo(x + 2, y + 2);
+      ctx.lineTo(x + cell - 2, y + cell - 2);
+      ctx.moveTo(x + cell - 2, y + 2);
+      ctx.lineTo(x + 2, y + cell - 2);
+      ctx.stroke();
+    } else if (cell >= 26) {
+      // the event's icon, top left, in its colour
       ctx.fillStyle = bit[3];
       ctx.font = "bold 9px sans-serif";
       ctx.fillText(bit[4], x + 6, y + 7);
     }
   }
-  if (P.cols.group[i] > 0) {  // held in another KV cache group's table (a sliding window's): a corner triangle
+  if (P.cols.group[i] > 0) {
+    // held in another KV cache group's table (a sliding window's): a corner triangle
     ctx.fillStyle = KVS_WHY_LOOKS.group_cut;
-    ctx.beginPath(); ctx.moveTo(x + 1, y + cell - 1); ctx.lineTo(x + 1, y + cell - 6); ctx.lineTo(x + 6, y + cell - 1);
+    ctx.beginPath();
+    ctx.moveTo(x + 1, y + cell - 1);
+    ctx.lineTo(x + 1, y + cell - 6);
+    ctx.lineTo(x + 6, y + cell - 1);
     ctx.fill();
   }
-  if (P.cols.ref[i] > 1) {  // shared by several requests: a dark bottom bar
+  if (P.cols.ref[i] > 1) {
+    // shared by several requests: a dark bottom bar
     ctx.fillStyle = "#000";
     ctx.fillRect(x + 1, y + cell - 3, cell - 2, 2);
   }
@@ -188,13 +222,15 @@ function drawCell(ctx, P, i, x, y, cell, kind, selected) {
     ctx.font = `${Math.max(8, cell / 2.6)}px sans-serif`;
     ctx.fillStyle = s === NULL_BLOCK ? "#eee" : "#222";
     ctx.fillText(P.cols.ref[i] > 1 ? `${i}\u00b7${P.cols.ref[i]}` : String(i), x + cell / 2, y + cell / 2 + 1);
-  } else if (kind === "ids") {  // the id alone; the refcount is the bottom bar and the tooltip
+  } else if (kind === "ids") {
+    // the id alone; the refcount is the bottom bar and the tooltip
     ctx.font = `${i >= 1000 ? 6 : 7}px sans-serif`;
     ctx.fillStyle = s === NULL_BLOCK ? "#ddd" : "#333";
     ctx.fillText(String(i), x + cell / 2, y + cell / 2);
   }
   if (P.lit.has(i) || i === selected) {
-    if (P.lit.has(i)) {  // linked: a yellow halo inside a dark ring
+    if (P.lit.has(i)) {
+      // linked: a yellow halo inside a dark ring
       ctx.strokeStyle = KVS_MARKS.focus;
       ctx.lineWidth = 4;
       ctx.strokeRect(x + 2, y + 2, cell - 4, cell - 4);
@@ -211,7 +247,12 @@ function legendRows(model) {
   const c = model.get("counts") || {};
   const groups = model.get("group_labels") || [];
   const evs = KVS_EVENTS.map(([bit, key, name, color, icon, tipText]) => {
-    const s = kvsSwatch({ border: color, icon, dashed: bit === SAME_STEP }, `${name} ${c[key] ?? 0}`, `kvs-leg-ev-${key}`, `${name}: ${tipText}`);
+    const s = kvsSwatch(
+      { border: color, icon, dashed: bit === SAME_STEP },
+      `${name} ${c[key] ?? 0}`,
+      `kvs-leg-ev-${key}`,
+      `${name}: ${tipText}`,
+    );
     s.classList.add("kvs-leg-event");
     if (bit === SAME_STEP) s.classList.add("kvs-leg-same-step");
     return s;
@@ -221,16 +262,61 @@ function legendRows(model) {
     kvsEl("div", { class: "kvs-leg-row" }, [
       kvsSwatch({ fill: KVS_MARKS.null }, "null", "kvs-leg-null", "block 0: padding in block tables, never handed out"),
       kvsSwatch({ fill: KVS_MARKS.free }, `free ${c.free ?? 0}`, "kvs-leg-free", "free, holds nothing reusable"),
-      kvsSwatch({ fill: KVS_MARKS.freeCached }, `free, cached ${c.free_cached ?? 0}`, "kvs-leg-cached", "free, but its tokens are still in the prefix cache: a later request with the same prefix can take it back"),
-      kvsSwatch({ stripes: someOwners.map((r) => kvsColor(r)) }, `in use ${c.in_use ?? 0}`, "kvs-leg-used", "in use: filled with its owner's colour (the queues' colour of that request); pale: not yet full"),
-      kvsSwatch({ fill: kvsColor("0", true) }, "pale = filling", "kvs-leg-partial", "in use and not yet full, so not hashed and not shareable yet"),
-      kvsSwatch({ fill: kvsColor("0"), icon: "\u25aa", color: KVS_MARKS.hashed }, "corner = hashed", "kvs-leg-hashed", "a small dark corner: the block is full and its hash is registered in the prefix cache"),
-      kvsSwatch({ stripes: [kvsColor("0"), kvsColor("1")] }, "stripes + bar = shared", "kvs-leg-shared", "a block held by several requests (a shared prefix) is drawn in each owner's colour, with a dark bar underneath"),
-      ...(groups.length > 1 ? [kvsSwatch({ fill: kvsColor("0"), icon: "\u25e3", color: KVS_WHY_LOOKS.group_cut },
-        `corner = ${groups[1]}`, "kvs-leg-group", `a purple corner: the block is in a ${groups[1]} group's table (its own KV cache group: the full-attention layers' blocks have none)`)] : []),
-      kvsEl("span", { class: "kvs-leg-notation", "data-testid": "kvs-leg-notation", title: "a cell's label: the block id, then its refcount when more than one request holds it" }, [
-        kvsEl("b", { class: "kvs-mono", text: "7\u00b72" }), " = block 7, refcount 2"]),
-      kvsSwatch({ border: KVS_MARKS.focusInk, fill: KVS_MARKS.focus }, "linked", "kvs-leg-focus", "what you point at in any panel (a slot, a table entry, a request, an attention column) lights up here"),
+      kvsSwatch(
+        { fill: KVS_MARKS.freeCached },
+        `free, cached ${c.free_cached ?? 0}`,
+        "kvs-leg-cached",
+        "free, but its tokens are still in the prefix cache: a later request with the same prefix can take it back",
+      ),
+      kvsSwatch(
+        { stripes: someOwners.map((r) => kvsColor(r)) },
+        `in use ${c.in_use ?? 0}`,
+        "kvs-leg-used",
+        "in use: filled with its owner's colour (the queues' colour of that request); pale: not yet full",
+      ),
+      kvsSwatch(
+        { fill: kvsColor("0", true) },
+        "pale = filling",
+        "kvs-leg-partial",
+        "in use and not yet full, so not hashed and not shareable yet",
+      ),
+      kvsSwatch(
+        { fill: kvsColor("0"), icon: "\u25aa", color: KVS_MARKS.hashed },
+        "corner = hashed",
+        "kvs-leg-hashed",
+        "a small dark corner: the block is full and its hash is registered in the prefix cache",
+      ),
+      kvsSwatch(
+        { stripes: [kvsColor("0"), kvsColor("1")] },
+        "stripes + bar = shared",
+        "kvs-leg-shared",
+        "a block held by several requests (a shared prefix) is drawn in each owner's colour, with a dark bar underneath",
+      ),
+      ...(groups.length > 1
+        ? [
+            kvsSwatch(
+              { fill: kvsColor("0"), icon: "\u25e3", color: KVS_WHY_LOOKS.group_cut },
+              `corner = ${groups[1]}`,
+              "kvs-leg-group",
+              `a purple corner: the block is in a ${groups[1]} group's table (its own KV cache group: the full-attention layers' blocks have none)`,
+            ),
+          ]
+        : []),
+      kvsEl(
+        "span",
+        {
+          class: "kvs-leg-notation",
+          "data-testid": "kvs-leg-notation",
+          title: "a cell's label: the block id, then its refcount when more than one request holds it",
+        },
+        [kvsEl("b", { class: "kvs-mono", text: "7\u00b72" }), " = block 7, refcount 2"],
+      ),
+      kvsSwatch(
+        { border: KVS_MARKS.focusInk, fill: KVS_MARKS.focus },
+        "linked",
+        "kvs-leg-focus",
+        "what you point at in any panel (a slot, a table entry, a request, an attention column) lights up here",
+      ),
     ]),
     kvsEl("div", { class: "kvs-leg-row" }, [kvsEl("span", { class: "kvs-muted", text: "this step:" }), ...evs]),
   ];
@@ -259,22 +345,41 @@ function describeBlock(P, i, d) {
   return text;
 }
 
-
 /** The pinned block's detail: refcount, owners, hash, this step's events, its tokens. @param {PoolState} P @param {BlockDetail} d */
 function detailNodes(P, d) {
-  const toks = (d.token_ids || []).map((id, k) => kvsEl("span", { class: "kvs-tok", title: `id ${id}` }, [
-    kvsEl("b", { text: kvsTok(d.tokens && d.tokens[k]) || id }), kvsEl("sub", { text: id }),
-  ]));
+  const toks = (d.token_ids || []).map((id, k) =>
+    kvsEl("span", { class: "kvs-tok", title: `id ${id}` }, [
+      kvsEl("b", { text: kvsTok(d.tokens && d.tokens[k]) || id }),
+      kvsEl("sub", { text: id }),
+    ]),
+  );
   const ev = d.block_id < P.cols.events.length ? P.cols.events[d.block_id] : 0;
-  const events = ev ? kvsEl("div", { class: "kvs-block-events", "data-testid": "kvs-block-detail-events" }, [
-    `this step: ${eventNames(ev).join(", ")}`,
-    ev & SAME_STEP ? kvsEl("span", { class: "kvs-same-step-note", text: ` \u2014 same-step ${KVS_SAME_STEP_TIP}` }) : null,
-  ]) : null;
+  const events = ev
+    ? kvsEl("div", { class: "kvs-block-events", "data-testid": "kvs-block-detail-events" }, [
+        `this step: ${eventNames(ev).join(", ")}`,
+        ev & SAME_STEP
+          ? kvsEl("span", { class: "kvs-same-step-note", text: ` \u2014 same-step ${KVS_SAME_STEP_TIP}` })
+          : null,
+      ])
+    : null;
   return [
-    kvsEl("div", {}, [kvsEl("b", { text: `block ${d.block_id}` }),
-      ` \u00b7 refcount ${d.ref_count} \u00b7 owners ${(d.owners || []).map((x) => "#" + x).join(" ") || "none"} \u00b7 hash ${d.hash ?? "none"}`]),
+    kvsEl("div", {}, [
+      kvsEl("b", { text: `block ${d.block_id}` }),
+      ` \u00b7 refcount ${d.ref_count} \u00b7 owners ${(d.owners || []).map((x) => "#" + x).join(" ") || "none"} \u00b7 hash ${d.hash ?? "none"}`,
+    ]),
     ...(events ? [events] : []),
-    kvsEl("div", { class: "kvs-toks" }, toks.length ? toks : [kvsEl("span", { class: "kvs-muted", text: d.is_null ? "the null block: padding, never allocated" : "no tokens" })]),
+    kvsEl(
+      "div",
+      { class: "kvs-toks" },
+      toks.length
+        ? toks
+        : [
+            kvsEl("span", {
+              class: "kvs-muted",
+              text: d.is_null ? "the null block: padding, never allocated" : "no tokens",
+            }),
+          ],
+    ),
   ];
 }
 
@@ -284,38 +389,64 @@ function detailNodes(P, d) {
  */
 function tableRow(r, bs, link, sender, tableCells) {
   const rid = r.request_id;
-  const hits = new Set(r.hits || []), same = new Set(r.same_step_hits || []), cached = new Set(r.cached || []);
+  const hits = new Set(r.hits || []),
+    same = new Set(r.same_step_hits || []),
+    cached = new Set(r.cached || []);
   const cells = r.block_table.map((b, logical) => {
     const full = (logical + 1) * bs <= r.num_computed_tokens;
     const kind = same.has(logical) ? " kvs-bt-same-step" : hits.has(logical) ? " kvs-bt-hit" : "";
-    const why = same.has(logical) ? ` \u00b7 same-step ${KVS_SAME_STEP_TIP}`
-      : hits.has(logical) ? " \u00b7 prefix hit in this step (KV from an earlier step)"
-      : cached.has(logical) ? " \u00b7 from the prefix cache (a hit when the request was admitted)" : "";
-    const cell = kvsEl("span", {
-      class: `kvs-bt-cell${full ? "" : " kvs-bt-partial"}${kind}${cached.has(logical) ? " kvs-bt-cached" : ""}`,
-      "data-block": b, "data-logical": logical,
-      title: `#${rid}: logical ${logical} (positions ${logical * bs}\u2013${(logical + 1) * bs - 1}) \u2192 physical ${b}${why}`,
-      onclick: () => { link.pin({ source: "blocks", blocks: [b], requests: [rid] }); sender.send({ action: "select_block", block_id: b }); },
-      onmouseenter: () => link.hover({ source: "blocks", blocks: [b], requests: [rid] }),
-      onmouseleave: () => link.leave("blocks"),
-    }, [cached.has(logical) ? kvsEl("span", { class: "kvs-bt-icon", text: "\u21ba" }) : null, String(b)]);
+    const why = same.has(logical)
+      ? ` \u00b7 same-step ${KVS_SAME_STEP_TIP}`
+      : hits.has(logical)
+        ? " \u00b7 prefix hit in this step (KV from an earlier step)"
+        : cached.has(logical)
+          ? " \u00b7 from the prefix cache (a hit when the request was admitted)"
+          : "";
+    const cell = kvsEl(
+      "span",
+      {
+        class: `kvs-bt-cell${full ? "" : " kvs-bt-partial"}${kind}${cached.has(logical) ? " kvs-bt-cached" : ""}`,
+        "data-block": b,
+        "data-logical": logical,
+        title: `#${rid}: logical ${logical} (positions ${logical * bs}\u2013${(logical + 1) * bs - 1}) \u2192 physical ${b}${why}`,
+        onclick: () => {
+          link.pin({ source: "blocks", blocks: [b], requests: [rid] });
+          sender.send({ action: "select_block", block_id: b });
+        },
+        onmouseenter: () => link.hover({ source: "blocks", blocks: [b], requests: [rid] }),
+        onmouseleave: () => link.leave("blocks"),
+      },
+      [cached.has(logical) ? kvsEl("span", { class: "kvs-bt-icon", text: "\u21ba" }) : null, String(b)],
+    );
     tableCells.push([cell, rid, b]);
     return cell;
   });
   const chip = kvsEl("span", {
-    class: "kvs-chip kvs-bt-rid", style: { background: kvsColor(rid, true), borderColor: kvsColor(rid) }, text: `#${rid}`,
+    class: "kvs-chip kvs-bt-rid",
+    style: { background: kvsColor(rid, true), borderColor: kvsColor(rid) },
+    text: `#${rid}`,
     onmouseenter: () => link.hover({ source: "blocks", blocks: null, requests: [rid] }),
     onmouseleave: () => link.leave("blocks"),
     onclick: () => link.pin({ source: "blocks", blocks: null, requests: [rid] }),
   });
   const groups = r.groups || [];
-  if (!groups.length) return kvsEl("div", { class: "kvs-bt-row", "data-testid": `kvs-bt-${rid}`, "data-request-id": rid }, [chip, ...cells]);
+  if (!groups.length)
+    return kvsEl("div", { class: "kvs-bt-row", "data-testid": `kvs-bt-${rid}`, "data-request-id": rid }, [
+      chip,
+      ...cells,
+    ]);
   // Several KV cache groups (sliding-window layers): the first row is group 0's, each other
   // group's table follows on a row of its own, each named with its prefix hit.
   return kvsEl("div", { class: "kvs-bt-groups", "data-testid": `kvs-bt-${rid}`, "data-request-id": rid }, [
     kvsEl("div", { class: "kvs-bt-row" }, [chip, groupTag(groups[0]), ...cells]),
-    ...groups.slice(1).map((g, k) => kvsEl("div", { class: "kvs-bt-row kvs-bt-group", "data-group": k + 1 }, [
-      groupTag(g), ...g.block_table.map((b, logical) => groupCell(r, g, b, logical, bs, link, sender, tableCells))])),
+    ...groups
+      .slice(1)
+      .map((g, k) =>
+        kvsEl("div", { class: "kvs-bt-row kvs-bt-group", "data-group": k + 1 }, [
+          groupTag(g),
+          ...g.block_table.map((b, logical) => groupCell(r, g, b, logical, bs, link, sender, tableCells)),
+        ]),
+      ),
   ]);
 }
 
@@ -323,9 +454,11 @@ function tableRow(r, bs, link, sender, tableCells) {
 function groupTag(g) {
   const hit = g.hit_tokens == null ? "" : ` \u00b7 hit ${g.hit_tokens}`;
   return kvsEl("span", {
-    class: `kvs-bt-group-tag${g.cut ? " kvs-bt-cut" : ""}`, "data-testid": "kvs-bt-group-tag",
+    class: `kvs-bt-group-tag${g.cut ? " kvs-bt-cut" : ""}`,
+    "data-testid": "kvs-bt-group-tag",
     text: `${g.label}${hit}${g.cut ? " \u2190 cut" : ""}`,
-    title: g.cut ? "this group's prefix hit was the shortest: the request's hit is cut to it (every group must hit)"
+    title: g.cut
+      ? "this group's prefix hit was the shortest: the request's hit is cut to it (every group must hit)"
       : "this group's own prefix hit when the request was admitted (the request's is the shortest of the groups')",
   });
 }
@@ -336,16 +469,27 @@ function groupTag(g) {
  * @param {Link} link @param {Sender} sender @param {TableCell[]} tableCells
  */
 function groupCell(r, g, b, logical, bs, link, sender, tableCells) {
-  const rid = r.request_id, range = `positions ${logical * bs}\u2013${(logical + 1) * bs - 1}`;
+  const rid = r.request_id,
+    range = `positions ${logical * bs}\u2013${(logical + 1) * bs - 1}`;
   if (b === 0) {
-    return kvsEl("span", { class: "kvs-bt-cell kvs-bt-null", "data-block": 0, "data-logical": logical, text: "\u2205",
-      title: `#${rid} ${g.label}: logical ${logical} (${range}) \u2192 the null block: these tokens left the window, their block was freed` });
+    return kvsEl("span", {
+      class: "kvs-bt-cell kvs-bt-null",
+      "data-block": 0,
+      "data-logical": logical,
+      text: "\u2205",
+      title: `#${rid} ${g.label}: logical ${logical} (${range}) \u2192 the null block: these tokens left the window, their block was freed`,
+    });
   }
   const cell = kvsEl("span", {
     class: `kvs-bt-cell${(logical + 1) * bs <= r.num_computed_tokens ? "" : " kvs-bt-partial"}`,
-    "data-block": b, "data-logical": logical, text: String(b),
+    "data-block": b,
+    "data-logical": logical,
+    text: String(b),
     title: `#${rid} ${g.label}: logical ${logical} (${range}) \u2192 physical ${b}`,
-    onclick: () => { link.pin({ source: "blocks", blocks: [b], requests: [rid] }); sender.send({ action: "select_block", block_id: b }); },
+    onclick: () => {
+      link.pin({ source: "blocks", blocks: [b], requests: [rid] });
+      sender.send({ action: "select_block", block_id: b });
+    },
     onmouseenter: () => link.hover({ source: "blocks", blocks: [b], requests: [rid] }),
     onmouseleave: () => link.leave("blocks"),
   });
@@ -367,18 +511,22 @@ function wirePointer({ P, model, canvas, tip, hoverNum, link, sender, describe, 
   /** @param {MouseEvent} ev */
   function blockAt(ev) {
     const r = canvas.getBoundingClientRect();
-    const cx = Math.floor((ev.clientX - r.left) / P.geom.cell), cy = Math.floor((ev.clientY - r.top) / P.geom.cell);
+    const cx = Math.floor((ev.clientX - r.left) / P.geom.cell),
+      cy = Math.floor((ev.clientY - r.top) / P.geom.cell);
     if (cx < 0 || cx >= P.geom.ncols || cy < 0) return -1;
     const i = cy * P.geom.ncols + cx;
     return i < P.geom.n ? i : -1;
   }
   /** @param {number} i */
   function showHoverNum(i) {
-    if (labelKind(P.geom.cell) === "full") { hoverNum.style.display = "none"; return; }
+    if (labelKind(P.geom.cell) === "full") {
+      hoverNum.style.display = "none";
+      return;
+    }
     hoverNum.textContent = String(i);
     hoverNum.style.display = "block";
     hoverNum.style.left = `${canvas.offsetLeft + (i % P.geom.ncols) * P.geom.cell + P.geom.cell / 2}px`;
-    const row = Math.floor(i / P.geom.ncols);  // above the cell, or below it on the first row (never clipped)
+    const row = Math.floor(i / P.geom.ncols); // above the cell, or below it on the first row (never clipped)
     hoverNum.style.top = `${canvas.offsetTop + (row === 0 ? P.geom.cell : row * P.geom.cell)}px`;
     hoverNum.style.transform = row === 0 ? "translate(-50%, 0)" : "translate(-50%, -100%)";
   }
@@ -386,18 +534,28 @@ function wirePointer({ P, model, canvas, tip, hoverNum, link, sender, describe, 
     const i = blockAt(ev);
     if (i !== hover) {
       hover = i;
-      if (i >= 0) link.hover(blockFocus(i)); else link.leave("blocks");
+      if (i >= 0) link.hover(blockFocus(i));
+      else link.leave("blocks");
       clearTimeout(detailTimer);
       // Ask Python for hash and tokens only once the pointer rests on a block.
       if (i >= 0) detailTimer = setTimeout(() => sender.send({ action: "block_detail", block_id: i }), 60);
     }
-    if (i < 0) { tip.style.display = "none"; hoverNum.style.display = "none"; return; }
+    if (i < 0) {
+      tip.style.display = "none";
+      hoverNum.style.display = "none";
+      return;
+    }
     showHoverNum(i);
     tip.textContent = describe(i);
     tip.style.display = "block";
-    kvsPlaceTip(tip, ev);  // a long token list flips and wraps, never past the window's edge
+    kvsPlaceTip(tip, ev); // a long token list flips and wraps, never past the window's edge
   });
-  canvas.addEventListener("mouseleave", () => { hover = -1; tip.style.display = "none"; hoverNum.style.display = "none"; link.leave("blocks"); });
+  canvas.addEventListener("mouseleave", () => {
+    hover = -1;
+    tip.style.display = "none";
+    hoverNum.style.display = "none";
+    link.leave("blocks");
+  });
   canvas.addEventListener("click", (/** @type {MouseEvent} */ ev) => {
     const i = blockAt(ev);
     if (i < 0) return;
@@ -419,18 +577,41 @@ function render({ model, el }) {
   const tables = kvsEl("div", { class: "kvs-block-tables", "data-testid": "kvs-block-tables" });
   // Over the hovered cell: its number, readable at any pool size.
   const hoverNum = kvsEl("div", { class: "kvs-pool-hover-num", "data-testid": "kvs-pool-hover-num" });
-  root.append(title, legend, kvsEl("div", { class: "kvs-canvas-wrap" }, [canvas, hoverNum]), detailBox,
-    kvsEl("div", { class: "kvs-title kvs-bt-title" }, ["Block tables", kvsEl("span", { class: "kvs-sub", text: "logical \u2192 physical \u00b7 \u21ba = KV from the prefix cache" })]), tables);
+  root.append(
+    title,
+    legend,
+    kvsEl("div", { class: "kvs-canvas-wrap" }, [canvas, hoverNum]),
+    detailBox,
+    kvsEl("div", { class: "kvs-title kvs-bt-title" }, [
+      "Block tables",
+      kvsEl("span", { class: "kvs-sub", text: "logical \u2192 physical \u00b7 \u21ba = KV from the prefix cache" }),
+    ]),
+    tables,
+  );
   document.body.append(tip);
 
   /** @type {PoolState} ownersOf: block -> [request ids] of a block with several owners; lit: blocks matching the focus */
-  const P = { cols: { status: new Uint8Array(0), ref: new Uint16Array(0), owner: new Int16Array(0), events: new Uint8Array(0),
-    group: new Uint8Array(0) }, owners: [], groupLabels: [], ownersOf: new Map(), lit: new Set(), geom: { cell: 10, ncols: 1, n: 0 } };
+  const P = {
+    cols: {
+      status: new Uint8Array(0),
+      ref: new Uint16Array(0),
+      owner: new Int16Array(0),
+      events: new Uint8Array(0),
+      group: new Uint8Array(0),
+    },
+    owners: [],
+    groupLabels: [],
+    ownersOf: new Map(),
+    lit: new Set(),
+    geom: { cell: 10, ncols: 1, n: 0 },
+  };
   /** @type {?KvsFocus} */
-  let focus = null;          // what another panel (or this one) points at
+  let focus = null; // what another panel (or this one) points at
   const frozen = () => !!model.get("frozen");
 
-  function draw() { drawPool(P, canvas, root.clientWidth, frozen() ? -1 : model.get("selected"), model.get("num_blocks")); }
+  function draw() {
+    drawPool(P, canvas, root.clientWidth, frozen() ? -1 : model.get("selected"), model.get("num_blocks"));
+  }
 
   function drawLegend() {
     legend.replaceChildren(...legendRows(model));
@@ -439,7 +620,7 @@ function render({ model, el }) {
   }
 
   /** @type {TableCell[]} */
-  let tableCells = [];  // [element, request id, block]
+  let tableCells = []; // [element, request id, block]
   function drawTables() {
     const rows = model.get("block_tables") || [];
     const bs = model.get("block_size");
@@ -457,8 +638,11 @@ function render({ model, el }) {
   function drawDetail() {
     const d = model.get("detail") || {};
     const sel = model.get("selected");
-    detailBox.replaceChildren(...(sel < 0 || d.block_id !== sel
-      ? [kvsEl("span", { class: "kvs-muted", text: "hover a block for details, click to pin" })] : detailNodes(P, d)));
+    detailBox.replaceChildren(
+      ...(sel < 0 || d.block_id !== sel
+        ? [kvsEl("span", { class: "kvs-muted", text: "hover a block for details, click to pin" })]
+        : detailNodes(P, d)),
+    );
   }
 
   const blockFocus = (/** @type {number} */ i) => {
@@ -473,20 +657,51 @@ function render({ model, el }) {
   });
 
   const pointer = wirePointer({ P, model, canvas, tip, hoverNum, link, sender, describe, blockFocus });
-  function refocus() { P.lit = litBlocks(P, focus); }
-  function redrawAll() { readColumns(P, model); refocus(); draw(); drawLegend(); drawTables(); drawDetail(); }
-  const poolSoon = kvsBatched(() => { readColumns(P, model); refocus(); draw(); drawLegend(); drawDetail(); });  // detail shows the events
+  function refocus() {
+    P.lit = litBlocks(P, focus);
+  }
+  function redrawAll() {
+    readColumns(P, model);
+    refocus();
+    draw();
+    drawLegend();
+    drawTables();
+    drawDetail();
+  }
+  const poolSoon = kvsBatched(() => {
+    readColumns(P, model);
+    refocus();
+    draw();
+    drawLegend();
+    drawDetail();
+  }); // detail shows the events
   kvsOnChange(model, KVS_PANELS.blocks.pool, poolSoon, ["frozen"]);
   kvsOnChange(model, KVS_PANELS.blocks.legend, drawLegend);
-  kvsOnChange(model, KVS_PANELS.blocks.tables, () => { drawTables(); refocus(); draw(); });
-  model.on("change:selected", () => { draw(); drawDetail(); });
-  model.on("change:detail", () => { drawDetail(); const i = pointer.hovered(); if (i >= 0 && tip.style.display === "block") tip.textContent = describe(i); });
+  kvsOnChange(model, KVS_PANELS.blocks.tables, () => {
+    drawTables();
+    refocus();
+    draw();
+  });
+  model.on("change:selected", () => {
+    draw();
+    drawDetail();
+  });
+  model.on("change:detail", () => {
+    drawDetail();
+    const i = pointer.hovered();
+    if (i >= 0 && tip.style.display === "block") tip.textContent = describe(i);
+  });
   focus = link.current();
   redrawAll();
   // The first layout may have no width yet (e.g. an output area still attaching).
   const ro = new ResizeObserver(() => draw());
   ro.observe(root);
-  return () => { ro.disconnect(); tip.remove(); sender.dispose(); link.dispose(); };
+  return () => {
+    ro.disconnect();
+    tip.remove();
+    sender.dispose();
+    link.dispose();
+  };
 }
 
 export default { render };

@@ -16,13 +16,24 @@ function render({ model, el }) {
   const sub = kvsEl("span", { class: "kvs-sub" });
   const params = kvsEl("div", { class: "kvs-params", "data-testid": "kvs-sampler-params" });
   const bars = kvsEl("div", { class: "kvs-bars", "data-testid": "kvs-sampler-bars" });
-  root.append(kvsEl("div", { class: "kvs-title" }, ["Sampler", sub]), kvsEl("label", {}, ["request ", sel]), params, bars);
+  root.append(
+    kvsEl("div", { class: "kvs-title" }, ["Sampler", sub]),
+    kvsEl("label", {}, ["request ", sel]),
+    params,
+    bars,
+  );
   sel.addEventListener("change", () => sender.send({ action: "select", request_id: sel.value }));
 
   function draw() {
-    const reqs = model.get("requests"), cur = model.get("request_id"), s = model.get("sample") || {};
+    const reqs = model.get("requests"),
+      cur = model.get("request_id"),
+      s = model.get("sample") || {};
     const opts = !cur || reqs.includes(cur) ? reqs : [cur, ...reqs];
-    sel.replaceChildren(...(opts.length ? opts : [""]).map((r) => kvsEl("option", { value: r, text: r ? `#${r}${reqs.includes(r) ? "" : " (not sampled now)"}` : "(none)" })));
+    sel.replaceChildren(
+      ...(opts.length ? opts : [""]).map((r) =>
+        kvsEl("option", { value: r, text: r ? `#${r}${reqs.includes(r) ? "" : " (not sampled now)"}` : "(none)" }),
+      ),
+    );
     sel.value = cur;
     if (!s.top) {
       sub.textContent = "";
@@ -32,27 +43,65 @@ function render({ model, el }) {
     }
     sub.textContent = s.step === model.get("step") ? `sampled in step ${s.step}` : `last sampled in step ${s.step}`;
     const p = s.params || {};
-    params.replaceChildren(...Object.entries(p).map(([k, v]) => kvsEl("span", { class: "kvs-chip", text: `${k} ${v === null ? "none" : v}` })));
+    params.replaceChildren(
+      ...Object.entries(p).map(([k, v]) =>
+        kvsEl("span", { class: "kvs-chip", text: `${k} ${v === null ? "none" : v}` }),
+      ),
+    );
     const maxP = Math.max(1e-9, ...s.top.map((t) => t[2]));
-    bars.replaceChildren(...s.top.map(([id, text, prob]) => {
-      const chosen = id === s.token_id;
-      return kvsEl("div", { class: `kvs-bar-row${chosen ? " kvs-chosen" : ""}`, "data-testid": chosen ? "kvs-sampler-chosen" : null, title: `token id ${id}` }, [
-        kvsEl("span", { class: "kvs-cand kvs-mono", text: kvsTok(text) || `<${id}>` }),
-        kvsEl("span", { class: "kvs-bar-track" }, [kvsEl("span", { class: "kvs-bar-fill", style: { width: `${(100 * prob / maxP).toFixed(1)}%`, background: chosen ? kvsColor(s.request_id) : "#9e9e9e" } })]),
-        kvsEl("span", { class: "kvs-prob", text: `${(100 * prob).toFixed(2)}%` }),
-        chosen ? kvsEl("span", { class: "kvs-chip kvs-chosen-chip", text: "chosen" }) : null,
-      ]);
-    }));
-    if (s.note) {  // the record has no candidates: the chosen token (when known) and why
+    bars.replaceChildren(
+      ...s.top.map(([id, text, prob]) => {
+        const chosen = id === s.token_id;
+        return kvsEl(
+          "div",
+          {
+            class: `kvs-bar-row${chosen ? " kvs-chosen" : ""}`,
+            "data-testid": chosen ? "kvs-sampler-chosen" : null,
+            title: `token id ${id}`,
+          },
+          [
+            kvsEl("span", { class: "kvs-cand kvs-mono", text: kvsTok(text) || `<${id}>` }),
+            kvsEl("span", { class: "kvs-bar-track" }, [
+              kvsEl("span", {
+                class: "kvs-bar-fill",
+                style: {
+                  width: `${((100 * prob) / maxP).toFixed(1)}%`,
+                  background: chosen ? kvsColor(s.request_id) : "#9e9e9e",
+                },
+              }),
+            ]),
+            kvsEl("span", { class: "kvs-prob", text: `${(100 * prob).toFixed(2)}%` }),
+            chosen ? kvsEl("span", { class: "kvs-chip kvs-chosen-chip", text: "chosen" }) : null,
+          ],
+        );
+      }),
+    );
+    if (s.note) {
+      // the record has no candidates: the chosen token (when known) and why
       if (s.token_id !== null) {
-        bars.append(kvsEl("div", { class: "kvs-bar-row kvs-chosen", "data-testid": "kvs-sampler-chosen" }, [
-          kvsEl("span", { class: "kvs-cand kvs-mono", title: `token id ${s.token_id}`, text: kvsTok(s.text) || `<${s.token_id}>` }),
-          kvsEl("span"), kvsEl("span"), kvsEl("span", { class: "kvs-chip kvs-chosen-chip", text: "chosen" })]));
+        bars.append(
+          kvsEl("div", { class: "kvs-bar-row kvs-chosen", "data-testid": "kvs-sampler-chosen" }, [
+            kvsEl("span", {
+              class: "kvs-cand kvs-mono",
+              title: `token id ${s.token_id}`,
+              text: kvsTok(s.text) || `<${s.token_id}>`,
+            }),
+            kvsEl("span"),
+            kvsEl("span"),
+            kvsEl("span", { class: "kvs-chip kvs-chosen-chip", text: "chosen" }),
+          ]),
+        );
       }
-      bars.append(kvsEl("div", { class: "kvs-muted kvs-sampler-note", "data-testid": "kvs-sampler-note", text: s.note }));
+      bars.append(
+        kvsEl("div", { class: "kvs-muted kvs-sampler-note", "data-testid": "kvs-sampler-note", text: s.note }),
+      );
     } else if (!s.top.some((t) => t[0] === s.token_id)) {
-      bars.append(kvsEl("div", { class: "kvs-bar-row kvs-chosen", "data-testid": "kvs-sampler-chosen" }, [
-        kvsEl("span", { class: "kvs-cand kvs-mono", text: kvsTok(s.text) }), kvsEl("span", { class: "kvs-muted", text: "chosen (outside the top list)" })]));
+      bars.append(
+        kvsEl("div", { class: "kvs-bar-row kvs-chosen", "data-testid": "kvs-sampler-chosen" }, [
+          kvsEl("span", { class: "kvs-cand kvs-mono", text: kvsTok(s.text) }),
+          kvsEl("span", { class: "kvs-muted", text: "chosen (outside the top list)" }),
+        ]),
+      );
     }
   }
   const drawSoon = kvsBatched(draw);

@@ -47,7 +47,7 @@ function embedded(id) {
 /** @type {ExportData} */
 const DATA = JSON.parse(embedded("kvs-history"));
 const DEFAULTS = JSON.parse(embedded("kvs-panel-defaults"));
-const RUN_LIVE = DATA.meta.run_live;  // "make lab" / "python -m explorer app": one line
+const RUN_LIVE = DATA.meta.run_live; // "make lab" / "python -m explorer app": one line
 
 // ---- 1. the embedded steps: deltas back to whole states -----------------------------------
 /** `old` with delta `d` applied (a new value; `old` is left as it was).
@@ -115,24 +115,41 @@ function makeModel(name) {
   const values = traits(DEFAULTS[name] || {});
   const handlers = new Map();
   /** @param {string} ev @param {...unknown} args */
-  const emit = (ev, ...args) => (handlers.get(ev) || []).slice().forEach((/** @type {(...args: unknown[]) => void} */ h) => h(...args));
+  const emit = (ev, ...args) =>
+    (handlers.get(ev) || []).slice().forEach((/** @type {(...args: unknown[]) => void} */ h) => h(...args));
   return {
     get: (k) => values[k],
-    set: (k, v) => { values[k] = v; emit(`change:${k}`); },
-    on: (ev, h) => { if (!handlers.has(ev)) handlers.set(ev, []); handlers.get(ev).push(h); },
+    set: (k, v) => {
+      values[k] = v;
+      emit(`change:${k}`);
+    },
+    on: (ev, h) => {
+      if (!handlers.has(ev)) handlers.set(ev, []);
+      handlers.get(ev).push(h);
+    },
     off: (ev, h) => {
-      if (!ev) { handlers.clear(); return; }
-      handlers.set(ev, (handlers.get(ev) || []).filter((/** @type {(...args: unknown[]) => void} */ x) => h && x !== h));
+      if (!ev) {
+        handlers.clear();
+        return;
+      }
+      handlers.set(
+        ev,
+        (handlers.get(ev) || []).filter((/** @type {(...args: unknown[]) => void} */ x) => h && x !== h),
+      );
     },
     save_changes: () => {},
-    send: (content) => { Promise.resolve().then(() => HOST.onAction(name, content)); },
+    send: (content) => {
+      Promise.resolve().then(() => HOST.onAction(name, content));
+    },
     // Host side: what the kernel would sync (trait changes), and custom messages (acks).
     update(state) {
       const changed = Object.keys(state).filter((k) => values[k] !== state[k]);
       for (const k of changed) values[k] = state[k];
       for (const k of changed) emit(`change:${k}`);
     },
-    custom(msg) { emit("msg:custom", msg, []); },
+    custom(msg) {
+      emit("msg:custom", msg, []);
+    },
   };
 }
 
@@ -141,7 +158,8 @@ function makeModel(name) {
 const ENGINE_ACTIONS = new Set(["step", "add", "preset", "set_budget", "reset", "abort"]);
 const ENGINE_OFF = `This page is a recording: the engine is not running here. To step it live: ${RUN_LIVE}.`;
 const ATTENTION_OFF = `Attention weights are read from the live KV cache, and a recording keeps no KV. To see them: ${RUN_LIVE}.`;
-const WHY_OFF = "this page is a recording: causes are proven when it is written (export_html(..., prove=True)) or in a notebook (Prove causes)";
+const WHY_OFF =
+  "this page is a recording: causes are proven when it is written (export_html(..., prove=True)) or in a notebook (Prove causes)";
 
 // The panels render() draws from more than their own state of the step; every other panel shows
 // exactly its VIEWS entry, as the binder sent it (explorer/ui/panel_views.py PANEL_VIEWS, a new panel too).
@@ -162,7 +180,7 @@ const HOST = {
   /** @type {Object<string, HostModel>} */
   models: {},
   viewIndex: VIEWS.length - 1,
-  samplerPinned: false,  // the user chose the sampler's request (else: the step's default)
+  samplerPinned: false, // the user chose the sampler's request (else: the step's default)
   timelineSet: false,
 
   /** Every panel from VIEWS[viewIndex], as SessionBinder.render sends it. */
@@ -173,8 +191,13 @@ const HOST = {
     const m = this.models;
     for (const model of Object.values(m)) model.update({ step: v.step, live });
     if (m.controls) {
-      m.controls.update({ ...v.controls, history_len: VIEWS.length, history_first: VIEWS[0].step,
-        view_index: live ? -1 : i, has_work: false });
+      m.controls.update({
+        ...v.controls,
+        history_len: VIEWS.length,
+        history_first: VIEWS[0].step,
+        view_index: live ? -1 : i,
+        has_work: false,
+      });
     }
     if (m.blocks) {
       m.blocks.update(traits(v.blocks));
@@ -182,7 +205,10 @@ const HOST = {
       if (sel >= 0) m.blocks.update({ detail: this.blockDetail(sel) });
     }
     if (m.sampler) m.sampler.update(this.samplerState());
-    if (m.timeline && !this.timelineSet) { m.timeline.update(DATA.timeline); this.timelineSet = true; }
+    if (m.timeline && !this.timelineSet) {
+      m.timeline.update(DATA.timeline);
+      this.timelineSet = true;
+    }
     if (m.attention) m.attention.update({ ...v.attention, message: ATTENTION_OFF });
     for (const [name, model] of Object.entries(m)) if (!HOST_DRAWN.has(name) && v[name]) model.update(v[name]);
     if (m.why) m.why.update(this.whyState());
@@ -243,7 +269,10 @@ const HOST = {
       throw new Error(ENGINE_OFF);
     }
     // Panel-local actions (the panels' own handle_action in Python).
-    if (name === "controls" && action === "clear_error") { m.controls.update({ error: "" }); return; }
+    if (name === "controls" && action === "clear_error") {
+      m.controls.update({ error: "" });
+      return;
+    }
     if (name === "blocks" && (action === "block_detail" || action === "select_block")) {
       const id = Number(get(c, "block_id", -1));
       if (action === "select_block") m.blocks.update({ selected: id });
@@ -270,7 +299,8 @@ const HOST = {
       const rid = String(c.request_id || "");
       for (const target of /** @type {string[]} */ (get(DATA.meta.links, name, []))) {
         if (!m[target]) continue;
-        if (target === "attention") {  // it keeps the request it shows until another is chosen
+        if (target === "attention") {
+          // it keeps the request it shows until another is chosen
           if (rid) m.attention.update({ request_id: rid });
         } else {
           m[target].update({ request_id: rid });
@@ -306,7 +336,10 @@ function disableEngineControls(el) {
   for (const tid of ["kvs-step-btn", "kvs-run-n", "kvs-run-btn", "kvs-play-btn", "kvs-speed", "kvs-reset-btn"]) {
     /** @type {HTMLButtonElement | HTMLInputElement | HTMLSelectElement | null} */
     const node = el.querySelector(`[data-testid="${tid}"]`);
-    if (node) { node.disabled = true; node.title = ENGINE_OFF; }
+    if (node) {
+      node.disabled = true;
+      node.title = ENGINE_OFF;
+    }
   }
   // The drawer holds the add-request form and the knobs: all engine actions.
   for (const tid of ["kvs-add-form", "kvs-budget", "kvs-pool", "kvs-drawer", "kvs-drawer-toggle"]) {

@@ -8,8 +8,15 @@
 (function () {
   const w = /** @type {any} */ (window);
   if (w.kvsRerun) return;
-  const RUNTIME_FILES = ["pyodide.js", "pyodide.asm.js", "pyodide.asm.wasm.js", "python_stdlib.zip.js",
-    "pyodide-lock.json.js", "kvscope.zip.js", "assets.js"];
+  const RUNTIME_FILES = [
+    "pyodide.js",
+    "pyodide.asm.js",
+    "pyodide.asm.wasm.js",
+    "python_stdlib.zip.js",
+    "pyodide-lock.json.js",
+    "kvscope.zip.js",
+    "assets.js",
+  ];
   /** @type {Map<string, Promise<void>>} */
   const scripts = new Map();
   /** @type {Promise<{py: any, seconds: number}> | null} */
@@ -57,14 +64,19 @@
     window.fetch = (input, init) => {
       const url = typeof input === "string" ? input : input instanceof URL ? input.href : input.url;
       const hit = served[url.split("/").pop() || ""];
-      return hit ? Promise.resolve(new Response(hit[1], { headers: { "Content-Type": hit[0] } }))
+      return hit
+        ? Promise.resolve(new Response(hit[1], { headers: { "Content-Type": hit[0] } }))
         : realFetch(input, init);
     };
     let py;
     try {
       const lock = JSON.parse(new TextDecoder().decode(await file("pyodide-lock.json")));
-      py = await w.loadPyodide({ indexURL: new URL(runtime, location.href).href, lockFileContents: lock,
-        stdout: () => {}, stderr: (/** @type {string} */ t) => console.warn(t) });
+      py = await w.loadPyodide({
+        indexURL: new URL(runtime, location.href).href,
+        lockFileContents: lock,
+        stdout: () => {},
+        stderr: (/** @type {string} */ t) => console.warn(t),
+      });
     } finally {
       window.fetch = realFetch;
     }
@@ -96,8 +108,13 @@
     const table = document.createElement("table");
     table.className = "kvs-rerun-table";
     table.dataset.testid = "kvs-rerun-table";
-    const rows = [["", "recorded", "re-run"], ["steps", "steps"], ["preemptions", "preemptions"],
-      ["prefix-hit tokens", "hit_tokens"], ["finished requests", "finished"]];
+    const rows = [
+      ["", "recorded", "re-run"],
+      ["steps", "steps"],
+      ["preemptions", "preemptions"],
+      ["prefix-hit tokens", "hit_tokens"],
+      ["finished requests", "finished"],
+    ];
     for (const [i, row] of rows.entries()) {
       const tr = document.createElement("tr");
       const cells = i === 0 ? row : [row[0], String(out.summary.recorded[row[1]]), String(out.summary.rerun[row[1]])];

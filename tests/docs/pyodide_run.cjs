@@ -11,8 +11,11 @@ const { loadPyodide } = require(path.resolve(pyodideDir, "pyodide.js"));
 
 (async () => {
   const t0 = performance.now();
-  const py = await loadPyodide({ indexURL: path.resolve(pyodideDir) + "/", stdout: () => {},
-    stderr: (t) => process.stderr.write(t + "\n") });
+  const py = await loadPyodide({
+    indexURL: path.resolve(pyodideDir) + "/",
+    stdout: () => {},
+    stderr: (t) => process.stderr.write(t + "\n"),
+  });
   py.unpackArchive(new Uint8Array(fs.readFileSync(zipPath)), "zip", { extractDir: "/kvscope" });
   py.runPython("import sys\nsys.path.insert(0, '/kvscope')");
   const loaded = performance.now() - t0;
@@ -21,6 +24,6 @@ const { loadPyodide } = require(path.resolve(pyodideDir, "pyodide.js"));
   fs.writeFileSync(outputPath, String(out));
   process.stderr.write(`pyodide ${py.version}: loaded in ${(loaded / 1000).toFixed(2)} s\n`);
 })().catch((err) => {
-  process.stderr.write(String(err && err.stack || err) + "\n");
+  process.stderr.write(String((err && err.stack) || err) + "\n");
   process.exit(1);
 });

@@ -174,7 +174,10 @@ def test_a_frozen_panel_answers_the_same_actions_in_both_languages() -> None:
     assert js == set(Panel.FROZEN_ACTIONS) == {"block_detail"}
 
 
-FUNCTION_MAX_LINES = 100  # a render past this does several jobs: move one out (its own function, named)
+# A render past this does several jobs: move one out (its own function, named). Lines as Prettier
+# writes them (tests/widgets/test_js_format.py), one call argument or object key a line where they
+# do not fit 120 columns: the longest render, why.js's, is 198 (it was 100 packed by hand).
+FUNCTION_MAX_LINES = 200
 
 
 def test_no_panel_function_runs_past_the_line_limit() -> None:

@@ -24,9 +24,9 @@ test("the step window is the whole run when it fits, else the latest steps or a 
 test("the token axis is a square root, and a non-empty bar is never thinner than the minimum", () => {
   const s = timeline.tokenScale(256, 100);
   assert.equal(s.y(256), 100);
-  assert.equal(s.y(64), 50);          // a quarter of the budget: half the height
+  assert.equal(s.y(64), 50); // a quarter of the budget: half the height
   assert.equal(s.height(0), 0);
-  assert.equal(s.y(1000), 100);       // clamped at the top
+  assert.equal(s.y(1000), 100); // clamped at the top
   // One decode token under an 8192-token budget: 1.1 px by the scale, drawn at the minimum.
   const minimum = vm.runInContext("MIN_BAR_PX", timeline);
   const wide = timeline.tokenScale(8192, 100);
@@ -37,12 +37,12 @@ test("the token axis is a square root, and a non-empty bar is never thinner than
 test("the ms axis is cut at a high percentile only when one step is far slower", () => {
   const even = Array.from({ length: 50 }, (_, i) => 10 + (i % 5));
   assert.deepEqual({ ...timeline.kvsCutScale(even) }, { cap: 14, cut: false });
-  const spike = [...even, 900];       // one slow step (a first compile, a preemption)
+  const spike = [...even, 900]; // one slow step (a first compile, a preemption)
   const s = timeline.kvsCutScale(spike);
   assert.equal(s.cut, true);
   assert.ok(s.cap < 100 && s.cap >= 14, `${s.cap}`);
-  assert.deepEqual({ ...timeline.kvsCutScale([5, 900]) }, { cap: 900, cut: false });  // too few steps to cut
-  const gaps = Array.from({ length: 200_000 }, (_, i) => 60 + (i % 17));   // a long run's ITL: no spread limit
+  assert.deepEqual({ ...timeline.kvsCutScale([5, 900]) }, { cap: 900, cut: false }); // too few steps to cut
+  const gaps = Array.from({ length: 200_000 }, (_, i) => 60 + (i % 17)); // a long run's ITL: no spread limit
   assert.equal(timeline.kvsCutScale([...gaps, 5929]).cut, true);
 });
 
@@ -57,13 +57,19 @@ test("pool cells shrink with the pool and say how much of a label fits", () => {
   assert.equal(pool.cellSizeFor(40), 26);
   assert.equal(pool.cellSizeFor(1024), 15);
   assert.equal(pool.cellSizeFor(60000), 10);
-  assert.deepEqual([26, 15, 10].map((c) => pool.labelKind(c)), ["full", "ids", "hover"]);
+  assert.deepEqual(
+    [26, 15, 10].map((c) => pool.labelKind(c)),
+    ["full", "ids", "hover"],
+  );
 });
 
 test("block events are bit codes from the record schema, named by it (no magic numbers)", () => {
-  const events = vm.runInContext("KVS_EVENTS", pool);   // [bit, key, label, ...looks, tip]
+  const events = vm.runInContext("KVS_EVENTS", pool); // [bit, key, label, ...looks, tip]
   const schema = vm.runInContext("KVS_SCHEMA.block_events", pool);
-  assert.deepEqual(events.map((e) => e[1]), schema.map((e) => e.key));
+  assert.deepEqual(
+    events.map((e) => e[1]),
+    schema.map((e) => e.key),
+  );
   const bits = events.map((e) => e[0]);
   assert.equal(new Set(bits).size, bits.length);
   for (const b of bits) assert.equal(b & (b - 1), 0, `${b} is one bit`);

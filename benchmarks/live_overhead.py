@@ -68,7 +68,7 @@ class Drain:
 
         while self.running:
             if self.sock.poll(100):
-                self.counters = protocol.decode(self.sock.recv_multipart())["counters"]
+                self.counters = protocol.decode_feed(self.sock.recv_multipart()).counters
                 self.first = self.first or self.counters
                 self.count += 1
 

@@ -63,7 +63,7 @@ class Drain:
             if self.sock.poll(50):
                 frames = self.sock.recv_multipart()
                 self.sizes.append(len(frames[1]))
-                self.seqs.append(self.protocol.decode(frames)["seq"])
+                self.seqs.append(self.protocol.decode_feed(frames).seq)
 
     def gaps(self) -> int:
         return sum(b - a - 1 for a, b in zip(self.seqs, self.seqs[1:]))

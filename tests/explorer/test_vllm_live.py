@@ -264,7 +264,7 @@ def test_a_stalled_subscriber_never_stalls_the_server_or_the_others_and_its_drop
         # The stalled one got a few (its HWM and socket buffers), and the sequence numbers show the rest dropped.
         seqs = []
         while stalled.poll(200) and len(seqs) < 10_000:
-            seqs.append(protocol.decode(stalled.recv_multipart())["seq"])
+            seqs.append(protocol.decode_feed(stalled.recv_multipart()).seq)
     finally:
         stalled.close(0)
         ctx.term()
@@ -403,6 +403,26 @@ def test_malformed_foreign_and_other_schema_messages_are_counted_and_skipped(stu
                 in status["last_rejection"])
         assert status["missed"] == 1   # the other-schema step's seq is a gap in what was applied
         assert status["rebased"] == 1  # so the state came from a fresh snapshot, not from a guess
+
+
+def test_a_step_that_does_not_fit_the_wire_types_is_refused_naming_the_field(stub):
+    """A body is decoded into explorer/drivers/vllm_live/wire.py's structs: a field of the wrong type
+    (here the pool's free count as a string, then an op with a field missing) is refused whole,
+    before anything applies it, and the rejection names where it is."""
+    with attached(stub) as s:
+        stub.wait_subscriber()
+        stub.send_step()
+        assert s.wait_for(lambda s: s.current.step == 1, timeout=5)
+        good = {"ops": [["u", None, time.time(), 0.001, 0.0, 0.0, [], [], [], {}]], "blocks": [[], [], []],
+                "cached": [], "cleared": False, "queues": None, "free": 3, "usage": 0.0}
+        stub.send_step(body={**good, "free": "three"})
+        assert s.wait_for(lambda s: s.feed_status()["rejected"] == 1, timeout=5)
+        assert "a malformed step message" in s.feed_status()["last_rejection"]
+        assert "$.body.free" in s.feed_status()["last_rejection"]
+        stub.send_step(body={**good, "ops": [["u", None, time.time()]]})
+        assert s.wait_for(lambda s: s.feed_status()["rejected"] == 2, timeout=5)
+        assert "$.body.ops[0]" in s.feed_status()["last_rejection"]
+        assert s.current.step == 1 and s.feed_status()["applied"] == 1   # nothing half-applied
 
 
 def test_a_server_restart_resynchronises_and_says_so(stub):

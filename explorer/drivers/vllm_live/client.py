@@ -39,6 +39,7 @@ from engine.report.schema import CHANGES, EV, REC, REQ, SAMPLE, SNAP, EngineSnap
 
 from . import protocol
 from .mirror import Mirror
+from .wire import Arrived, StepMessage, StoppedMessage
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ class LiveSource:
         self.snapshot_address = snapshot_address or protocol.snapshot_address(address)
         self.timeout = float(timeout)
         self._ctx = zmq.Context()
-        self._queue: deque[dict] = deque()
+        self._queue: deque[StepMessage] = deque()
         self._max_queue = int(max_queue)
         self._qlock = threading.Lock()
         self.counters = {"received": 0, "applied": 0, "rejected": 0, "dropped_here": 0, "missed": 0,
@@ -123,7 +124,7 @@ class LiveSource:
         finally:
             req.close(0)
         try:
-            return protocol.decode([reply], "snapshot")
+            return protocol.decode_snapshot([reply])
         except protocol.FeedError as exc:
             raise ValueError(f"the recorder at {self.snapshot_address} answered, but: {exc}") from None
 
@@ -150,12 +151,12 @@ class LiveSource:
             self.counters["received"] += 1
             self._last_message = time.monotonic()
             try:
-                msg = protocol.decode(frames)
+                msg = protocol.decode_feed(frames)
             except protocol.FeedError as exc:
                 self.counters["rejected"] += 1
                 self.last_rejection = str(exc)
                 continue
-            if msg.get("kind") == "stopped":
+            if isinstance(msg, StoppedMessage):
                 self._stopped(msg)
                 continue
             with self._qlock:
@@ -164,13 +165,13 @@ class LiveSource:
                     self.counters["dropped_here"] += 1
                 self._queue.append(msg)
 
-    def _stopped(self, msg: dict) -> None:
+    def _stopped(self, msg: StoppedMessage) -> None:
         """The recorder stopped: the step it lost is counted as missed, its words kept in the
         notes (and logged); the panels keep the last state that came."""
-        if msg["run_id"] != self.run_id or self.stopped is not None:
+        if msg.run_id != self.run_id or self.stopped is not None:
             return
-        self.stopped = msg["error"]
-        self.counters["missed"] += max(0, msg["seq"] - self.seq - len(self._queue))
+        self.stopped = msg.error
+        self.counters["missed"] += max(0, msg.seq - self.seq - len(self._queue))
         self.notes.append(self.stopped)
         log.warning(self.stopped)
 
@@ -198,7 +199,7 @@ class LiveSource:
         if self._cleared():
             return 1
         with self._qlock:
-            while self._queue and self._queue[0]["run_id"] == self.run_id and self._queue[0]["seq"] <= self.seq:
+            while self._queue and self._queue[0].run_id == self.run_id and self._queue[0].seq <= self.seq:
                 self._queue.popleft()
                 self.counters["stale"] += 1
             if self._queue:
@@ -217,25 +218,25 @@ class LiveSource:
                 msg = self._queue.popleft() if self._queue else None
             if msg is None:
                 return self._catch_up()
-            if msg["run_id"] != self.run_id:
-                return self._restart(f"the server restarted (run {self.run_id[:8]} -> {msg['run_id'][:8]})")
-            if msg["seq"] > self.seq:
+            if msg.run_id != self.run_id:
+                return self._restart(f"the server restarted (run {self.run_id[:8]} -> {msg.run_id[:8]})")
+            if msg.seq > self.seq:
                 break
             self.counters["stale"] += 1  # already in the snapshot this source joined with
-        applied, self.seq = self.seq, msg["seq"]
+        applied, self.seq = self.seq, msg.seq
         self._ahead = None  # steps came after all
-        self.server_counters = msg.get("counters") or {}
-        if msg["seq"] != applied + 1:
-            self.counters["missed"] += msg["seq"] - applied - 1
+        self.server_counters = msg.counters
+        if msg.seq != applied + 1:
+            self.counters["missed"] += msg.seq - applied - 1
             return self._rebase(msg)  # a body moves on the state it follows: a missed one needs a fresh state
         try:
-            rec = self.mirror.apply(msg["body"], expand=True)
+            rec = self.mirror.apply(msg.body, expand=True)
         except (KeyError, IndexError, TypeError, ValueError) as exc:
             self.notes.append(f"a step did not fit the state held here ({type(exc).__name__}: {exc})")
             return self._rebase(msg)
-        for op in msg["body"]["ops"]:
-            if op[0] == "a":
-                self._keep_hashes(op[2], op[9])
+        for op in msg.body.ops:
+            if isinstance(op, Arrived):
+                self._keep_hashes(op.request_id, op.prompt_hashes)
         self._add_text_to_changes(rec)
         self._held(rec)
         return StepRecord.from_dict(rec)
@@ -256,7 +257,7 @@ class LiveSource:
             self._held(rec)
         return StepRecord.from_dict(rec)
 
-    def _rebase(self, msg: dict) -> StepRecord:
+    def _rebase(self, msg: StepMessage) -> StepRecord:
         """After missed steps: a record whose changes are a fresh snapshot, taken after `msg` was
         sent; the steps it already holds are dropped as stale. The requests that ended in the
         missed steps come from its finished queue; one it no longer holds is kept, marked."""
@@ -265,12 +266,12 @@ class LiveSource:
         except (TimeoutError, ValueError) as exc:
             self.notes.append(f"steps were missed and no snapshot came to fill them in: {exc}; the panels keep "
                               f"the state of step {self.step_count}")
-            self.seq = msg["seq"]
+            self.seq = msg.seq
             return self._whole_record(self.step_count + 1)
         if fresh["run_id"] != self.run_id:
             return self._restart("the server restarted while steps were missed")
         with self._qlock:
-            while self._queue and self._queue[0]["run_id"] == self.run_id and self._queue[0]["seq"] <= fresh["seq"]:
+            while self._queue and self._queue[0].run_id == self.run_id and self._queue[0].seq <= fresh["seq"]:
                 self._queue.popleft()
                 self.counters["stale"] += 1
         self.counters["rebased"] += 1
@@ -329,11 +330,11 @@ class LiveSource:
         """Start again from a fresh snapshot: a record whose changes restart the history."""
         self.counters["resyncs"] += 1
         with self._qlock:
-            kept = [m for m in self._queue if m["run_id"] != self.run_id]
+            kept = [m for m in self._queue if m.run_id != self.run_id]
             self._queue.clear()
         self._take_snapshot()
         with self._qlock:
-            self._queue.extend(m for m in kept if m["run_id"] == self.run_id)
+            self._queue.extend(m for m in kept if m.run_id == self.run_id)
         self.notes.append(f"{why}: resynchronised from a fresh snapshot at step {self.step_count}; "
                           "the history starts again")
         log.warning(self.notes[-1])

@@ -8,12 +8,13 @@ sends it. The client (client.py) applies the same body to its own `Mirror` with
 (engine/report/changes.py's ChangesDict), and a whole EngineSnapshot dict when asked: the
 Session and every consumer read the schema's dicts, never this form.
 
-A body is {"ops": [...], "blocks": [ids, refcounts, hash keys], "cached": [[block, request,
-table index]], "cleared": bool, "queues": [running, waiting] | None, "free": int, "usage":
-float}, with "groups": [[i, tables, hits | None]] for a model of several KV cache groups (each
-running request's tables past kvscope's first, whole, after the update, and each group's own
-hit where vLLM looked its prefix up since the last body); requests are small integers (indices
-the recorder gives them), and `ops` are, in the order vLLM did them:
+A body (wire.py's `Body`, a typed struct; each op below is one of its array-like structs, so it
+travels as the list shown) is {"ops": [...], "blocks": [ids, refcounts, hash keys], "cached":
+[[block, request, table index]], "cleared": bool, "queues": [running, waiting] | None, "free":
+int, "usage": float}, with "groups": [[i, tables, hits | None]] for a model of several KV cache
+groups (each running request's tables past kvscope's first, whole, after the update, and each
+group's own hit where vLLM looked its prefix up since the last body); requests are small
+integers (indices the recorder gives them), and `ops` are, in the order vLLM did them:
 
 - ["a", i, request_id, prompt, num_prompt, max_tokens, sampling_params, arrival_time, stop,
   prompt_hashes, domain]: a request arrived (its name, prompt and parameters: the only time
@@ -48,6 +49,7 @@ from engine.report.schema import (
 
 from .mirror_expand import Expander
 from .mirror_state import DEFER_AT_MOST, NO_BLOCKS, BodyStep, Req, Sched, Update, stamp
+from .wire import Arrived, Body, RanNothing, Scheduled, Updated
 
 
 class Mirror(Expander):
@@ -56,62 +58,61 @@ class Mirror(Expander):
 
     # -- applying a body -------------------------------------------------------------------------
     @overload
-    def apply(self, body: dict, expand: Literal[True]) -> StepRecordDict: ...
+    def apply(self, body: Body, expand: Literal[True]) -> StepRecordDict: ...
 
     @overload
-    def apply(self, body: dict, expand: bool = False) -> StepRecordDict | None: ...
+    def apply(self, body: Body, expand: bool = False) -> StepRecordDict | None: ...
 
-    def apply(self, body: dict, expand: bool = False) -> StepRecordDict | None:
+    def apply(self, body: Body, expand: bool = False) -> StepRecordDict | None:
         """Move the state on by one body; with `expand`, return its StepRecord dict, `changes` in."""
         step = BodyStep()
-        for op in body["ops"]:
-            kind = op[0]
-            if kind == "s":
+        for op in body.ops:
+            if isinstance(op, Scheduled):
                 self._schedule(op, step)
-            elif kind == "u":
+            elif isinstance(op, Updated):
                 self._update(op, step)
-            elif kind == "a":
+            elif isinstance(op, Arrived):
                 self._arrive(op, step)
-            elif kind == "x":  # a schedule that ran nothing: no record
-                self.pending.pop(op[1], None)
-            elif kind == "f":
-                for idx, reason in op[2]:
+            elif isinstance(op, RanNothing):  # a schedule that ran nothing: no record
+                if op.sid is not None:
+                    self.pending.pop(op.sid, None)
+            else:
+                for idx, reason in op.finished:
                     req = self.requests.get(idx)
                     if req is not None and req.finish_reason is None:
-                        self._finish(req, reason, op[1], self.engine_time, step)
-            else:
-                raise ValueError(f"unknown op {kind!r}")
-        for idx, tables, hits in body.get("groups") or ():  # several KV cache groups: after the update
-            req = self.requests.get(idx)
+                        self._finish(req, reason, op.wall_time, self.engine_time, step)
+        for g in body.groups or ():  # several KV cache groups: after the update
+            req = self.requests.get(g.idx)
             if req is not None:
-                req.group_tables = tables
-                if hits is not None:
-                    req.group_hits = hits
+                req.group_tables = g.tables
+                if g.hits is not None:
+                    req.group_hits = g.hits
         ref, hashes = self.ref, self.hash
-        if body.get("cleared"):
+        if body.cleared:
             self.settle()
             hashes[:] = [None] * len(hashes)
             self.memo.clear()
-        ids, refs, keys = body["blocks"]
+        ids, refs, keys = body.blocks
         for b, r, h in zip(ids, refs, keys):
             ref[b] = r
             hashes[b] = h
         bs = self.block_size
-        for b, idx, i in body["cached"]:
+        for b, idx, i in body.cached:
             req = self.requests.get(idx) or step.gone.get(idx)
-            if req is not None and hashes[b] is not None:
+            key = hashes[b]
+            if req is not None and key is not None:
                 if self.tokens and self.defer_decodes:  # the block's tokens may be deferred ones
-                    self._memo_due.append((b, hashes[b], req, i))
+                    self._memo_due.append((b, key, req, i))
                 else:
-                    self.memo[b] = (hashes[b], req.tokens(i * bs, (i + 1) * bs) if self.tokens else [])
-        if body["queues"] is not None:
-            self.running, self.waiting = list(body["queues"][0]), list(body["queues"][1])
-        self.num_free, self.usage = body["free"], body["usage"]
+                    self.memo[b] = (key, req.tokens(i * bs, (i + 1) * bs) if self.tokens else [])
+        if body.queues is not None:
+            self.running, self.waiting = list(body.queues[0]), list(body.queues[1])
+        self.num_free, self.usage = body.free, body.usage
         if step.update is None:
             # No step ran (an abort between steps): its record keeps the last step's number and
             # schedules nothing, and a Session brings its latest entry up to date with it
             # (Session._append) instead of adding a step vLLM never ran.
-            step.update = Update(None, body.get("wall") or time.time(), 0.0, 0.0, 0.0, [], [], [], {})
+            step.update = Update(None, body.wall or time.time(), 0.0, 0.0, 0.0, [], [], [], {})
         self.scheduled_ahead = (self.step_count + 1) if self.pending else None
         record = None
         if expand:
@@ -127,15 +128,17 @@ class Mirror(Expander):
             self._gone = {i: r for i, r in self._gone.items() if i in named}
         return record
 
-    def _arrive(self, op: list, step: BodyStep) -> None:
-        _, idx, rid, prompt, n_prompt, max_tokens, params, arrival, stop, hashes, domain = op
-        req = Req(idx, rid, list(prompt), n_prompt, max_tokens, params, list(stop), list(hashes), dict(domain))
-        req.metrics.wall.arrival_time, req.metrics.engine.arrival_time = arrival, self.engine_time
-        self.requests[idx] = req
-        step.touched[idx] = 0
+    def _arrive(self, op: Arrived, step: BodyStep) -> None:
+        req = Req(op.idx, op.request_id, list(op.prompt), op.num_prompt, op.max_tokens, op.sampling_params,
+                  list(op.stop), list(op.prompt_hashes), dict(op.domain))
+        req.metrics.wall.arrival_time, req.metrics.engine.arrival_time = op.arrival_time, self.engine_time
+        self.requests[op.idx] = req
+        step.touched[op.idx] = 0
 
-    def _schedule(self, op: list, step: BodyStep) -> None:
-        _, sid, order, ns, new, cached_ids, cached_before, cached_blocks, cached_out, resumed, preempted, _budget = op
+    def _schedule(self, op: Scheduled, step: BodyStep) -> None:
+        sid, order, ns, new, cached_ids = op.sid, op.order, op.num_tokens, op.new, op.cached_ids
+        cached_before, cached_blocks, cached_out = op.cached_before, op.cached_new_blocks, op.cached_outputs
+        resumed, preempted = op.resumed, op.preempted
         reqs, counters = self.requests, self.counters
         admitted = set(resumed)
         if not new and cached_ids == order:  # running requests only (decode steps): vLLM's lists line up
@@ -151,7 +154,7 @@ class Mirror(Expander):
             bs_, outs = list(map(before.__getitem__, order)), list(map(with_placeholders.__getitem__, order))
         for idx, blocks in compress(zip(cached_ids, cached_blocks), cached_blocks):  # those given blocks
             if idx not in admitted:
-                reqs[idx].table += blocks
+                reqs[idx].table += cast("list[int]", blocks)   # (those given blocks: compress dropped None)
         for idx in resumed:
             self._reset_table(reqs[idx], list(dict(zip(cached_ids, cached_blocks))[idx] or ()))
         if order != self._rows[0]:  # a batch other than the last step's
@@ -221,20 +224,24 @@ class Mirror(Expander):
         if any(req.idx in s.names for s in self.pending.values()):
             self._gone[req.idx] = req
 
-    def _update(self, op: list, step: BodyStep) -> None:
-        _, sid, wall, step_s, schedule_s, update_s, ids, new_tokens, finished, events = op
+    def _update(self, op: Updated, step: BodyStep) -> None:
+        sid, wall, ids, finished = op.sid, op.wall_time, op.ids, op.finished
+        # Each request's new token ids, or (KVSCOPE_FEED_TOKENS=0) their counts.
+        new_tokens = cast("list[list[int]]", op.new_tokens)
         engine_start = self.engine_time
         self.step_count += 1
-        self.engine_time = engine = engine_start + step_s
-        sched = self.pending.get(sid)  # still pending while its requests finish: they keep their tables for it
-        u = step.update = Update(sched, wall, step_s, schedule_s, update_s, ids, new_tokens, finished, events)
+        self.engine_time = engine = engine_start + op.step_s
+        # Still pending while its requests finish: they keep their tables for it.
+        sched = self.pending.get(sid) if sid is not None else None
+        u = step.update = Update(sched, wall, op.step_s, op.schedule_s, op.update_s, ids, new_tokens, finished,
+                                 op.events)
         counters = self.counters
         touched = step.touched
         if sched is not None:
             for idx in sched.admitted:
                 stamp(self._req(idx).metrics, "first_scheduled_time", wall, engine_start)
                 touched.setdefault(idx, NO_BLOCKS)
-            preempted = sched.op[10]
+            preempted = sched.op.preempted
             for idx in preempted:
                 touched.setdefault(idx, NO_BLOCKS)
                 m = self._req(idx).metrics
@@ -242,7 +249,7 @@ class Mirror(Expander):
                 m.engine.preempted_times.append(engine_start)
             counters["num_preemptions"] += len(preempted)
         reqs = self.requests
-        counts = list(map(len, new_tokens)) if self.tokens else new_tokens
+        counts = list(map(len, new_tokens)) if self.tokens else cast("list[int]", op.new_tokens)
         decodes = self.tokens and counts.count(1) == len(counts)  # one token each: the common step
         if decodes and self.defer_decodes:
             self._decodes.append((ids, list(chain.from_iterable(new_tokens)), wall, engine))
@@ -261,7 +268,8 @@ class Mirror(Expander):
             if req is not None and req.finish_reason is None:
                 self._finish(req, reason, wall, engine, step)
                 u.finished_ids.append(req.rid)
-        self.pending.pop(sid, None)
+        if sid is not None:
+            self.pending.pop(sid, None)
 
     def _add_outputs(self, rs: list[Req | None], new_tokens: list, counts: list[int], decodes: bool, wall: float,
                      engine: float) -> None:

@@ -62,9 +62,9 @@ class Expander(MirrorState):
         sched = u.sched
         rec = StepRecord(step=self.step_count)
         bs, tokens = self.block_size, self.tokens
-        budget = sched.op[11] if sched is not None else None
+        budget = sched.op.token_budget if sched is not None else None
         if sched is not None:
-            order, ns, bs_ = sched.order, sched.op[3], sched.before
+            order, ns, bs_ = sched.order, sched.op.num_tokens, sched.before
             # every key a BatchDict always has, filled below (one KV cache group: none of the optional ones)
             batch = cast(BatchDict, {k: [] for k in BATCH.ALL if k in BatchDict.__required_keys__})
             ids_, pos_, slots_, qsl, seq_lens, tables, logits = (batch[BATCH.INPUT_IDS], batch[BATCH.POSITIONS],
@@ -96,7 +96,7 @@ class Expander(MirrorState):
                     logits.append(qsl[-1] - 1)
             batch[BATCH.QUERY_START_LOC] = qsl
             rec.batch, rec.batch_source = batch, "scheduler"
-            rec.preempted = sorted(self._req(i).rid for i in sched.op[10])
+            rec.preempted = sorted(self._req(i).rid for i in sched.op.preempted)
         for idx, new in zip(u.ids, u.new_tokens):
             sampler = self.requests.get(idx) or step.gone.get(idx)
             if sampler is not None and (new if tokens else new > 0):

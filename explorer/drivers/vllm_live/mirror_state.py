@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Self
 
+import msgspec
+
 from engine.report.changes import Sent
 from engine.report.schema import (
     INFO,
@@ -20,6 +22,8 @@ from engine.report.schema import (
     RequestMetricsDict,
 )
 from engine.request import ClockEvents
+
+from .wire import Scheduled
 
 COUNTERS = ("prefix_cache_hits", "prefix_cache_queries", "num_preemptions", "num_generated_tokens",
             "num_prompt_tokens_computed")
@@ -260,8 +264,9 @@ class MirrorState:
         m._gone = {r.idx: r for r in map(Req.from_wire, w["gone"])}
         m.running, m.waiting = list(w["running"]), list(w["waiting"])
         for sid, op, (before, admitted, known, decode, chunk), tables in w["pending"]:
-            m.pending[sid] = Sched(op, list(before), set(admitted), dict(known), list(decode), dict(chunk),
-                                    {i: list(t) for i, t in tables.items()})
+            # (its op came as the list its struct travels as)
+            m.pending[sid] = Sched(msgspec.convert(op, Scheduled), list(before), set(admitted), dict(known),
+                                   list(decode), dict(chunk), {i: list(t) for i, t in tables.items()})
         m.scheduled_ahead = (m.step_count + 1) if m.pending else None
         return m
 
@@ -272,9 +277,9 @@ class Sched:
 
     __slots__ = ("_names", "admitted", "before", "chunk", "decode", "known", "op", "order", "tables")
 
-    def __init__(self, op: list, before: list, admitted: set, known: dict, decode: list, chunk: dict,
+    def __init__(self, op: Scheduled, before: list, admitted: set, known: dict, decode: list, chunk: dict,
                  tables: dict | None = None) -> None:
-        self.op, self.order, self.before, self.admitted = op, op[2], before, admitted
+        self.op, self.order, self.before, self.admitted = op, op.order, before, admitted
         self.known, self.decode, self.chunk = known, decode, chunk
         self.tables: dict[int, list[int]] = tables or {}   # tables reset before the record: as they ran
         self._names: set[int] | None = None
@@ -283,7 +288,7 @@ class Sched:
     def names(self) -> set[int]:
         """The requests it scheduled or preempted (its record reads both, even once aborted)."""
         if self._names is None:
-            self._names = {*self.order, *self.op[10]}
+            self._names = {*self.order, *self.op.preempted}
         return self._names
 
 

@@ -4,7 +4,8 @@ client (in the notebook). One place, so both sides agree on it.
 Two sockets per engine core, both bound by its recorder:
 - the feed (`KVSCOPE_FEED`, default tcp://127.0.0.1:5590): an XPUB socket. Each message is
   two frames, TOPIC and a msgpack map {schema, kind: "step", run_id, rank, seq, counters,
-  body}. `body` is a step in compact form (explorer/drivers/vllm_live/mirror.py spells it):
+  body} (wire.py's `StepMessage`, decoded typed by `decode_feed`). `body` is a step in compact
+  form (explorer/drivers/vllm_live/mirror.py spells it):
   what vLLM's scheduler did since the previous message as arrays of request indices, token
   counts and block ids, with a request's name, prompt and sampling parameters sent once, when
   it arrives. The client expands it into the StepRecord dict and its `changes`
@@ -22,8 +23,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from .wire import FeedMessage
 
 SCHEMA_VERSION = 4   # 4: compact steps expanded by the client (mirror.py); ranks
 TOPIC = b"kvscope.feed"
@@ -86,25 +90,61 @@ def is_loopback(address: str) -> bool:
     return (urlsplit(address).hostname or "") in LOOPBACK
 
 
-def encode(message: dict) -> bytes:
+def encode(message: object) -> bytes:
+    """A message (a dict, or a wire.py struct) as msgpack."""
     import msgspec
 
     return msgspec.msgpack.encode(message)
 
 
-def decode(frames: list[bytes], kind: str | None = None) -> dict:
-    """One feed message from its frames; FeedError says why it is refused."""
+def decode_feed(frames: list[bytes]) -> FeedMessage:
+    """One feed message from its frames, decoded into wire.py's types (so a body that does not
+    fit them is refused here, whole); FeedError says why it is refused."""
     import msgspec
 
-    if kind != "snapshot":
-        if len(frames) != 2 or frames[0] != TOPIC:
-            raise FeedError(f"not a kvscope feed message ({len(frames)} frames, topic {frames[0][:32]!r})"
-                            if frames else "an empty message")
-        payload = frames[1]
-    else:
-        if len(frames) != 1:
-            raise FeedError(f"a snapshot reply has one frame, got {len(frames)}")
-        payload = frames[0]
+    from .wire import FeedMessage
+
+    if len(frames) != 2 or frames[0] != TOPIC:
+        raise FeedError(f"not a kvscope feed message ({len(frames)} frames, topic {frames[0][:32]!r})"
+                        if frames else "an empty message")
+    try:
+        msg = _feed_decoder(msgspec, FeedMessage).decode(frames[1])
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        _refuse(frames[1], "step")   # a foreign message, another schema, the recorder's own words
+        raise FeedError(f"a malformed step message ({exc})") from None
+    if msg.schema != SCHEMA_VERSION:
+        raise FeedError(_other_schema(msg.schema))
+    return msg
+
+
+def decode_snapshot(frames: list[bytes]) -> dict:
+    """A snapshot endpoint's reply ({schema, kind: "snapshot", run_id, rank, seq, state, ...});
+    FeedError says why it is refused."""
+    if len(frames) != 1:
+        raise FeedError(f"a snapshot reply has one frame, got {len(frames)}")
+    return _refuse(frames[0], "snapshot")
+
+
+_DECODERS: dict[object, object] = {}
+
+
+def _feed_decoder(msgspec: Any, kind: object) -> Any:
+    """One msgspec Decoder for the feed's messages, made once (a Decoder is cheaper than `decode(type=)`)."""
+    if kind not in _DECODERS:
+        _DECODERS[kind] = msgspec.msgpack.Decoder(kind)
+    return _DECODERS[kind]
+
+
+def _other_schema(schema: object) -> str:
+    return (f"schema {schema!r} from the server, this kvscope reads schema {SCHEMA_VERSION}: "
+            "run the same kvscope version in the server and the notebook")
+
+
+def _refuse(payload: bytes, want: str) -> dict:
+    """`payload` read without types: FeedError with the reason it is not a `want` message of this
+    schema (the recorder's own words where it sent some); the message where it is one."""
+    import msgspec
+
     try:
         msg: Any = msgspec.msgpack.decode(payload)
     except msgspec.DecodeError as exc:
@@ -112,14 +152,9 @@ def decode(frames: list[bytes], kind: str | None = None) -> dict:
     if not isinstance(msg, dict) or "schema" not in msg:
         raise FeedError("a foreign message (no kvscope schema field)")
     if msg["schema"] != SCHEMA_VERSION:
-        raise FeedError(f"schema {msg['schema']!r} from the server, this kvscope reads schema {SCHEMA_VERSION}: "
-                        "run the same kvscope version in the server and the notebook")
+        raise FeedError(_other_schema(msg["schema"]))
     if msg.get("kind") == "error" and isinstance(msg.get("error"), str):  # the recorder's own words
         raise FeedError(msg["error"])
-    if kind is None and msg.get("kind") == "stopped" and isinstance(msg.get("error"), str) \
-            and isinstance(msg.get("seq"), int):
-        return msg  # the recorder stopped (a step it could not record): the client says why
-    want = kind or "step"
     if msg.get("kind") != want or not isinstance(msg.get("run_id"), str) or not isinstance(msg.get("seq"), int):
         raise FeedError(f"a {msg.get('kind')!r} message where a {want!r} one with run_id and seq was expected")
     body = "state" if want == "snapshot" else "body"

@@ -46,6 +46,18 @@ from ..vllm.pool_notes import PoolNotes, new_events
 from ..vllm.records import hash_domain, kv_events_use_int_hashes
 from . import protocol
 from .mirror import Mirror
+from .wire import (
+    Arrived,
+    Body,
+    FinishedBetween,
+    GroupTables,
+    Op,
+    RanNothing,
+    Scheduled,
+    StepMessage,
+    StoppedMessage,
+    Updated,
+)
 
 log = logging.getLogger("vllm.kvscope_recorder")  # a child of vLLM's logger: its handler and format
 
@@ -333,7 +345,7 @@ class _Publisher:
         self.stopped: str | None = None
         self.by_id: dict[str, int] = {}
         self.names: dict[int, str] = {}  # by_id reversed
-        self.unapplied: list[dict] = []  # bodies published but not yet applied to the mirror
+        self.unapplied: list[Body] = []  # bodies published but not yet applied to the mirror
         self.rows: dict[int, tuple[list[str], list[int]]] = {}  # step -> its scheduled requests, names and indices
         self.last_rows: tuple[list[str], list[int]] = ([], [])  # the last schedule's, until a request arrives
         self.next_idx = 0
@@ -343,7 +355,7 @@ class _Publisher:
         # hit keeps its hash object, so its key is not made again (most blocks a step touches).
         self.hash_objs: list[Any] = [None] * num_blocks
         self.hash_keys: list[str | None] = [None] * num_blocks
-        self.carry: dict | None = None   # a hand-over in which no step ran: told with the next one
+        self.carry: Body | None = None   # a hand-over in which no step ran: told with the next one
         self.queue: deque = deque()
         self.wake = threading.Event()
         self.idle = threading.Event()
@@ -443,18 +455,17 @@ class _Publisher:
         if self.carry is not None:
             body = _merged(self.carry, body)
             self.carry = None
-        if not any(op[0] in ("u", "f") for op in body["ops"]):
+        if not any(isinstance(op, (Updated, FinishedBetween)) for op in body.ops):
             self.carry = body  # no step ran: its notes wait for the next one
             return
         self.unapplied.append(body)
         if len(self.unapplied) >= _APPLY_EVERY:
             self._catch_up()
-        self._forget_finished(body["ops"])
+        self._forget_finished(body.ops)
         self.seq += 1
         self.counters["steps"] += 1
         if self.subscribers > 0:
-            msg = {"schema": protocol.SCHEMA_VERSION, "kind": "step", "run_id": self.run_id, "rank": self.rank,
-                   "seq": self.seq, "counters": dict(self.counters), "body": body}
+            msg = StepMessage(protocol.SCHEMA_VERSION, self.run_id, self.rank, self.seq, dict(self.counters), body)
             try:  # never blocks: at a subscriber's HWM, ZMQ drops the message for that subscriber only
                 self.pub.send_multipart((protocol.TOPIC, protocol.encode(msg)), self.zmq.NOBLOCK)
                 self.counters["published"] += 1
@@ -475,8 +486,8 @@ class _Publisher:
                         "server's log has the traceback): its state no longer matches the server's, so it stopped; "
                         "the server keeps serving; restart it to follow it again")
         log.exception("kvscope recorder: %s", self.stopped)
-        msg = {"schema": protocol.SCHEMA_VERSION, "kind": "stopped", "run_id": self.run_id, "rank": self.rank,
-               "seq": self.seq, "error": self.stopped, "counters": dict(self.counters)}
+        msg = StoppedMessage(protocol.SCHEMA_VERSION, self.run_id, self.rank, self.seq, self.stopped,
+                             dict(self.counters))
         try:
             self.pub.send_multipart((protocol.TOPIC, protocol.encode(msg)), self.zmq.NOBLOCK)
         except self.zmq.ZMQError:
@@ -487,13 +498,13 @@ class _Publisher:
         for body in bodies:
             self.mirror.apply(body)
 
-    def _forget_finished(self, ops: list) -> None:
+    def _forget_finished(self, ops: list[Op]) -> None:
         """Forget the names of the requests these ops finish (a later request may reuse a name)."""
         for op in ops:
-            if op[0] == "u" and op[8]:
-                gone = [op[6][k] for k, _ in op[8]]
-            elif op[0] == "f":
-                gone = [idx for idx, _ in op[2]]
+            if isinstance(op, Updated) and op.finished:
+                gone = [op.ids[k] for k, _ in op.finished]
+            elif isinstance(op, FinishedBetween):
+                gone = [idx for idx, _ in op.finished]
             else:
                 continue
             for idx in gone:
@@ -561,9 +572,10 @@ class _Publisher:
                 out.append(keys[b])
         return out
 
-    def _body(self, handover: tuple) -> dict:
+    def _body(self, handover: tuple) -> Body:
         items, dirty, refs, hashes, cached, cleared, queues, free, usage, wall = handover
-        ix, ops = self.by_id, []
+        ix = self.by_id
+        ops: list[Op] = []
         groups = None
         for item in items:
             kind = item[0]
@@ -572,20 +584,19 @@ class _Publisher:
             elif kind == "u":
                 ops.append(self._update_op(*item[1:5]))
                 if item[5] is not None:
-                    groups = [[ix[rid], tables, hits] for rid, tables, hits in item[5] if rid in ix]
+                    groups = [GroupTables(ix[rid], tables, hits) for rid, tables, hits in item[5] if rid in ix]
             elif kind == "a":
                 ops.append(self._arrive_op(item[1]))
             else:
                 _, rids, reason, t = item
-                ops.append(["f", t, [[ix[r], reason] for r in rids if r in ix]])
+                ops.append(FinishedBetween(t, [(ix[r], reason) for r in rids if r in ix]))
         get = ix.get
-        return {"ops": ops, "blocks": [dirty, refs, self._keys(dirty, hashes)],
-                "cached": [[b, get(req.request_id, -1), i] for req, pairs, _ in cached for b, i in pairs],
-                "cleared": cleared,
-                "queues": None if queues is None else [[get(r, -1) for r in q] for q in queues],
-                "free": free, "usage": usage, "wall": wall, **({"groups": groups} if groups is not None else {})}
+        return Body(ops, (dirty, refs, self._keys(dirty, hashes)),
+                    [(b, get(req.request_id, -1), i) for req, pairs, _ in cached for b, i in pairs], cleared,
+                    None if queues is None else ([get(r, -1) for r in queues[0]], [get(r, -1) for r in queues[1]]),
+                    free, usage, wall, groups)
 
-    def _arrive_op(self, request: Any) -> list:
+    def _arrive_op(self, request: Any) -> Arrived:
         rid = request.request_id
         self.last_rows = ([], [])  # a name may come back with a new request
         prompt = list(request.prompt_token_ids or ())
@@ -593,11 +604,11 @@ class _Publisher:
         sp = getattr(request, "sampling_params", None)
         hashes = [(bytes(h)[-8:] if self.int_hashes else bytes(h)[:8]).hex()
                   for h in list(getattr(request, "block_hashes", ()) or ())[:n // self.block_size]]
-        return ["a", self._index(rid), rid, prompt if self.tokens else [], n,
-                int(getattr(request, "max_tokens", None) or getattr(sp, "max_tokens", 1) or 1),
-                _params(request).to_dict(),
-                float(request.arrival_time), [str(x) for x in (getattr(sp, "stop", None) or ())], hashes,
-                hash_domain(request)]
+        return Arrived(self._index(rid), rid, prompt if self.tokens else [], n,
+                       int(getattr(request, "max_tokens", None) or getattr(sp, "max_tokens", 1) or 1),
+                       _params(request).to_dict(),
+                       float(request.arrival_time), [str(x) for x in (getattr(sp, "stop", None) or ())], hashes,
+                       hash_domain(request))
 
     def _indices(self, rids: Any) -> list[int]:
         try:
@@ -605,7 +616,7 @@ class _Publisher:
         except KeyError:  # a request the recorder never saw arrive (never, but a name costs nothing)
             return [self._index(r) for r in rids]
 
-    def _sched_op(self, sid: int, out: Any, budget: int, tables: tuple[list, list]) -> list:
+    def _sched_op(self, sid: int, out: Any, budget: int, tables: tuple[list, list]) -> Scheduled:
         indices = self._indices
         c = out.scheduled_cached_reqs
         rids = list(out.num_scheduled_tokens)
@@ -618,13 +629,14 @@ class _Publisher:
             self.last_rows = (rids, order)
         self.rows[sid] = (rids, order)
         new_tables, cached_tables = tables
-        return ["s", sid, order, list(out.num_scheduled_tokens.values()),
-                [[self._index(d.req_id), d.num_computed_tokens, t] for d, t in zip(out.scheduled_new_reqs, new_tables)],
-                order if c.req_ids == rids else indices(c.req_ids), c.num_computed_tokens,
-                cached_tables, c.num_output_tokens, indices(c.resumed_req_ids),
-                indices(out.preempted_req_ids or ()), budget]
+        return Scheduled(sid, order, list(out.num_scheduled_tokens.values()),
+                         [(self._index(d.req_id), d.num_computed_tokens, t)
+                          for d, t in zip(out.scheduled_new_reqs, new_tables)],
+                         order if c.req_ids == rids else indices(c.req_ids), c.num_computed_tokens,
+                         cached_tables, c.num_output_tokens, indices(c.resumed_req_ids),
+                         indices(out.preempted_req_ids or ()), budget)
 
-    def _update_op(self, cap: _Cap, result: Any, wall: float, step_s: float) -> list:
+    def _update_op(self, cap: _Cap, result: Any, wall: float, step_s: float) -> Updated | RanNothing:
         scheduled = None
         if cap.sid is not None:
             scheduled = self.rows.pop(cap.sid, None)
@@ -633,7 +645,7 @@ class _Publisher:
                     del self.rows[sid]
         outs = _outputs(result)
         if _ran_nothing(cap.out, outs):
-            return ["x", cap.sid]  # nothing ran (vLLM tells its workers about finished requests)
+            return RanNothing(cap.sid)  # nothing ran (vLLM tells its workers about finished requests)
         # Column by column: no tuple per request (each would be one more object for the collector).
         rids, new, reasons = (list(map(_REQUEST_ID, outs)), list(map(_NEW_TOKEN_IDS, outs)),
                               list(map(_FINISH_REASON, outs)))
@@ -641,9 +653,9 @@ class _Publisher:
         # indices are the schedule's, already looked up.
         ids = scheduled[1] if scheduled is not None and rids == scheduled[0] else self._indices(rids)
         finished = [] if reasons.count(None) == len(reasons) else \
-            [[k, r.name.lower()] for k, r in enumerate(reasons) if r is not None]
-        return ["u", cap.sid, wall, step_s, cap.schedule_s, cap.update_s, ids,
-                new if self.tokens else list(map(len, new)), finished, cap.events]
+            [(k, r.name.lower()) for k, r in enumerate(reasons) if r is not None]
+        return Updated(cap.sid, wall, step_s, cap.schedule_s, cap.update_s, ids,
+                       new if self.tokens else list(map(len, new)), finished, cap.events)
 
     def close(self) -> None:
         self._running = False
@@ -665,17 +677,15 @@ def _ran_nothing(out: Any, outs: list) -> bool:
     return not outs and (out is None or not out.total_num_scheduled_tokens)
 
 
-def _merged(first: dict, then: dict) -> dict:
+def _merged(first: Body, then: Body) -> Body:
     """Two bodies as one (the first had no step to carry it)."""
-    states = dict(zip(first["blocks"][0], zip(first["blocks"][1], first["blocks"][2])))
-    states.update(zip(then["blocks"][0], zip(then["blocks"][1], then["blocks"][2])))
+    states = dict(zip(first.blocks[0], zip(first.blocks[1], first.blocks[2])))
+    states.update(zip(then.blocks[0], zip(then.blocks[1], then.blocks[2])))
     ids = sorted(states)
-    return {"ops": first["ops"] + then["ops"],
-            "blocks": [ids, [states[b][0] for b in ids], [states[b][1] for b in ids]],
-            "cached": first["cached"] + then["cached"], "cleared": first["cleared"] or then["cleared"],
-            "queues": then["queues"] if then["queues"] is not None else first["queues"],
-            "free": then["free"], "usage": then["usage"], "wall": then["wall"],
-            **({"groups": then["groups"]} if "groups" in then else {})}
+    return Body(first.ops + then.ops, (ids, [states[b][0] for b in ids], [states[b][1] for b in ids]),
+                first.cached + then.cached, first.cleared or then.cleared,
+                then.queues if then.queues is not None else first.queues, then.free, then.usage, then.wall,
+                then.groups)
 
 
 def _rank(vc: Any) -> int:

@@ -127,6 +127,17 @@ class _Patches:
             self._undo.pop()()
 
 
+def _timing(f: Callable, record_ms: Callable[[float], None]) -> Callable:
+    """`f`, handing how long each call took (ms) to `record_ms`, a call that raised too."""
+    def timed(*args, **kwargs):
+        t0 = perf_counter()
+        try:
+            return f(*args, **kwargs)
+        finally:
+            record_ms((perf_counter() - t0) * 1e3)
+    return timed
+
+
 class StepTimer:
     """Splits each Session step into engine, history and view phases (milliseconds).
 
@@ -180,15 +191,11 @@ class StepTimer:
         return timed_step
 
     def _wrap_snapshot(self, snapshot: Callable) -> Callable:
-        def timed_snapshot(*args, **kwargs):
-            t0 = perf_counter()
-            try:
-                return snapshot(*args, **kwargs)
-            finally:
-                cur = self._cur
-                if cur is not None and "_engine_end" in cur:  # the Session's bookkeeping of a step
-                    cur["snapshot_ms"] += (perf_counter() - t0) * 1e3
-        return timed_snapshot
+        def add_to_step(ms: float) -> None:
+            cur = self._cur
+            if cur is not None and "_engine_end" in cur:  # the Session's bookkeeping of a step
+                cur["snapshot_ms"] += ms
+        return _timing(snapshot, add_to_step)
 
     def _wrap_render(self, render: Callable) -> Callable:
         def timed_render(*args, **kwargs):
@@ -266,17 +273,12 @@ class ViewProfiler:
         return bucket
 
     def _timed(self, f: Callable, kind: str, name: str) -> Callable:
-        def timed(*args, **kwargs):
-            t0 = perf_counter()
-            try:
-                return f(*args, **kwargs)
-            finally:
-                b = self._bucket
-                if b is not None:
-                    ms = (perf_counter() - t0) * 1e3
-                    b[f"{kind}_ms"] += ms
-                    b["views"][name] = b["views"].get(name, 0.0) + ms
-        return timed
+        def add_to_bucket(ms: float) -> None:
+            b = self._bucket
+            if b is not None:
+                b[f"{kind}_ms"] += ms
+                b["views"][name] = b["views"].get(name, 0.0) + ms
+        return _timing(f, add_to_bucket)
 
     def _wrap_send(self, send: Callable) -> Callable:
         profiler = self
@@ -466,25 +468,29 @@ def summarize_clicks(clicks: list[dict]) -> dict:
 def format_browser(res: dict) -> list[str]:
     s, su = res["setup"], res["summary"]
     w = 66
+
+    def row(label: str, key: str, digits: int = 1) -> str:   # one figure of the summary, at this table's width
+        return stats_row(label, su[key], digits, w)
+
     return [f"bench-ui, browser: JupyterLab {s.get('jupyterlab')} + chromium {s.get('browser_version')}, "
             f"{s['num_requests']} running requests, {s['num_kv_blocks']} KV blocks, {s['clicks']} Step clicks "
             f"(+{s['warmup_clicks']} unmeasured), all decoding: {'yes' if s.get('all_decode') else 'NO'}"
             + (f", {s['timeouts']} click(s) timed out" if s.get("timeouts") else ""),
             table_head(w),
-            stats_row("click -> queues, block pool, slot mapping show new data-step (ms)", su["step_attr_ms"], 1, w),
-            stats_row("click -> last DOM update in those three panels (ms)", su["panels_ms"], 1, w),
-            stats_row("click -> first frame after that update (ms)", su["painted_ms"], 1, w),
-            stats_row("click -> Python's ack reaches the page (ms)", su["ack_ms"], 1, w),
-            stats_row("click -> whole dashboard quiet (last DOM update anywhere) (ms)", su["quiet_ms"], 1, w),
-            *[stats_row(f"  last DOM update of {p} (ms)", su[f"last_{p}_ms"], 1, w) for p in WATCHED_PANELS],
-            stats_row("  browser long tasks (>50 ms) between click and quiet: total (ms)", su["long_task_ms"], 1, w),
-            stats_row("  ... their number", su["long_tasks"], 0, w),
-            stats_row("engine step: StepRecord timings_ms total, in the kernel (ms)", su["engine_ms"], 1, w),
-            stats_row("kernel: engine.step() wall (ms)", su["engine_wall_ms"], 1, w),
-            stats_row("kernel: history bookkeeping (ms)", su["history_ms"], 1, w),
-            stats_row("kernel: view update, SessionBinder.render + comm sends (ms)", su["view_ms"], 1, w),
-            stats_row("panels updated - engine timings total, per click (ms)", su["overhead_ms"], 1, w),
-            stats_row("panels updated - kernel's step+history+view, per click (ms)", su["rest_ms"], 1, w),
+            row("click -> queues, block pool, slot mapping show new data-step (ms)", "step_attr_ms"),
+            row("click -> last DOM update in those three panels (ms)", "panels_ms"),
+            row("click -> first frame after that update (ms)", "painted_ms"),
+            row("click -> Python's ack reaches the page (ms)", "ack_ms"),
+            row("click -> whole dashboard quiet (last DOM update anywhere) (ms)", "quiet_ms"),
+            *[row(f"  last DOM update of {p} (ms)", f"last_{p}_ms") for p in WATCHED_PANELS],
+            row("  browser long tasks (>50 ms) between click and quiet: total (ms)", "long_task_ms"),
+            row("  ... their number", "long_tasks", 0),
+            row("engine step: StepRecord timings_ms total, in the kernel (ms)", "engine_ms"),
+            row("kernel: engine.step() wall (ms)", "engine_wall_ms"),
+            row("kernel: history bookkeeping (ms)", "history_ms"),
+            row("kernel: view update, SessionBinder.render + comm sends (ms)", "view_ms"),
+            row("panels updated - engine timings total, per click (ms)", "overhead_ms"),
+            row("panels updated - kernel's step+history+view, per click (ms)", "rest_ms"),
             "  (last two rows: paired differences per click; the first is everything that is not the engine's"
             " own step, the second transport, kernel message handling and browser rendering)"]
 

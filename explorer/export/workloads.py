@@ -147,6 +147,14 @@ def walkthrough_story(s: Session, caption: Callable[[str], None]) -> None:
         except Exception:  # noqa: BLE001 - a tokenizer without a chat template: the plain turn
             return f"{system}\n\n{question}\n"
 
+    def second_joins_a_step_later(first: str, second: str, max_tokens: tuple[int, int]) -> None:
+        # A step apart: `first`'s prompt is computed by then, so it decodes beside `second`'s prefill
+        # and its full blocks are cached for `second` to hit.
+        s.add_request(first, max_tokens=max_tokens[0], temperature=0.0)
+        s.step(1)
+        s.add_request(second, max_tokens=max_tokens[1], temperature=0.0)
+        s.run_until_idle()
+
     caption("Chapters 2-6: one request. Its prefill computes the whole prompt in one step and samples the "
             "first token; each decode step feeds one token and reads the rest from the paged KV cache.")
     s.add_request("The capital of France is", max_tokens=3, temperature=0.0)
@@ -161,19 +169,14 @@ def walkthrough_story(s: Session, caption: Callable[[str], None]) -> None:
 
     caption("Chapter 9: two requests in one step. One decodes while the other prefills: one packed batch, "
             "one forward pass (see query_start_loc and logits_indices in the slot mapping).")
-    s.add_request("Write a haiku about the sea.", max_tokens=4, temperature=0.0)
-    s.step(1)
-    s.add_request("Name three primary colors.", max_tokens=3, temperature=0.0)
-    s.run_until_idle()
+    second_joins_a_step_later("Write a haiku about the sea.", "Name three primary colors.", max_tokens=(4, 3))
 
     caption("Chapter 10: a prefix-cache hit. The second chat prompt shares the first one's system prompt: it is "
             "admitted with those full blocks already computed (refcount 2, two owners).")
     system = ("You are a careful and patient geography tutor for students. Answer every question with one short "
               "sentence that names the city. Do not explain the answer and do not repeat the question.")
-    s.add_request(chat(system, "What is the capital of France?"), max_tokens=10, temperature=0.0)
-    s.step(1)
-    s.add_request(chat(system, "What is the capital of Italy?"), max_tokens=10, temperature=0.0)
-    s.run_until_idle()
+    second_joins_a_step_later(chat(system, "What is the capital of France?"),
+                              chat(system, "What is the capital of Italy?"), max_tokens=(10, 10))
 
     caption("Chapter 11: three requests with one system prompt arrive together. Blocks are hashed when "
             "allocated, so the second and third hit blocks the first computes in this same step.")

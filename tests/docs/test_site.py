@@ -32,6 +32,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.block_pool import hover_block
+
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -183,18 +185,8 @@ def check_replay(page, holder, f: dict) -> None:
 
     # Hover a block (one held by a request at that step, when there is one): its tooltip.
     block = f["hover_block"]
-    canvas = frame.locator('[data-testid="kvs-pool-canvas"]')
-    canvas.scroll_into_view_if_needed()
-    box = canvas.bounding_box()
-    cell = 26  # widgets/block_pool.js: cells of 26 px up to 256 blocks
-    assert f["num_blocks"] <= 256
-    ncols = round(box["width"] / cell)
-    x = box["x"] + (block["block_id"] % ncols) * cell + cell / 2
-    y = box["y"] + (block["block_id"] // ncols) * cell + cell / 2
-    page.mouse.move(x - 3, y - 3)
-    page.mouse.move(x, y)
-    tip = frame.locator('[data-testid="kvs-block-tooltip"]')
-    tip.wait_for(state="visible", timeout=10_000)
+    assert f["num_blocks"] <= 256  # hover_block draws on 26 px cells
+    tip, _ = hover_block(page, frame, block["block_id"])
     text = tip.inner_text()
     assert text.startswith(f"block {block['block_id']} \u00b7"), text
     for owner in block["owners"]:

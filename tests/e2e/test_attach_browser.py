@@ -9,6 +9,7 @@ import time
 import pytest
 
 from tests.e2e import LAPTOP, attach_cell
+from tests.e2e.cells import assert_cells_ran
 from tests.oracle.vllm_available import require_vllm
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -54,12 +55,7 @@ def test_dashboard_follows_a_live_server_and_pause_holds_it(vllm_server, run_not
     ui = run_notebook("attach.ipynb", attach_cell(srv))
     follow = page.locator(".kvs-dashboard").get_by_test_id("kvs-follow").first
     toggle = follow.get_by_test_id("kvs-follow-toggle")
-    try:
-        toggle.wait_for(timeout=TIMEOUT_MS)
-        ui.wait_kernel_idle(TIMEOUT_MS)
-    finally:
-        errors = ui.cell_errors()
-    assert errors == [], "the notebook's cell failed:\n" + "\n\n".join(errors)
+    assert_cells_ran(ui, toggle, TIMEOUT_MS, TIMEOUT_MS)
     dash = page.locator(".kvs-dashboard").first
     assert toggle.inner_text() == "Pause" and follow.get_by_test_id("kvs-follow-state").inner_text() == "following"
     assert "vLLM 0.32" in follow.get_by_test_id("kvs-follow-stats").inner_text()

@@ -15,6 +15,7 @@ from explorer.export import workloads as recording
 from explorer.ui import views, why_view
 from explorer.ui.captions import history_captions
 from explorer.why import WhyLedger
+from tests.e2e.block_pool import hover_block
 from widgets.hover import block_detail
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -124,16 +125,7 @@ def test_scrub_back_hover_a_block_and_nothing_leaves_the_file(page, recorded) ->
 
     # Hover a block held at that step: the tooltip, then its tokens from the embedded data.
     block = next(b for b in entry.snapshot["block_pool"]["blocks"] if b["owners"] and b["token_ids"])
-    canvas = page.locator('[data-testid="kvs-pool-canvas"]')
-    box = canvas.bounding_box()
-    cell = 26  # block_pool.js: cells of 26 px up to 256 blocks
-    ncols = int(box["width"] // cell)
-    x = box["x"] + (block["block_id"] % ncols) * cell + cell / 2
-    y = box["y"] + (block["block_id"] // ncols) * cell + cell / 2
-    page.mouse.move(x - 3, y - 3)
-    page.mouse.move(x, y)
-    tip = page.locator('[data-testid="kvs-block-tooltip"]')
-    tip.wait_for(state="visible", timeout=10_000)
+    tip, (x, y) = hover_block(page, page, block["block_id"])
     token_ids = json.dumps(block["token_ids"], separators=(",", ":"))
     page.wait_for_function("(ids) => document.querySelector('[data-testid=\"kvs-block-tooltip\"]').textContent"
                            ".includes('tokens ' + ids)", arg=token_ids, timeout=10_000)

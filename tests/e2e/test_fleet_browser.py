@@ -11,6 +11,7 @@ import concurrent.futures
 import pytest
 
 from tests.e2e import attach_cell
+from tests.e2e.cells import assert_cells_ran
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -24,12 +25,7 @@ def test_the_fleet_dashboard_shows_both_ranks_and_where_each_request_went(dp_ser
     ui = run_notebook("fleet.ipynb", attach_cell(srv, "fleet"))
     panel = page.get_by_test_id("kvs-fleet").first
     toggle = panel.get_by_test_id("kvs-fleet-toggle")
-    try:
-        toggle.wait_for(timeout=TIMEOUT_MS)
-        ui.wait_kernel_idle(TIMEOUT_MS)
-    finally:
-        errors = ui.cell_errors()
-    assert errors == [], "the notebook's cell failed:\n" + "\n\n".join(errors)
+    assert_cells_ran(ui, toggle, TIMEOUT_MS, TIMEOUT_MS)
     assert panel.get_by_test_id("kvs-fleet-title").inner_text() == "Fleet: 2 engine cores"
     assert toggle.inner_text() == "Pause"
     ranks = panel.get_by_test_id("kvs-fleet-ranks")

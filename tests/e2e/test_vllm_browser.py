@@ -22,6 +22,7 @@ import nbformat
 import pytest
 
 from benchmarks.lab_harness import REPO, screenshot_whole
+from tests.e2e.cells import assert_cells_ran
 from tests.oracle.vllm_available import require_vllm
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -151,13 +152,8 @@ def test_vllm_dashboard_in_a_real_browser(tmp_path, lab_factory, page, lab_ui, s
     timings["lab_open_s"] = time.monotonic() - t0
     ui.run_all_cells()
     step_btn = page.locator(".kvs-dashboard").get_by_test_id("kvs-step-btn").first
-    try:
-        progress = start_lines(page, step_btn)
-        step_btn.wait_for(timeout=DASHBOARD_TIMEOUT_MS)
-        ui.wait_kernel_idle(ACTION_TIMEOUT_MS)
-    finally:
-        errors = ui.cell_errors()
-    assert errors == [], "the notebook's cell failed:\n" + "\n\n".join(errors)
+    progress = start_lines(page, step_btn)
+    assert_cells_ran(ui, step_btn, DASHBOARD_TIMEOUT_MS, ACTION_TIMEOUT_MS)
     timings["vllm_dashboard_s"] = time.monotonic() - t0 - timings["lab_open_s"]
     dash = page.locator(".kvs-dashboard").first
     dash.scroll_into_view_if_needed()

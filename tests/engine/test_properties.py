@@ -5,7 +5,8 @@ output equals the same request run alone with no constraint."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -25,18 +26,9 @@ class Workload:
     requests: list[dict]   # {prompt, max_tokens, arrival_step, abort_step}
 
 
-@dataclass
-class Totals:
-    workloads: int = 0
-    steps: int = 0
-    requests: int = 0
-    rejected: int = 0
-    preemptions: int = 0
-    aborted: int = 0
-    seen_errors: set = field(default_factory=set)
-
-
-TOTALS = Totals()
+# What the workloads exercised, over the whole module (printed at its end): workloads, steps,
+# requests, rejected, aborted, preemptions.
+TOTALS: Counter[str] = Counter()
 
 
 @st.composite
@@ -101,14 +93,14 @@ def run_workload(model_path: str, wl: Workload, reference) -> None:
             except ValueError as e:  # must be one of the documented add-time limits
                 msg = str(e)
                 assert any(f in msg for f in ("num_kv_blocks", "max_num_batched_tokens")), msg
-                TOTALS.rejected += 1
+                TOTALS["rejected"] += 1
                 continue
             live[rid] = {**r, "added_at": step}
         for rid, r in list(live.items()):
             if r["abort_step"] is not None and step - r["added_at"] == r["abort_step"] \
                     and not eng.requests[rid].is_finished:
                 eng.abort_request(rid)
-                TOTALS.aborted += 1
+                TOTALS["aborted"] += 1
         eng.step()
         step += 1
         assert step < max_steps, f"requests starved: {eng.waiting} {eng.running}"
@@ -120,10 +112,10 @@ def run_workload(model_path: str, wl: Workload, reference) -> None:
         if req.finish_reason == "abort":
             continue
         assert req.output_token_ids == reference(r["prompt"], r["max_tokens"]), (rid, wl.config)
-    TOTALS.workloads += 1
-    TOTALS.steps += step
-    TOTALS.requests += len(live)
-    TOTALS.preemptions += eng.metrics["num_preemptions"]
+    TOTALS["workloads"] += 1
+    TOTALS["steps"] += step
+    TOTALS["requests"] += len(live)
+    TOTALS["preemptions"] += eng.metrics["num_preemptions"]
 
 
 COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
@@ -145,6 +137,6 @@ def test_soak_random_workloads(model_path, reference, wl):
 
 
 def teardown_module(module) -> None:
-    print(f"\n[properties] checked {TOTALS.workloads} workloads, {TOTALS.steps} steps, {TOTALS.requests} "
-          f"requests ({TOTALS.rejected} rejected at add time, {TOTALS.aborted} aborted, "
-          f"{TOTALS.preemptions} preemptions)")
+    print(f"\n[properties] checked {TOTALS['workloads']} workloads, {TOTALS['steps']} steps, {TOTALS['requests']} "
+          f"requests ({TOTALS['rejected']} rejected at add time, {TOTALS['aborted']} aborted, "
+          f"{TOTALS['preemptions']} preemptions)")

@@ -6,15 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from .headless import (
-    NOTEBOOKS,
-    assert_stored_clean_with_checks,
-    chapter_cells,
-    chapter_texts,
-    execute_against_a_server,
-    read_notebook,
-    widget_views,
-)
+from .headless import NOTEBOOKS, assert_stored_clean_with_checks, read_notebook
+from .run_notebook import chapter_widget_views, run_against_a_server
 
 NOTEBOOK = NOTEBOOKS / "attach.ipynb"
 CHAPTERS = [
@@ -35,9 +28,7 @@ def test_attach_notebook_is_stored_without_outputs_and_each_chapter_ends_with_a_
 
 @pytest.mark.slow
 def test_attach_notebook_runs_against_a_real_server(tmp_path_factory, default_model_path):
-    nb = execute_against_a_server(read_notebook(NOTEBOOK), NOTEBOOK, tmp_path_factory.mktemp("jupyter"),
-                                  "kvscope-attach-notebook-test")
-    text = chapter_texts(nb)
+    nb, text = run_against_a_server(NOTEBOOK, tmp_path_factory)
     assert "from the prefix cache" in text["3. A shared system prompt: one prefix, two requests, refcount 2"]
     assert "requests generated the same tokens" in text["7. The same traffic on kvscope's own engine"]
-    assert sum(widget_views(c) for c in chapter_cells(nb)["2. Attach"] if c.cell_type == "code") >= 1
+    assert chapter_widget_views(nb, "2. Attach") >= 1

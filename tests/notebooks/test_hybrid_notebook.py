@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from .headless import NOTEBOOKS, assert_stored_clean_with_checks, chapter_texts, execute_every_cell, read_notebook
+from .headless import NOTEBOOKS, assert_stored_clean_with_checks, read_notebook
+from .run_notebook import run_every_cell
 
 NOTEBOOK = NOTEBOOKS / "hybrid.ipynb"
 CHAPTERS = ["1. A model with sliding-window layers", "2. Blocks leave the window",
@@ -26,9 +27,7 @@ def test_hybrid_notebook_shows_a_prefix_cut_by_the_sliding_group(tmp_path_factor
     from tests.oracle.vllm_available import require_vllm
 
     require_vllm()   # chapter 7 steps vLLM in process
-    nb = execute_every_cell(read_notebook(NOTEBOOK), NOTEBOOK, tmp_path_factory.mktemp("jupyter"),
-                            kernel_name="kvscope-hybrid-notebook-test", cell_timeout_s=600)
-    text = chapter_texts(nb)
+    _, text = run_every_cell(NOTEBOOK, tmp_path_factory, cell_timeout_s=600)
     assert "group 1: sliding_window  window 48  layers [1, 2]" in text["1. A model with sliding-window layers"]
     assert "sliding window : [0, 0, 0, 0," in text["2. Blocks leave the window"]
     cut = text["3. A shared prefix that misses in one group"]

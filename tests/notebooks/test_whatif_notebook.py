@@ -5,16 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from .headless import (
-    NOTEBOOKS,
-    assert_no_startup_notes_in_stderr,
-    assert_stored_clean_with_checks,
-    chapter_cells,
-    chapter_texts,
-    execute_against_a_server,
-    read_notebook,
-    widget_views,
-)
+from .headless import NOTEBOOKS, assert_no_startup_notes_in_stderr, assert_stored_clean_with_checks, read_notebook
+from .run_notebook import chapter_widget_views, run_against_a_server
 
 NOTEBOOK = NOTEBOOKS / "whatif.ipynb"
 CHAPTERS = ["1. Record a server's traffic", "2. Identity: the same settings, the same steps",
@@ -27,9 +19,7 @@ def test_whatif_notebook_is_stored_without_outputs_and_each_chapter_ends_with_a_
 
 @pytest.mark.slow
 def test_whatif_notebook_runs_against_a_real_server(tmp_path_factory, default_model_path):
-    nb = execute_against_a_server(read_notebook(NOTEBOOK), NOTEBOOK, tmp_path_factory.mktemp("jupyter"),
-                                  "kvscope-whatif-notebook-test")
-    text = chapter_texts(nb)
+    nb, text = run_against_a_server(NOTEBOOK, tmp_path_factory)
     assert "0 differences" in text["2. Identity: the same settings, the same steps"]
     assert "held-out error" in text["4. A sweep, and the operator's answer"]
     answer = text["4. A sweep, and the operator's answer"]
@@ -38,4 +28,4 @@ def test_whatif_notebook_runs_against_a_real_server(tmp_path_factory, default_mo
     # vLLM's start-up notes fold into one line: no red stderr box repeats them in the replays' cells.
     # The sweep's progress is one line redrawn in place, not "[whatif]" lines on stderr.
     assert_no_startup_notes_in_stderr(nb, CHAPTERS[1:], also=("[whatif]",))
-    assert sum(widget_views(c) for c in chapter_cells(nb)["3. One what-if, step by step"] if c.cell_type == "code") >= 1
+    assert chapter_widget_views(nb, "3. One what-if, step by step") >= 1

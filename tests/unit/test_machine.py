@@ -9,45 +9,12 @@ import pytest
 from explorer.apps import machine
 from explorer.apps.machine import CpuInfo, cpu_info, parse_cpuinfo, vector_extensions
 
-# /proc/cpuinfo verbatim from the project's CPU machine (2-core AMD EPYC VM, AVX2, no
-# AVX-512), where the README's CPU figures were measured. A backslash ends each wrapped part of
-# a flags line, so the string still holds each flags line as one line.
-AMD_EPYC_CPUINFO = """\
-processor\t: 0
-vendor_id\t: AuthenticAMD
-cpu family\t: 25
-model\t\t: 1
-model name\t: AMD EPYC
-stepping\t: 1
-microcode\t: 0x1000065
-cpu MHz\t\t: 2445.406
-cache size\t: 512 KB
-physical id\t: 0
-siblings\t: 2
-core id\t\t: 0
-cpu cores\t: 2
-apicid\t\t: 0
-initial apicid\t: 0
-fpu\t\t: yes
-fpu_exception\t: yes
-cpuid level\t: 16
-wp\t\t: yes
-flags\t\t: fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pat pse36 clflush mmx \
-fxsr sse sse2 ht syscall nx mmxext fxsr_opt pdpe1gb rdtscp lm constant_tsc rep_good nopl xtopology \
-nonstop_tsc cpuid extd_apicid tsc_known_freq pni pclmulqdq ssse3 fma cx16 pcid sse4_1 sse4_2 \
-x2apic movbe popcnt tsc_deadline_timer aes xsave avx f16c rdrand hypervisor lahf_lm cmp_legacy \
-cr8_legacy abm sse4a misalignsse 3dnowprefetch osvw topoext ssbd ibrs ibpb stibp vmmcall fsgsbase \
-tsc_adjust bmi1 avx2 smep bmi2 erms invpcid rdseed adx smap clflushopt clwb sha_ni xsaveopt xsavec \
-xgetbv1 xsaves clzero xsaveerptr wbnoinvd arat umip pku ospke vaes vpclmulqdq rdpid fsrm
-bugs\t\t: sysret_ss_attrs spectre_v1 spectre_v2 spec_store_bypass srso ibpb_no_ret spectre_v2_user
-bogomips\t: 4890.81
-TLB size\t: 2560 4K pages
-clflush size\t: 64
-cache_alignment\t: 64
-address sizes\t: 48 bits physical, 48 bits virtual
-power management:
 
-processor\t: 1
+def _amd_epyc_processor(cpu: int) -> str:
+    """Logical CPU `cpu`'s entry in AMD_EPYC_CPUINFO: both entries are alike but for its number.
+    A backslash ends each wrapped part of a flags line, so the entry still holds it as one line."""
+    return f"""\
+processor\t: {cpu}
 vendor_id\t: AuthenticAMD
 cpu family\t: 25
 model\t\t: 1
@@ -58,10 +25,10 @@ cpu MHz\t\t: 2445.406
 cache size\t: 512 KB
 physical id\t: 0
 siblings\t: 2
-core id\t\t: 1
+core id\t\t: {cpu}
 cpu cores\t: 2
-apicid\t\t: 1
-initial apicid\t: 1
+apicid\t\t: {cpu}
+initial apicid\t: {cpu}
 fpu\t\t: yes
 fpu_exception\t: yes
 cpuid level\t: 16
@@ -81,6 +48,11 @@ cache_alignment\t: 64
 address sizes\t: 48 bits physical, 48 bits virtual
 power management:
 """
+
+
+# /proc/cpuinfo verbatim from the project's CPU machine (2-core AMD EPYC VM, AVX2, no
+# AVX-512), where the README's CPU figures were measured.
+AMD_EPYC_CPUINFO = "\n".join(_amd_epyc_processor(cpu) for cpu in range(2))
 
 # The flags that matter on the Intel Xeon (Sapphire Rapids) machine of issue 13, as Linux
 # spells them; the rest of its line is left out.

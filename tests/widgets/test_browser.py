@@ -44,6 +44,15 @@ def wait_step(page: Any, step: int, timeout: float = 30_000) -> None:
         arg=step, timeout=timeout)
 
 
+def step_and_show(ui: tuple[Any, MiniFrontend, SessionBinder], steps: int) -> None:
+    """Step the session from Python (outside any browser action), send the change to the page
+    and wait until every panel shows the new step."""
+    page, front, binder = ui
+    binder.session.step(steps)
+    front.sync()
+    wait_step(page, binder.session.current.step)
+
+
 def hover_block_1(page: Any) -> tuple[str, dict[str, float]]:
     """Hover block 1 of the pool canvas (the second cell of the first row: 26 px cells for a
     pool this small) and wait until its tooltip has the token ids, i.e. Python answered the
@@ -108,12 +117,9 @@ def test_play_steps_until_idle_one_result_at_a_time(ui) -> None:
 
 
 def test_slider_scrubs_every_panel_and_live_returns(ui) -> None:
-    page, front, binder = ui
-    s = binder.session
-    s.add_request("The capital of France is", max_tokens=6, temperature=0.0)
-    s.step(5)
-    front.sync()
-    wait_step(page, 5)
+    page, _, binder = ui
+    binder.session.add_request("The capital of France is", max_tokens=6, temperature=0.0)
+    step_and_show(ui, 5)
     page.evaluate("""() => { const s = document.querySelector('[data-testid=kvs-history-slider]');
                              s.value = '2'; s.dispatchEvent(new Event('input')); }""")
     wait_step(page, 2)
@@ -126,11 +132,9 @@ def test_slider_scrubs_every_panel_and_live_returns(ui) -> None:
 
 
 def test_block_hover_shows_tokens_and_click_pins(ui) -> None:
-    page, front, binder = ui
-    s = binder.session
-    s.add_request("The capital of France is a city with a long history", max_tokens=3, temperature=0.0)
-    s.step(1)
-    front.sync()
+    page, _, binder = ui
+    binder.session.add_request("The capital of France is a city with a long history", max_tokens=3, temperature=0.0)
+    step_and_show(ui, 1)
     tip, box = hover_block_1(page)
     assert tip.startswith("block 1") and "owner #0" in tip and "785" in tip
     page.mouse.click(box["x"] + 26 + 13, box["y"] + 13)
@@ -141,16 +145,14 @@ def test_block_hover_shows_tokens_and_click_pins(ui) -> None:
 def test_a_same_step_hit_has_its_own_highlight_legend_entry_and_detail(ui) -> None:
     # Both requests arrive before the step, so B (admitted after A in step 1) hits A's two
     # shared blocks while this very step computes them: a same-step hit.
-    page, front, binder = ui
+    page, _, binder = ui
     s = binder.session
     shared = list(range(1000, 1032))  # two full blocks of 16
     s.add_request([*shared, 7, 8, 9], max_tokens=2, temperature=0.0, ignore_eos=True)
     rid_b = s.add_request([*shared, 10, 11], max_tokens=2, temperature=0.0, ignore_eos=True)
-    s.step(1)
+    step_and_show(ui, 1)
     rec = s.current.record
     assert rec["blocks"]["same_step_hits"] == [1, 2] and rec["blocks"]["allocated"] == [1, 2, 3, 4]
-    front.sync()
-    wait_step(page, 1)
     leg = page.locator('[data-testid="kvs-leg-ev-same_step_hits"]')
     assert leg.inner_text().strip() == "same-step hit 2"
     assert "computed in this same step" in leg.get_attribute("title")
@@ -184,18 +186,14 @@ def test_a_same_step_hit_has_its_own_highlight_legend_entry_and_detail(ui) -> No
     detail = page.inner_text('[data-testid="kvs-block-detail-events"]')
     assert "same-step hit" in detail and "computed in this same step" in detail
     # The next step has no same-step hit: the count drops back to 0.
-    s.step(1)
-    front.sync()
-    wait_step(page, 2)
+    step_and_show(ui, 1)
     assert page.inner_text('[data-testid="kvs-leg-ev-same_step_hits"]').strip() == "same-step hit 0"
 
 
 def test_attention_head_buttons_reprobe(ui) -> None:
-    page, front, binder = ui
-    s = binder.session
-    s.add_request("The capital of France is", max_tokens=4, temperature=0.0)
-    s.step(1)
-    front.sync()
+    page, _, binder = ui
+    binder.session.add_request("The capital of France is", max_tokens=4, temperature=0.0)
+    step_and_show(ui, 1)
     page.click('[data-testid="kvs-head-3"]')
     page.wait_for_selector('[data-testid="kvs-head-3"].kvs-on')
     assert binder.panels["attention"].head == 3
@@ -244,13 +242,11 @@ def test_budget_knob_applies_live_and_a_rejected_value_springs_back(ui) -> None:
 
 
 def test_gantt_rows_are_labelled_whole_or_cut_in_the_middle(ui) -> None:
-    page, front, binder = ui
+    page, _, binder = ui
     s = binder.session
     s.add_request("Hi", max_tokens=2, temperature=0.0, request_id="budget2048-short-1")
     s.add_request("Hello", max_tokens=2, temperature=0.0, request_id="a-very-long-request-name-from-a-script")
-    s.step(2)
-    front.sync()
-    wait_step(page, 2)
+    step_and_show(ui, 2)
     labels = page.locator('[data-testid="kvs-timeline-chart"] text.kvs-gantt-label')
     assert labels.evaluate_all("els => els.map((e) => e.textContent)") == [
         "#budget2048-short-1", "#a-very-lo\u2026-a-script"]

@@ -1,7 +1,8 @@
 """The project's JavaScript is formatted by Prettier (pinned and installed into .venv/node by
 scripts/setup.sh; its options in .prettierrc.json, the generated and vendored files it leaves
 alone in .prettierignore). To format after an edit:
-`.venv/node/node_modules/.bin/prettier --write 'widgets/*.js' 'explorer/export/*.js' 'tests/widgets/js/*.mjs' 'tests/docs/*.cjs'`."""
+`.venv/node/node_modules/.bin/prettier --write 'widgets/*.js' 'explorer/export/*.js' 'tests/widgets/js/*.mjs'
+'tests/docs/*.cjs'`."""
 from __future__ import annotations
 
 import shutil

@@ -266,19 +266,8 @@ function drawTokens(out, S, span, L, ctx) {
         }),
       );
     if (S.preempted && S.preempted[i]) {
-      grp.append(
-        kvsSvg(
-          "text",
-          {
-            x: x + L.bw / 2,
-            y: MARK_LANE - 2,
-            "text-anchor": "middle",
-            class: "kvs-preempt-mark",
-            "data-step": S.step[i],
-          },
-          S.preempted[i] > 1 ? `\u25bc${S.preempted[i]}` : "\u25bc",
-        ),
-      );
+      const n = S.preempted[i];
+      grp.append(overBar(L, x, MARK_LANE - 2, "kvs-preempt-mark", S.step[i], n > 1 ? `\u25bc${n}` : "\u25bc"));
     }
     ctx.tipOn(grp, () => stepText(S, i));
     grp.addEventListener("click", () => ctx.scrub(S.step[i]));
@@ -385,39 +374,27 @@ function drawTimes(out, S, span, L, ctx) {
     }
     if (t > cap) {
       // the slow step: a break mark at the top and its real time
-      const mark = kvsSvg(
-        "text",
-        {
-          x: x + L.bw / 2,
-          y: y0 - 2,
-          "text-anchor": "middle",
-          class: "kvs-ms-outlier",
-          "data-step": S.step[i],
-          "data-ms": t.toFixed(1),
-        },
-        L.bw >= 26 ? `\u2191${fmt(t)}` : "\u2191",
-      );
+      const mark = overBar(L, x, y0 - 2, "kvs-ms-outlier", S.step[i], L.bw >= 26 ? `\u2191${fmt(t)}` : "\u2191", {
+        "data-ms": t.toFixed(1),
+      });
       ctx.tipOn(mark, text);
       out.append(mark);
     }
     // A decode step that replayed a CUDA graph: "G" over its time bar.
     const bucket = S.graph_bucket ? S.graph_bucket[i] : null;
     if (bucket !== null && bucket !== undefined) {
-      const mark = kvsSvg(
-        "text",
-        {
-          x: x + L.bw / 2,
-          y: y0 + TIME_H - acc - 2,
-          "text-anchor": "middle",
-          class: "kvs-graph-mark",
-          "data-step": S.step[i],
-        },
-        "G",
-      );
+      const mark = overBar(L, x, y0 + TIME_H - acc - 2, "kvs-graph-mark", S.step[i], "G");
       ctx.tipOn(mark, `step ${S.step[i]}: ${pathText(S, i)}`);
       out.append(mark);
     }
   }
+}
+
+/** A mark centred over a step's bar (a preemption's \u25bc, a slow step's \u2191, a CUDA graph's G).
+ * @param {Layout} L @param {number} x the bar's left @param {number} y its baseline @param {string} cls
+ * @param {number} step @param {string} text @param {Object<string, string>} [more] other attributes */
+function overBar(L, x, y, cls, step, text, more = {}) {
+  return kvsSvg("text", { x: x + L.bw / 2, y, "text-anchor": "middle", class: cls, "data-step": step, ...more }, text);
 }
 
 /** 3. Gantt: one row per request seen in the steps drawn. @param {SVGElement} out @param {KvsTimelineGantt} g @param {Layout} L @param {DrawCtx} ctx */

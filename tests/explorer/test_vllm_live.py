@@ -311,7 +311,7 @@ class StubFeed:
         self.thread = threading.Thread(target=self.serve, daemon=True)
         self.thread.start()
 
-    def state(self) -> dict:
+    def state(self) -> object:
         """The recorder's whole state (mirror.py's wire form) of an idle 4-block pool at step `seq`."""
         from explorer.drivers.vllm_live.mirror import Mirror
 
@@ -423,6 +423,17 @@ def test_a_step_that_does_not_fit_the_wire_types_is_refused_naming_the_field(stu
         assert s.wait_for(lambda s: s.feed_status()["rejected"] == 2, timeout=5)
         assert "$.body.ops[0]" in s.feed_status()["last_rejection"]
         assert s.current.step == 1 and s.feed_status()["applied"] == 1   # nothing half-applied
+
+
+def test_a_snapshot_that_does_not_fit_the_wire_types_is_refused_naming_the_field(stub):
+    import msgspec
+
+    from explorer import Session
+
+    state = msgspec.to_builtins(stub.state())
+    stub.state = lambda: {**state, "free": "three"}   # the pool's free count as a string
+    with pytest.raises(ValueError, match=r"answered, but: a malformed snapshot message .*\$\.state\.free"):
+        Session.attach(stub.feed, snapshot_address=stub.snapshots, timeout=5.0)
 
 
 def test_a_server_restart_resynchronises_and_says_so(stub):

@@ -39,7 +39,7 @@ from engine.report.schema import CHANGES, EV, REC, REQ, SAMPLE, SNAP, EngineSnap
 
 from . import protocol
 from .mirror import Mirror
-from .wire import Arrived, StepMessage, StoppedMessage
+from .wire import Arrived, SnapshotMessage, StepMessage, StoppedMessage
 
 log = logging.getLogger(__name__)
 
@@ -98,13 +98,13 @@ class LiveSource:
         self.kv_events = kv_events
         self._cleared_seen = 0
         # A snapshot ahead of the state held here (steps never came), and when it was seen.
-        self._ahead: tuple[dict, float] | None = None
+        self._ahead: tuple[SnapshotMessage, float] | None = None
         self._running = True
         self._thread = threading.Thread(target=self._receive, name="kvscope-feed", daemon=True)
         self._thread.start()
 
     # -- the snapshot endpoint --------------------------------------------------------------------
-    def _fetch_snapshot(self, timeout: float) -> dict:
+    def _fetch_snapshot(self, timeout: float) -> SnapshotMessage:
         zmq = self.zmq
         req = self._ctx.socket(zmq.REQ)
         req.setsockopt(zmq.LINGER, 0)
@@ -128,12 +128,12 @@ class LiveSource:
         except protocol.FeedError as exc:
             raise ValueError(f"the recorder at {self.snapshot_address} answered, but: {exc}") from None
 
-    def _take_snapshot(self, msg: dict | None = None) -> None:
+    def _take_snapshot(self, msg: SnapshotMessage | None = None) -> None:
         msg = msg or self._fetch_snapshot(self.timeout)
-        self.run_id, self.seq, self.rank = msg["run_id"], msg["seq"], msg["rank"]
-        self.server_counters = msg.get("counters") or {}
-        self.tokens_left_out = bool(msg.get("tokens_left_out"))
-        self.mirror = Mirror.from_wire(msg["state"])
+        self.run_id, self.seq, self.rank = msg.run_id, msg.seq, msg.rank
+        self.server_counters = msg.counters
+        self.tokens_left_out = msg.tokens_left_out
+        self.mirror = Mirror.from_wire(msg.state)
         for r in [*self.mirror.requests.values(), *self.mirror.finished]:
             self._keep_hashes(r.rid, r.hashes)
         self.step_count = self.mirror.step_count
@@ -268,16 +268,16 @@ class LiveSource:
                               f"the state of step {self.step_count}")
             self.seq = msg.seq
             return self._whole_record(self.step_count + 1)
-        if fresh["run_id"] != self.run_id:
+        if fresh.run_id != self.run_id:
             return self._restart("the server restarted while steps were missed")
         with self._qlock:
-            while self._queue and self._queue[0].run_id == self.run_id and self._queue[0].seq <= fresh["seq"]:
+            while self._queue and self._queue[0].run_id == self.run_id and self._queue[0].seq <= fresh.seq:
                 self._queue.popleft()
                 self.counters["stale"] += 1
         self.counters["rebased"] += 1
         return self._whole_record(self._adopt(fresh))
 
-    def _adopt(self, fresh: dict) -> int:
+    def _adopt(self, fresh: SnapshotMessage) -> int:
         """Hold a fresh snapshot's state, keeping as finished (marked) the requests held here
         that it no longer has: they ended in steps this side never got. Returns the step the
         history shows it as (after the one it holds, at least)."""
@@ -312,7 +312,7 @@ class LiveSource:
             msg = self._fetch_snapshot(min(self.timeout, 2.0))
         except (TimeoutError, ValueError):
             return False
-        if msg["run_id"] == self.run_id and msg["seq"] > self.seq and not self._queue:
+        if msg.run_id == self.run_id and msg.seq > self.seq and not self._queue:
             self._ahead = (msg, time.monotonic())  # a step the snapshot holds was sent: wait for it first
         return False
 
@@ -321,7 +321,7 @@ class LiveSource:
         if self._ahead is None:
             raise ValueError("no step from the server is waiting")
         (msg, _), self._ahead = self._ahead, None
-        self.counters["missed"] += msg["seq"] - self.seq
+        self.counters["missed"] += msg.seq - self.seq
         step = self._adopt(msg)
         self.notes.append(f"caught up from a snapshot after missing steps up to seq {self.seq}")
         return self._whole_record(step)

@@ -1,7 +1,8 @@
 """The compact state of one vLLM engine core as the live feed keeps it (explorer/drivers/
 vllm_live/mirror.py has the body format that moves it on): its requests (`Req`, with their
 clocks and metrics), its pool's refcounts and hashes, the queues, the schedules whose update is
-still to come (`Sched`), and the whole state on the wire for a client that joins.
+still to come (`Sched`), and the whole state on the wire for a client that joins (wire.py's
+`MirrorWire`, a typed struct decoded as such by protocol.decode_snapshot).
 
 mirror.py's `Mirror` applies bodies to it, mirror_expand.py's `Expander` spells it as the
 schema's dicts; this file is what both read."""
@@ -9,8 +10,6 @@ from __future__ import annotations
 
 from collections import deque
 from typing import Self
-
-import msgspec
 
 from engine.report.changes import Sent
 from engine.report.schema import (
@@ -23,7 +22,7 @@ from engine.report.schema import (
 )
 from engine.request import ClockEvents
 
-from .wire import Scheduled
+from .wire import ClockState, MirrorWire, PendingState, RequestState, Scheduled
 
 COUNTERS = ("prefix_cache_hits", "prefix_cache_queries", "num_preemptions", "num_generated_tokens",
             "num_prompt_tokens_computed")
@@ -55,13 +54,14 @@ class Clock:
         return ClockEvents(self.arrival_time, self.first_scheduled_time, self.first_token_time, list(self.token_times),
                            list(self.preempted_times), self.finished_time).to_dict()
 
-    def to_wire(self) -> list:
-        return [self.arrival_time, self.first_scheduled_time, self.finished_time, self.token_times,
-                self.preempted_times]
+    def to_wire(self) -> ClockState:
+        return ClockState(self.arrival_time, self.first_scheduled_time, self.finished_time, self.token_times,
+                          self.preempted_times)
 
-    def from_wire(self, w: list) -> None:
-        self.arrival_time, self.first_scheduled_time, self.finished_time = w[0], w[1], w[2]
-        self.token_times, self.preempted_times = list(w[3]), list(w[4])
+    def from_wire(self, w: ClockState) -> None:
+        self.arrival_time, self.first_scheduled_time, self.finished_time = (w.arrival_time, w.first_scheduled_time,
+                                                                              w.finished_time)
+        self.token_times, self.preempted_times = list(w.token_times), list(w.preempted_times)
 
 
 class Metrics:
@@ -139,23 +139,24 @@ class Req:
         return prompt[start:] + self.output[:end - n]
 
     # -- the wire ----------------------------------------------------------------------------
-    def to_wire(self) -> list:
+    def to_wire(self) -> RequestState:
         m = self.metrics
-        return [self.idx, self.rid, self.prompt, self.n_prompt, self.output, self.n_output, self.max_tokens,
-                self.params, self.stop, self.hashes, self.status, self.computed, self.cached, self.preemptions,
-                self.finish_reason, self.table, self.chunks, [m.engine.to_wire(), m.wall.to_wire()], self.domain,
-                self.group_tables, self.group_hits]
+        return RequestState(self.idx, self.rid, self.prompt, self.n_prompt, self.output, self.n_output,
+                            self.max_tokens, self.params, self.stop, self.hashes, self.status, self.computed,
+                            self.cached, self.preemptions, self.finish_reason, self.table, self.chunks,
+                            m.engine.to_wire(), m.wall.to_wire(), self.domain, self.group_tables, self.group_hits)
 
     @classmethod
-    def from_wire(cls, w: list) -> Req:
-        r = cls(w[0], w[1], list(w[2]), w[3], w[6], w[7], list(w[8]), list(w[9]), dict(w[18]))
-        r.output = list(w[4])
-        r.n_hidden = w[5] - len(r.output)
-        r.status, r.computed, r.cached, r.preemptions, r.finish_reason = w[10], w[11], w[12], w[13], w[14]
-        r.table, r.chunks = list(w[15]), w[16]
-        r.group_tables, r.group_hits = [list(t) for t in w[19]], w[20]
-        r.metrics.engine.from_wire(w[17][0])
-        r.metrics.wall.from_wire(w[17][1])
+    def from_wire(cls, w: RequestState) -> Req:
+        r = cls(w.idx, w.request_id, list(w.prompt), w.num_prompt, w.max_tokens, w.sampling_params, list(w.stop),
+                list(w.prompt_hashes), dict(w.domain))
+        r.output = list(w.output)
+        r.n_hidden = w.num_output - len(r.output)
+        r.status, r.computed, r.cached, r.preemptions = w.status, w.computed, w.cached, w.preemptions
+        r.finish_reason, r.table, r.chunks = w.finish_reason, list(w.table), w.chunks
+        r.group_tables, r.group_hits = [list(t) for t in w.group_tables], w.group_hits
+        r.metrics.engine.from_wire(w.engine_clock)
+        r.metrics.wall.from_wire(w.wall_clock)
         r.tw, r.te = r.metrics.wall.token_times, r.metrics.engine.token_times
         return r
 
@@ -178,7 +179,7 @@ class MirrorState:
     appends per request and step, before anything reads them (`settle`)."""
 
     def __init__(self, config: dict, model_info: dict, *, null_block: int = 0, num_free: int | None = None,
-                 finished_keep: int = 256, tokens: bool = True, defer_decodes: bool = False) -> None:
+                 finished_keep: int | None = 256, tokens: bool = True, defer_decodes: bool = False) -> None:
         self.config, self.model_info = config, model_info
         self.block_size = int(config["block_size"])
         n = int(config["num_kv_blocks"])
@@ -237,36 +238,34 @@ class MirrorState:
             self._memo_due = []
 
     # -- the wire ----------------------------------------------------------------------------------
-    def to_wire(self) -> dict:
+    def to_wire(self) -> MirrorWire:
         """The whole state, for a joining client (`from_wire` rebuilds it)."""
         self.settle()
-        return {"config": self.config, "model_info": self.model_info, "null_block": self.null_block,
-                "tokens": self.tokens, "finished_keep": self.finished.maxlen, "step": self.step_count,
-                "engine_time": self.engine_time, "counters": self.counters, "usage": self.usage, "free": self.num_free,
-                "ref": self.ref, "hash": self.hash, "memo": [[b, h, t] for b, (h, t) in self.memo.items()],
-                "requests": [r.to_wire() for r in self.requests.values()],
-                "finished": [r.to_wire() for r in self.finished], "running": self.running, "waiting": self.waiting,
-                "pending": [[sid, s.op, [s.before, list(s.admitted), s.known, s.decode, s.chunk], s.tables]
-                            for sid, s in self.pending.items()],
-                "gone": [r.to_wire() for r in self._gone.values()]}
+        return MirrorWire(self.config, self.model_info, self.null_block, self.tokens, self.finished.maxlen,
+                          self.step_count, self.engine_time, self.counters, self.usage, self.num_free, self.ref,
+                          self.hash, [(b, h, t) for b, (h, t) in self.memo.items()],
+                          [r.to_wire() for r in self.requests.values()], [r.to_wire() for r in self.finished],
+                          self.running, self.waiting,
+                          [PendingState(sid, s.op, s.before, list(s.admitted), s.known, s.decode, s.chunk, s.tables)
+                           for sid, s in self.pending.items()],
+                          [r.to_wire() for r in self._gone.values()])
 
     @classmethod
-    def from_wire(cls, w: dict) -> Self:
-        m = cls(w["config"], w["model_info"], null_block=w["null_block"], num_free=w["free"],
-                finished_keep=w["finished_keep"], tokens=w["tokens"])
-        m.step_count, m.engine_time, m.counters, m.usage = w["step"], w["engine_time"], dict(w["counters"]), w["usage"]
-        m.ref, m.hash = list(w["ref"]), list(w["hash"])
-        m.memo = {b: (h, list(t)) for b, h, t in w["memo"]}
-        for rw in w["requests"]:
+    def from_wire(cls, w: MirrorWire) -> Self:
+        m = cls(w.config, w.model_info, null_block=w.null_block, num_free=w.free,
+                finished_keep=w.finished_keep, tokens=w.tokens)
+        m.step_count, m.engine_time, m.counters, m.usage = w.step, w.engine_time, dict(w.counters), w.usage
+        m.ref, m.hash = list(w.ref), list(w.hash)
+        m.memo = {b: (h, list(t)) for b, h, t in w.memo}
+        for rw in w.requests:
             r = Req.from_wire(rw)
             m.requests[r.idx] = r
-        m.finished.extend(Req.from_wire(rw) for rw in w["finished"])
-        m._gone = {r.idx: r for r in map(Req.from_wire, w["gone"])}
-        m.running, m.waiting = list(w["running"]), list(w["waiting"])
-        for sid, op, (before, admitted, known, decode, chunk), tables in w["pending"]:
-            # (its op came as the list its struct travels as)
-            m.pending[sid] = Sched(msgspec.convert(op, Scheduled), list(before), set(admitted), dict(known),
-                                   list(decode), dict(chunk), {i: list(t) for i, t in tables.items()})
+        m.finished.extend(Req.from_wire(rw) for rw in w.finished)
+        m._gone = {r.idx: r for r in map(Req.from_wire, w.gone)}
+        m.running, m.waiting = list(w.running), list(w.waiting)
+        for p in w.pending:
+            m.pending[p.sid] = Sched(p.op, list(p.before), set(p.admitted), dict(p.known), list(p.decode),
+                                     dict(p.chunk), {i: list(t) for i, t in p.tables.items()})
         m.scheduled_ahead = (m.step_count + 1) if m.pending else None
         return m
 

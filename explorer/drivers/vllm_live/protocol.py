@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
-    from .wire import FeedMessage
+    from .wire import FeedMessage, SnapshotMessage
 
-SCHEMA_VERSION = 4   # 4: compact steps expanded by the client (mirror.py); ranks
+SCHEMA_VERSION = 5   # 4: compact steps expanded by the client (mirror.py); ranks. 5: the state as wire.py's structs
 TOPIC = b"kvscope.feed"
 DEFAULT_FEED = "tcp://127.0.0.1:5590"
 ENV_FEED = "KVSCOPE_FEED"                 # the feed's address (rank 0's; rank r binds port + 2r)
@@ -100,39 +100,43 @@ def encode(message: object) -> bytes:
 def decode_feed(frames: list[bytes]) -> FeedMessage:
     """One feed message from its frames, decoded into wire.py's types (so a body that does not
     fit them is refused here, whole); FeedError says why it is refused."""
-    import msgspec
-
     from .wire import FeedMessage
 
     if len(frames) != 2 or frames[0] != TOPIC:
         raise FeedError(f"not a kvscope feed message ({len(frames)} frames, topic {frames[0][:32]!r})"
                         if frames else "an empty message")
+    return _typed(frames[1], FeedMessage, "step")
+
+
+def decode_snapshot(frames: list[bytes]) -> SnapshotMessage:
+    """A snapshot endpoint's reply, decoded into wire.py's `SnapshotMessage` (the recorder's whole
+    state); FeedError says why it is refused."""
+    from .wire import SnapshotMessage
+
+    if len(frames) != 1:
+        raise FeedError(f"a snapshot reply has one frame, got {len(frames)}")
+    return _typed(frames[0], SnapshotMessage, "snapshot")
+
+
+_DECODERS: dict[object, Any] = {}   # one msgspec Decoder per message type, made once
+
+
+def _typed(payload: bytes, kind: Any, want: str) -> Any:
+    """`payload` decoded as `kind` (a wire.py message type) and of this schema; else FeedError: why
+    it is no `want` message (a foreign one, another schema, the recorder's own words) or where it
+    does not fit the types."""
+    import msgspec
+
+    if kind not in _DECODERS:
+        _DECODERS[kind] = msgspec.msgpack.Decoder(kind)
     try:
-        msg = _feed_decoder(msgspec, FeedMessage).decode(frames[1])
+        msg = _DECODERS[kind].decode(payload)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        _refuse(frames[1], "step")   # a foreign message, another schema, the recorder's own words
-        raise FeedError(f"a malformed step message ({exc})") from None
+        _refuse(payload, want)
+        raise FeedError(f"a malformed {want} message ({exc})") from None
     if msg.schema != SCHEMA_VERSION:
         raise FeedError(_other_schema(msg.schema))
     return msg
-
-
-def decode_snapshot(frames: list[bytes]) -> dict:
-    """A snapshot endpoint's reply ({schema, kind: "snapshot", run_id, rank, seq, state, ...});
-    FeedError says why it is refused."""
-    if len(frames) != 1:
-        raise FeedError(f"a snapshot reply has one frame, got {len(frames)}")
-    return _refuse(frames[0], "snapshot")
-
-
-_DECODERS: dict[object, object] = {}
-
-
-def _feed_decoder(msgspec: Any, kind: object) -> Any:
-    """One msgspec Decoder for the feed's messages, made once (a Decoder is cheaper than `decode(type=)`)."""
-    if kind not in _DECODERS:
-        _DECODERS[kind] = msgspec.msgpack.Decoder(kind)
-    return _DECODERS[kind]
 
 
 def _other_schema(schema: object) -> str:

@@ -54,6 +54,7 @@ from .wire import (
     Op,
     RanNothing,
     Scheduled,
+    SnapshotMessage,
     StepMessage,
     StoppedMessage,
     Updated,
@@ -528,13 +529,13 @@ class _Publisher:
             ok = isinstance(ask, dict) and ask.get("schema") == protocol.SCHEMA_VERSION
         except Exception:  # noqa: BLE001
             ok = False
+        reply: SnapshotMessage | dict
         if ok and self.stopped is not None:
             reply = {"schema": protocol.SCHEMA_VERSION, "kind": "error", "error": self.stopped}
         elif ok:
             self._catch_up()
-            reply = {"schema": protocol.SCHEMA_VERSION, "kind": "snapshot", "run_id": self.run_id, "rank": self.rank,
-                     "seq": self.seq, "state": self.mirror.to_wire(), "counters": dict(self.counters),
-                     "tokens_left_out": not self.tokens}
+            reply = SnapshotMessage(protocol.SCHEMA_VERSION, self.run_id, self.rank, self.seq, self.mirror.to_wire(),
+                                    dict(self.counters), tokens_left_out=not self.tokens)
         else:
             reply = {"schema": protocol.SCHEMA_VERSION, "kind": "error",
                      "error": f"this recorder speaks kvscope feed schema {protocol.SCHEMA_VERSION}"}

@@ -96,6 +96,88 @@ class Body(msgspec.Struct, omit_defaults=True):
     groups: list[GroupTables] | None = None   # a model of several KV cache groups only
 
 
+# -- the whole state, for a client that joins (mirror_state.MirrorState.to_wire) -----------------
+class ClockState(msgspec.Struct, array_like=True):
+    """One clock of a request's event times (mirror_state.Clock)."""
+    arrival_time: float | None
+    first_scheduled_time: float | None
+    finished_time: float | None
+    token_times: list[float]
+    preempted_times: list[float]
+
+
+class RequestState(msgspec.Struct, array_like=True):
+    """One request as the feed knows it (mirror_state.Req)."""
+    idx: int
+    request_id: str
+    prompt: list[int]
+    num_prompt: int
+    output: list[int]                 # its output token ids ([] without token ids)
+    num_output: int                   # with the tokens the feed left out
+    max_tokens: int
+    sampling_params: dict[str, Any]
+    stop: list[str]
+    prompt_hashes: list[str]
+    status: str
+    computed: int
+    cached: int
+    preemptions: int
+    finish_reason: str | None
+    table: BlockIds
+    chunks: int
+    engine_clock: ClockState
+    wall_clock: ClockState
+    domain: dict[str, Any]
+    group_tables: list[BlockIds]
+    group_hits: list[int] | None
+
+
+class PendingState(msgspec.Struct, array_like=True):
+    """A schedule whose update is still to come (mirror_state.Sched)."""
+    sid: int
+    op: Scheduled
+    before: list[int]
+    admitted: list[int]
+    known: dict[int, int]
+    decode: list[bool]
+    chunk: dict[int, int]
+    tables: dict[int, BlockIds]       # the tables reset before its record, as they ran
+
+
+class MirrorWire(msgspec.Struct):
+    """One engine core's whole state as the feed keeps it (mirror_state.MirrorState)."""
+    config: dict[str, Any]
+    model_info: dict[str, Any]
+    null_block: int
+    tokens: bool
+    finished_keep: int | None        # the finished requests it keeps (None: all)
+    step: int
+    engine_time: float
+    counters: dict[str, int]
+    usage: float
+    free: int
+    ref: list[int]
+    hash: list[str | None]
+    memo: list[tuple[int, str, list[int]]]   # a cached block's hash key and tokens
+    requests: list[RequestState]
+    finished: list[RequestState]
+    running: list[int]
+    waiting: list[int]
+    pending: list[PendingState]
+    gone: list[RequestState]          # finished, and still named by a pending schedule
+
+
+class SnapshotMessage(msgspec.Struct, tag_field="kind", tag="snapshot"):
+    """The snapshot endpoint's answer: the whole state after message `seq`."""
+    schema: int
+    run_id: str
+    rank: int
+    seq: int
+    state: MirrorWire
+    counters: dict[str, int | float]
+    tokens_left_out: bool = False
+
+
 class StepMessage(msgspec.Struct, tag_field="kind", tag="step"):
     """One feed message: a step's body, numbered (`seq`) within the recorder's run."""
     schema: int

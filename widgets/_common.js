@@ -47,6 +47,7 @@ const KVS_WHY_LOOKS = {
   other_domain: "#8d6e63",
   recomputed: "#ef6c00",
   caching_off: "#546e7a",
+  left_window: "#ab47bc",
   group_cut: "#6a1b9a",
 };
 // Requests: twelve colours, neighbours far apart; numeric ids take them in turn.

@@ -257,9 +257,9 @@ class WhyLedger:
             seq.grow(r.get("output_token_ids") or [])
 
     def _admit(self, step: int, rid: str, x: ScheduledDict, rec: StepRecordDict, caching: bool,
-               group_hits: tuple[int, int, str] | None = None) -> None:
+               group_hits: tuple[int, int, str, int | None] | None = None) -> None:
         """`group_hits`: with several KV cache groups, (the full-attention group's own hit, the
-        shortest group's, that group's name) when this admission took them."""
+        shortest group's, that group's name, its sliding window or None) when this admission took them."""
         seq, why = self.seqs[rid], self.requests[rid]
         resumed = bool(why.admissions)
         # The tokens its lookup covered: the prompt, or (re-admitted) every token known before this step.
@@ -290,12 +290,17 @@ class WhyLedger:
             put(cut, end, "never_seen")
 
         put(0, hit, "hit")
-        # Blocks the full-attention group found but another group's shorter hit cut off.
+        # Blocks the full-attention group found but another group's shorter hit cut off: a sliding
+        # window's own cause (the blocks left its window), or another kind of group's.
         cut_end = hit
         if group_hits is not None and group_hits[1] == hit < group_hits[0]:
-            cut_end = group_hits[0]
-            put(hit, cut_end, "group_cut",
-                f"full attention had tokens 0-{cut_end - 1} cached; the {group_hits[2]} group's hit ended at {hit}")
+            cut_end, (_, _, group, window) = group_hits[0], group_hits
+            said = f"full attention had tokens 0-{cut_end - 1} cached; the {group} group's hit ended at {hit}"
+            if window:
+                put(hit, cut_end, "left_window", f"{said}: it keeps a block only while its tokens are within the "
+                                                 f"last {window} the request computed")
+            else:
+                put(hit, cut_end, "group_cut", said)
         hittable = (tokens - 1) // bs
         for j in range(cut_end // bs, hittable):
             start, end = max(hit, j * bs), (j + 1) * bs
@@ -388,16 +393,19 @@ def _count(spans: list[Span]) -> dict[str, int]:
     return out
 
 
-def _group_hits(snap: EngineSnapshotDict, rid: str) -> tuple[int, int, str] | None:
-    """(the full-attention group's own hit, the shortest group's, its name) of request `rid` in a
-    snapshot of several KV cache groups (records: REQ.GROUP_HIT_TOKENS); None with one group."""
+def _group_hits(snap: EngineSnapshotDict, rid: str) -> tuple[int, int, str, int | None] | None:
+    """(the full-attention group's own hit, the shortest group's, its name, its sliding window or None)
+    of request `rid` in a snapshot of several KV cache groups (records: REQ.GROUP_HIT_TOKENS); None
+    with one group."""
     hits = next((r.get("group_hit_tokens") for q in ("running", "finished", "waiting")
                  for r in snap["queues"][q] if r["request_id"] == rid), None)
     if not hits:
         return None
     groups = (snap.get("model_info") or {}).get("kv_cache_groups") or []
     g = min(range(len(hits)), key=lambda i: (hits[i], i))
-    return hits[0], hits[g], kv_cache_group_label(groups[g]) if g < len(groups) else f"KV cache group {g}"
+    if g >= len(groups):
+        return hits[0], hits[g], f"KV cache group {g}", None
+    return hits[0], hits[g], kv_cache_group_label(groups[g]), groups[g].get("sliding_window") or None
 
 
 def _holders(snap: EngineSnapshotDict, rec: StepRecordDict) -> dict[int, tuple[str, int]]:

@@ -30,9 +30,14 @@ CLASSES = (
     ("recomputed", "recomputed after preemption",
      "tokens this request had computed before it was preempted, computed again at its re-admission"),
     ("caching_off", "prefix caching off", "an earlier request had this prefix, but prefix caching was off"),
+    ("left_window", "dropped from a sliding window",
+     "the full-attention layers had this prefix cached, but a sliding-window group kept none of the blocks its hit "
+     "needs here: as the earlier request computed past these tokens they left that group's window, and vLLM frees "
+     "a block that leaves the window (or never gives it one); a hit must hold in every group, so the request's hit "
+     "is that group's shorter one"),
     ("group_cut", "cut by another KV cache group",
-     "the full-attention layers had this prefix cached, but another KV cache group (a sliding window's) hit a "
-     "shorter one, and a hit must hold in every group: the request's hit is the shortest of the groups'"),
+     "the full-attention layers had this prefix cached, but another KV cache group hit a shorter one, and a hit "
+     "must hold in every group: the request's hit is the shortest of the groups'"),
 )
 CLASS_KEYS = tuple(c[0] for c in CLASSES)
 LABELS = {c[0]: c[1] for c in CLASSES}

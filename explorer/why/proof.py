@@ -171,6 +171,7 @@ def prove(ledger: WhyLedger, rec: Recording, replays: Replays | None = None) -> 
             ("evicted", "recorded", "big", "hit with a pool that evicts nothing"),
             ("below_block", "big", "small", f"hit at block size {bs_small}, where they fill a block"),
             ("other_domain", "big", "plain", "hit with every cache_salt and LoRA removed"),
+            ("left_window", "big", "full", "hit with every layer attending to everything (no sliding-window group)"),
             ("group_cut", "big", "full", "hit with every layer attending to everything (no sliding-window group)"))
         for cls, control, treatment, words in causes:
             spans = a.positions(cls)

@@ -119,10 +119,10 @@ def test_every_groups_tables_slots_and_hits_are_vllms_and_changes_rebuild_them(s
     from explorer.why.proof import prove
 
     ledger = WhyLedger().feed(s.history)
-    assert ledger.requests["d"].first.classes.get("group_cut") == 96, ledger.requests["d"].first.classes
+    assert ledger.requests["d"].first.classes.get("left_window") == 96, ledger.requests["d"].first.classes
     proof = prove(ledger, rec)
     assert proof.replays is not None and proof.replays.reproduces, proof.replays.first_difference
-    assert ledger.requests["d"].proofs["group_cut"]["verdict"] == "proven"
+    assert ledger.requests["d"].proofs["left_window"]["verdict"] == "proven"
     # What fixes it on vLLM: caching a sliding block every 32 tokens (prefix_cache_retention_interval)
     # keeps the window before token 96, and the same arrivals replayed through vLLM's scheduler with
     # the four groups give d its 96 tokens (and b keeps its 128).

@@ -31,10 +31,10 @@ def test_hybrid_notebook_shows_a_prefix_cut_by_the_sliding_group(tmp_path_factor
     assert "group 1: sliding_window  window 48  layers [1, 2]" in text["1. A model with sliding-window layers"]
     assert "sliding window : [0, 0, 0, 0," in text["2. Blocks leave the window"]
     cut = text["3. A shared prefix that misses in one group"]
-    assert "full attention hits 96 tokens, sliding window 0" in cut and "'group_cut': 96" in cut
+    assert "full attention hits 96 tokens, sliding window 0" in cut and "'left_window': 96" in cut
     assert "full attention hits 96 tokens, sliding window 96" in text["4. The sibling after it hits in both"]
     assert "full attention hits 96 tokens, sliding window 96" in text["5. Keep more of the sliding group's blocks"]
     on_vllm = text["7. vLLM itself, on a Gemma 3"]
     assert "group 0: full_attention  window None  layers [3]  (vLLM's group 3)" in on_vllm
-    assert "each group's own hit [96, 0, 0, 0], the hit taken 0" in on_vllm and "'group_cut': 96" in on_vllm
+    assert "each group's own hit [96, 0, 0, 0], the hit taken 0" in on_vllm and "'left_window': 96" in on_vllm
     assert "at prefix_cache_retention_interval=32 the question hits 96 tokens" in on_vllm

@@ -1,6 +1,7 @@
 """The why-ledger on a model with two KV cache groups (full attention and a sliding window): tokens
 the full-attention group had cached but the sliding group's shorter hit cut off are classed as
-cut by another group (the hit is the shortest of the groups'), not as evicted."""
+dropped from the sliding window (the blocks left its window; the hit is the shortest of the
+groups'), not as evicted, and a replay without the window proves it."""
 from __future__ import annotations
 
 import random
@@ -36,11 +37,12 @@ def test_a_hit_cut_by_the_sliding_group_is_classed_as_such(mixed_model):
     s = _cut_run(mixed_model)
     ledger = WhyLedger().feed(s.history)
     cut = ledger.requests["1"].first
-    assert cut.classes == {"group_cut": 96, "below_block": 4, "never_seen": 3}
-    span = next(sp for sp in cut.spans if sp.cls == "group_cut")
+    assert cut.classes == {"left_window": 96, "below_block": 4, "never_seen": 3}
+    span = next(sp for sp in cut.spans if sp.cls == "left_window")
     assert (span.start, span.end) == (0, 96) and f"sliding window {WINDOW} group's hit ended at 0" in span.detail
+    assert f"within the last {WINDOW} the request computed" in span.detail
     assert ledger.requests["2"].first.classes["hit"] == 96   # the sibling after it hits in both groups
-    assert "were cut by another KV cache group" in ledger.summary().text()
+    assert "were dropped from a sliding window" in ledger.summary().text()
 
 
 @pytest.mark.slow
@@ -56,5 +58,5 @@ def test_the_cut_is_proven_by_a_replay_without_the_sliding_group(mixed_model):
     assert rec.settings.sliding_window == WINDOW
     report = prove(ledger, rec)
     assert report.replays is not None and report.replays.reproduces, report.replays.first_difference
-    assert ledger.requests["1"].proofs["group_cut"]["verdict"] == "proven"
-    assert report.proven["group_cut"] == 96 and not report.unproven.get("group_cut")
+    assert ledger.requests["1"].proofs["left_window"]["verdict"] == "proven"
+    assert report.proven["left_window"] == 96 and not report.unproven.get("left_window")

@@ -2,6 +2,7 @@
 send a panel the custom message its JavaScript would send."""
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -39,3 +40,15 @@ def send(panel: Any, **content: Any) -> dict | None:
     finally:
         del panel.send
     return acks[-1] if acks else None
+
+
+def node_tool(name: str, package: str) -> Path:
+    """The node tool `name` that scripts/setup.sh installs into .venv/node (npm `package`); the test
+    skips without node and fails, saying how to install it, without the tool."""
+    tool = Path(__file__).resolve().parents[2] / ".venv" / "node" / "node_modules" / ".bin" / name
+    if shutil.which("node") is None:
+        pytest.skip("node is not installed (scripts/setup.sh --with-browser installs it)")
+    if not tool.exists():
+        pytest.fail(f"{package} is not installed at {tool}: "
+                    "run `bash scripts/setup.sh --with-browser` (make test does)")
+    return tool

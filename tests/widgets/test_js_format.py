@@ -9,26 +9,16 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
+from .conftest import node_tool
 
 REPO = Path(__file__).resolve().parents[2]
-PRETTIER = REPO / ".venv" / "node" / "node_modules" / ".bin" / "prettier"
 # Every hand-written JavaScript file (the panels' and the export's CSS keep their own compact style).
 FORMATTED = ["widgets/*.js", "explorer/export/*.js", "tests/widgets/js/*.mjs", "tests/docs/*.cjs"]
 
 
-def prettier() -> Path:
-    if shutil.which("node") is None:
-        pytest.skip("node is not installed (scripts/setup.sh --with-browser installs it)")
-    if not PRETTIER.exists():
-        pytest.fail(f"prettier is not installed at {PRETTIER}: "
-                    "run `bash scripts/setup.sh --with-browser` (make test does)")
-    return PRETTIER
-
-
 def check(paths: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([str(prettier()), "--check", "--no-color", *paths], capture_output=True, text=True,
-                          timeout=300, cwd=cwd)
+    return subprocess.run([str(node_tool("prettier", "prettier")), "--check", "--no-color", *paths],
+                          capture_output=True, text=True, timeout=300, cwd=cwd)
 
 
 def test_the_javascript_is_formatted() -> None:

@@ -12,23 +12,15 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import node_tool
+
 REPO = Path(__file__).resolve().parents[2]
-TSC = REPO / ".venv" / "node" / "node_modules" / ".bin" / "tsc"
 # Generated (engine/report/schema.py and `python -m widgets` write them): checked, without a header of their own.
 GENERATED = {"_schema.js", "_panels.js"}
 
 
-def tsc() -> Path:
-    if shutil.which("node") is None:
-        pytest.skip("node is not installed (scripts/setup.sh --with-browser installs it)")
-    if not TSC.exists():
-        pytest.fail(f"typescript is not installed at {TSC}: "
-                    "run `bash scripts/setup.sh --with-browser` (make test does)")
-    return TSC
-
-
 def run_tsc(project: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([str(tsc()), "--noEmit", "--pretty", "false", "-p", str(project)],
+    return subprocess.run([str(node_tool("tsc", "typescript")), "--noEmit", "--pretty", "false", "-p", str(project)],
                           capture_output=True, text=True, timeout=300, cwd=project.parent)
 
 

@@ -392,14 +392,17 @@ class VllmEngine:
         kv, records = self.scheduler.kv_cache_manager, self.records
         with gc_paused():
             running = list(self.scheduler.running)
-            first = self.groups.order[0]  # kvscope's group 0: full attention where the model has it
-            tables = {r.request_id: list(kv.get_block_ids(r.request_id)[first]) for r in running}
+            if self.groups.several:   # each running request's table in every group, read once
+                every = {r.request_id: self.groups.tables(r.request_id) for r in running}
+            else:   # kvscope's group 0 alone
+                first = self.groups.order[0]
+                every = {r.request_id: [list(kv.get_block_ids(r.request_id)[first])] for r in running}
             # RecordBuilder's queues and pool_dict (records.py) are typed `dict`: QueuesDict and
             # BlockPoolDict as built.
             snap = EngineSnapshot(step=self.step_count, config=self.config.to_dict(), model_info=self.model_info,
                                   metrics=self.metrics,
-                                  queues=cast("QueuesDict", records.queues(running, tables, self.finished)),
-                                  block_pool=cast("BlockPoolDict", records.pool_dict(running, tables)))
+                                  queues=cast("QueuesDict", records.queues(running, every, self.finished)),
+                                  block_pool=cast("BlockPoolDict", records.pool_dict(running, every)))
         self.overhead["snapshots"] += 1
         self.overhead["snapshot_s"] += time.perf_counter() - t0
         return snap

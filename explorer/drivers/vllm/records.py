@@ -265,8 +265,9 @@ class RecordBuilder:
         return self._texts[token]
 
     # -- the snapshot's dicts ----------------------------------------------------------------------
-    def request_dict(self, e: RequestState, table: list[int]) -> RequestDict:
-        """One request as the snapshot shows it (kvscope's request dict), from vLLM's Request."""
+    def request_dict(self, e: RequestState, table: list[int], others: list[list[int]] | None = None) -> RequestDict:
+        """One request as the snapshot shows it (kvscope's request dict), from vLLM's Request.
+        `others`: its tables in the KV cache groups past kvscope's first, where the caller read them."""
         r = e.req
         # first_seen's open dict holds the prompt's fields and the hash domain's.
         return cast(RequestDict, {REQ.REQUEST_ID: e.request_id, REQ.STATUS: status_name(r.status), **self.first_seen(e),
@@ -274,15 +275,19 @@ class RecordBuilder:
                 REQ.NUM_COMPUTED_TOKENS: int(r.num_computed_tokens),
                 REQ.NUM_CACHED_TOKENS: e.num_cached_tokens, REQ.BLOCK_TABLE: table,
                 REQ.NUM_PREEMPTIONS: int(r.num_preemptions), REQ.FINISH_REASON: e.finish_reason,
-                REQ.METRICS: e.metrics.to_dict(), **self.group_fields(e, bool(table))})
+                REQ.METRICS: e.metrics.to_dict(), **self.group_fields(e, bool(table), others)})
 
-    def group_fields(self, e: RequestState, holds_blocks: bool) -> RequestFieldsDict:
+    def group_fields(self, e: RequestState, holds_blocks: bool,
+                     others: list[list[int]] | None = None) -> RequestFieldsDict:
         """With several KV cache groups: the request's table in each group past kvscope's first
-        (read from vLLM only while it holds blocks) and each group's own hit at its admission."""
+        (`others`, else read from vLLM, only while it holds blocks) and each group's own hit at its
+        admission."""
         g = self.groups
         if not g.several:
             return cast(RequestFieldsDict, {})
-        return group_fields_of(len(g.order), g.tables(e.internal_id)[1:] if holds_blocks else None, e.group_hits)
+        if holds_blocks and others is None:
+            others = g.tables(e.internal_id)[1:]
+        return group_fields_of(len(g.order), others if holds_blocks else None, e.group_hits)
 
     def first_seen(self, e: RequestState) -> dict:
         """What never changes in a request's dict: its prompt, the prompt's text, max_tokens and
@@ -310,16 +315,19 @@ class RecordBuilder:
             e.text[which] = (len(ids), text)
         return text
 
-    def queues(self, running: list, tables: dict[str, list[int]], finished: list[RequestState]) -> dict:
-        """The snapshot's queues: vLLM's waiting and running requests (those it tracks), and `finished`."""
+    def queues(self, running: list, tables: dict[str, list[list[int]]], finished: list[RequestState]) -> dict:
+        """The snapshot's queues: vLLM's waiting and running requests (those it tracks), and `finished`.
+        `tables`: each running request's tables, kvscope's group order (its first group's alone
+        for a model of one group)."""
         ext, requests = self.external, self.requests
         waiting = [requests.get(ext[r.request_id]) for r in self.waiting()]
         running_entries = [(requests.get(ext[r.request_id]), tables[r.request_id]) for r in running]
         return {"waiting": [self.request_dict(e, []) for e in waiting if e is not None],
-                "running": [self.request_dict(e, table) for e, table in running_entries if e is not None],
+                "running": [self.request_dict(e, every[0], every[1:]) for e, every in running_entries
+                            if e is not None],
                 "finished": [self.finished_dict(e) for e in finished]}
 
-    def pool_dict(self, running: list, tables: dict[str, list[int]]) -> dict:
+    def pool_dict(self, running: list, tables: dict[str, list[list[int]]]) -> dict:
         """Every block of vLLM's pool: refcount, hash, free or not, owners and the tokens it holds."""
         bs, ext = self.block_size, self.external
         owners: dict[int, list[str]] = {}
@@ -327,8 +335,7 @@ class RecordBuilder:
         null = self.pool.null_block.block_id
         for r in running:
             ids, n = r.all_token_ids, r.num_computed_tokens
-            every = self.groups.tables(r.request_id) if self.groups.several else [tables[r.request_id]]
-            for table in every:  # every KV cache group's blocks: one pool holds them all
+            for table in tables[r.request_id]:  # every KV cache group's blocks: one pool holds them all
                 hold_tokens(tokens, table, 0, bs, ids, n, null)
                 for b in table:
                     if b != null:

@@ -16,9 +16,10 @@
  * The embedded document (explorer/export/page.py build_export_data).
  * @typedef {{format: string, version: number, meta: Meta, timeline: PanelState, captions: Array<[number, string]>,
  *   views: Array<Object>, why: WhyChoices}} ExportData  views: StepViews whole, then one Delta per step
- * @typedef {{title: string, panels: string[], links: Object<string, string[]>, start: ("first"|"last"),
+ * @typedef {{title: string, panels: string[], links: Object<string, string[]>, keeps_choice: string[], start: ("first"|"last"),
  *   run_live: string, notice: string, first_step: number, last_step: number}} Meta
  *   links: a request chosen in one panel -> the panels it is chosen in (explorer/ui/layout.py SELECTION_LINKS)
+ *   keeps_choice: the panels a cleared choice leaves on their request (layout.KEEPS_CHOICE)
  * A delta (explorer/core/history.py diff): {"=": value} | {"+": appended} | {"i": {index: Delta}} |
  * {"d": {key: Delta}, "x": [removed keys]}; no delta: unchanged.
  * @typedef {{"=": unknown} | {"+": string | unknown[]} | {i: Object<string, Delta>}
@@ -299,13 +300,9 @@ const HOST = {
       const rid = String(c.request_id || "");
       for (const target of /** @type {string[]} */ (get(DATA.meta.links, name, []))) {
         if (!m[target]) continue;
-        if (target === "attention") {
-          // it keeps the request it shows until another is chosen
-          if (rid) m.attention.update({ request_id: rid });
-        } else {
-          m[target].update({ request_id: rid });
-          if (target === "sampler") this.samplerPinned = !!rid;
-        }
+        // layout.chosen: a panel in keeps_choice stays on its request when the choice is cleared
+        if (rid || !DATA.meta.keeps_choice.includes(target)) m[target].update({ request_id: rid });
+        if (target === "sampler") this.samplerPinned = !!m.sampler.get("request_id");
       }
       this.render();
     } else if (action === "refresh" && m.attention) m.attention.update({ message: ATTENTION_OFF });

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, TypedDict
 
 from ..core.history import HistoryEntry
 from ..ui import views
-from ..ui.layout import SELECTION_LINKS, rows_of
+from ..ui.layout import KEEPS_CHOICE, SELECTION_LINKS, rows_of
 from ..why import WhyLedger
 from . import states
 from .delta import DeltaDict, JSONValue
@@ -73,6 +73,7 @@ class ExportMetaDict(TypedDict):
     run_live: str
     panels: list[str]
     links: dict[str, list[str]]   # a request chosen in one panel -> the panels it is chosen in (layout.SELECTION_LINKS)
+    keeps_choice: list[str]       # the panels a cleared choice leaves on their request (layout.KEEPS_CHOICE)
     start: str              # the step shown first: "last" or "first"
 
 
@@ -206,6 +207,7 @@ def build_export_data(entries: Sequence[HistoryEntry], *,
                  "first_step": _step(entries[0]), "last_step": _step(entries[-1]), "notice": notice,
                  "run_live": RUN_LIVE, "panels": panels,
                  "links": {source: list(targets) for source, targets in SELECTION_LINKS.items()},
+                 "keeps_choice": list(KEEPS_CHOICE),
                  "start": start},
         # Sent once, as the binder does: the whole run, with the shown step as a cursor.
         "timeline": views.timeline_state(entries, [v["controls"]["caption"] for v in per_step]
@@ -273,7 +275,7 @@ def render_html(data: ExportDataDict, *, defaults: dict[str, dict[str, JSONValue
 
     body = ""   # the Dashboard's rows (explorer/ui/layout.py), a new panel last
     for row in rows_of(panels):
-        if not row.panels[0][1]:   # a panel alone in its row
+        if row.alone:
             body += slot(row.panels[0][0])
         else:
             body += (f'<div class="kvs-export-row{" kvs-export-wrap" if row.wrap else ""}">'

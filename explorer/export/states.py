@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Collection, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Final, TypedDict, cast
 
 from engine.report.schema import BlockDict
@@ -26,7 +27,15 @@ from ..core.history import HistoryEntry
 from ..core.labels import RequestLabels
 from ..ui import captions as _captions
 from ..ui import views, why_view
-from ..ui.panel_views import PANEL_VIEWS, AttentionViewState, ControlsViewState, TreeViewState, entry_context
+from ..ui.panel_views import (
+    PANEL_VIEWS,
+    AttentionViewState,
+    ControlsViewState,
+    PanelContext,
+    TreeViewState,
+    entry_context,
+    sampler_view,
+)
 from ..why import WhyLedger
 from . import delta
 from .delta import JSONValue
@@ -60,7 +69,7 @@ class BlockDetailState(TypedDict):
 
 
 class SamplerViewsState(TypedDict):
-    """The sampler's states at one entry (`sampler_views`)."""
+    """The sampler's states at one entry (`_SamplerChoices`)."""
     requests: list[str]
     default: str                               # the request "" selects
     samples: dict[str, SamplerSample]   # request -> its SamplerState `sample`
@@ -100,7 +109,7 @@ def step_views(entries: Sequence[HistoryEntry], token_text: views.TokenText, pan
     ledger = ledger if ledger is not None else WhyLedger().feed(entries)
     names = RequestLabels().see_entries(entries).name   # "#17" for a long vLLM id, as the Dashboard says it
     captions = _captions.CaptionCache(names).captions(entries)  # the binder's captions, entry by entry
-    samplers = sampler_views(entries, token_text) if "sampler" in panels else None
+    samplers = _SamplerChoices(entries) if "sampler" in panels else None
     details = _DetailCache(token_text)
     shown = [name for name in PANEL_VIEWS if name in panels and name != "sampler"]
     out: list[EntryViewsDict] = []
@@ -114,7 +123,7 @@ def step_views(entries: Sequence[HistoryEntry], token_text: views.TokenText, pan
             state["blocks"] = cast("BlockPoolCells", pool)
             state["block_details"] = [details.detail(blocks, b) for b in range(len(blocks))]
         if samplers is not None:
-            state["sampler"] = samplers[i]
+            state["sampler"] = samplers.at(c)
         out.append(state)
     return out
 
@@ -137,30 +146,33 @@ def why_views(ledger: WhyLedger, entries: Sequence[HistoryEntry], token_text: vi
             "default": [[s, why_view.latest_admitted(ledger, s)] for s in changes]}
 
 
-def sampler_views(entries: Sequence[HistoryEntry], token_text: views.TokenText) -> list[SamplerViewsState]:
-    """Per entry, the sampler's state for each request the user could select there.
+class _SamplerChoices:
+    """The sampler's state, entry after entry, for each request the user could select there.
 
-    `{"requests", "default", "samples": {request_id: sample}}`: the panel shows
-    `views.sampler_state(entries[:i + 1], snapshot, rid)` = {requests, request_id: rid,
+    `{"requests", "default", "samples": {request_id: sample}}`: the panel shows PANEL_VIEWS'
+    "sampler" view of the entry with that request selected = {requests, request_id: rid,
     sample: samples[rid]}, with rid the selected request, else `default` (what "" selects).
     Every request of every kept snapshot is selectable everywhere (a request pinned at a later
     step, shown before it arrived, says it has not been sampled yet)."""
-    rids = list(dict.fromkeys(r["request_id"] for e in entries
-                              for r in views.all_requests(views.entry_parts(e)[2])))
-    last_sampled: dict[str, int] = {}  # request -> index of the latest entry that sampled it
-    out: list[SamplerViewsState] = []
-    for i, entry in enumerate(entries):
-        _, record, snapshot = views.entry_parts(entry)
-        for rid in record.get("sampled") or {}:
-            last_sampled[rid] = i
-        # sampler_state reads the last entry's record and the latest one that sampled the
-        # request: the entries from that one on give the same state as the whole prefix.
-        default = views.sampler_state(entries[i:i + 1], snapshot, "", token_text)
-        samples = {rid: views.sampler_state(entries[last_sampled.get(rid, i):i + 1], snapshot, rid,
-                                            token_text)["sample"] for rid in rids}
+
+    def __init__(self, entries: Sequence[HistoryEntry]) -> None:
+        self.rids = list(dict.fromkeys(r["request_id"] for e in entries
+                                       for r in views.all_requests(views.entry_parts(e)[2])))
+        self.last_sampled: dict[str, int] = {}  # request -> index of the latest entry that sampled it
+
+    def at(self, c: PanelContext) -> SamplerViewsState:
+        """The choices at `c`'s entry (the entries are fed in order)."""
+        i = len(c.entries) - 1
+        for rid in c.record.get("sampled") or {}:
+            self.last_sampled[rid] = i
+        # The view reads the shown entry's record and the latest one that sampled the request:
+        # the entries from that one on give the same state as the whole prefix.
+        view = sampler_view   # PANEL_VIEWS["sampler"], typed
+        default = view(replace(c, entries=c.entries[i:], selected=""))
+        samples = {rid: view(replace(c, entries=c.entries[self.last_sampled.get(rid, i):], selected=rid))["sample"]
+                   for rid in self.rids}
         samples.setdefault(default["request_id"], default["sample"])
-        out.append({"requests": default["requests"], "default": default["request_id"], "samples": samples})
-    return out
+        return {"requests": default["requests"], "default": default["request_id"], "samples": samples}
 
 
 class _DetailCache:

@@ -31,7 +31,7 @@ from ..core.labels import RequestLabels
 from ..core.session_view import FleetView, SessionView
 from ..why import WhyLedger
 from . import captions, layout, presets, views, why_view
-from .layout import ON_DEMAND, POOL_KEYS, SELECTION_LINKS
+from .layout import ON_DEMAND, POOL_KEYS, SELECTION_LINKS, chosen
 from .panel_views import LEDGER_PANELS, PANEL_VIEWS, PanelContext, attention_view, controls_view, entry_context
 
 if TYPE_CHECKING:
@@ -88,8 +88,7 @@ class SessionBinder:
         self.auto_probe = True  # re-read attention after each live step
         self._in_run = False       # inside a multi-step action: probe once, at its end
         self.panels: dict[str, Panel] = {}
-        self._sampler_pinned = False   # the user chose the sampler's request
-        self._attention_pinned = False  # ... or the attention panel's
+        self._pinned: set[str] = set()   # the panels whose request the user chose (else the step's default)
         self._timeline_key: tuple[int, int | None] | None = None   # (history length, id of its last entry)
         self._timeline_state: TimelineState | None = None
         # A request's name in every panel and caption: "#17" for a long vLLM id, kept for the view's life.
@@ -222,7 +221,8 @@ class SessionBinder:
 
     def _render_sampler(self, c: PanelContext) -> None:
         sampler = self.panels["sampler"]
-        sampler.show(PANEL_VIEWS["sampler"](replace(c, selected=sampler.request_id if self._sampler_pinned else "")))
+        picked = sampler.request_id if "sampler" in self._pinned else ""
+        sampler.show(PANEL_VIEWS["sampler"](replace(c, selected=picked)))
 
     def _timeline(self) -> TimelineState:
         # The whole history is sent once per new step; scrubbing only moves the window.
@@ -247,7 +247,7 @@ class SessionBinder:
             if "num_heads" in shape and att.num_heads != shape["num_heads"]:
                 att.num_heads = shape["num_heads"]
                 att.kv_head_of_head = shape["kv_head_of_head"]
-        rid = att.request_id if self._attention_pinned else ""
+        rid = att.request_id if "attention" in self._pinned else ""
         if not rid:
             selected = self.panels["queues"].selected if "queues" in self.panels else ""
             rid = selected if selected in targets else (targets[0] if targets else "")
@@ -346,7 +346,7 @@ class SessionBinder:
     def _forget_selections(self) -> None:
         """A new engine's requests are new: every choice made on the old one goes (its ids start
         again at 0, so a kept "2" would name a different request, and a kept name a missing one)."""
-        self._sampler_pinned = self._attention_pinned = False
+        self._pinned.clear()
         p = self.panels
         if "sampler" in p:
             p["sampler"].request_id = ""
@@ -463,7 +463,7 @@ class SessionBinder:
             self.why.prove(s, done=lambda: self.render(probe=False))
             self.panels["why"].proving = self.why.proving
         elif action == "refresh" and "attention" in self.panels:
-            self._attention_pinned = bool(self.panels["attention"].request_id)
+            self._pin("attention")
             self._render_attention(self._context(), probe=True)
 
     def _rebuild(self, c: dict) -> None:
@@ -516,20 +516,20 @@ class SessionBinder:
         self.view_index = None if index is None or index < 0 or index >= n - 1 else index
         self.render()
 
+    def _pin(self, name: str) -> None:
+        """`name` shows the request the user chose in it, or follows the step when none is."""
+        if self.panels[name].request_id:
+            self._pinned.add(name)
+        else:
+            self._pinned.discard(name)
+
     def _select(self, source: str, rid: str) -> None:
         """A request chosen in one panel: the panels it links to (layout.SELECTION_LINKS) follow it."""
         p = self.panels
         for name in SELECTION_LINKS.get(source, ()):
-            if name not in p:
-                continue
-            if name == "attention":   # it keeps the request it shows until another is chosen
-                if rid:
-                    p[name].request_id = rid
-                self._attention_pinned = bool(p[name].request_id)
-            else:
-                p[name].request_id = rid
-                if name == "sampler":
-                    self._sampler_pinned = bool(rid)
+            if name in p:
+                p[name].request_id = chosen(name, rid, p[name].request_id)
+                self._pin(name)
         c = self._context()
         if "sampler" in p:
             self._render_sampler(c)
@@ -601,7 +601,7 @@ class Dashboard(W.VBox):
             self.follow = follow_panel(session, self.binder)
             rows.append(self.follow)
         for row in layout.rows_of(p):   # the layout's rows (explorer/ui/layout.py), new panels last
-            if not row.panels[0][1]:   # a panel alone in its row
+            if row.alone:
                 rows.append(p[row.panels[0][0]])
                 continue
             for name, flex in row.panels:

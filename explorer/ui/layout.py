@@ -13,6 +13,11 @@ class Row(NamedTuple):
     panels: tuple[tuple[str, str], ...]
     wrap: bool = False   # narrow: the panels wrap under each other (else one height, stretched)
 
+    @property
+    def alone(self) -> bool:
+        """One panel, the row's whole width."""
+        return not self.panels[0][1]
+
 
 #: The Dashboard's rows, top to bottom. The queues, the pool and this step's slots stay above a
 #: laptop's fold (1366 x 768; the pool and the slots wrap under each other below ~2 x 440 px); the
@@ -33,13 +38,22 @@ ON_DEMAND = ("tensor_parallel",)  # shown only where there is something to see (
 POOL_KEYS = ("num_kv_blocks", "block_size")   # the controls' pool fields (a new engine)
 
 #: A request chosen in one panel (its "select" action; source -> the panels that then show it).
-#: The sampler and the attention panel keep a request they were given until another is chosen.
+#: A panel given a request shows it, pinned, until another choice (else it follows the step).
 SELECTION_LINKS: dict[str, tuple[str, ...]] = {
     "queues": ("why", "sampler", "attention"),
     "why": ("why",),
     "sampler": ("sampler",),
     "attention": ("attention",),
 }
+#: Panels a cleared choice (the queues' selection undone) leaves on the request they show: the
+#: attention heatmap costs a probe to draw, and an empty one says nothing.
+KEEPS_CHOICE: tuple[str, ...] = ("attention",)
+
+
+def chosen(target: str, rid: str, shown: str) -> str:
+    """The request panel `target`, showing `shown`, shows once `rid` is chosen in a panel linked to
+    it ("": the choice cleared). The export's host script applies the same rule to the same data."""
+    return shown if not rid and target in KEEPS_CHOICE else rid
 
 
 def laid_out() -> tuple[str, ...]:

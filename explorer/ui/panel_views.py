@@ -102,6 +102,11 @@ def controls_view(c: PanelContext) -> ControlsViewState:
             "pool": cast(PoolConfigDict, {k: config[k] for k in POOL_KEYS if k in config}), "caption": c.caption}
 
 
+def sampler_view(c: PanelContext) -> views.SamplerState:
+    """The latest sample of the chosen request (else the step's default) in the entries given."""
+    return views.sampler_state(c.entries, c.snapshot, c.selected, c.token_text)
+
+
 def attention_view(c: PanelContext) -> AttentionViewState:
     """The requests holding KV to probe, and the model's layers and heads (the weights themselves
     are read from a live cache: the binder probes them)."""
@@ -129,7 +134,7 @@ PANEL_VIEWS: dict[str, PanelView] = {
     "blocks": lambda c: views.block_pool_state(c.record, c.snapshot),
     "slots": lambda c: views.shown_slot_mapping(c.record, c.snapshot, c.token_text),
     "latency": lambda c: views.latency_state(c.snapshot),
-    "sampler": lambda c: views.sampler_state(c.entries, c.snapshot, c.selected, c.token_text),
+    "sampler": sampler_view,
     "attention": attention_view,
     "tensor_parallel": _tensor_parallel_view,
 }

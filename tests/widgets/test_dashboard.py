@@ -265,6 +265,11 @@ def test_selecting_a_request_points_sampler_and_attention_at_it(dash: Dashboard)
     assert dash.attention.probe_step == 3
     send(dash.sampler, action="select", request_id="0")
     assert dash.sampler.sample["request_id"] == "0"
+    # The queues' choice cleared: the sampler follows the step again, attention keeps its request.
+    default = views.sampler_state(s.history, s.current.snapshot, "", dash.binder.token_text)["request_id"]
+    send(dash.sampler, action="select", request_id="1" if default == "0" else "0")
+    send(dash.queues, action="select", request_id="")
+    assert dash.attention.request_id == "1" and dash.sampler.sample["request_id"] == default
 
 
 def test_attention_of_a_finished_request_says_why_it_is_empty(dash: Dashboard) -> None:

@@ -34,6 +34,21 @@ def prompt(seed: int, n: int) -> list[int]:
     return [300 + (seed * 7919 + i * 104729) % 50000 for i in range(n)]
 
 
+def group_slots_checked(batch: dict, groups: int) -> int:
+    """Check that each group's slots in a batch are its block tables' blocks, offset; the number of
+    other groups' slots."""
+    assert len(batch["group_slot_mappings"]) == len(batch["group_block_tables"]) == groups - 1
+    bs, q = CONFIG["block_size"], batch["query_start_loc"]
+    for slots, tables in zip([batch["slot_mapping"], *batch["group_slot_mappings"]],
+                             [batch["block_tables"], *batch["group_block_tables"]]):
+        assert len(slots) == q[-1] and len(tables) == len(q) - 1
+        for row, table in enumerate(tables):  # each token's slot is its group's block, offset
+            for t in range(q[row], q[row + 1]):
+                pos = batch["positions"][t]
+                assert slots[t] == table[pos // bs] * bs + pos % bs
+    return sum(map(len, batch["group_slot_mappings"]))
+
+
 def vllm_tables(engine, internal_id: str) -> list[list[int]]:
     """vLLM's own block ids of a request in each group, in kvscope's order."""
     ids = engine.scheduler.kv_cache_manager.get_block_ids(internal_id)
@@ -77,17 +92,7 @@ def test_every_groups_tables_slots_and_hits_are_vllms_and_changes_rebuild_them(s
                 want = vllm_tables(eng, iid)
                 assert [r["block_table"], *r["group_block_tables"]] == want, (step, r["request_id"])
                 seen["nulls"] += sum(t.count(0) for t in want[1:])
-            batch = rec["batch"]
-            assert len(batch["group_slot_mappings"]) == len(batch["group_block_tables"]) == 3
-            bs = CONFIG["block_size"]
-            for slots, tables in zip([batch["slot_mapping"], *batch["group_slot_mappings"]],
-                                     [batch["block_tables"], *batch["group_block_tables"]]):
-                q = batch["query_start_loc"]
-                for row, table in enumerate(tables):  # each token's slot is its group's block, offset
-                    for t in range(q[row], q[row + 1]):
-                        pos = batch["positions"][t]
-                        assert slots[t] == table[pos // bs] * bs + pos % bs
-            seen["sliding_slots"] += len(batch["group_slot_mappings"][0])
+            seen["sliding_slots"] += group_slots_checked(rec["batch"], 4)
             admitted.update({r["request_id"]: (r["num_cached_tokens"], r["group_hit_tokens"])
                              for r in snap["queues"]["running"] if r["request_id"] in rec["new_requests"]})
         # b arrived while a ran: 128 tokens in every group. d came after a's sliding blocks before
@@ -177,13 +182,15 @@ def test_a_live_gemma3_server_is_followed_in_every_group_and_replays_decision_fo
     groups = history[-1].snapshot["model_info"]["kv_cache_groups"]
     assert [(g["kind"], g["vllm_group"]) for g in groups] == [("full_attention", 3)] + [
         ("sliding_window", g) for g in range(3)]
-    nulls, hits = 0, []
+    nulls, hits, sliding_slots = 0, [], 0
     for e in history:
+        if e.record is not None and e.record["scheduled"]:   # every group's slots, as the model runner read them
+            sliding_slots += group_slots_checked(e.record["batch"], 4)
         for r in e.snapshot["queues"]["running"]:
             nulls += sum(t.count(0) for t in r["group_block_tables"])
             if e.record is not None and r["request_id"] in e.record["new_requests"]:
                 hits.append((r["num_cached_tokens"], r["group_hit_tokens"]))
-    assert nulls > 0 and len(hits) == 5, (nulls, hits)
+    assert nulls > 0 and len(hits) == 5 and sliding_slots > 0, (nulls, hits, sliding_slots)
     assert any(n == min(h) < max(h) for n, h in hits), hits          # a hit the sliding groups cut
     assert any(n == min(h) > 0 for n, h in hits), hits               # and one every group shares
     rec = Recording.load(path)

@@ -11,7 +11,8 @@ After every message it compares, with vLLM's objects read directly:
 - the record: each scheduled request's tokens and the computed tokens it starts from (the
   step's own SchedulerOutput, also under async scheduling), whether it is a prefill, its
   chunk index, the admissions, preemptions, sampled tokens and finishes, and the packed
-  batch (positions and slots from the block tables vLLM held when it scheduled the step);
+  batch (positions and slots from the block tables vLLM held when it scheduled the step, in
+  every KV cache group);
 - the state: both queues in order; each request's status, prompt, outputs, computed tokens,
   block table (and with several KV cache groups its table in each other group), preemptions and
   (for finished ones) finish reason; every block's refcount,
@@ -44,8 +45,10 @@ from .workloads import Workload, random_workload
 MAX_ITERATIONS = 20_000
 ABORT_CHANCE = 0.04
 PLANTED = ("events-by-latest-schedule", "abort-frees-unseen", "sync-scheduler-under-async", "names-kept",
-           "evictions-unseen", "empty-step-drops-events", "group-tables-at-admission-only")
-PLANT_GROUPS = {"group-tables-at-admission-only": "full+sliding"}  # the workloads a fault shows in ("full" else)
+           "evictions-unseen", "empty-step-drops-events", "group-tables-at-admission-only",
+           "group-slots-from-admission-only")
+PLANT_GROUPS = {"group-tables-at-admission-only": "full+sliding",   # the workloads a fault shows in ("full" else)
+                "group-slots-from-admission-only": "full+sliding"}
 
 
 class Difference(AssertionError):
@@ -276,7 +279,7 @@ class PoolCalls:
 class Scheduled:
     """What the harness saw of one SchedulerOutput when vLLM scheduled it."""
 
-    def __init__(self, sched, out, async_: bool, chunks: dict[str, int], first_group: int) -> None:
+    def __init__(self, sched, out, async_: bool, chunks: dict[str, int], order: list[int]) -> None:
         from vllm.v1.core.sched.scheduler import Scheduler
 
         reqs = sched.requests
@@ -302,8 +305,11 @@ class Scheduled:
                 chunks[rid] = chunk + 1
             self.rows.append({"request_id": rid, "num_tokens": n, "num_computed_before": b, "is_prefill": not decode,
                               "num_cached_tokens": b if rid in self.admitted else 0, "chunk_index": chunk})
-        # `first_group`: the full-attention group, the records' plain tables (Truth.order[0])
-        self.tables = {rid: list(kv.get_block_ids(rid)[first_group]) for rid in out.num_scheduled_tokens}
+        # `order`: the groups in kvscope's order (Truth.order), the full-attention one first: the
+        # records' plain tables, then each other group's
+        ids = {rid: kv.get_block_ids(rid) for rid in out.num_scheduled_tokens}
+        self.tables = {rid: list(t[order[0]]) for rid, t in ids.items()}
+        self.group_tables = {rid: [list(t[g]) for g in order[1:]] for rid, t in ids.items()}
         self.samples = {rid for rid in out.num_scheduled_tokens if not reqs[rid].is_prefill_chunk}
         self.is_scheduler = isinstance(sched, Scheduler)
 
@@ -340,7 +346,7 @@ class Run:
     def schedule(self):
         self.pool_calls.hashed_now = set()  # a same-step hit is one on a block hashed in this schedule
         out = self.s.schedule()
-        self.scheduled[id(out)] = Scheduled(self.s, out, self.async_, self.chunks, self.truth.order[0])
+        self.scheduled[id(out)] = Scheduled(self.s, out, self.async_, self.chunks, self.truth.order)
         self.truth.scan_all()
         return out
 
@@ -575,6 +581,24 @@ class Run:
                 got["input_ids"] = batch["input_ids"][lo:hi]
             if got != want or batch["block_tables"][row] != table[:(b + n + bs - 1) // bs] or hi - lo != n:
                 raise Difference(f"step {rec['step']}: the batch row of {rid} differs: {got} != {want}")
+            self._check_group_rows(rec, row, rid, b, n, seen.group_tables[rid])
+
+    def _check_group_rows(self, rec: dict, row: int, rid: str, b: int, n: int, tables: list[list[int]]) -> None:
+        """Each other KV cache group's slots of one row, from that group's table as vLLM held it when
+        it scheduled the step, and its block-table row: the model runner's, which keeps a block
+        where the scheduler has since put the null block (tokens that left a sliding window)."""
+        batch, bs = rec["batch"], self.truth.bs
+        if len(batch.get("group_slot_mappings", ())) != len(tables):
+            raise Difference(f"step {rec['step']}: {len(batch.get('group_slot_mappings', ()))} other groups' slots, "
+                             f"vLLM has {len(tables)} other groups")
+        lo, hi = batch["query_start_loc"][row], batch["query_start_loc"][row + 1]
+        for g, table in enumerate(tables):
+            want = [table[p // bs] * bs + p % bs for p in range(b, b + n)]
+            got, held = batch["group_slot_mappings"][g][lo:hi], batch["group_block_tables"][g][row]
+            if got != want or len(held) != (b + n + bs - 1) // bs or any(
+                    t not in (h, self.truth.null) for h, t in zip(held, table)):
+                raise Difference(f"step {rec['step']}: group {g + 1}'s batch row of {rid} differs: slots {got} != "
+                                 f"{want}, table {held} against vLLM's {table}")
 
 
 def run_workload(w: Workload, seed: int, async_: bool) -> tuple[Counts, str | None]:
@@ -643,6 +667,13 @@ def planted(bug: str):
                     if (h := g.hits.pop(r.request_id, None)) is not None]
 
         cls, name = recorder._Notes, "_group_tables"
+    elif bug == "group-slots-from-admission-only":  # other groups' new blocks sent at admission, never again
+        sched_op = recorder._Publisher._sched_op
+
+        def patch(self, sid, out, budget, tables, group_tables):
+            return sched_op(self, sid, out, budget, tables, [(new, [None] * len(c)) for new, c in group_tables])
+
+        cls, name = recorder._Publisher, "_sched_op"
     else:
         raise ValueError(f"unknown bug {bug!r}; one of {PLANTED}")
     original_attr = cls.__dict__[name]

@@ -146,17 +146,23 @@ class Mirror(Expander):
         else:
             before = dict(zip(cached_ids, cached_before))
             with_placeholders = dict(zip(cached_ids, cached_out))  # outputs + tokens still being sampled
-            for idx, b, table in new:
+            for k, (idx, b, table) in enumerate(new):
                 req = reqs[idx]
                 before[idx], with_placeholders[idx] = b, req.n_output
                 req.table = list(table)
+                req.runner_tables = [list(g[0][k]) for g in op.groups]
                 admitted.add(idx)
             bs_, outs = list(map(before.__getitem__, order)), list(map(with_placeholders.__getitem__, order))
         for idx, blocks in compress(zip(cached_ids, cached_blocks), cached_blocks):  # those given blocks
             if idx not in admitted:
                 reqs[idx].table += cast("list[int]", blocks)   # (those given blocks: compress dropped None)
+        for g, (_, group_blocks) in enumerate(op.groups):   # the other KV cache groups' likewise
+            for idx, blocks in compress(zip(cached_ids, group_blocks), group_blocks):
+                if idx not in admitted:
+                    reqs[idx].runner_tables[g] += cast("list[int]", blocks)
         for idx in resumed:
-            self._reset_table(reqs[idx], list(dict(zip(cached_ids, cached_blocks))[idx] or ()))
+            k = cached_ids.index(idx)
+            self._reset_table(reqs[idx], list(cached_blocks[k] or ()), [list(g[1][k] or ()) for g in op.groups])
         if order != self._rows[0]:  # a batch other than the last step's
             rows = [reqs[i] for i in order]
             self._rows = (order, rows, [r.n_prompt - 1 for r in rows])
@@ -203,13 +209,15 @@ class Mirror(Expander):
                 touched[idx] = 0
         self.pending[sid] = Sched(op, list(bs_), admitted, known, decode, chunk)
 
-    def _reset_table(self, req: Req, table: list[int]) -> None:
-        """A request's table starts again (preempted, resumed, finished): a step scheduled before
-        that, whose record is still to come, keeps the table it ran with."""
+    def _reset_table(self, req: Req, table: list[int], runner_tables: list[list[int]] | None = None) -> None:
+        """A request's tables start again (preempted, resumed, finished): a step scheduled before
+        that, whose record is still to come, keeps the tables it ran with."""
         for s in self.pending.values():
             if req.idx in s.names and req.idx not in s.tables:
                 s.tables[req.idx] = req.table
+                s.runner_tables[req.idx] = req.runner_tables
         req.table = table
+        req.runner_tables = runner_tables or []
         req.group_tables = []  # a running request's come with the body's groups
         if self.sent is not None:
             self.sent.table_went_back(req.rid)

@@ -65,11 +65,17 @@ class Expander(MirrorState):
         budget = sched.op.token_budget if sched is not None else None
         if sched is not None:
             order, ns, bs_ = sched.order, sched.op.num_tokens, sched.before
-            # every key a BatchDict always has, filled below (one KV cache group: none of the optional ones)
+            # every key a BatchDict always has, filled below, and with several KV cache groups each
+            # other group's slots and tables
             batch = cast(BatchDict, {k: [] for k in BATCH.ALL if k in BatchDict.__required_keys__})
             ids_, pos_, slots_, qsl, seq_lens, tables, logits = (batch[BATCH.INPUT_IDS], batch[BATCH.POSITIONS],
                                                                  batch[BATCH.SLOT_MAPPING], [0], batch[BATCH.SEQ_LENS],
                                                                  batch[BATCH.BLOCK_TABLES], batch[BATCH.LOGITS_INDICES])
+            groups = range(self.other_groups)
+            group_slots: list[list[int]] = [[] for _ in groups]
+            group_tables: list[list[list[int]]] = [[] for _ in groups]
+            if self.other_groups:
+                batch[BATCH.GROUP_SLOT_MAPPINGS], batch[BATCH.GROUP_BLOCK_TABLES] = group_slots, group_tables
             for row, idx in enumerate(order):
                 req = self._req(idx)
                 b, n = bs_[row], ns[row]
@@ -92,6 +98,11 @@ class Expander(MirrorState):
                 qsl.append(qsl[-1] + n)
                 seq_lens.append(b + n)
                 tables.append(table[:(b + n + bs - 1) // bs])
+                if self.other_groups:   # the tables the model runner read (mirror_state.Req.runner_tables)
+                    runner = sched.runner_tables.get(idx, req.runner_tables)
+                    for g in groups:
+                        group_slots[g].extend(runner[g][p // bs] * bs + p % bs for p in pos)
+                        group_tables[g].append(runner[g][:(b + n + bs - 1) // bs])
                 if is_decode or b + n >= sched.known[row]:
                     logits.append(qsl[-1] - 1)
             batch[BATCH.QUERY_START_LOC] = qsl

@@ -99,6 +99,7 @@ class Req:
         "preemptions",
         "prompt",
         "rid",
+        "runner_tables",
         "status",
         "stop",
         "table",
@@ -120,6 +121,10 @@ class Req:
         self.table: list[int] = []
         self.group_tables: list[list[int]] = []  # several KV cache groups: its table in each past the first
         self.group_hits: list[int] | None = None  # and each group's own hit at its admission
+        # ... and its tables there as vLLM's model runner holds them, which the step's slots read:
+        # only ever extended (where the scheduler put the null block for tokens that left a
+        # sliding window, the runner keeps the block it had, which no attention reads any more).
+        self.runner_tables: list[list[int]] = []
         self.metrics = Metrics()
         self.frozen: RequestDict | None = None
         self.tw, self.te = self.metrics.wall.token_times, self.metrics.engine.token_times  # the hot path's handles
@@ -144,7 +149,8 @@ class Req:
         return RequestState(self.idx, self.rid, self.prompt, self.n_prompt, self.output, self.n_output,
                             self.max_tokens, self.params, self.stop, self.hashes, self.status, self.computed,
                             self.cached, self.preemptions, self.finish_reason, self.table, self.chunks,
-                            m.engine.to_wire(), m.wall.to_wire(), self.domain, self.group_tables, self.group_hits)
+                            m.engine.to_wire(), m.wall.to_wire(), self.domain, self.group_tables, self.group_hits,
+                            self.runner_tables)
 
     @classmethod
     def from_wire(cls, w: RequestState) -> Req:
@@ -155,6 +161,7 @@ class Req:
         r.status, r.computed, r.cached, r.preemptions = w.status, w.computed, w.cached, w.preemptions
         r.finish_reason, r.table, r.chunks = w.finish_reason, list(w.table), w.chunks
         r.group_tables, r.group_hits = [list(t) for t in w.group_tables], w.group_hits
+        r.runner_tables = [list(t) for t in w.runner_tables]
         r.metrics.engine.from_wire(w.engine_clock)
         r.metrics.wall.from_wire(w.wall_clock)
         r.tw, r.te = r.metrics.wall.token_times, r.metrics.engine.token_times
@@ -246,8 +253,8 @@ class MirrorState:
                           self.hash, [(b, h, t) for b, (h, t) in self.memo.items()],
                           [r.to_wire() for r in self.requests.values()], [r.to_wire() for r in self.finished],
                           self.running, self.waiting,
-                          [PendingState(sid, s.op, s.before, list(s.admitted), s.known, s.decode, s.chunk, s.tables)
-                           for sid, s in self.pending.items()],
+                          [PendingState(sid, s.op, s.before, list(s.admitted), s.known, s.decode, s.chunk, s.tables,
+                                        s.runner_tables) for sid, s in self.pending.items()],
                           [r.to_wire() for r in self._gone.values()])
 
     @classmethod
@@ -265,7 +272,8 @@ class MirrorState:
         m.running, m.waiting = list(w.running), list(w.waiting)
         for p in w.pending:
             m.pending[p.sid] = Sched(p.op, list(p.before), set(p.admitted), dict(p.known), list(p.decode),
-                                     dict(p.chunk), {i: list(t) for i, t in p.tables.items()})
+                                     dict(p.chunk), {i: list(t) for i, t in p.tables.items()},
+                                     {i: [list(t) for t in ts] for i, ts in p.runner_tables.items()})
         m.scheduled_ahead = (m.step_count + 1) if m.pending else None
         return m
 
@@ -274,13 +282,14 @@ class Sched:
     """A schedule whose update is still to come: vLLM's SchedulerOutput in compact form (`op`),
     and what was derived from it when it was applied, row by row (for its record)."""
 
-    __slots__ = ("_names", "admitted", "before", "chunk", "decode", "known", "op", "order", "tables")
+    __slots__ = ("_names", "admitted", "before", "chunk", "decode", "known", "op", "order", "runner_tables", "tables")
 
     def __init__(self, op: Scheduled, before: list, admitted: set, known: dict, decode: list, chunk: dict,
-                 tables: dict | None = None) -> None:
+                 tables: dict | None = None, runner_tables: dict | None = None) -> None:
         self.op, self.order, self.before, self.admitted = op, op.order, before, admitted
         self.known, self.decode, self.chunk = known, decode, chunk
         self.tables: dict[int, list[int]] = tables or {}   # tables reset before the record: as they ran
+        self.runner_tables: dict[int, list[list[int]]] = runner_tables or {}   # the other groups' too
         self._names: set[int] | None = None
 
     @property

@@ -29,7 +29,9 @@ from urllib.parse import urlsplit
 if TYPE_CHECKING:
     from .wire import FeedMessage, SnapshotMessage
 
-SCHEMA_VERSION = 5   # 4: compact steps expanded by the client (mirror.py); ranks. 5: the state as wire.py's structs
+# 4: compact steps expanded by the client (mirror.py); ranks. 5: the state as wire.py's structs.
+# 6: the other KV cache groups' tables as the model runner holds them (each group's slots).
+SCHEMA_VERSION = 6
 TOPIC = b"kvscope.feed"
 DEFAULT_FEED = "tcp://127.0.0.1:5590"
 ENV_FEED = "KVSCOPE_FEED"                 # the feed's address (rank 0's; rank r binds port + 2r)

@@ -234,7 +234,8 @@ class _Notes:
         cap.out = out
         self.caps[id(out)] = cap
         self.items.append(("s", cap.sid, out, int(self.s.max_num_scheduled_tokens),
-                           _runner_owned_tables(out, self.first_group)))
+                           _runner_owned_tables(out, self.first_group),
+                           [_runner_owned_tables(out, g) for g in self.groups.order[1:]]))
         if (out.scheduled_new_reqs or out.preempted_req_ids or out.scheduled_cached_reqs.resumed_req_ids
                 or self._lengths() != self._before):
             self.queues_moved = True
@@ -581,7 +582,7 @@ class _Publisher:
         for item in items:
             kind = item[0]
             if kind == "s":
-                ops.append(self._sched_op(item[1], item[2], item[3], item[4]))
+                ops.append(self._sched_op(*item[1:]))
             elif kind == "u":
                 ops.append(self._update_op(*item[1:5]))
                 if item[5] is not None:
@@ -617,7 +618,8 @@ class _Publisher:
         except KeyError:  # a request the recorder never saw arrive (never, but a name costs nothing)
             return [self._index(r) for r in rids]
 
-    def _sched_op(self, sid: int, out: Any, budget: int, tables: tuple[list, list]) -> Scheduled:
+    def _sched_op(self, sid: int, out: Any, budget: int, tables: tuple[list, list],
+                  group_tables: list[tuple[list, list]]) -> Scheduled:
         indices = self._indices
         c = out.scheduled_cached_reqs
         rids = list(out.num_scheduled_tokens)
@@ -635,7 +637,7 @@ class _Publisher:
                           for d, t in zip(out.scheduled_new_reqs, new_tables)],
                          order if c.req_ids == rids else indices(c.req_ids), c.num_computed_tokens,
                          cached_tables, c.num_output_tokens, indices(c.resumed_req_ids),
-                         indices(out.preempted_req_ids or ()), budget)
+                         indices(out.preempted_req_ids or ()), budget, group_tables)
 
     def _update_op(self, cap: _Cap, result: Any, wall: float, step_s: float) -> Updated | RanNothing:
         scheduled = None

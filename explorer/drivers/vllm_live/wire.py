@@ -45,6 +45,9 @@ class Scheduled(msgspec.Struct, array_like=True, tag="s"):
     resumed: list[int]
     preempted: list[int]
     token_budget: int
+    # Several KV cache groups: per group past kvscope's first, the same two lists as `new`'s block
+    # ids and `cached_new_blocks` (the tables vLLM's model runner extends, and the step's slots read).
+    groups: list[tuple[list[BlockIds], list[BlockIds | None]]] = msgspec.field(default_factory=list)
 
 
 class FinishedBetween(msgspec.Struct, array_like=True, tag="f"):
@@ -130,6 +133,7 @@ class RequestState(msgspec.Struct, array_like=True):
     domain: dict[str, Any]
     group_tables: list[BlockIds]
     group_hits: list[int] | None
+    runner_tables: list[BlockIds] = msgspec.field(default_factory=list)   # mirror_state.Req.runner_tables
 
 
 class PendingState(msgspec.Struct, array_like=True):
@@ -142,6 +146,7 @@ class PendingState(msgspec.Struct, array_like=True):
     decode: list[bool]
     chunk: dict[int, int]
     tables: dict[int, BlockIds]       # the tables reset before its record, as they ran
+    runner_tables: dict[int, list[BlockIds]] = msgspec.field(default_factory=dict)   # and the other groups'
 
 
 class MirrorWire(msgspec.Struct):

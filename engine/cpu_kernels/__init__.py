@@ -48,8 +48,10 @@ _i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 # kv_decode_forward's arguments, field for field as the C structs declare them.
 class DecoderLayerPointers(ctypes.Structure):
     """One decoder layer's weights (norms, packed panels) and its K/V pools (C: kv_layer)."""
-    _fields_ = [(name, _ptr) for name in ("input_norm", "post_attention_norm", "qkv_panels", "qkv_bias", "q_norm",
-                                          "k_norm", "o_panels", "gate_up_panels", "down_panels", "k_cache", "v_cache")]
+    _fields_ = [*((name, _ptr) for name in ("input_norm", "post_attention_norm", "qkv_panels", "qkv_bias", "q_norm",
+                                            "k_norm", "o_panels", "gate_up_panels", "down_panels", "k_cache",
+                                            "v_cache")),
+                ("group", _i64), ("window", _i64)]   # its KV cache group (1: sliding window) and window (0: none)
 
 
 class DecoderPointers(ctypes.Structure):
@@ -66,7 +68,9 @@ class DecodeBatchPointers(ctypes.Structure):
     _fields_ = [("rows", _i64), ("table_stride", _i64),
                 *((name, _ptr) for name in ("token_ids", "positions", "slots", "decode_rows", "seq_lens",
                                             "block_tables", "x", "residual", "normed", "qkv", "attn", "gate_up",
-                                            "act", "logits"))]
+                                            "act", "logits")),
+                # the sliding-window group's (a model with such layers)
+                ("group_table_stride", _i64), ("group_slots", _ptr), ("group_block_tables", _ptr)]
 
 _SIGNATURES = {
     "kv_variant": (ctypes.c_char_p, []),

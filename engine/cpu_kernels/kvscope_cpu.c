@@ -1253,6 +1253,8 @@ typedef struct {
     const float *q_norm, *k_norm;                   /* [head_dim], NULL without per-head q/k norms */
     const void *o_panels, *gate_up_panels, *down_panels;
     void *k_cache, *v_cache;                        /* [blocks, block_size, kv_heads, head_dim] */
+    int64_t group;                                  /* its KV cache group: 0 full attention, 1 sliding window */
+    int64_t window;                                 /* the positions it attends to (0: all) */
 } kv_layer;
 
 typedef struct {
@@ -1272,6 +1274,9 @@ typedef struct {
     int64_t rows, table_stride;           /* decodes (one token each); block_tables' row stride */
     const int64_t *token_ids, *positions, *slots, *decode_rows, *seq_lens, *block_tables;
     float *x, *residual, *normed, *qkv, *attn, *gate_up, *act, *logits;  /* workspaces of `rows` rows */
+    /* The sliding-window group's slots and block tables (a kv_layer of group 1 reads them). */
+    int64_t group_table_stride;
+    const int64_t *group_slots, *group_block_tables;
 } kv_decode_batch;
 
 /* Per-head RMSNorm in place on the q and k heads of each row of the packed qkv (Qwen3). */
@@ -1334,11 +1339,14 @@ void kv_decode_forward(const kv_decoder *m, const kv_decode_batch *b) {
             if (l->q_norm)
                 qk_norm_body(b->qkv, rows, qkv_n, m, l);
             rope_body(b->qkv, b->positions, m->cos_table, m->sin_table, rows, qkv_n, m->heads + m->kv_heads, d);
+            /* The layer's KV cache group: its own slots and block tables over the shared pool. */
+            const int sliding = l->group == 1;
             reshape_and_cache_body(b->qkv + q_size, qkv_n, b->qkv + q_size + kv_size, qkv_n, l->k_cache, l->v_cache,
-                                   bf16, b->slots, rows, kv_size);
-            decode_attention_body(b->qkv, qkv_n, l->k_cache, l->v_cache, bf16, b->decode_rows, b->seq_lens, b->block_tables,
-                                  b->table_stride, rows, m->heads, m->kv_heads, d, m->block_size, 0, m->attn_scale,
-                                  b->attn, scores, parts);
+                                   bf16, sliding ? b->group_slots : b->slots, rows, kv_size);
+            decode_attention_body(b->qkv, qkv_n, l->k_cache, l->v_cache, bf16, b->decode_rows, b->seq_lens,
+                                  sliding ? b->group_block_tables : b->block_tables,
+                                  sliding ? b->group_table_stride : b->table_stride, rows, m->heads, m->kv_heads, d,
+                                  m->block_size, l->window, m->attn_scale, b->attn, scores, parts);
             linear_body(b->attn, ROUNDED_INPUT(b->attn, q_size), rows, q_size, l->o_panels, bf16, hidden, NULL, b->x);
             ROUNDED(b->x, hidden);
             rms_norm_body(b->x, b->residual, l->post_attention_norm, rows, hidden, m->eps, b->normed);

@@ -78,6 +78,7 @@ class MeasuredRunner(Protocol):
     block_size: int
     backend: AttentionBackend
     native_decode_off_reason: str | None
+    kv_groups: list[list[int]]   # the layers of each KV cache group
 
     def metadata(self, batch: Batch, ctx_lens: list[int], decode_ids: list[int]) -> AttentionMetadata: ...
 
@@ -302,7 +303,8 @@ def measure_steps(runner: MeasuredRunner, linears: list[PackedLinear], rows: tup
     """Pure-decode steps of each batch size as one native call and layer by layer with every
     linear on oneDNN (as the runner runs a batch past the limit, its packed inputs and attention
     metadata built each time), through a throwaway KV pool, alternated: best of `reps` after one
-    untimed step each. The runner's own pool and limits are left as they were."""
+    untimed step each. The runner's own pool and limits are left as they were. A model with a
+    sliding-window group gives that group the same blocks (the timing reads them alike)."""
     bs, top = runner.block_size, max(rows)
     per_seq = -(-STEP_CONTEXT // bs)
     shape = (1 + top * per_seq, bs, runner.spec.num_kv_heads // runner.tp.size, runner.spec.head_dim)
@@ -316,13 +318,15 @@ def measure_steps(runner: MeasuredRunner, linears: list[PackedLinear], rows: tup
         tables = [list(range(1 + i * per_seq, 1 + (i + 1) * per_seq)) for i in range(n)]
         ids, positions, seq_lens = [100 + i for i in range(n)], [pos] * n, [STEP_CONTEXT] * n
         slots = [t[pos // bs] * bs + pos % bs for t in tables]
+        others = len(runner.kv_groups) - 1
 
         def native_step() -> None:
-            whole.load(ids, positions, slots, seq_lens, tables)
+            whole.load(ids, positions, slots, seq_lens, tables, *((slots, tables) if others else ()))
             whole.run()
 
         def layer_step() -> None:
-            batch = Batch(ids, positions, list(range(n + 1)), seq_lens, slots, tables, list(range(n)))
+            batch = Batch(ids, positions, list(range(n + 1)), seq_lens, slots, tables, list(range(n)),
+                          [slots] * others, [tables] * others)
             meta = runner.metadata(batch, [pos] * n, list(range(n)))
             hidden = runner.model(torch.tensor(ids), torch.tensor(positions), caches, runner.backend, meta)
             runner.model.compute_logits(hidden)

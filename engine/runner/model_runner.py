@@ -97,6 +97,7 @@ class ModelRunner:
             # time, so the groups never write the same slot), as vLLM lays its pools out.
             self.kv_groups = spec.kv_cache_group_layers()
             self.sliding_window = spec.sliding_window
+            # CUDA graphs capture one group's tables (the native decode on a CPU takes both).
             self.groups_off_reason = None if len(self.kv_groups) == 1 else \
                 "the sliding-window layers' own block tables take the layer-by-layer path"
             self._padded_group_tables = [PaddedTables() for _ in self.kv_groups[1:]]
@@ -120,7 +121,7 @@ class ModelRunner:
                 self.model, self.kv_caches, self.backend, max_num_seqs=config.max_num_seqs,
                 max_model_len=max_model_len, block_size=self.block_size, device=self.device)
             # On a CPU, decode steps run as one native call where they can (native_decode.py).
-            self.native_decode_off_reason = self.groups_off_reason or why_no_native_decode(
+            self.native_decode_off_reason = why_no_native_decode(
                 config.enforce_eager, self.device, self.dtype, self.backend.name, self.tp.size, self.model)
             # Where this machine's panels stop being faster than oneDNN (crossover.py): measured
             # once per CPU, model and dtype; None where nothing runs on the panels.
@@ -255,11 +256,15 @@ class ModelRunner:
         step (then None), its attention metadata, input ids and positions as tensors."""
         batch, ctx_lens, decode_ids = build_batch(out, self.block_size, len(self.kv_groups))
         input_ids, positions = batch.input_ids, batch.positions
-        if self.native_decode is not None and self.native_decode.takes(len(input_ids), len(decode_ids),
-                                                                        len(batch.logits_indices), batch.block_tables):
+        if self.native_decode is not None and self.native_decode.takes(
+                len(input_ids), len(decode_ids), len(batch.logits_indices), batch.block_tables,
+                *batch.group_block_tables):
             # A pure-decode step runs as one native call reading the lists above (forward with
-            # meta None): no tensors to build.
-            self.native_decode.load(input_ids, positions, batch.slot_mapping, batch.seq_lens, batch.block_tables)
+            # meta None): no tensors to build. A sliding-window group's slots and tables go too.
+            sliding = bool(batch.group_block_tables)
+            self.native_decode.load(input_ids, positions, batch.slot_mapping, batch.seq_lens, batch.block_tables,
+                                    batch.group_slot_mappings[0] if sliding else None,
+                                    batch.group_block_tables[0] if sliding else None)
             return batch, None, None, None
         meta = self.metadata(batch, ctx_lens, decode_ids)
         dev = self.device

@@ -72,8 +72,9 @@ class NativeDecode:
         spec = model.spec
         layers = model.decoder_layers()
         rope = layers[0].self_attn.rope
+        window = spec.sliding_window or 0
         self._layers = (DecoderLayerPointers * len(layers))(*(
-            _layer_pointers(layer, k, v) for layer, (k, v) in zip(layers, kv_caches)))
+            _layer_pointers(layer, k, v, window) for layer, (k, v) in zip(layers, kv_caches)))
         self._decoder = DecoderPointers(
             num_layers=spec.num_layers, hidden=spec.hidden_size, heads=spec.num_heads, kv_heads=spec.num_kv_heads,
             head_dim=spec.head_dim, intermediate=spec.intermediate_size, block_size=block_size,
@@ -94,9 +95,11 @@ class NativeDecode:
         # torch call between two steps' native calls, where each costs ~40 us with the caches
         # just flushed by the weights' stream (on the 2-core AMD EPYC).
         self.max_blocks = -(-max_model_len // block_size)
+        # A model with sliding-window layers: their group's slots and tables beside the full group's.
         self._inputs = {name: torch.zeros(n, dtype=torch.int64) for name, n in (
             ("token_ids", rows), ("positions", rows), ("slots", rows), ("seq_lens", rows),
-            ("decode_rows", rows), ("block_tables", rows * self.max_blocks))}
+            ("decode_rows", rows), ("block_tables", rows * self.max_blocks),
+            ("group_slots", rows), ("group_block_tables", rows * self.max_blocks))}
         self._inputs["decode_rows"].copy_(torch.arange(rows))  # a pure-decode step: row i is decode i
         self._arrays = {name: (ctypes.c_int64 * t.numel()).from_address(t.data_ptr())
                         for name, t in self._inputs.items()}
@@ -105,26 +108,35 @@ class NativeDecode:
         self._logits = [self._work["logits"][:n] for n in range(rows + 1)]  # one view per row count
         self._model = model  # keeps the weights (and so the addresses above) alive
 
-    def takes(self, num_tokens: int, num_decodes: int, num_sampled: int, block_tables: list[list[int]]) -> bool:
+    def takes(self, num_tokens: int, num_decodes: int, num_sampled: int, *group_tables: list[list[int]]) -> bool:
         """A pure-decode step (every row a one-token decode that samples) of at most max_rows
-        rows whose block tables fit the input arrays."""
+        rows whose block tables, in each KV cache group, fit the input arrays."""
         return (num_decodes == num_tokens == num_sampled <= self.max_rows
-                and max(map(len, block_tables)) <= self.max_blocks)
+                and all(max(map(len, tables)) <= self.max_blocks for tables in group_tables))
 
     def load(self, token_ids: list[int], positions: list[int], slots: list[int], seq_lens: list[int],
-             block_tables: list[list[int]]) -> None:
-        """Writes a step that `takes` accepted (one entry per decode) into the call's arrays."""
-        n, width, a = len(token_ids), max(map(len, block_tables)), self._arrays
+             block_tables: list[list[int]], group_slots: list[int] | None = None,
+             group_block_tables: list[list[int]] | None = None) -> None:
+        """Writes a step that `takes` accepted (one entry per decode) into the call's arrays, with
+        the sliding-window group's slots and tables where the model has that group."""
+        n, a = len(token_ids), self._arrays
         # mypy's ctypes plugin wants a list[c_int64 | int] in a slice of a c_int64 array; ctypes takes
         # any iterable of ints, and a list[int] is what the Batch holds (converting would cost).
         a["token_ids"][:n] = token_ids  # type: ignore[assignment]
         a["positions"][:n] = positions  # type: ignore[assignment]
         a["slots"][:n] = slots  # type: ignore[assignment]
         a["seq_lens"][:n] = seq_lens  # type: ignore[assignment]
-        tables = a["block_tables"]
+        self._batch.rows, self._batch.table_stride = n, self._load_tables("block_tables", block_tables)
+        if group_slots is not None and group_block_tables is not None:
+            a["group_slots"][:n] = group_slots  # type: ignore[assignment]
+            self._batch.group_table_stride = self._load_tables("group_block_tables", group_block_tables)
+
+    def _load_tables(self, name: str, block_tables: list[list[int]]) -> int:
+        """Writes one group's tables into its array, a row per decode; returns the row stride."""
+        width, tables = max(map(len, block_tables)), self._arrays[name]
         for i, table in enumerate(block_tables):
             tables[i * width: i * width + len(table)] = table  # type: ignore[assignment]
-        self._batch.rows, self._batch.table_stride = n, width
+        return width
 
     def run(self) -> torch.Tensor:
         """The loaded step's logits [rows, vocab] (fp32), as CausalLM.compute_logits returns
@@ -133,7 +145,10 @@ class NativeDecode:
         return self._logits[self._batch.rows]
 
 
-def _layer_pointers(layer: DecoderLayer, k_cache: torch.Tensor, v_cache: torch.Tensor) -> DecoderLayerPointers:
+def _layer_pointers(layer: DecoderLayer, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    window: int) -> DecoderLayerPointers:
+    """A layer's weights and KV pools, and its KV cache group: a sliding-window layer (group 1)
+    reads that group's tables and attends to the last `window` positions."""
     attn, mlp = layer.self_attn, layer.mlp
     return DecoderLayerPointers(
         input_norm=_ptr(layer.input_layernorm.weight), post_attention_norm=_ptr(layer.post_attention_layernorm.weight),
@@ -141,7 +156,8 @@ def _layer_pointers(layer: DecoderLayer, k_cache: torch.Tensor, v_cache: torch.T
         q_norm=_ptr(attn.q_norm.weight if attn.q_norm is not None else None),
         k_norm=_ptr(attn.k_norm.weight if attn.k_norm is not None else None),
         o_panels=_panels(attn.o_proj), gate_up_panels=_panels(mlp.gate_up_proj),
-        down_panels=_panels(mlp.down_proj), k_cache=_ptr(k_cache), v_cache=_ptr(v_cache))
+        down_panels=_panels(mlp.down_proj), k_cache=_ptr(k_cache), v_cache=_ptr(v_cache),
+        group=attn.kv_group, window=window if attn.kv_group else 0)
 
 
 def _linears(model: CausalLM) -> list[nn.Module]:

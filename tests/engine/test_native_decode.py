@@ -34,10 +34,20 @@ def _run_recording_logits(llm: LLM, prompts: list[str], params: SamplingParams) 
     return [p for p, _ in seen], [x for _, x in seen], tokens
 
 
+@pytest.fixture(scope="module")
+def tiny_mixed_path(tiny_checkpoint):
+    """A random Qwen3 of 4 layers, the middle two with an 8-token sliding window: a second KV cache
+    group, whose blocks leave the window while the prompts decode."""
+    return tiny_checkpoint("qwen3", num_layers=4, sliding_window=8,
+                           layer_types=("full_attention", "sliding_attention", "sliding_attention", "full_attention"))
+
+
 @pytest.mark.parametrize("model,dtype", [("default", "float32"), ("qwen3", "float32"), ("qwen2", "float32"),
-                                         ("llama", "float32"), ("default", "bfloat16"), ("qwen2", "bfloat16")])
+                                         ("llama", "float32"), ("mixed", "float32"), ("default", "bfloat16"),
+                                         ("qwen2", "bfloat16"), ("mixed", "bfloat16")])
 def test_native_decode_gives_the_layer_by_layer_logits_bit_for_bit(model, dtype, request, monkeypatch):
-    """Every architecture (Qwen3's per-head q/k norms, Qwen2's q/k/v biases), prompts of several
+    """Every architecture (Qwen3's per-head q/k norms, Qwen2's q/k/v biases, sliding-window layers
+    with their own KV cache group, slots and tables), prompts of several
     blocks batched together with a small token budget (chunked prefills, mixed steps, then pure
     decode steps): the native path's logits equal the eager path's exactly, step by step. On the
     default model, the torch backend (SDPA prefills, gathered, padded SDPA decodes) gives the same
@@ -60,6 +70,8 @@ def test_native_decode_gives_the_layer_by_layer_logits_bit_for_bit(model, dtype,
     for step, (a, b) in enumerate(zip(logits, eager_logits)):
         assert torch.equal(a, b), f"forward {step} ({paths[step]}) differs from the layer-by-layer forward"
     assert tokens == eager_tokens
+    if model == "mixed":   # the sliding layers' blocks left their window while decodes ran natively
+        assert llms["native"].engine.kv.hybrid.num_blocks_left_window > 0
     if "torch" in runs and dtype == "float32":
         assert runs["torch"][2] == tokens
     elif "torch" in runs:  # bf16: SDPA sums the prompts' attention in another order than the prefill kernel

@@ -221,7 +221,10 @@ def test_a_mixed_model_gives_transformers_tokens_alone_batched_and_chunked(mixed
     assert run_all(llm, prompts, greedy(24)) == expected
     engine = llm.engine
     assert engine.kv.hybrid is not None and engine.kv.hybrid.num_blocks_left_window > 0
-    assert engine.model_info["native_decode_off"] == engine.runner.groups_off_reason
+    # The native decode takes both groups (tests/engine/test_native_decode.py: the same bits); only
+    # another backend, or this machine's crossover, turns it off.
+    off = engine.model_info["native_decode_off"]
+    assert (off is None or "crossover" in off or "slower" in off) if backend == "cpu" else backend in off
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

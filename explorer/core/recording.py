@@ -334,15 +334,22 @@ class Recording:
 
 
 # -- one step's decisions, and their digest --------------------------------------------------------
-class DecisionsDict(TypedDict):
-    """One step's decisions, each list sorted: what `step_decisions` reads from a
-    step's record and a replay makes again (an identity replay compares them field by field)."""
+class _Decisions(TypedDict):
     scheduled: list[list[Any]]   # [request id, tokens, computed before, prefix hits] per scheduled request
     new: list[str]               # admitted in the step (new, or resumed after a preemption)
     preempted: list[str]
     finished: list[str]          # finished by the step itself (they sampled in it; not an abort)
     tables: list[list[Any]]      # [request id, its block ids] per running request after the step
     # (rows are mixed lists, not tuples: they are compared with JSON's and hashed as JSON)
+
+
+class DecisionsDict(_Decisions, total=False):
+    """One step's decisions, each list sorted: what `step_decisions` reads from a
+    step's record and a replay makes again (an identity replay compares them field by field)."""
+    # Several KV cache groups: [request id, its block ids in each group past the first] per running
+    # request after the step (the null block where tokens left a sliding window). Absent with one
+    # group, so a one-group step's digest is what it always was.
+    group_tables: list[list[Any]]
 
 
 def step_decisions(record: StepRecordDict, running: Iterable[RequestDict],
@@ -355,13 +362,18 @@ def step_decisions(record: StepRecordDict, running: Iterable[RequestDict],
     it is after such an abort, a live server's feed as it was before it)."""
     sampled = record.get(REC.SAMPLED) or {}
     gone = set(aborted_next)
-    return {"scheduled": sorted([s[SCHED.REQUEST_ID], int(s[SCHED.NUM_TOKENS]), int(s[SCHED.NUM_COMPUTED_BEFORE]),
-                                 int(s[SCHED.NUM_CACHED_TOKENS])] for s in record[REC.SCHEDULED]),
-            "new": sorted(record.get(REC.NEW_REQUESTS) or ()),
-            "preempted": sorted(record.get(REC.PREEMPTED) or ()),
-            "finished": sorted(r for r in record.get(REC.FINISHED) or () if r in sampled),
-            "tables": sorted([r[REQ.REQUEST_ID], [int(b) for b in r[REQ.BLOCK_TABLE]]] for r in running
-                             if r[REQ.REQUEST_ID] not in gone)}
+    kept = [r for r in running if r[REQ.REQUEST_ID] not in gone]
+    decisions: DecisionsDict = {
+        "scheduled": sorted([s[SCHED.REQUEST_ID], int(s[SCHED.NUM_TOKENS]), int(s[SCHED.NUM_COMPUTED_BEFORE]),
+                             int(s[SCHED.NUM_CACHED_TOKENS])] for s in record[REC.SCHEDULED]),
+        "new": sorted(record.get(REC.NEW_REQUESTS) or ()),
+        "preempted": sorted(record.get(REC.PREEMPTED) or ()),
+        "finished": sorted(r for r in record.get(REC.FINISHED) or () if r in sampled),
+        "tables": sorted([r[REQ.REQUEST_ID], [int(b) for b in r[REQ.BLOCK_TABLE]]] for r in kept)}
+    if any(r.get(REQ.GROUP_BLOCK_TABLES) for r in kept):
+        decisions["group_tables"] = sorted([r[REQ.REQUEST_ID], [[int(b) for b in t] for t in
+                                                                 r.get(REQ.GROUP_BLOCK_TABLES) or ()]] for r in kept)
+    return decisions
 
 
 def decisions_digest(decisions: DecisionsDict) -> str:

@@ -258,7 +258,8 @@ class _Replay:
         self.keep, self.want_digests = keep, digests
         with vllm_log() as said:
             self.s = build_scheduler(rec, v)
-        self._first_full = kvscope_order(self.s.kv_cache_config)[0]
+        self._order = kvscope_order(self.s.kv_cache_config)   # the records' group order: full attention first
+        self._first_full = self._order[0]
         self.result = ReplayResult(variant=v, arrivals=arrivals, step_model=model, vllm_log=said)
         self.outputs = {r.request_id: r.output_token_ids for r in rec.requests}
         self.filler = {r.request_id: r.prompt_token_ids[-1] for r in rec.requests}
@@ -409,11 +410,17 @@ class _Replay:
                        for rid, n in out.num_scheduled_tokens.items())
         new = sorted(admitted)  # new and resumed, as a record's new_requests lists them
         gone = self.aborted_before.get(step + 1, ())  # left out of the step's tables, as step_decisions does
-        g = self._first_full  # the records' table is the full-attention group's, wherever vLLM put it
-        tables = sorted([r.request_id, [b.block_id for b in s.kv_cache_manager.coordinator.get_blocks(r.request_id)[g]]]
-                        for r in s.running if r.request_id not in gone)
+        # The records' table is the full-attention group's, wherever vLLM put it; the others follow.
+        blocks = {r.request_id: s.kv_cache_manager.coordinator.get_blocks(r.request_id)
+                  for r in s.running if r.request_id not in gone}
+        g, others = self._first_full, self._order[1:]
         dec: DecisionsDict = {"scheduled": sched, "new": new, "preempted": sorted(out.preempted_req_ids or ()),
-                              "finished": sorted(r for r in finished if r in sampled), "tables": tables}
+                              "finished": sorted(r for r in finished if r in sampled),
+                              "tables": sorted([rid, [b.block_id for b in by_group[g]]]
+                                               for rid, by_group in blocks.items())}
+        if others and blocks:   # as step_decisions: present where a running request has other groups
+            dec["group_tables"] = sorted([rid, [[b.block_id for b in by_group[o]] for o in others]]
+                                         for rid, by_group in blocks.items())
         if self.want_digests:
             self.result.digests.append(decisions_digest(dec))
         if self.keep:

@@ -38,6 +38,7 @@ from types import ModuleType
 from typing import Any
 
 from .kvscope_side import KvscopeScheduler
+from .outcome import print_outcome
 from .workloads import GROUPS, Workload, random_workload, shrink_candidates
 
 MAX_STEPS = 20_000
@@ -364,12 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     total = run_many(range(args.seed, args.seed + args.workloads), args.shrink_seconds, async_=args.async_,
                      depth=args.queue_depth, groups=args.groups)
-    for failure in total.failures:
-        print(failure, file=sys.stderr)
     which = ("AsyncScheduler" if args.async_ else "scheduler") + ("" if args.groups == "full" else f", {args.groups}")
-    print(f"differential vs vLLM 0.32 {which}: {args.workloads} workloads in {time.monotonic() - t0:.0f} s")
-    print(json.dumps(total.summary()))
-    return 1 if total.differences else 0
+    return print_outcome(total, f"differential vs vLLM 0.32 {which}: {args.workloads} workloads in "
+                                f"{time.monotonic() - t0:.0f} s")
 
 
 if __name__ == "__main__":

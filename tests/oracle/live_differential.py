@@ -40,6 +40,7 @@ from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
+from .outcome import print_outcome
 from .workloads import Workload, random_workload
 
 MAX_ITERATIONS = 20_000
@@ -727,12 +728,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"plant": args.plant, "first_seed": caught}))
         return 0 if caught is not None else 1
     total = run_many(seeds, args.async_, args.groups)
-    for failure in total.failures:
-        print(failure, file=sys.stderr)
-    print(f"live feed vs vLLM 0.32 ({'async' if args.async_ else 'synchronous'} scheduling): {args.workloads} "
-          f"workloads in {time.monotonic() - t0:.0f} s")
-    print(json.dumps(total.summary()))
-    return 1 if total.differences else 0
+    return print_outcome(total, f"live feed vs vLLM 0.32 ({'async' if args.async_ else 'synchronous'} scheduling): "
+                                f"{args.workloads} workloads in {time.monotonic() - t0:.0f} s")
 
 
 if __name__ == "__main__":

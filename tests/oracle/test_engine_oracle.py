@@ -1,7 +1,9 @@
 """kvscope's whole engine against vLLM 0.32's LLM on the default model, stepped together
 (tests/oracle/engine_differential.py): the same per-step schedule, block ids and tokens on
-workloads with chunked prefills, prefix hits, same-step hits and preemption. In its own
-process, as vLLM's import changes process-wide state."""
+workloads with chunked prefills, prefix hits, same-step hits and preemption; and on a model with
+sliding-window layers against vLLM's scheduler with the same two KV cache groups
+(tests/oracle/engine_groups_differential.py). Each in its own process, as vLLM's import changes
+process-wide state."""
 from __future__ import annotations
 
 import json
@@ -37,3 +39,32 @@ def test_engine_steps_like_vllm_on_the_default_model(default_model_path, workloa
     assert counts["workloads"] == workloads and counts["differences"] == 0
     for seen in ("preemptions", "hit_tokens", "same_step_hit_blocks", "prefill_chunks_not_sampled"):
         assert counts[seen] > 0, f"the workloads never exercised {seen}: {counts}"
+
+
+def _groups_differential(*args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    proc = subprocess.run([sys.executable, "-m", "tests.oracle.engine_groups_differential", *args], cwd=ROOT,
+                          text=True, capture_output=True, timeout=1800)
+    lines = proc.stdout.strip().splitlines()
+    return proc, json.loads(lines[-1]) if lines else {}
+
+
+# 12 workloads in CI (~35 s: chunked prompts, hits, blocks leaving three windows, a preemption);
+# the soak suite runs 200.
+@pytest.mark.slow
+@pytest.mark.parametrize("workloads", [12, pytest.param(200, marks=pytest.mark.soak)])
+def test_engine_with_sliding_window_layers_steps_like_vllms_scheduler(workloads):
+    require_vllm()
+    proc, counts = _groups_differential("--workloads", str(workloads))
+    ORACLE_COUNTS.append(f"engine differential (sliding-window groups): {json.dumps(counts)}")
+    assert proc.returncode == 0, f"kvscope's engine and vLLM's scheduler differ:\n{proc.stderr[-6000:]}"
+    assert counts["workloads"] == workloads and counts["differences"] == 0
+    for seen in ("preemptions", "hit_tokens", "chunks", "window_nulls"):
+        assert counts[seen] > 0, f"the workloads never exercised {seen}: {counts}"
+
+
+@pytest.mark.slow
+def test_a_planted_fault_in_the_engines_sliding_group_is_caught():
+    """Blocks that left the window kept: the first workload's replay differs."""
+    require_vllm()
+    proc, found = _groups_differential("--workloads", "5", "--plant", "sliding-blocks-kept")
+    assert proc.returncode == 0 and found == {"plant": "sliding-blocks-kept", "first_seed": 0}, proc.stderr[-3000:]

@@ -48,10 +48,10 @@ def _groups_differential(*args: str) -> tuple[subprocess.CompletedProcess, dict]
     return proc, json.loads(lines[-1]) if lines else {}
 
 
-# 12 workloads in CI (~35 s: chunked prompts, hits, blocks leaving three windows, a preemption);
+# 6 workloads in CI (~20 s: chunked prompts, hits, blocks leaving three windows, a preemption);
 # the soak suite runs 200.
 @pytest.mark.slow
-@pytest.mark.parametrize("workloads", [12, pytest.param(200, marks=pytest.mark.soak)])
+@pytest.mark.parametrize("workloads", [6, pytest.param(200, marks=pytest.mark.soak)])
 def test_engine_with_sliding_window_layers_steps_like_vllms_scheduler(workloads):
     require_vllm()
     proc, counts = _groups_differential("--workloads", str(workloads))

@@ -48,6 +48,7 @@ const KVS_WHY_LOOKS = {
   recomputed: "#ef6c00",
   caching_off: "#546e7a",
   left_window: "#ab47bc",
+  no_mamba_checkpoint: "#00897b",
   group_cut: "#6a1b9a",
 };
 // Requests: twelve colours, neighbours far apart; numeric ids take them in turn.

@@ -161,6 +161,13 @@ def blocks_to_allocate(spec: KVCacheSpec, table: list[int], hits: list[int], num
     return new + sum(1 for b in kept_hits if b != NULL_BLOCK_ID and pool.blocks[b].ref_count == 0)
 
 
+def group_kind(spec: KVCacheSpec) -> str:
+    """A group's kind as model_info's kv_cache_groups names it."""
+    if isinstance(spec, MambaSpec):
+        return "mamba"
+    return "sliding_window" if isinstance(spec, SlidingWindowSpec) else "full_attention"
+
+
 def attention_group_specs(sliding_window: int | None) -> list[KVCacheSpec] | None:
     """The KV cache groups of a model whose sliding-window layers (if any) have `sliding_window`,
     as the KV cache manager takes them (None: one full-attention group): the full-attention

@@ -60,6 +60,8 @@ class RequestLabels:
 
 def kv_cache_group_label(group: Mapping[str, Any]) -> str:
     """A KV cache group's short name (model_info's kv_cache_groups entry): "full attention",
-    "sliding window 4096", as the panels and the why-ledger say it."""
+    "sliding window 4096", "Mamba", as the panels and the why-ledger say it."""
     window = group.get("sliding_window")
+    if group.get("kind") == "mamba":
+        return "Mamba"
     return f"sliding window {window}" if window else "full attention"

@@ -184,10 +184,15 @@ def settings_from_snapshot(snapshot: EngineSnapshotDict) -> tuple[Settings, list
 
 def vllm_group_order(groups: list[dict[str, Any]]) -> str | None:
     """model_info's kv_cache_groups as vLLM allocated them (their `vllm_group`, which vLLM's
-    drivers give), for Settings.kv_cache_groups; None for one group or kvscope's own two."""
-    if len(groups) < 2 or any("vllm_group" not in g for g in groups):
-        return None
+    drivers give), for Settings.kv_cache_groups; None for one group or kvscope's full and
+    sliding-window ones (`sliding_window` says those); kvscope's full and Mamba groups in
+    kvscope's order, which is vLLM's."""
     short = {"full_attention": "full", "sliding_window": "sliding"}
+    if len(groups) < 2:
+        return None
+    if any("vllm_group" not in g for g in groups):
+        kinds = [str(g.get("kind")) for g in groups]
+        return "full,mamba" if kinds == ["full_attention", "mamba"] else None
     kinds = [str(g.get("kind")) for g in sorted(groups, key=lambda g: g["vllm_group"])]
     return ",".join(short.get(k, k) for k in kinds)
 

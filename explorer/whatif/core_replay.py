@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from engine.config import EngineConfig
+from engine.core.kv_cache_groups import FullAttentionSpec, KVCacheSpec, MambaSpec, attention_group_specs
 from engine.report.schema import QUEUE, REC, SCHED, SNAP, ModelInfoDict
 from engine.sampling_params import SamplingParams
 from engine.token_replay import TokenReplayEngine, TokensUsedUp
@@ -85,6 +86,19 @@ def engine_config(s: Settings) -> EngineConfig:
         raise SettingRejected(_our_names(exc)) from None
 
 
+def core_groups(s: Settings) -> list[KVCacheSpec] | None:
+    """The KV cache groups kvscope's core builds for recorded Settings (None: one full-attention
+    group): the full-attention group, then a sliding-window or a Mamba one (ReplayError: a model
+    of other groups, such as a Gemma 3's several sliding groups, which vLLM's scheduler replays)."""
+    if s.kv_cache_groups is None:
+        return attention_group_specs(s.sliding_window)
+    if [k.strip() for k in s.kv_cache_groups.split(",")] == ["full", "mamba"]:
+        return [FullAttentionSpec(), MambaSpec()]
+    raise ReplayError(f"kvscope's core runs a full-attention group and at most one sliding-window or Mamba group, "
+                      f"in that order; this recording's model had {s.kv_cache_groups!r}: replay it through vLLM's "
+                      f"scheduler")
+
+
 def _our_names(exc: Exception) -> str:
     """The engine's message in the recording's names (its num_kv_blocks is num_blocks here)."""
     return str(exc).replace("num_kv_blocks", "num_blocks")
@@ -109,10 +123,7 @@ def core_replay(rec: Recording, v: Variant | None = None, *, model_info: ModelIn
     v = v or core_variant(rec)
     if any(r.arrival_step is None for r in rec.requests):
         raise ReplayError("a trace without arrival steps cannot be replayed step by step")
-    if v.settings.kv_cache_groups is not None and v.settings.sliding_window is not None:
-        raise ReplayError(f"kvscope's core runs one full-attention group and at most one sliding-window group; this "
-                          f"recording's model had {v.settings.kv_cache_groups!r}: replay it through vLLM's scheduler")
-    eng = TokenReplayEngine(engine_config(v.settings), model_info or {}, sliding_window=v.settings.sliding_window,
+    eng = TokenReplayEngine(engine_config(v.settings), model_info or {}, kv_cache_groups=core_groups(v.settings),
                             decode=decode)
     held = {k for k, _ in v.changed}
     knobs = {int(step): {k: x for k, x in changed.items() if k not in held}

@@ -20,7 +20,7 @@ any request computes the same content.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from engine.report.schema import BlockDict, EngineSnapshotDict, ScheduledDict, StepRecordDict
 
@@ -28,6 +28,7 @@ from ..core.history import HistoryEntry
 from ..core.labels import kv_cache_group_label
 from ..core.session_view import SessionView
 from .chains import PLAIN, Domain, SeenIndex, Sequence
+from .mamba import MambaCheckpoints
 from .model import Admission, Divergence, Eviction, Node, PreemptionWhy, RequestWhy, Span
 from .preemption import needing_request, work_of
 
@@ -63,6 +64,7 @@ class WhyLedger:
         self.notes: list[str] = []
         self.unmapped = 0                            # cached blocks whose content the ledger could not name
         self.engine: str | None = None
+        self.mamba = MambaCheckpoints()                # a Mamba group's cached states (explorer.why.mamba)
         self._prev: EngineSnapshotDict | None = None
         self._finished_ids: set[str] = set()  # the finished queue's requests at the previous entry
         self._tokens_left_out = False
@@ -140,6 +142,9 @@ class WhyLedger:
                 self.seen.computed(self.seqs[rid], int(got["num_computed_before"]) + int(got["num_tokens"]))
             self._apply(events.get(rank[rid], ()), step, rec)
         self._settle(snap, prev, step, rec)
+        mamba = _mamba_group(snap)
+        if mamba is not None:
+            self.mamba.read(mamba, rec, snap, bs)
         self.last_step = step
         self._prev = snap
 
@@ -257,9 +262,8 @@ class WhyLedger:
             seq.grow(r.get("output_token_ids") or [])
 
     def _admit(self, step: int, rid: str, x: ScheduledDict, rec: StepRecordDict, caching: bool,
-               group_hits: tuple[int, int, str, int | None] | None = None) -> None:
-        """`group_hits`: with several KV cache groups, (the full-attention group's own hit, the
-        shortest group's, that group's name, its sliding window or None) when this admission took them."""
+               group_hits: GroupHits | None = None) -> None:
+        """`group_hits`: with several KV cache groups, the groups' hits when this admission took them."""
         seq, why = self.seqs[rid], self.requests[rid]
         resumed = bool(why.admissions)
         # The tokens its lookup covered: the prompt, or (re-admitted) every token known before this step.
@@ -291,14 +295,21 @@ class WhyLedger:
 
         put(0, hit, "hit")
         # Blocks the full-attention group found but another group's shorter hit cut off: a sliding
-        # window's own cause (the blocks left its window), or another kind of group's.
+        # window's own cause (the blocks left its window), a Mamba group's (no state cached within
+        # them), or another kind of group's.
         cut_end = hit
-        if group_hits is not None and group_hits[1] == hit < group_hits[0]:
-            cut_end, (_, _, group, window) = group_hits[0], group_hits
-            said = f"full attention had tokens 0-{cut_end - 1} cached; the {group} group's hit ended at {hit}"
-            if window:
+        checkpoint = None
+        if group_hits is not None and group_hits.shortest == hit < group_hits.full:
+            cut_end, g = group_hits.full, group_hits
+            said = f"full attention had tokens 0-{cut_end - 1} cached; the {g.label} group's hit ended at {hit}"
+            if g.window:
                 put(hit, cut_end, "left_window", f"{said}: it keeps a block only while its tokens are within the "
-                                                 f"last {window} the request computed")
+                                                 f"last {g.window} the request computed")
+            elif g.kind == "mamba":
+                checkpoint = self.mamba.nearest(seq, self.seqs, self._prev, hit)
+                put(hit, cut_end, "no_mamba_checkpoint", f"{said}: align mode caches a state only where a prompt's "
+                    "chunk ended on a block boundary, and none lay within these tokens; " +
+                    (checkpoint.text() if checkpoint else "no earlier request's state is cached past them"))
             else:
                 put(hit, cut_end, "group_cut", said)
         hittable = (tokens - 1) // bs
@@ -326,7 +337,8 @@ class WhyLedger:
                              other_token=o.tokens[shared] if o is not None and len(o.tokens) > shared else None,
                              shared=shared)
         a = Admission(step=step, tokens=tokens, hit=hit, resumed=resumed, classes=_count(spans), spans=spans,
-                      evictions=evictions, divergence=div, seen=shared, seen_by=other, lost=lost)
+                      evictions=evictions, divergence=div, seen=shared, seen_by=other, lost=lost,
+                      checkpoint=checkpoint)
         if not caching:
             a.notes.append("prefix caching was off at this step")
         why.admissions.append(a)
@@ -393,10 +405,19 @@ def _count(spans: list[Span]) -> dict[str, int]:
     return out
 
 
-def _group_hits(snap: EngineSnapshotDict, rid: str) -> tuple[int, int, str, int | None] | None:
-    """(the full-attention group's own hit, the shortest group's, its name, its sliding window or None)
-    of request `rid` in a snapshot of several KV cache groups (records: REQ.GROUP_HIT_TOKENS); None
-    with one group."""
+class GroupHits(NamedTuple):
+    """A request's hits in a model of several KV cache groups, when it was admitted."""
+
+    full: int              # the full-attention group's own hit
+    shortest: int          # the shortest group's (the request's hit)
+    label: str             # that group's name
+    window: int | None     # its sliding window, if it is a sliding-window group
+    kind: str | None       # its kind (model_info's kv_cache_groups), None where the snapshot names none
+
+
+def _group_hits(snap: EngineSnapshotDict, rid: str) -> GroupHits | None:
+    """Request `rid`'s GroupHits in a snapshot of several KV cache groups (records:
+    REQ.GROUP_HIT_TOKENS); None with one group."""
     hits = next((r.get("group_hit_tokens") for q in ("running", "finished", "waiting")
                  for r in snap["queues"][q] if r["request_id"] == rid), None)
     if not hits:
@@ -404,8 +425,15 @@ def _group_hits(snap: EngineSnapshotDict, rid: str) -> tuple[int, int, str, int 
     groups = (snap.get("model_info") or {}).get("kv_cache_groups") or []
     g = min(range(len(hits)), key=lambda i: (hits[i], i))
     if g >= len(groups):
-        return hits[0], hits[g], f"KV cache group {g}", None
-    return hits[0], hits[g], kv_cache_group_label(groups[g]), groups[g].get("sliding_window") or None
+        return GroupHits(hits[0], hits[g], f"KV cache group {g}", None, None)
+    return GroupHits(hits[0], hits[g], kv_cache_group_label(groups[g]), groups[g].get("sliding_window") or None,
+                     groups[g].get("kind"))
+
+
+def _mamba_group(snap: EngineSnapshotDict) -> int | None:
+    """The index of the snapshot's Mamba KV cache group (None: it has none)."""
+    groups = (snap.get("model_info") or {}).get("kv_cache_groups") or []
+    return next((g for g, x in enumerate(groups) if x.get("kind") == "mamba"), None)
 
 
 def _holders(snap: EngineSnapshotDict, rec: StepRecordDict) -> dict[int, tuple[str, int]]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypedDict
 
 from .chains import Domain
+from .mamba import NearestCheckpoint
 
 if TYPE_CHECKING:   # the why panel's types (widgets.why, which needs anywidget): names only
     from widgets.why import PreemptionProofDict, ProofDict
@@ -35,6 +36,11 @@ CLASSES = (
      "needs here: as the earlier request computed past these tokens they left that group's window, and vLLM frees "
      "a block that leaves the window (or never gives it one); a hit must hold in every group, so the request's hit "
      "is that group's shorter one"),
+    ("no_mamba_checkpoint", "without a Mamba checkpoint",
+     "the full-attention layers had this prefix cached, but a Mamba group resumes only from a state cached at a "
+     "block boundary, and vLLM's align mode caches one only where a prompt's chunk ended there (by default the "
+     "prompt's last whole block): no cached state lay within these tokens, so the Mamba group hit less, and a hit "
+     "must hold in every group (vLLM issue 45238)"),
     ("group_cut", "cut by another KV cache group",
      "the full-attention layers had this prefix cached, but another KV cache group hit a shorter one, and a hit "
      "must hold in every group: the request's hit is the shortest of the groups'"),
@@ -181,6 +187,7 @@ class Admission:
     seen_by: str | None = None    # who had it
     lost: int = 0                 # a re-admission: the tokens its preemption freed
     notes: list[str] = field(default_factory=list)
+    checkpoint: NearestCheckpoint | None = None   # cut by a Mamba group: the cached state it came closest to
 
     def positions(self, cls: str) -> list[tuple[int, int]]:
         return [(s.start, s.end) for s in self.spans if s.cls == cls]

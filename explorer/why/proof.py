@@ -6,6 +6,7 @@ scheduler (explorer.whatif.replay), twice, differing only in what would remove t
 | evicted | the recorded settings (it misses, as recorded) | a pool that evicts nothing | hit |
 | below one block | a pool that evicts nothing | the same at block size 16 (8 when the run had 16) | hit |
 | another hash domain | a pool that evicts nothing | the same with every cache_salt and LoRA removed | hit |
+| cut by another KV cache group (a window, Mamba) | a pool that evicts nothing | the same, one group | hit |
 | never seen | (none) | a pool that evicts nothing | still miss (confirmed, not removable) |
 | a preemption | the recorded settings (the same victim and step) | a pool that evicts nothing | never preempted |
 
@@ -14,6 +15,8 @@ rest of a class stays `unproven`, with the reason (a block of 16 still does not 
 admission moved, the replay at the recorded settings does not reproduce the run). Block size 16
 is a size the scheduler takes; vLLM's CPU attention backend runs only multiples of 32, so for a
 CPU server that replay answers what the scheduler would do, not what that server could run.
+A request a Mamba group cut also has the cached state it came closest to resuming from
+(explorer.why.mamba) replayed: with its prompt sharing that state's tokens it must hit them.
 
     from explorer.why.proof import prove
     report = prove(ledger, recording)         # fills ledger.requests[...].proofs and each preemption's proof
@@ -33,6 +36,7 @@ from ..core.recording import Recording, save_recording
 from ..whatif.replay import ReplayResult, replay
 from ..whatif.settings import Variant
 from .ledger import WhyLedger
+from .mamba import NearestCheckpoint
 
 if TYPE_CHECKING:   # the why panel's types (widgets.why, which needs anywidget): names only
     from widgets.why import ProofDict, ProofReportDict, ReplayLabelsDict
@@ -135,11 +139,13 @@ def run_replays(rec: Recording) -> Replays:
         plain = replay(bare, big_v)
         labels["plain"] = f"num_blocks={big_n}, every cache_salt and LoRA removed"
     full = None
-    if s.sliding_window is not None:  # the same model with one full-attention group: what a cut by the window costs
-        every_layer_full = big_v.settings.replace(sliding_window=None)
-        full = replay(rec, Variant(every_layer_full, (*big_v.changed, ("sliding_window", None)),
+    if s.sliding_window is not None or s.kv_cache_groups is not None:
+        # The same model with one full-attention group: what a cut by another group costs.
+        every_layer_full = big_v.settings.replace(sliding_window=None, kv_cache_groups=None)
+        full = replay(rec, Variant(every_layer_full, (*big_v.changed, ("sliding_window", None),
+                                                      ("kv_cache_groups", None)),
                                    "a pool that evicts nothing, every layer full attention"))
-        labels["full"] = f"num_blocks={big_n}, no sliding-window group (every layer full attention)"
+        labels["full"] = f"num_blocks={big_n}, one KV cache group (every layer full attention)"
     return Replays(recorded, big, small, plain, reproduces=not bad, first_difference=bad[0] if bad else None,
                    labels=labels, full=full)
 
@@ -159,6 +165,7 @@ def prove(ledger: WhyLedger, rec: Recording, replays: Replays | None = None) -> 
         report.notes.append(f"the replay at the recorded settings differs from the recording from step "
                             f"{replays.first_difference}: causes are proven against the replay's own misses")
     bs_small = tail_block_size(rec.settings.block_size)
+    checkpoints_left, skipped = MAX_CHECKPOINT_REPLAYS, 0
     for rid, why in ledger.requests.items():
         a = why.first
         if a is None or rid not in replays.recorded.requests:
@@ -172,12 +179,19 @@ def prove(ledger: WhyLedger, rec: Recording, replays: Replays | None = None) -> 
             ("below_block", "big", "small", f"hit at block size {bs_small}, where they fill a block"),
             ("other_domain", "big", "plain", "hit with every cache_salt and LoRA removed"),
             ("left_window", "big", "full", "hit with every layer attending to everything (no sliding-window group)"),
-            ("group_cut", "big", "full", "hit with every layer attending to everything (no sliding-window group)"))
+            ("no_mamba_checkpoint", "big", "full", "hit with every layer full attention (no Mamba group)"),
+            ("group_cut", "big", "full", "hit with every layer full attention (one KV cache group)"))
         for cls, control, treatment, words in causes:
             spans = a.positions(cls)
             if not spans:
                 continue
             why.proofs[cls] = _prove_spans(spans, hits[control], hits[treatment], replays, control, treatment, words)
+        if a.checkpoint is not None and "no_mamba_checkpoint" in why.proofs:
+            if checkpoints_left:
+                checkpoints_left -= 1
+                _prove_checkpoint(rec, rid, a.checkpoint, why.proofs["no_mamba_checkpoint"])
+            else:
+                skipped += 1
         never = a.positions("never_seen")
         if never:
             still = sum(max(0, e - max(s, hits["big"] or 0)) for s, e in never) if hits["big"] is not None else 0
@@ -190,8 +204,33 @@ def prove(ledger: WhyLedger, rec: Recording, replays: Replays | None = None) -> 
                 continue
             report.proven[cls] = report.proven.get(cls, 0) + proof["proven"]
             report.unproven[cls] = report.unproven.get(cls, 0) + proof["tokens"] - proof["proven"]
+    if skipped:
+        report.notes.append(f"the Mamba checkpoint that {skipped} more requests came closest to was not replayed "
+                            f"(one replay each, {MAX_CHECKPOINT_REPLAYS} at most)")
     _prove_preemptions(ledger, replays, report)
     return report
+
+
+def _prove_checkpoint(rec: Recording, rid: str, near: NearestCheckpoint, proof: ProofDict) -> None:
+    """Replay `rec` with request `rid`'s prompt sharing the first `near.checkpoint.tokens` tokens
+    of the checkpoint's request: it must hit at least that many (it resumes from that state).
+    Adds what the replay said to `proof`; its verdict stays only where this holds too."""
+    c = near.checkpoint
+    src, req = rec.request(c.request_id), rec.request(rid)
+    head = (src.prompt_token_ids + src.output_token_ids)[:c.tokens]
+    tail = req.prompt_token_ids[c.tokens:] or req.prompt_token_ids[-1:]   # a hit leaves one token to compute
+    moved = dataclasses.replace(rec, requests=[dataclasses.replace(r, prompt_token_ids=head + tail)
+                                               if r.request_id == rid else r for r in rec.requests])
+    got = _hits(replay(moved), rid)
+    holds = got is not None and got >= c.tokens
+    proof["says"] += (f"; with its prompt sharing #{c.request_id}'s first {c.tokens} tokens, the replay at the "
+                      f"recorded settings hit {got}" + ("" if holds else f", not the {c.tokens} expected"))
+    if not holds:
+        proof["verdict"], proof["proven"] = "unproven", 0
+
+
+# A Mamba group's nearest checkpoint costs one replay per request it cut: at most this many.
+MAX_CHECKPOINT_REPLAYS = 16
 
 
 def _hits(res: ReplayResult | None, rid: str) -> int | None:

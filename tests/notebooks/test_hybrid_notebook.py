@@ -3,7 +3,9 @@
 window, a shared prefix that hits in the full group and misses in the sliding one, the sibling
 after it that hits in both, vLLM's prefix_cache_retention_interval keeping more of the window's
 blocks, the Dashboard's rows per group, and the same cut on vLLM itself (a random Gemma 3 with four
-groups, stepped in process) with the what-if that cures it. Every chapter ends with a check."""
+groups, stepped in process) with the what-if that cures it; then vLLM issue 45238 on a full-attention
+and a Mamba group (kvscope's core, no model): the flip, its cause and the state it missed, proven on
+vLLM's scheduler, and a what-if that hits again. Every chapter ends with a check."""
 from __future__ import annotations
 
 import pytest
@@ -15,7 +17,7 @@ NOTEBOOK = NOTEBOOKS / "hybrid.ipynb"
 CHAPTERS = ["1. A model with sliding-window layers", "2. Blocks leave the window",
             "3. A shared prefix that misses in one group", "4. The sibling after it hits in both",
             "5. Keep more of the sliding group's blocks", "6. The same in the Dashboard",
-            "7. vLLM itself, on a Gemma 3"]
+            "7. vLLM itself, on a Gemma 3", "8. Mamba layers: 100 tokens less of shared prefix, and no hit at all"]
 
 
 def test_hybrid_notebook_is_stored_without_outputs_and_each_chapter_ends_with_a_check():
@@ -38,3 +40,8 @@ def test_hybrid_notebook_shows_a_prefix_cut_by_the_sliding_group(tmp_path_factor
     assert "group 0: full_attention  window None  layers [3]  (vLLM's group 3)" in on_vllm
     assert "each group's own hit [96, 0, 0, 0], the hit taken 0" in on_vllm and "'left_window': 96" in on_vllm
     assert "at prefix_cache_retention_interval=32 the question hits 96 tokens" in on_vllm
+    mamba = text["8. Mamba layers: 100 tokens less of shared prefix, and no hit at all"]
+    assert "shared prefix 832 tokens: full attention hits 52 blocks, Mamba 52: the sibling hits 52 of 64" in mamba
+    assert "shared prefix 732 tokens: full attention hits 45 blocks, Mamba 0: the sibling hits 0 of 64" in mamba
+    assert "'no_mamba_checkpoint': 720" in mamba and "#first's state after 736 tokens is cached" in mamba
+    assert "the replay at the recorded settings hit 736" in mamba and "the sibling hits 512 tokens" in mamba

@@ -29,8 +29,6 @@ class VllmScheduler:
         updates the previous one)."""
         if scheduler_cls is None:
             scheduler_cls = AsyncScheduler if async_scheduling else Scheduler
-        if w.mamba_align:
-            scheduler_cls = _with_mamba_group(scheduler_cls, w.prefix_cache_retention_interval)
         self.w = w
         self.async_ = async_scheduling
         self.scheduler = bare_scheduler(block_size=w.block_size, num_blocks=w.num_blocks,
@@ -39,7 +37,8 @@ class VllmScheduler:
                                         enable_prefix_caching=w.enable_prefix_caching,
                                         scheduler_reserve_full_isl=w.scheduler_reserve_full_isl,
                                         scheduler_cls=scheduler_cls, async_scheduling=async_scheduling,
-                                        sliding_window=w.sliding_window, kv_cache_groups=w.vllm_group_order,
+                                        sliding_window=w.sliding_window,
+                                        kv_cache_groups="full,mamba" if w.mamba_align else w.vllm_group_order,
                                         prefix_cache_retention_interval=w.prefix_cache_retention_interval)
         self.block_pool = self.scheduler.kv_cache_manager.block_pool
         self.requests_seen: dict = {}  # every request added (vLLM drops finished ones)
@@ -126,22 +125,3 @@ class VllmScheduler:
         sch = self.scheduler
         return {"placeholders": {r.request_id: r.num_output_placeholders for r in sch.running},
                 "num_output_tokens": {r.request_id: len(r.output_token_ids) for r in (*sch.waiting, *sch.running)}}
-
-
-def _with_mamba_group(scheduler_cls: type, retention_interval: int | None):
-    """A stand-in for `scheduler_cls` that bare_scheduler builds as it would the class: the same
-    configs and arguments, but a KVCacheConfig whose second group is Mamba layers (one state of
-    one float, never read: the scheduler sees only the spec) and the cache config's
-    mamba_cache_mode 'align', as vLLM's engine core gives a hybrid model with prefix caching."""
-    import torch
-    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, MambaSpec
-
-    def build(*, vllm_config, kv_cache_config, block_size: int, **kwargs):
-        vllm_config.cache_config.mamba_cache_mode = "align"
-        mamba = MambaSpec(block_size=block_size, shapes=((1,),), dtypes=(torch.float32,), mamba_cache_mode="align")
-        groups = [kv_cache_config.kv_cache_groups[0], KVCacheGroupSpec(["mamba_layer"], mamba)]
-        config = KVCacheConfig(num_blocks=kv_cache_config.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups,
-                               prefix_cache_retention_interval=retention_interval)
-        return scheduler_cls(vllm_config=vllm_config, kv_cache_config=config, block_size=block_size, **kwargs)
-
-    return build

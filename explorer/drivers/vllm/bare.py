@@ -28,16 +28,18 @@ def _model_dir() -> Path:
     return _MODEL_DIR
 
 
-KV_GROUP_KINDS = ("full", "sliding")  # what a replay builds of a recorded model's KV cache groups
+# What a replay builds of a recorded model's KV cache groups: full attention, sliding-window
+# layers, Mamba layers cached in vLLM's "align" mode (a hybrid model with prefix caching).
+KV_GROUP_KINDS = ("full", "sliding", "mamba")
 
 
 def parse_kv_cache_groups(text: str) -> list[str]:
     """"sliding,sliding,full" -> its kinds, each checked (a ValueError names the field)."""
     kinds = [k.strip() for k in text.split(",")]
     bad = [k for k in kinds if k not in KV_GROUP_KINDS]
-    if bad or "full" not in kinds:
-        raise ValueError(f"kv_cache_groups must list {' or '.join(KV_GROUP_KINDS)} groups, comma-separated, with "
-                         f"at least one full one, got {text!r}")
+    if bad or "full" not in kinds or kinds.count("mamba") > 1:
+        raise ValueError(f"kv_cache_groups must list {', '.join(KV_GROUP_KINDS)} groups, comma-separated, with "
+                         f"at least one full one and one mamba one at most, got {text!r}")
     return kinds
 
 
@@ -58,14 +60,23 @@ def bare_scheduler(*, block_size: int, num_blocks: int, max_model_len: int, max_
     engine core does. `sliding_window` (tokens): a second KV cache group of sliding-window
     layers beside the full-attention one (as Gemma 3 or gpt-oss have), each group its own block
     table over the one pool; `prefix_cache_retention_interval` is then vLLM's setting of that
-    name (which sliding-window blocks it caches; 0 by default, as vLLM's CacheConfig).
-    `kv_cache_groups` (with `sliding_window`): the groups' kinds in the order vLLM allocates them,
-    as a recorded vLLM model had them ("sliding,sliding,sliding,full" for a 4-layer Gemma 3; see
-    KV_GROUP_KINDS); None: the full-attention group, then one sliding-window group."""
+    name (which sliding-window or Mamba blocks it caches; 0 by default, as vLLM's CacheConfig).
+    `kv_cache_groups`: the groups' kinds in the order vLLM allocates them, as a recorded vLLM
+    model had them ("sliding,sliding,sliding,full" for a 4-layer Gemma 3, "full,mamba" for a
+    hybrid Mamba model; see KV_GROUP_KINDS; "sliding" needs `sliding_window`); None: the
+    full-attention group, then one sliding-window group where `sliding_window` is given. A Mamba
+    group is cached in "align" mode, as vLLM's engine core sets a hybrid model with prefix
+    caching: its state is one float that nothing reads (the scheduler sees only the spec)."""
     import torch
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        MambaSpec,
+        SlidingWindowSpec,
+    )
     from vllm.v1.structured_output import StructuredOutputManager
 
     model = ModelConfig(model=str(_model_dir()), dtype="float32", skip_tokenizer_init=True,
@@ -82,14 +93,24 @@ def bare_scheduler(*, block_size: int, num_blocks: int, max_model_len: int, max_
     cache.num_gpu_blocks = num_blocks
     vllm_config = VllmConfig(model_config=model, scheduler_config=sched, cache_config=cache)
     vllm_config.scheduler_config.async_scheduling = async_scheduling
-    spec = FullAttentionSpec(block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
-    groups = [KVCacheGroupSpec(["layer"], spec)]
+    kinds = (parse_kv_cache_groups(kv_cache_groups) if kv_cache_groups else
+             ["full", "sliding"] if sliding_window is not None else ["full"])
+    if "sliding" in kinds and sliding_window is None:
+        raise ValueError(f"kv_cache_groups {kv_cache_groups!r} has a sliding-window group: sliding_window must be set")
+    if "mamba" in kinds:
+        vllm_config.cache_config.mamba_cache_mode = "align"
+
+    def spec(kind: str) -> Any:
+        if kind == "mamba":
+            return MambaSpec(block_size=block_size, shapes=((1,),), dtypes=(torch.float32,), mamba_cache_mode="align")
+        if kind == "sliding":
+            return SlidingWindowSpec(block_size, num_kv_heads=1, head_size=1, dtype=torch.float32,
+                                     sliding_window=sliding_window)
+        return FullAttentionSpec(block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
+
+    groups = [KVCacheGroupSpec([f"layer{i}"], spec(kind)) for i, kind in enumerate(kinds)]
     extra: dict[str, Any] = {}
-    if sliding_window is not None:
-        window = SlidingWindowSpec(block_size, num_kv_heads=1, head_size=1, dtype=torch.float32,
-                                   sliding_window=sliding_window)
-        kinds = parse_kv_cache_groups(kv_cache_groups) if kv_cache_groups else ["full", "sliding"]
-        groups = [KVCacheGroupSpec([f"layer{i}"], spec if kind == "full" else window) for i, kind in enumerate(kinds)]
+    if len(kinds) > 1:
         extra["prefix_cache_retention_interval"] = prefix_cache_retention_interval
     kv_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups, **extra)
     return (scheduler_cls or Scheduler)(vllm_config=vllm_config, kv_cache_config=kv_config, block_size=block_size,

@@ -632,6 +632,7 @@ interface KvsProofDict {
   control?: string | null;
   control_hit?: number | null;
   replay_hit?: number | null;
+  resumed?: number | null;
 }
 
 /** What a run is (the panel's `runs` entry): its label, and its settings (explorer.core.recording.SettingsDict). */
@@ -685,6 +686,7 @@ interface KvsReplayLabelsDict {
   small?: string;
   plain?: string;
   full?: string;
+  one_group?: string;
 }
 
 /** Where an admission leaves the longest prefix it shares with an earlier request, in words. */

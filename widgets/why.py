@@ -50,6 +50,7 @@ class ReplayLabelsDict(TypedDict, total=False):
     small: str        # that pool at a smaller block size
     plain: str        # that pool with every cache_salt and LoRA removed
     full: str         # that pool with every layer full attention
+    one_group: str    # the recorded settings with every layer full attention (a model with a Mamba group)
 
 
 class ProofReportDict(TypedDict):
@@ -81,6 +82,7 @@ class ProofDict(TypedDict):
     control: NotRequired[str | None]    # the control replay's label
     control_hit: NotRequired[int | None]   # the request's prefix hit in the control (None: not admitted there)
     replay_hit: NotRequired[int | None]    # ... and in the counterfactual
+    resumed: NotRequired[int | None]       # without a Mamba checkpoint: its hit with the named state's tokens shared
 
 
 class PreemptionProofDict(TypedDict):

@@ -444,8 +444,23 @@ class RecordingWriter:
             self._start(entry)
         elif entry.record is not None:
             self._add_step(entry.step, entry.record, snap)
+        elif self._numbering_jumped(entry):
+            # No step ran (the engine clock stands still), yet the step numbers moved on: a replay
+            # jumping an idle gap as its recording's numbering did. Not a gap in the history; a
+            # request added now is seen by the step after this number.
+            self._last_step = int(entry.step)
+            self._clock_steps.append(int(entry.step))
+            self._clock_times.append(self._engine_time)
         self._note_requests(snap, entry.record)
         self._settle_held(before=entry.step)
+
+    def _numbering_jumped(self, entry: HistoryEntry) -> bool:
+        """A step-less entry numbered past the last step, with the engine clock where that step
+        left it (a live feed's clock is the wall's: its later snapshots may follow lost steps)."""
+        metrics = entry.snapshot.get(SNAP.METRICS)
+        if self._last_step is None or int(entry.step) <= self._last_step or self._clock != "engine" or not metrics:
+            return False
+        return abs(float(metrics[METRICS.ENGINE_TIME_S] or 0.0) - self._engine_time) < 1e-12
 
     def _start(self, entry: HistoryEntry) -> None:
         snap = entry.snapshot

@@ -28,7 +28,7 @@ from ..core.history import HistoryEntry
 from ..core.labels import kv_cache_group_label
 from ..core.session_view import SessionView
 from .chains import PLAIN, Domain, SeenIndex, Sequence
-from .mamba import MambaCheckpoints
+from .mamba import MambaCheckpoints, NearestCheckpoint
 from .model import Admission, Divergence, Eviction, Node, PreemptionWhy, RequestWhy, Span
 from .preemption import needing_request, work_of
 
@@ -68,6 +68,7 @@ class WhyLedger:
         self._prev: EngineSnapshotDict | None = None
         self._finished_ids: set[str] = set()  # the finished queue's requests at the previous entry
         self._tokens_left_out = False
+        self._evicted_now: set[int] = set()  # the blocks evicted so far in the step being read
 
     # -- reading a history -----------------------------------------------------------------------
     def feed(self, entries: Iterable[HistoryEntry]) -> WhyLedger:
@@ -120,6 +121,7 @@ class WhyLedger:
     def _step(self, step: int, rec: StepRecordDict, snap: EngineSnapshotDict) -> None:
         prev = self._prev
         assert prev is not None
+        self._evicted_now.clear()
         self._learn(snap)
         bs = self.block_size = int(snap["block_pool"]["block_size"])
         holders = _holders(snap, rec)
@@ -184,6 +186,7 @@ class WhyLedger:
             if ev[0] == "evicted":
                 _, b, key, rid, before = ev
                 self._unmap(b)
+                self._evicted_now.add(b)
                 if key is None:
                     continue
                 free_step, free_wall = self.freed_at.get(b, (None, None))
@@ -306,10 +309,7 @@ class WhyLedger:
                 put(hit, cut_end, "left_window", f"{said}: it keeps a block only while its tokens are within the "
                                                  f"last {g.window} the request computed")
             elif g.kind == "mamba":
-                checkpoint = self.mamba.nearest(seq, self.seqs, self._prev, hit)
-                put(hit, cut_end, "no_mamba_checkpoint", f"{said}: align mode caches a state only where a prompt's "
-                    "chunk ended on a block boundary, and none lay within these tokens; " +
-                    (checkpoint.text() if checkpoint else "no earlier request's state is cached past them"))
+                checkpoint = self._mamba_cut(seq, hit, cut_end, said, put)
             else:
                 put(hit, cut_end, "group_cut", said)
         hittable = (tokens - 1) // bs
@@ -348,6 +348,37 @@ class WhyLedger:
                 if p.readmitted_step is None:
                     p.readmitted_step, p.recomputed_tokens = step, a.classes.get("recomputed", 0)
                     break
+
+    def _mamba_cut(self, seq: Sequence, hit: int, end: int, said: str,
+                   put: Callable[[int, int, str, str], None]) -> NearestCheckpoint | None:
+        """Tokens [hit, end) that a Mamba group cut: up to a state it could have resumed from
+        and whose block was evicted, evicted; the rest without a Mamba checkpoint, with the
+        cached state the prompt came closest to (returned)."""
+        start = hit
+        gone = self.mamba.evicted_within(seq, self.seqs, self._prev, self._evicted_now, hit, end)
+        if gone is not None:
+            put(hit, gone.tokens, "evicted", f"{said}: its state after {gone.tokens} tokens (#{gone.request_id}'s) "
+                                             "was cached, and its block was evicted")
+            start = gone.tokens
+        near = self.mamba.nearest(seq, self.seqs, self._prev, self._evicted_now, start, self._full_attention_cached())
+        put(start, end, "no_mamba_checkpoint", f"{said}: align mode caches a state only where a prompt's chunk ended "
+            "on a block boundary, and none cached lay within these tokens; " +
+            (near.text() if near else "no earlier request's state is cached past them"))
+        return near
+
+    def _full_attention_cached(self) -> Callable[[Sequence, int], bool]:
+        """Whether, at this point of the step, full attention holds a cached block of each whole
+        block of a sequence's first tokens: the pool's hashes before the step but those evicted
+        since and those of the Mamba states (a Mamba group's block of the same content has the
+        same hash)."""
+        blocks = self._prev["block_pool"]["blocks"] if self._prev is not None else []
+        left_out = self.mamba.blocks(self._prev) | self._evicted_now
+        full = {b["hash"] for b in blocks if b["hash"] is not None and b["block_id"] not in left_out}
+
+        def cached_through(seq: Sequence, tokens: int) -> bool:
+            return all((node := self.nodes.get(seq.key(j))) is not None and node.hash in full
+                       for j in range(tokens // seq.block_size))
+        return cached_through
 
     def _missed_block(self, seq: Sequence, j: int) -> tuple[str | None, str, Eviction | None]:
         """Why full block j of `seq` missed, from the blocks: (class, detail, the eviction), or

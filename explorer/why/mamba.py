@@ -13,6 +13,7 @@ it shared the most of: a prompt sharing that request's tokens up to the state wo
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.report.schema import EngineSnapshotDict, StepRecordDict
@@ -47,10 +48,11 @@ class NearestCheckpoint:
 
 
 class MambaCheckpoints:
-    """The Mamba states cached so far (block id -> Checkpoint), read from each step's tables."""
+    """Every Mamba state cached so far ((request id, tokens) -> Checkpoint), read from each
+    step's tables; whether one is still cached is read from the pool when asked."""
 
     def __init__(self) -> None:
-        self.by_block: dict[int, Checkpoint] = {}
+        self.states: dict[tuple[str, int], Checkpoint] = {}
 
     def read(self, group: int, rec: StepRecordDict, snap: EngineSnapshotDict, block_size: int) -> None:
         """Note every cached state in group `group`'s tables after a step: the running requests'
@@ -69,32 +71,69 @@ class MambaCheckpoints:
             for j, b in enumerate(table):
                 h = blocks[b]["hash"] if 0 < b < len(blocks) else None
                 if h is not None:
-                    self.by_block[b] = Checkpoint(rid, (j + 1) * block_size, b, h)
+                    self.states[(rid, (j + 1) * block_size)] = Checkpoint(rid, (j + 1) * block_size, b, h)
+
+    def blocks(self, pool: EngineSnapshotDict | None) -> set[int]:
+        """The blocks of `pool` that hold a Mamba state."""
+        return {c.block for c in self.states.values() if _cached(c, pool, set())}
+
+    def evicted_within(self, seq: Sequence, seqs: dict[str, Sequence], pool_before: EngineSnapshotDict | None,
+                       evicted_now: set[int], start: int, end: int) -> Checkpoint | None:
+        """The furthest state after `start` and at most `end` tokens of `seq`'s own prefix that
+        was cached and is gone (its block evicted before this step, or in it by a request the
+        scheduler took first: `evicted_now`): with it the Mamba group would have hit that far."""
+        gone = [c for c in self._on_prefix(seq, seqs, start, end) if not _cached(c, pool_before, evicted_now)]
+        return max(gone, key=lambda c: c.tokens, default=None)
 
     def nearest(self, seq: Sequence, seqs: dict[str, Sequence], pool_before: EngineSnapshotDict | None,
-                hit: int) -> NearestCheckpoint | None:
-        """The state past `hit` tokens, still cached before this step, that `seq`'s prompt came
-        closest to resuming from (the fewest tokens short of it, then the earliest state), among
-        those it does not hold whole; None: no such state."""
-        blocks = pool_before["block_pool"]["blocks"] if pool_before is not None else []
-        best: NearestCheckpoint | None = None
-        for c in self.by_block.values():
+                evicted_now: set[int], hit: int,
+                cached_through: Callable[[Sequence, int], bool]) -> NearestCheckpoint | None:
+        """The state past `hit` tokens and before the prompt's last (a hit leaves one token to
+        compute), still cached (`evicted_within`) with full attention's blocks of every token before it
+        (`cached_through(its request, tokens)`), that `seq`'s prompt came closest to resuming
+        from (the fewest tokens short of it, then the earliest state), among those it does not
+        hold whole; None: no such state."""
+        candidates = []
+        for c in self.states.values():
             other = seqs.get(c.request_id)
-            if other is None or other is seq or other.domain != seq.domain or c.tokens <= hit \
-                    or c.block >= len(blocks) or blocks[c.block]["hash"] != c.hash:
+            if other is None or other is seq or other.domain != seq.domain or not hit < c.tokens < seq.prompt_len \
+                    or not _cached(c, pool_before, evicted_now):
                 continue
-            shared = _common_prefix(seq.tokens[:seq.prompt_len], other.tokens, c.tokens)
-            if shared >= c.tokens:
-                continue   # it holds the state's tokens: not resuming from it has another cause
-            if best is None or (c.tokens - shared, c.tokens) < (best.checkpoint.tokens - best.shared,
-                                                                 best.checkpoint.tokens):
-                best = NearestCheckpoint(c, shared)
-        return best
+            shared = shared_prefix(seq, other, c.tokens, seq.prompt_len)
+            if shared < c.tokens:   # holding the state's tokens whole, it misses for another cause
+                candidates.append(NearestCheckpoint(c, shared))
+        candidates.sort(key=lambda n: (n.checkpoint.tokens - n.shared, n.checkpoint.tokens))
+        return next((n for n in candidates if cached_through(seqs[n.checkpoint.request_id], n.checkpoint.tokens)),
+                    None)
+
+    def _on_prefix(self, seq: Sequence, seqs: dict[str, Sequence], start: int, end: int) -> list[Checkpoint]:
+        out = []
+        for c in self.states.values():
+            other = seqs.get(c.request_id)
+            if other is not None and start < c.tokens <= end and other.domain == seq.domain \
+                    and shared_prefix(seq, other, c.tokens, seq.prompt_len) >= c.tokens:
+                out.append(c)
+        return out
 
 
-def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
-    n = min(len(a), len(b), limit)
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+def _cached(c: Checkpoint, pool: EngineSnapshotDict | None, evicted_now: set[int]) -> bool:
+    blocks = pool["block_pool"]["blocks"] if pool is not None else []
+    return c.block < len(blocks) and blocks[c.block]["hash"] == c.hash and c.block not in evicted_now
+
+
+def shared_prefix(a: Sequence, b: Sequence, limit: int, a_len: int | None = None) -> int:
+    """How many leading tokens `a` (its first `a_len`) and `b` share, up to `limit`: whole
+    blocks by their chained content keys (a binary search), then token by token."""
+    n = min(len(a.tokens) if a_len is None else a_len, len(b.tokens), limit)
+    bs = a.block_size
+    lo, hi = 0, n // bs   # the most leading whole blocks with equal keys
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a.key(mid - 1) == b.key(mid - 1):
+            lo = mid
+        else:
+            hi = mid - 1
+    i = lo * bs
+    while i < n and a.tokens[i] == b.tokens[i]:
+        i += 1
+    return i

@@ -6,7 +6,8 @@ scheduler (explorer.whatif.replay), twice, differing only in what would remove t
 | evicted | the recorded settings (it misses, as recorded) | a pool that evicts nothing | hit |
 | below one block | a pool that evicts nothing | the same at block size 16 (8 when the run had 16) | hit |
 | another hash domain | a pool that evicts nothing | the same with every cache_salt and LoRA removed | hit |
-| cut by another KV cache group (a window, Mamba) | a pool that evicts nothing | the same, one group | hit |
+| dropped from a sliding window, cut by another group | a pool that evicts nothing | the same, one group | hit |
+| without a Mamba checkpoint | the recorded settings and a pool that evicts nothing | the first, one group | hit |
 | never seen | (none) | a pool that evicts nothing | still miss (confirmed, not removable) |
 | a preemption | the recorded settings (the same victim and step) | a pool that evicts nothing | never preempted |
 
@@ -52,7 +53,7 @@ def pool_that_evicts_nothing(rec: Recording, block_size: int) -> int:
     return 2 + sum(_cdiv(len(r.prompt_token_ids) + len(r.output_token_ids) + 1, block_size) for r in rec.requests)
 
 
-ReplayName = Literal["recorded", "big", "small", "plain", "full"]   # the replays a proof may compare
+ReplayName = Literal["recorded", "big", "small", "plain", "full", "one_group"]   # the replays a proof may compare
 
 
 def _no_labels() -> ReplayLabelsDict:
@@ -77,6 +78,7 @@ class Replays:
     first_difference: int | None
     labels: ReplayLabelsDict = field(default_factory=_no_labels)
     full: ReplayResult | None = None  # a sliding-window model's run with every layer full attention
+    one_group: ReplayResult | None = None   # a Mamba model's at the recorded settings, every layer full attention
 
 
 @dataclass
@@ -146,8 +148,15 @@ def run_replays(rec: Recording) -> Replays:
                                                       ("kv_cache_groups", None)),
                                    "a pool that evicts nothing, every layer full attention"))
         labels["full"] = f"num_blocks={big_n}, one KV cache group (every layer full attention)"
+    one_group = None
+    if s.kv_cache_groups is not None and "mamba" in s.kv_cache_groups:
+        # The recorded pool, only the Mamba group taken away: a larger pool would also change which
+        # chunks run when, and with them where the Mamba states are.
+        one_group = replay(rec, Variant(s.replace(kv_cache_groups=None), (("kv_cache_groups", None),),
+                                        "every layer full attention"))
+        labels["one_group"] = "one KV cache group at the recorded settings (every layer full attention)"
     return Replays(recorded, big, small, plain, reproduces=not bad, first_difference=bad[0] if bad else None,
-                   labels=labels, full=full)
+                   labels=labels, full=full, one_group=one_group)
 
 
 def prove(ledger: WhyLedger, rec: Recording, replays: Replays | None = None) -> ProofReport:
@@ -172,24 +181,30 @@ def prove(ledger: WhyLedger, rec: Recording, replays: Replays | None = None) -> 
             continue
         hits = {name: _hits(r, rid) for name, r in (("recorded", replays.recorded), ("big", replays.big),
                                                     ("small", replays.small), ("plain", replays.plain),
-                                                    ("full", replays.full))}
+                                                    ("full", replays.full), ("one_group", replays.one_group))}
         why.proofs = {}
         causes: tuple[tuple[str, ReplayName, ReplayName, str], ...] = (
             ("evicted", "recorded", "big", "hit with a pool that evicts nothing"),
             ("below_block", "big", "small", f"hit at block size {bs_small}, where they fill a block"),
             ("other_domain", "big", "plain", "hit with every cache_salt and LoRA removed"),
             ("left_window", "big", "full", "hit with every layer attending to everything (no sliding-window group)"),
-            ("no_mamba_checkpoint", "big", "full", "hit with every layer full attention (no Mamba group)"),
+            ("no_mamba_checkpoint", "big", "one_group", "miss in a pool that evicts nothing and hit with every layer "
+                                                        "full attention at the recorded settings (no Mamba group)"),
             ("group_cut", "big", "full", "hit with every layer full attention (one KV cache group)"))
         for cls, control, treatment, words in causes:
             spans = a.positions(cls)
             if not spans:
                 continue
-            why.proofs[cls] = _prove_spans(spans, hits[control], hits[treatment], replays, control, treatment, words)
+            control_hit = hits[control]
+            if cls == "no_mamba_checkpoint" and control_hit is not None and hits["recorded"] is not None:
+                # Missed at the recorded settings too: the one-group replay keeps the recorded pool,
+                # and a larger one would also move the chunks, and with them the states.
+                control_hit = max(control_hit, hits["recorded"])
+            why.proofs[cls] = _prove_spans(spans, control_hit, hits[treatment], replays, control, treatment, words)
         if a.checkpoint is not None and "no_mamba_checkpoint" in why.proofs:
             if checkpoints_left:
                 checkpoints_left -= 1
-                _prove_checkpoint(rec, rid, a.checkpoint, why.proofs["no_mamba_checkpoint"])
+                _prove_checkpoint(rec, rid, a.checkpoint, a.step, why.proofs["no_mamba_checkpoint"])
             else:
                 skipped += 1
         never = a.positions("never_seen")
@@ -211,21 +226,28 @@ def prove(ledger: WhyLedger, rec: Recording, replays: Replays | None = None) -> 
     return report
 
 
-def _prove_checkpoint(rec: Recording, rid: str, near: NearestCheckpoint, proof: ProofDict) -> None:
+def _prove_checkpoint(rec: Recording, rid: str, near: NearestCheckpoint, admitted: int, proof: ProofDict) -> None:
     """Replay `rec` with request `rid`'s prompt sharing the first `near.checkpoint.tokens` tokens
-    of the checkpoint's request: it must hit at least that many (it resumes from that state).
-    Adds what the replay said to `proof`; its verdict stays only where this holds too."""
+    of the checkpoint's request: admitted at the recorded step (`admitted`), it must hit at least
+    that many (it resumes from that state). What the replay said goes into `proof` (`resumed`:
+    its hit); a request the longer shared prefix lets in at another step meets another pool: short
+    of the state there, the replay says so without a verdict on it."""
     c = near.checkpoint
     src, req = rec.request(c.request_id), rec.request(rid)
-    head = (src.prompt_token_ids + src.output_token_ids)[:c.tokens]
-    tail = req.prompt_token_ids[c.tokens:] or req.prompt_token_ids[-1:]   # a hit leaves one token to compute
-    moved = dataclasses.replace(rec, requests=[dataclasses.replace(r, prompt_token_ids=head + tail)
-                                               if r.request_id == rid else r for r in rec.requests])
-    got = _hits(replay(moved), rid)
-    holds = got is not None and got >= c.tokens
-    proof["says"] += (f"; with its prompt sharing #{c.request_id}'s first {c.tokens} tokens, the replay at the "
-                      f"recorded settings hit {got}" + ("" if holds else f", not the {c.tokens} expected"))
-    if not holds:
+    # The same length (a state before the prompt's last token was chosen): the same blocks to find.
+    prompt = (src.prompt_token_ids + src.output_token_ids)[:c.tokens] + req.prompt_token_ids[c.tokens:]
+    moved = replay(dataclasses.replace(rec, requests=[dataclasses.replace(r, prompt_token_ids=prompt)
+                                                      if r.request_id == rid else r for r in rec.requests]))
+    got, step = _hits(moved, rid), moved.requests[rid].first_scheduled_step if rid in moved.requests else None
+    proof["resumed"] = got
+    said = f"; with its prompt sharing #{c.request_id}'s first {c.tokens} tokens, the replay at the recorded settings"
+    if got is not None and got >= c.tokens:
+        proof["says"] += f"{said} hit {got}: it resumed from that state"
+    elif step != admitted:
+        proof["says"] += (f"{said} admitted it at step {step}, not {admitted}, and hit {got}: another pool, so it "
+                          "shows nothing of this one")
+    else:
+        proof["says"] += f"{said} hit {got}, not the {c.tokens} expected"
         proof["verdict"], proof["proven"] = "unproven", 0
 
 

@@ -239,3 +239,22 @@ def test_a_step_at_32_requests_in_pyodide_against_cpython(tmp_path):
           f"CPython {per['replay_s'][1]:.2f} ms ({per['replay_s'][0] / per['replay_s'][1]:.1f}x); page states "
           f"Pyodide {per['page_s'][0]:.2f} ms vs CPython {per['page_s'][1]:.2f} ms "
           f"({per['page_s'][0] / per['page_s'][1]:.1f}x) [{os.uname().machine}, {time.strftime('%Y-%m-%d')}]")
+
+
+def test_a_replay_across_an_idle_gap_records_its_own_arrival_steps_and_no_missing_step(tmp_path):
+    """The core replay jumps an idle gap to the next arrival's step, as the recording's numbering
+    did; its history written again holds the same arrival steps, no step marked missing, and
+    replays to the same decisions (the writer takes a step-less entry numbered past the last step,
+    with the engine clock still, as that jump, not as steps a feed dropped)."""
+    from explorer.core.recording import save_recording
+    from explorer.whatif.core_replay import core_replay
+
+    settings = Settings(block_size=16, num_blocks=40, max_num_batched_tokens=64, max_num_seqs=4, max_model_len=256)
+    requests = [RecordedRequest(rid, [3 + i] * 40, [7, 8], step, float(step), i, 2, ignore_eos=True,
+                                finish_reason="length") for i, (rid, step) in enumerate((("a", 1), ("b", 9)))]
+    first = core_replay(Recording(settings, Source(engine="kvscope's core (a hand-made trace)"), requests))
+    again = Recording.load(save_recording(first.entries, tmp_path / "again.kvrec"))
+    assert [(r.request_id, r.arrival_step) for r in again.requests] == [("a", 1), ("b", 9)]
+    assert not any("missing" in note for note in again.source.notes), again.source.notes
+    assert again.steps.step == [e.step for e in first.entries if e.record is not None] == [1, 2, 9, 10]
+    assert again.steps.digest == core_replay(again).result.digests == first.result.digests

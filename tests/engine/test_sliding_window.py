@@ -212,11 +212,13 @@ except ImportError:
 @pytest.mark.parametrize("backend", BACKENDS_WITH_TRITON)
 def test_a_mixed_model_gives_transformers_tokens_alone_batched_and_chunked(mixed_model, backend):
     """Greedy tokens equal transformers' generate, one prompt at a time and all together in 48-token
-    steps (chunked prompts), while the sliding group frees the blocks that leave its window."""
+    steps (chunked prompts), while the sliding group frees the blocks that leave its window. Under
+    Triton's interpreter (a CPU's), one prompt alone: each of its steps takes seconds there."""
     prompts = _prompts()
     expected = hf_greedy(mixed_model, prompts, 24)
     alone_llm = LLM(model=str(mixed_model), check_invariants=True, attention_backend=backend)
-    assert [run_all(alone_llm, [p], greedy(24))[0] for p in prompts] == expected
+    alone = prompts[:1] if backend == "triton" else prompts
+    assert [run_all(alone_llm, [p], greedy(24))[0] for p in alone] == expected[:len(alone)]
     llm = LLM(model=str(mixed_model), check_invariants=True, attention_backend=backend, max_num_batched_tokens=48)
     assert run_all(llm, prompts, greedy(24)) == expected
     engine = llm.engine

@@ -141,8 +141,8 @@ def run_replays(rec: Recording) -> Replays:
         plain = replay(bare, big_v)
         labels["plain"] = f"num_blocks={big_n}, every cache_salt and LoRA removed"
     full = None
-    if s.sliding_window is not None or s.kv_cache_groups is not None:
-        # The same model with one full-attention group: what a cut by another group costs.
+    if s.sliding_window is not None:
+        # The same model with one full-attention group: what a cut by a sliding group costs.
         every_layer_full = big_v.settings.replace(sliding_window=None, kv_cache_groups=None)
         full = replay(rec, Variant(every_layer_full, (*big_v.changed, ("sliding_window", None),
                                                       ("kv_cache_groups", None)),

@@ -68,15 +68,21 @@ def test_with_a_sliding_window_group_every_groups_tables_equal_vllms(harness, gr
     assert total.window_nulls and total.hits and total.chunks, total.summary()
 
 
+# The seed a search from 0 first catches a fault at, where that takes long: an empty step that
+# drops its events shows first in workload 30 (26 s of workloads before it). The search starts there.
+FIRST_CATCH = {"empty-step-drops-events": 30}
+
+
 @pytest.mark.parametrize("bug", PLANTED)
 def test_a_planted_fault_in_the_recorder_is_caught(harness, bug):
     from tests.oracle.workloads import random_workload
 
     groups = PLANT_GROUPS.get(bug, "full")
+    start = FIRST_CATCH.get(bug, 0)
     with harness.planted(bug):
-        caught = next((seed for seed in range(40)
+        caught = next((seed for seed in range(start, start + 40)
                        if harness.run_workload(random_workload(seed, groups), seed, async_=True)[1]), None)
-    assert caught is not None, f"{bug}: no workload of 40 told the recorder from vLLM"
+    assert caught is not None, f"{bug}: no workload of 40 from seed {start} told the recorder from vLLM"
 
 
 @pytest.mark.soak

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from .config import EngineConfig, with_live_knobs
-from .core.kv_cache_groups import KVCacheSpec, MambaSpec, attention_group_specs, group_kind
+from .core.kv_cache_groups import KVCacheSpec, MambaSpec, kv_cache_group
 from .core.kv_cache_manager import KVCacheManager
 from .core.mamba_scheduler import MambaAlignedScheduler
 from .core.scheduler import Scheduler
@@ -42,21 +42,21 @@ class TokensUsedUp(LookupError):
 class TokenReplayEngine:
     """kvscope's engine with its model's place taken by each request's given tokens."""
 
-    def __init__(self, config: EngineConfig, model_info: ModelInfoDict, *, sliding_window: int | None = None,
+    def __init__(self, config: EngineConfig, model_info: ModelInfoDict, *,
                  kv_cache_groups: Sequence[KVCacheSpec] | None = None,
                  decode: Callable[[Sequence[int]], str] | None = None) -> None:
         """`config` must name num_kv_blocks and max_model_len (the pool and the length a model
         would have set); `model_info` is what the snapshots say of the model (a recording's; the
-        groups' kinds are added where it names none); `sliding_window`: the window of a second KV
-        cache group, as a sliding-window model has; `kv_cache_groups`: the groups instead, the
-        full-attention one first (a Mamba group is cached in vLLM's align mode, and the prompts
-        are chunked where it keeps a state); `decode`: token ids -> text (None: no text)."""
+        groups' kinds are added where it names none); `kv_cache_groups`: the KV cache groups,
+        the full-attention one first (None: that one alone; a sliding-window group as
+        attention_group_specs builds it; a Mamba group is cached in vLLM's align mode, and the
+        prompts are chunked where it keeps a state); `decode`: token ids -> text (None: no text)."""
         if config.num_kv_blocks is None or config.max_model_len is None:
             raise ValueError("TokenReplayEngine needs num_kv_blocks and max_model_len in its config "
                              "(no model sizes them)")
         self.config = config
         self.decode: Callable[[Sequence[int]], str] = decode or (lambda ids: "")
-        groups = list(kv_cache_groups) if kv_cache_groups is not None else attention_group_specs(sliding_window)
+        groups = list(kv_cache_groups) if kv_cache_groups is not None else None
         self.kv = KVCacheManager(config.num_kv_blocks, config.block_size, config.enable_prefix_caching,
                                  config.max_model_len, kv_cache_groups=groups,
                                  max_in_flight_tokens=config.max_num_batched_tokens,
@@ -64,9 +64,7 @@ class TokenReplayEngine:
         self.num_groups = 1 if groups is None else len(groups)
         self.info = model_info
         if groups is not None and not model_info.get(INFO.KV_CACHE_GROUPS):
-            self.info = {**model_info, INFO.KV_CACHE_GROUPS: [
-                {"kind": group_kind(g), "sliding_window": getattr(g, "sliding_window", None), "layers": []}
-                for g in groups]}
+            self.info = {**model_info, INFO.KV_CACHE_GROUPS: [kv_cache_group(g, []) for g in groups]}
         mamba = groups is not None and any(isinstance(g, MambaSpec) for g in groups)
         self.scheduler = (MambaAlignedScheduler if mamba else Scheduler)(config, self.kv, config.max_model_len)
         self.requests: dict[str, Request] = {}

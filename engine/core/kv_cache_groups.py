@@ -8,8 +8,12 @@ are that size too), and nothing speculative runs, so a hit is a whole number of 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .block_pool import NULL_BLOCK_ID, BlockPool
+
+if TYPE_CHECKING:
+    from ..report.schema import KVCacheGroupDict
 
 
 def cdiv(a: int, b: int) -> int:
@@ -161,11 +165,28 @@ def blocks_to_allocate(spec: KVCacheSpec, table: list[int], hits: list[int], num
     return new + sum(1 for b in kept_hits if b != NULL_BLOCK_ID and pool.blocks[b].ref_count == 0)
 
 
-def group_kind(spec: KVCacheSpec) -> str:
-    """A group's kind as model_info's kv_cache_groups names it."""
-    if isinstance(spec, MambaSpec):
-        return "mamba"
-    return "sliding_window" if isinstance(spec, SlidingWindowSpec) else "full_attention"
+def kv_cache_group(spec: KVCacheSpec, layers: list[int]) -> KVCacheGroupDict:
+    """model_info's entry for a group of `spec` holding `layers`' KV."""
+    kind = "mamba" if isinstance(spec, MambaSpec) else (
+        "sliding_window" if isinstance(spec, SlidingWindowSpec) else "full_attention")
+    return {"kind": kind, "sliding_window": spec.sliding_window if isinstance(spec, SlidingWindowSpec) else None,
+            "layers": layers}
+
+
+# A recording's short names for its model's groups (Settings.kv_cache_groups lists them in the
+# order vLLM allocated them: "sliding,sliding,full" for a 3-layer Gemma 3, "full,mamba" for a
+# hybrid Mamba model cached in vLLM's align mode).
+RECORDED_GROUP_KINDS = ("full", "sliding", "mamba")
+
+
+def parse_group_kinds(text: str) -> list[str]:
+    """"sliding,sliding,full" -> its kinds, each checked (a ValueError names the field)."""
+    kinds = [k.strip() for k in text.split(",")]
+    bad = [k for k in kinds if k not in RECORDED_GROUP_KINDS]
+    if bad or "full" not in kinds or kinds.count("mamba") > 1:
+        raise ValueError(f"kv_cache_groups must list {', '.join(RECORDED_GROUP_KINDS)} groups, comma-separated, "
+                         f"with at least one full one and one mamba one at most, got {text!r}")
+    return kinds
 
 
 def attention_group_specs(sliding_window: int | None) -> list[KVCacheSpec] | None:

@@ -1,11 +1,12 @@
 """The model and tensor-parallel facts a snapshot carries (`model_info`)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from ..core.kv_cache_groups import FullAttentionSpec, SlidingWindowSpec, kv_cache_group
 from ..dtypes import dtype_name
 from ..parallel.sharding import rank_ranges, sharding_layout
-from .schema import INFO, ModelInfoDict
+from .schema import INFO, KVCacheGroupDict, ModelInfoDict
 
 if TYPE_CHECKING:
     from ..config import EngineConfig
@@ -34,10 +35,10 @@ def model_info(config: EngineConfig, spec: ModelSpec, runner: ModelRunner, tp_fa
             INFO.KV_BYTES_PER_BLOCK: runner.bytes_per_block, INFO.KV_CACHE_GROUPS: kv_cache_groups(spec), **tp_facts}
 
 
-def kv_cache_groups(spec: ModelSpec) -> list[dict[str, Any]]:
+def kv_cache_groups(spec: ModelSpec) -> list[KVCacheGroupDict]:
     """ModelInfoDict's kv_cache_groups: each group's kind, window and layers, in group order."""
-    return [{"kind": "sliding_window" if spec.is_sliding(layers[0]) else "full_attention",
-             "sliding_window": spec.sliding_window if spec.is_sliding(layers[0]) else None, "layers": layers}
+    return [kv_cache_group(SlidingWindowSpec(spec.sliding_window) if spec.sliding_window is not None
+                           and spec.is_sliding(layers[0]) else FullAttentionSpec(), layers)
             for layers in spec.kv_cache_group_layers()]
 
 

@@ -250,6 +250,17 @@ class EngineMetricsDict(TypedDict):
     num_prompt_tokens_computed: int
 
 
+class _KVCacheGroupFields(TypedDict):
+    kind: str                   # "full_attention", "sliding_window" or "mamba" (kv_cache_groups.group_kind)
+    sliding_window: int | None  # tokens, for a sliding_window group
+    layers: list[int]           # the layers whose KV the group holds (empty where no model says)
+
+
+class KVCacheGroupDict(_KVCacheGroupFields, total=False):
+    """One of model_info's kv_cache_groups, in kvscope's order (full attention first)."""
+    vllm_group: int   # a vLLM driver's: the group's index in vLLM's kv_cache_groups (the order a replay allocates)
+
+
 class ModelInfoDict(TypedDict, total=False):
     """What the header and panels say about the model and how it runs (engine/report/model_info.py)."""
     engine: str             # set by engines other than kvscope's ("vLLM 0.32.0")
@@ -290,9 +301,7 @@ class ModelInfoDict(TypedDict, total=False):
     kv_bytes_per_rank: int
     tensor_parallel: dict[str, Any]   # per-rank facts (engine/report/model_info.py)
     live: bool              # a live server's recorder says so (its times are on the wall clock)
-    # One per KV cache group, vLLM's kv_cache_groups: {"kind": "full_attention" or
-    # "sliding_window", "sliding_window": tokens or None, "layers": [layer indices]}.
-    kv_cache_groups: list[dict[str, Any]]
+    kv_cache_groups: list[KVCacheGroupDict]   # one per KV cache group, as vLLM's kv_cache_groups
 
 
 class EngineSnapshotDict(TypedDict):

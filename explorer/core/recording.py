@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict, cast
 
+from engine.core.kv_cache_groups import parse_group_kinds
 from engine.report.schema import (
     BLOCK,
     CLOCK,
@@ -57,6 +58,7 @@ from engine.report.schema import (
     SCHED,
     SNAP,
     EngineSnapshotDict,
+    KVCacheGroupDict,
     ModelInfoDict,
     RequestDict,
     StepRecordDict,
@@ -171,8 +173,8 @@ def settings_from_snapshot(snapshot: EngineSnapshotDict) -> tuple[Settings, list
         long_prefill_token_threshold_adaptive=bool(pick("long_prefill_token_threshold_adaptive", False)),
         policy=str(policy), watermark=float(pick("watermark", 0.0)),
         prefix_caching_hash_algo=str(pick("prefix_caching_hash_algo", "sha256")),
-        sliding_window=next((int(g["sliding_window"]) for g in info.get(INFO.KV_CACHE_GROUPS) or ()
-                             if g.get("sliding_window")), None),
+        sliding_window=next((int(w) for g in info.get(INFO.KV_CACHE_GROUPS) or () if (w := g.get("sliding_window"))),
+                            None),
         prefix_cache_retention_interval=config.get("prefix_cache_retention_interval",
                                                    extra.get("prefix_cache_retention_interval", 0)),
         kv_cache_groups=vllm_group_order(info.get(INFO.KV_CACHE_GROUPS) or []))
@@ -182,7 +184,7 @@ def settings_from_snapshot(snapshot: EngineSnapshotDict) -> tuple[Settings, list
     return settings, notes
 
 
-def vllm_group_order(groups: list[dict[str, Any]]) -> str | None:
+def vllm_group_order(groups: list[KVCacheGroupDict]) -> str | None:
     """model_info's kv_cache_groups as vLLM allocated them (their `vllm_group`, which vLLM's
     drivers give), for Settings.kv_cache_groups; None for one group or kvscope's full and
     sliding-window ones (`sliding_window` says those); kvscope's full and Mamba groups in
@@ -191,9 +193,9 @@ def vllm_group_order(groups: list[dict[str, Any]]) -> str | None:
     if len(groups) < 2:
         return None
     if any("vllm_group" not in g for g in groups):
-        kinds = [str(g.get("kind")) for g in groups]
+        kinds = [g["kind"] for g in groups]
         return "full,mamba" if kinds == ["full_attention", "mamba"] else None
-    kinds = [str(g.get("kind")) for g in sorted(groups, key=lambda g: g["vllm_group"])]
+    kinds = [g["kind"] for g in sorted(groups, key=lambda g: g.get("vllm_group", 0))]
     return ",".join(short.get(k, k) for k in kinds)
 
 
@@ -810,10 +812,8 @@ def _check_settings(path: Path, n: int, s: Settings) -> None:
         if not ok:
             raise RecordingError(f"{path}, line {n}: settings.{name} must be a {kind}, got {value!r}")
     if s.kv_cache_groups is not None:
-        from ..drivers.vllm.bare import parse_kv_cache_groups  # only vLLM recordings of several groups
-
         try:
-            parse_kv_cache_groups(s.kv_cache_groups)
+            parse_group_kinds(s.kv_cache_groups)
         except ValueError as exc:
             raise RecordingError(f"{path}, line {n}: settings.{exc}") from None
     for name in ("block_size", "num_blocks", "max_num_batched_tokens", "max_num_seqs", "max_model_len",

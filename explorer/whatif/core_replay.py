@@ -24,7 +24,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from engine.config import EngineConfig
-from engine.core.kv_cache_groups import FullAttentionSpec, KVCacheSpec, MambaSpec, attention_group_specs
+from engine.core.kv_cache_groups import (
+    FullAttentionSpec,
+    KVCacheSpec,
+    MambaSpec,
+    attention_group_specs,
+    parse_group_kinds,
+)
 from engine.report.schema import QUEUE, REC, SCHED, SNAP, ModelInfoDict
 from engine.sampling_params import SamplingParams
 from engine.token_replay import TokenReplayEngine, TokensUsedUp
@@ -92,7 +98,7 @@ def core_groups(s: Settings) -> list[KVCacheSpec] | None:
     of other groups, such as a Gemma 3's several sliding groups, which vLLM's scheduler replays)."""
     if s.kv_cache_groups is None:
         return attention_group_specs(s.sliding_window)
-    if [k.strip() for k in s.kv_cache_groups.split(",")] == ["full", "mamba"]:
+    if parse_group_kinds(s.kv_cache_groups) == ["full", "mamba"]:
         return [FullAttentionSpec(), MambaSpec()]
     raise ReplayError(f"kvscope's core runs a full-attention group and at most one sliding-window or Mamba group, "
                       f"in that order; this recording's model had {s.kv_cache_groups!r}: replay it through vLLM's "

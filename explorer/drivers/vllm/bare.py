@@ -9,6 +9,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from engine.core.kv_cache_groups import parse_group_kinds
+
 from .config import set_in_process_env
 
 set_in_process_env("VLLM_ENABLE_V1_MULTIPROCESSING", "0", keep_existing=True)
@@ -26,21 +28,6 @@ def _model_dir() -> Path:
             "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4,
             "num_key_value_heads": 2, "max_position_embeddings": 8192, "torch_dtype": "float32"}))
     return _MODEL_DIR
-
-
-# What a replay builds of a recorded model's KV cache groups: full attention, sliding-window
-# layers, Mamba layers cached in vLLM's "align" mode (a hybrid model with prefix caching).
-KV_GROUP_KINDS = ("full", "sliding", "mamba")
-
-
-def parse_kv_cache_groups(text: str) -> list[str]:
-    """"sliding,sliding,full" -> its kinds, each checked (a ValueError names the field)."""
-    kinds = [k.strip() for k in text.split(",")]
-    bad = [k for k in kinds if k not in KV_GROUP_KINDS]
-    if bad or "full" not in kinds or kinds.count("mamba") > 1:
-        raise ValueError(f"kv_cache_groups must list {', '.join(KV_GROUP_KINDS)} groups, comma-separated, with "
-                         f"at least one full one and one mamba one at most, got {text!r}")
-    return kinds
 
 
 def bare_scheduler(*, block_size: int, num_blocks: int, max_model_len: int, max_num_batched_tokens: int,
@@ -63,10 +50,11 @@ def bare_scheduler(*, block_size: int, num_blocks: int, max_model_len: int, max_
     name (which sliding-window or Mamba blocks it caches; 0 by default, as vLLM's CacheConfig).
     `kv_cache_groups`: the groups' kinds in the order vLLM allocates them, as a recorded vLLM
     model had them ("sliding,sliding,sliding,full" for a 4-layer Gemma 3, "full,mamba" for a
-    hybrid Mamba model; see KV_GROUP_KINDS; "sliding" needs `sliding_window`); None: the
-    full-attention group, then one sliding-window group where `sliding_window` is given. A Mamba
-    group is cached in "align" mode, as vLLM's engine core sets a hybrid model with prefix
-    caching: its state is one float that nothing reads (the scheduler sees only the spec)."""
+    hybrid Mamba model: engine.core.kv_cache_groups.RECORDED_GROUP_KINDS; "sliding" needs
+    `sliding_window`); None: the full-attention group, then one sliding-window group where
+    `sliding_window` is given. A Mamba group is cached in "align" mode, as vLLM's engine core
+    sets a hybrid model with prefix caching: its state is one float that nothing reads (the
+    scheduler sees only the spec)."""
     import torch
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -93,7 +81,7 @@ def bare_scheduler(*, block_size: int, num_blocks: int, max_model_len: int, max_
     cache.num_gpu_blocks = num_blocks
     vllm_config = VllmConfig(model_config=model, scheduler_config=sched, cache_config=cache)
     vllm_config.scheduler_config.async_scheduling = async_scheduling
-    kinds = (parse_kv_cache_groups(kv_cache_groups) if kv_cache_groups else
+    kinds = (parse_group_kinds(kv_cache_groups) if kv_cache_groups else
              ["full", "sliding"] if sliding_window is not None else ["full"])
     if "sliding" in kinds and sliding_window is None:
         raise ValueError(f"kv_cache_groups {kv_cache_groups!r} has a sliding-window group: sliding_window must be set")

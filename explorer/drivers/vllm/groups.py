@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from engine.report.schema import KVCacheGroupDict
+
 _LAYER_INDEX = re.compile(r"layers\.(\d+)\.")
 
 
@@ -34,7 +36,7 @@ class KVGroups:
     def several(self) -> bool:
         return len(self.order) > 1
 
-    def describe(self) -> list[dict[str, Any]]:
+    def describe(self) -> list[KVCacheGroupDict]:
         """model_info's kv_cache_groups: each group's kind, window and layers, in kvscope's order,
         with its index in vLLM's kv_cache_groups (the order a replay allocates them in)."""
         return [{"kind": _kind(self.specs[g]), "sliding_window": getattr(self.specs[g], "sliding_window", None),

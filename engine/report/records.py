@@ -115,35 +115,18 @@ class StepRecord:
         return not self.scheduled
 
     def to_dict(self) -> StepRecordDict:
+        """The record as its dict, sharing its parts: every producer builds them for this record
+        alone and leaves them alone once the record is out, so a Session (which keeps the dict)
+        copies nothing: a copy of a large step's batch and top-k lists costs about what the
+        step's changes do (docs/performance.md, "The host path")."""
         return {
-            REC.STEP: self.step, REC.SCHEDULED: [s.copy() for s in self.scheduled],
-            REC.BATCH: _batch_copy(self.batch),
-            REC.SAMPLED: {rid: {**s, SAMPLE.TOP: [list(t) for t in s[SAMPLE.TOP]]} for rid, s in self.sampled.items()},
-            REC.PREEMPTED: list(self.preempted), REC.FINISHED: list(self.finished),
-            REC.NEW_REQUESTS: list(self.new_requests), REC.BLOCKS: _events_copy(self.blocks),
-            REC.NUM_FREE_BLOCKS: self.num_free_blocks, REC.TIMINGS_MS: self.timings_ms.copy(),
+            REC.STEP: self.step, REC.SCHEDULED: self.scheduled, REC.BATCH: self.batch, REC.SAMPLED: self.sampled,
+            REC.PREEMPTED: self.preempted, REC.FINISHED: self.finished, REC.NEW_REQUESTS: self.new_requests,
+            REC.BLOCKS: self.blocks, REC.NUM_FREE_BLOCKS: self.num_free_blocks, REC.TIMINGS_MS: self.timings_ms,
             REC.ENGINE_TIME_S: self.engine_time_s, REC.WALL_TIME_S: self.wall_time_s,
             REC.TOKEN_BUDGET: self.token_budget, REC.NUM_RUNNING: self.num_running, REC.NUM_WAITING: self.num_waiting,
-            REC.BUDGETS: self.budgets.copy(), REC.BATCH_SOURCE: self.batch_source,
-            REC.CHANGES: self.changes,  # built for this record alone: not copied
+            REC.BUDGETS: self.budgets, REC.BATCH_SOURCE: self.batch_source, REC.CHANGES: self.changes,
         }
-
-
-def _batch_copy(b: BatchDict) -> BatchDict:
-    """A batch whose lists are the record's own (a live feed's may be tuples)."""
-    return {BATCH.INPUT_IDS: list(b[BATCH.INPUT_IDS]), BATCH.POSITIONS: list(b[BATCH.POSITIONS]),
-            BATCH.QUERY_START_LOC: list(b[BATCH.QUERY_START_LOC]), BATCH.SEQ_LENS: list(b[BATCH.SEQ_LENS]),
-            BATCH.SLOT_MAPPING: list(b[BATCH.SLOT_MAPPING]),
-            BATCH.BLOCK_TABLES: [list(t) for t in b[BATCH.BLOCK_TABLES]],
-            BATCH.LOGITS_INDICES: list(b[BATCH.LOGITS_INDICES])} | _group_batch_copy(b)
-
-
-def _group_batch_copy(b: BatchDict) -> BatchDict:
-    """The other KV cache groups' part of a batch, copied (nothing for one group)."""
-    if BATCH.GROUP_BLOCK_TABLES not in b:
-        return cast(BatchDict, {})
-    return cast(BatchDict, {BATCH.GROUP_SLOT_MAPPINGS: [list(s) for s in b.get(BATCH.GROUP_SLOT_MAPPINGS, [])],
-                            BATCH.GROUP_BLOCK_TABLES: [[list(t) for t in g] for g in b[BATCH.GROUP_BLOCK_TABLES]]})
 
 
 def group_fields(req: Request) -> RequestFieldsDict:

@@ -35,7 +35,7 @@ class Batch:
     group_block_tables: list[list[list[int]]] = field(default_factory=list)
 
     def to_dict(self) -> BatchDict:
-        """The StepRecord's `batch` (the lists themselves: the record copies them)."""
+        """The StepRecord's `batch`: the lists themselves, built for this step alone (the record shares them)."""
         batch: BatchDict = {
             "input_ids": self.input_ids, "positions": self.positions, "query_start_loc": self.query_start_loc,
             "seq_lens": self.seq_lens, "slot_mapping": self.slot_mapping, "block_tables": self.block_tables,

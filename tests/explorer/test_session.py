@@ -111,6 +111,29 @@ def test_past_entries_are_frozen_while_the_latest_tracks_the_engine(session):
     assert session.entry(2).record["new_requests"] == ["late"]
 
 
+def test_the_history_keeps_each_record_as_the_engine_made_it_without_a_copy(tiny_qwen3_path):
+    """The Session keeps the record's own parts (StepRecord.to_dict shares them: a copy of a large
+    step's batch and top-k lists costs about what its changes do), so nothing may change them
+    once the step is out: through chunked prefills, a preemption, an abort and finishes, every
+    record the history holds equals a deep copy taken as its step returned."""
+    s = Session(str(tiny_qwen3_path), num_kv_blocks=10, block_size=8, max_num_batched_tokens=24, max_num_seqs=3)
+    for i in range(3):
+        s.add_request(list(range(100 + 7 * i, 130 + 7 * i)), max_tokens=12, ignore_eos=True, **GREEDY)
+    taken = {}
+    for _ in range(60):
+        if any(r["preempted"] for r in taken.values()) and "1" not in queue_ids(s, "finished"):
+            s.abort("1")
+        recs = s.step()
+        if not recs:
+            break
+        entry = s.current
+        assert entry.record["batch"] is recs[0].batch and entry.record["sampled"] is recs[0].sampled
+        taken[entry.step] = copy.deepcopy(entry.record)
+    assert sum(len(r["preempted"]) for r in taken.values()) >= 1, "the workload must preempt"
+    assert sorted(r["finish_reason"] for r in s.current.snapshot["queues"]["finished"]) == ["abort", "length", "length"]
+    assert len(taken) > 10 and all(s.entry(step).record == rec for step, rec in taken.items())
+
+
 def test_history_is_a_copy(session):
     session.history.append("junk")
     assert len(session.history) == 1

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import enum
-import statistics
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 from .sampling_params import SamplingParams
@@ -38,27 +38,41 @@ class ClockEvents:
 
     def derived(self) -> ClockLatenciesDict:
         """vLLM's per-request metrics, None where not yet known."""
-        ttft = _diff(self.first_token_time, self.arrival_time)
-        itl = [b - a for a, b in zip(self.token_times, self.token_times[1:])]
-        tpot = statistics.fmean(itl) if itl else None
-        return {
-            "time_to_first_token": ttft,
-            "inter_token_latency": itl,
-            "time_per_output_token": tpot,
-            "e2e_request_latency": _diff(self.finished_time, self.arrival_time),
-            "request_queue_time": _diff(self.first_scheduled_time, self.arrival_time),
-        }
+        return latencies(self.arrival_time, self.first_scheduled_time, self.first_token_time, self.finished_time,
+                         self.token_times)
 
     def to_dict(self) -> ClockDict:
-        return {
-            "arrival_time": self.arrival_time,
-            "first_scheduled_time": self.first_scheduled_time,
-            "first_token_time": self.first_token_time,
-            "token_times": list(self.token_times),
-            "preempted_times": list(self.preempted_times),
-            "finished_time": self.finished_time,
-            **self.derived(),
-        }
+        return clock_dict(self.arrival_time, self.first_scheduled_time, self.first_token_time, list(self.token_times),
+                          list(self.preempted_times), self.finished_time)
+
+
+def clock_dict(arrival_time: float | None, first_scheduled_time: float | None, first_token_time: float | None,
+               token_times: list[float], preempted_times: list[float], finished_time: float | None,
+               itl: list[float] | None = None) -> ClockDict:
+    """One clock's metrics dict (ClockEvents.to_dict) around these lists, not copies; `itl`: the
+    inter-token latencies where the caller has them already (None: derived here)."""
+    return {"arrival_time": arrival_time, "first_scheduled_time": first_scheduled_time,
+            "first_token_time": first_token_time, "token_times": token_times, "preempted_times": preempted_times,
+            "finished_time": finished_time,
+            **latencies(arrival_time, first_scheduled_time, first_token_time, finished_time, token_times, itl)}
+
+
+def latencies(arrival_time: float | None, first_scheduled_time: float | None, first_token_time: float | None,
+              finished_time: float | None, token_times: Sequence[float],
+              itl: list[float] | None = None) -> ClockLatenciesDict:
+    """vLLM's per-request metrics from one clock's times, None where not yet known. `itl` (the
+    gaps between token times) may come from the caller: a history's request grows by a token a
+    step, and deriving every gap again at every step made following a long run O(tokens) a
+    request a step. The mean gap is the span over the count, as the gaps add up to the span."""
+    if itl is None:
+        itl = [b - a for a, b in pairwise(token_times)]
+    return {
+        "time_to_first_token": _diff(first_token_time, arrival_time),
+        "inter_token_latency": itl,
+        "time_per_output_token": (token_times[-1] - token_times[0]) / len(itl) if itl else None,
+        "e2e_request_latency": _diff(finished_time, arrival_time),
+        "request_queue_time": _diff(first_scheduled_time, arrival_time),
+    }
 
 
 def _diff(b: float | None, a: float | None) -> float | None:

@@ -30,9 +30,10 @@ A tail that does not fit the state held raises `OutOfStep`, never a silent guess
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import pairwise
 from typing import TypeVar, cast
 
-from ..request import ClockEvents, RequestMetrics
+from ..request import ClockEvents, RequestMetrics, clock_dict
 from .schema import (
     BLOCK,
     CCHANGE,
@@ -195,13 +196,18 @@ def _continued(before: list[T], start: int, tail: list[T], what: str) -> list[T]
 
 
 def _clock(old: ClockDict, change: ClockChangeDict, rid: str) -> ClockDict:
-    """The clock's metrics dict (ClockEvents.to_dict, the latencies derived) after a change."""
-    times = _continued(old[CLOCK.TOKEN_TIMES], change[CCHANGE.TOKEN_TIMES_FROM],
-                       change[CCHANGE.TOKEN_TIMES_TAIL], f"request {rid}: {CLOCK.TOKEN_TIMES}")
-    return ClockEvents(arrival_time=change[CCHANGE.ARRIVAL_TIME],
-                       first_scheduled_time=change[CCHANGE.FIRST_SCHEDULED_TIME],
-                       first_token_time=change[CCHANGE.FIRST_TOKEN_TIME], finished_time=change[CCHANGE.FINISHED_TIME],
-                       preempted_times=list(change[CCHANGE.PREEMPTED_TIMES]), token_times=times).to_dict()
+    """The clock's metrics dict (ClockEvents.to_dict, the latencies derived) after a change: the
+    gaps between token times continue the old ones where the times do."""
+    before = old[CLOCK.TOKEN_TIMES]
+    start = change[CCHANGE.TOKEN_TIMES_FROM]
+    times = _continued(before, start, change[CCHANGE.TOKEN_TIMES_TAIL], f"request {rid}: {CLOCK.TOKEN_TIMES}")
+    gaps: list[float] | None = old[CLOCK.INTER_TOKEN_LATENCY]
+    if times is not before:
+        gaps = (gaps + [b - a for a, b in pairwise(times[start - 1:])] if 0 < start == len(before)
+                and gaps is not None and len(gaps) == start - 1 else None)
+    return clock_dict(change[CCHANGE.ARRIVAL_TIME], change[CCHANGE.FIRST_SCHEDULED_TIME],
+                      change[CCHANGE.FIRST_TOKEN_TIME], times, list(change[CCHANGE.PREEMPTED_TIMES]),
+                      change[CCHANGE.FINISHED_TIME], gaps)
 
 
 def _owners(running: list[RequestDict], wanted: set[int]) -> dict[int, list[str]]:
@@ -209,8 +215,10 @@ def _owners(running: list[RequestDict], wanted: set[int]) -> dict[int, list[str]
     owners: dict[int, list[str]] = {}
     for r in running:
         for table in (r[REQ.BLOCK_TABLE], *r.get(REQ.GROUP_BLOCK_TABLES, ())):  # every KV cache group's
-            for b in table:
-                if b in wanted and b != 0:  # the null block (in a sliding group's table) has no owner
+            # A table holds a block once (the null block aside, which has no owner): the set
+            # walks each table in C, where a loop here cost O(every block held) in Python a step.
+            for b in wanted.intersection(table):
+                if b != 0:
                     owners.setdefault(b, []).append(r[REQ.REQUEST_ID])
     return owners
 

@@ -12,6 +12,9 @@ with records on (what a Session needs) and off. Printed per step, medians:
   (frees after the step returns, the engine's bookkeeping);
 - host: the loop's wall less the forward and the sampler, the goal's figure;
 - gc: the cyclic garbage collector's time per step, wherever it ran (inside the columns above);
+- session: with `--session`, a third row per size steps the engine through a Session, which
+  keeps the history a Dashboard shows: its own work per step (the Session's step less the
+  engine's: the record as a dict, its changes applied to the previous snapshot, the entry);
 - and, with `--vllm`, the vLLM recorder at the same size (benchmarks.recorder_scale): the
   scheduler thread's added time and the recorder thread's CPU, beside kvscope's record.
 """
@@ -68,52 +71,63 @@ def _pool_blocks(num_requests: int, steps: int) -> int:
     return num_requests * -(-(CONTEXT[1] + steps + 64) // BLOCK_SIZE) + 1
 
 
-def measure(model: Path, num_requests: int, record: bool, steps: int) -> dict[str, float]:
-    """Median ms per decode step at `num_requests` requests (and gc's mean)."""
+def measure(model: Path, num_requests: int, record: bool, steps: int, session: bool = False,
+            warm: int = 3) -> dict[str, float]:
+    """Median ms per decode step at `num_requests` requests (and gc's mean), after `warm` decode
+    steps (each request's output that long); `session`: stepped through a Session (records on),
+    whose own work is the `session` column."""
     import engine.llm_engine as loop
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
     from engine.sampling_params import SamplingParams
+    from explorer.core.session import Session
 
-    eng = LLMEngine(EngineConfig(model=str(model), block_size=BLOCK_SIZE,
-                                 num_kv_blocks=_pool_blocks(num_requests, steps), max_num_seqs=num_requests,
-                                 max_num_batched_tokens=16_384, max_model_len=4096, record_steps=record))
+    config = EngineConfig(model=str(model), block_size=BLOCK_SIZE,
+                          num_kv_blocks=_pool_blocks(num_requests, steps + warm), max_num_seqs=num_requests,
+                          max_num_batched_tokens=16_384, max_model_len=4096, record_steps=record or session)
+    s = Session(config) if session else None
+    eng = s.engine if s is not None else LLMEngine(config)
+    step = s.step if s is not None else eng.step
     rng = random.Random(0)
     params = SamplingParams(temperature=0.0, max_tokens=CONTEXT[1], ignore_eos=True)
     for i in range(num_requests):   # distinct prompts: no prefix sharing
         eng.add_request([3 + (i * 7919 + j) % 1000 for j in range(rng.randint(*CONTEXT))], params)
     while eng.scheduler.waiting or any(r.num_computed_tokens < r.num_prompt_tokens for r in eng.scheduler.running):
-        eng.step()
-    for _ in range(3):
-        eng.step()
-    record_clock = _Clock()
-    plain_record, plain_changes = loop.step_record, eng._step_changes
+        step()
+    for _ in range(warm):
+        step()
+    record_clock, engine_clock = _Clock(), _Clock()
+    plain_record, plain_changes, plain_step = loop.step_record, eng._step_changes, eng.step
     loop.step_record = record_clock.wrap(plain_record)
     eng._step_changes = record_clock.wrap(plain_changes)  # type: ignore[method-assign]
+    eng.step = engine_clock.wrap(plain_step)  # type: ignore[method-assign]
     spent, callback = _gc_clock()
     gc.callbacks.append(callback)
     rows: dict[str, list[float]] = {}
     try:
         t = time.perf_counter()
         for _ in range(steps):
-            record_clock.s = 0.0
-            rec = eng.step()
+            record_clock.s = engine_clock.s = 0.0
+            rec = step()
             now = time.perf_counter()
-            ms = rec.timings_ms
+            ms = (rec[0] if isinstance(rec, list) else rec).timings_ms
             row = {"schedule": ms["schedule"], "prepare": ms["prepare"], "forward": ms["forward"],
                    "sample": ms["sample"], "update": ms["update"], "record": record_clock.s * 1e3,
-                   "wall": (now - t) * 1e3}
+                   "wall": (now - t) * 1e3, "session": ((now - t) - engine_clock.s) * 1e3 if session else 0.0}
             for k, v in row.items():
                 rows.setdefault(k, []).append(v)
             t = now
     finally:
         gc.callbacks.remove(callback)
         loop.step_record = plain_record
-        eng.shutdown()
+        if s is not None:
+            s.close()
+        else:
+            eng.shutdown()
     med = {k: statistics.median(v) for k, v in rows.items()}
     med["gc"] = sum(spent) * 1e3 / steps
     med["host"] = med["wall"] - med["forward"] - med["sample"]
-    med["other"] = med["host"] - med["schedule"] - med["prepare"] - med["update"] - med["record"]
+    med["other"] = med["host"] - med["schedule"] - med["prepare"] - med["update"] - med["record"] - med["session"]
     return med
 
 
@@ -128,7 +142,7 @@ def vllm_recorder(num_requests: int, steps: int) -> dict[str, float]:
     return {"added": rec["step_ms"] - plain["step_ms"], "thread": rec["thread_cpu_ms"]}
 
 
-COLUMNS = ("schedule", "prepare", "update", "record", "other", "host", "gc", "forward", "sample")
+COLUMNS = ("schedule", "prepare", "update", "record", "session", "other", "host", "gc", "forward", "sample")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -136,6 +150,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sizes", default=",".join(map(str, SIZES)), help="decoding requests, comma-separated")
     ap.add_argument("--steps", type=int, default=20, help="decode steps timed per size")
     ap.add_argument("--vllm", action="store_true", help="also time the vLLM recorder at each size (imports vLLM)")
+    ap.add_argument("--session", action="store_true", help="also step each size through a Session (its own work)")
+    ap.add_argument("--warm", type=int, default=3, help="decode steps before the timed ones (the outputs' length)")
     args = ap.parse_args(argv)
     os.environ.setdefault("KVSCOPE_QUIET", "1")          # no weight-loading bar between the rows
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -148,15 +164,15 @@ def main(argv: list[str] | None = None) -> None:
 
         gpu = f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
         print(f"host work per decode step ({cpu_summary()}{gpu}); tiny Qwen3, every request decoding with "
-              f"{CONTEXT[0]}-{CONTEXT[1]} tokens of context, block size {BLOCK_SIZE}; medians of {args.steps} steps, "
-              "ms", flush=True)
+              f"{CONTEXT[0]}-{CONTEXT[1]} tokens of context, block size {BLOCK_SIZE}; medians of {args.steps} steps "
+              f"after {args.warm} decode steps, ms", flush=True)
         print(f"{'requests':>8} {'records':>7} " + " ".join(f"{c:>8}" for c in COLUMNS)
               + ("  vLLM recorder: +sched ms, thread CPU ms" if args.vllm else ""))
         for n in sizes:
-            for record in (False, True):
-                med = measure(model, n, record, args.steps)
-                line = f"{n:>8} {'on' if record else 'off':>7} " + " ".join(f"{med[c]:>8.2f}" for c in COLUMNS)
-                if args.vllm and record:
+            for mode in ("off", "on", *(("session",) if args.session else ())):
+                med = measure(model, n, mode != "off", args.steps, session=mode == "session", warm=args.warm)
+                line = f"{n:>8} {mode:>7} " + " ".join(f"{med[c]:>8.2f}" for c in COLUMNS)
+                if args.vllm and mode == "on":
                     v = vllm_recorder(n, max(args.steps, 64))
                     line += f"  {v['added']:>+6.2f} {v['thread']:>6.2f}"
                 print(line, flush=True)

@@ -118,7 +118,7 @@ class StepRecord:
         """The record as its dict, sharing its parts: every producer builds them for this record
         alone and leaves them alone once the record is out, so a Session (which keeps the dict)
         copies nothing: a copy of a large step's batch and top-k lists costs about what the
-        step's changes do (docs/performance.md, "The host path")."""
+        step's changes do (docs/performance.md, "The Session's own work")."""
         return {
             REC.STEP: self.step, REC.SCHEDULED: self.scheduled, REC.BATCH: self.batch, REC.SAMPLED: self.sampled,
             REC.PREEMPTED: self.preempted, REC.FINISHED: self.finished, REC.NEW_REQUESTS: self.new_requests,

@@ -251,7 +251,7 @@ class EngineMetricsDict(TypedDict):
 
 
 class _KVCacheGroupFields(TypedDict):
-    kind: str                   # "full_attention", "sliding_window" or "mamba" (kv_cache_groups.group_kind)
+    kind: str                   # "full_attention", "sliding_window" or "mamba" (kv_cache_groups.kv_cache_group)
     sliding_window: int | None  # tokens, for a sliding_window group
     layers: list[int]           # the layers whose KV the group holds (empty where no model says)
 

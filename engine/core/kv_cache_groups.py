@@ -173,10 +173,11 @@ def kv_cache_group(spec: KVCacheSpec, layers: list[int]) -> KVCacheGroupDict:
             "layers": layers}
 
 
-# A recording's short names for its model's groups (Settings.kv_cache_groups lists them in the
-# order vLLM allocated them: "sliding,sliding,full" for a 3-layer Gemma 3, "full,mamba" for a
-# hybrid Mamba model cached in vLLM's align mode).
-RECORDED_GROUP_KINDS = ("full", "sliding", "mamba")
+# A recording's short name for each kind of group model_info names (Settings.kv_cache_groups
+# lists them in the order vLLM allocated them: "sliding,sliding,full" for a 3-layer Gemma 3,
+# "full,mamba" for a hybrid Mamba model cached in vLLM's align mode).
+RECORDED_GROUP_KIND = {"full_attention": "full", "sliding_window": "sliding", "mamba": "mamba"}
+RECORDED_GROUP_KINDS = tuple(RECORDED_GROUP_KIND.values())
 
 
 def parse_group_kinds(text: str) -> list[str]:

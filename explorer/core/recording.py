@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict, cast
 
-from engine.core.kv_cache_groups import parse_group_kinds
+from engine.core.kv_cache_groups import RECORDED_GROUP_KIND, parse_group_kinds
 from engine.report.schema import (
     BLOCK,
     CLOCK,
@@ -189,14 +189,13 @@ def vllm_group_order(groups: list[KVCacheGroupDict]) -> str | None:
     drivers give), for Settings.kv_cache_groups; None for one group or kvscope's full and
     sliding-window ones (`sliding_window` says those); kvscope's full and Mamba groups in
     kvscope's order, which is vLLM's."""
-    short = {"full_attention": "full", "sliding_window": "sliding"}
     if len(groups) < 2:
         return None
     if any("vllm_group" not in g for g in groups):
         kinds = [g["kind"] for g in groups]
         return "full,mamba" if kinds == ["full_attention", "mamba"] else None
     kinds = [g["kind"] for g in sorted(groups, key=lambda g: g.get("vllm_group", 0))]
-    return ",".join(short.get(k, k) for k in kinds)
+    return ",".join(RECORDED_GROUP_KIND[k] for k in kinds)
 
 
 # -- what a recording holds ------------------------------------------------------------------------

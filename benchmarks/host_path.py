@@ -14,7 +14,8 @@ with records on (what a Session needs) and off. Printed per step, medians:
 - gc: the cyclic garbage collector's time per step, wherever it ran (inside the columns above);
 - session: with `--session`, a third row per size steps the engine through a Session, which
   keeps the history a Dashboard shows: its own work per step (the Session's step less the
-  engine's: the record as a dict, its changes applied to the previous snapshot, the entry);
+  engine's: the record as a dict, its changes applied to the previous snapshot, the entry),
+  and the MiB its history holds after the timed steps (`history_bytes`);
 - and, with `--vllm`, the vLLM recorder at the same size (benchmarks.recorder_scale): the
   scheduler thread's added time and the recorder thread's CPU, beside kvscope's record.
 """
@@ -80,6 +81,7 @@ def measure(model: Path, num_requests: int, record: bool, steps: int, session: b
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
     from engine.sampling_params import SamplingParams
+    from explorer.core.history import history_bytes
     from explorer.core.session import Session
 
     config = EngineConfig(model=str(model), block_size=BLOCK_SIZE,
@@ -117,6 +119,7 @@ def measure(model: Path, num_requests: int, record: bool, steps: int, session: b
             for k, v in row.items():
                 rows.setdefault(k, []).append(v)
             t = now
+        history_mib = history_bytes(s.history) / 2**20 if s is not None else 0.0
     finally:
         gc.callbacks.remove(callback)
         loop.step_record = plain_record
@@ -128,6 +131,7 @@ def measure(model: Path, num_requests: int, record: bool, steps: int, session: b
     med["gc"] = sum(spent) * 1e3 / steps
     med["host"] = med["wall"] - med["forward"] - med["sample"]
     med["other"] = med["host"] - med["schedule"] - med["prepare"] - med["update"] - med["record"] - med["session"]
+    med["history_mib"] = history_mib
     return med
 
 
@@ -172,6 +176,8 @@ def main(argv: list[str] | None = None) -> None:
             for mode in ("off", "on", *(("session",) if args.session else ())):
                 med = measure(model, n, mode != "off", args.steps, session=mode == "session", warm=args.warm)
                 line = f"{n:>8} {mode:>7} " + " ".join(f"{med[c]:>8.2f}" for c in COLUMNS)
+                if mode == "session":
+                    line += f"  history {med['history_mib']:.1f} MiB"
                 if args.vllm and mode == "on":
                     v = vllm_recorder(n, max(args.steps, 64))
                     line += f"  {v['added']:>+6.2f} {v['thread']:>6.2f}"

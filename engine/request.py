@@ -47,8 +47,8 @@ class ClockEvents:
 
 
 def clock_dict(arrival_time: float | None, first_scheduled_time: float | None, first_token_time: float | None,
-               token_times: list[float], preempted_times: list[float], finished_time: float | None,
-               itl: list[float] | None = None) -> ClockDict:
+               token_times: Sequence[float], preempted_times: list[float], finished_time: float | None,
+               itl: Sequence[float] | None = None) -> ClockDict:
     """One clock's metrics dict (ClockEvents.to_dict) around these lists, not copies; `itl`: the
     inter-token latencies where the caller has them already (None: derived here)."""
     return {"arrival_time": arrival_time, "first_scheduled_time": first_scheduled_time,
@@ -59,7 +59,7 @@ def clock_dict(arrival_time: float | None, first_scheduled_time: float | None, f
 
 def latencies(arrival_time: float | None, first_scheduled_time: float | None, first_token_time: float | None,
               finished_time: float | None, token_times: Sequence[float],
-              itl: list[float] | None = None) -> ClockLatenciesDict:
+              itl: Sequence[float] | None = None) -> ClockLatenciesDict:
     """vLLM's per-request metrics from one clock's times, None where not yet known. `itl` (the
     gaps between token times) may come from the caller: a history's request grows by a token a
     step, and deriving every gap again at every step made following a long run O(tokens) a

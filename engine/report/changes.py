@@ -23,8 +23,10 @@ Session (its history) and the live feed's client. A change costs O(what the step
 - `snapshot` (with `restart` when the history must start again): the whole state instead,
   where the producer cannot say what changed (a live feed that missed steps, a new server run).
 
-`apply` never modifies its input: every part a step left alone is the same object in the
-snapshot before and after it, so a history of snapshots shares what did not change.
+`apply` never changes what its input holds: every part a step left alone is the same object
+in the snapshot before and after it, so a history of snapshots shares what did not change, and
+a growing list is a `ListPrefix` view, whose list the next step's tail extends past the end
+the older views read.
 A tail that does not fit the state held raises `OutOfStep`, never a silent guess.
 """
 from __future__ import annotations
@@ -34,6 +36,7 @@ from itertools import pairwise
 from typing import TypeVar, cast
 
 from ..request import ClockEvents, RequestMetrics, clock_dict
+from .list_prefix import ListPrefix
 from .schema import (
     BLOCK,
     CCHANGE,
@@ -187,12 +190,14 @@ def _first_appearance(change: RequestChangeDict, rid: str) -> RequestDict:
     return first
 
 
-def _continued(before: list[T], start: int, tail: list[T], what: str) -> list[T]:
+def _continued(before: Sequence[T], start: int, tail: Sequence[T], what: str) -> Sequence[T]:
+    """`before` continued by a tail from `start`: a view of the list consecutive snapshots
+    share (list_prefix.py), so a step costs its tail, never the list's length."""
     if len(before) < start:
         raise OutOfStep(f"{what} continues at {start}, the state held has {len(before)}")
     if not tail and start == len(before):
         return before  # nothing new: keep sharing the list
-    return before[:start] + list(tail)
+    return ListPrefix.continued(before, start, tail)
 
 
 def _clock(old: ClockDict, change: ClockChangeDict, rid: str) -> ClockDict:
@@ -201,10 +206,12 @@ def _clock(old: ClockDict, change: ClockChangeDict, rid: str) -> ClockDict:
     before = old[CLOCK.TOKEN_TIMES]
     start = change[CCHANGE.TOKEN_TIMES_FROM]
     times = _continued(before, start, change[CCHANGE.TOKEN_TIMES_TAIL], f"request {rid}: {CLOCK.TOKEN_TIMES}")
-    gaps: list[float] | None = old[CLOCK.INTER_TOKEN_LATENCY]
+    gaps = old[CLOCK.INTER_TOKEN_LATENCY]
     if times is not before:
-        gaps = (gaps + [b - a for a, b in pairwise(times[start - 1:])] if 0 < start == len(before)
-                and gaps is not None and len(gaps) == start - 1 else None)
+        # The gaps continue the old ones where the times do; else every gap is derived again.
+        gaps = (ListPrefix.continued(gaps, len(gaps), [b - a for a, b in pairwise(times[start - 1:])])
+                if 0 < start == len(before) and len(gaps) == start - 1
+                else ListPrefix.continued([], 0, [b - a for a, b in pairwise(times)]))
     return clock_dict(change[CCHANGE.ARRIVAL_TIME], change[CCHANGE.FIRST_SCHEDULED_TIME],
                       change[CCHANGE.FIRST_TOKEN_TIME], times, list(change[CCHANGE.PREEMPTED_TIMES]),
                       change[CCHANGE.FINISHED_TIME], gaps)

@@ -27,7 +27,7 @@ import json
 import sys
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypedDict, Union
 
@@ -55,6 +55,7 @@ from .keys import (
     TIME,
     Keys,
 )
+from .list_prefix import ListPrefix
 
 # -- StepRecord ------------------------------------------------------------------------------------
 
@@ -151,22 +152,23 @@ class StepRecordDict(TypedDict):
 class ClockLatenciesDict(TypedDict):
     """vLLM's per-request metrics, derived from one clock's event times (ClockEvents.derived)."""
     time_to_first_token: float | None
-    inter_token_latency: list[float]
+    inter_token_latency: Sequence[float]
     time_per_output_token: float | None
     e2e_request_latency: float | None
     request_queue_time: float | None
 
 
 class ClockDict(TypedDict):
-    """One request's event times on one clock (seconds), and vLLM's metrics derived from them."""
+    """One request's event times on one clock (seconds), and vLLM's metrics derived from them.
+    The growing lists are Sequences: a history's snapshots hold them as ListPrefix views."""
     arrival_time: float | None
     first_scheduled_time: float | None
     first_token_time: float | None
-    token_times: list[float]
+    token_times: Sequence[float]
     preempted_times: list[float]
     finished_time: float | None
     time_to_first_token: float | None
-    inter_token_latency: list[float]
+    inter_token_latency: Sequence[float]
     time_per_output_token: float | None
     e2e_request_latency: float | None
     request_queue_time: float | None
@@ -183,12 +185,12 @@ class _RequestFields(TypedDict):
     request_id: str
     status: str          # engine.request.RequestStatus' values
     prompt_token_ids: list[int]
-    output_token_ids: list[int]
+    output_token_ids: Sequence[int]   # growing lists: ListPrefix views in a history (list_prefix.py)
     prompt_text: str | None
     output_text: str
     num_computed_tokens: int
     num_cached_tokens: int
-    block_table: list[int]
+    block_table: Sequence[int]
     num_preemptions: int
     finish_reason: str | None
     max_tokens: int
@@ -475,7 +477,7 @@ def problems(value: Any, shape: Any, path: str = "") -> list[str]:
         missing = [k for k in shape.__required_keys__ if k not in value]
         if missing:
             out.append(f"{path or '.'}: {shape.__name__} lacks {missing}")
-    elif origin is list and isinstance(value, list):
+    elif origin in (list, Sequence) and isinstance(value, (list, ListPrefix)):
         (item,) = typing.get_args(shape)
         for i, sub in enumerate(value):
             out.extend(problems(sub, item, f"{path}[{i}]"))

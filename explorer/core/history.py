@@ -4,7 +4,9 @@
 Each snapshot is the previous one with the step's changes applied (engine/report/changes.py:
 `apply`), so consecutive snapshots share every part a step left alone: a history costs what
 the steps changed, not a whole snapshot per step. History snapshots are read-only: a part of
-one entry may be the same object as the same part of its neighbours.
+one entry may be the same object as the same part of its neighbours, and a request's growing
+lists are views of one list its entries share, each read to the entry's own length
+(engine/report/list_prefix.py; `json.dumps(entry.snapshot, default=as_json)`).
 
 A `History` may be bounded (`max_steps`): a Session following a live server for an afternoon
 keeps the latest steps, and says where its window starts (`first_step`, `dropped`).
@@ -18,6 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
+from engine.report.list_prefix import ListPrefix
 from engine.report.schema import EngineSnapshotDict, StepRecordDict
 
 
@@ -135,8 +138,8 @@ def step_bytes(record: Mapping[str, Any] | None, snapshot: Mapping[str, Any], be
     """About how many bytes an entry adds to a history whose last snapshot is `before`: its
     record (the step's changes in it), and the containers `apply` built anew for the snapshot
     (engine/report/changes.py keeps every part a step left alone as the same object): the
-    queues and requests that changed, with their new lists (a growing list is copied whole, so
-    a long request costs its length each step), and the pool's list and changed blocks. It
+    queues and requests that changed, with their lists' new items (a growing list is a view of
+    a list its snapshots share: engine/report/list_prefix.py), and the pool's list and changed blocks. It
     walks what changed, never the whole state: O(the step), as a history bound must be."""
     size = _deep(record) if record is not None else 0
     if snapshot is before:
@@ -181,6 +184,17 @@ def _shallow(d: Mapping[str, Any], old: Mapping[str, Any] | None) -> int:
         t = type(v)
         if t is dict:
             size += _shallow(v, old.get(k) if old is not None and type(old.get(k)) is dict else None)
+        elif t is ListPrefix:
+            before = old.get(k) if old is not None else None
+            # A view continuing the one before adds its new items to their shared list.
+            if isinstance(before, ListPrefix) and v.shares_with(before):
+                new = len(v) - len(before)
+                size += sys.getsizeof(v) + new * 8
+            else:
+                new = len(v)
+                size += sys.getsizeof(v) + sys.getsizeof(v.shared)
+            if new > 0 and type(v[-1]) is float and (old is None or k == "inter_token_latency"):
+                size += new * 24   # floats made for this list
         elif t is list:
             size += sys.getsizeof(v)
             if v and type(v[0]) is float and (old is None or k == "inter_token_latency"):
@@ -219,4 +233,6 @@ def history_bytes(entries: Iterable[HistoryEntry | Mapping[str, Any]]) -> int:
             stack.extend(obj.values())
         elif t is list or t is tuple:
             stack.extend(obj)
+        elif t is ListPrefix:
+            stack.append(obj.shared)  # the list its entries share, counted once
     return total

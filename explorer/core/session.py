@@ -15,6 +15,7 @@ from typing import Any, Literal, cast
 
 from engine import LLM, EngineConfig, SamplingParams, StepRecord
 from engine.report.changes import apply
+from engine.report.list_prefix import ListPrefix
 from engine.report.probe import AttentionProbeDict
 from engine.report.schema import CHANGES, QUEUE, REC, SNAP, EngineSnapshotDict, StepRecordDict
 
@@ -464,7 +465,7 @@ def _first_difference(a: Any, b: Any, path: str = "snapshot") -> str:
         for key in [*a, *(k for k in b if k not in a)]:
             if a.get(key, "<missing>") != b.get(key, "<missing>"):
                 return _first_difference(a.get(key, "<missing>"), b.get(key, "<missing>"), f"{path}.{key}")
-    if type(a) is list and type(b) is list and len(a) == len(b):
+    if isinstance(a, (list, ListPrefix)) and isinstance(b, (list, ListPrefix)) and len(a) == len(b):
         for i, (x, y) in enumerate(zip(a, b)):
             if x != y:
                 return _first_difference(x, y, f"{path}[{i}]")

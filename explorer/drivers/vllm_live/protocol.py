@@ -42,6 +42,7 @@ ENV_FINISHED = "KVSCOPE_FEED_FINISHED"    # finished requests a snapshot keeps (
 ENV_SNDBUF = "KVSCOPE_FEED_SNDBUF"        # the kernel send buffer per subscriber, bytes (default: the OS's)
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 RANK_STRIDE = 2   # each rank takes two ports: its feed and its snapshot endpoint
+NO_FEED = "kvscope recorder: no feed from this engine core"   # the log line of a recorder that could not start
 
 
 class FeedError(ValueError):

@@ -94,9 +94,9 @@ class RecordingScheduler(Scheduler):
         try:
             self._rec = _Notes(self, settings)
         except Exception as exc:  # noqa: BLE001 - the recorder must never take the server down
-            log.error("kvscope recorder: no feed from this engine core (data-parallel rank %d): %s: %s. "
-                      "The server serves as usual; set %s to a free address (rank r binds its ports + %d r)",
-                      settings["rank"], type(exc).__name__, exc, protocol.ENV_FEED, protocol.RANK_STRIDE)
+            log.error("%s (data-parallel rank %d): %s: %s. The server serves as usual; set %s to a free address "
+                      "(rank r binds its ports + %d r)", protocol.NO_FEED, settings["rank"], type(exc).__name__, exc,
+                      protocol.ENV_FEED, protocol.RANK_STRIDE)
 
     # -- vLLM's calls -------------------------------------------------------------------------
     def add_request(self, request: Any) -> None:

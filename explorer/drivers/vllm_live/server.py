@@ -12,9 +12,11 @@ Every server keeps its log: `log=PATH`, else a new file under kvscope's cache
 Ports: the server binds the HTTP port at once, but the recorder binds the feed and snapshot
 ports only when vLLM builds its scheduler, after the model is loaded (40-60 s later on 2
 cores). Another process that binds port 0 in between (vLLM's own worker opens a dozen such
-listeners while it starts) may be handed one of them; the server then exits with "Address
-already in use". `wait_ready` starts it again on new ports, at most `start_attempts` times,
-and writes why into the log. No other failure is retried: it would fail the same way again.
+listeners while it starts) may be handed one of them. Then the server exits with "Address
+already in use", or, where only a recorder lost its port, serves without that engine core's
+feed (a recorder never takes its server down; it logs protocol.NO_FEED and the reason).
+`wait_ready` starts it again on new ports in both cases, at most `start_attempts` times, and
+writes why into the log. No other failure is retried: it would fail the same way again.
 
 Memory: with `num_gpu_blocks`, the KV cache's size is given to vLLM in bytes
 (`--kv-cache-memory-bytes`, what those blocks take at most). Otherwise vLLM's CPU backend
@@ -45,11 +47,13 @@ from typing import IO, Any
 from engine.default_model import cache_dir
 
 from ..vllm.config import without_in_process_env
+from .protocol import NO_FEED
 
 LOG_TAIL_LINES = 40
 KEEP_LOGS = 30                       # default log files kept in the cache folder (the newest)
 PORT_TAKEN = "Address already in use"
 MARK = "[kvscope]"                   # kvscope's own lines in a server log
+STOP_GRACE = 30                      # seconds a stopped server has to exit before SIGKILL
 
 
 def free_ports(count: int, avoid: frozenset[int] = frozenset()) -> list[int]:
@@ -249,27 +253,32 @@ class VllmServer:
 
     def wait_ready(self, timeout: float = 300.0) -> VllmServer:
         """Poll /health, for at most `timeout` seconds per attempt. A server that exits raises
-        ServerStartError with its log's first exception and last lines, unless it lost a port
-        (then it starts again on new ports, up to `start_attempts` in all)."""
-        while not self._answers_within(timeout):
+        ServerStartError with its log's first exception and last lines, and so does one that
+        answers with a rank's recorder unable to start (no feed to follow). Either starts again
+        on new ports, up to `start_attempts` in all, when a port it was given was taken."""
+        while True:
+            answers = self._answers_within(timeout)
             assert self.proc is not None  # _answers_within checked it
-            code, after = self.proc.returncode, time.monotonic() - self._started
             text = log_tail(self.log_path, lines=10**6, start=self._log_start)  # this attempt's log
+            no_feed = next((line.strip() for line in text.splitlines() if NO_FEED in line), None)
+            if answers and not (self.recorder and no_feed):
+                return self
+            code, after = self.proc.poll(), time.monotonic() - self._started
+            what = f"exited with {code}" if code is not None else "answered without a recorder's feed"
             taken = port_taken(text)
             if taken and self.attempt < self.start_attempts:
-                self._note(f"attempt {self.attempt} exited with {code} after {after:.0f} s because a port it was "
-                           f"given was taken before it bound it ({taken!r}); starting again on new ports")
-                self._kill_group()
+                self._note(f"attempt {self.attempt} {what} after {after:.0f} s because a port it was given was "
+                           f"taken before it bound it ({taken!r}); starting again on new ports")
+                self._stop_group()
                 self._use_ports(*self._new_ports(frozenset({self.port})))
                 self.start()
                 continue
             why = f" after losing a port ({taken!r})" if taken else ""
-            self._kill_group()
-            self._note(f"attempt {self.attempt} exited with {code} after {after:.0f} s{why}")
-            raise ServerStartError(f"the vLLM server exited with {code} after {after:.0f} s while starting "
-                                   f"(attempt {self.attempt} of {self.start_attempts})", self.log_path,
-                                   self.log_tail(), first_exception(text))
-        return self
+            self._stop_group()
+            self._note(f"attempt {self.attempt} {what} after {after:.0f} s{why}")
+            raise ServerStartError(f"the vLLM server {what} after {after:.0f} s while starting (attempt "
+                                   f"{self.attempt} of {self.start_attempts})", self.log_path, self.log_tail(),
+                                   first_exception(text) or no_feed)
 
     def _answers_within(self, timeout: float) -> bool:
         """True once /health answers, False when the process exits first; ServerStartError when
@@ -292,14 +301,24 @@ class VllmServer:
                                self.log_path, self.log_tail(),
                                first_exception(log_tail(self.log_path, lines=10**6, start=self._log_start)))
 
-    def _kill_group(self) -> None:
-        """The engine core and workers of an API server that exited, should any outlive it."""
+    def _stop_group(self) -> None:
+        """The API server, its engine cores and workers: SIGTERM, then SIGKILL for any still
+        there after `STOP_GRACE` seconds (an API server that exited may leave them behind)."""
         if self.proc is None:
             return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            return
+        try:
+            self.proc.wait(timeout=STOP_GRACE)
+        except subprocess.TimeoutExpired:
+            pass
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+        self.proc.wait(timeout=10)
 
     def _bound_ports(self) -> frozenset[int]:
         """Every port this server's processes bind but HTTP's: each rank's feed and snapshot
@@ -319,16 +338,7 @@ class VllmServer:
 
     def stop(self) -> None:
         """SIGTERM to the server's process group (the API server, its engine core, its workers)."""
-        proc = self.proc
-        if proc is not None and proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
-            except ProcessLookupError:
-                pass
+        self._stop_group()
         if self._log is not None:
             self._log.close()
             self._log = None

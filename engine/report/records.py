@@ -16,6 +16,7 @@ from ..core.hashing import hash_hex
 from ..core.scheduler import Scheduler, SchedulerOutput
 from ..request import Request, RequestStatus
 from ..runner.batch import Batch, SampleResult
+from .list_prefix import ListPrefix
 from .schema import (
     BATCH,
     BLOCK,
@@ -57,6 +58,23 @@ def empty_batch() -> BatchDict:
     """The batch of a step that recorded none."""
     return {BATCH.INPUT_IDS: [], BATCH.POSITIONS: [], BATCH.QUERY_START_LOC: [], BATCH.SEQ_LENS: [],
             BATCH.SLOT_MAPPING: [], BATCH.BLOCK_TABLES: [], BATCH.LOGITS_INDICES: []}
+
+
+def batch_dict(batch: Batch) -> BatchDict:
+    """The StepRecord's `batch`: the batch's own lists, built for this step alone (the record
+    shares them), but for group 0's tables, the requests' own lists (runner/batch.py): each a
+    view of its list at its length in this step (list_prefix.py), so a history holds every
+    table once, not once a step."""
+    tables: list[Sequence[int]] = list(batch.block_tables) if batch.block_table_lens is None else \
+        [ListPrefix(t, n) for t, n in zip(batch.block_tables, batch.block_table_lens)]
+    out: BatchDict = {
+        BATCH.INPUT_IDS: batch.input_ids, BATCH.POSITIONS: batch.positions,
+        BATCH.QUERY_START_LOC: batch.query_start_loc, BATCH.SEQ_LENS: batch.seq_lens,
+        BATCH.SLOT_MAPPING: batch.slot_mapping, BATCH.BLOCK_TABLES: tables, BATCH.LOGITS_INDICES: batch.logits_indices}
+    if batch.group_block_tables:
+        out[BATCH.GROUP_SLOT_MAPPINGS] = batch.group_slot_mappings
+        out[BATCH.GROUP_BLOCK_TABLES] = batch.group_block_tables
+    return out
 
 
 def changes_to_come() -> ChangesDict:
@@ -277,7 +295,7 @@ def step_record(step: int, out: SchedulerOutput, batch: Batch | None, ran: Model
                       SCHED.NUM_CACHED_TOKENS: s.num_cached_tokens, SCHED.CHUNK_INDEX: s.chunk_index}
                      for s in out.scheduled]
     if batch is not None and not lean:
-        rec.batch = batch.to_dict()
+        rec.batch = batch_dict(batch)
         rec.batch_source = "runner"
     rec.sampled = {r.request_id: {SAMPLE.TOKEN_ID: res.token_id, SAMPLE.TEXT: None if lean else decode([res.token_id]),
                                   SAMPLE.TOP: [[t, p] for t, p in res.top]}

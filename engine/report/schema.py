@@ -77,7 +77,7 @@ class _BatchFields(TypedDict):
     query_start_loc: list[int]
     seq_lens: list[int]
     slot_mapping: list[int]
-    block_tables: list[list[int]]
+    block_tables: list[Sequence[int]]   # kvscope's engine: views of the requests' tables (records.batch_dict)
     logits_indices: list[int]
 
 

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..core.scheduler import SchedulerOutput
-    from ..report.schema import BatchDict
 
 
 @dataclass
@@ -27,23 +26,18 @@ class Batch:
     query_start_loc: list[int]
     seq_lens: list[int]
     slot_mapping: list[int]
+    # Group 0's table of each row. build_batch puts the request's own list here, not a copy:
+    # a full-attention table only grows while its request holds it (a freed or preempted
+    # request gets a new list), and this step reads it before the next schedule extends it.
+    # `block_table_lens` says how long each was (what a record keeps, engine/report/records.py).
     block_tables: list[list[int]]
     logits_indices: list[int]
     # KV cache groups past the first (a model's sliding-window layers): each group's slot
-    # mapping and block tables over the same rows, in group order.
+    # mapping and block tables over the same rows, in group order (copies: a sliding window's
+    # table changes in place, its blocks that left the window turning null).
     group_slot_mappings: list[list[int]] = field(default_factory=list)
     group_block_tables: list[list[list[int]]] = field(default_factory=list)
-
-    def to_dict(self) -> BatchDict:
-        """The StepRecord's `batch`: the lists themselves, built for this step alone (the record shares them)."""
-        batch: BatchDict = {
-            "input_ids": self.input_ids, "positions": self.positions, "query_start_loc": self.query_start_loc,
-            "seq_lens": self.seq_lens, "slot_mapping": self.slot_mapping, "block_tables": self.block_tables,
-            "logits_indices": self.logits_indices}
-        if self.group_block_tables:
-            batch["group_slot_mappings"] = self.group_slot_mappings
-            batch["group_block_tables"] = self.group_block_tables
-        return batch
+    block_table_lens: list[int] | None = None   # None: each row of block_tables is this step's alone
 
 
 def build_batch(out: SchedulerOutput, block_size: int, num_groups: int = 1) -> tuple[Batch, list[int], list[int]]:
@@ -56,6 +50,7 @@ def build_batch(out: SchedulerOutput, block_size: int, num_groups: int = 1) -> t
     slots: list[int] = []
     qsl, seq_lens, ctx_lens, logits_idx, decode_ids = [0], [], [], [], []
     tables: list[list[int]] = []
+    table_lens: list[int] = []
     others = num_groups - 1
     group_slots: list[list[int]] = [[] for _ in range(others)]
     group_tables: list[list[list[int]]] = [[] for _ in range(others)]
@@ -66,6 +61,8 @@ def build_batch(out: SchedulerOutput, block_size: int, num_groups: int = 1) -> t
         positions.extend(range(start, end))
         table = req.block_table
         slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+        tables.append(table)   # the request's own list (see Batch.block_tables)
+        table_lens.append(len(table))
         if others:  # a model of one KV cache group (most) skips this per-request loop
             for g, extra in enumerate(req.extra_block_tables[:others]):
                 group_slots[g].extend(extra[p // bs] * bs + p % bs for p in range(start, end))
@@ -73,10 +70,10 @@ def build_batch(out: SchedulerOutput, block_size: int, num_groups: int = 1) -> t
         qsl.append(qsl[-1] + n)
         seq_lens.append(end)
         ctx_lens.append(start)
-        tables.append(list(table))
         if s.sample:
             logits_idx.append(qsl[-1] - 1)
         if n == 1 and start > 0:
             decode_ids.append(i)
-    batch = Batch(input_ids, positions, qsl, seq_lens, slots, tables, logits_idx, group_slots, group_tables)
+    batch = Batch(input_ids, positions, qsl, seq_lens, slots, tables, logits_idx, group_slots, group_tables,
+                  table_lens)
     return batch, ctx_lens, decode_ids

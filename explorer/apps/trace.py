@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, Literal, TextIO
 
+from engine.report.list_prefix import as_json as views_as_lists
 from engine.report.schema import StepRecordDict
 
 from ..core.session import Session
@@ -102,7 +103,8 @@ def run_trace(prompts: Sequence[str], max_tokens: int, *, model: str | None = No
                   f"tokens {fmt_list(req['prompt_token_ids'], limit)}", file=out)
     for rec in session.run_until_idle():
         d = rec.to_dict()
-        print(json.dumps(d) if as_json else "\n" + format_step(d, limit), file=out, flush=True)
+        print(json.dumps(d, default=views_as_lists) if as_json else "\n" + format_step(d, limit), file=out,
+              flush=True)
     if not as_json:
         print("", file=out)
         finished = {r["request_id"]: r for r in session.current.snapshot["queues"]["finished"]}

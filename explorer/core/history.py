@@ -86,7 +86,8 @@ class History:
 
     def append(self, entry: HistoryEntry) -> None:
         if self.max_mib is not None:
-            size = step_bytes(entry.record, entry.snapshot, self.entries[-1].snapshot)
+            last = self.entries[-1]
+            size = step_bytes(entry.record, entry.snapshot, last.snapshot, last.record)
             self.sizes.append(size)
             self.bytes += size
         self.entries.append(entry)
@@ -134,14 +135,17 @@ class History:
 
 
 # -- measuring ------------------------------------------------------------------------------------
-def step_bytes(record: Mapping[str, Any] | None, snapshot: Mapping[str, Any], before: Mapping[str, Any]) -> int:
-    """About how many bytes an entry adds to a history whose last snapshot is `before`: its
-    record (the step's changes in it), and the containers `apply` built anew for the snapshot
+def step_bytes(record: Mapping[str, Any] | None, snapshot: Mapping[str, Any], before: Mapping[str, Any],
+               before_record: Mapping[str, Any] | None = None) -> int:
+    """About how many bytes an entry adds to a history whose last entry is `before` (its
+    snapshot) and `before_record`: its record (the step's changes in it; a batch's block table
+    that reads the list a row of `before_record` read, by its new items), and the containers
+    `apply` built anew for the snapshot
     (engine/report/changes.py keeps every part a step left alone as the same object): the
     queues and requests that changed, with their lists' new items (a growing list is a view of
     a list its snapshots share: engine/report/list_prefix.py), and the pool's list and changed blocks. It
     walks what changed, never the whole state: O(the step), as a history bound must be."""
-    size = _deep(record) if record is not None else 0
+    size = _deep(record, _batch_tables(before_record)) if record is not None else 0
     if snapshot is before:
         return size
     size += sys.getsizeof(snapshot)
@@ -204,13 +208,20 @@ def _shallow(d: Mapping[str, Any], old: Mapping[str, Any] | None) -> int:
     return size
 
 
-def _deep(obj: Any) -> int:
-    return history_bytes([{"record": obj}])
+def _batch_tables(record: Mapping[str, Any] | None) -> dict[int, int]:
+    """The lists a record's batch tables are views of (kvscope's engine: records.batch_dict): id -> the length read."""
+    tables = ((record or {}).get("batch") or {}).get("block_tables") or ()
+    return {id(t.shared): len(t) for t in tables if type(t) is ListPrefix}
 
 
-def history_bytes(entries: Iterable[HistoryEntry | Mapping[str, Any]]) -> int:
+def _deep(obj: Any, held: Mapping[int, int]) -> int:
+    return history_bytes([{"record": obj}], held)
+
+
+def history_bytes(entries: Iterable[HistoryEntry | Mapping[str, Any]], held: Mapping[int, int] | None = None) -> int:
     """Bytes held by the entries' records and snapshots, each object counted once
-    (sys.getsizeof of every dict, list, str, int, float reachable from them)."""
+    (sys.getsizeof of every dict, list, str, int, float reachable from them). `held`: lists
+    already counted (id -> how many of their items): a view of one adds its items past those."""
     seen: set[int] = set()
     total = 0
     stack: list[Any] = []
@@ -234,5 +245,9 @@ def history_bytes(entries: Iterable[HistoryEntry | Mapping[str, Any]]) -> int:
         elif t is list or t is tuple:
             stack.extend(obj)
         elif t is ListPrefix:
-            stack.append(obj.shared)  # the list its entries share, counted once
+            known = held.get(id(obj.shared)) if held else None
+            if known is None:
+                stack.append(obj.shared)  # the list its entries share, counted once
+            else:
+                total += 8 * max(0, len(obj) - known)  # its new items' pointers
     return total

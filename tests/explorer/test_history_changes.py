@@ -5,12 +5,15 @@ and every record and snapshot kvscope's engine emits must fit the record schema.
 from __future__ import annotations
 
 import random
+import sys
+from itertools import pairwise
 
 import pytest
 
 from engine import LLM
 from engine.report import schema
 from explorer import Session
+from explorer.core.history import history_bytes, step_bytes
 
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
 
@@ -97,7 +100,45 @@ def test_each_history_entry_equals_the_engines_full_snapshot_at_its_step(llm):
                 for k in ("token_times", "inter_token_latency")]
             assert all(new.shares_with(prev) for new, prev in grew), f"step {after.step}: {r['request_id']}"
             assert r["block_table"] is o["block_table"] or r["block_table"].shares_with(o["block_table"])
+        # So are the batch's block tables: each row reads its request's own table, as the one
+        # before it did (records.batch_dict), not a copy of the table each step.
+        rows_before = dict(zip([x["request_id"] for x in before.record["scheduled"]],
+                               before.record["batch"]["block_tables"])) if before.record else {}
+        for x, table in zip(rec["scheduled"], rec["batch"]["block_tables"]):
+            if x["request_id"] in rows_before:
+                assert table.shares_with(rows_before[x["request_id"]]), f"step {after.step}: {x['request_id']}"
     assert decodes > 20
+    # And each row still reads what the runner read in its step, though later steps grew the lists.
+    rows = 0
+    for entry in s.history[1:]:
+        running = {r["request_id"]: r for r in full[entry.step]["queues"]["running"]}
+        for x, table in zip(entry.record["scheduled"], entry.record["batch"]["block_tables"]):
+            if x["request_id"] in running:
+                assert list(table) == list(running[x["request_id"]]["block_table"]), f"step {entry.step}"
+                rows += 1
+    assert rows > 100
+
+
+def test_a_mib_bound_counts_what_the_steps_add_as_the_history_holds_it(llm):
+    """The estimate a MiB bound keeps (history.step_bytes, a step at a time, O(the step)) against
+    what the entries hold, each object once (history_bytes), within the 0.6-1.5x the follower's
+    is held to (tests/explorer/test_vllm_live_soak.py). A batch table, a view of its request's
+    own table as the row before it was, adds its new items, not the table again."""
+    s = Session(llm, max_history_mib=10_000)
+    busy_workload(s, lambda: None, tag="mib-")
+    entries = s.history
+    held = history_bytes(entries) - history_bytes(entries[:1])
+    estimate = s.history_window["mib"] * 2**20
+    assert 0.6 * held <= estimate <= 1.5 * held, (estimate, held)
+    continued = 0
+    for before, after in pairwise(entries[1:]):
+        read = {id(t.shared): len(t) for t in before.record["batch"]["block_tables"]}
+        tables = [t for t in after.record["batch"]["block_tables"] if id(t.shared) in read]
+        again = sum(sys.getsizeof(t.shared) - 8 * (len(t) - read[id(t.shared)]) for t in tables)
+        alone = step_bytes(after.record, after.snapshot, before.snapshot)
+        assert step_bytes(after.record, after.snapshot, before.snapshot, before.record) <= alone - again
+        continued += bool(tables)
+    assert continued > 20
 
 
 def test_debug_invariants_compares_each_built_snapshot_with_a_full_one(default_model_path):

@@ -13,6 +13,7 @@ from itertools import pairwise
 import pytest
 
 from engine import LLM, EngineConfig, SamplingParams
+from engine.report.list_prefix import as_json
 from explorer import HistoryEntry, Session
 
 GREEDY = {"temperature": 0.0}
@@ -95,7 +96,8 @@ def test_each_step_appends_one_entry_whose_record_and_snapshot_match(session, ev
     assert {s["request_id"] for s in first.record["scheduled"]} == {a, b}
     assert first.record["batch"]["query_start_loc"] == [0, 40, 43]
     assert events == ["add", "add", "step", "step"]
-    json.dumps([e.record for e in session.history[1:]])  # what crosses into widgets is JSON-able
+    # What crosses into widgets and files is JSON-able (the tables' views as lists, as for snapshots).
+    json.dumps([e.record for e in session.history[1:]], default=as_json)
 
 
 def test_past_entries_are_frozen_while_the_latest_tracks_the_engine(session):

@@ -6,6 +6,7 @@ the totals. The standard library and the project only: its source also runs in P
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 CLOCKS = frozenset({"timings_ms", "engine_time_s", "wall_time_s"})
@@ -17,7 +18,7 @@ def without_clocks(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: without_clocks(v) for k, v in obj.items()
                 if k not in CLOCKS and not (k == "metrics" and "engine" in v)}
-    if isinstance(obj, list):
+    if isinstance(obj, Sequence) and not isinstance(obj, str):   # lists, and a record's views of lists
         return [without_clocks(v) for v in obj]
     return obj
 

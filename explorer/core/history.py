@@ -140,11 +140,11 @@ def step_bytes(record: Mapping[str, Any] | None, snapshot: Mapping[str, Any], be
     """About how many bytes an entry adds to a history whose last entry is `before` (its
     snapshot) and `before_record`: its record (the step's changes in it; a batch's block table
     that reads the list a row of `before_record` read, by its new items), and the containers
-    `apply` built anew for the snapshot
-    (engine/report/changes.py keeps every part a step left alone as the same object): the
-    queues and requests that changed, with their lists' new items (a growing list is a view of
-    a list its snapshots share: engine/report/list_prefix.py), and the pool's list and changed blocks. It
-    walks what changed, never the whole state: O(the step), as a history bound must be."""
+    `apply` built anew for the snapshot (engine/report/changes.py keeps every part a step left
+    alone as the same object): the queues and requests that changed, with their lists' new
+    items (a growing list is a view of a list its snapshots share: engine/report/list_prefix.py),
+    and the pool's list and changed blocks. It walks what changed, never the whole state:
+    O(the step), as a history bound must be."""
     size = _deep(record, _batch_tables(before_record)) if record is not None else 0
     if snapshot is before:
         return size

@@ -302,8 +302,9 @@ class VllmServer:
                                first_exception(log_tail(self.log_path, lines=10**6, start=self._log_start)))
 
     def _stop_group(self) -> None:
-        """The API server, its engine cores and workers: SIGTERM, then SIGKILL for any still
-        there after `STOP_GRACE` seconds (an API server that exited may leave them behind)."""
+        """The API server, its engine cores and workers: SIGTERM to the group, then, once the API
+        server has exited (or after `STOP_GRACE` seconds), SIGKILL to whatever of the group is
+        left (an API server that exited may leave its engine cores behind)."""
         if self.proc is None:
             return
         try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from ..config import EngineConfig
 from ..core.scheduler import Scheduler, SchedulerOutput
 from ..request import Request
-from .changes import Sent, request_fields
+from .changes import Sent, decodes_dict, request_fields
 from .records import Decode, block_dicts, group_fields, request_dict
 from .schema import CHANGES, QUEUE, REQ, ChangesDict, EngineMetricsDict, RequestChangeDict
 
@@ -53,11 +53,22 @@ class ChangeNotes:
         self._finished_sent = len(scheduler.finished)
         done = {r.request_id for r in finished}
         changed: dict[str, RequestChangeDict] = {}
+        decoded: list[tuple[str, int, int, str, float, float]] = []
+        sent = self.sent
         for rid in sorted(touched - done):
             req = requests.get(rid)
-            if req is not None:
+            if req is None:
+                continue
+            # A plain decode goes as a row of the decodes (one KV cache group: the others' tables come whole).
+            if len(req.group_hit_tokens) < 2 and sent.decoded(
+                    rid, (req.status.value, req.num_cached_tokens, req.num_preemptions), req.output_token_ids,
+                    req.block_table, req.metrics):
+                decoded.append((rid, req.num_computed_tokens, req.output_token_ids[-1],
+                                req.cached_text("output", decode), req.metrics.engine.token_times[-1],
+                                req.metrics.wall.token_times[-1]))
+            else:
                 changed[rid] = self._request_change(req, decode)
-        self.sent.forget(done)
+        sent.forget(done)
         changes: ChangesDict = {
             CHANGES.STEP: step, CHANGES.REQUESTS: changed,
             CHANGES.QUEUES: {QUEUE.WAITING: [r.request_id for r in scheduler.waiting],
@@ -66,6 +77,8 @@ class ChangeNotes:
             CHANGES.BLOCKS: block_dicts(pool, config.block_size, list(scheduler.running), blocks, holders)
             if blocks else [],
             CHANGES.NUM_FREE_BLOCKS: pool.num_free_blocks, CHANGES.METRICS: metrics.copy()}
+        if decoded:
+            changes[CHANGES.DECODES] = decodes_dict(decoded)
         if self.config_changed:
             changes[CHANGES.CONFIG] = config.to_dict()
             self.config_changed = False

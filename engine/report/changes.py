@@ -7,14 +7,18 @@ one with `apply(snapshot, changes)`:
 
     snap[k + 1] = apply(snap[k], record_k_plus_1["changes"])
 
-The producers are kvscope's engine (engine/report/records.py's ChangeNotes), vLLM in
-process and the server's recorder (explorer/drivers/vllm/changes.py); the consumers are the
-Session (its history) and the live feed's client. A change costs O(what the step touched):
+The producers are kvscope's engine (engine/report/change_notes.py's ChangeNotes), vLLM in
+process (explorer/drivers/vllm/changes.py) and the server's recorder
+(explorer/drivers/vllm_live/mirror_expand.py); the consumers are the Session (its history) and
+the live feed's client. A change costs O(what the step touched):
 
 - `requests`: each request the step touched that has not finished, as its small fields plus
   its growing lists as tails (`output_from` / `output_tail`, `table_from` / `table_tail`,
   each clock's `token_times` likewise); what never changes (the prompt, its text, max_tokens,
   the sampling parameters) comes once, the first time the consumer sees the request.
+- `decodes` (optional): the step's plain decodes as columns, a row each: requests the consumer
+  holds after their first token, to which the step added one output token and its time on
+  each clock and changed nothing else but the computed count and the text (`Sent.decoded`).
 - `queues`: the waiting and running request ids in order; `finished`: the requests that
   finished since, whole, once each (the consumer appends them to its finished queue).
 - `blocks`: the dict of every block whose dict changed; `owners` is derived here from the
@@ -42,6 +46,7 @@ from .schema import (
     CCHANGE,
     CHANGES,
     CLOCK,
+    DECODES,
     POOL,
     QUEUE,
     RCHANGE,
@@ -52,6 +57,7 @@ from .schema import (
     ChangesDict,
     ClockChangeDict,
     ClockDict,
+    DecodesDict,
     EngineSnapshotDict,
     QueuesDict,
     RequestChangeDict,
@@ -85,6 +91,15 @@ def apply(snapshot: EngineSnapshotDict, changes: ChangesDict) -> EngineSnapshotD
         finished = finished + [_keep_unchanging(r, known.get(r[REQ.REQUEST_ID])) for r in changes[CHANGES.FINISHED]]
     for rid, change in changes[CHANGES.REQUESTS].items():
         known[rid] = _request(known.get(rid), change, rid)
+    decodes = changes.get(CHANGES.DECODES)
+    if decodes is not None:
+        for row in zip(decodes[DECODES.REQUEST_IDS], decodes[DECODES.NUM_COMPUTED_TOKENS],
+                       decodes[DECODES.OUTPUT_TOKENS], decodes[DECODES.OUTPUT_TEXTS],
+                       decodes[DECODES.ENGINE_TOKEN_TIMES], decodes[DECODES.WALL_TOKEN_TIMES], strict=True):
+            old = known.get(row[0])
+            if old is None:
+                raise OutOfStep(f"request {row[0]} decoded, but the state held does not have it")
+            known[row[0]] = _decoded(old, *row[1:])
     order = changes[CHANGES.QUEUES]
     try:
         waiting = [known[rid] for rid in order[QUEUE.WAITING]]
@@ -171,6 +186,27 @@ def _request(old: RequestDict | None, change: RequestChangeDict, rid: str) -> Re
     return new
 
 
+def _decoded(old: RequestDict, num_computed_tokens: int, token: int, text: str, engine_time: float,
+             wall_time: float) -> RequestDict:
+    """The request dict after a plain decode (DecodesDict): one more output token, its time on
+    each clock; the rest is `old`'s."""
+    output, metrics = old[REQ.OUTPUT_TOKEN_IDS], old[REQ.METRICS]
+    return {**old, REQ.NUM_COMPUTED_TOKENS: num_computed_tokens, REQ.OUTPUT_TEXT: text,
+            REQ.OUTPUT_TOKEN_IDS: ListPrefix.continued(output, len(output), (token,)),
+            REQ.METRICS: {RMETRICS.ENGINE: _ticked(metrics[RMETRICS.ENGINE], engine_time),
+                          RMETRICS.WALL: _ticked(metrics[RMETRICS.WALL], wall_time)}}
+
+
+def _ticked(old: ClockDict, time: float) -> ClockDict:
+    """One clock's dict after one more token at `time`: its times and their gaps continued."""
+    before, gaps = old[CLOCK.TOKEN_TIMES], old[CLOCK.INTER_TOKEN_LATENCY]
+    times = ListPrefix.continued(before, len(before), (time,))
+    itl = ListPrefix.continued(gaps, len(gaps), (time - before[-1],)) if before and len(gaps) == len(before) - 1 \
+        else None   # gaps that do not continue the times: derived from them
+    return clock_dict(old[CLOCK.ARRIVAL_TIME], old[CLOCK.FIRST_SCHEDULED_TIME], old[CLOCK.FIRST_TOKEN_TIME], times,
+                      old[CLOCK.PREEMPTED_TIMES], old[CLOCK.FINISHED_TIME], itl)
+
+
 def _first_appearance(change: RequestChangeDict, rid: str) -> RequestDict:
     """A request new to the consumer, before its first change: what that change announces
     once (FIRST_SEEN), nothing computed, no event times."""
@@ -233,13 +269,26 @@ def _owners(running: list[RequestDict], wanted: set[int]) -> dict[int, list[str]
 _FIRST_SEEN = frozenset(FIRST_SEEN)
 
 
+class _Held:
+    """What the consumer holds of one request: its growing lists' lengths, and its state
+    (status, cached tokens, preemptions) as last sent (None: not said, as after a whole snapshot)."""
+
+    __slots__ = ("engine_times", "outputs", "state", "table", "wall_times")
+
+    def __init__(self, outputs: int = 0, table: int = 0, engine_times: int = 0, wall_times: int = 0,
+                 state: tuple[str, int, int] | None = None) -> None:
+        self.outputs, self.table, self.engine_times, self.wall_times = outputs, table, engine_times, wall_times
+        self.state = state
+
+
 class Sent:
-    """What the consumer holds of each request's growing lists (after the last refresh point),
-    so a producer sends only their tails. A request's block table only grows while it runs;
-    `table_went_back` (preempted, or finished) makes the next change send it from the start."""
+    """What the consumer holds of each request (after the last refresh point), so a producer
+    sends only the tails of its growing lists, and a plain decode as a row of the decodes
+    (`decoded`). A request's block table only grows while it runs; `table_went_back`
+    (preempted, or finished) makes the next change send it from the start."""
 
     def __init__(self) -> None:
-        self._held: dict[str, list[int]] = {}   # request id -> [outputs, table, engine times, wall times]
+        self._held: dict[str, _Held] = {}
 
     def knows(self, rid: str) -> bool:
         return rid in self._held
@@ -247,7 +296,7 @@ class Sent:
     def table_went_back(self, rid: str) -> None:
         held = self._held.get(rid)
         if held is not None:
-            held[1] = 0
+            held.table = 0
 
     def forget(self, rids: Iterable[str]) -> None:
         for rid in rids:
@@ -255,7 +304,25 @@ class Sent:
 
     def hold(self, rid: str, output: Sequence[int], table: Sequence[int], metrics: RequestMetrics) -> None:
         """The consumer now holds the whole request (it took a whole snapshot)."""
-        self._held[rid] = [len(output), len(table), len(metrics.engine.token_times), len(metrics.wall.token_times)]
+        self._held[rid] = _Held(len(output), len(table), len(metrics.engine.token_times),
+                                len(metrics.wall.token_times))
+
+    def decoded(self, rid: str, state: tuple[str, int, int], output: Sequence[int], table: Sequence[int],
+                metrics: RequestMetrics) -> bool:
+        """Whether the request's step was a plain decode as the consumer holds it (DecodesDict):
+        it holds the request after its first token, in this `state` (status, cached tokens,
+        preemptions: the clocks' event times move only with these) and at this table's length,
+        and the step added one output token and one token time on each clock. If so the consumer
+        holds them once the caller sends the row."""
+        held = self._held.get(rid)
+        if held is None or held.state != state or held.outputs == 0 or len(output) != held.outputs + 1 \
+                or len(table) != held.table or len(metrics.engine.token_times) != held.engine_times + 1 \
+                or len(metrics.wall.token_times) != held.wall_times + 1:
+            return False
+        held.outputs += 1
+        held.engine_times += 1
+        held.wall_times += 1
+        return True
 
     def change(self, rid: str, fields: RequestFieldsDict, output: Sequence[int], table: Sequence[int],
                metrics: RequestMetrics, first_seen: Callable[[], Mapping[str, object]] | None = None,
@@ -267,19 +334,27 @@ class Sent:
         asked for only when the consumer has not seen the request."""
         held = self._held.get(rid)
         if held is None:
-            held = self._held[rid] = [0, 0, 0, 0]
+            held = self._held[rid] = _Held()
             if first_seen is not None:   # its keys are RequestFieldsDict's optional ones
                 fields = cast("RequestFieldsDict", {**fields, **first_seen()})
         elif not _FIRST_SEEN.isdisjoint(fields):   # kvscope's engine leaves them out itself
             fields = cast("RequestFieldsDict", {k: v for k, v in fields.items() if k not in _FIRST_SEEN})
-        start, table_from = min(held[0], len(output)), min(held[1], len(table))
+        start, table_from = min(held.outputs, len(output)), min(held.table, len(table))
         change: RequestChangeDict = {
             **fields, RCHANGE.OUTPUT_FROM: start, RCHANGE.OUTPUT_TAIL: list(output[start:]),
             RCHANGE.TABLE_FROM: table_from, RCHANGE.TABLE_TAIL: list(table[table_from:]),
-            RCHANGE.CLOCKS: {RMETRICS.ENGINE: clock_change(metrics.engine, held[2]),
-                             RMETRICS.WALL: clock_change(metrics.wall, held[3])}}
-        held[:] = [len(output), len(table), len(metrics.engine.token_times), len(metrics.wall.token_times)]
+            RCHANGE.CLOCKS: {RMETRICS.ENGINE: clock_change(metrics.engine, held.engine_times),
+                             RMETRICS.WALL: clock_change(metrics.wall, held.wall_times)}}
+        held.outputs, held.table = len(output), len(table)
+        held.engine_times, held.wall_times = len(metrics.engine.token_times), len(metrics.wall.token_times)
+        held.state = (fields[RCHANGE.STATUS], fields[RCHANGE.NUM_CACHED_TOKENS], fields[RCHANGE.NUM_PREEMPTIONS])
         return change
+def decodes_dict(rows: Sequence[tuple[str, int, int, str, float, float]]) -> DecodesDict:
+    """The decodes' columns from their rows (`Sent.decoded` said yes to each): request id,
+    computed count, the new output token, the output text, the token's engine and wall times."""
+    ids, computed, tokens, texts, engine_times, wall_times = (list(column) for column in zip(*rows, strict=True))
+    return {DECODES.REQUEST_IDS: ids, DECODES.NUM_COMPUTED_TOKENS: computed, DECODES.OUTPUT_TOKENS: tokens,
+            DECODES.OUTPUT_TEXTS: texts, DECODES.ENGINE_TOKEN_TIMES: engine_times, DECODES.WALL_TOKEN_TIMES: wall_times}
 
 
 def request_fields(request_id: str, status: str, num_computed_tokens: int, num_cached_tokens: int,

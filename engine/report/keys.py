@@ -280,6 +280,18 @@ class CHANGES(Keys):
     MODEL_INFO: Final = "model_info"
     SNAPSHOT: Final = "snapshot"
     RESTART: Final = "restart"
+    DECODES: Final = "decodes"
+
+
+class DECODES(Keys):
+    """DecodesDict's keys."""
+
+    REQUEST_IDS: Final = "request_ids"
+    NUM_COMPUTED_TOKENS: Final = "num_computed_tokens"
+    OUTPUT_TOKENS: Final = "output_tokens"
+    OUTPUT_TEXTS: Final = "output_texts"
+    ENGINE_TOKEN_TIMES: Final = "engine_token_times"
+    WALL_TOKEN_TIMES: Final = "wall_token_times"
 
 
 class RCHANGE(Keys):

@@ -298,7 +298,7 @@ def step_record(step: int, out: SchedulerOutput, batch: Batch | None, ran: Model
         rec.batch = batch_dict(batch)
         rec.batch_source = "runner"
     rec.sampled = {r.request_id: {SAMPLE.TOKEN_ID: res.token_id, SAMPLE.TEXT: None if lean else decode([res.token_id]),
-                                  SAMPLE.TOP: [[t, p] for t, p in res.top]}
+                                  SAMPLE.TOP: res.top}
                    for r, res in zip(sampled_rows, results)}
     rec.preempted, rec.finished, rec.new_requests = list(out.preempted), finished, list(out.new_requests)
     rec.blocks = scheduler.kv.pool.take_events().to_dict()

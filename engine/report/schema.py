@@ -40,6 +40,7 @@ from .keys import (
     CCHANGE,
     CHANGES,
     CLOCK,
+    DECODES,
     EV,
     INFO,
     METRICS,
@@ -90,10 +91,12 @@ class BatchDict(_BatchFields, total=False):
 
 
 class SampledDict(TypedDict):
-    """One sampled token: `top` lists [token_id, probability] candidates, best first."""
+    """One sampled token: `top` lists (token_id, probability) candidates, best first (pairs,
+    not lists: a tuple of numbers is left out of the garbage collector's walks, and the sampler
+    makes them so; JSON writes each as a list)."""
     token_id: int | None   # None where a live feed leaves token ids out (KVSCOPE_FEED_TOKENS=0)
     text: str | None
-    top: list[list[Any]]
+    top: list[tuple[int, float]]
 
 
 class TimingsDict(TypedDict, total=False):
@@ -370,6 +373,19 @@ class RequestChangeDict(RequestFieldsDict):
     clocks: dict[str, ClockChangeDict]   # RMETRICS.ENGINE, RMETRICS.WALL
 
 
+class DecodesDict(TypedDict):
+    """The requests whose step was a plain decode, as columns, a row each: the consumer held the
+    request and the step changed nothing of it but one more output token (`output_tokens`), its
+    time on each clock, the computed count and the output text. One change for a batch of
+    decodes, where a request change each cost a dict and two clock dicts a request a step."""
+    request_ids: list[str]
+    num_computed_tokens: list[int]
+    output_tokens: list[int]
+    output_texts: list[str]
+    engine_token_times: list[float]
+    wall_token_times: list[float]
+
+
 class QueueOrderDict(TypedDict):
     """The waiting and running queues as request ids, in order."""
     waiting: list[str]
@@ -395,6 +411,7 @@ class ChangesDict(_ChangesFields, total=False):
     model_info: ModelInfoDict       # when the model facts changed
     snapshot: EngineSnapshotDict    # the whole state instead (steps were missed, or a restart)
     restart: str                    # why the history starts again (a new server run)
+    decodes: DecodesDict            # the plain decodes, as columns (kvscope's engine)
 
 
 # -- key constants (engine/report/keys.py) --------------------------------------------------------
@@ -403,7 +420,8 @@ KEYS_OF: dict[type[Keys], type] = {
     REC: StepRecordDict, SCHED: ScheduledDict, BATCH: BatchDict, SAMPLE: SampledDict, EV: BlockEventsDict,
     TIME: TimingsDict, BUDGET: BudgetsDict, SNAP: EngineSnapshotDict, QUEUE: QueuesDict, REQ: RequestDict,
     RMETRICS: RequestMetricsDict, CLOCK: ClockDict, POOL: BlockPoolDict, BLOCK: BlockDict, METRICS: EngineMetricsDict,
-    INFO: ModelInfoDict, CHANGES: ChangesDict, RCHANGE: RequestChangeDict, CCHANGE: ClockChangeDict}
+    INFO: ModelInfoDict, CHANGES: ChangesDict, RCHANGE: RequestChangeDict, CCHANGE: ClockChangeDict,
+    DECODES: DecodesDict}
 
 
 def key_mismatches(keys: type[Keys], shape: type) -> str:

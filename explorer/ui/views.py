@@ -363,7 +363,7 @@ def sampler_state(entries: Sequence[Entry], snapshot: EngineSnapshotDict, reques
         s = rec.get(REC.SAMPLED, {}).get(rid)
         if s is None:
             continue
-        top = [[int(t), p] for t, p in s.get(SAMPLE.TOP, [])]
+        top = [(int(t), float(p)) for t, p in s.get(SAMPLE.TOP, [])]
         texts = token_text([t for t, _ in top])
         # [token id, text, probability] lists: what SamplerCandidate's tuples become on the wire
         candidates = cast("list[SamplerCandidate]", [[t, x, float(p)] for (t, p), x in zip(top, texts)])

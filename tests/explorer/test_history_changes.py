@@ -108,6 +108,20 @@ def test_each_history_entry_equals_the_engines_full_snapshot_at_its_step(llm):
             if x["request_id"] in rows_before:
                 assert table.shares_with(rows_before[x["request_id"]]), f"step {after.step}: {x['request_id']}"
     assert decodes > 20
+    # A step's plain decodes go as the decodes' columns, not as a request change each: every
+    # request a decode step scheduled whose table did not grow.
+    rows = 0
+    for before, after in zip(s.history, s.history[1:]):
+        rec = after.record
+        if rec["finished"] or rec["preempted"] or any(x["is_prefill"] for x in rec["scheduled"]):
+            continue
+        old_tables = {r["request_id"]: len(r["block_table"]) for r in before.snapshot["queues"]["running"]}
+        plain = sorted(r["request_id"] for r in after.snapshot["queues"]["running"]
+                       if old_tables.get(r["request_id"]) == len(r["block_table"]))
+        assert rec["changes"].get("decodes", {}).get("request_ids", []) == plain, f"step {after.step}"
+        assert not set(plain) & set(rec["changes"]["requests"])
+        rows += len(plain)
+    assert rows > 40
     # And each row still reads what the runner read in its step, though later steps grew the lists.
     rows = 0
     for entry in s.history[1:]:
@@ -155,6 +169,40 @@ def test_debug_invariants_compares_each_built_snapshot_with_a_full_one(default_m
                                                        "blocks": [{**blocks[0], "ref_count": 99}, *blocks[1:]]}})
     with pytest.raises(AssertionError, match=r"differs from the engine's whole snapshot \(snapshot\.block_pool"):
         s.step()
+
+
+def test_a_decode_row_for_a_step_that_did_more_is_caught(llm, monkeypatch):
+    # A planted fault in the decodes: a request whose step also grew its block table goes as a
+    # plain decode, so the consumer never hears of the new block. The history built from the
+    # changes then parts from the engine at that step, and the check names where.
+    from engine.report.changes import Sent
+
+    plain = Sent.decoded
+
+    def lenient(self, rid, state, output, table, metrics):
+        return plain(self, rid, state, output, table[:self._held[rid].table] if rid in self._held else table, metrics)
+
+    s = Session(llm)
+    s.check_changes = True
+    s.add_request(tokens(21, 40), max_tokens=20, **GREEDY)   # its table grows at its 48th token
+    s.step(3)
+    monkeypatch.setattr(Sent, "decoded", lenient)
+    with pytest.raises(AssertionError, match=r"differs from the engine's whole snapshot \(snapshot\.queues\.running"):
+        s.step(20)
+
+
+def test_a_decode_row_for_a_request_the_consumer_never_held_is_out_of_step():
+    from engine.report.changes import OutOfStep, apply
+
+    snapshot = {"step": 0, "config": {}, "model_info": {}, "metrics": {},
+                "queues": {"waiting": [], "running": [], "finished": []},
+                "block_pool": {"num_free_blocks": 1, "blocks": []}}
+    changes = {"step": 1, "requests": {}, "queues": {"waiting": [], "running": []}, "finished": [], "blocks": [],
+               "num_free_blocks": 1, "metrics": {}, "decodes": {
+                   "request_ids": ["x"], "num_computed_tokens": [9], "output_tokens": [5], "output_texts": ["a"],
+                   "engine_token_times": [1.0], "wall_token_times": [2.0]}}
+    with pytest.raises(OutOfStep, match="request x decoded, but the state held does not have it"):
+        apply(snapshot, changes)
 
 
 def test_a_producer_that_leaves_a_touched_block_out_is_caught(llm, monkeypatch):

@@ -375,7 +375,7 @@ def test_each_steps_changes_rebuild_vllms_whole_state_over_random_workloads(sess
 
     s = session
     s.check_changes = True
-    seen = {"steps": 0, "preempted": 0, "hits": 0, "aborted": 0}
+    seen = {"steps": 0, "preempted": 0, "hits": 0, "aborted": 0, "decodes": 0}
     try:
         for seed in range(6):
             w = random_workload(seed)
@@ -401,6 +401,9 @@ def test_each_steps_changes_rebuild_vllms_whole_state_over_random_workloads(sess
                 seen["steps"] += 1
                 seen["preempted"] += len(rec["preempted"])
                 seen["hits"] += len(rec["blocks"]["hits"])
+                seen["decodes"] += len(rec["changes"].get("decodes", {}).get("request_ids", []))
     finally:
         s.check_changes = False
+    # Plain decodes went as the decodes' columns (engine/report/changes.py), and applied as the rest.
     assert seen["steps"] > 50 and seen["preempted"] and seen["hits"] and seen["aborted"] >= 3, seen
+    assert seen["decodes"] > seen["steps"], seen

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.report.changes import Sent, hold_tokens, request_fields
+from engine.report.changes import Sent, decodes_dict, hold_tokens, request_fields
 from engine.report.schema import (
     CHANGES,
     QUEUE,
@@ -105,6 +105,7 @@ class ChangeTracker:
         running = {r.request_id for r in s.running}
         held: dict[int, list[int]] = {}
         requests: dict[str, RequestChangeDict] = {}
+        decoded: list[tuple[str, int, int, str, float, float]] = []
         for iid in self.dirty_requests:
             e = view.requests.get(view.external[iid])
             if e is None or e.finish_reason is not None:
@@ -114,7 +115,15 @@ class ChangeTracker:
             group_fields = view.group_fields(e, bool(table))
             for t in (table, *group_fields.get(REQ.GROUP_BLOCK_TABLES, ())):  # every group's blocks
                 self._hold(e.req, t, first, held)
-            requests[e.request_id] = self._request_change(e, table, group_fields)
+            r = e.req
+            # A plain decode goes as a row of the decodes (one KV cache group, and texts to send).
+            if not group_fields and view.tokenizer is not None and self.sent.decoded(
+                    e.request_id, (status_name(r.status), e.num_cached_tokens, int(r.num_preemptions)),
+                    r.output_token_ids, table, e.metrics):
+                decoded.append((e.request_id, int(r.num_computed_tokens), r.output_token_ids[-1], view.output_text(e),
+                                e.metrics.engine.token_times[-1], e.metrics.wall.token_times[-1]))
+            else:
+                requests[e.request_id] = self._request_change(e, table, group_fields)
         blocks = self._refresh_blocks(held)
         self._forget_notes()
         self.forget(finished)
@@ -122,9 +131,13 @@ class ChangeTracker:
         queues: QueueOrderDict = {
             QUEUE.WAITING: [ext[r.request_id] for r in view.waiting() if ext[r.request_id] in known],
             QUEUE.RUNNING: [ext[r.request_id] for r in s.running if ext[r.request_id] in known]}
-        return {CHANGES.STEP: step, CHANGES.REQUESTS: requests, CHANGES.QUEUES: queues,
-                CHANGES.FINISHED: [view.finished_dict(e) for e in finished], CHANGES.BLOCKS: blocks,
-                CHANGES.NUM_FREE_BLOCKS: int(view.pool.get_num_free_blocks()), CHANGES.METRICS: view.metrics}
+        changes: ChangesDict = {
+            CHANGES.STEP: step, CHANGES.REQUESTS: requests, CHANGES.QUEUES: queues,
+            CHANGES.FINISHED: [view.finished_dict(e) for e in finished], CHANGES.BLOCKS: blocks,
+            CHANGES.NUM_FREE_BLOCKS: int(view.pool.get_num_free_blocks()), CHANGES.METRICS: view.metrics}
+        if decoded:
+            changes[CHANGES.DECODES] = decodes_dict(decoded)
+        return changes
 
     def forget(self, finished: list[RequestState]) -> None:
         """Finished requests leave the notes (a server with no subscriber for days keeps none)."""

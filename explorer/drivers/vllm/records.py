@@ -251,7 +251,7 @@ class RecordBuilder:
         top, text = [], None
         if lp:
             ranked = sorted((v.rank, t, v.logprob) for t, v in lp.items() if v.rank is not None and 0 < v.rank <= k)
-            top = [[int(t), math.exp(logprob)] for _, t, logprob in ranked]
+            top = [(int(t), math.exp(logprob)) for _, t, logprob in ranked]
             if token in lp:
                 text = lp[token].decoded_token
         return {SAMPLE.TOKEN_ID: token, SAMPLE.TEXT: text if text is not None else self.text(token), SAMPLE.TOP: top}

@@ -273,9 +273,10 @@ def block_dicts(pool: BlockPool, block_size: int, live: list[Request], only: set
     blocks: list[BlockDict] = []
     for blk in (pool.blocks if only is None else [pool.blocks[b] for b in sorted(only)]):
         b = blk.block_id
+        kept = tokens.get(b)   # a slice of its owner's tokens, the dict's own (the pool's tuple becomes a list)
         blocks.append({
             BLOCK.BLOCK_ID: b, BLOCK.REF_COUNT: blk.ref_count, BLOCK.HASH: hash_hex(blk.block_hash),
-            BLOCK.TOKEN_IDS: list(tokens.get(b, blk.token_ids)), BLOCK.OWNERS: owners.get(b, []),
+            BLOCK.TOKEN_IDS: kept if kept is not None else list(blk.token_ids), BLOCK.OWNERS: owners.get(b, []),
             BLOCK.IS_NULL: b == 0, BLOCK.IS_FREE: pool.is_free(b),
         })
     return blocks

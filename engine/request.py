@@ -69,10 +69,15 @@ def latencies(arrival_time: float | None, first_scheduled_time: float | None, fi
     return {
         "time_to_first_token": _diff(first_token_time, arrival_time),
         "inter_token_latency": itl,
-        "time_per_output_token": (token_times[-1] - token_times[0]) / len(itl) if itl else None,
+        "time_per_output_token": time_per_output_token(token_times, itl),
         "e2e_request_latency": _diff(finished_time, arrival_time),
         "request_queue_time": _diff(first_scheduled_time, arrival_time),
     }
+
+
+def time_per_output_token(token_times: Sequence[float], itl: Sequence[float]) -> float | None:
+    """The mean gap between token times: their span over the count of gaps (which add up to it)."""
+    return (token_times[-1] - token_times[0]) / len(itl) if itl else None
 
 
 def _diff(b: float | None, a: float | None) -> float | None:

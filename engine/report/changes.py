@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import pairwise
 from typing import TypeVar, cast
 
-from ..request import ClockEvents, RequestMetrics, clock_dict
+from ..request import ClockEvents, RequestMetrics, clock_dict, time_per_output_token
 from .list_prefix import ListPrefix
 from .schema import (
     BLOCK,
@@ -198,13 +198,17 @@ def _decoded(old: RequestDict, num_computed_tokens: int, token: int, text: str, 
 
 
 def _ticked(old: ClockDict, time: float) -> ClockDict:
-    """One clock's dict after one more token at `time`: its times and their gaps continued."""
+    """One clock's dict after one more token at `time`: its times and their gaps continued, and
+    the mean gap with them; its event times, and the latencies read from them, are `old`'s (a
+    plain decode moves none of them)."""
     before, gaps = old[CLOCK.TOKEN_TIMES], old[CLOCK.INTER_TOKEN_LATENCY]
     times = ListPrefix.continued(before, len(before), (time,))
-    itl = ListPrefix.continued(gaps, len(gaps), (time - before[-1],)) if before and len(gaps) == len(before) - 1 \
-        else None   # gaps that do not continue the times: derived from them
-    return clock_dict(old[CLOCK.ARRIVAL_TIME], old[CLOCK.FIRST_SCHEDULED_TIME], old[CLOCK.FIRST_TOKEN_TIME], times,
-                      old[CLOCK.PREEMPTED_TIMES], old[CLOCK.FINISHED_TIME], itl)
+    if not before or len(gaps) != len(before) - 1:   # gaps that do not continue the times: derived from them
+        return clock_dict(old[CLOCK.ARRIVAL_TIME], old[CLOCK.FIRST_SCHEDULED_TIME], old[CLOCK.FIRST_TOKEN_TIME],
+                          times, old[CLOCK.PREEMPTED_TIMES], old[CLOCK.FINISHED_TIME])
+    itl = ListPrefix.continued(gaps, len(gaps), (time - before[-1],))
+    return {**old, CLOCK.TOKEN_TIMES: times, CLOCK.INTER_TOKEN_LATENCY: itl,
+            CLOCK.TIME_PER_OUTPUT_TOKEN: time_per_output_token(times, itl)}
 
 
 def _first_appearance(change: RequestChangeDict, rid: str) -> RequestDict:

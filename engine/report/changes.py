@@ -353,6 +353,8 @@ class Sent:
         held.engine_times, held.wall_times = len(metrics.engine.token_times), len(metrics.wall.token_times)
         held.state = (fields[RCHANGE.STATUS], fields[RCHANGE.NUM_CACHED_TOKENS], fields[RCHANGE.NUM_PREEMPTIONS])
         return change
+
+
 def decodes_dict(rows: Sequence[tuple[str, int, int, str, float, float]]) -> DecodesDict:
     """The decodes' columns from their rows (`Sent.decoded` said yes to each): request id,
     computed count, the new output token, the output text, the token's engine and wall times."""

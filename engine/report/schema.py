@@ -411,7 +411,7 @@ class ChangesDict(_ChangesFields, total=False):
     model_info: ModelInfoDict       # when the model facts changed
     snapshot: EngineSnapshotDict    # the whole state instead (steps were missed, or a restart)
     restart: str                    # why the history starts again (a new server run)
-    decodes: DecodesDict            # the plain decodes, as columns (kvscope's engine)
+    decodes: DecodesDict            # the plain decodes, as columns (kvscope's engine, vLLM in process)
 
 
 # -- key constants (engine/report/keys.py) --------------------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 from ..config import EngineConfig
 from ..core.scheduler import Scheduler, SchedulerOutput
 from ..request import Request
-from .changes import Sent, decodes_dict, request_fields
+from .changes import DecodeRow, Sent, decodes_dict, request_fields
 from .records import Decode, block_dicts, group_fields, request_dict
 from .schema import CHANGES, QUEUE, REQ, ChangesDict, EngineMetricsDict, RequestChangeDict
 
@@ -53,7 +53,7 @@ class ChangeNotes:
         self._finished_sent = len(scheduler.finished)
         done = {r.request_id for r in finished}
         changed: dict[str, RequestChangeDict] = {}
-        decoded: list[tuple[str, int, int, str, float, float]] = []
+        decoded: list[DecodeRow] = []
         sent = self.sent
         for rid in sorted(touched - done):
             req = requests.get(rid)
@@ -63,9 +63,8 @@ class ChangeNotes:
             if len(req.group_hit_tokens) < 2 and sent.decoded(
                     rid, (req.status.value, req.num_cached_tokens, req.num_preemptions), req.output_token_ids,
                     req.block_table, req.metrics):
-                decoded.append((rid, req.num_computed_tokens, req.output_token_ids[-1],
-                                req.cached_text("output", decode), req.metrics.engine.token_times[-1],
-                                req.metrics.wall.token_times[-1]))
+                decoded.append((rid, req.num_computed_tokens, req.cached_text("output", decode), req.output_token_ids,
+                                req.metrics))
             else:
                 changed[rid] = self._request_change(req, decode)
         sent.forget(done)

@@ -355,12 +355,17 @@ class Sent:
         return change
 
 
-def decodes_dict(rows: Sequence[tuple[str, int, int, str, float, float]]) -> DecodesDict:
-    """The decodes' columns from their rows (`Sent.decoded` said yes to each): request id,
-    computed count, the new output token, the output text, the token's engine and wall times."""
-    ids, computed, tokens, texts, engine_times, wall_times = (list(column) for column in zip(*rows, strict=True))
-    return {DECODES.REQUEST_IDS: ids, DECODES.NUM_COMPUTED_TOKENS: computed, DECODES.OUTPUT_TOKENS: tokens,
-            DECODES.OUTPUT_TEXTS: texts, DECODES.ENGINE_TOKEN_TIMES: engine_times, DECODES.WALL_TOKEN_TIMES: wall_times}
+# A plain decode as a producer notes it (`Sent.decoded` said yes): request id, computed count,
+# output text, and the output ids and metrics `Sent.decoded` read (their latest items are the step's).
+DecodeRow = tuple[str, int, str, Sequence[int], RequestMetrics]
+
+
+def decodes_dict(rows: Sequence[DecodeRow]) -> DecodesDict:
+    """The decodes' columns from the step's rows: each new output token and its time on each clock."""
+    return {DECODES.REQUEST_IDS: [r[0] for r in rows], DECODES.NUM_COMPUTED_TOKENS: [r[1] for r in rows],
+            DECODES.OUTPUT_TOKENS: [r[3][-1] for r in rows], DECODES.OUTPUT_TEXTS: [r[2] for r in rows],
+            DECODES.ENGINE_TOKEN_TIMES: [r[4].engine.token_times[-1] for r in rows],
+            DECODES.WALL_TOKEN_TIMES: [r[4].wall.token_times[-1] for r in rows]}
 
 
 def request_fields(request_id: str, status: str, num_computed_tokens: int, num_cached_tokens: int,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.report.changes import Sent, decodes_dict, hold_tokens, request_fields
+from engine.report.changes import DecodeRow, Sent, decodes_dict, hold_tokens, request_fields
 from engine.report.schema import (
     CHANGES,
     QUEUE,
@@ -105,7 +105,7 @@ class ChangeTracker:
         running = {r.request_id for r in s.running}
         held: dict[int, list[int]] = {}
         requests: dict[str, RequestChangeDict] = {}
-        decoded: list[tuple[str, int, int, str, float, float]] = []
+        decoded: list[DecodeRow] = []
         for iid in self.dirty_requests:
             e = view.requests.get(view.external[iid])
             if e is None or e.finish_reason is not None:
@@ -120,8 +120,8 @@ class ChangeTracker:
             if not group_fields and view.tokenizer is not None and self.sent.decoded(
                     e.request_id, (status_name(r.status), e.num_cached_tokens, int(r.num_preemptions)),
                     r.output_token_ids, table, e.metrics):
-                decoded.append((e.request_id, int(r.num_computed_tokens), r.output_token_ids[-1], view.output_text(e),
-                                e.metrics.engine.token_times[-1], e.metrics.wall.token_times[-1]))
+                decoded.append((e.request_id, int(r.num_computed_tokens), view.output_text(e), r.output_token_ids,
+                                e.metrics))
             else:
                 requests[e.request_id] = self._request_change(e, table, group_fields)
         blocks = self._refresh_blocks(held)

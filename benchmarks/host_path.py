@@ -11,6 +11,13 @@ with records on (what a Session needs) and off. Printed per step, medians:
 - other: the rest of the loop's wall that is neither forward nor sample nor the above
   (frees after the step returns, the engine's bookkeeping);
 - host: the loop's wall less the forward and the sampler, the goal's figure;
+- critical: the host work left on a GPU's critical path. Synchronous, that is all of `host`.
+  Under async scheduling (the `async` row: records on, `async_scheduling=True`, vLLM's default on
+  a GPU) the next step is scheduled and built, and the step's record made, while the GPU runs a
+  forward; what the GPU waits for is the landing (`update`) and the next step's tensors with its
+  placeholders filled (`runner.tensors`). On a CPU the forward runs on the same cores, so nothing
+  hides: the column is what a GPU would leave exposed, measured here (it hides the rest only
+  where the forward is the longer);
 - gc: the cyclic garbage collector's time per step, wherever it ran (inside the columns above);
 - session: with `--session`, a third row per size steps the engine through a Session, which
   keeps the history a Dashboard shows: its own work per step (the Session's step less the
@@ -73,10 +80,10 @@ def _pool_blocks(num_requests: int, steps: int) -> int:
 
 
 def measure(model: Path, num_requests: int, record: bool, steps: int, session: bool = False,
-            warm: int = 3) -> dict[str, float]:
+            warm: int = 3, async_scheduling: bool = False) -> dict[str, float]:
     """Median ms per decode step at `num_requests` requests (and gc's mean), after `warm` decode
     steps (each request's output that long); `session`: stepped through a Session (records on),
-    whose own work is the `session` column."""
+    whose own work is the `session` column; `async_scheduling`: the engine's async step loop."""
     import engine.llm_engine as loop
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
@@ -86,7 +93,8 @@ def measure(model: Path, num_requests: int, record: bool, steps: int, session: b
 
     config = EngineConfig(model=str(model), block_size=BLOCK_SIZE,
                           num_kv_blocks=_pool_blocks(num_requests, steps + warm), max_num_seqs=num_requests,
-                          max_num_batched_tokens=16_384, max_model_len=4096, record_steps=record or session)
+                          max_num_batched_tokens=16_384, max_model_len=4096, record_steps=record or session,
+                          async_scheduling=async_scheduling)
     s = Session(config) if session else None
     eng = s.engine if s is not None else LLMEngine(config)
     step = s.step if s is not None else eng.step
@@ -98,24 +106,26 @@ def measure(model: Path, num_requests: int, record: bool, steps: int, session: b
         step()
     for _ in range(warm):
         step()
-    record_clock, engine_clock = _Clock(), _Clock()
+    record_clock, engine_clock, tensors_clock = _Clock(), _Clock(), _Clock()
     plain_record, plain_changes, plain_step = loop.step_record, eng._step_changes, eng.step
     loop.step_record = record_clock.wrap(plain_record)
     eng._step_changes = record_clock.wrap(plain_changes)  # type: ignore[method-assign]
     eng.step = engine_clock.wrap(plain_step)  # type: ignore[method-assign]
+    eng.runner.tensors = tensors_clock.wrap(eng.runner.tensors)  # type: ignore[method-assign]
     spent, callback = _gc_clock()
     gc.callbacks.append(callback)
     rows: dict[str, list[float]] = {}
     try:
         t = time.perf_counter()
         for _ in range(steps):
-            record_clock.s = engine_clock.s = 0.0
+            record_clock.s = engine_clock.s = tensors_clock.s = 0.0
             rec = step()
             now = time.perf_counter()
             ms = (rec[0] if isinstance(rec, list) else rec).timings_ms
             row = {"schedule": ms["schedule"], "prepare": ms["prepare"], "forward": ms["forward"],
                    "sample": ms["sample"], "update": ms["update"], "record": record_clock.s * 1e3,
-                   "wall": (now - t) * 1e3, "session": ((now - t) - engine_clock.s) * 1e3 if session else 0.0}
+                   "wall": (now - t) * 1e3, "session": ((now - t) - engine_clock.s) * 1e3 if session else 0.0,
+                   "exposed": ms["update"] + tensors_clock.s * 1e3}
             for k, v in row.items():
                 rows.setdefault(k, []).append(v)
             t = now
@@ -131,6 +141,7 @@ def measure(model: Path, num_requests: int, record: bool, steps: int, session: b
     med["gc"] = sum(spent) * 1e3 / steps
     med["host"] = med["wall"] - med["forward"] - med["sample"]
     med["other"] = med["host"] - med["schedule"] - med["prepare"] - med["update"] - med["record"] - med["session"]
+    med["critical"] = med["exposed"] if async_scheduling else med["host"]
     med["history_mib"] = history_mib
     return med
 
@@ -146,7 +157,8 @@ def vllm_recorder(num_requests: int, steps: int) -> dict[str, float]:
     return {"added": rec["step_ms"] - plain["step_ms"], "thread": rec["thread_cpu_ms"]}
 
 
-COLUMNS = ("schedule", "prepare", "update", "record", "session", "other", "host", "gc", "forward", "sample")
+COLUMNS = ("schedule", "prepare", "update", "record", "session", "other", "host", "critical", "gc", "forward",
+           "sample")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -173,8 +185,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{'requests':>8} {'records':>7} " + " ".join(f"{c:>8}" for c in COLUMNS)
               + ("  vLLM recorder: +sched ms, thread CPU ms" if args.vllm else ""))
         for n in sizes:
-            for mode in ("off", "on", *(("session",) if args.session else ())):
-                med = measure(model, n, mode != "off", args.steps, session=mode == "session", warm=args.warm)
+            for mode in ("off", "on", "async", *(("session",) if args.session else ())):
+                med = measure(model, n, mode != "off", args.steps, session=mode == "session", warm=args.warm,
+                              async_scheduling=mode == "async")
                 line = f"{n:>8} {mode:>7} " + " ".join(f"{med[c]:>8.2f}" for c in COLUMNS)
                 if mode == "session":
                     line += f"  history {med['history_mib']:.1f} MiB"

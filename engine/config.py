@@ -70,6 +70,9 @@ class EngineConfig:
     # n > 0 (a multiple of block_size): also every n tokens; None: every block.
     prefix_cache_retention_interval: int | None = 0
     scheduling_policy: str = "unified"
+    # vLLM's name and default: schedule step N+1 while step N runs (engine/core/async_scheduler.py),
+    # None: on for a GPU, off on a CPU (as vLLM, where the host work cannot hide behind the forward).
+    async_scheduling: bool | None = None
     tensor_parallel_size: int = 1
     enforce_eager: bool = False
     dtype: Any = "auto"
@@ -100,6 +103,11 @@ class EngineConfig:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(f"scheduling_policy must be one of {SCHEDULING_POLICIES}, got {self.scheduling_policy!r}")
+        if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
+            raise ValueError(f"async_scheduling must be a bool or None (on for a GPU), got {self.async_scheduling!r}")
+        if self.async_scheduling and self.scheduling_policy != "unified":
+            raise ValueError(f"async_scheduling runs vLLM's 'unified' scheduling_policy only, "
+                             f"got scheduling_policy={self.scheduling_policy!r}")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
         if self.attention_backend == "flash_attn" and self.block_size % 256:

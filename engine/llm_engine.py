@@ -4,9 +4,12 @@ update, and returns a StepRecord. What it reports is built in engine/report/."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, cast
 
 from .config import EngineConfig, with_live_knobs
+from .core.async_scheduler import AsyncScheduler
 from .core.kv_cache_groups import attention_group_specs
 from .core.kv_cache_manager import KVCacheManager
 from .core.scheduler import Scheduler, SchedulerOutput
@@ -27,13 +30,30 @@ from .report.records import (
     gc_paused,
     step_record,
 )
-from .report.schema import TIME, ChangesDict, EngineMetricsDict, ModelInfoDict, TimingsDict
+from .report.schema import AHEAD, TIME, ChangesDict, EngineMetricsDict, ModelInfoDict, TimingsDict
 from .request import Request, abortable
+from .runner.batch import Batch, SampleResult, fill_placeholders
 from .runner.forward_timer import ForwardTimer
-from .runner.model_runner import ModelRunner, resolve_device
+from .runner.model_runner import BuiltBatch, ModelRunner, ModelRunnerOutput, resolve_device
 from .runner.sampler import Sampler
 from .sampling_params import SamplingParams
 from .tokenizer import fast_decoder, load_tokenizer
+
+
+@dataclass
+class _Step:
+    """One step from its schedule to its record: what each phase made, and its times (ms)."""
+    number: int
+    out: SchedulerOutput
+    in_flight: int | None     # async scheduling: the step in flight when this one was scheduled
+    ms: dict[str, float]
+    batch: Batch | None = None
+    ran: ModelRunnerOutput | None = None
+    rows: list[Request] = field(default_factory=list)
+    results: list[SampleResult] = field(default_factory=list)
+    sampling: Callable[[], list[SampleResult]] | None = None   # gives `results` (Sampler.launch)
+    launch_s: float = 0.0   # the host's time in the forward's call and the sampler's launch
+    placeholders: dict[str, int] = field(default_factory=dict)   # what its placeholder inputs held
 
 
 class LLMEngine:
@@ -72,7 +92,13 @@ class LLMEngine:
                                  max_model_len, kv_cache_groups=attention_group_specs(spec.sliding_window),
                                  max_in_flight_tokens=config.max_num_batched_tokens,
                                  prefix_cache_retention_interval=config.prefix_cache_retention_interval)
-        self.scheduler = Scheduler(self.config, self.kv, max_model_len)
+        # vLLM's default: async scheduling on a GPU, off on a CPU (where nothing runs beside the forward).
+        self.async_scheduling = config.async_scheduling if config.async_scheduling is not None \
+            else self.runner.device.type == "cuda"
+        self.config = self.config.replace(async_scheduling=self.async_scheduling)
+        self.scheduler = (AsyncScheduler if self.async_scheduling else Scheduler)(self.config, self.kv, max_model_len)
+        self._in_flight: _Step | None = None   # async scheduling: the step launched and not landed yet
+        self._num_scheduled = 0
         self.sampler = Sampler(config.seed)
         self.forward_timer = ForwardTimer(self.runner.device)
         self.input_processor = InputProcessor(self.tokenizer, spec)
@@ -114,11 +140,13 @@ class LLMEngine:
         return list(self.scheduler.finished)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        """A request unfinished, or a step still in flight (async scheduling) to land."""
+        return self.scheduler.has_unfinished() or self._in_flight is not None
 
     def pending(self) -> int:
-        """Steps ready to run now: 1 while a request is unfinished (a Session's Source protocol)."""
-        return int(self.scheduler.has_unfinished())
+        """Steps ready to run now: 1 while a request is unfinished or a step is in flight (a
+        Session's Source protocol)."""
+        return int(self.has_unfinished_requests())
 
     # -- requests -----------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
@@ -158,44 +186,115 @@ class LLMEngine:
     # -- the step -----------------------------------------------------------------------
     @gc_paused()   # a step makes many small containers and no cycle: no collection walks the heap mid-step
     def step(self) -> StepRecord:
-        """Advance one scheduler step and report exactly what it did."""
+        """Advance one scheduler step and report exactly what it did.
+
+        With async scheduling (engine/core/async_scheduler.py) one step stays in flight between
+        calls, as in vLLM's engine core: a call schedules the next step before the one in flight
+        lands, lands that one (its sampled tokens fill the next step's placeholder inputs),
+        launches the next, and reports the one that landed. Its record's state includes the next
+        step's schedule (`StepRecord.scheduled_ahead` marks a step scheduled that way)."""
+        if not self.async_scheduling:
+            step = self._launch_now(self._schedule(None))
+            return self._record(step, self._land(step))
+        step = self._in_flight or self._launch_now(self._schedule(None))
+        self._in_flight = None
+        ahead = self._schedule(step.number) if self.scheduler.has_unfinished() else None
+        inputs = self._build(ahead) if ahead is not None else None   # while `step` runs
+        finished = self._land(step)
+        if ahead is not None:   # an empty one too: the scheduler lands every step it made, in order
+            self._in_flight = self._launch(ahead, inputs)
+        return self._record(step, finished)   # on a GPU, while `ahead` runs
+
+    def _schedule(self, in_flight: int | None) -> _Step:
         t0 = time.perf_counter()
         out = self.scheduler.schedule()
-        t1 = t2 = time.perf_counter()
-        self.step_count += 1
+        schedule_s = time.perf_counter() - t0
+        self.engine_time += schedule_s
+        self._num_scheduled += 1
         for rid in out.new_requests:
             self.requests[rid].metrics.record("first_scheduled_time", time.time(), self.engine_time)
         for rid in out.preempted:
             self.requests[rid].metrics.record("preempted_times", time.time(), self.engine_time)
-        batch, ran, rows, results = None, None, [], []
-        if not out.is_empty:
-            batch, meta, ids, pos = self.runner.prepare(out)
-            t2 = time.perf_counter()
-            self.forward_timer.start()
-            ran = self.runner.forward(meta, ids, pos, batch.logits_indices)
-            self.forward_timer.stop()
-            rows = [s.request for s in out.scheduled if s.sample]
-            results = self.sampler(ran.rank0_logits(), rows, with_top=self.config.record_steps)
-        t3 = time.perf_counter()
-        self.engine_time += t3 - t0
-        token_of = {r.request_id: res.token_id for r, res in zip(rows, results)}
-        finished = self.scheduler.update_from_output(out, token_of, time.time(), self.engine_time)
-        t4 = time.perf_counter()
-        self.engine_time += t4 - t3
+        self.notes.scheduled(out)
+        return _Step(self._num_scheduled, out, in_flight, {TIME.SCHEDULE: schedule_s * 1e3})
+
+    def _build(self, step: _Step) -> BuiltBatch | None:
+        """The step's packed inputs as lists (None: nothing scheduled)."""
+        if step.out.is_empty:
+            return None
+        t0 = time.perf_counter()
+        built = self.runner.build(step.out)
+        step.batch = built[0]
+        self._add_ms(step, TIME.PREPARE, t0)
+        return built
+
+    def _launch(self, step: _Step, built: BuiltBatch | None) -> _Step:
+        """Run the step's forward and sampler on `built`, its inputs (placeholders filled first)."""
+        if built is None:
+            return step
+        t0 = time.perf_counter()
+        if step.in_flight is not None:
+            step.placeholders = fill_placeholders(built[0], step.out)
+        meta, ids, pos = self.runner.tensors(*built)
+        t1 = self._add_ms(step, TIME.PREPARE, t0)
+        self.forward_timer.start()
+        step.ran = self.runner.forward(meta, ids, pos, built[0].logits_indices)
+        self.forward_timer.stop()
+        step.rows = [s.request for s in step.out.scheduled if s.sample]
+        step.sampling = self.sampler.launch(step.ran.rank0_logits(), step.rows, with_top=self.config.record_steps)
+        t2 = time.perf_counter()
+        self.engine_time += t2 - t1
+        step.launch_s = t2 - t1
+        # Part of 'forward': rank 0's wait in all-reduce / gather (0 at TP=1).
+        step.ms[TIME.COLLECTIVES] = step.ran.collective_ms
+        return step
+
+    def _launch_now(self, step: _Step) -> _Step:
+        return self._launch(step, self._build(step))
+
+    def _land(self, step: _Step) -> list[str]:
+        """Take the step's sampled tokens (on a GPU: wait for its forward) and hand them to the
+        scheduler; the requests it finished."""
+        t0 = time.perf_counter()
+        if step.sampling is not None:
+            step.results = step.sampling()
+            forward_s = self.forward_timer.seconds()
+            t1 = time.perf_counter()
+            self.engine_time += t1 - t0
+            # What the launch and the tokens' copy took besides the forward is the sampler's (on
+            # a GPU the copy waits for the forward: not its own time).
+            step.ms[TIME.FORWARD] = forward_s * 1e3
+            step.ms[TIME.SAMPLE] = max(0.0, step.launch_s + t1 - t0 - forward_s) * 1e3
+            t0 = t1
+        token_of = {r.request_id: res.token_id for r, res in zip(step.rows, step.results)}
+        finished = self.scheduler.update_from_output(step.out, token_of, time.time(), self.engine_time)
+        self._add_ms(step, TIME.UPDATE, t0)
         if self.config.check_invariants:
-            check_invariants(self, out, batch)
-        forward_s = self.forward_timer.seconds() if ran else 0.0
-        ms: TimingsDict = {TIME.SCHEDULE: (t1 - t0) * 1e3, TIME.PREPARE: (t2 - t1) * 1e3, TIME.FORWARD: forward_s * 1e3,
-                           # On a GPU the sampler's copy waits for the forward: not its own time.
-                           TIME.SAMPLE: max(0.0, t3 - t2 - forward_s) * 1e3, TIME.UPDATE: (t4 - t3) * 1e3,
-                           TIME.TOTAL: (t4 - t0) * 1e3,
-                           # Part of 'forward': rank 0's wait in all-reduce / gather (0 at TP=1).
-                           TIME.COLLECTIVES: ran.collective_ms if ran else 0.0}
-        rec = step_record(self.step_count, out, batch, ran, rows, results, finished, ms,
+            check_invariants(self, step.out, step.batch)
+        return finished
+
+    def _record(self, step: _Step, finished: list[str]) -> StepRecord:
+        self.step_count = step.number
+        ms = step.ms
+        for name in (TIME.PREPARE, TIME.FORWARD, TIME.SAMPLE, TIME.UPDATE, TIME.COLLECTIVES):
+            ms.setdefault(name, 0.0)
+        ms[TIME.TOTAL] = sum(ms[k] for k in (TIME.SCHEDULE, TIME.PREPARE, TIME.UPDATE)) + ms[TIME.FORWARD] \
+            + ms[TIME.SAMPLE]
+        rec = step_record(step.number, step.out, step.batch, step.ran, step.rows, step.results, finished,
+                          cast("TimingsDict", ms),
                           scheduler=self.scheduler, config=self.config, backend=self.runner.backend.name,
                           engine_time=self.engine_time, decode=self.decode)
-        rec.changes = self._step_changes(out)
+        if step.in_flight is not None:
+            rec.scheduled_ahead = {AHEAD.IN_FLIGHT_STEP: step.in_flight, AHEAD.PLACEHOLDERS: step.placeholders}
+        rec.changes = self._step_changes(step.out)
         return rec
+
+    def _add_ms(self, step: _Step, name: str, t0: float) -> float:
+        """Add the time since `t0` to the step's phase `name` and the engine clock; returns now."""
+        now = time.perf_counter()
+        self.engine_time += now - t0
+        step.ms[name] = step.ms.get(name, 0.0) + (now - t0) * 1e3
+        return now
 
     def take_changes(self) -> ChangesDict:
         """What actions changed since the last step or call (engine/report/changes.py): a

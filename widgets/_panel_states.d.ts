@@ -358,6 +358,7 @@ interface KvsTimelineSteps {
   backend: Array<string | null>;
   graph_bucket: Array<number | null>;
   forward_path: Array<string>;
+  scheduled_ahead: Array<number | null>;
   caption: Array<string>;
 }
 

@@ -64,6 +64,7 @@ const KVS_SCHEMA = {
   "num_waiting",
   "budgets",
   "batch_source",
+  "scheduled_ahead",
   "changes"
  ],
  "snapshot": [

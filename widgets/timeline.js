@@ -10,6 +10,7 @@
 // the whole run stays drawn (up to `window` steps) with a cursor on the shown step.
 
 const BUDGET_COLOR = "#d32f2f";
+const AHEAD_COLOR = "#00897b"; // a step scheduled ahead (async scheduling): a line under its bar
 /** @type {{[kind: string]: string}} */
 const KIND_COLORS = {
   queued: "#e0e0e0",
@@ -105,6 +106,13 @@ function rowLabel(rid) {
   return `${name.slice(0, Math.ceil(keep))}\u2026${name.slice(-Math.floor(keep))}`;
 }
 
+// Async scheduling: the step still running when step i was scheduled (null: none was).
+/** @param {KvsTimelineSteps} S @param {number} i @returns {number | null} */
+function aheadOf(S, i) {
+  const a = S.scheduled_ahead ? S.scheduled_ahead[i] : null;
+  return a === undefined ? null : a;
+}
+
 // The step's bar tooltip: its numbers, then the step in words (explorer/ui/captions.py).
 /** @param {KvsTimelineSteps} S @param {number} i */
 function stepText(S, i) {
@@ -112,7 +120,8 @@ function stepText(S, i) {
     d = S.decode[i] || 0;
   const head =
     `step ${S.step[i]}: ${p} prefill + ${d} decode tokens (budget ${S.budget[i]})` +
-    (S.preempted && S.preempted[i] ? `, ${S.preempted[i]} preempted` : "");
+    (S.preempted && S.preempted[i] ? `, ${S.preempted[i]} preempted` : "") +
+    (aheadOf(S, i) !== null ? `, scheduled while step ${aheadOf(S, i)} still ran (async scheduling)` : "");
   const caption = S.caption ? S.caption[i] : "";
   return caption ? `${head}\n${caption}` : head;
 }
@@ -129,6 +138,16 @@ function legend() {
       kvsEl("b", { class: "kvs-preempt-key", text: "\u25bc" }),
       "preemption",
     ]),
+    kvsEl(
+      "span",
+      {
+        class: "kvs-ahead-key",
+        "data-testid": "kvs-ahead-key",
+        title:
+          "a step scheduled while the step before still ran (async scheduling): its decode inputs were placeholders for that step's tokens",
+      },
+      [kvsEl("i", { style: { background: AHEAD_COLOR } }), "scheduled ahead"],
+    ),
     kvsEl("span", { class: "kvs-muted", text: " | time:" }),
     ...TIME_PARTS.map(item),
     kvsEl("span", { title: "a step slower than the ms axis: its bar is cut at the top, its time written on it" }, [
@@ -269,6 +288,18 @@ function drawTokens(out, S, span, L, ctx) {
       const n = S.preempted[i];
       grp.append(overBar(L, x, MARK_LANE - 2, "kvs-preempt-mark", S.step[i], n > 1 ? `\u25bc${n}` : "\u25bc"));
     }
+    if (aheadOf(S, i) !== null)
+      // under the bar: scheduled before the step before it had sampled
+      grp.append(
+        kvsSvg("rect", {
+          x: x + 0.5,
+          y: L.tokBottom + 1.5,
+          width: bw,
+          height: 2,
+          fill: AHEAD_COLOR,
+          class: "kvs-ahead-mark",
+        }),
+      );
     ctx.tipOn(grp, () => stepText(S, i));
     grp.addEventListener("click", () => ctx.scrub(S.step[i]));
     out.append(grp);
@@ -503,6 +534,8 @@ function render({ model, el }) {
     const S = model.get("steps") || {};
     const all = S.step || [];
     drawnWidth = holder.clientWidth;
+    const key = root.querySelector(".kvs-ahead-key"); // named only where a step was scheduled ahead
+    if (key instanceof HTMLElement) key.hidden = !(S.scheduled_ahead || []).some((a) => a !== null);
     if (!all.length) {
       // a fresh dashboard: say what to do instead of drawing empty axes
       sub.textContent = "";

@@ -23,6 +23,7 @@ class TimelineSteps(TypedDict):
     backend: list[str | None]       # the attention backend's name
     graph_bucket: list[int | None]  # the CUDA graph batch size a decode step replayed (None: it ran eager)
     forward_path: list[str]         # 'eager', 'cuda_graph' or 'native_decode'
+    scheduled_ahead: list[int | None]   # async scheduling: the step still running when it was scheduled
     caption: list[str]              # the step in words (explorer.ui.captions)
 
 
@@ -51,7 +52,9 @@ class TimelinePanel(Panel):
     step, prefill, decode (batch tokens), budget (max_num_batched_tokens), schedule,
     prepare, forward, sample (ms), preempted (count), backend (attention backend name) and
     graph_bucket (the CUDA graph batch size a decode step replayed; None when it ran eager),
-    forward_path ('eager', 'cuda_graph' or 'native_decode': how the forward ran) and caption
+    forward_path ('eager', 'cuda_graph' or 'native_decode': how the forward ran),
+    scheduled_ahead (async scheduling: the step still running when this one was scheduled, its
+    decode inputs placeholders for that step's tokens; None: nothing was) and caption
     (the step in words, explorer.ui.captions; shown in the bar's tooltip). The token
     chart's y axis is a square-root scale that fits the largest batch in view (a decode-only
     bar is never under 6 px); a budget far above it is marked at the top edge. The ms chart is

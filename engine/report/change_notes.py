@@ -24,24 +24,34 @@ class ChangeNotes:
         self.requests: set[str] = set()   # touched outside a step: added, aborted
         self.config_changed = False
         self._finished_sent = 0           # scheduler.finished[:n] went out already
+        self._scheduled: list[SchedulerOutput] = []   # steps scheduled since the last take
+
+    def scheduled(self, out: SchedulerOutput) -> None:
+        """A step was scheduled: its requests, the preempted and the admitted ones changed."""
+        self._scheduled.append(out)
 
     def take(self, step: int, out: SchedulerOutput | None, *, requests: dict[str, Request], scheduler: Scheduler,
              config: EngineConfig, metrics: EngineMetricsDict, decode: Decode) -> ChangesDict:
-        """The changes since the last call; `out` is the step's SchedulerOutput (None: no step,
-        only actions since the last refresh point)."""
+        """The changes since the last call; `out` is the SchedulerOutput of the step that landed
+        (None: no step, only actions since the last refresh point). Under async scheduling the
+        next step was scheduled already: its schedule is part of the state too."""
         touched = self.requests
         self.requests = set()
         pool = scheduler.kv.pool
         blocks = pool.take_touched()
         holders: dict[int, tuple[Request, int]] = {}   # block -> a scheduled request holding it, and where
-        if out is not None:
-            touched.update(s.request.request_id for s in out.scheduled)
-            touched.update(out.preempted)
-            touched.update(out.new_requests)
-            for rid in out.preempted:
+        outs, self._scheduled = self._scheduled, []
+        for o in outs:
+            touched.update(o.preempted)
+            touched.update(o.new_requests)
+            for rid in o.preempted:
                 self.sent.table_went_back(rid)
-            bs = config.block_size
-            for s in out.scheduled:  # the blocks its new tokens were written into, in every KV cache group
+        # The step that landed (async scheduling: scheduled before the last take) wrote its tokens.
+        landed = [] if out is None or any(o is out for o in outs) else [out]
+        bs = config.block_size
+        for o in (*outs, *landed):
+            touched.update(s.request.request_id for s in o.scheduled)
+            for s in o.scheduled:  # the blocks its new tokens are written into, in every KV cache group
                 first = s.num_computed_before // bs
                 last = (s.num_computed_before + s.num_tokens - 1) // bs
                 for group, table in enumerate((s.request.block_table, *s.request.extra_block_tables)):
@@ -88,6 +98,7 @@ class ChangeNotes:
         what they would have carried is let go, so nothing piles up over a long run."""
         scheduler.kv.pool.take_touched()
         self.requests.clear()
+        self._scheduled.clear()
         self._finished_sent = len(scheduler.finished)
 
     def _request_change(self, req: Request, decode: Decode) -> RequestChangeDict:

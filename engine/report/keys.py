@@ -46,7 +46,15 @@ class REC(Keys):
     NUM_WAITING: Final = "num_waiting"
     BUDGETS: Final = "budgets"
     BATCH_SOURCE: Final = "batch_source"
+    SCHEDULED_AHEAD: Final = "scheduled_ahead"
     CHANGES: Final = "changes"
+
+
+class AHEAD(Keys):
+    """ScheduledAheadDict's keys."""
+
+    IN_FLIGHT_STEP: Final = "in_flight_step"
+    PLACEHOLDERS: Final = "placeholders"
 
 
 class SCHED(Keys):

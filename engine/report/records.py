@@ -43,6 +43,7 @@ from .schema import (
     RequestDict,
     RequestFieldsDict,
     SampledDict,
+    ScheduledAheadDict,
     ScheduledDict,
     StepRecordDict,
     TimingsDict,
@@ -109,6 +110,7 @@ class StepRecord:
     # Where `batch` comes from: "runner" (the runner's own inputs), "scheduler" (derived from
     # the scheduler's block tables), None (no batch recorded).
     batch_source: str | None = None
+    scheduled_ahead: ScheduledAheadDict | None = None   # async scheduling (the schema's StepRecordDict)
     # What the step changed in the engine's state (engine/report/changes.py: apply).
     changes: ChangesDict = field(default_factory=changes_to_come)
 
@@ -143,7 +145,8 @@ class StepRecord:
             REC.BLOCKS: self.blocks, REC.NUM_FREE_BLOCKS: self.num_free_blocks, REC.TIMINGS_MS: self.timings_ms,
             REC.ENGINE_TIME_S: self.engine_time_s, REC.WALL_TIME_S: self.wall_time_s,
             REC.TOKEN_BUDGET: self.token_budget, REC.NUM_RUNNING: self.num_running, REC.NUM_WAITING: self.num_waiting,
-            REC.BUDGETS: self.budgets, REC.BATCH_SOURCE: self.batch_source, REC.CHANGES: self.changes,
+            REC.BUDGETS: self.budgets, REC.BATCH_SOURCE: self.batch_source,
+            REC.SCHEDULED_AHEAD: self.scheduled_ahead, REC.CHANGES: self.changes,
         }
 
 

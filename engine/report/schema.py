@@ -34,6 +34,7 @@ from typing import Any, TypedDict, Union
 from ..config import SCHEDULER_KNOBS
 from ..core.block_pool import BlockEvents, BlockEventsDict
 from .keys import (
+    AHEAD,
     BATCH,
     BLOCK,
     BUDGET,
@@ -124,6 +125,13 @@ class BudgetsDict(TypedDict, total=False):
     scheduling_policy: str
 
 
+class ScheduledAheadDict(TypedDict):
+    """A step scheduled before the step in flight had sampled (async scheduling, vLLM's
+    AsyncScheduler): its decode inputs were placeholders for that step's tokens."""
+    in_flight_step: int            # the step that still ran when this one was scheduled
+    placeholders: dict[str, int]   # request id -> the token its placeholder input turned out to be
+
+
 class StepRecordDict(TypedDict):
     """`StepRecord.to_dict()`: what one `step()` did."""
     step: int
@@ -146,6 +154,9 @@ class StepRecordDict(TypedDict):
     # from the scheduler's block tables: a live server's runner is in other processes or on a
     # GPU), None (no batch recorded).
     batch_source: str | None
+    # Async scheduling: this step was scheduled while `in_flight_step` still ran (None: with
+    # nothing in flight). Its state, as every record's, is after the step that landed.
+    scheduled_ahead: ScheduledAheadDict | None
     changes: ChangesDict   # what the step changed in the engine's state (apply() below)
 
 
@@ -421,7 +432,7 @@ KEYS_OF: dict[type[Keys], type] = {
     TIME: TimingsDict, BUDGET: BudgetsDict, SNAP: EngineSnapshotDict, QUEUE: QueuesDict, REQ: RequestDict,
     RMETRICS: RequestMetricsDict, CLOCK: ClockDict, POOL: BlockPoolDict, BLOCK: BlockDict, METRICS: EngineMetricsDict,
     INFO: ModelInfoDict, CHANGES: ChangesDict, RCHANGE: RequestChangeDict, CCHANGE: ClockChangeDict,
-    DECODES: DecodesDict}
+    DECODES: DecodesDict, AHEAD: ScheduledAheadDict}
 
 
 def key_mismatches(keys: type[Keys], shape: type) -> str:

@@ -40,10 +40,19 @@ class Batch:
     block_table_lens: list[int] | None = None   # None: each row of block_tables is this step's alone
 
 
-def build_batch(out: SchedulerOutput, block_size: int, num_groups: int = 1) -> tuple[Batch, list[int], list[int]]:
+# A built step: its Batch, each row's context length and the rows that decode one token.
+BuiltBatch = tuple[Batch, list[int], list[int]]
+
+# The input id a placeholder holds until the step in flight samples it (fill_placeholders).
+PLACEHOLDER_ID = 0
+
+
+def build_batch(out: SchedulerOutput, block_size: int, num_groups: int = 1) -> BuiltBatch:
     """The step's packed inputs as lists, from the scheduler's decision (no tensors: the model
     runner makes them, and a replay without a model needs none): the Batch, each row's context
-    length (the tokens computed before this step) and the rows that decode one token."""
+    length (the tokens computed before this step) and the rows that decode one token. An input
+    past the request's known tokens (async scheduling: the step in flight samples it) holds
+    PLACEHOLDER_ID until `fill_placeholders`."""
     bs = block_size
     input_ids: list[int] = []
     positions: list[int] = []
@@ -58,6 +67,8 @@ def build_batch(out: SchedulerOutput, block_size: int, num_groups: int = 1) -> t
         req, start, n = s.request, s.num_computed_before, s.num_tokens
         end = start + n
         input_ids.extend(req.all_token_ids[start:end])
+        if s.num_placeholder_inputs:
+            input_ids.extend([PLACEHOLDER_ID] * (start + n - max(start, len(req.all_token_ids))))
         positions.extend(range(start, end))
         table = req.block_table
         slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
@@ -77,3 +88,19 @@ def build_batch(out: SchedulerOutput, block_size: int, num_groups: int = 1) -> t
     batch = Batch(input_ids, positions, qsl, seq_lens, slots, tables, logits_idx, group_slots, group_tables,
                   table_lens)
     return batch, ctx_lens, decode_ids
+
+
+def fill_placeholders(batch: Batch, out: SchedulerOutput) -> dict[str, int]:
+    """Write into a step scheduled ahead (async scheduling) the tokens its placeholder inputs
+    stood for, now that the step in flight has landed; returns request id -> the token its
+    placeholder held. A request whose step in flight dropped its token (aborted since) keeps
+    PLACEHOLDER_ID: its output will be dropped too."""
+    held: dict[str, int] = {}
+    for i, s in enumerate(out.scheduled):
+        if not s.num_placeholder_inputs:
+            continue
+        req, end = s.request, s.num_computed_before + s.num_tokens
+        for p in range(end - s.num_placeholder_inputs, min(end, len(req.all_token_ids))):
+            batch.input_ids[batch.query_start_loc[i] + p - s.num_computed_before] = held[req.request_id] = \
+                req.all_token_ids[p]
+    return held

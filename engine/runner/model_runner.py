@@ -20,7 +20,7 @@ from ..model import CausalLM, ModelSpec, load_weights
 from ..model.cpu_linear import cpu_packing_available
 from ..parallel.parallel_state import SINGLE, TensorParallel
 from . import crossover
-from .batch import Batch, build_batch
+from .batch import Batch, BuiltBatch, build_batch
 from .cuda_graphs import DecodeGraphs, why_no_graphs
 from .native_decode import NativeDecode, why_no_native_decode
 from .padded_tables import PaddedTables
@@ -250,11 +250,15 @@ class ModelRunner:
             self.workers.shutdown()
 
     # -- one step -----------------------------------------------------------------------
-    def prepare(self, out: SchedulerOutput) -> tuple[Batch, AttentionMetadata | None, torch.Tensor | None,
-                                                     torch.Tensor | None]:
-        """The step's packed inputs: the Batch (lists) and, unless the native decode took the
-        step (then None), its attention metadata, input ids and positions as tensors."""
-        batch, ctx_lens, decode_ids = build_batch(out, self.block_size, len(self.kv_groups))
+    def build(self, out: SchedulerOutput) -> BuiltBatch:
+        """The step's packed inputs as lists (`build_batch`): the part of prepare that needs no
+        input token, so async scheduling builds it while the step before still runs."""
+        return build_batch(out, self.block_size, len(self.kv_groups))
+
+    def tensors(self, batch: Batch, ctx_lens: list[int], decode_ids: list[int],
+                ) -> tuple[AttentionMetadata | None, torch.Tensor | None, torch.Tensor | None]:
+        """The built batch as the forward takes it: attention metadata, input ids and positions
+        as tensors; or, where the native decode takes the step, loaded into it (then None)."""
         input_ids, positions = batch.input_ids, batch.positions
         if self.native_decode is not None and self.native_decode.takes(
                 len(input_ids), len(decode_ids), len(batch.logits_indices), batch.block_tables,
@@ -265,10 +269,10 @@ class ModelRunner:
             self.native_decode.load(input_ids, positions, batch.slot_mapping, batch.seq_lens, batch.block_tables,
                                     batch.group_slot_mappings[0] if sliding else None,
                                     batch.group_block_tables[0] if sliding else None)
-            return batch, None, None, None
+            return None, None, None
         meta = self.metadata(batch, ctx_lens, decode_ids)
         dev = self.device
-        return (batch, meta, torch.tensor(input_ids, dtype=torch.long, device=dev),
+        return (meta, torch.tensor(input_ids, dtype=torch.long, device=dev),
                 torch.tensor(positions, dtype=torch.long, device=dev))
 
     def metadata(self, batch: Batch, ctx_lens: list[int], decode_ids: list[int]) -> AttentionMetadata:

@@ -1,6 +1,8 @@
 """Picks each sampled request's next token and reports the candidates it chose from."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from ..cpu_kernels import native
@@ -36,31 +38,42 @@ class Sampler:
         self.native = native()
 
     def __call__(self, logits: torch.Tensor, requests: list[Request], with_top: bool = True) -> list[SampleResult]:
+        return self.launch(logits, requests, with_top)()
+
+    def launch(self, logits: torch.Tensor, requests: list[Request],
+               with_top: bool = True) -> Callable[[], list[SampleResult]]:
+        """Start sampling the rows; the call returned gives the results. On a GPU the greedy
+        rows' tokens and candidates stay on the device until then, so a caller that asks when
+        the step lands (async scheduling) does not wait for the forward here."""
         if not requests:
-            return []
+            return list
         # Candidates of greedy rows, batched (no per-row kernel calls), on the logits' device.
         rows = [i for i, r in enumerate(requests) if r.params.greedy and with_top and r.params.logprobs_top]
         k = min(max((requests[i].params.logprobs_top for i in rows), default=1), logits.shape[-1])
-        greedy_tokens, top_ids, top_probs = self._greedy(logits, rows, k)
-        greedy_top: dict[int, list[tuple[int, float]]] = {}
-        for j, i in enumerate(rows):
-            n = requests[i].params.logprobs_top
-            greedy_top[i] = list(zip(top_ids[j][:n], top_probs[j][:n]))
+        greedy = self._greedy(logits, rows, k)
         drawn = self._drawn_rows(logits, requests)
-        results: list[SampleResult] = []
-        for row, req in enumerate(requests):
-            p = req.params
-            if p.greedy:
-                results.append(SampleResult(greedy_tokens[row], greedy_top.get(row, [])))
-                continue
-            probs = filtered_probs(drawn[row], p.temperature, p.top_k, p.top_p)
-            gen = req.generator if req.generator is not None else self.generator
-            token = int(torch.multinomial(probs, 1, generator=gen).item())
-            top = []
-            if with_top and p.logprobs_top:
-                vals, ids = probs.topk(min(p.logprobs_top, probs.shape[-1]))
-                top = list(zip(ids.tolist(), vals.tolist()))
-            results.append(SampleResult(token, top))
+
+        def results() -> list[SampleResult]:
+            greedy_tokens, top_ids, top_probs = greedy()
+            greedy_top: dict[int, list[tuple[int, float]]] = {}
+            for j, i in enumerate(rows):
+                n = requests[i].params.logprobs_top
+                greedy_top[i] = list(zip(top_ids[j][:n], top_probs[j][:n]))
+            out: list[SampleResult] = []
+            for row, req in enumerate(requests):
+                p = req.params
+                if p.greedy:
+                    out.append(SampleResult(greedy_tokens[row], greedy_top.get(row, [])))
+                    continue
+                probs = filtered_probs(drawn[row], p.temperature, p.top_k, p.top_p)
+                gen = req.generator if req.generator is not None else self.generator
+                token = int(torch.multinomial(probs, 1, generator=gen).item())
+                top = []
+                if with_top and p.logprobs_top:
+                    vals, ids = probs.topk(min(p.logprobs_top, probs.shape[-1]))
+                    top = list(zip(ids.tolist(), vals.tolist()))
+                out.append(SampleResult(token, top))
+            return out
         return results
 
     @staticmethod
@@ -77,9 +90,9 @@ class Sampler:
         return dict(zip(drawn, logits[drawn].float().cpu()))
 
     def _greedy(self, logits: torch.Tensor, rows: list[int],
-                k: int) -> tuple[list[int], list[list[int]], list[list[float]]]:
-        """Every row's argmax token, and for the rows listed the ids of their k best logits and
-        those candidates' probabilities (lists: item j of each is rows[j]'s)."""
+                k: int) -> Callable[[], tuple[list[int], list[list[int]], list[list[float]]]]:
+        """A call giving every row's argmax token, and for the rows listed the ids of their k
+        best logits and those candidates' probabilities (lists: item j of each is rows[j]'s)."""
         if self.native is not None and logits.device.type == "cpu":
             # One pass over each row. A torch call costs ~10-50 us right after a decode step's
             # weights streamed through the caches (one stream's step is ~15 ms on a 2-core CPU).
@@ -88,14 +101,16 @@ class Sampler:
             tokens = [row[0] for row in ids]
             if len(rows) != len(ids):
                 ids, probs = [ids[i] for i in rows], [probs[i] for i in rows]
-            return tokens, ids, probs
-        # Elsewhere torch's, on the logits' device (a GPU's: only tokens and candidates cross to the host).
+            return lambda: (tokens, ids, probs)
+        # Elsewhere torch's, on the logits' device (a GPU's: only tokens and candidates cross to
+        # the host, when the call is made).
         logits = logits.float()
-        tokens = logits.argmax(-1).tolist()
+        best = logits.argmax(-1)
         if not rows:
-            return tokens, [], []
+            return lambda: (best.tolist(), [], [])
         picked = logits if len(rows) == logits.shape[0] else logits[rows]
         # The k best logits and their probabilities exp(logit - logsumexp): the same as softmax
         # then topk, without writing a probability for every vocabulary entry.
         top_logits, top_ids = picked.topk(k)
-        return tokens, top_ids.tolist(), (top_logits - picked.logsumexp(-1, keepdim=True)).exp().tolist()
+        top_probs = (top_logits - picked.logsumexp(-1, keepdim=True)).exp()
+        return lambda: (best.tolist(), top_ids.tolist(), top_probs.tolist())

@@ -16,7 +16,16 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import cast
 
-from engine.report.schema import REC, BudgetsDict, EngineSnapshotDict, RequestDict, ScheduledDict, StepRecordDict
+from engine.report.schema import (
+    AHEAD,
+    REC,
+    BudgetsDict,
+    EngineSnapshotDict,
+    RequestDict,
+    ScheduledAheadDict,
+    ScheduledDict,
+    StepRecordDict,
+)
 
 from ..core.history import Entry, entry_fields
 
@@ -187,11 +196,26 @@ class _Step:
             return "nothing was scheduled"
         if not self.sched:
             parts.insert(0, "nothing was scheduled")
+        if ahead := self.rec.get(REC.SCHEDULED_AHEAD):
+            parts.append(self.ahead_text(ahead))
         if self.rec.get(REC.BATCH_SOURCE) == "scheduler" and self.sched:
             # a live feed's batch is not the runner's own but derived: say so with it (an engine's own
             # batch, read from its runner, needs no word: the panel's badge names it)
             parts.append(f"slot mapping {BATCH_SOURCE_WORDS['scheduler'][0]}")
         return "; ".join(parts)
+
+    def ahead_text(self, ahead: ScheduledAheadDict) -> str:
+        """Async scheduling: which step still ran when this one was scheduled, and what the
+        placeholder inputs it took from that step turned out to be."""
+        step, held = ahead[AHEAD.IN_FLIGHT_STEP], ahead[AHEAD.PLACEHOLDERS]
+        text = f"scheduled while step {step} still ran (async scheduling)"
+        if not held:
+            return text
+        shown = ", ".join(f"{self.name(rid)} {ARROW} {token}" for rid, token in list(held.items())[:3])
+        more = f" and {len(held) - 3} more" if len(held) > 3 else ""
+        were = "was a placeholder" if len(held) == 1 else "were placeholders"
+        return (f"{text}: {len(held)} decode input{_s(len(held))} {were} for step {step}'s token{_s(len(held))}, "
+                f"filled once it landed ({shown}{more})")
 
     def prefill_text(self, s: ScheduledDict, left: int) -> str:
         """A prefill (or a resumed request's recompute): how many of its tokens, from where,

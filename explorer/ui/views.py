@@ -15,6 +15,7 @@ from engine.report.records import StepRecord
 # The block pool's `status` codes and `events` bits are the record schema's (the browser reads
 # them from its generated copy, widgets/_schema.js's KVS_SCHEMA).
 from engine.report.schema import (
+    AHEAD,
     BATCH,
     BLOCK,
     BUDGET,
@@ -390,7 +391,8 @@ def timeline_state(entries: Iterable[Entry], captions: Sequence[str] | None = No
     if captions is None:
         captions = history_captions(entries)
     cols: dict[str, list] = {k: [] for k in ("step", "prefill", "decode", "budget", "preempted", *_TIMING_KEYS,
-                                             "backend", "graph_bucket", "forward_path", "caption")}
+                                             "backend", "graph_bucket", "forward_path", "scheduled_ahead",
+                                             "caption")}
     requests: list[str] = []
     index: dict[str, int] = {}
     segments: list[list] = []
@@ -431,6 +433,8 @@ def timeline_state(entries: Iterable[Entry], captions: Sequence[str] | None = No
         cols["backend"].append(t.get(TIME.BACKEND))
         cols["graph_bucket"].append(t.get(TIME.CUDA_GRAPH_BUCKET))
         cols["forward_path"].append(t.get(TIME.FORWARD_PATH, "eager"))
+        ahead = record.get(REC.SCHEDULED_AHEAD)
+        cols["scheduled_ahead"].append(ahead[AHEAD.IN_FLIGHT_STEP] if ahead else None)
         done = set()
         for s in sched:
             rid = s[SCHED.REQUEST_ID]

@@ -133,6 +133,38 @@ def test_each_history_entry_equals_the_engines_full_snapshot_at_its_step(llm):
     assert rows > 100
 
 
+def test_under_async_scheduling_each_entry_equals_the_full_snapshot_with_the_next_step_scheduled(llm):
+    """Async scheduling (vLLM's on a GPU) on the same workload: each step is scheduled while the
+    one before still runs, so the state after a step holds the next step's schedule too (its
+    blocks, its computed counts). The history, built from the changes, is that state at every
+    step; each step after the first says which step was in flight and what its placeholder
+    inputs held; and the requests' outputs are the synchronous engine's."""
+    budgets = {"num_kv_blocks": 21, "block_size": 16, "max_num_batched_tokens": 96, "max_num_seqs": 4}
+    s = Session(llm.engine.config.model, async_scheduling=True, check_invariants=True, **budgets)
+    assert s.engine.async_scheduling and s.engine.config.async_scheduling
+
+    def check() -> None:
+        assert s.current.snapshot == s.engine.snapshot().to_dict(), f"step {s.current.step}"
+
+    seen = busy_workload(s, check, tag="async-")
+    assert seen["chunks"] and seen["hits"] and seen["preempted"] and seen["finished"] == 5
+    records = [e.record for e in s.history if e.record]
+    assert [r["step"] for r in records] == list(range(1, len(records) + 1))
+    ahead = [r for r in records if r["scheduled_ahead"]]
+    assert records[0]["scheduled_ahead"] is None and len(ahead) > len(records) // 2
+    for r in ahead:
+        assert r["scheduled_ahead"]["in_flight_step"] == r["step"] - 1
+        for rid, token in r["scheduled_ahead"]["placeholders"].items():   # the token it turned out to be
+            row = [x["request_id"] for x in r["scheduled"]].index(rid)
+            assert r["batch"]["input_ids"][r["batch"]["query_start_loc"][row + 1] - 1] == token
+    assert sum(len(r["scheduled_ahead"]["placeholders"]) for r in ahead) > 40
+    sync = Session(llm.engine.config.model, **budgets)   # a fresh pool, as the async one's
+    busy_workload(sync, lambda: None, tag="async-")
+    outputs = {r["request_id"]: list(r["output_token_ids"]) for r in s.current.snapshot["queues"]["finished"]}
+    finished = sync.current.snapshot["queues"]["finished"]
+    assert outputs == {r["request_id"]: list(r["output_token_ids"]) for r in finished}
+
+
 def test_a_mib_bound_counts_what_the_steps_add_as_the_history_holds_it(llm):
     """The estimate a MiB bound keeps (history.step_bytes, a step at a time, O(the step)) against
     what the entries hold, each object once (history_bytes), within the 0.6-1.5x the follower's

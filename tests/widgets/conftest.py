@@ -12,7 +12,7 @@ import pytest
 # for every other scenario. Tests that change knobs reset back to these.
 BASE_CONFIG = {"num_kv_blocks": 48, "max_num_batched_tokens": 64, "max_num_seqs": 256,
                "enable_chunked_prefill": True, "enable_prefix_caching": True, "scheduler_reserve_full_isl": True,
-               "scheduling_policy": "unified", "block_size": 16}
+               "scheduling_policy": "unified", "block_size": 16, "async_scheduling": False}
 
 
 @pytest.fixture(scope="session")

@@ -131,6 +131,32 @@ def test_slider_scrubs_every_panel_and_live_returns(ui) -> None:
     wait_step(page, 3)
 
 
+def test_steps_scheduled_ahead_are_marked_on_the_timeline_and_in_the_caption(ui) -> None:
+    """Async scheduling (vLLM's default on a GPU) on kvscope's engine: every step after the first
+    was scheduled while the one before still ran. Its bar is underlined, the legend names the
+    mark, and the bar's tooltip and the caption say which step still ran and what the
+    placeholder inputs turned out to be. Pressing Step still shows one step at a time."""
+    page, _, binder = ui
+    binder.session.add_request("The capital of France is", max_tokens=8, temperature=0.0)
+    step_and_show(ui, 2)   # synchronous: nothing is marked, and the legend does not name the mark
+    assert page.locator('[data-testid="kvs-timeline-chart"] .kvs-ahead-mark').count() == 0
+    assert page.locator('[data-testid="kvs-ahead-key"]').is_hidden()
+    binder.session.reset(async_scheduling=True)
+    binder.session.add_request("The capital of France is", max_tokens=8, temperature=0.0)
+    for step in range(1, 6):
+        page.click('[data-testid="kvs-step-btn"]')
+        wait_step(page, step)
+    assert page.locator('[data-testid="kvs-timeline-chart"] .kvs-ahead-mark').count() == 4   # steps 2-5
+    assert page.locator('[data-testid="kvs-ahead-key"]').is_visible()
+    token = binder.session.history[3].record["scheduled_ahead"]["placeholders"]["0"]
+    page.hover('[data-testid="kvs-timeline-chart"] g.kvs-step-bar[data-step="3"] rect')
+    tip = page.inner_text('[data-testid="kvs-timeline-tooltip"]')
+    assert "step 3:" in tip and "scheduled while step 2 still ran (async scheduling)" in tip, tip
+    assert f"1 decode input was a placeholder for step 2's token, filled once it landed (#0 \u2192 {token})" in tip
+    caption = page.inner_text('[data-testid="kvs-caption"]')
+    assert caption.startswith("step 5: ") and "scheduled while step 4 still ran" in caption, caption
+
+
 def test_block_hover_shows_tokens_and_click_pins(ui) -> None:
     page, _, binder = ui
     binder.session.add_request("The capital of France is a city with a long history", max_tokens=3, temperature=0.0)

@@ -46,19 +46,24 @@ class ChangeNotes:
             touched.update(o.new_requests)
             for rid in o.preempted:
                 self.sent.table_went_back(rid)
-        # The step that landed (async scheduling: scheduled before the last take) wrote its tokens.
-        landed = [] if out is None or any(o is out for o in outs) else [out]
+        # The positions each request's tokens are written into: the steps scheduled since, and the
+        # step that landed (async scheduling: scheduled before the last take), as one span each.
+        spans: dict[str, tuple[Request, int, int]] = {}
+        for o in (outs if out is None or any(x is out for x in outs) else (*outs, out)):
+            for s in o.scheduled:
+                lo, hi = s.num_computed_before, s.num_computed_before + s.num_tokens - 1
+                had = spans.get(s.request.request_id)
+                spans[s.request.request_id] = (s.request, lo, hi) if had is None else \
+                    (s.request, min(had[1], lo), max(had[2], hi))
+        touched.update(spans)
         bs = config.block_size
-        for o in (*outs, *landed):
-            touched.update(s.request.request_id for s in o.scheduled)
-            for s in o.scheduled:  # the blocks its new tokens are written into, in every KV cache group
-                first = s.num_computed_before // bs
-                last = (s.num_computed_before + s.num_tokens - 1) // bs
-                for group, table in enumerate((s.request.block_table, *s.request.extra_block_tables)):
-                    for i in range(first, min(last + 1, len(table))):
-                        blocks.add(table[i])
-                        if group == 0:  # records.block_dicts reads a holder's block_table
-                            holders[table[i]] = (s.request, i)
+        for req, lo, hi in spans.values():  # the blocks those tokens go into, in every KV cache group
+            table = req.block_table
+            for i in range(lo // bs, min(hi // bs + 1, len(table))):
+                blocks.add(table[i])
+                holders[table[i]] = (req, i)   # records.block_dicts reads a holder's block_table
+            for extra in req.extra_block_tables:
+                blocks.update(extra[lo // bs:hi // bs + 1])
         finished = scheduler.finished[self._finished_sent:]
         self._finished_sent = len(scheduler.finished)
         done = {r.request_id for r in finished}

@@ -91,7 +91,9 @@ class ModelRunner:
             self.device = resolve_device(config.device) if tp is None else tp.device
             self.dtype = resolve_dtype(config.dtype, self.device)
             self.block_size = config.block_size
-            self._padded_tables = PaddedTables()   # each step's block tables, in one buffer kept across steps
+            # Each step's block tables, in one buffer kept across steps; group 0's are the requests'
+            # own full-attention tables (runner/batch.py), which only grow: a step writes their new blocks.
+            self._padded_tables = PaddedTables(grows_only=True)
             # KV cache groups (vLLM's kv_cache_groups): full-attention layers, then sliding-window
             # ones. Layer i of every group shares pool tensor i (a block belongs to one group at a
             # time, so the groups never write the same slot), as vLLM lays its pools out.

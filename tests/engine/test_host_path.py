@@ -64,3 +64,43 @@ def test_padded_block_tables_reuse_one_buffer_and_pad_with_zeros():
     second = padded([[1], [2, 3, 4]], 3)
     assert second.tolist() == [[1, 0, 0], [2, 3, 4]] and second.is_contiguous() and second.data_ptr() == address
     assert padded([[1, 2, 3, 4, 5, 6]] * 3, 6).tolist() == [[1, 2, 3, 4, 5, 6]] * 3   # grows past its size
+
+
+def test_a_row_holding_the_same_growing_table_writes_only_its_new_blocks():
+    """A decode step's block tables are the step before's, a block longer now and then: a row that
+    holds the same list as before writes only what was appended (grows_only: the requests' own
+    full-attention tables). Tables that grow, are replaced by new lists (a preempted or finished
+    request's), move between rows and leave, at changing widths: always the padded tables."""
+    import random
+
+    import torch
+
+    from engine.runner.padded_tables import PaddedTables
+
+    padded = PaddedTables(grows_only=True)
+    grown, other = [1, 2, 3], [4]
+    padded([grown, other], 4)
+    padded._flat[0] = -1   # a mark in the buffer where row 0's first block is
+    grown.append(5)
+    assert padded([grown, other], 4)[0].tolist() == [-1, 2, 3, 5]   # only the appended block was written
+    assert padded([[1, 2, 3, 5], other], 4)[0].tolist() == [1, 2, 3, 5]   # another list: written whole
+    assert PaddedTables()([grown], 4).tolist() == [[1, 2, 3, 5]]
+
+    rng = random.Random(0)
+    tables = [[rng.randrange(1, 999) for _ in range(rng.randint(1, 9))] for _ in range(12)]
+    for step in range(800):
+        for t in tables:
+            if rng.random() < 0.3:
+                t.append(rng.randrange(1, 999))
+        if rng.random() < 0.1:
+            tables[rng.randrange(len(tables))] = [rng.randrange(1, 999) for _ in range(rng.randint(0, 5))]
+        if rng.random() < 0.05:
+            rng.shuffle(tables)
+        if rng.random() < 0.05 and len(tables) > 2:
+            tables.pop(rng.randrange(len(tables)))
+        if rng.random() < 0.05:
+            tables.append([rng.randrange(1, 999)])
+        rows = tables[:rng.randint(1, len(tables))]
+        width = max(1, *map(len, rows)) + (rng.random() < 0.2)
+        got = padded(rows, width)
+        assert torch.equal(got, torch.tensor([t + [0] * (width - len(t)) for t in rows])), step

@@ -117,17 +117,17 @@ def _generate(model: str, backend: str, dtype: str, forced: dict[str, list[int]]
     prompts = {"fox": story + tok(" What did the fox do?")["input_ids"], "who": story + tok(" Who slept?")["input_ids"],
                "paris": tok("The capital of France is")["input_ids"]}
     logits: dict[str, list[torch.Tensor]] = {r: [] for r in prompts}
-    sample = eng.sampler
+    launch = eng.sampler.launch
 
-    def sampler(rows, requests, with_top=True):
-        results = sample(rows, requests, with_top)
+    def sampling(rows, requests, with_top=True):
+        results = launch(rows, requests, with_top)()
         for row, req, res in zip(rows, requests, results):
             logits[req.request_id].append(row.float().cpu().clone())
             if forced is not None:
                 res.token_id = forced[req.request_id][len(logits[req.request_id]) - 1]
-        return results
+        return lambda: results
 
-    eng.sampler = sampler
+    eng.sampler.launch = sampling
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     eng.add_request(prompts["fox"], params, request_id="fox")
     while eng.has_unfinished_requests():  # the first prompt alone (chunked): its page is cached after

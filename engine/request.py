@@ -93,6 +93,8 @@ class RequestMetrics:
     engine: ClockEvents = field(default_factory=ClockEvents)
 
     def record(self, event: str, wall_t: float, engine_t: float) -> None:
+        if event == "token_times":
+            return self.token(wall_t, engine_t)
         for clock, t in ((self.wall, wall_t), (self.engine, engine_t)):
             if event in ("token_times", "preempted_times"):
                 getattr(clock, event).append(t)
@@ -100,6 +102,16 @@ class RequestMetrics:
                     clock.first_token_time = t
             elif getattr(clock, event) is None:
                 setattr(clock, event, t)
+
+    def token(self, wall_t: float, engine_t: float) -> None:
+        """A new token's time on both clocks (every running request's, every step: kept short)."""
+        wall, engine = self.wall, self.engine
+        wall.token_times.append(wall_t)
+        engine.token_times.append(engine_t)
+        if wall.first_token_time is None:
+            wall.first_token_time = wall_t
+        if engine.first_token_time is None:
+            engine.first_token_time = engine_t
 
     # vLLM-named accessors on the engine clock for convenience.
     @property

@@ -146,6 +146,8 @@ class AsyncScheduler(Scheduler):
 
     def _land_stale(self, request_id: str) -> bool:
         """Whether this landing output of the request is stale (scheduled before its preemption)."""
+        if not self._stale:   # nothing preempted with a step in flight: the common case
+            return False
         left = self._stale.pop(request_id, 0)
         if left > 1:
             self._stale[request_id] = left - 1

@@ -186,7 +186,7 @@ class Scheduler:
 
     def _count_token_and_stop(self, req: Request, now_wall: float, now_engine: float) -> bool:  # True: finished
         self.num_generated_tokens += 1
-        req.metrics.record("token_times", now_wall, now_engine)
+        req.metrics.token(now_wall, now_engine)
         if reason := req.check_stop(self.max_model_len):
             self.finish(req, reason)
             req.metrics.record("finished_time", now_wall, now_engine)

@@ -57,12 +57,12 @@ class ChangeNotes:
                     (s.request, min(had[1], lo), max(had[2], hi))
         touched.update(spans)
         bs = config.block_size
-        for req, lo, hi in spans.values():  # the blocks those tokens go into, in every KV cache group
-            table = req.block_table
+        for writer, lo, hi in spans.values():  # the blocks those tokens go into, in every KV cache group
+            table = writer.block_table
             for i in range(lo // bs, min(hi // bs + 1, len(table))):
                 blocks.add(table[i])
-                holders[table[i]] = (req, i)   # records.block_dicts reads a holder's block_table
-            for extra in req.extra_block_tables:
+                holders[table[i]] = (writer, i)   # records.block_dicts reads a holder's block_table
+            for extra in writer.extra_block_tables:
                 blocks.update(extra[lo // bs:hi // bs + 1])
         finished = scheduler.finished[self._finished_sent:]
         self._finished_sent = len(scheduler.finished)

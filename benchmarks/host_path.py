@@ -12,14 +12,14 @@ with records on (what a Session needs) and off. Printed per step, medians:
   (frees after the step returns, the engine's bookkeeping);
 - host: the loop's wall less the forward and the sampler, the goal's figure;
 - critical: the host work left on a GPU's critical path. Synchronous, that is all of `host`.
-  Under async scheduling (the `async` row: records on, `async_scheduling=True`, vLLM's default on
-  a GPU) the next step is scheduled and built, and the step's record made, while the GPU runs a
-  forward; what the GPU waits for is the landing (`update`) and the next step's tensors with its
-  placeholders filled (`runner.tensors`). On a CPU the forward runs on the same cores, so nothing
-  hides: the column is what a GPU would leave exposed, measured here (it hides the rest only
-  where the forward is the longer);
+  Under async scheduling (the `async-off` and `async-on` rows: `async_scheduling=True`, vLLM's
+  default on a GPU, records off and on) the next step is scheduled and built, and the step's
+  record made, while the GPU runs a forward; what the GPU waits for is the landing (`update`)
+  and the next step's tensors with its placeholders filled (`runner.tensors`). On a CPU the
+  forward runs on the same cores, so nothing hides: the column is what a GPU would leave
+  exposed, measured here (it hides the rest only where the forward is the longer);
 - gc: the cyclic garbage collector's time per step, wherever it ran (inside the columns above);
-- session: with `--session`, a third row per size steps the engine through a Session, which
+- session: with `--session`, one more row per size steps the engine through a Session, which
   keeps the history a Dashboard shows: its own work per step (the Session's step less the
   engine's: the record as a dict, its changes applied to the previous snapshot, the entry),
   and the MiB its history holds after the timed steps (`history_bytes`);
@@ -182,13 +182,13 @@ def main(argv: list[str] | None = None) -> None:
         print(f"host work per decode step ({cpu_summary()}{gpu}); tiny Qwen3, every request decoding with "
               f"{CONTEXT[0]}-{CONTEXT[1]} tokens of context, block size {BLOCK_SIZE}; medians of {args.steps} steps "
               f"after {args.warm} decode steps, ms", flush=True)
-        print(f"{'requests':>8} {'records':>7} " + " ".join(f"{c:>8}" for c in COLUMNS)
+        print(f"{'requests':>8} {'records':>9} " + " ".join(f"{c:>8}" for c in COLUMNS)
               + ("  vLLM recorder: +sched ms, thread CPU ms" if args.vllm else ""))
         for n in sizes:
-            for mode in ("off", "on", "async", *(("session",) if args.session else ())):
-                med = measure(model, n, mode != "off", args.steps, session=mode == "session", warm=args.warm,
-                              async_scheduling=mode == "async")
-                line = f"{n:>8} {mode:>7} " + " ".join(f"{med[c]:>8.2f}" for c in COLUMNS)
+            for mode in ("off", "on", "async-off", "async-on", *(("session",) if args.session else ())):
+                med = measure(model, n, mode in ("on", "async-on"), args.steps, session=mode == "session",
+                              warm=args.warm, async_scheduling=mode.startswith("async"))
+                line = f"{n:>8} {mode:>9} " + " ".join(f"{med[c]:>8.2f}" for c in COLUMNS)
                 if mode == "session":
                     line += f"  history {med['history_mib']:.1f} MiB"
                 if args.vllm and mode == "on":

@@ -66,6 +66,24 @@ def test_cuda_graphs_replay_buckets_and_give_the_eager_tokens(tiny_qwen3_path):
     assert all(ms > 0 for _, _, ms in paths)            # CUDA-event timings, never zero
 
 
+def test_async_scheduling_is_the_gpu_default_and_gives_the_synchronous_tokens(tiny_qwen3_path):
+    """vLLM's default on a GPU: each step is scheduled while the one before runs, and its tokens
+    come to the host only when it lands (Sampler.launch). The synchronous loop's tokens, through
+    CUDA graphs, with every invariant after every landing."""
+    sync = run_all(gpu_llm(tiny_qwen3_path, dtype="float32", async_scheduling=False), PROMPTS,
+                   greedy(16, ignore_eos=True))
+    llm = gpu_llm(tiny_qwen3_path, dtype="float32", check_invariants=True)
+    eng = llm.engine
+    assert eng.async_scheduling and eng.config.async_scheduling
+    ids = [eng.add_request(p, greedy(16, ignore_eos=True)) for p in PROMPTS]
+    records = []
+    while eng.has_unfinished_requests():
+        records.append(eng.step())
+    assert [eng.requests[i].output_token_ids for i in ids] == sync
+    assert records[0].scheduled_ahead is None and all(r.scheduled_ahead for r in records[1:] if r.scheduled)
+    assert "cuda_graph" in {r.timings_ms["forward_path"] for r in records}
+
+
 def test_chunked_prefill_prefix_hits_and_preemption_on_gpu(tiny_qwen3_path):
     shared = list(range(300, 364))
     prompts = [[*shared, 1, 2, 3], [*shared, 4, 5], list(range(2000, 2300))]

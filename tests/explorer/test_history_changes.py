@@ -165,6 +165,30 @@ def test_under_async_scheduling_each_entry_equals_the_full_snapshot_with_the_nex
     assert outputs == {r["request_id"]: list(r["output_token_ids"]) for r in finished}
 
 
+def test_an_abort_with_its_step_in_flight_drops_that_output_and_the_history_stays_whole(llm):
+    """Under async scheduling a step is in flight between two presses of Step: an abort then
+    finishes the request at once, and the step in flight lands without its token (vLLM drops it
+    too). Each built snapshot is compared with the engine's whole one (debug_invariants)."""
+    s = Session(llm.engine.config.model, async_scheduling=True, debug_invariants=True, num_kv_blocks=21,
+                max_num_seqs=4)
+    s.add_request(tokens(11, 30), request_id="x", max_tokens=20, **GREEDY)
+    s.add_request(tokens(12, 30), request_id="y", max_tokens=8, **GREEDY)
+    s.step(3)
+    in_flight = s.engine._in_flight
+    assert in_flight is not None and {r.request_id for r in in_flight.rows} == {"x", "y"}
+    s.abort("x")
+    (x,) = [r for r in s.current.snapshot["queues"]["finished"] if r["request_id"] == "x"]
+    assert x["finish_reason"] == "abort" and len(x["output_token_ids"]) == 3
+    s.step(1)   # lands the step that sampled x's fourth token: dropped
+    assert s.current.record["sampled"]["x"]["token_id"] not in (None, -1)
+    (x,) = [r for r in s.current.snapshot["queues"]["finished"] if r["request_id"] == "x"]
+    assert len(x["output_token_ids"]) == 3
+    while s.engine.has_unfinished_requests():
+        s.step(1)
+    (y,) = [r for r in s.current.snapshot["queues"]["finished"] if r["request_id"] == "y"]
+    assert len(y["output_token_ids"]) == 8 and s.engine._in_flight is None
+
+
 def test_a_mib_bound_counts_what_the_steps_add_as_the_history_holds_it(llm):
     """The estimate a MiB bound keeps (history.step_bytes, a step at a time, O(the step)) against
     what the entries hold, each object once (history_bytes), within the 0.6-1.5x the follower's

@@ -76,6 +76,13 @@ class KVCacheManager:
             return self.hybrid.allocate_slots(req, num_new_tokens, computed_blocks, full_sequence_must_fit,
                                               self.enable_prefix_caching)
         bs = self.block_size
+        if not computed_blocks and not full_sequence_must_fit:
+            # A running request whose blocks already hold the new tokens (most decodes): nothing
+            # to allocate, only full blocks to register, as below with no block needed.
+            end = req.num_computed_tokens + num_new_tokens
+            if cdiv(min(end, self.max_model_len), bs) <= len(req.block_table):
+                self.cache_blocks(req, min(end, req.num_tokens))
+                return []
         num_computed = req.num_computed_tokens + len(computed_blocks) * bs
         # Hits on free cached blocks also consume free-queue entries.
         taken_from_free = sum(1 for b in computed_blocks if self.pool.blocks[b].ref_count == 0)

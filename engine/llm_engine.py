@@ -278,8 +278,7 @@ class LLMEngine:
         ms = step.ms
         for name in (TIME.PREPARE, TIME.FORWARD, TIME.SAMPLE, TIME.UPDATE, TIME.COLLECTIVES):
             ms.setdefault(name, 0.0)
-        ms[TIME.TOTAL] = sum(ms[k] for k in (TIME.SCHEDULE, TIME.PREPARE, TIME.UPDATE)) + ms[TIME.FORWARD] \
-            + ms[TIME.SAMPLE]
+        ms[TIME.TOTAL] = sum(ms[k] for k in (TIME.SCHEDULE, TIME.PREPARE, TIME.FORWARD, TIME.SAMPLE, TIME.UPDATE))
         rec = step_record(step.number, step.out, step.batch, step.ran, step.rows, step.results, finished,
                           cast("TimingsDict", ms),
                           scheduler=self.scheduler, config=self.config, backend=self.runner.backend.name,

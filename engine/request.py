@@ -96,10 +96,8 @@ class RequestMetrics:
         if event == "token_times":
             return self.token(wall_t, engine_t)
         for clock, t in ((self.wall, wall_t), (self.engine, engine_t)):
-            if event in ("token_times", "preempted_times"):
-                getattr(clock, event).append(t)
-                if event == "token_times" and clock.first_token_time is None:
-                    clock.first_token_time = t
+            if event == "preempted_times":
+                clock.preempted_times.append(t)
             elif getattr(clock, event) is None:
                 setattr(clock, event, t)
 

@@ -60,34 +60,77 @@ class OutputText:
     """One request's output text, decoded as its tokens arrive (as vLLM's detokenizer does), not
     whole again at every step: tokenizers' DecodeStream gives a new token's text once its bytes
     complete whole characters. While it holds bytes back (a character split across tokens) the
-    text is decoded whole, so it equals `without_special(ids)` at every length, the U+FFFD a
-    split character ends in included (tests/engine/test_tokenizer.py)."""
+    held tokens are decoded with the chunk before them as context (their text is known, and a
+    decoder may need it: a leading space a whole decode keeps), so the text equals
+    `without_special(ids)` at every length, the U+FFFD a split character ends in included
+    (tests/engine/test_tokenizer.py), at a cost that does not grow with the output."""
 
     def __init__(self, backend: Any, whole: Callable[[Sequence[int]], str]) -> None:
         self._backend, self._whole = backend, whole
         self._start()
 
     def _start(self) -> None:
+        self._stream: Any = self._new_stream()   # None: decoded whole (__call__)
+        self._fed, self._streamed, self._held = 0, "", False
+        self._chunks_end: tuple[int, int] = (0, 0)   # how many ids the last two chunks streamed end at
+        self._context: tuple[int, int, str] = (0, 0, "")   # ids[a:b] and their text, the held tail's context
+        self._held_at: tuple[int, str] = (-1, "")
+
+    @staticmethod
+    def _new_stream() -> Any:
         from tokenizers.decoders import DecodeStream
 
-        self._stream = DecodeStream(skip_special_tokens=True)
-        self._fed, self._streamed, self._held = 0, "", False
-        self._whole_at: tuple[int, str] = (-1, "")
+        return DecodeStream(skip_special_tokens=True)
 
     def __call__(self, ids: Sequence[int]) -> str:
-        if len(ids) < self._fed:   # not the list it followed: start again
+        n = len(ids)
+        if n < self._fed:   # not the list it followed: start again
             self._start()
-        for token in ids[self._fed:]:
-            chunk = self._stream.step(self._backend, token)
-            self._held = chunk is None
-            if chunk:
-                self._streamed += chunk
-        self._fed = len(ids)
+        if self._stream is not None:
+            try:
+                self._feed(ids)
+            except Exception as e:   # tokenizers raises a bare Exception
+                # Byte-fallback tokens whose bytes are no UTF-8 all decode to U+FFFD, a run of
+                # them together: a later byte changes text the stream gave out already. vLLM starts
+                # its stream again, its text no longer the whole decode's; this one is decoded
+                # whole from now on (a random model's output, not a trained one's).
+                if not str(e).startswith("Invalid prefix"):
+                    raise
+                self._stream = None
+        if self._stream is None:
+            return self._whole_text(ids)
         if not self._held:
             return self._streamed
-        if self._whole_at[0] != len(ids):
-            self._whole_at = (len(ids), self._whole(ids))
-        return self._whole_at[1]
+        if self._held_at[0] != n:
+            self._held_at = (n, self._held_text(ids))
+        return self._held_at[1]
+
+    def _feed(self, ids: Sequence[int]) -> None:
+        step, backend = self._stream.step, self._backend
+        for i in range(self._fed, len(ids)):
+            chunk = step(backend, ids[i])   # None while it holds bytes back (never "")
+            self._held = chunk is None
+            if chunk is not None:
+                self._streamed += chunk
+                self._chunks_end = (self._chunks_end[1], i + 1)
+        self._fed = len(ids)
+
+    def _whole_text(self, ids: Sequence[int]) -> str:
+        if self._held_at[0] != len(ids):
+            self._held_at = (len(ids), self._whole(ids))
+        return self._held_at[1]
+
+    def _held_text(self, ids: Sequence[int]) -> str:
+        """The streamed text and the held tokens' text: ids from the last chunk but one decoded,
+        less that chunk's own text (else, where a decoder joins them otherwise, the whole)."""
+        start, end = self._chunks_end
+        if self._context[:2] != (start, end):
+            self._context = (start, end, self._whole(ids[start:end]))
+        known = self._context[2]
+        tail = self._whole(ids[start:])
+        if tail.startswith(known):
+            return self._streamed + tail[len(known):]
+        return self._whole(ids)
 
 
 def fast_decoder(tokenizer: Any) -> Decoder:

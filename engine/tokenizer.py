@@ -40,11 +40,9 @@ class Decoder:
             text = self._one[ids[0]] = self._spell(ids)
         return text
 
-    def output_text(self) -> Callable[[Sequence[int]], str]:
+    def output_text(self) -> OutputText:
         """ids -> their text without special tokens, for one growing list of output ids (decoded
-        whole each time without a backend that streams: tokenizers before 0.21)."""
-        if self._backend is None:
-            return self.without_special
+        whole at each new length without a backend that streams: tokenizers before 0.21)."""
         return OutputText(self._backend, self.without_special)
 
 
@@ -66,7 +64,7 @@ class OutputText:
     (tests/engine/test_tokenizer.py), at a cost that does not grow with the output."""
 
     def __init__(self, backend: Any, whole: Callable[[Sequence[int]], str]) -> None:
-        self._backend, self._whole = backend, whole
+        self._backend, self._whole = backend, whole   # backend None: decoded whole at each length
         self._start()
 
     def _start(self) -> None:
@@ -76,8 +74,9 @@ class OutputText:
         self._context: tuple[int, int, str] = (0, 0, "")   # ids[a:b] and their text, the held tail's context
         self._held_at: tuple[int, str] = (-1, "")
 
-    @staticmethod
-    def _new_stream() -> Any:
+    def _new_stream(self) -> Any:
+        if self._backend is None:
+            return None
         from tokenizers.decoders import DecodeStream
 
         return DecodeStream(skip_special_tokens=True)

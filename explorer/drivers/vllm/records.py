@@ -34,6 +34,7 @@ from engine.report.schema import (
 )
 from engine.request import RequestMetrics
 from engine.sampling_params import SamplingParams
+from engine.tokenizer import OutputText, fast_decoder
 
 from .groups import KVGroups
 
@@ -64,7 +65,8 @@ class RequestState:
     num_prefill_chunks: int = 0
     num_cached_tokens: int = 0  # prefix-cache hits at its latest admission (vLLM's num_computed_tokens then)
     group_hits: list[int] | None = None  # several KV cache groups: each one's own hit at that admission
-    text: dict = field(default_factory=dict)
+    prompt_decoded: str | None = None   # its prompt's text, decoded once where vLLM had none
+    output: OutputText | None = None    # its output's text, decoded as the tokens arrive
     frozen: RequestDict | None = None  # its snapshot dict once finished (it no longer changes)
 
 
@@ -87,6 +89,7 @@ class RecordBuilder:
         self.block_size = int(scheduler.cache_config.block_size)
         self.model_info = model_info
         self.tokenizer = tokenizer
+        self._decoder = fast_decoder(tokenizer) if tokenizer is not None else None
         self.max_logprobs = max_logprobs
         self.external: dict[str, str] = ShownAsIs()
         self.runner_in_process = runner_in_process
@@ -98,7 +101,6 @@ class RecordBuilder:
         self.counters = dict.fromkeys(COUNTERS, 0)
         self.last_rows: dict[str, tuple[int, int, list[int]]] = {}  # vLLM id -> rows of the latest batch
         self._block_tokens: dict[int, tuple[bytes, list[int]]] = {}  # hashed block -> what it holds
-        self._texts: dict[int, str] = {}
         self._int_hashes = kv_events_use_int_hashes()
 
     def hash_key(self, block_hash: Any) -> str:
@@ -258,11 +260,7 @@ class RecordBuilder:
 
     def text(self, token: int) -> str | None:
         """One token's text (None without a tokenizer)."""
-        if self.tokenizer is None:
-            return None
-        if token not in self._texts:
-            self._texts[token] = self.tokenizer.decode([token])
-        return self._texts[token]
+        return self._decoder([token]) if self._decoder is not None else None   # the Decoder keeps each token's
 
     # -- the snapshot's dicts ----------------------------------------------------------------------
     def request_dict(self, e: RequestState, table: list[int], others: list[list[int]] | None = None) -> RequestDict:
@@ -294,26 +292,30 @@ class RecordBuilder:
         sampling parameters, and its hash domain where it has one (a change carries them once)."""
         prompt = list(e.req.prompt_token_ids or ())
         seen = {REQ.PROMPT_TOKEN_IDS: prompt,
-                REQ.PROMPT_TEXT: e.prompt_text if e.prompt_text is not None else self._decode(e, "prompt", prompt),
+                REQ.PROMPT_TEXT: e.prompt_text if e.prompt_text is not None else self._prompt_text(e, prompt),
                 REQ.MAX_TOKENS: e.params.max_tokens, REQ.SAMPLING_PARAMS: e.params.to_dict(), **hash_domain(e.req)}
         return seen
 
     def output_text(self, e: RequestState) -> str:
-        return self._decode(e, "output", e.req.output_token_ids)
+        """The output's text as vLLM returns it (without special tokens, as kvscope's engine
+        shows it), decoded as its tokens arrive, as vLLM's detokenizer does."""
+        if self._decoder is None:
+            return ""
+        if e.output is None:
+            e.output = self._decoder.output_text()
+        return e.output(e.req.output_token_ids)
 
     def finished_dict(self, e: RequestState) -> RequestDict:
         if e.frozen is None:  # a finished request no longer changes: build its dict once
             e.frozen = self.request_dict(e, []) | {REQ.STATUS: "finished"}
         return e.frozen
 
-    def _decode(self, e: RequestState, which: str, ids: list[int]) -> str:
-        if self.tokenizer is None:
+    def _prompt_text(self, e: RequestState, ids: list[int]) -> str:
+        if self._decoder is None:
             return ""
-        key, text = e.text.get(which, (None, ""))
-        if key != len(ids):
-            text = self.tokenizer.decode(ids)
-            e.text[which] = (len(ids), text)
-        return text
+        if e.prompt_decoded is None:
+            e.prompt_decoded = self._decoder(ids)
+        return e.prompt_decoded
 
     def queues(self, running: list, tables: dict[str, list[list[int]]], finished: list[RequestState]) -> dict:
         """The snapshot's queues: vLLM's waiting and running requests (those it tracks), and `finished`.

@@ -36,6 +36,7 @@ from typing import Any
 from engine.report.changes import whole
 from engine.report.records import EngineSnapshot, StepRecord
 from engine.report.schema import CHANGES, EV, REC, REQ, SAMPLE, SNAP, EngineSnapshotDict
+from engine.tokenizer import OutputText, fast_decoder
 
 from . import protocol
 from .mirror import Mirror
@@ -77,7 +78,7 @@ class LiveSource:
         # What the fleet view reads beside the schema's dicts: each request's prompt block hashes
         # (the keys the pool shows), kept for the latest PROMPT_HASHES requests.
         self.prompt_hashes: OrderedDict[str, list[str]] = OrderedDict()
-        self._texts: dict = {}
+        self._texts: dict[str, tuple[str | None, OutputText | None]] = {}   # rid -> its prompt text, its output decoder
         self._sub = self._ctx.socket(zmq.SUB)
         self._sub.setsockopt(zmq.RCVHWM, max(1, self._max_queue))
         self._sub.setsockopt(zmq.LINGER, 0)
@@ -91,6 +92,7 @@ class LiveSource:
             self._ctx.term()
             raise
         self.tokenizer = tokenizer if tokenizer is not None else self._load_tokenizer(model)
+        self._decoder = fast_decoder(self.tokenizer) if self.tokenizer is not None else None
         if isinstance(kv_events, str):  # an address; or a KvEventSubscriber already listening
             from .kv_events import KvEventSubscriber
 
@@ -384,18 +386,27 @@ class LiveSource:
             return None
 
     def _decode(self, ids: list[int]) -> str:
-        if self.tokenizer is None or not ids:
+        if self._decoder is None or not ids:
             return ""
-        return self.tokenizer.decode(ids)
+        return self._decoder(ids)
 
     def _text(self, rid: str, which: str, ids: list[int]) -> str:
+        """A request's prompt text (spelled once), or its output's as vLLM returns it (without
+        special tokens), decoded as its tokens arrive, as vLLM's detokenizer does."""
+        if self._decoder is None:
+            return ""
         if len(self._texts) > TEXTS_KEPT:  # a server runs for days: spell the latest requests' again if asked
             self._texts.clear()
-        key = (rid, which)
-        cached = self._texts.get(key)
-        if cached is None or cached[0] != len(ids):
-            cached = self._texts[key] = (len(ids), self._decode(ids))
-        return cached[1]
+        prompt, output = self._texts.get(rid, (None, None))
+        if which == "prompt":
+            if prompt is None:
+                prompt = self._decode(ids)
+                self._texts[rid] = (prompt, output)
+            return prompt
+        if output is None:
+            output = self._decoder.output_text()
+            self._texts[rid] = (prompt, output)
+        return output(ids)
 
     def _add_text_to_changes(self, rec: Mapping[str, Any]) -> None:
         """Spell the step's tokens in its changes (the recorder has no tokenizer), so whoever

@@ -47,7 +47,7 @@ MAX_ITERATIONS = 20_000
 ABORT_CHANCE = 0.04
 PLANTED = ("events-by-latest-schedule", "abort-frees-unseen", "sync-scheduler-under-async", "names-kept",
            "evictions-unseen", "empty-step-drops-events", "group-tables-at-admission-only",
-           "group-slots-from-admission-only")
+           "group-slots-from-admission-only", "placeholder-is-the-landed-token")
 PLANT_GROUPS = {"group-tables-at-admission-only": "full+sliding",   # the workloads a fault shows in ("full" else)
                 "group-slots-from-admission-only": "full+sliding"}
 
@@ -61,6 +61,7 @@ class Counts:
     workloads: int = 0
     steps: int = 0
     async_steps_ahead: int = 0     # steps whose state already held the next step's allocations
+    placeholders: int = 0          # decode inputs scheduled as placeholders, each checked against its token
     preemptions: int = 0
     hits: int = 0
     evictions: int = 0             # blocks vLLM evicted from the prefix cache as it handed them out
@@ -280,7 +281,8 @@ class PoolCalls:
 class Scheduled:
     """What the harness saw of one SchedulerOutput when vLLM scheduled it."""
 
-    def __init__(self, sched, out, async_: bool, chunks: dict[str, int], order: list[int]) -> None:
+    def __init__(self, sched, out, async_: bool, chunks: dict[str, int], order: list[int],
+                 in_flight: Scheduled | None = None) -> None:
         from vllm.v1.core.sched.scheduler import Scheduler
 
         reqs = sched.requests
@@ -313,6 +315,13 @@ class Scheduled:
         self.group_tables = {rid: [list(t[g]) for g in order[1:]] for rid, t in ids.items()}
         self.samples = {rid for rid in out.num_scheduled_tokens if not reqs[rid].is_prefill_chunk}
         self.is_scheduler = isinstance(sched, Scheduler)
+        # Async scheduling: the output still in flight, and each decode whose input was a
+        # placeholder for its token (vLLM's placeholders before this schedule added its own),
+        # as the index that token gets in the request's outputs. `step`: its record's number.
+        self.in_flight, self.step = in_flight, None
+        self.placeholders = {row["request_id"]: len(reqs[row["request_id"]].output_token_ids) for row in self.rows
+                             if not row["is_prefill"] and reqs[row["request_id"]].num_output_placeholders
+                             - (row["request_id"] in self.samples) > 0} if in_flight is not None else {}
 
 
 class Run:
@@ -346,8 +355,9 @@ class Run:
     # -- vLLM's calls, as its engine core makes them ---------------------------------------------
     def schedule(self):
         self.pool_calls.hashed_now = set()  # a same-step hit is one on a block hashed in this schedule
+        in_flight = next((x for x in reversed(self.scheduled.values()) if x.rows), None)
         out = self.s.schedule()
-        self.scheduled[id(out)] = Scheduled(self.s, out, self.async_, self.chunks, self.truth.order)
+        self.scheduled[id(out)] = Scheduled(self.s, out, self.async_, self.chunks, self.truth.order, in_flight)
         self.truth.scan_all()
         return out
 
@@ -560,9 +570,29 @@ class Run:
         if rec["finished"][:len(done)] != done:
             raise Difference(f"step {rec['step']}: finished {rec['finished']} but vLLM {done}")
         self._check_batch(rec, seen)
+        self._check_ahead(rec, seen, count)
         c.preemptions += len(rec["preempted"])
         c.hits += len(rec["blocks"]["hits"])
         c.chunks += sum(s["is_prefill"] and s["chunk_index"] > 0 for s in rec["scheduled"])
+
+    def _check_ahead(self, rec: dict, seen: Scheduled, first_client: bool) -> None:
+        """A step scheduled while another was in flight is marked with that step's number and the
+        token each placeholder input turned out to be (a client that joined meanwhile took the
+        pending schedule from the wire, unmarked: only the first client's records are held to it)."""
+        seen.step = rec["step"]
+        if not first_client:
+            return
+        want = None
+        if seen.in_flight is not None and seen.rows:   # a schedule of nothing (to tell of finishes) is no step
+            held = {}
+            for rid, k in seen.placeholders.items():
+                r = self.s.requests.get(rid) or self.truth.finished.get(rid)
+                if r is not None:
+                    held[rid] = r.output_token_ids[k] if k < len(r.output_token_ids) else -1
+            want = {"in_flight_step": seen.in_flight.step, "placeholders": held}
+            self.counts.placeholders += len(held)
+        if rec["scheduled_ahead"] != want:
+            raise Difference(f"step {rec['step']}: scheduled_ahead {rec['scheduled_ahead']}, vLLM {want}")
 
     def _check_batch(self, rec: dict, seen: Scheduled) -> None:
         bs = self.truth.bs
@@ -675,6 +705,16 @@ def planted(bug: str):
             return sched_op(self, sid, out, budget, tables, [(new, [None] * len(c)) for new, c in group_tables])
 
         cls, name = recorder._Publisher, "_sched_op"
+    elif bug == "placeholder-is-the-landed-token":  # async: a placeholder taken for the latest landed token
+        from explorer.drivers.vllm_live import mirror
+
+        note_ahead = mirror.Mirror._note_ahead
+
+        def patch(self, sched, rows, outs):
+            note_ahead(self, sched, rows, outs)
+            sched.placeholders = {i: k - 1 for i, k in sched.placeholders.items()}
+
+        cls, name = mirror.Mirror, "_note_ahead"
     else:
         raise ValueError(f"unknown bug {bug!r}; one of {PLANTED}")
     original_attr = cls.__dict__[name]

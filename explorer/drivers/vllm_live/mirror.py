@@ -66,6 +66,7 @@ class Mirror(Expander):
     def apply(self, body: Body, expand: bool = False) -> StepRecordDict | None:
         """Move the state on by one body; with `expand`, return its StepRecord dict, `changes` in."""
         step = BodyStep()
+        self.expanding = expand
         for op in body.ops:
             if isinstance(op, Scheduled):
                 self._schedule(op, step)
@@ -207,7 +208,23 @@ class Mirror(Expander):
                 touched[idx] = min(first, touched.get(idx, first))
             for idx in preempted:
                 touched[idx] = 0
-        self.pending[sid] = Sched(op, list(bs_), admitted, known, decode, chunk)
+        sched = Sched(op, list(bs_), admitted, known, decode, chunk)
+        if self.expanding and self.pending:
+            self._note_ahead(sched, rs, outs)
+        self.pending[sid] = sched
+
+    def _note_ahead(self, sched: Sched, rows: list[Req], outs: list[int]) -> None:
+        """A schedule made while another was in flight (async scheduling): that one, and the decode
+        rows whose input was a placeholder for its token (vLLM counted more outputs than had landed).
+        A client that joins between the two takes the pending schedule from the wire without this:
+        that one step's record is not marked."""
+        in_flight = next((s for s in reversed(self.pending.values()) if s.order), None)
+        if in_flight is None:   # only schedules that ran nothing: no token in flight
+            return
+        sched.ahead_of = in_flight
+        for req, n, is_decode in zip(rows, outs, sched.decode):
+            if is_decode and n > req.n_output:
+                sched.placeholders[req.idx] = req.n_output
 
     def _reset_table(self, req: Req, table: list[int], runner_tables: list[list[int]] | None = None) -> None:
         """A request's tables start again (preempted, resumed, finished): a step scheduled before
@@ -241,6 +258,8 @@ class Mirror(Expander):
         self.engine_time = engine = engine_start + op.step_s
         # Still pending while its requests finish: they keep their tables for it.
         sched = self.pending.get(sid) if sid is not None else None
+        if sched is not None:
+            sched.step = self.step_count
         u = step.update = Update(sched, wall, op.step_s, op.schedule_s, op.update_s, ids, new_tokens, finished,
                                  op.events)
         counters = self.counters

@@ -9,6 +9,7 @@ from engine.core.block_pool import BlockEventsDict
 from engine.report.changes import Sent, hold_tokens, request_fields
 from engine.report.records import StepRecord, group_fields_of
 from engine.report.schema import (
+    AHEAD,
     BATCH,
     BLOCK,
     BUDGET,
@@ -32,11 +33,12 @@ from engine.report.schema import (
     RequestChangeDict,
     RequestDict,
     RequestFieldsDict,
+    ScheduledAheadDict,
     StepRecordDict,
 )
 from engine.request import RequestMetrics
 
-from .mirror_state import UNKNOWN_TOKEN, BodyStep, MirrorState, Req, Update
+from .mirror_state import UNKNOWN_TOKEN, BodyStep, MirrorState, Req, Sched, Update
 
 
 class Expander(MirrorState):
@@ -108,6 +110,7 @@ class Expander(MirrorState):
             batch[BATCH.QUERY_START_LOC] = qsl
             rec.batch, rec.batch_source = batch, "scheduler"
             rec.preempted = sorted(self._req(i).rid for i in sched.op.preempted)
+            rec.scheduled_ahead = self._ahead(sched, step)
         for idx, new in zip(u.ids, u.new_tokens):
             sampler = self.requests.get(idx) or step.gone.get(idx)
             if sampler is not None and (new if tokens else new > 0):
@@ -129,6 +132,19 @@ class Expander(MirrorState):
         rec.budgets = self.budgets(rec.token_budget)
         rec.num_running, rec.num_waiting = len(self.running), len(self.waiting)
         return rec.to_dict()
+
+    def _ahead(self, sched: Sched, step: BodyStep) -> ScheduledAheadDict | None:
+        """Async scheduling: the step in flight when this one was scheduled, and the token each
+        placeholder input turned out to be (UNKNOWN_TOKEN where the feed carries no token ids)."""
+        ahead, sched.ahead_of = sched.ahead_of, None   # the step in flight landed before this one
+        if ahead is None or ahead.step is None:
+            return None
+        held: dict[str, int] = {}
+        for idx, k in sched.placeholders.items():
+            req = self.requests.get(idx) or step.gone.get(idx) or self._gone.get(idx)
+            if req is not None:
+                held[req.rid] = req.output[k] if k < len(req.output) else UNKNOWN_TOKEN
+        return {AHEAD.IN_FLIGHT_STEP: ahead.step, AHEAD.PLACEHOLDERS: held}
 
     def _changes(self, step: BodyStep, block_ids: list[int]) -> ChangesDict:
         """The step's ChangesDict: what changed since the previous body, for a consumer that

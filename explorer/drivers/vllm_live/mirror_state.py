@@ -210,6 +210,7 @@ class MirrorState:
         self._gone: dict[int, Req] = {}        # finished requests a pending schedule still names
         self.sent: Sent | None = None          # what the consumer holds (expanding side only)
         self.defer_decodes = defer_decodes
+        self.expanding = False                 # the body being applied is spelled as a record (Mirror.apply)
         self._decodes: list[tuple[list[int], list[int], float, float]] = []  # (ids, tokens, wall, engine)
         self._memo_due: list[tuple[int, str, Req, int]] = []  # (block, hash, request, table index), after them
         # The last scheduled batch: its request indices, its Reqs, their prompt lengths less one.
@@ -282,7 +283,8 @@ class Sched:
     """A schedule whose update is still to come: vLLM's SchedulerOutput in compact form (`op`),
     and what was derived from it when it was applied, row by row (for its record)."""
 
-    __slots__ = ("_names", "admitted", "before", "chunk", "decode", "known", "op", "order", "runner_tables", "tables")
+    __slots__ = ("_names", "admitted", "ahead_of", "before", "chunk", "decode", "known", "op", "order",
+                 "placeholders", "runner_tables", "step", "tables")
 
     def __init__(self, op: Scheduled, before: list, admitted: set, known: dict, decode: list, chunk: dict,
                  tables: dict | None = None, runner_tables: dict | None = None) -> None:
@@ -291,6 +293,12 @@ class Sched:
         self.tables: dict[int, list[int]] = tables or {}   # tables reset before the record: as they ran
         self.runner_tables: dict[int, list[list[int]]] = runner_tables or {}   # the other groups' too
         self._names: set[int] | None = None
+        # Async scheduling, on the expanding side: the schedule still in flight when this one was
+        # made (its record clears it), the step number its update got, and this schedule's decode
+        # inputs that were placeholders for the tokens in flight (request -> output index).
+        self.ahead_of: Sched | None = None
+        self.step: int | None = None
+        self.placeholders: dict[int, int] = {}
 
     @property
     def names(self) -> set[int]:

@@ -249,6 +249,22 @@ def test_abort_frees_vllms_blocks_at_once(session):
         s.abort(rid)
 
 
+def test_an_answer_reads_as_vllm_returns_it_without_its_end_token(session):
+    """The output text is decoded as the tokens arrive and reads as vLLM returns it (special
+    tokens left out, as kvscope's engine shows it): a chat answer does not end in <|im_end|>."""
+    from explorer.ui import presets
+
+    tok = session.engine.tokenizer
+    rid = session.add_request(presets.chat_prompt(tok, "What is the capital of France?"), max_tokens=40,
+                              temperature=0.0)
+    session.run_until_idle()
+    done = next(r for r in session.current.snapshot["queues"]["finished"] if r["request_id"] == rid)
+    assert done["finish_reason"] == "stop" and tok.decode(done["output_token_ids"][-1:]) == "<|im_end|>"
+    assert done["output_text"] == tok.decode(done["output_token_ids"], skip_special_tokens=True)
+    assert "Paris" in done["output_text"] and "<|im_end|>" not in done["output_text"]
+    assert session.engine.snapshot().to_dict()["queues"]["finished"][-1]["output_text"] == done["output_text"]
+
+
 def test_block_size_not_a_multiple_of_32_is_refused_before_vllm_starts(default_model_path):
     require_vllm()
     from explorer import Session

@@ -138,9 +138,10 @@ def test_a_shared_system_prompt_is_a_prefix_hit_with_refcount_2(server, client, 
         assert blocks[b]["ref_count"] == 2 and len(blocks[b]["owners"]) == 2 and blocks[b]["hash"]
     running = {r["request_id"]: r for r in snap["queues"]["running"]}
     assert running[second_id]["block_table"][:len(hits)] == hits
-    for a in answers:   # what the server answered is what its records say it generated
+    for a in answers:   # what the server answered is what its records say it generated, and its text
         req = request_of(live, a.id)
         assert len(req["output_token_ids"]) == a.usage.completion_tokens
+        assert req["output_text"] == a.choices[0].message.content, (req["output_text"], a.choices[0].message.content)
         sampled = [e.record["sampled"][req["request_id"]]["token_id"] for e in live.history
                    if e.record and req["request_id"] in e.record["sampled"]]
         assert sampled == req["output_token_ids"]

@@ -583,7 +583,8 @@ class Run:
         if not first_client:
             return
         want = None
-        if seen.in_flight is not None and seen.rows:   # a schedule of nothing (to tell of finishes) is no step
+        # (a schedule of nothing, to tell of finishes, is no step; nor one whose in-flight step told nothing)
+        if seen.in_flight is not None and seen.in_flight.step is not None and seen.rows:
             held = {}
             for rid, k in seen.placeholders.items():
                 r = self.s.requests.get(rid) or self.truth.finished.get(rid)

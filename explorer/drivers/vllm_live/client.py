@@ -78,7 +78,8 @@ class LiveSource:
         # What the fleet view reads beside the schema's dicts: each request's prompt block hashes
         # (the keys the pool shows), kept for the latest PROMPT_HASHES requests.
         self.prompt_hashes: OrderedDict[str, list[str]] = OrderedDict()
-        self._texts: dict[str, tuple[str | None, OutputText | None]] = {}   # rid -> its prompt text, its output decoder
+        # rid -> its prompt's text (and how many ids it spells), its output's decoder
+        self._texts: dict[str, tuple[tuple[int, str] | None, OutputText | None]] = {}
         self._sub = self._ctx.socket(zmq.SUB)
         self._sub.setsockopt(zmq.RCVHWM, max(1, self._max_queue))
         self._sub.setsockopt(zmq.LINGER, 0)
@@ -399,10 +400,10 @@ class LiveSource:
             self._texts.clear()
         prompt, output = self._texts.get(rid, (None, None))
         if which == "prompt":
-            if prompt is None:
-                prompt = self._decode(ids)
+            if prompt is None or prompt[0] != len(ids):
+                prompt = (len(ids), self._decode(ids))
                 self._texts[rid] = (prompt, output)
-            return prompt
+            return prompt[1]
         if output is None:
             output = self._decoder.output_text()
             self._texts[rid] = (prompt, output)

@@ -66,10 +66,9 @@ class Mirror(Expander):
     def apply(self, body: Body, expand: bool = False) -> StepRecordDict | None:
         """Move the state on by one body; with `expand`, return its StepRecord dict, `changes` in."""
         step = BodyStep()
-        self.expanding = expand
         for op in body.ops:
             if isinstance(op, Scheduled):
-                self._schedule(op, step)
+                self._schedule(op, step, expand)
             elif isinstance(op, Updated):
                 self._update(op, step)
             elif isinstance(op, Arrived):
@@ -136,7 +135,7 @@ class Mirror(Expander):
         self.requests[op.idx] = req
         step.touched[op.idx] = 0
 
-    def _schedule(self, op: Scheduled, step: BodyStep) -> None:
+    def _schedule(self, op: Scheduled, step: BodyStep, expand: bool = False) -> None:
         sid, order, ns, new, cached_ids = op.sid, op.order, op.num_tokens, op.new, op.cached_ids
         cached_before, cached_blocks, cached_out = op.cached_before, op.cached_new_blocks, op.cached_outputs
         resumed, preempted = op.resumed, op.preempted
@@ -209,7 +208,7 @@ class Mirror(Expander):
             for idx in preempted:
                 touched[idx] = 0
         sched = Sched(op, list(bs_), admitted, known, decode, chunk)
-        if self.expanding and self.pending:
+        if expand and self.pending:   # the steps scheduled ahead, for the records
             self._note_ahead(sched, rs, outs)
         self.pending[sid] = sched
 

@@ -110,7 +110,7 @@ class Expander(MirrorState):
             batch[BATCH.QUERY_START_LOC] = qsl
             rec.batch, rec.batch_source = batch, "scheduler"
             rec.preempted = sorted(self._req(i).rid for i in sched.op.preempted)
-            rec.scheduled_ahead = self._ahead(sched, step)
+            rec.scheduled_ahead = self._ahead(sched)
         for idx, new in zip(u.ids, u.new_tokens):
             sampler = self.requests.get(idx) or step.gone.get(idx)
             if sampler is not None and (new if tokens else new > 0):
@@ -133,17 +133,16 @@ class Expander(MirrorState):
         rec.num_running, rec.num_waiting = len(self.running), len(self.waiting)
         return rec.to_dict()
 
-    def _ahead(self, sched: Sched, step: BodyStep) -> ScheduledAheadDict | None:
+    def _ahead(self, sched: Sched) -> ScheduledAheadDict | None:
         """Async scheduling: the step in flight when this one was scheduled, and the token each
         placeholder input turned out to be (UNKNOWN_TOKEN where the feed carries no token ids)."""
         ahead, sched.ahead_of = sched.ahead_of, None   # the step in flight landed before this one
         if ahead is None or ahead.step is None:
             return None
         held: dict[str, int] = {}
-        for idx, k in sched.placeholders.items():
-            req = self.requests.get(idx) or step.gone.get(idx) or self._gone.get(idx)
-            if req is not None:
-                held[req.rid] = req.output[k] if k < len(req.output) else UNKNOWN_TOKEN
+        for idx, k in sched.placeholders.items():   # rows of the schedule, as the batch's (_req finds each)
+            req = self._req(idx)
+            held[req.rid] = req.output[k] if k < len(req.output) else UNKNOWN_TOKEN
         return {AHEAD.IN_FLIGHT_STEP: ahead.step, AHEAD.PLACEHOLDERS: held}
 
     def _changes(self, step: BodyStep, block_ids: list[int]) -> ChangesDict:

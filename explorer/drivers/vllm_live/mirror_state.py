@@ -210,7 +210,6 @@ class MirrorState:
         self._gone: dict[int, Req] = {}        # finished requests a pending schedule still names
         self.sent: Sent | None = None          # what the consumer holds (expanding side only)
         self.defer_decodes = defer_decodes
-        self.expanding = False                 # the body being applied is spelled as a record (Mirror.apply)
         self._decodes: list[tuple[list[int], list[int], float, float]] = []  # (ids, tokens, wall, engine)
         self._memo_due: list[tuple[int, str, Req, int]] = []  # (block, hash, request, table index), after them
         # The last scheduled batch: its request indices, its Reqs, their prompt lengths less one.

@@ -72,6 +72,11 @@ class ScheduledDict(TypedDict):
     chunk_index: int | None   # which prefill chunk (from 0); None for a decode
 
 
+# A token id an observer never saw: a live feed that carries no token ids, or a position whose
+# token the device sampled and vLLM then dropped (its request ended while the step ran).
+UNKNOWN_TOKEN = -1
+
+
 class _BatchFields(TypedDict):
     """The keys every BatchDict has."""
     input_ids: list[int]
@@ -129,7 +134,9 @@ class ScheduledAheadDict(TypedDict):
     """A step scheduled before the step in flight had sampled (async scheduling, vLLM's
     AsyncScheduler): its decode inputs were placeholders for that step's tokens."""
     in_flight_step: int            # the step that still ran when this one was scheduled
-    placeholders: dict[str, int]   # request id -> the token its placeholder input turned out to be
+    # request id -> the token its placeholder input turned out to be (UNKNOWN_TOKEN where the
+    # observer has no token ids); a request whose token was dropped (it ended meanwhile) is left out
+    placeholders: dict[str, int]
 
 
 class StepRecordDict(TypedDict):

@@ -19,6 +19,7 @@ from typing import cast
 from engine.report.schema import (
     AHEAD,
     REC,
+    UNKNOWN_TOKEN,
     BudgetsDict,
     EngineSnapshotDict,
     RequestDict,
@@ -211,11 +212,14 @@ class _Step:
         text = f"scheduled while step {step} still ran (async scheduling)"
         if not held:
             return text
-        shown = ", ".join(f"{self.name(rid)} {ARROW} {token}" for rid, token in list(held.items())[:3])
-        more = f" and {len(held) - 3} more" if len(held) > 3 else ""
         were = "was a placeholder" if len(held) == 1 else "were placeholders"
-        return (f"{text}: {len(held)} decode input{_s(len(held))} {were} for step {step}'s token{_s(len(held))}, "
-                f"filled once it landed ({shown}{more})")
+        text = f"{text}: {len(held)} decode input{_s(len(held))} {were} for step {step}'s token{_s(len(held))}"
+        known = [(rid, token) for rid, token in held.items() if token != UNKNOWN_TOKEN]
+        if not known:   # a live feed without token ids
+            return f"{text}, filled once it landed (the feed carries no token ids)"
+        shown = ", ".join(f"{self.name(rid)} {ARROW} {token}" for rid, token in known[:3])
+        more = f" and {len(known) - 3} more" if len(known) > 3 else ""
+        return f"{text}, filled once it landed ({shown}{more})"
 
     def prefill_text(self, s: ScheduledDict, left: int) -> str:
         """A prefill (or a resumed request's recompute): how many of its tokens, from where,

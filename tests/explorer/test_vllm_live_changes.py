@@ -210,22 +210,37 @@ def test_an_abort_while_its_step_runs_frees_its_blocks_in_that_step(harness, asy
         run.close()
 
 
-def test_without_token_ids_the_feed_carries_counts_and_block_ids_only(harness, monkeypatch):
+@pytest.mark.parametrize("async_", [False, True], ids=["sync", "async"])
+def test_without_token_ids_the_feed_carries_counts_and_block_ids_only(harness, monkeypatch, async_):
     from engine.report import schema
     from engine.report.changes import apply
     from explorer.drivers.vllm_live import protocol
+    from explorer.ui.captions import step_caption
 
     monkeypatch.setenv(protocol.ENV_TOKENS, "0")
-    run = _scheduler(harness, async_=False)
+    run = _scheduler(harness, async_=async_)
     src, pub, state = _joined(run)
     try:
-        for _ in range(6):
-            _step(run)
+        if async_:   # as vLLM's engine core runs AsyncScheduler: the next step scheduled before this one's update
+            out = run.s.schedule()
+            for _ in range(6):
+                ahead = run.s.schedule()
+                _update(run, out)
+                out = ahead
+            _update(run, out)
+        else:
+            for _ in range(6):
+                _step(run)
         records = _received(src, pub)
         for rec in records:
             assert schema.record_problems(rec) == []
             state = apply(state, rec["changes"])
             assert rec["batch"]["input_ids"] == [] and all(s["token_id"] is None for s in rec["sampled"].values())
+            ahead = rec["scheduled_ahead"]
+            if ahead and ahead["placeholders"]:   # each placeholder is there, its token unknown, and said so
+                assert set(ahead["placeholders"].values()) == {schema.UNKNOWN_TOKEN}
+                assert "filled once it landed (the feed carries no token ids)" in step_caption(rec, state)
+        assert any(rec["scheduled_ahead"] and rec["scheduled_ahead"]["placeholders"] for rec in records) == async_
         assert schema.snapshot_problems(state) == [] and src.tokens_left_out
         assert src.snapshot().to_dict() == state
         vllm = {r.request_id: r for r in run.s.running}

@@ -588,8 +588,8 @@ class Run:
             held = {}
             for rid, k in seen.placeholders.items():
                 r = self.s.requests.get(rid) or self.truth.finished.get(rid)
-                if r is not None:
-                    held[rid] = r.output_token_ids[k] if k < len(r.output_token_ids) else -1
+                if r is not None and k < len(r.output_token_ids):   # a dropped token is left out
+                    held[rid] = r.output_token_ids[k]
             want = {"in_flight_step": seen.in_flight.step, "placeholders": held}
             self.counts.placeholders += len(held)
         if rec["scheduled_ahead"] != want:

@@ -22,6 +22,7 @@ from engine.report.schema import (
     SCHED,
     SNAP,
     TIME,
+    UNKNOWN_TOKEN,
     BatchDict,
     BlockDict,
     BudgetsDict,
@@ -38,7 +39,7 @@ from engine.report.schema import (
 )
 from engine.request import RequestMetrics
 
-from .mirror_state import UNKNOWN_TOKEN, BodyStep, MirrorState, Req, Sched, Update
+from .mirror_state import BodyStep, MirrorState, Req, Sched, Update
 
 
 class Expander(MirrorState):
@@ -135,14 +136,19 @@ class Expander(MirrorState):
 
     def _ahead(self, sched: Sched) -> ScheduledAheadDict | None:
         """Async scheduling: the step in flight when this one was scheduled, and the token each
-        placeholder input turned out to be (UNKNOWN_TOKEN where the feed carries no token ids)."""
+        placeholder input turned out to be (UNKNOWN_TOKEN where the feed carries no token ids). A
+        token vLLM dropped (its request ended while the step ran) is left out, as kvscope's engine
+        leaves it out (engine/runner/batch.fill_placeholders)."""
         ahead, sched.ahead_of = sched.ahead_of, None   # the step in flight landed before this one
         if ahead is None or ahead.step is None:
             return None
         held: dict[str, int] = {}
         for idx, k in sched.placeholders.items():   # rows of the schedule, as the batch's (_req finds each)
             req = self._req(idx)
-            held[req.rid] = req.output[k] if k < len(req.output) else UNKNOWN_TOKEN
+            if not self.tokens:
+                held[req.rid] = UNKNOWN_TOKEN
+            elif k < len(req.output):
+                held[req.rid] = req.output[k]
         return {AHEAD.IN_FLIGHT_STEP: ahead.step, AHEAD.PLACEHOLDERS: held}
 
     def _changes(self, step: BodyStep, block_ids: list[int]) -> ChangesDict:

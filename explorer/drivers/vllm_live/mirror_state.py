@@ -29,7 +29,6 @@ COUNTERS = ("prefix_cache_hits", "prefix_cache_queries", "num_preemptions", "num
 
 
 DEFER_AT_MOST = 256   # deferred decode steps held at most (then settled): memory stays small
-UNKNOWN_TOKEN = -1     # a batch position whose token id never reached the scheduler (see _record)
 NO_BLOCKS = 1 << 62   # a touched request whose blocks did not change (only its outputs or times did)
 
 

@@ -8,10 +8,13 @@ rounds. Between a step's schedule and its update the scheduler thread sleeps `--
 as vLLM's engine core waits for the model (the GIL is free then, as it is while a GPU runs);
 `--forward-ms 0` is the worst case, the recorder's thread and vLLM's competing for the GIL.
 Printed per step: vLLM's scheduler step (schedule + update, the wait left out), what the
-recorder added to it (its pool hooks included: the scheduler thread's whole difference), the
-recorder's CPU on the scheduler thread by its own count and on its own thread (the GIL time it
-takes there), libzmq's I/O thread of the recorder's context (by that thread's CPU clock), all
-of it together, the bytes a step message carries, and the gaps the subscriber saw.
+recorder added to it (its pool hooks included: the scheduler thread's whole difference), and
+that difference split by the scheduler thread's CPU clock into the time it stood still (waiting
+for the GIL the recorder's thread held) and the time it ran (each a difference of medians within
+the runs, so a machine that is slower in one run moves it less than the whole); the recorder's
+CPU on the scheduler thread by its own count and on its own thread (the GIL time it takes
+there), libzmq's I/O thread of the recorder's context (by that thread's CPU clock), the CPU of
+all of it together, the bytes a step message carries, and the gaps the subscriber saw.
 
 Decode-only steps with nothing arriving are where the recorder's mirror defers work: the best
 case. `--churn N` makes every timed step one of change: N running requests end (a stop token)
@@ -170,26 +173,27 @@ def _steps(num_blocks: int, num_running: int, prompt_len: int, steps: int, recor
 
     pending: list = []  # async: the step scheduled ahead of the one being updated
 
-    def step(churning: bool = False) -> float:
+    def step(churning: bool = False) -> tuple[float, float]:
+        """The scheduler thread's wall in schedule + update, and how much of it it ran (its CPU clock)."""
         if churning:   # N decoding requests end in this step, N new ones arrive before it
             decoding = [r.request_id for r in sched.running if r.num_computed_tokens >= r.num_prompt_tokens]
             ending.clear()
             ending.update(decoding[:churn])
             for _ in range(churn):
                 arrive()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         out = sched.schedule()
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.thread_time()
         pending.append(out)
         if async_ and len(pending) < 2:
-            return t1 - t0   # vLLM's engine core schedules the next step before it waits for this one
+            return t1 - t0, c1 - c0   # vLLM's engine core schedules the next step before it waits for this one
         out = pending.pop(0)
         runner_out = sampled_output(sched, out, token)[0]
         if forward_s:
             time.sleep(forward_s)   # the model runs; vLLM's scheduler thread waits, the GIL is free
-        t2 = time.perf_counter()
+        t2, c2 = time.perf_counter(), time.thread_time()
         sched.update_from_output(out, runner_out)
-        return (t1 - t0) + (time.perf_counter() - t2)
+        return (t1 - t0) + (time.perf_counter() - t2), (c1 - c0) + (time.thread_time() - c2)
 
     while sched.waiting or any(r.num_computed_tokens < r.num_prompt_tokens for r in sched.running):
         step()
@@ -200,12 +204,19 @@ def _steps(num_blocks: int, num_running: int, prompt_len: int, steps: int, recor
         before = dict(pub.counters)
         zmq_before = _thread_cpu_s(recorder_zmq)
         first = len(drain.sizes)
-    times = []
+    times, cpus = [], []
     for k in range(steps):
         if churn and record and k == steps // 2:
             late = _join(snapshot, feed)   # a client joins mid-run (its own wait is not a step's)
-        times.append(step(churning=churn > 0))
+        wall, cpu = step(churning=churn > 0)
+        times.append(wall)
+        cpus.append(cpu)
     result["step_ms"] = statistics.median(times) * 1e3
+    result["cpu_ms"] = statistics.median(cpus) * 1e3
+    # The scheduler thread's wall that it did not run: waiting for the GIL (or for a core). A
+    # mean, not a median: a rare long hold of the GIL (the recorder applying a run of bodies)
+    # stalls the server as much as a short one at every step.
+    result["wait_ms"] = statistics.fmean(w - c for w, c in zip(times, cpus)) * 1e3
     if record:
         pub.flush(60)
         end = time.monotonic() + 30
@@ -251,26 +262,34 @@ def main(argv: list[str] | None = None) -> None:
           f"without a model, block size {BLOCK_SIZE}, {what}, {args.forward_ms:g} ms forward wait; medians of "
           f"{args.rounds} rounds x {args.steps} steps", flush=True)
     print(f"{'blocks':>7} {'running':>7} {'context':>7}  {'vLLM step ms':>12} {'+ recorder ms':>13} "
-          f"{'sched thread CPU ms':>19} {'recorder thread CPU ms':>22} {'zmq I/O CPU ms':>14} {'all CPU ms':>10} "
-          f"{'message KB':>10} {'gaps':>5}")
+          f"{'+ sched wait ms':>15} {'+ sched CPU ms':>14} {'its own count ms':>16} {'recorder thread CPU ms':>22} "
+          f"{'zmq I/O CPU ms':>14} {'all CPU ms':>10} {'message KB':>10} {'gaps':>5}")
     for blocks, running, prompt in sizes:
         plain, rec, sched_cpu, thread_cpu, zmq_cpu, size, gaps = [], [], [], [], [], [], 0
+        plain_cpu, rec_cpu, plain_wait, rec_wait = [], [], [], []
         for _ in range(args.rounds):
-            plain.append(_steps(blocks, running, prompt, args.steps, False, args.forward_ms / 1e3, args.churn,
-                                args.async_)["step_ms"])
+            p = _steps(blocks, running, prompt, args.steps, False, args.forward_ms / 1e3, args.churn, args.async_)
+            plain.append(p["step_ms"])
+            plain_cpu.append(p["cpu_ms"])
+            plain_wait.append(p["wait_ms"])
             r = _steps(blocks, running, prompt, args.steps, True, args.forward_ms / 1e3, args.churn, args.async_)
             rec.append(r["step_ms"])
+            rec_cpu.append(r["cpu_ms"])
+            rec_wait.append(r["wait_ms"])
             sched_cpu.append(r["sched_cpu_ms"])
             thread_cpu.append(r["thread_cpu_ms"])
             zmq_cpu.append(r["zmq_cpu_ms"])
             size.append(r["bytes"])
             gaps += r["gaps"]
         base, added = statistics.median(plain), statistics.median(rec) - statistics.median(plain)
-        # All the recorder's CPU: the scheduler thread's difference (its hooks and its own count
-        # alike: that thread runs on the CPU while it is not waiting), its thread, libzmq's.
-        together = max(added, 0.0) + statistics.median(thread_cpu) + statistics.median(zmq_cpu)
-        print(f"{blocks:>7} {running:>7} {prompt:>7}  {base:>12.2f} {added:>13.2f} "
-              f"{statistics.median(sched_cpu):>19.3f} {statistics.median(thread_cpu):>22.3f} "
+        waited = statistics.median(rec_wait) - statistics.median(plain_wait)
+        ran = statistics.median(rec_cpu) - statistics.median(plain_cpu)
+        # All the recorder's CPU: the scheduler thread's CPU difference (its hooks and its own
+        # count alike), its thread's, libzmq's; the scheduler thread's wait is no CPU, but the
+        # time it stood still while the recorder's thread held the GIL.
+        together = max(ran, 0.0) + statistics.median(thread_cpu) + statistics.median(zmq_cpu)
+        print(f"{blocks:>7} {running:>7} {prompt:>7}  {base:>12.2f} {added:>13.2f} {waited:>15.2f} {ran:>14.2f} "
+              f"{statistics.median(sched_cpu):>16.3f} {statistics.median(thread_cpu):>22.3f} "
               f"{statistics.median(zmq_cpu):>14.3f} {together:>10.3f} "
               f"{statistics.median(size) / 1024:>10.1f} {gaps:>5}", flush=True)
 

@@ -147,6 +147,24 @@ def _joined(run):
     return src, pub, src.snapshot().to_dict()
 
 
+def test_the_last_step_before_the_server_goes_idle_is_published_without_another_schedule(harness):
+    """The publisher is woken by the schedule after an update (its thread then stays out of the
+    scheduler thread's way); a server that schedules nothing more still has its last step
+    published, by the publisher's own periodic look."""
+    run = _scheduler(harness, async_=False)
+    src, pub, _ = _joined(run)
+    try:
+        _step(run)
+        end = time.monotonic() + 5
+        while src.counters["received"] < 1 and time.monotonic() < end:   # no flush, no schedule
+            time.sleep(0.005)
+        assert pub.counters["published"] == 1 and src.counters["received"] == 1
+        assert src.step().to_dict()["step"] == 1
+    finally:
+        src.close()
+        run.close()
+
+
 @pytest.mark.parametrize("async_", [False, True], ids=["sync", "async"])
 def test_the_first_step_after_a_client_joins_carries_its_batch(harness, async_):
     from explorer.drivers.vllm_live.client import LiveSource

@@ -10,8 +10,6 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
 from vllm.sampling_params import SamplingParams
-from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import ModelRunnerOutput
 
 from explorer.drivers.vllm.bare import bare_request, bare_scheduler, sampled_output
@@ -27,8 +25,6 @@ class VllmScheduler:
         vLLM's Scheduler, or its AsyncScheduler with `async_scheduling`); `async_scheduling`: the
         config says so, as a GPU server's does (the caller then schedules a step before it
         updates the previous one)."""
-        if scheduler_cls is None:
-            scheduler_cls = AsyncScheduler if async_scheduling else Scheduler
         self.w = w
         self.async_ = async_scheduling
         self.scheduler = bare_scheduler(block_size=w.block_size, num_blocks=w.num_blocks,

@@ -38,7 +38,8 @@ def bare_scheduler(*, block_size: int, num_blocks: int, max_model_len: int, max_
                    scheduler_cls: type | None = None, async_scheduling: bool = False,
                    sliding_window: int | None = None, prefix_cache_retention_interval: int | None = 0,
                    kv_cache_groups: str | None = None) -> Any:
-    """A vLLM Scheduler (or `scheduler_cls`, a subclass of it) over a pool of `num_blocks`
+    """A vLLM Scheduler, or its AsyncScheduler with `async_scheduling` as vLLM's engine core
+    picks (or `scheduler_cls`, a subclass of either), over a pool of `num_blocks`
     blocks (the null block included). `long_prefill_token_threshold` (0: off) and its adaptive
     floor, `policy` ('fcfs' | 'priority'), `watermark` and `prefix_caching_hash_algo` are
     vLLM's own settings of those names; vLLM validates each. `async_scheduling`: the config
@@ -57,6 +58,7 @@ def bare_scheduler(*, block_size: int, num_blocks: int, max_model_len: int, max_
     scheduler sees only the spec)."""
     import torch
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.kv_cache_interface import (
         FullAttentionSpec,
@@ -101,9 +103,10 @@ def bare_scheduler(*, block_size: int, num_blocks: int, max_model_len: int, max_
     if len(kinds) > 1:
         extra["prefix_cache_retention_interval"] = prefix_cache_retention_interval
     kv_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups, **extra)
-    return (scheduler_cls or Scheduler)(vllm_config=vllm_config, kv_cache_config=kv_config, block_size=block_size,
-                                        structured_output_manager=StructuredOutputManager(vllm_config),
-                                        log_stats=True)
+    if scheduler_cls is None:
+        scheduler_cls = AsyncScheduler if async_scheduling else Scheduler
+    return scheduler_cls(vllm_config=vllm_config, kv_cache_config=kv_config, block_size=block_size,
+                         structured_output_manager=StructuredOutputManager(vllm_config), log_stats=True)
 
 
 _HASHERS: dict[tuple[int, str], Any] = {}

@@ -14,8 +14,8 @@ On vLLM's scheduler thread the recorder only takes what the step touched: refere
 SchedulerOutput and the EngineCoreOutputs, the block ids of the block pool's calls
 (explorer/drivers/vllm/pool_notes.py), and at the end of each update the refcount and hash of each block that
 changed and, when a queue moved, the queues' request ids. A thread of its own
-(`_Publisher`) turns that into the compact body mirror.py spells and publishes it without
-blocking: no subscriber, or one that does not read, costs a counter, never a wait. It
+(`_Publisher`), woken once vLLM's thread has scheduled the next step and waits for the model,
+turns that into the compact body mirror.py spells and publishes it without blocking: no subscriber, or one that does not read, costs a counter, never a wait. It
 applies the bodies to its `Mirror` (a joining client's snapshot) in runs, and all of them
 before a snapshot is taken.
 
@@ -67,6 +67,10 @@ _LOOK_EVERY_S = 0.05  # as long as the feed thread's idle wait: an idle recorder
 # applied one per step, between vLLM's steps, the mirror's requests are out of this thread's
 # caches each time, and applying took twice as long.
 _APPLY_EVERY = 32
+# ... and between two of them the thread sleeps this long, so that vLLM's scheduler thread, if it
+# waits for the GIL, takes it: a run held the GIL for up to the interpreter's switch interval
+# (5 ms) at a time, and a sleep(0) gives it back only to a thread that asked that long.
+_YIELD_S = 50e-6
 _REQUEST_ID, _NEW_TOKEN_IDS, _FINISH_REASON = map(attrgetter, ("request_id", "new_token_ids", "finish_reason"))
 # A block's refcount and hash, read in C for every block a step touched (`_block_hash`: the
 # field behind KVCacheBlock's property, without a Python call per block).
@@ -174,7 +178,8 @@ class _Cap:
 
 class _Notes:
     """The recorder on vLLM's scheduler thread: notes, then hands them to the publisher at the
-    end of each update (see the module doc). Its own time there is counted in
+    end of each update, and wakes it once the next schedule is made (`_hand_over`; see the
+    module doc). Its own time there is counted in
     `recorder_ms` / `recorder_cpu_ms` (the block-pool hooks' share of vLLM's calls aside)."""
 
     def __init__(self, scheduler: Scheduler, settings: dict) -> None:
@@ -239,6 +244,7 @@ class _Notes:
         if (out.scheduled_new_reqs or out.preempted_req_ids or out.scheduled_cached_reqs.resumed_req_ids
                 or self._lengths() != self._before):
             self.queues_moved = True
+        self.publisher.wake_up()   # the step before is handed over: see _hand_over
         self._own(t0, c0)
 
     def begin_update(self, out: Any) -> _Cap:
@@ -268,7 +274,7 @@ class _Notes:
         self.items.append(("u", cap, result, time.time(), t0 - cap.started, self._group_tables()))
         if self._lengths() != self._before:
             self.queues_moved = True
-        self._hand_over()
+        self._hand_over(wake=False)
         self._own(t0, c0)
 
     def _group_tables(self) -> list | None:
@@ -295,9 +301,15 @@ class _Notes:
             self._hand_over()  # (while a step is in flight it is that step's: its update publishes it)
         self._own(t0, c0)
 
-    def _hand_over(self) -> None:
+    def _hand_over(self, wake: bool = True) -> None:
         """Give the publisher what happened since the last hand-over, with the state of each
-        block it touched and, when a queue moved, the queues (read here: they change next step)."""
+        block it touched and, when a queue moved, the queues (read here: they change next step).
+
+        A step's update hands over without waking the publisher: vLLM's scheduler thread goes on
+        to schedule the next step at once, and a publisher at work then would hold the GIL that
+        thread waits for. `scheduled` wakes it once that schedule is made, when the thread sends
+        the step to the model and waits for its forward; a server gone idle is caught by the
+        publisher's own look every _LOOK_EVERY_S."""
         dirty, cached, cleared = self.notes.take()
         blocks = self.pool.blocks
         if cleared:
@@ -311,7 +323,7 @@ class _Notes:
             self.queues_moved = False
         self.publisher.put((self.items, dirty, list(map(_REF_CNT, touched)), list(map(_BLOCK_HASH, touched)), cached,
                             cleared, queues, int(self.pool.get_num_free_blocks()), float(self.pool.get_usage()),
-                            time.time()))
+                            time.time()), wake)
         self.items = []
 
     def close(self) -> None:
@@ -387,13 +399,20 @@ class _Publisher:
         log.info("kvscope recorder: run %s, data-parallel rank %d, feed %s, snapshots %s, token ids %s", self.run_id,
                  self.rank, settings["feed"], settings["snapshot"], "on" if self.tokens else "left out")
 
-    def put(self, handover: tuple) -> None:
+    def put(self, handover: tuple, wake: bool = True) -> None:
         self.idle.clear()
         self.queue.append(handover)
-        self.wake.set()
+        if wake:
+            self.wake.set()
+
+    def wake_up(self) -> None:
+        """Publish what was handed over (its thread is woken only if something waits)."""
+        if self.queue:
+            self.wake.set()
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Wait until every hand-over so far is published (tests and benchmarks)."""
+        self.wake_up()
         end = time.monotonic() + timeout
         while (self.queue or not self.idle.is_set()) and time.monotonic() < end:
             self.idle.wait(0.01)
@@ -499,6 +518,7 @@ class _Publisher:
         bodies, self.unapplied = self.unapplied, []
         for body in bodies:
             self.mirror.apply(body)
+            time.sleep(_YIELD_S)
 
     def _forget_finished(self, ops: list[Op]) -> None:
         """Forget the names of the requests these ops finish (a later request may reuse a name)."""

@@ -15,9 +15,10 @@ SchedulerOutput and the EngineCoreOutputs, the block ids of the block pool's cal
 (explorer/drivers/vllm/pool_notes.py), and at the end of each update the refcount and hash of each block that
 changed and, when a queue moved, the queues' request ids. A thread of its own
 (`_Publisher`), woken once vLLM's thread has scheduled the next step and waits for the model,
-turns that into the compact body mirror.py spells and publishes it without blocking: no subscriber, or one that does not read, costs a counter, never a wait. It
-applies the bodies to its `Mirror` (a joining client's snapshot) in runs, and all of them
-before a snapshot is taken.
+turns that into the compact body mirror.py spells and publishes it without blocking: no
+subscriber, or one that does not read, costs a counter, never a wait. It applies the bodies
+to its `Mirror` (a joining client's snapshot) in runs, and all of them before a snapshot is
+taken.
 
 Each step is keyed by its SchedulerOutput, so vLLM's async scheduling (schedule N+1 before
 update N) keeps each step's events apart; the state after a step is vLLM's state after its

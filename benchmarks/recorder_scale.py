@@ -9,9 +9,9 @@ as vLLM's engine core waits for the model (the GIL is free then, as it is while 
 `--forward-ms 0` is the worst case, the recorder's thread and vLLM's competing for the GIL.
 Printed per step: vLLM's scheduler step (schedule + update, the wait left out), what the
 recorder added to it (its pool hooks included: the scheduler thread's whole difference), and
-that difference split by the scheduler thread's CPU clock into the time it stood still (waiting
-for the GIL the recorder's thread held) and the time it ran (each a difference of medians within
-the runs, so a machine that is slower in one run moves it less than the whole); the recorder's
+that difference split by the scheduler thread's CPU clock into the time it stood still (its
+wall less its CPU, a mean over the steps: waiting for the GIL the recorder's thread held) and
+the time it ran (a difference of medians); the recorder's
 CPU on the scheduler thread by its own count and on its own thread (the GIL time it takes
 there), libzmq's I/O thread of the recorder's context (by that thread's CPU clock), the CPU of
 all of it together, the bytes a step message carries, and the gaps the subscriber saw.

@@ -70,7 +70,7 @@ _LOOK_EVERY_S = 0.05  # as long as the feed thread's idle wait: an idle recorder
 _APPLY_EVERY = 32
 # ... and between two of them the thread sleeps this long, so that vLLM's scheduler thread, if it
 # waits for the GIL, takes it: a run held the GIL for up to the interpreter's switch interval
-# (5 ms) at a time, and a sleep(0) gives it back only to a thread that asked that long.
+# (5 ms) at a time, and a sleep(0) hands it over for certain only to a thread that waited that long.
 _YIELD_S = 50e-6
 _REQUEST_ID, _NEW_TOKEN_IDS, _FINISH_REASON = map(attrgetter, ("request_id", "new_token_ids", "finish_reason"))
 # A block's refcount and hash, read in C for every block a step touched (`_block_hash`: the
